@@ -1,0 +1,42 @@
+# Troupe — build, run and test.
+#
+#   make run    the whole system in one process, no outside services
+#   make test   vet + every test (real Redis/NATS when reachable, embedded otherwise)
+
+GO            ?= go
+PROTOC        ?= protoc
+# Generator versions are pinned so `make proto` is reproducible.
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+GOBIN         := $(shell $(GO) env GOPATH)/bin
+
+.PHONY: run test vet build proto proto-tools bench fmt
+
+build:
+	$(GO) build ./...
+
+run:
+	$(GO) run ./cmd/troupe dev
+
+vet:
+	$(GO) vet ./...
+
+test: vet
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+bench:
+	$(GO) run ./cmd/troupe bench
+
+fmt:
+	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
+
+proto-tools:
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# Regenerates proto/capv1 from proto/*.proto (needs protoc: Debian's protobuf-compiler).
+proto: proto-tools
+	PATH="$(GOBIN):$$PATH" $(PROTOC) -I proto \
+		--go_out=proto --go_opt=module=github.com/troupe-run/troupe/proto \
+		--go-grpc_out=proto --go-grpc_opt=module=github.com/troupe-run/troupe/proto \
+		proto/cap.proto proto/safety.proto

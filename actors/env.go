@@ -1,0 +1,83 @@
+package actors
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Defaults for Env fields left zero.
+const (
+	// MaxSchedulingAttemptsDefault attempts to place a job before it fails
+	// with max_scheduling_retries.
+	MaxSchedulingAttemptsDefault = 50
+	// BackoffBase and BackoffCap shape the retry delay:
+	// min(BackoffBase·2^attempt + jitter[0,500ms), BackoffCap).
+	BackoffBase = time.Second
+	BackoffCap  = 30 * time.Second
+	// StateRetryDelay is the wait before retrying after Redis could not be
+	// read or written: the job does nothing while its state is unknown.
+	StateRetryDelay = time.Second
+	// PermanentGraceDefault is how long a job whose routing error is
+	// permanent (topic unmapped, ...) keeps retrying before it fails, to ride
+	// out a config rollout that lands after the first submits.
+	PermanentGraceDefault = 10 * time.Second
+)
+
+// Env is what every job actor of a node shares. It is immutable after the
+// node starts and safe for concurrent use.
+type Env struct {
+	NodeID   string
+	Writer   *store.Writer
+	Renewer  *store.LockRenewer
+	Router   *actor.PID
+	Policy   safety.InputPolicy
+	Subjects bus.Subjects
+	// Publish sends a core NATS message; it must not block on the network.
+	Publish func(subject string, data []byte) error
+	Log     *slog.Logger
+	Root    *actor.RootContext
+
+	MaxSchedulingAttempts int
+	PermanentGrace        time.Duration
+	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
+	Backoff func(attempt int) time.Duration
+}
+
+// WithDefaults fills zero fields.
+func (e *Env) WithDefaults() *Env {
+	if e.MaxSchedulingAttempts <= 0 {
+		e.MaxSchedulingAttempts = MaxSchedulingAttemptsDefault
+	}
+	if e.PermanentGrace <= 0 {
+		e.PermanentGrace = PermanentGraceDefault
+	}
+	if e.Backoff == nil {
+		e.Backoff = Backoff
+	}
+	if e.Log == nil {
+		e.Log = slog.Default()
+	}
+	return e
+}
+
+// Backoff is the scheduling retry delay: min(1 s·2^attempt + jitter, 30 s),
+// with jitter drawn from crypto/rand in [0, 500 ms) so that jobs that failed
+// together do not retry together.
+func Backoff(attempt int) time.Duration {
+	d := BackoffCap
+	if attempt < 5 { // 2^5 s already exceeds the cap
+		d = min(BackoffBase<<attempt, BackoffCap)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	jitter := time.Duration(binary.LittleEndian.Uint64(b[:]) % uint64(500*time.Millisecond))
+	return min(d+jitter, BackoffCap)
+}

@@ -1,0 +1,74 @@
+// Package actors holds the job actor — one supervised actor per in-flight
+// job, owner of the job's state machine and of its Redis lock — and the
+// messages it exchanges.
+package actors
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Delivery is the JetStream message an event came in, as the job actor sees
+// it. The actor acks only once the event's effect is durable in Redis.
+type Delivery interface {
+	Ack() error
+	NakWithDelay(delay time.Duration) error
+	InProgress() error
+}
+
+// Submit is a JobRequest taken from sys.job.submit.
+type Submit struct {
+	Req      *capv1.JobRequest
+	TraceID  string
+	Delivery Delivery
+}
+
+// Result is a JobResult taken from sys.job.result.
+type Result struct {
+	Res      *capv1.JobResult
+	TraceID  string
+	Delivery Delivery
+}
+
+// Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
+type Progress struct{ P *capv1.JobProgress }
+
+// Finished tells the job's supervisor that the actor has nothing left to do
+// and may be stopped. The supervisor stops it with a poison pill, so anything
+// already queued for it is still handled.
+type Finished struct {
+	JobID string
+	PID   *actor.PID
+}
+
+// Inspect asks a job actor for a snapshot of its memory; the reply is a
+// *Snapshot. Tests and operators' tools use it.
+type Inspect struct{}
+
+// Snapshot is what Inspect returns.
+type Snapshot struct {
+	JobID    string
+	State    core.State
+	Fence    int64
+	Attempts int
+	Worker   string
+	Subject  string
+	Done     bool
+}
+
+// storeDone carries a store.Writer outcome back into the actor.
+type storeDone struct {
+	epoch uint64
+	res   *store.Result
+}
+
+// wake is a timer firing (retry, backoff).
+type wake struct{ epoch uint64 }
+
+// lockLost is sent by the lock renewer when the job's lock could not be kept.
+type lockLost struct{ lockValue string }

@@ -1,0 +1,48 @@
+package actors
+
+import (
+	"fmt"
+
+	"github.com/troupe-run/troupe/core"
+)
+
+// legal is the job state machine: legal[from] lists every state a job may
+// move to from `from`. Every transition the job actor makes is checked here
+// before it is written, and the write itself is a compare-and-set in Redis on
+// the from state, so memory and Redis agree on the same table.
+//
+// Self-loops on PENDING and SCHEDULED record a retry (a new attempt with its
+// reason) without a state change. SUCCEEDED → OUTPUT_QUARANTINED is the one
+// exit from a terminal state: the asynchronous output scan may downgrade a
+// result after it was released.
+var legal = map[core.State][]core.State{
+	core.StatePending: {core.StatePending, core.StateScheduled, core.StateApprovalRequired, core.StateDenied,
+		core.StateCancelled, core.StateFailed, core.StateTimeout},
+	core.StateApprovalRequired: {core.StatePending, core.StateScheduled, core.StateDenied, core.StateCancelled,
+		core.StateTimeout, core.StateFailed},
+	core.StateScheduled: {core.StateScheduled, core.StateDispatched, core.StateDenied, core.StateCancelled,
+		core.StateFailed, core.StateTimeout},
+	core.StateDispatched: {core.StateRunning, core.StateScheduled, core.StateSucceeded, core.StateFailed,
+		core.StateCancelled, core.StateTimeout, core.StateOutputQuarantined},
+	core.StateRunning: {core.StateSucceeded, core.StateFailed, core.StateCancelled, core.StateTimeout,
+		core.StateOutputQuarantined, core.StateScheduled},
+	core.StateSucceeded: {core.StateOutputQuarantined},
+}
+
+// Legal reports whether a job may move from → to.
+func Legal(from, to core.State) bool {
+	for _, s := range legal[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrIllegalTransition is returned (and logged) for a transition the table
+// does not allow. It is a programming error, never an input error.
+type ErrIllegalTransition struct{ From, To core.State }
+
+func (e *ErrIllegalTransition) Error() string {
+	return fmt.Sprintf("illegal job transition %s → %s", e.From, e.To)
+}

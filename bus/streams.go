@@ -1,0 +1,121 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream settings.
+const (
+	// AckWaitDefault is how long JetStream waits for an ack before
+	// redelivering. Troupe acks a submit once the job is durable in Redis, a
+	// result once its transition is written: milliseconds in normal operation.
+	AckWaitDefault = 30 * time.Second
+	// MaxDeliverDefault bounds redelivery of a message that is never acked.
+	MaxDeliverDefault = 20
+	// MaxAckPendingDefault bounds un-acked messages per consumer.
+	MaxAckPendingDefault = 50_000
+	// StreamMaxAge bounds how long an unconsumed message is kept.
+	StreamMaxAge = 72 * time.Hour
+	// FetchBatch is the pull size; DEPENDENCY-NOTES measured 256 as the knee.
+	FetchBatch = 256
+)
+
+// StreamKind names one of Troupe's input streams.
+type StreamKind string
+
+const (
+	StreamSubmit StreamKind = "SUBMIT"
+	StreamResult StreamKind = "RESULT"
+	StreamCancel StreamKind = "CANCEL"
+)
+
+// StreamName returns the stream name for kind under prefix (e.g. "TROUPE").
+func StreamName(prefix string, kind StreamKind) string { return prefix + "_" + string(kind) }
+
+// ConsumerName is the durable consumer every replica shares for kind.
+func ConsumerName(kind StreamKind) string { return "troupe-" + strings.ToLower(string(kind)) }
+
+// EnsureStreams creates (or updates) the work-queue streams for submits,
+// results and cancels and their shared durable pull consumers.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, prefix string, subj Subjects) error {
+	for kind, subject := range map[StreamKind]string{
+		StreamSubmit: subj.Submit, StreamResult: subj.Result, StreamCancel: subj.Cancel,
+	} {
+		name := StreamName(prefix, kind)
+		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:      name,
+			Subjects:  []string{subject},
+			Retention: jetstream.WorkQueuePolicy,
+			Storage:   jetstream.FileStorage,
+			MaxAge:    StreamMaxAge,
+			Discard:   jetstream.DiscardOld,
+		})
+		if err != nil {
+			return fmt.Errorf("bus: stream %s: %w", name, err)
+		}
+		_, err = js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+			Durable:       ConsumerName(kind),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       AckWaitDefault,
+			MaxDeliver:    MaxDeliverDefault,
+			MaxAckPending: MaxAckPendingDefault,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if err != nil {
+			return fmt.Errorf("bus: consumer %s/%s: %w", name, ConsumerName(kind), err)
+		}
+	}
+	return nil
+}
+
+// Consume pulls from the durable consumer kind in batches and calls handle for
+// every message until ctx ends. It uses Fetch in a loop rather than
+// Consume(): DEPENDENCY-NOTES records Consume() stalling for ~30 s in about
+// one run in ten, and a fetch loop cannot stall past its own max wait.
+func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind StreamKind,
+	log *slog.Logger, handle func(jetstream.Msg)) error {
+	cons, err := js.Consumer(ctx, StreamName(prefix, kind), ConsumerName(kind))
+	if err != nil {
+		return fmt.Errorf("bus: consumer %s: %w", kind, err)
+	}
+	go func() {
+		backoff := 100 * time.Millisecond
+		for ctx.Err() == nil {
+			batch, err := cons.Fetch(FetchBatch, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				log.Warn("fetch failed", "stream", kind, "err", err)
+				sleep(ctx, backoff)
+				backoff = min(backoff*2, 5*time.Second)
+				continue
+			}
+			backoff = 100 * time.Millisecond
+			for msg := range batch.Messages() {
+				handle(msg)
+			}
+			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
+				!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {
+				log.Debug("fetch ended", "stream", kind, "err", err)
+			}
+		}
+	}()
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,44 @@
+// Package bus is Troupe's side of NATS: CAP subject names, the JetStream
+// streams and durable consumers that carry submits, results and cancels, and
+// packet encoding helpers.
+package bus
+
+import "strings"
+
+// Subjects names every CAP subject, optionally under a prefix (tests give each
+// test its own prefix so they can share one NATS server).
+type Subjects struct {
+	prefix    string
+	Submit    string
+	Result    string
+	Progress  string
+	Cancel    string
+	DLQ       string
+	Heartbeat string
+}
+
+// NewSubjects returns the CAP subjects under prefix ("" for the standard names).
+func NewSubjects(prefix string) Subjects {
+	if prefix != "" && !strings.HasSuffix(prefix, ".") {
+		prefix += "."
+	}
+	return Subjects{
+		prefix:    prefix,
+		Submit:    prefix + "sys.job.submit",
+		Result:    prefix + "sys.job.result",
+		Progress:  prefix + "sys.job.progress",
+		Cancel:    prefix + "sys.job.cancel",
+		DLQ:       prefix + "sys.job.dlq",
+		Heartbeat: prefix + "sys.heartbeat",
+	}
+}
+
+// Prefix returns the subject prefix, with its trailing dot.
+func (s Subjects) Prefix() string { return s.prefix }
+
+// Worker is the direct subject of one worker: worker.<id>.jobs.
+func (s Subjects) Worker(workerID string) string { return s.prefix + "worker." + workerID + ".jobs" }
+
+// Pool is the subject a pool's stock CAP workers queue-subscribe to: the
+// job's topic itself (queue group = the subject).
+func (s Subjects) Pool(topic string) string { return s.prefix + topic }

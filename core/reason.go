@@ -1,0 +1,50 @@
+package core
+
+// Reason is a machine-readable code that says why a job moved, waited or
+// failed. It is stored on the job record, on each history entry and on DLQ
+// entries, and is the error_code of packets on sys.job.dlq. Every code a user
+// can see is one of these constants.
+type Reason string
+
+const (
+	// Happy path.
+	ReasonSubmitted  Reason = "submitted"
+	ReasonAllowed    Reason = "policy_allowed"
+	ReasonDispatched Reason = "dispatched"
+	ReasonStarted    Reason = "worker_started"
+	ReasonCompleted  Reason = "worker_completed"
+	ReasonAdopted    Reason = "adopted"
+
+	// Bad input (intake). Each one ends with a DLQ entry.
+	ReasonDecodeFailed   Reason = "decode_failed"
+	ReasonInvalidRequest Reason = "invalid_request"
+	ReasonUnknownJob     Reason = "unknown_job"
+	ReasonUnexpectedKind Reason = "unexpected_packet"
+
+	// Routing.
+	ReasonTopicUnmapped         Reason = "topic_unmapped"
+	ReasonPreferredPoolUnmapped Reason = "preferred_pool_unmapped"
+	ReasonRequiresUnsatisfied   Reason = "requires_unsatisfied"
+	ReasonNoWorkers             Reason = "no_workers"
+	ReasonPoolOverloaded        Reason = "pool_overloaded"
+	ReasonStaleWorker           Reason = "stale_worker"
+	ReasonTenantLimit           Reason = "tenant_limit"
+	ReasonDispatchFailed        Reason = "dispatch_failed"
+
+	// Policy.
+	ReasonSafetyDenied      Reason = "safety_denied"
+	ReasonSafetyUnavailable Reason = "safety_unavailable"
+	ReasonSafetyThrottled   Reason = "safety_throttled"
+	ReasonApprovalRequired  Reason = "approval_required"
+
+	// Outcomes reported by workers.
+	ReasonWorkerFailed      Reason = "worker_failed"
+	ReasonWorkerFailedFatal Reason = "worker_failed_fatal"
+	ReasonWorkerCancelled   Reason = "worker_cancelled"
+	ReasonWorkerTimeout     Reason = "worker_timeout"
+
+	// Lifecycle.
+	ReasonMaxSchedulingRetries Reason = "max_scheduling_retries"
+	ReasonLockBusy             Reason = "lock_busy"
+	ReasonStateUnavailable     Reason = "state_unavailable"
+)

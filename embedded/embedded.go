@@ -1,0 +1,109 @@
+// Package embedded starts in-process stand-ins for the services a node needs,
+// so `troupe dev`, examples and tests run on a machine with nothing installed:
+// a real NATS server with JetStream (nats-server as a library) and miniredis,
+// an in-process Redis-protocol server.
+//
+// miniredis is not Redis: it is single-threaded behind one lock, builds a new
+// Lua state per script call, and keeps nothing on disk. It runs Troupe's Lua
+// scripts, pipelines and streams correctly, which is what the embedded mode
+// needs; it is far too slow for benchmarks (see DEPENDENCY-NOTES). Its key
+// TTLs do not follow the wall clock by themselves, so StartRedis advances its
+// clock once a second to make lock expiry behave as on a real server.
+package embedded
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// NATS is an in-process NATS server with JetStream.
+type NATS struct {
+	srv *server.Server
+	dir string
+}
+
+// StartNATS starts a NATS server with JetStream on a free loopback port,
+// storing streams in a fresh temporary directory.
+func StartNATS() (*NATS, error) {
+	dir, err := os.MkdirTemp("", "troupe-nats-")
+	if err != nil {
+		return nil, err
+	}
+	opts := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      server.RANDOM_PORT,
+		JetStream: true,
+		StoreDir:  dir,
+		NoLog:     true,
+		NoSigs:    true,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded nats: not ready after 10s")
+	}
+	return &NATS{srv: srv, dir: dir}, nil
+}
+
+// URL is the server's client URL.
+func (n *NATS) URL() string { return n.srv.ClientURL() }
+
+// Stop shuts the server down and removes its store.
+func (n *NATS) Stop() {
+	n.srv.Shutdown()
+	n.srv.WaitForShutdown()
+	_ = os.RemoveAll(n.dir)
+}
+
+// Redis is an in-process Redis-protocol server (miniredis).
+type Redis struct {
+	m    *miniredis.Miniredis
+	stop chan struct{}
+}
+
+// StartRedis starts miniredis on a free loopback port and keeps its TTL
+// clock moving with the wall clock.
+func StartRedis() (*Redis, error) {
+	m := miniredis.NewMiniRedis()
+	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, fmt.Errorf("embedded redis: %w", err)
+	}
+	r := &Redis{m: m, stop: make(chan struct{})}
+	go r.tick()
+	return r, nil
+}
+
+func (r *Redis) tick() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case now := <-t.C:
+			r.m.FastForward(now.Sub(last))
+			last = now
+		}
+	}
+}
+
+// Addr is the server's host:port.
+func (r *Redis) Addr() string { return r.m.Addr() }
+
+// URL is a redis:// URL for the server.
+func (r *Redis) URL() string { return "redis://" + r.m.Addr() }
+
+// Stop shuts the server down.
+func (r *Redis) Stop() {
+	close(r.stop)
+	r.m.Close()
+}

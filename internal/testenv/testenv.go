@@ -1,0 +1,150 @@
+// Package testenv gives tests real servers: the Redis on 127.0.0.1:6379 and
+// the NATS (JetStream) on 127.0.0.1:4222 when they answer, and otherwise an
+// in-process NATS server and the embedded Redis-protocol store, started once
+// per test binary. Every test gets its own key prefix, subject prefix and
+// stream prefix, so tests share servers and still run in parallel.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/embedded"
+)
+
+// Default service addresses (override with TROUPE_TEST_REDIS / TROUPE_TEST_NATS,
+// or set them to "embedded" to force the in-process servers).
+const (
+	RedisAddrDefault = "127.0.0.1:6379"
+	NATSAddrDefault  = "127.0.0.1:4222"
+)
+
+var (
+	once     sync.Once
+	redisURL string
+	natsURL  string
+	kinds    string
+)
+
+func reachable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+func setup() {
+	ra := envOr("TROUPE_TEST_REDIS", RedisAddrDefault)
+	na := envOr("TROUPE_TEST_NATS", NATSAddrDefault)
+	var k []string
+	if ra != "embedded" && reachable(ra) {
+		redisURL = "redis://" + ra
+		k = append(k, "redis="+ra)
+	} else {
+		r, err := embedded.StartRedis()
+		if err != nil {
+			panic(err)
+		}
+		redisURL = r.URL()
+		k = append(k, "redis=embedded")
+	}
+	if na != "embedded" && reachable(na) {
+		natsURL = "nats://" + na
+		k = append(k, "nats="+na)
+	} else {
+		n, err := embedded.StartNATS()
+		if err != nil {
+			panic(err)
+		}
+		natsURL = n.URL()
+		k = append(k, "nats=embedded")
+	}
+	kinds = strings.Join(k, " ")
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Env is one test's slice of the shared servers.
+type Env struct {
+	RedisURL string
+	NATSURL  string
+	// Prefix is unique to the test: use it for keys ("<prefix>:"), subjects
+	// ("<prefix>.") and streams.
+	Prefix string
+	Redis  *redis.Client
+	NATS   *nats.Conn
+}
+
+// New returns the test's environment; connections close at test end and the
+// test's Redis keys are deleted.
+func New(t testing.TB) *Env {
+	t.Helper()
+	once.Do(setup)
+	t.Logf("testenv: %s", kinds)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "t" + hex.EncodeToString(b[:])
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	nc, err := nats.Connect(natsURL, nats.Name(t.Name()))
+	if err != nil {
+		t.Fatalf("testenv: nats: %v", err)
+	}
+	e := &Env{RedisURL: redisURL, NATSURL: natsURL, Prefix: prefix, Redis: rdb, NATS: nc}
+	t.Cleanup(func() {
+		if js, err := jetstream.New(nc); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			for _, k := range []string{"SUBMIT", "RESULT", "CANCEL"} {
+				_ = js.DeleteStream(ctx, e.StreamPrefix()+"_"+k)
+			}
+			cancel()
+		}
+		nc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+			if len(keys) == 500 {
+				rdb.Del(ctx, keys...)
+				keys = keys[:0]
+			}
+		}
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+		_ = rdb.Close()
+	})
+	return e
+}
+
+// KeyPrefix is the test's Redis key prefix.
+func (e *Env) KeyPrefix() string { return e.Prefix + ":" }
+
+// StreamPrefix is the test's JetStream stream prefix.
+func (e *Env) StreamPrefix() string { return strings.ToUpper(e.Prefix) }
+
+// Kinds says which servers the tests run against.
+func Kinds() string { once.Do(setup); return kinds }

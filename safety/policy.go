@@ -1,0 +1,54 @@
+// Package safety decides whether a job may run (input policy) and whether its
+// result may be released (output policy). This file holds the interfaces the
+// job actor calls and the request builder CAP kernels expect.
+package safety
+
+import (
+	"context"
+
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+// InputPolicy checks a job before dispatch. The SafetyKernel gRPC client and
+// the built-in engine both implement it.
+type InputPolicy interface {
+	Check(ctx context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error)
+}
+
+// AllowAll is the input policy of `troupe dev` and of nodes started with no
+// policy: every job is allowed. It never fails.
+type AllowAll struct{}
+
+// AllowAllRuleID is the rule id AllowAll reports.
+const AllowAllRuleID = "troupe:allow-all"
+
+// Check allows req.
+func (AllowAll) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
+	return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW,
+		Reason: "allow-all policy", RuleId: AllowAllRuleID, PolicySnapshot: "allow-all"}, nil
+}
+
+// TenantOf returns the tenant a request is accounted to: tenant_id, then
+// env["tenant_id"], then "default" (CAP's rule).
+func TenantOf(req *capv1.JobRequest) string {
+	if req.TenantId != "" {
+		return req.TenantId
+	}
+	if t := req.Env["tenant_id"]; t != "" {
+		return t
+	}
+	return "default"
+}
+
+// CheckRequest builds the PolicyCheckRequest CAP kernels expect for req.
+func CheckRequest(req *capv1.JobRequest) *capv1.PolicyCheckRequest {
+	pr := &capv1.PolicyCheckRequest{
+		JobId: req.JobId, Topic: req.Topic, Tenant: TenantOf(req), Priority: req.Priority,
+		Budget: req.Budget, PrincipalId: req.PrincipalId, Labels: req.Labels, MemoryId: req.MemoryId,
+		Meta: req.Meta,
+	}
+	if cfg := req.Env["CORDUM_EFFECTIVE_CONFIG"]; cfg != "" {
+		pr.EffectiveConfig = []byte(cfg)
+	}
+	return pr
+}

@@ -1,0 +1,63 @@
+// Package store keeps Troupe's durable state in Redis: job records and their
+// history, per-state indexes, job locks with fencing tokens, and DLQ entries.
+//
+// Every key of one job, and the state indexes that job appears in, share one
+// Redis Cluster hash tag: the job's shard, {NN} with NN = fnv32a(job_id) mod
+// Shards. One Lua script can therefore update the record, its history, its
+// lock and the indexes atomically on a single cluster node, and a scan of "all
+// RUNNING jobs" is Shards small reads rather than a cross-slot query.
+package store
+
+import (
+	"hash/fnv"
+	"strconv"
+)
+
+// Shards is the number of hash-tag shards job keys are spread over. 64 spreads
+// evenly over the 3–12 masters of a typical Redis Cluster while keeping a full
+// index scan to 64 reads. Changing it re-homes every key: it is a constant.
+const Shards = 64
+
+// Keys names every Redis key Troupe uses under one prefix.
+type Keys struct {
+	prefix string
+	tags   [Shards]string // "{prefix}{NN}:" precomputed, no allocation per lookup
+}
+
+// NewKeys returns the key namer for prefix (for example "troupe:").
+func NewKeys(prefix string) *Keys {
+	k := &Keys{prefix: prefix}
+	for i := range k.tags {
+		k.tags[i] = prefix + "{" + strconv.Itoa(i) + "}:"
+	}
+	return k
+}
+
+// Prefix returns the common prefix of every key.
+func (k *Keys) Prefix() string { return k.prefix }
+
+// Shard returns the shard a job belongs to.
+func Shard(jobID string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(jobID))
+	return int(h.Sum32() % Shards)
+}
+
+// Job is the hash holding a job's record.
+func (k *Keys) Job(jobID string) string { return k.tags[Shard(jobID)] + "job:" + jobID }
+
+// History is the list of a job's transitions, oldest first.
+func (k *Keys) History(jobID string) string { return k.tags[Shard(jobID)] + "hist:" + jobID }
+
+// Lock is the job's ownership lock: value "<node>|<fence>", with a TTL.
+func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:" + jobID }
+
+// IndexPrefix is the prefix of the per-state sorted sets of jobID's shard;
+// the state name is appended (score = last update, unix ms).
+func (k *Keys) IndexPrefix(jobID string) string { return k.tags[Shard(jobID)] + "idx:" }
+
+// Index is the sorted set of shard's jobs in state.
+func (k *Keys) Index(shard int, state string) string { return k.tags[shard] + "idx:" + state }
+
+// DLQ is the stream of dead-lettered inputs and jobs.
+func (k *Keys) DLQ() string { return k.prefix + "dlq" }

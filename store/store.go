@@ -1,0 +1,188 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/core"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// LockTTLDefault is how long a job lock lives without renewal. The renewer
+	// extends it every LockTTL/3, so two missed renewals still leave it held.
+	LockTTLDefault = 60 * time.Second
+	// RetentionDefault is how long a terminal job's record and history are kept.
+	RetentionDefault = 24 * time.Hour
+	// DLQMaxLenDefault bounds the DLQ stream (approximate trimming).
+	DLQMaxLenDefault = 100_000
+)
+
+// ErrNotFound is returned when a job has no record.
+var ErrNotFound = errors.New("store: job not found")
+
+// Config configures a Store.
+type Config struct {
+	// Prefix starts every key (default "troupe:"). Tests use one per test.
+	Prefix string
+	// LockTTL is the job lock's time to live (default LockTTLDefault).
+	LockTTL time.Duration
+	// Retention is how long terminal jobs stay readable (default RetentionDefault; <0 keeps them forever).
+	Retention time.Duration
+	// DLQMaxLen bounds the DLQ stream (default DLQMaxLenDefault).
+	DLQMaxLen int64
+}
+
+// Store is Troupe's Redis state. It is safe for concurrent use.
+type Store struct {
+	rdb  redis.UniversalClient
+	keys *Keys
+	cfg  Config
+}
+
+// New returns a Store over rdb.
+func New(rdb redis.UniversalClient, cfg Config) *Store {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "troupe:"
+	}
+	if cfg.LockTTL <= 0 {
+		cfg.LockTTL = LockTTLDefault
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = RetentionDefault
+	}
+	if cfg.DLQMaxLen <= 0 {
+		cfg.DLQMaxLen = DLQMaxLenDefault
+	}
+	return &Store{rdb: rdb, keys: NewKeys(cfg.Prefix), cfg: cfg}
+}
+
+// Keys returns the key namer.
+func (s *Store) Keys() *Keys { return s.keys }
+
+// Client returns the Redis client.
+func (s *Store) Client() redis.UniversalClient { return s.rdb }
+
+// LockTTL returns the configured lock TTL.
+func (s *Store) LockTTL() time.Duration { return s.cfg.LockTTL }
+
+// LoadScripts loads every Lua script into Redis's script cache, so pipelines
+// can use EVALSHA. It is called at start and again whenever Redis answers
+// NOSCRIPT (after a Redis restart or SCRIPT FLUSH).
+func (s *Store) LoadScripts(ctx context.Context) error {
+	for _, sc := range allScripts {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("store: load script: %w", err)
+		}
+	}
+	return nil
+}
+
+// LockValue is the value of a job lock held by node under fence.
+func LockValue(node string, fence int64) string {
+	return node + "|" + strconv.FormatInt(fence, 10)
+}
+
+// HistoryEntry is one transition of a job.
+type HistoryEntry struct {
+	At     time.Time
+	From   core.State
+	To     core.State
+	Reason core.Reason
+	Node   string
+}
+
+// JobRecord is a job as Redis holds it.
+type JobRecord struct {
+	ID           string
+	State        core.State
+	Topic        string
+	Tenant       string
+	TraceID      string
+	Node         string
+	Worker       string
+	Subject      string
+	Reason       core.Reason
+	ResultPtr    string
+	ErrorCode    string
+	ErrorMessage string
+	Fence        int64
+	Attempts     int
+	Created      time.Time
+	Updated      time.Time
+	Request      []byte
+	// LockHolder is the lock's value ("<node>|<fence>"), empty when unlocked.
+	LockHolder string
+	History    []HistoryEntry
+}
+
+// GetJob reads a job's record, history and lock in one round trip.
+func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
+	pipe := s.rdb.Pipeline()
+	h := pipe.HGetAll(ctx, s.keys.Job(jobID))
+	hist := pipe.LRange(ctx, s.keys.History(jobID), 0, -1)
+	lock := pipe.Get(ctx, s.keys.Lock(jobID))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: read job %s: %w", jobID, err)
+	}
+	f := h.Val()
+	if len(f) == 0 {
+		return nil, ErrNotFound
+	}
+	r := &JobRecord{
+		ID: jobID, State: core.State(f["s"]), Topic: f["topic"], Tenant: f["tenant"],
+		TraceID: f["trace"], Node: f["node"], Worker: f["worker"], Subject: f["subj"],
+		Reason: core.Reason(f["reason"]), ResultPtr: f["result_ptr"], ErrorCode: f["error_code"],
+		ErrorMessage: f["error_message"], Request: []byte(f["req"]), LockHolder: lock.Val(),
+	}
+	r.Fence, _ = strconv.ParseInt(f["fence"], 10, 64)
+	r.Attempts, _ = strconv.Atoi(f["attempts"])
+	r.Created = parseMillis(f["created"])
+	r.Updated = parseMillis(f["updated"])
+	for _, line := range hist.Val() {
+		if e, ok := parseHistory(line); ok {
+			r.History = append(r.History, e)
+		}
+	}
+	return r, nil
+}
+
+func parseMillis(s string) time.Time {
+	ms, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+func parseHistory(line string) (HistoryEntry, bool) {
+	p := strings.SplitN(line, "|", 5)
+	if len(p) != 5 {
+		return HistoryEntry{}, false
+	}
+	return HistoryEntry{At: parseMillis(p[0]), From: core.State(p[1]), To: core.State(p[2]),
+		Reason: core.Reason(p[3]), Node: p[4]}, true
+}
+
+// CountIndex returns how many jobs are in state across all shards.
+func (s *Store) CountIndex(ctx context.Context, state core.State) (int64, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, Shards)
+	for i := 0; i < Shards; i++ {
+		cmds[i] = pipe.ZCard(ctx, s.keys.Index(i, string(state)))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: count %s: %w", state, err)
+	}
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n, nil
+}

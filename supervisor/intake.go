@@ -1,0 +1,222 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Intake turns bus messages into actor messages. It runs on the JetStream
+// fetch goroutines and the core NATS subscription goroutines; it decodes,
+// validates, and routes each message to the job's shard. Bad input never goes
+// further: it is logged with its reason, written to the DLQ, and acked, so it
+// is not redelivered forever and blocks nothing behind it.
+type Intake struct {
+	Env    *actors.Env
+	Store  *store.Store
+	Shards []*actor.PID
+	Log    *slog.Logger
+}
+
+// DLQWriteRetry is the delay before JetStream offers a bad message again when
+// its DLQ entry could not be written (the message is never dropped unrecorded).
+const DLQWriteRetry = 5 * time.Second
+
+func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
+	shard := in.Shards[ShardFor(jobID, len(in.Shards))]
+	in.Env.Root.Send(shard, &Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
+}
+
+// HandleSubmit handles one message from the submit stream.
+func (in *Intake) HandleSubmit(msg jetstream.Msg) {
+	pkt, err := bus.Decode(msg.Data())
+	if err != nil {
+		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+		return
+	}
+	req := pkt.GetJobRequest()
+	if req == nil {
+		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
+			fmt.Sprintf("submit subject carries %s, not a job_request", payloadKind(pkt)))
+		return
+	}
+	if err := ValidateRequest(req); err != nil {
+		in.reject(msg, req.JobId, pkt.TraceId, core.ReasonInvalidRequest, err.Error())
+		return
+	}
+	trace := pkt.TraceId
+	if trace == "" {
+		trace = req.JobId
+	}
+	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: msg}, true)
+}
+
+// HandleResult handles one message from the result stream.
+func (in *Intake) HandleResult(msg jetstream.Msg) {
+	pkt, err := bus.Decode(msg.Data())
+	if err != nil {
+		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+		return
+	}
+	res := pkt.GetJobResult()
+	if res == nil {
+		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
+			fmt.Sprintf("result subject carries %s, not a job_result", payloadKind(pkt)))
+		return
+	}
+	if err := ValidateJobID(res.JobId); err != nil {
+		in.reject(msg, res.JobId, pkt.TraceId, core.ReasonInvalidRequest, "result: "+err.Error())
+		return
+	}
+	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: msg}, true)
+}
+
+// HandleProgress handles a core NATS progress message. Progress is advisory:
+// only a job actor live on this node acts on it, and bad packets are dropped
+// with a log line (there is nothing to ack or redeliver).
+func (in *Intake) HandleProgress(msg *nats.Msg) {
+	pkt, err := bus.Decode(msg.Data)
+	if err != nil || pkt.GetJobProgress() == nil || ValidateJobID(pkt.GetJobProgress().GetJobId()) != nil {
+		in.Log.Debug("progress packet ignored", "subject", msg.Subject, "err", err)
+		return
+	}
+	p := pkt.GetJobProgress()
+	in.route(p.JobId, &actors.Progress{P: p}, false)
+}
+
+// HandleHeartbeat handles a core NATS heartbeat.
+func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
+	pkt, err := bus.Decode(msg.Data)
+	if err != nil || pkt.GetHeartbeat() == nil {
+		in.Log.Warn("heartbeat packet ignored", "subject", msg.Subject, "err", err)
+		return
+	}
+	hb := pkt.GetHeartbeat()
+	if err := ValidateWorkerID(hb.WorkerId); err != nil {
+		in.Log.Warn("heartbeat ignored", "worker_id", hb.WorkerId, "err", err)
+		return
+	}
+	in.Env.Root.Send(in.Env.Router, &router.HeartbeatSeen{HB: hb, At: time.Now()})
+}
+
+// reject dead-letters a message that can never be processed, then acks it.
+func (in *Intake) reject(msg jetstream.Msg, jobID, traceID string, reason core.Reason, detail string) {
+	in.Log.Warn("bad input rejected", "subject", msg.Subject(), "job_id", jobID, "trace_id", traceID,
+		"reason", reason, "detail", detail)
+	entry := &store.DLQEntry{JobID: jobID, Reason: reason, Message: detail, Subject: msg.Subject(),
+		TraceID: traceID, Raw: msg.Data()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := in.Store.AddDLQ(ctx, entry); err != nil {
+		in.Log.Error("dlq write failed; message will be offered again", "reason", reason, "err", err)
+		_ = msg.NakWithDelay(DLQWriteRetry)
+		return
+	}
+	actors.PublishDLQ(in.Env, entry)
+	_ = msg.Ack()
+}
+
+func payloadKind(p *capv1.BusPacket) string {
+	switch p.Payload.(type) {
+	case *capv1.BusPacket_JobRequest:
+		return "job_request"
+	case *capv1.BusPacket_JobResult:
+		return "job_result"
+	case *capv1.BusPacket_Heartbeat:
+		return "heartbeat"
+	case *capv1.BusPacket_Alert:
+		return "alert"
+	case *capv1.BusPacket_JobProgress:
+		return "job_progress"
+	case *capv1.BusPacket_JobCancel:
+		return "job_cancel"
+	}
+	return "an empty payload"
+}
+
+// Validation limits.
+const (
+	// MaxIDLength bounds job and worker ids: they become Redis keys and NATS subjects.
+	MaxIDLength = 128
+	// MaxTopicLength bounds a topic (it becomes a pool subject).
+	MaxTopicLength = 256
+)
+
+// ErrInvalid wraps every validation error.
+var ErrInvalid = errors.New("invalid")
+
+// ValidateJobID accepts 1..MaxIDLength characters of [A-Za-z0-9_.:-]: nothing
+// that could split a Redis key or inject a NATS wildcard or token.
+func ValidateJobID(id string) error {
+	if err := validID(id); err != nil {
+		return fmt.Errorf("%w job_id: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// ValidateWorkerID applies the job id rules to a worker id, minus '.', since
+// it becomes one token of worker.<id>.jobs.
+func ValidateWorkerID(id string) error {
+	if err := validID(id); err != nil {
+		return fmt.Errorf("%w worker_id: %v", ErrInvalid, err)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] == '.' {
+			return fmt.Errorf("%w worker_id: %q contains '.'", ErrInvalid, id)
+		}
+	}
+	return nil
+}
+
+func validID(id string) error {
+	if id == "" {
+		return errors.New("missing")
+	}
+	if len(id) > MaxIDLength {
+		return fmt.Errorf("longer than %d characters", MaxIDLength)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.' || c == ':') {
+			return fmt.Errorf("%q contains %q (allowed: letters, digits, _ - . :)", id, c)
+		}
+	}
+	return nil
+}
+
+// ValidateRequest checks what Troupe needs of a JobRequest before it takes it.
+func ValidateRequest(req *capv1.JobRequest) error {
+	if err := ValidateJobID(req.JobId); err != nil {
+		return err
+	}
+	t := req.Topic
+	if t == "" {
+		return fmt.Errorf("%w topic: missing", ErrInvalid)
+	}
+	if len(t) > MaxTopicLength {
+		return fmt.Errorf("%w topic: longer than %d characters", ErrInvalid, MaxTopicLength)
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if c <= ' ' || c == '*' || c == '>' || c == 0x7f {
+			return fmt.Errorf("%w topic: %q contains %q", ErrInvalid, t, c)
+		}
+	}
+	if t[0] == '.' || t[len(t)-1] == '.' {
+		return fmt.Errorf("%w topic: %q starts or ends with '.'", ErrInvalid, t)
+	}
+	return nil
+}

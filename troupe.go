@@ -1,0 +1,363 @@
+// Package troupe embeds a Troupe node: a CAP v2 job scheduler built as one
+// supervised actor per in-flight job, with its state in Redis and its traffic
+// on NATS JetStream.
+//
+//	node, err := troupe.NewNode(troupe.Config{NATSURL: "nats://127.0.0.1:4222", RedisURL: "redis://127.0.0.1:6379"})
+//	if err != nil { ... }
+//	if err := node.Start(ctx); err != nil { ... }
+//	defer node.Stop(context.Background())
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// JobShardsDefault job supervisor shards spread spawn and routing work
+	// over several mailboxes.
+	JobShardsDefault = 16
+	// StreamPrefixDefault names the JetStream streams (TROUPE_SUBMIT, ...).
+	StreamPrefixDefault = "TROUPE"
+	// KeyPrefixDefault starts every Redis key.
+	KeyPrefixDefault = "troupe:"
+)
+
+// Config configures a node. Only the two addresses (or clients) are needed.
+type Config struct {
+	// NodeID names this replica in locks and history (default: hostname-pid).
+	NodeID string
+
+	// NATSURL is the NATS server (default TROUPE_NATS_URL, then nats://127.0.0.1:4222).
+	NATSURL string
+	// NATS, when set, is used instead of dialing NATSURL (the caller closes it).
+	NATS *nats.Conn
+
+	// RedisURL is the Redis server (default TROUPE_REDIS_URL, then redis://127.0.0.1:6379).
+	RedisURL string
+	// Redis, when set, is used instead of dialing RedisURL (the caller closes it).
+	Redis redis.UniversalClient
+
+	// KeyPrefix starts every Redis key (default KeyPrefixDefault).
+	KeyPrefix string
+	// SubjectPrefix is put before every CAP subject ("" = the standard names).
+	SubjectPrefix string
+	// StreamPrefix names the JetStream streams (default StreamPrefixDefault).
+	StreamPrefix string
+
+	// Pools is the routing config; PoolsFile is read when Pools is nil.
+	Pools     *router.PoolConfig
+	PoolsFile string
+
+	// Policy is the input policy (default safety.AllowAll).
+	Policy safety.InputPolicy
+
+	// LockTTL is the job lock TTL (default store.LockTTLDefault).
+	LockTTL time.Duration
+	// WorkerTTL is the worker liveness TTL (default registry.TTLDefault).
+	WorkerTTL time.Duration
+	// JobShards is the number of job supervisor shards (default JobShardsDefault).
+	JobShards int
+	// MaxSchedulingAttempts before a job fails (default actors.MaxSchedulingAttemptsDefault).
+	MaxSchedulingAttempts int
+	// Backoff overrides the scheduling retry delay (tests).
+	Backoff func(attempt int) time.Duration
+	// PermanentGrace is how long permanent routing errors are retried
+	// before the job fails (default actors.PermanentGraceDefault).
+	PermanentGrace time.Duration
+
+	// Logger receives the node's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Node is one Troupe replica.
+type Node struct {
+	cfg Config
+	log *slog.Logger
+
+	nc      *nats.Conn
+	ownNC   bool
+	js      jetstream.JetStream
+	rdb     redis.UniversalClient
+	ownRDB  bool
+	store   *store.Store
+	writer  *store.Writer
+	renewer *store.LockRenewer
+	subj    bus.Subjects
+
+	sys    *actor.ActorSystem
+	router *actor.PID
+	shards []*actor.PID
+	env    *actors.Env
+	intake *supervisor.Intake
+
+	cancel context.CancelFunc
+	subs   []*nats.Subscription
+
+	stopOnce sync.Once
+}
+
+// NewNode validates cfg and returns a node that is not yet connected.
+func NewNode(cfg Config) (*Node, error) {
+	if cfg.NodeID == "" {
+		host, _ := os.Hostname()
+		cfg.NodeID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = envOr("TROUPE_NATS_URL", nats.DefaultURL)
+	}
+	if cfg.RedisURL == "" {
+		cfg.RedisURL = envOr("TROUPE_REDIS_URL", "redis://127.0.0.1:6379")
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = KeyPrefixDefault
+	}
+	if cfg.StreamPrefix == "" {
+		cfg.StreamPrefix = StreamPrefixDefault
+	}
+	if cfg.JobShards <= 0 {
+		cfg.JobShards = JobShardsDefault
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = safety.AllowAll{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Pools == nil {
+		if cfg.PoolsFile == "" {
+			return nil, errors.New("troupe: config needs Pools or PoolsFile")
+		}
+		p, err := router.LoadPools(cfg.PoolsFile)
+		if err != nil {
+			return nil, fmt.Errorf("troupe: %w", err)
+		}
+		cfg.Pools = p
+	}
+	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}, nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// ID returns the node id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// Subjects returns the CAP subjects the node uses.
+func (n *Node) Subjects() bus.Subjects { return n.subj }
+
+// Store returns the node's Redis store (valid after Start).
+func (n *Node) Store() *store.Store { return n.store }
+
+// Start connects to NATS and Redis, creates the streams, builds the actor
+// tree and starts consuming.
+func (n *Node) Start(ctx context.Context) error {
+	if err := n.connect(ctx); err != nil {
+		return err
+	}
+	n.subj = bus.NewSubjects(n.cfg.SubjectPrefix)
+	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL})
+	if err := n.store.LoadScripts(ctx); err != nil {
+		return err
+	}
+	if err := bus.EnsureStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj); err != nil {
+		return err
+	}
+	n.writer = n.store.NewWriter(0, 0, 0)
+	n.renewer = n.store.NewLockRenewer(n.log)
+	n.renewer.Start()
+
+	// protoactor logs every restart and dead letter at Info; the node keeps
+	// it to warnings so its own lines stay readable under load.
+	actorLog := n.log.With("lib", "protoactor")
+	n.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(levelFloor{h: actorLog.Handler(), min: slog.LevelWarn})
+	}))
+	root := n.sys.Root
+	n.router = root.SpawnPrefix(router.Props(router.Config{
+		Pools: n.cfg.Pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
+	}), "router")
+	n.env = (&actors.Env{
+		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
+		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
+		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
+		PermanentGrace: n.cfg.PermanentGrace,
+	}).WithDefaults()
+	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env))
+	for i := 0; i < n.cfg.JobShards; i++ {
+		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
+		if err != nil {
+			return fmt.Errorf("troupe: spawn job shard: %w", err)
+		}
+		n.shards = append(n.shards, pid)
+	}
+	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log}
+
+	hb, err := n.nc.Subscribe(n.subj.Heartbeat, n.intake.HandleHeartbeat)
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe heartbeats: %w", err)
+	}
+	pr, err := n.nc.Subscribe(n.subj.Progress, n.intake.HandleProgress)
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe progress: %w", err)
+	}
+	n.subs = append(n.subs, hb, pr)
+	if err := n.nc.Flush(); err != nil {
+		return fmt.Errorf("troupe: nats flush: %w", err)
+	}
+
+	cctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit); err != nil {
+		return err
+	}
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult); err != nil {
+		return err
+	}
+	n.log.Info("node started", "nats", n.nc.ConnectedUrlRedacted(), "subjects", n.subj.Prefix()+"sys.*",
+		"streams", n.cfg.StreamPrefix)
+	return nil
+}
+
+func (n *Node) connect(ctx context.Context) error {
+	if n.cfg.NATS != nil {
+		n.nc = n.cfg.NATS
+	} else {
+		nc, err := nats.Connect(n.cfg.NATSURL, nats.Name("troupe-node "+n.cfg.NodeID),
+			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("troupe: connect nats %s: %w", n.cfg.NATSURL, err)
+		}
+		n.nc, n.ownNC = nc, true
+	}
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return fmt.Errorf("troupe: jetstream: %w", err)
+	}
+	n.js = js
+	if n.cfg.Redis != nil {
+		n.rdb = n.cfg.Redis
+	} else {
+		opt, err := redis.ParseURL(n.cfg.RedisURL)
+		if err != nil {
+			return fmt.Errorf("troupe: redis url: %w", err)
+		}
+		n.rdb, n.ownRDB = redis.NewClient(opt), true
+	}
+	if err := n.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("troupe: redis %s: %w", n.cfg.RedisURL, err)
+	}
+	return nil
+}
+
+// Stop stops consuming, stops the actors (releasing the locks of jobs still
+// in flight so another replica can adopt them), flushes pending writes and
+// closes the connections the node opened.
+func (n *Node) Stop(ctx context.Context) error {
+	n.stopOnce.Do(func() {
+		if n.cancel != nil {
+			n.cancel()
+		}
+		for _, s := range n.subs {
+			_ = s.Unsubscribe()
+		}
+		if n.sys != nil {
+			for _, pid := range n.shards {
+				_ = n.sys.Root.PoisonFuture(pid).Wait()
+			}
+			_ = n.sys.Root.PoisonFuture(n.router).Wait()
+			n.sys.Shutdown()
+		}
+		if n.writer != nil {
+			n.writer.Close()
+		}
+		if n.renewer != nil {
+			n.renewer.Stop()
+		}
+		if n.ownNC && n.nc != nil {
+			_ = n.nc.Drain()
+		}
+		if n.ownRDB && n.rdb != nil {
+			_ = n.rdb.Close()
+		}
+	})
+	return nil
+}
+
+// Submit publishes req on the submit subject, as any CAP client would.
+func (n *Node) Submit(ctx context.Context, req *capv1.JobRequest) error {
+	data, err := bus.EncodeRequest(req.JobId, "troupe-api", req)
+	if err != nil {
+		return err
+	}
+	_, err = n.js.Publish(ctx, n.subj.Submit, data)
+	return err
+}
+
+// Job reads a job's record and history from Redis.
+func (n *Node) Job(ctx context.Context, jobID string) (*store.JobRecord, error) {
+	return n.store.GetJob(ctx, jobID)
+}
+
+// Workers lists the live workers the router knows.
+func (n *Node) Workers() ([]router.WorkerInfo, error) {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.ListWorkers{}, 5*time.Second).Result()
+	if err != nil {
+		return nil, err
+	}
+	return res.([]router.WorkerInfo), nil
+}
+
+// LiveJobActors counts the job actors alive on this node.
+func (n *Node) LiveJobActors() (int, error) {
+	total := 0
+	for _, pid := range n.shards {
+		res, err := n.sys.Root.RequestFuture(pid, &supervisor.CountLive{}, 5*time.Second).Result()
+		if err != nil {
+			return 0, err
+		}
+		total += res.(int)
+	}
+	return total, nil
+}
+
+// levelFloor drops records below min.
+type levelFloor struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (l levelFloor) Enabled(ctx context.Context, lv slog.Level) bool {
+	return lv >= l.min && l.h.Enabled(ctx, lv)
+}
+func (l levelFloor) Handle(ctx context.Context, r slog.Record) error { return l.h.Handle(ctx, r) }
+func (l levelFloor) WithAttrs(a []slog.Attr) slog.Handler {
+	return levelFloor{h: l.h.WithAttrs(a), min: l.min}
+}
+func (l levelFloor) WithGroup(g string) slog.Handler {
+	return levelFloor{h: l.h.WithGroup(g), min: l.min}
+}

@@ -1,0 +1,219 @@
+// Package worker is a small CAP worker: it heartbeats, takes JobRequests from
+// its pool subject (queue group = subject, as CAP SDK workers do) and,
+// optionally, from its direct subject worker.<id>.jobs, runs a handler, and
+// publishes the JobResult on sys.job.result with a plain core publish. It is
+// what `troupe worker`, `troupe dev` and the tests run.
+package worker
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
+)
+
+// HeartbeatDefault is the CAP SDKs' heartbeat interval.
+const HeartbeatDefault = 5 * time.Second
+
+// Handler runs one job and returns its result (job_id and worker_id are
+// filled in by the worker).
+type Handler func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult
+
+// Echo succeeds at once, with the job's context pointer as its result.
+func Echo(_ context.Context, req *capv1.JobRequest) *capv1.JobResult {
+	return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: req.ContextPtr}
+}
+
+// Sleep succeeds after d (or fails if ctx ends first).
+func Sleep(d time.Duration) Handler {
+	return func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: req.ContextPtr}
+		case <-ctx.Done():
+			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, ErrorMessage: ctx.Err().Error()}
+		}
+	}
+}
+
+// Config configures a worker.
+type Config struct {
+	ID   string
+	Pool string
+	// Topics are the pool subjects (job topics) to queue-subscribe to.
+	Topics []string
+	// Direct also subscribes to worker.<id>.jobs and says so in the
+	// heartbeat (label troupe.dispatch=direct). A stock CAP SDK worker does not.
+	Direct      bool
+	Subjects    bus.Subjects
+	Handler     Handler
+	Heartbeat   time.Duration
+	MaxParallel int32
+	Labels      map[string]string
+	// Progress sends a RUNNING JobProgress before running the handler.
+	Progress bool
+	// OnReceive, if set, sees every request as it arrives (tests count
+	// receipts with it).
+	OnReceive func(subject string, req *capv1.JobRequest)
+}
+
+// Worker is a running CAP worker.
+type Worker struct {
+	cfg    Config
+	nc     *nats.Conn
+	subs   []*nats.Subscription
+	active atomic.Int32
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sem    chan struct{}
+}
+
+// Start subscribes and starts heartbeating.
+func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
+	if cfg.ID == "" || cfg.Pool == "" || len(cfg.Topics) == 0 {
+		return nil, fmt.Errorf("worker: ID, Pool and Topics are required")
+	}
+	if cfg.Handler == nil {
+		cfg.Handler = Echo
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = HeartbeatDefault
+	}
+	if cfg.MaxParallel <= 0 {
+		cfg.MaxParallel = 64
+	}
+	labels := map[string]string{}
+	for k, v := range cfg.Labels {
+		labels[k] = v
+	}
+	if cfg.Direct {
+		labels[registry.LabelDispatch] = registry.DispatchDirect
+	}
+	cfg.Labels = labels
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel)}
+	for _, t := range cfg.Topics {
+		subj := cfg.Subjects.Pool(t)
+		s, err := nc.QueueSubscribe(subj, subj, w.onMsg)
+		if err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("worker: subscribe %s: %w", subj, err)
+		}
+		w.subs = append(w.subs, s)
+	}
+	if cfg.Direct {
+		s, err := nc.Subscribe(cfg.Subjects.Worker(cfg.ID), w.onMsg)
+		if err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("worker: subscribe direct: %w", err)
+		}
+		w.subs = append(w.subs, s)
+	}
+	if err := nc.Flush(); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	w.beat()
+	w.wg.Add(1)
+	go w.heartbeats()
+	return w, nil
+}
+
+// ID returns the worker id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Beat publishes a heartbeat now.
+func (w *Worker) Beat() { w.beat() }
+
+func (w *Worker) beat() {
+	data, err := bus.EncodeHeartbeat(w.cfg.ID, &capv1.Heartbeat{
+		WorkerId: w.cfg.ID, Pool: w.cfg.Pool, Type: "troupe-demo", ActiveJobs: w.active.Load(),
+		MaxParallelJobs: w.cfg.MaxParallel, Labels: w.cfg.Labels,
+		Capabilities: w.cfg.Topics,
+	})
+	if err == nil {
+		_ = w.nc.Publish(w.cfg.Subjects.Heartbeat, data)
+	}
+}
+
+func (w *Worker) heartbeats() {
+	defer w.wg.Done()
+	t := time.NewTicker(w.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-t.C:
+			w.beat()
+		}
+	}
+}
+
+func (w *Worker) onMsg(m *nats.Msg) {
+	pkt, err := bus.Decode(m.Data)
+	if err != nil || pkt.GetJobRequest() == nil {
+		return
+	}
+	req := pkt.GetJobRequest()
+	if w.cfg.OnReceive != nil {
+		w.cfg.OnReceive(m.Subject, req)
+	}
+	select {
+	case w.sem <- struct{}{}:
+	case <-w.ctx.Done():
+		return
+	}
+	w.active.Add(1)
+	w.wg.Add(1)
+	go func() {
+		defer func() {
+			w.active.Add(-1)
+			<-w.sem
+			w.wg.Done()
+		}()
+		w.run(pkt.TraceId, req)
+	}()
+}
+
+func (w *Worker) run(trace string, req *capv1.JobRequest) {
+	if w.cfg.Progress {
+		if data, err := bus.EncodeProgress(trace, w.cfg.ID, &capv1.JobProgress{JobId: req.JobId,
+			Status: capv1.JobStatus_JOB_STATUS_RUNNING, Message: "started"}); err == nil {
+			_ = w.nc.Publish(w.cfg.Subjects.Progress, data)
+		}
+	}
+	start := time.Now()
+	res := w.cfg.Handler(w.ctx, req)
+	res.JobId, res.WorkerId = req.JobId, w.cfg.ID
+	if res.ExecutionMs == 0 {
+		res.ExecutionMs = time.Since(start).Milliseconds()
+	}
+	data, err := bus.EncodeResult(trace, w.cfg.ID, res)
+	if err == nil {
+		_ = w.nc.Publish(w.cfg.Subjects.Result, data)
+	}
+}
+
+// Stop unsubscribes, stops heartbeating and waits for running jobs.
+func (w *Worker) Stop() {
+	for _, s := range w.subs {
+		_ = s.Unsubscribe()
+	}
+	w.cancel()
+	w.wg.Wait()
+}
+
+// Name returns a default worker id for index i of a pool.
+func Name(pool string, i int) string { return pool + "-w" + strconv.Itoa(i) }
