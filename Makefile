@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN         := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: run test vet build proto proto-tools bench fmt
+.PHONY: run test test-embedded vet build proto proto-tools bench fmt
 
 build:
 	$(GO) build ./...
@@ -23,6 +23,11 @@ vet:
 
 test: vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# The end-to-end tests again, against the in-process NATS server and the
+# embedded Redis-protocol store, as on a machine with no services.
+test-embedded:
+	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -count=1 -timeout 10m . ./internal/... ./store/...
 
 bench:
 	$(GO) run ./cmd/troupe bench

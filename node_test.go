@@ -3,6 +3,8 @@ package troupe_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -50,6 +52,7 @@ func newFixture(t *testing.T, mutate func(*troupe.Config)) *fixture {
 		NodeID: "node-a", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
 		Pools: pools, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -1,0 +1,138 @@
+// Command troupe runs and operates Troupe nodes.
+//
+//	troupe dev                      everything in one process, no outside services
+//	troupe node   [--nats URL] [--redis URL] [--pools FILE]
+//	troupe worker [--nats URL] [--id ID] [--pool P] [--topics T,...] [--handler echo|sleep]
+//	troupe submit [--nats URL] --topic T [--id ID] [--wait]
+//	troupe job    [--redis URL] ID
+//	troupe dlq    [--redis URL]
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/troupe-run/troupe/router"
+)
+
+//go:embed pools.default.yaml
+var defaultPools []byte
+
+type command struct {
+	name, usage string
+	run         func(ctx context.Context, args []string) error
+}
+
+var commands = []command{
+	{"dev", "run a whole node embedded (NATS, Redis store, demo workers) and submit demo jobs", runDev},
+	{"node", "run a node against NATS and Redis", runNode},
+	{"worker", "run a demo CAP worker", runWorker},
+	{"submit", "publish a job on sys.job.submit", runSubmit},
+	{"job", "print a job's state and transition history", runJob},
+	{"dlq", "list dead-lettered jobs and inputs", runDLQ},
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for _, c := range commands {
+		if c.name == os.Args[1] {
+			if err := c.run(ctx, os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "troupe %s: %v\n", c.name, err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	fmt.Fprintf(os.Stderr, "troupe: unknown command %q\n\n", os.Args[1])
+	usage()
+	os.Exit(2)
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: troupe <command> [flags]\n\ncommands:")
+	for _, c := range commands {
+		fmt.Fprintf(os.Stderr, "  %-8s %s\n", c.name, c.usage)
+	}
+	fmt.Fprintln(os.Stderr, "\nRun 'troupe <command> -h' for a command's flags.")
+}
+
+// common holds the flags several commands share.
+type common struct {
+	nats, redis            string
+	keyPrefix, subjPrefix  string
+	streamPrefix, logLevel string
+	logJSON                bool
+}
+
+func (c *common) register(fs *flag.FlagSet, needNATS, needRedis bool) {
+	if needNATS {
+		fs.StringVar(&c.nats, "nats", envOr("TROUPE_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (env TROUPE_NATS_URL)")
+		fs.StringVar(&c.subjPrefix, "subject-prefix", os.Getenv("TROUPE_SUBJECT_PREFIX"), "prefix before every CAP subject")
+		fs.StringVar(&c.streamPrefix, "stream-prefix", envOr("TROUPE_STREAM_PREFIX", "TROUPE"), "JetStream stream name prefix")
+	}
+	if needRedis {
+		fs.StringVar(&c.redis, "redis", envOr("TROUPE_REDIS_URL", "redis://127.0.0.1:6379"), "Redis URL (env TROUPE_REDIS_URL)")
+		fs.StringVar(&c.keyPrefix, "key-prefix", envOr("TROUPE_KEY_PREFIX", "troupe:"), "Redis key prefix")
+	}
+	fs.StringVar(&c.logLevel, "log-level", envOr("TROUPE_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fs.BoolVar(&c.logJSON, "log-json", false, "log JSON instead of text")
+}
+
+func (c *common) logger() *slog.Logger {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(c.logLevel)); err != nil {
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if c.logJSON {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func loadPools(path string) (*router.PoolConfig, error) {
+	if path == "" {
+		return router.ParsePools(defaultPools)
+	}
+	return router.LoadPools(path)
+}
+
+func newID(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// labelsFlag collects repeated k=v flags.
+type labelsFlag map[string]string
+
+func (l labelsFlag) String() string { return fmt.Sprint(map[string]string(l)) }
+func (l labelsFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", v)
+	}
+	l[k] = val
+	return nil
+}

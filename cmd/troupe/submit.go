@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
+)
+
+func runSubmit(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("submit", flag.ExitOnError)
+	var c common
+	c.register(fs, true, true)
+	topic := fs.String("topic", "job.echo", "job topic")
+	id := fs.String("id", "", "job id (default job-<random>)")
+	ctxPtr := fs.String("context-ptr", "", "context pointer (default redis://ctx:<job_id>)")
+	tenant := fs.String("tenant", "", "tenant id")
+	wait := fs.Bool("wait", false, "wait until the job is terminal and print it (reads Redis)")
+	timeout := fs.Duration("timeout", 60*time.Second, "how long --wait waits")
+	labels := labelsFlag{}
+	fs.Var(labels, "label", "job label key=value (repeatable)")
+	_ = fs.Parse(args)
+	if *id == "" {
+		*id = newID("job-")
+	}
+	if *ctxPtr == "" {
+		*ctxPtr = "redis://ctx:" + *id
+	}
+	nc, err := nats.Connect(c.nats, nats.Name("troupe-submit"))
+	if err != nil {
+		return fmt.Errorf("connect nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	req := &capv1.JobRequest{JobId: *id, Topic: *topic, ContextPtr: *ctxPtr, TenantId: *tenant, Labels: labels}
+	data, err := bus.EncodeRequest(*id, "troupe-cli", req)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ack, err := js.Publish(pctx, bus.NewSubjects(c.subjPrefix).Submit, data)
+	if err != nil {
+		return fmt.Errorf("publish (is a node running? it creates the streams): %w", err)
+	}
+	fmt.Printf("submitted %s (topic %s, stream %s seq %d)\n", *id, *topic, ack.Stream, ack.Sequence)
+	if !*wait {
+		return nil
+	}
+	st, closeFn, err := openStore(c)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	rec, err := waitTerminal(ctx, st, *id, *timeout)
+	if rec != nil {
+		printJob(os.Stdout, rec)
+	}
+	return err
+}
+
+func openStore(c common) (*store.Store, func(), error) {
+	opt, err := redis.ParseURL(c.redis)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redis url: %w", err)
+	}
+	rdb := redis.NewClient(opt)
+	return store.New(rdb, store.Config{Prefix: c.keyPrefix}), func() { _ = rdb.Close() }, nil
+}

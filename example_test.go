@@ -1,0 +1,59 @@
+package troupe_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/embedded"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// Example embeds a node in a Go program: in-process NATS and Redis-protocol
+// servers, one node, one CAP worker, one job.
+func Example() {
+	ns, _ := embedded.StartNATS()
+	defer ns.Stop()
+	rs, _ := embedded.StartRedis()
+	defer rs.Stop()
+
+	pools, _ := router.ParsePools([]byte("topics:\n  job.echo: default\n"))
+	node, err := troupe.NewNode(troupe.Config{
+		NATSURL: ns.URL(), RedisURL: rs.URL(), Pools: pools,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	if err := node.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer node.Stop(ctx)
+
+	nc, _ := nats.Connect(ns.URL())
+	defer nc.Close()
+	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: "default", Topics: []string{"job.echo"},
+		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo})
+	defer w.Stop()
+	for ws, _ := node.Workers(); len(ws) == 0; ws, _ = node.Workers() {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	_ = node.Submit(ctx, &capv1.JobRequest{JobId: "hello-1", Topic: "job.echo"})
+	for i := 0; i < 500; i++ {
+		if rec, err := node.Job(ctx, "hello-1"); err == nil && rec.State.Terminal() {
+			fmt.Println(rec.State, len(rec.History), "transitions")
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Output: SUCCEEDED 5 transitions
+}
