@@ -21,6 +21,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/actors"
@@ -86,6 +87,17 @@ type Config struct {
 	// before the job fails (default actors.PermanentGraceDefault).
 	PermanentGrace time.Duration
 
+	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
+	// when Timeouts is nil (default actors.DefaultTimeouts()).
+	Timeouts     *actors.Timeouts
+	TimeoutsFile string
+	// DuePoll is the due poller's interval (default supervisor.DuePollDefault).
+	DuePoll time.Duration
+
+	// Metrics is where the node registers its Prometheus metrics (default:
+	// a fresh registry, see Node.Metrics).
+	Metrics *prometheus.Registry
+
 	// Logger receives the node's logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -110,6 +122,8 @@ type Node struct {
 	shards []*actor.PID
 	env    *actors.Env
 	intake *supervisor.Intake
+	wheel  *actors.Wheel
+	due    *supervisor.DuePoller
 
 	cancel context.CancelFunc
 	subs   []*nats.Subscription
@@ -154,8 +168,24 @@ func NewNode(cfg Config) (*Node, error) {
 		}
 		cfg.Pools = p
 	}
+	if cfg.Timeouts == nil {
+		cfg.Timeouts = actors.DefaultTimeouts()
+		if cfg.TimeoutsFile != "" {
+			t, err := actors.LoadTimeouts(cfg.TimeoutsFile)
+			if err != nil {
+				return nil, fmt.Errorf("troupe: %w", err)
+			}
+			cfg.Timeouts = t
+		}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}, nil
 }
+
+// Metrics returns the registry holding the node's metrics.
+func (n *Node) Metrics() *prometheus.Registry { return n.cfg.Metrics }
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
@@ -201,9 +231,11 @@ func (n *Node) Start(ctx context.Context) error {
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: n.cfg.Pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
 	}), "router")
+	n.wheel = actors.NewWheel(root)
 	n.env = (&actors.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
+		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace,
 	}).WithDefaults()
@@ -238,6 +270,11 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult); err != nil {
 		return err
 	}
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel); err != nil {
+		return err
+	}
+	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll}
+	n.due.Start()
 	n.log.Info("node started", "nats", n.nc.ConnectedUrlRedacted(), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
@@ -285,12 +322,18 @@ func (n *Node) Stop(ctx context.Context) error {
 		for _, s := range n.subs {
 			_ = s.Unsubscribe()
 		}
+		if n.due != nil {
+			n.due.Stop()
+		}
 		if n.sys != nil {
 			for _, pid := range n.shards {
 				_ = n.sys.Root.PoisonFuture(pid).Wait()
 			}
 			_ = n.sys.Root.PoisonFuture(n.router).Wait()
 			n.sys.Shutdown()
+		}
+		if n.wheel != nil {
+			n.wheel.Stop()
 		}
 		if n.writer != nil {
 			n.writer.Close()
@@ -315,6 +358,17 @@ func (n *Node) Submit(ctx context.Context, req *capv1.JobRequest) error {
 		return err
 	}
 	_, err = n.js.Publish(ctx, n.subj.Submit, data)
+	return err
+}
+
+// Cancel publishes a JobCancel for jobID on the cancel subject (JetStream,
+// so the node takes it even if it arrives before the job does).
+func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
+	data, err := bus.EncodeCancel(jobID, by, &capv1.JobCancel{JobId: jobID, Reason: reason, RequestedBy: by})
+	if err != nil {
+		return err
+	}
+	_, err = n.js.Publish(ctx, n.subj.Cancel, data)
 	return err
 }
 

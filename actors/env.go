@@ -44,6 +44,11 @@ type Env struct {
 	Publish func(subject string, data []byte) error
 	Log     *slog.Logger
 	Root    *actor.RootContext
+	Keys    *store.Keys
+	Wheel   *Wheel
+	Metrics *Metrics
+	// Timeouts are the dispatch and running deadlines (default DefaultTimeouts).
+	Timeouts *Timeouts
 
 	MaxSchedulingAttempts int
 	PermanentGrace        time.Duration
@@ -64,6 +69,12 @@ func (e *Env) WithDefaults() *Env {
 	}
 	if e.Log == nil {
 		e.Log = slog.Default()
+	}
+	if e.Metrics == nil {
+		e.Metrics = NewMetrics(nil)
+	}
+	if e.Timeouts == nil {
+		e.Timeouts = DefaultTimeouts()
 	}
 	return e
 }

@@ -25,54 +25,67 @@ import (
 //     once another owner has taken the lock, every write of this actor is
 //     refused and it stops without side effects.
 //   - Nothing is published for a job whose state could not be read: a Redis
-//     error means "unknown", and the actor waits and asks again.
+//     error means "unknown", and the actor does nothing but ask again.
 //   - A request is published to a worker only after DISPATCHED is durable, so
 //     a stale owner can never dispatch a job a second time.
 //   - A JetStream message is acked only after its effect is durable; until
-//     then a crash means redelivery, and redelivery is harmless (a duplicate
-//     submit of a live job changes nothing; a result for a finished job is
-//     absorbed).
+//     then a crash means redelivery, and redelivery is harmless: a duplicate
+//     submit of a live job changes nothing, a result or cancel for a finished
+//     job is absorbed, and a terminal job never leaves its state.
+//   - Every wait is durable: a retry, a deadline or a pending approval is
+//     also a due entry in Redis, so if this node dies the due poller of
+//     another replica wakes the job.
 //
 // What it never does: block its mailbox on the network. Redis work goes
 // through the store.Writer and comes back as a storeDone message; the router
-// answers by message; timers send wake messages.
+// answers by message; timers live on the node's shared Wheel and send wake
+// messages.
 //
-// Lifecycle: spawned by its shard supervisor on the first Submit or Result
-// for the job id; activation takes the lock and reads (or creates) the record;
-// the actor drives the job until a terminal state or until it learns another
-// node owns the job, then tells the supervisor it is Finished.
+// Lifecycle: spawned by its shard supervisor on the first event for the job
+// id; activation takes the lock and reads (or creates) the record; the actor
+// drives the job until a terminal state, a passivating wait (approval), or
+// the discovery that another node owns the job, then tells the supervisor
+// it is Finished.
 type JobActor struct {
 	env *Env // shared, immutable
 
-	// Owned by the actor; touched only inside Receive.
+	// Everything below is owned by the actor and touched only in Receive.
 	id        string
 	activated bool
 	done      bool
-	state     core.State
-	fence     int64
-	lockValue string
-	req       *capv1.JobRequest
-	traceID   string
-	worker    string
-	subject   string
-	attempts  int
-	firstFail time.Time // first permanent routing error, for the grace window
+	// ackAfterDone: events reaching the finished actor are acked (the job is
+	// terminal, or the submit was an idempotent duplicate) rather than handed
+	// back to JetStream for the node that owns the job.
+	ackAfterDone bool
+	state        core.State
+	lockValue    string
+	fence        int64
+	req          *capv1.JobRequest
+	traceID      string
+	worker       string
+	subject      string
+	attempts     int
+	firstFail    time.Time // first permanent routing error, for the grace window
+	created      time.Time
+	deadline     time.Time
+	deadlineWhy  core.Reason
+	record       map[string]string // the record as read at adoption
+	firstEvent   time.Time
+	idemChecked  bool
 
-	// epoch numbers the one outstanding asynchronous step (a store op, a
-	// router question or a timer). A reply with another epoch answers a
-	// question the actor no longer asks and is dropped.
-	epoch uint64
-	// busy is true while a store op or a router question is outstanding;
-	// events arriving meanwhile wait in deferred, in order.
+	// opEpoch numbers the one outstanding asynchronous step (a store op or a
+	// router question); a reply with another epoch is dropped. While busy,
+	// incoming events wait in deferred, in order.
+	opEpoch  uint64
 	busy     bool
 	deferred []interface{}
-	// then continues after the outstanding store op.
-	then func(c actor.Context, r *store.Result)
+	then     func(c actor.Context, r *store.Result)
 	// acks are deliveries to acknowledge once the current op is durable.
 	acks []Delivery
-	// naks are deliveries to hand back to JetStream when this actor stops
-	// without handling them (another node owns the job).
-	timer *time.Timer
+
+	// The job's one timer on the node's wheel.
+	timerEpoch uint64
+	timer      TimerRef
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -91,18 +104,16 @@ func (j *JobActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		j.id = jobIDFromPID(c)
+		j.env.Metrics.LiveActors.Inc()
 	case *actor.Stopping:
-		j.stopTimer()
-		if j.lockValue != "" && !j.state.Terminal() && !j.done {
-			// Stopped while owning a live job (shutdown): give the lock up
-			// so another replica can adopt at once.
-			j.env.Renewer.Forget(j.id, j.lockValue)
-			j.env.Writer.Submit(&store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue,
-				Done: func(*store.Result) {}})
-		}
-	case *actor.Restarting, *actor.Stopped:
+		j.onStopping()
+	case *actor.Stopped:
+		j.env.Metrics.LiveActors.Dec()
+	case *actor.Restarting:
+		j.env.Metrics.LiveActors.Dec() // Started follows and counts it again
+		j.disarm()
 	case *storeDone:
-		if m.epoch != j.epoch || !j.busy {
+		if m.epoch != j.opEpoch || !j.busy {
 			return
 		}
 		j.busy = false
@@ -111,19 +122,18 @@ func (j *JobActor) Receive(c actor.Context) {
 		k(c, m.res)
 		j.drain(c)
 	case *router.PickReply:
-		if m.Epoch != j.epoch || !j.busy {
+		if m.Epoch != j.opEpoch || !j.busy {
 			return
 		}
 		j.busy = false
 		j.onPick(c, m)
 		j.drain(c)
 	case *wake:
-		if m.epoch != j.epoch || j.busy || j.done {
+		if m.epoch != j.timerEpoch {
 			return
 		}
 		j.timer = nil
-		j.advance(c)
-		j.drain(c)
+		j.event(c, m)
 	case *lockLost:
 		if m.lockValue == j.lockValue && !j.done {
 			j.env.Log.Warn("job lock lost; stopping without side effects", "job_id", j.id, "trace_id", j.traceID)
@@ -134,12 +144,17 @@ func (j *JobActor) Receive(c actor.Context) {
 		c.Respond(&Snapshot{JobID: j.id, State: j.state, Fence: j.fence, Attempts: j.attempts,
 			Worker: j.worker, Subject: j.subject, Done: j.done})
 	default:
-		if j.busy {
-			j.deferred = append(j.deferred, m)
-			return
-		}
-		j.handle(c, m)
+		j.event(c, m)
 	}
+}
+
+// event handles an input event now, or later if an async step is outstanding.
+func (j *JobActor) event(c actor.Context, m interface{}) {
+	if j.busy {
+		j.deferred = append(j.deferred, m)
+		return
+	}
+	j.handle(c, m)
 }
 
 // drain handles deferred events until one of them starts an async step.
@@ -155,62 +170,112 @@ func (j *JobActor) drain(c actor.Context) {
 	}
 }
 
-// handle processes one input event (Submit, Result, Progress).
+// handle processes one event: Submit, Result, Cancel, Progress, Wake, wake.
 func (j *JobActor) handle(c actor.Context, m interface{}) {
 	if j.done {
 		j.absorb(m)
 		return
 	}
+	if j.firstEvent.IsZero() {
+		j.firstEvent = time.Now()
+	}
 	switch m := m.(type) {
 	case *Submit:
 		if j.traceID == "" {
 			j.traceID = m.TraceID
 		}
-		if !j.activated {
-			if j.req == nil {
-				j.req = m.Req
-			}
-			j.acks = append(j.acks, m.Delivery)
-			j.activate(c, true)
+		if j.activated {
+			// A duplicate submit of a live job: nothing changes.
+			j.env.Metrics.Absorbed.WithLabelValues("submit").Inc()
+			ack(m.Delivery)
 			return
 		}
-		// A duplicate submit of a live job: nothing changes.
-		ack(m.Delivery)
+		if j.req == nil {
+			j.req = m.Req
+		}
+		j.acks = append(j.acks, m.Delivery)
+		if key := m.Req.GetMeta().GetIdempotencyKey(); key != "" && !j.idemChecked {
+			j.claimIdempotency(c, key)
+			return
+		}
+		j.activate(c, true)
 	case *Result:
 		if j.traceID == "" {
 			j.traceID = m.TraceID
 		}
 		if !j.activated {
-			j.deferred = append([]interface{}{m}, j.deferred...)
-			j.activate(c, false)
+			j.activateFor(c, m)
 			return
 		}
 		j.onResult(c, m)
+	case *Cancel:
+		if !j.activated {
+			j.activateFor(c, m)
+			return
+		}
+		j.onCancel(c, m)
 	case *Progress:
 		if j.activated && j.state == core.StateDispatched {
-			j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched), To: core.StateRunning,
-				Reason: core.ReasonStarted}}, nil, func(c actor.Context, r *store.Result) {})
+			j.markRunning(c)
 		}
+	case *Wake:
+		if !j.activated {
+			j.activate(c, false)
+		}
+	case *wake:
+		j.advance(c)
 	}
+}
+
+// activateFor activates an existing job for an event that must not create
+// one; the event is handled once the job's state is known.
+func (j *JobActor) activateFor(c actor.Context, m interface{}) {
+	j.deferred = append([]interface{}{m}, j.deferred...)
+	j.activate(c, false)
 }
 
 // absorb handles an event that reaches the actor after it finished.
 func (j *JobActor) absorb(m interface{}) {
 	var d Delivery
+	kind := "submit"
 	switch m := m.(type) {
 	case *Submit:
 		d = m.Delivery
 	case *Result:
-		d = m.Delivery
+		d, kind = m.Delivery, "result"
+	case *Cancel:
+		d, kind = m.Delivery, "cancel"
 	default:
 		return
 	}
-	if j.state.Terminal() {
-		ack(d) // duplicate for a finished job: absorbed
+	if j.ackAfterDone || j.state.Terminal() {
+		j.env.Metrics.Absorbed.WithLabelValues(kind).Inc()
+		ack(d)
 		return
 	}
-	// Another node owns the job: let JetStream offer the message again.
+	// The job lives elsewhere (another node owns it, or it was passivated
+	// a moment ago): let JetStream offer the message again.
 	nak(d, time.Second)
+}
+
+// claimIdempotency makes sure no other job of the tenant holds the submit's
+// idempotency key; a submit whose key is held by another job is that job.
+func (j *JobActor) claimIdempotency(c actor.Context, key string) {
+	op := &store.Op{Kind: store.OpClaim, JobID: j.id,
+		IdemKey: j.env.Keys.Idempotency(safety.TenantOf(j.req), key)}
+	j.write(c, op, func(c actor.Context, r *store.Result) {
+		j.idemChecked = true
+		if r.Holder != j.id {
+			j.env.Metrics.IdemDuplicates.Inc()
+			j.env.Log.Info("submit is an idempotent duplicate", "job_id", j.id, "trace_id", j.traceID,
+				"existing_job_id", r.Holder, "reason", core.ReasonIdempotentDuplicate)
+			j.ackAfterDone = true
+			j.ackAll()
+			j.finish(c)
+			return
+		}
+		j.activate(c, true)
+	})
 }
 
 // activate takes the job's lock and learns its state.
@@ -225,18 +290,16 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 		switch r.Status {
 		case store.ActivateCreated, store.ActivateAdopted:
 			j.activated = true
+			j.env.Metrics.ActivationDelay.Observe(time.Since(j.firstEvent).Seconds())
 			j.state, j.fence = r.State, r.Fence
 			j.lockValue = store.LockValue(j.env.NodeID, r.Fence)
 			self, root, lv := c.Self(), j.env.Root, j.lockValue
 			j.env.Renewer.Hold(j.id, lv, func() { root.Send(self, &lockLost{lockValue: lv}) })
-			if r.Status == store.ActivateAdopted {
-				j.worker, j.subject = r.Worker, r.Subject
-				if len(r.Request) > 0 {
-					req := &capv1.JobRequest{}
-					if err := proto.Unmarshal(r.Request, req); err == nil {
-						j.req = req
-					}
-				}
+			if r.Status == store.ActivateCreated {
+				j.created = time.Now()
+				j.env.Metrics.Received.Inc()
+			} else {
+				j.adopt(r.Fields)
 			}
 			j.ackAll()
 			j.advance(c)
@@ -245,8 +308,9 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 			j.ackAll()
 			j.finish(c)
 		case store.ActivateBusy:
-			// Another node owns the job. Submits are duplicates of a live job;
-			// results must reach the owner, so they go back to JetStream.
+			// Another node owns the job. Submits are duplicates of a live
+			// job; results and cancels must reach the owner, so they go back
+			// to JetStream (finish → absorb → nak).
 			j.state = r.State
 			j.ackAll()
 			j.finish(c)
@@ -256,31 +320,71 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 	})
 }
 
-// unknownJob dead-letters the results that arrived for a job with no record.
-func (j *JobActor) unknownJob(c actor.Context) {
-	var pending []interface{}
-	for _, m := range j.deferred {
-		if _, ok := m.(*Submit); ok {
-			pending = append(pending, m)
-			continue
-		}
-		if r, ok := m.(*Result); ok {
-			j.acks = append(j.acks, r.Delivery)
+// adopt loads what the actor needs from the record of an existing job.
+func (j *JobActor) adopt(f map[string]string) {
+	j.record = f
+	j.worker, j.subject = f["worker"], f["subj"]
+	if j.traceID == "" {
+		j.traceID = f["trace"]
+	}
+	j.attempts, _ = strconv.Atoi(f["attempts"])
+	j.created = msTime(f["created"])
+	j.deadline = msTime(f["deadline"])
+	j.deadlineWhy = core.Reason(f["deadline_kind"])
+	if raw := f["req"]; raw != "" {
+		req := &capv1.JobRequest{}
+		if err := proto.Unmarshal([]byte(raw), req); err == nil {
+			j.req = req
 		}
 	}
-	j.deferred = pending
+}
+
+func msTime(s string) time.Time {
+	ms, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// unknownJob dead-letters the results and cancels that arrived for a job
+// with no record.
+func (j *JobActor) unknownJob(c actor.Context) {
+	var keep []interface{}
+	found := false
+	for _, m := range j.deferred {
+		switch m := m.(type) {
+		case *Result:
+			j.acks = append(j.acks, m.Delivery)
+			found = true
+		case *Cancel:
+			j.acks = append(j.acks, m.Delivery)
+			found = true
+		case *Submit:
+			keep = append(keep, m)
+		}
+	}
+	j.deferred = keep
+	if !found {
+		// Only a wake for a job that no longer exists: nothing to record.
+		if len(j.deferred) == 0 {
+			j.ackAfterDone = true
+			j.finish(c)
+		}
+		return
+	}
 	entry := &store.DLQEntry{JobID: j.id, Reason: core.ReasonUnknownJob, TraceID: j.traceID,
-		Message: "result for a job that has no record", Subject: j.env.Subjects.Result}
+		Message: "result or cancel for a job that has no record", Subject: j.env.Subjects.Result}
 	j.write(c, &store.Op{Kind: store.OpDLQ, JobID: j.id, DLQ: entry}, func(c actor.Context, r *store.Result) {
-		j.env.Log.Warn("result for unknown job dead-lettered", "job_id", j.id, "trace_id", j.traceID,
+		j.env.Log.Warn("event for unknown job dead-lettered", "job_id", j.id, "trace_id", j.traceID,
 			"reason", core.ReasonUnknownJob)
 		publishDLQ(j.env, entry)
 		j.ackAll()
 		if len(j.deferred) > 0 {
-			return // a submit is waiting: it will activate with create
+			return // a submit is waiting: it activates with create
 		}
-		j.done = true
-		c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self()})
+		j.ackAfterDone = true
+		j.finish(c)
 	})
 }
 
@@ -291,8 +395,10 @@ func (j *JobActor) advance(c actor.Context) {
 		j.checkPolicy(c)
 	case core.StateScheduled:
 		j.askRouter(c)
-	case core.StateDispatched, core.StateRunning, core.StateApprovalRequired:
-		// Waiting for the worker (or a human); nothing to do until an event.
+	case core.StateApprovalRequired:
+		j.resumeApproval(c)
+	case core.StateDispatched, core.StateRunning:
+		j.watchDeadline(c)
 	default:
 		if j.state.Terminal() {
 			j.finish(c)
@@ -317,33 +423,78 @@ func (j *JobActor) checkPolicy(c actor.Context) {
 	case capv1.DecisionType_DECISION_TYPE_ALLOW, capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS:
 		j.askRouter(c)
 	case capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN:
-		j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending), To: core.StateApprovalRequired,
-			Reason: core.ReasonApprovalRequired, Fields: []string{"rule_id", dec.RuleId, "policy_reason", dec.Reason}}},
-			nil, func(c actor.Context, r *store.Result) {})
+		j.requestApproval(c, dec)
 	case capv1.DecisionType_DECISION_TYPE_THROTTLE:
 		j.retryLater(c, core.ReasonSafetyThrottled)
 	default: // DENY and anything unknown
-		j.deny(c, dec)
+		j.deny(c, core.ReasonSafetyDenied, dec.Reason,
+			[]string{"rule_id", dec.RuleId, "policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot})
 	}
 }
 
-func (j *JobActor) deny(c actor.Context, dec *capv1.PolicyCheckResponse) {
-	entry := j.dlqEntry(core.ReasonSafetyDenied, dec.Reason, "")
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending, core.StateScheduled), To: core.StateDenied,
-		Reason: core.ReasonSafetyDenied, Terminal: true,
-		Fields: []string{"rule_id", dec.RuleId, "policy_reason", dec.Reason}}}, entry,
+// requestApproval records APPROVAL_REQUIRED with the job hash and passivates:
+// the lock is released and the actor stops. An approval (store.Decide) makes
+// the job due, and whichever replica's due poller sees it wakes the job.
+func (j *JobActor) requestApproval(c actor.Context, dec *capv1.PolicyCheckResponse) {
+	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending), To: core.StateApprovalRequired,
+		Reason: core.ReasonApprovalRequired, Release: true, Due: -1,
+		Fields: []string{"job_hash", safety.HashJobRequest(j.req), "rule_id", dec.RuleId,
+			"policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot}}},
+		nil, func(c actor.Context, r *store.Result) {
+			j.env.Log.Info("job waits for approval", "job_id", j.id, "trace_id", j.traceID,
+				"topic", j.req.GetTopic(), "rule_id", dec.RuleId)
+			j.finish(c)
+		})
+}
+
+// resumeApproval acts on the decision recorded for an APPROVAL_REQUIRED job.
+func (j *JobActor) resumeApproval(c actor.Context) {
+	f := j.record
+	by := []string{"approved_by", f["approval_by"], "approval_reason", f["approval_reason"]}
+	switch store.Decision(f["approval_decision"]) {
+	case store.DecisionApproved:
+		if j.req == nil || safety.HashJobRequest(j.req) != f["job_hash"] || f["approval_hash"] != f["job_hash"] {
+			j.deny(c, core.ReasonApprovalHashMismatch, "the job changed after approval was requested", by)
+			return
+		}
+		j.transition(c, []store.Step{{Expect: store.Expect(core.StateApprovalRequired), To: core.StateScheduled,
+			Reason: core.ReasonApprovalGranted, Due: -1, Fields: by}}, nil,
+			func(c actor.Context, r *store.Result) { j.askRouter(c) })
+	case store.DecisionRejected:
+		j.deny(c, core.ReasonApprovalRejected, f["approval_reason"], by)
+	default:
+		// Woken without a decision: wait again with no actor.
+		j.passivate(c)
+	}
+}
+
+// passivate gives the lock up and stops; the job waits in Redis.
+func (j *JobActor) passivate(c actor.Context) {
+	lv := j.lockValue
+	j.env.Renewer.Forget(j.id, lv)
+	j.lockValue = ""
+	j.write(c, &store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: lv}, func(c actor.Context, r *store.Result) {
+		j.finish(c)
+	})
+}
+
+func (j *JobActor) deny(c actor.Context, reason core.Reason, detail string, fields []string) {
+	entry := j.dlqEntry(reason, detail, "")
+	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending, core.StateScheduled,
+		core.StateApprovalRequired), To: core.StateDenied, Reason: reason, Terminal: true,
+		Fields: append(fields, "error_code", string(reason), "error_message", detail)}}, entry,
 		func(c actor.Context, r *store.Result) {
 			j.env.Log.Info("job denied", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
-				"rule_id", dec.RuleId, "reason", dec.Reason)
+				"reason", reason, "detail", detail)
 			publishDLQ(j.env, entry)
 		})
 }
 
 // askRouter asks for a worker; the answer arrives as a *router.PickReply.
 func (j *JobActor) askRouter(c actor.Context) {
-	j.epoch++
+	j.opEpoch++
 	j.busy = true
-	c.Request(j.env.Router, &router.PickRequest{JobID: j.id, Req: j.req, Epoch: j.epoch})
+	c.Request(j.env.Router, &router.PickRequest{JobID: j.id, Req: j.req, Epoch: j.opEpoch})
 }
 
 func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
@@ -357,11 +508,14 @@ func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
 			Reason: core.ReasonAllowed})
 	}
 	j.attempts++
+	deadline, why := j.deadlineFor(core.StateDispatched)
 	steps = append(steps, store.Step{Expect: store.Expect(core.StateScheduled), To: core.StateDispatched,
-		Reason: core.ReasonDispatched,
-		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts)}})
+		Reason: core.ReasonDispatched, Due: deadline.UnixMilli(),
+		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
+			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}})
 	j.transition(c, steps, nil, func(c actor.Context, r *store.Result) {
 		j.worker, j.subject = p.WorkerID, p.Subject
+		j.deadline, j.deadlineWhy = deadline, why
 		data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
 		if err == nil {
 			err = j.env.Publish(p.Subject, data)
@@ -369,21 +523,72 @@ func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
 		if err != nil {
 			j.env.Log.Warn("dispatch publish failed", "job_id", j.id, "trace_id", j.traceID, "subject", p.Subject, "err", err)
 			j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched), To: core.StateScheduled,
-				Reason: core.ReasonDispatchFailed}}, nil, func(c actor.Context, r *store.Result) {
+				Reason: core.ReasonDispatchFailed, Due: -1}}, nil, func(c actor.Context, r *store.Result) {
 				j.retryLater(c, core.ReasonDispatchFailed)
 			})
+			return
 		}
+		j.env.Metrics.Dispatched.Inc()
+		j.arm(c, deadline)
 	})
 }
 
-// permanent reports whether a routing reason will not fix itself without a
-// config change.
-func permanent(r core.Reason) bool {
-	switch r {
-	case core.ReasonTopicUnmapped, core.ReasonPreferredPoolUnmapped, core.ReasonRequiresUnsatisfied:
-		return true
+// deadlineFor returns when a job entering state times out, and why: the
+// state's own timeout or the job's budget deadline, whichever is first.
+func (j *JobActor) deadlineFor(state core.State) (time.Time, core.Reason) {
+	now := time.Now()
+	at, why := now.Add(j.env.Timeouts.Dispatch), core.ReasonDispatchTimeout
+	if state == core.StateRunning {
+		at, why = now.Add(j.env.Timeouts.RunningFor(j.req.GetTopic())), core.ReasonRunningTimeout
 	}
-	return false
+	if ms := j.req.GetBudget().GetDeadlineMs(); ms > 0 && !j.created.IsZero() {
+		if b := j.created.Add(time.Duration(ms) * time.Millisecond); b.Before(at) {
+			at, why = b, core.ReasonDeadlineExceeded
+		}
+	}
+	return at, why
+}
+
+// watchDeadline arms the deadline of a DISPATCHED or RUNNING job, or times
+// it out if the deadline has passed.
+func (j *JobActor) watchDeadline(c actor.Context) {
+	if j.deadline.IsZero() {
+		j.deadline, j.deadlineWhy = j.deadlineFor(j.state)
+	}
+	if !time.Now().Before(j.deadline) {
+		j.timeout(c)
+		return
+	}
+	j.arm(c, j.deadline)
+}
+
+// timeout moves a DISPATCHED or RUNNING job to TIMEOUT and tells its worker.
+func (j *JobActor) timeout(c actor.Context) {
+	why := j.deadlineWhy
+	if why == "" {
+		why = core.ReasonDispatchTimeout
+	}
+	j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched, core.StateRunning), To: core.StateTimeout,
+		Reason: why, Terminal: true, Fields: []string{"error_code", string(why)}}}, nil,
+		func(c actor.Context, r *store.Result) {
+			j.env.Metrics.Timeouts.WithLabelValues(string(why)).Inc()
+			j.env.Log.Info("job timed out", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
+				"reason", why, "worker_id", j.worker)
+			j.cancelWorker(string(why))
+		})
+}
+
+// cancelWorker publishes a JobCancel on sys.job.cancel, where CAP workers
+// listen for them.
+func (j *JobActor) cancelWorker(reason string) {
+	data, err := bus.EncodeCancel(j.traceID, j.env.NodeID, &capv1.JobCancel{JobId: j.id, Reason: reason,
+		RequestedBy: j.env.NodeID})
+	if err == nil {
+		err = j.env.Publish(j.env.Subjects.Cancel, data)
+	}
+	if err != nil {
+		j.env.Log.Warn("cancel publish failed", "job_id", j.id, "trace_id", j.traceID, "err", err)
+	}
 }
 
 func (j *JobActor) placementFailed(c actor.Context, p *router.PickReply) {
@@ -403,13 +608,25 @@ func (j *JobActor) placementFailed(c actor.Context, p *router.PickReply) {
 			"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
 		return
 	}
-	// Record the attempt and its reason (PENDING → SCHEDULED on the first,
-	// SCHEDULED → SCHEDULED after), then wait.
+	j.env.Metrics.Retries.WithLabelValues(string(p.Reason)).Inc()
+	// Record the attempt, its reason and when the job wakes (PENDING →
+	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
+	d := j.env.Backoff(j.attempts)
+	at := time.Now().Add(d)
 	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending, core.StateScheduled), To: core.StateScheduled,
-		Reason: p.Reason, Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}}},
-		nil, func(c actor.Context, r *store.Result) {
-			j.sleep(c, j.env.Backoff(j.attempts))
-		})
+		Reason: p.Reason, Due: at.UnixMilli(),
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}}},
+		nil, func(c actor.Context, r *store.Result) { j.arm(c, at) })
+}
+
+// permanent reports whether a routing reason will not fix itself without a
+// config change.
+func permanent(r core.Reason) bool {
+	switch r {
+	case core.ReasonTopicUnmapped, core.ReasonPreferredPoolUnmapped, core.ReasonRequiresUnsatisfied:
+		return true
+	}
+	return false
 }
 
 // retryLater waits and advances again without a state change.
@@ -419,8 +636,9 @@ func (j *JobActor) retryLater(c actor.Context, why core.Reason) {
 		j.fail(c, core.ReasonMaxSchedulingRetries, "gave up after "+strconv.Itoa(j.attempts)+" attempts", why)
 		return
 	}
+	j.env.Metrics.Retries.WithLabelValues(string(why)).Inc()
 	j.env.Log.Debug("job retry", "job_id", j.id, "trace_id", j.traceID, "reason", why, "attempt", j.attempts)
-	j.sleep(c, j.env.Backoff(j.attempts))
+	j.arm(c, time.Now().Add(j.env.Backoff(j.attempts)))
 }
 
 // fail moves the job to FAILED with reason, dead-letters it, and finishes.
@@ -439,11 +657,25 @@ func (j *JobActor) fail(c actor.Context, reason core.Reason, detail string, last
 		})
 }
 
+// markRunning records DISPATCHED → RUNNING and moves the deadline to the
+// running timeout.
+func (j *JobActor) markRunning(c actor.Context) {
+	deadline, why := j.deadlineFor(core.StateRunning)
+	j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched), To: core.StateRunning,
+		Reason: core.ReasonStarted, Due: deadline.UnixMilli(),
+		Fields: []string{"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}}},
+		nil, func(c actor.Context, r *store.Result) {
+			j.deadline, j.deadlineWhy = deadline, why
+			j.arm(c, deadline)
+		})
+}
+
 func (j *JobActor) onResult(c actor.Context, m *Result) {
 	res := m.Res
 	if j.state != core.StateDispatched && j.state != core.StateRunning {
 		j.env.Log.Info("result ignored: job is not running", "job_id", j.id, "trace_id", j.traceID,
 			"state", j.state, "status", res.Status)
+		j.env.Metrics.Absorbed.WithLabelValues("result").Inc()
 		ack(m.Delivery)
 		return
 	}
@@ -467,8 +699,7 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 			j.ackAll()
 			return
 		}
-		j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched), To: core.StateRunning,
-			Reason: core.ReasonStarted}}, nil, func(c actor.Context, r *store.Result) {})
+		j.markRunning(c)
 		return
 	}
 	fields := []string{"result_ptr", res.ResultPtr, "worker", res.WorkerId,
@@ -490,6 +721,26 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 	})
 }
 
+// onCancel moves a live job to CANCELLED. Workers listen on sys.job.cancel
+// themselves, so a cancel that came from the bus has already reached the
+// worker; the node publishes one only for the cancels it decides itself
+// (timeouts).
+func (j *JobActor) onCancel(c actor.Context, m *Cancel) {
+	if j.state.Terminal() {
+		j.env.Metrics.Absorbed.WithLabelValues("cancel").Inc()
+		ack(m.Delivery)
+		return
+	}
+	j.acks = append(j.acks, m.Delivery)
+	j.transition(c, []store.Step{{Expect: store.Expect(j.state), To: core.StateCancelled,
+		Reason: core.ReasonCancelRequested, Terminal: true,
+		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}}, nil,
+		func(c actor.Context, r *store.Result) {
+			j.env.Log.Info("job cancelled", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
+				"by", m.C.GetRequestedBy())
+		})
+}
+
 // transition writes steps (each checked against the legal table first) and,
 // once they are durable, updates memory, acks pending deliveries and runs k.
 // A fenced write means another owner has the job: the actor stops at once.
@@ -500,6 +751,7 @@ func (j *JobActor) transition(c actor.Context, steps []store.Step, dlq *store.DL
 		if !Legal(from, s.To) {
 			err := &ErrIllegalTransition{From: from, To: s.To}
 			j.env.Log.Error("refusing transition", "job_id", j.id, "trace_id", j.traceID, "err", err)
+			j.ackAll()
 			return
 		}
 		from = s.To
@@ -511,11 +763,22 @@ func (j *JobActor) transition(c actor.Context, steps []store.Step, dlq *store.DL
 			switch sr.Status {
 			case store.StepOK:
 				j.state = steps[i].To
+				if steps[i].Terminal || steps[i].Release {
+					j.env.Renewer.Forget(j.id, j.lockValue)
+					j.lockValue = ""
+				}
+				if steps[i].Terminal {
+					j.env.Metrics.Completed.WithLabelValues(string(j.state)).Inc()
+				}
 			case store.StepFenced:
+				j.env.Metrics.Fenced.Inc()
 				j.env.Log.Warn("transition refused: job owned by another node", "job_id", j.id,
-					"trace_id", j.traceID, "to", steps[i].To)
+					"trace_id", j.traceID, "to", steps[i].To, "owner", sr.Before)
 				j.lockValue = ""
-				j.naks()
+				for _, d := range j.acks {
+					nak(d, time.Second)
+				}
+				j.acks = j.acks[:0]
 				j.finish(c)
 				return
 			default:
@@ -542,11 +805,12 @@ func (j *JobActor) transition(c actor.Context, steps []store.Step, dlq *store.DL
 // nothing, keeps its deliveries, and tries the same op again after
 // StateRetryDelay (fail closed).
 func (j *JobActor) write(c actor.Context, op *store.Op, k func(c actor.Context, r *store.Result)) {
-	j.epoch++
+	j.opEpoch++
 	j.busy = true
-	ep, self, root := j.epoch, c.Self(), j.env.Root
+	ep, self, root := j.opEpoch, c.Self(), j.env.Root
 	j.then = func(c actor.Context, r *store.Result) {
 		if r.Err != nil {
+			j.env.Metrics.FailClosed.WithLabelValues(j.req.GetTopic()).Inc()
 			j.env.Log.Warn("job state unavailable; retrying", "job_id", j.id, "trace_id", j.traceID, "err", r.Err)
 			for _, d := range j.acks {
 				if d != nil {
@@ -562,27 +826,29 @@ func (j *JobActor) write(c actor.Context, op *store.Op, k func(c actor.Context, 
 	j.env.Writer.Submit(op)
 }
 
+// retryOp repeats op after StateRetryDelay; meanwhile the actor stays busy,
+// so no other event acts on a state it does not know.
 func (j *JobActor) retryOp(c actor.Context, op *store.Op, k func(c actor.Context, r *store.Result)) {
-	j.epoch++
+	j.opEpoch++
 	j.busy = true
-	ep, self, root := j.epoch, c.Self(), j.env.Root
+	ep, self, root := j.opEpoch, c.Self(), j.env.Root
 	j.then = func(c actor.Context, _ *store.Result) { j.write(c, op, k) }
-	j.timer = time.AfterFunc(StateRetryDelay, func() { root.Send(self, &storeDone{epoch: ep, res: &store.Result{}}) })
+	time.AfterFunc(StateRetryDelay, func() { root.Send(self, &storeDone{epoch: ep, res: &store.Result{}}) })
 }
 
-// sleep arms the job's one timer; when it fires the job advances again.
-func (j *JobActor) sleep(c actor.Context, d time.Duration) {
-	j.stopTimer()
-	j.epoch++
-	ep, self, root := j.epoch, c.Self(), j.env.Root
-	j.timer = time.AfterFunc(d, func() { root.Send(self, &wake{epoch: ep}) })
+// arm sets the job's one wheel timer to at (replacing any other).
+func (j *JobActor) arm(c actor.Context, at time.Time) {
+	j.disarm()
+	j.timerEpoch++
+	j.timer = j.env.Wheel.Schedule(time.Until(at), c.Self(), j.timerEpoch)
 }
 
-func (j *JobActor) stopTimer() {
+func (j *JobActor) disarm() {
 	if j.timer != nil {
-		j.timer.Stop()
+		j.env.Wheel.Cancel(j.timer)
 		j.timer = nil
 	}
+	j.timerEpoch++
 }
 
 // finish ends the actor's work: its supervisor will stop it.
@@ -591,9 +857,12 @@ func (j *JobActor) finish(c actor.Context) {
 		return
 	}
 	j.done = true
-	j.stopTimer()
+	j.disarm()
 	if j.lockValue != "" {
 		j.env.Renewer.Forget(j.id, j.lockValue)
+	}
+	if j.state.Terminal() {
+		j.ackAfterDone = true
 	}
 	// Anything still deferred is absorbed by the done actor.
 	for _, m := range j.deferred {
@@ -603,16 +872,34 @@ func (j *JobActor) finish(c actor.Context) {
 	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self()})
 }
 
+// onStopping releases the lock of a job still in flight when the actor is
+// stopped from outside (node shutdown), so another replica can adopt it at
+// once instead of waiting for the lock to expire.
+func (j *JobActor) onStopping() {
+	j.disarm()
+	if j.lockValue != "" && !j.done {
+		j.env.Renewer.Forget(j.id, j.lockValue)
+		j.env.Writer.Submit(&store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue,
+			Done: func(*store.Result) {}})
+	}
+	for _, d := range j.acks {
+		nak(d, 0)
+	}
+	for _, m := range j.deferred {
+		switch m := m.(type) {
+		case *Submit:
+			nak(m.Delivery, 0)
+		case *Result:
+			nak(m.Delivery, 0)
+		case *Cancel:
+			nak(m.Delivery, 0)
+		}
+	}
+}
+
 func (j *JobActor) ackAll() {
 	for _, d := range j.acks {
 		ack(d)
-	}
-	j.acks = j.acks[:0]
-}
-
-func (j *JobActor) naks() {
-	for _, d := range j.acks {
-		nak(d, time.Second)
 	}
 	j.acks = j.acks[:0]
 }

@@ -38,6 +38,19 @@ type Result struct {
 // Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
 type Progress struct{ P *capv1.JobProgress }
 
+// Cancel is a JobCancel taken from sys.job.cancel.
+type Cancel struct {
+	C        *capv1.JobCancel
+	TraceID  string
+	Delivery Delivery
+}
+
+// Wake is sent by the due poller to a job whose due time has passed and
+// whose owner did not act (it died, or the job was passivated and an
+// approval arrived). The actor activates the job and does what its state
+// calls for.
+type Wake struct{}
+
 // Finished tells the job's supervisor that the actor has nothing left to do
 // and may be stopped. The supervisor stops it with a poison pill, so anything
 // already queued for it is still handled.
@@ -67,7 +80,7 @@ type storeDone struct {
 	res   *store.Result
 }
 
-// wake is a timer firing (retry, backoff).
+// wake is the job's wheel timer firing (a retry, a deadline).
 type wake struct{ epoch uint64 }
 
 // lockLost is sent by the lock renewer when the job's lock could not be kept.

@@ -43,8 +43,20 @@ const (
 	ReasonWorkerCancelled   Reason = "worker_cancelled"
 	ReasonWorkerTimeout     Reason = "worker_timeout"
 
+	// Approval.
+	ReasonApprovalGranted      Reason = "approval_granted"
+	ReasonApprovalRejected     Reason = "approval_rejected"
+	ReasonApprovalHashMismatch Reason = "approval_hash_mismatch"
+
+	// Cancellation and deadlines.
+	ReasonCancelRequested  Reason = "cancel_requested"
+	ReasonDispatchTimeout  Reason = "dispatch_timeout"
+	ReasonRunningTimeout   Reason = "running_timeout"
+	ReasonDeadlineExceeded Reason = "deadline_exceeded"
+
 	// Lifecycle.
 	ReasonMaxSchedulingRetries Reason = "max_scheduling_retries"
 	ReasonLockBusy             Reason = "lock_busy"
 	ReasonStateUnavailable     Reason = "state_unavailable"
+	ReasonIdempotentDuplicate  Reason = "idempotent_duplicate"
 )

@@ -52,9 +52,20 @@ func (k *Keys) History(jobID string) string { return k.tags[Shard(jobID)] + "his
 // Lock is the job's ownership lock: value "<node>|<fence>", with a TTL.
 func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:" + jobID }
 
-// IndexPrefix is the prefix of the per-state sorted sets of jobID's shard;
-// the state name is appended (score = last update, unix ms).
-func (k *Keys) IndexPrefix(jobID string) string { return k.tags[Shard(jobID)] + "idx:" }
+// Tag is the key prefix of jobID's shard ("<prefix>{NN}:"). Lua scripts
+// build the shard's index and due-set names from it.
+func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }
+
+// Due is the sorted set of shard's jobs that wait for a time (a retry, a
+// deadline, a granted approval): member = job id, score = due time in unix
+// ms. It makes every wait durable: whichever replica runs the due poller
+// wakes the job if its owner did not.
+func (k *Keys) Due(shard int) string { return k.tags[shard] + "due" }
+
+// Idempotency maps a tenant's idempotency key to the job that claimed it.
+func (k *Keys) Idempotency(tenant, key string) string {
+	return k.prefix + "idem:" + tenant + ":" + key
+}
 
 // Index is the sorted set of shard's jobs in state.
 func (k *Keys) Index(shard int, state string) string { return k.tags[shard] + "idx:" + state }

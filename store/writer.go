@@ -59,6 +59,9 @@ const (
 	OpRelease
 	// OpDLQ appends DLQ to the DLQ stream.
 	OpDLQ
+	// OpClaim claims Op.IdemKey for the job (idempotency); Result.Holder
+	// names the job that holds it.
+	OpClaim
 )
 
 // Step is one fenced transition within an OpTransition.
@@ -69,8 +72,15 @@ type Step struct {
 	Reason core.Reason
 	// Fields are extra record fields to set, as name, value pairs.
 	Fields []string
-	// Terminal releases the lock and starts the retention clock.
+	// Terminal releases the lock, clears the due entry and starts the
+	// retention clock.
 	Terminal bool
+	// Release gives the lock up after the step (the job passivates: it
+	// waits for an outside event with no live actor).
+	Release bool
+	// Due sets the job's due time (unix ms) with the step; -1 clears it;
+	// 0 leaves it as it is.
+	Due int64
 }
 
 // Expect joins states for Step.Expect.
@@ -102,6 +112,10 @@ type Op struct {
 
 	// OpTransition.
 	Steps []Step
+
+	// OpClaim: the idempotency key and how long it is kept.
+	IdemKey string
+	IdemTTL time.Duration
 
 	// OpDLQ (may accompany any kind; written in the same pipeline).
 	DLQ *DLQEntry
@@ -139,13 +153,14 @@ type Result struct {
 	Err error
 
 	// OpActivate.
-	Status  ActivateStatus
-	State   core.State
-	Fence   int64
-	Request []byte
-	Worker  string
-	Subject string
-	Holder  string
+	Status ActivateStatus
+	State  core.State
+	Fence  int64
+	// Holder is the lock value of the node that owns the job (BUSY), or for
+	// OpClaim the job id that holds the idempotency key.
+	Holder string
+	// Fields is the job's record (ADOPTED only).
+	Fields map[string]string
 
 	// OpTransition: one entry per Step, in order.
 	Steps []StepResult
@@ -307,7 +322,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			create = "1"
 		}
 		op.cmds = append(op.cmds, activateScript.EvalSha(ctx, pipe, keys,
-			op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.IndexPrefix(op.JobID), op.JobID,
+			op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.Tag(op.JobID), op.JobID,
 			op.Topic, op.Tenant, op.TraceID, op.Request))
 	case OpTransition:
 		retention := int64(s.cfg.Retention / time.Second)
@@ -315,13 +330,16 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			retention = 0
 		}
 		for _, st := range op.Steps {
-			term := "0"
-			if st.Terminal {
-				term = "1"
+			lock := "keep"
+			switch {
+			case st.Terminal:
+				lock = "terminal"
+			case st.Release:
+				lock = "release"
 			}
-			args := make([]interface{}, 0, 10+len(st.Fields))
+			args := make([]interface{}, 0, 11+len(st.Fields))
 			args = append(args, op.LockValue, op.Node, st.Expect, string(st.To), now, string(st.Reason),
-				k.IndexPrefix(op.JobID), op.JobID, term, retention)
+				k.Tag(op.JobID), op.JobID, lock, retention, st.Due)
 			for _, f := range st.Fields {
 				args = append(args, f)
 			}
@@ -329,6 +347,12 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		}
 	case OpRelease:
 		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe, keys[2:], op.LockValue))
+	case OpClaim:
+		ttl := int64(op.IdemTTL / time.Second)
+		if ttl <= 0 {
+			ttl = int64(RetentionDefault / time.Second)
+		}
+		op.cmds = append(op.cmds, claimScript.EvalSha(ctx, pipe, []string{op.IdemKey}, op.JobID, ttl))
 	}
 	if op.DLQ != nil {
 		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
@@ -351,13 +375,18 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 	switch op.Kind {
 	case OpActivate:
 		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
-		if err != nil || len(v) != 7 {
+		if err != nil || len(v) < 4 || len(v)%2 != 0 {
 			r.Err = fmt.Errorf("store: activate %s: bad reply %v (%v)", op.JobID, v, err)
 			return r
 		}
-		r.Status, r.State = ActivateStatus(v[0]), core.State(v[1])
+		r.Status, r.State, r.Holder = ActivateStatus(v[0]), core.State(v[1]), v[3]
 		r.Fence, _ = strconv.ParseInt(v[2], 10, 64)
-		r.Request, r.Worker, r.Subject, r.Holder = []byte(v[3]), v[4], v[5], v[6]
+		if len(v) > 4 {
+			r.Fields = make(map[string]string, (len(v)-4)/2)
+			for i := 4; i+1 < len(v); i += 2 {
+				r.Fields[v[i]] = v[i+1]
+			}
+		}
 	case OpTransition:
 		r.Steps = make([]StepResult, len(op.Steps))
 		for i := range op.Steps {
@@ -371,6 +400,8 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 	case OpRelease:
 		n, _ := op.cmds[0].(*redis.Cmd).Int64()
 		r.Released = n == 1
+	case OpClaim:
+		r.Holder, _ = op.cmds[0].(*redis.Cmd).Text()
 	}
 	return r
 }

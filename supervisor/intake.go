@@ -220,3 +220,26 @@ func ValidateRequest(req *capv1.JobRequest) error {
 	}
 	return nil
 }
+
+// HandleCancel handles one message from the cancel stream.
+func (in *Intake) HandleCancel(msg jetstream.Msg) {
+	pkt, err := bus.Decode(msg.Data())
+	if err != nil {
+		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+		return
+	}
+	cn := pkt.GetJobCancel()
+	if cn == nil {
+		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
+			fmt.Sprintf("cancel subject carries %s, not a job_cancel", payloadKind(pkt)))
+		return
+	}
+	if err := ValidateJobID(cn.JobId); err != nil {
+		in.reject(msg, cn.JobId, pkt.TraceId, core.ReasonInvalidRequest, "cancel: "+err.Error())
+		return
+	}
+	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: msg}, true)
+}
+
+// Wake asks the job's actor (spawning it) to activate the job.
+func (in *Intake) Wake(jobID string) { in.route(jobID, &actors.Wake{}, true) }

@@ -1,0 +1,149 @@
+package actors
+
+import (
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Wheel is the node's one timer for all job actors: a hashed timing wheel.
+// A job waiting for a retry or a deadline costs one small entry here instead
+// of a runtime timer of its own (PROTOACTOR-NOTES §4: one timer per actor is
+// what a million in-flight jobs cannot afford, and protoactor's receive
+// timeouts are one-shot and reset by every message).
+//
+// Slots are WheelTick apart; an entry further away than one rotation waits
+// its remaining rounds in its slot. When an entry is due, the wheel sends
+// &wake{epoch} to the job; the job drops wakes whose epoch it no longer
+// waits for, so a late or cancelled entry is harmless. Cancel removes the
+// entry so long deadlines of finished jobs do not pile up.
+type Wheel struct {
+	root *actor.RootContext
+
+	mu    sync.Mutex // guards everything below
+	slots []*wheelEntry
+	pos   int
+	n     int
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+const (
+	// WheelTick is the wheel's resolution. Backoff jitter is drawn in
+	// milliseconds, but 10 ms is far below anything a job waits for.
+	WheelTick = 10 * time.Millisecond
+	// WheelSlots per rotation: 1024 × 10 ms ≈ 10 s, so most retries fire
+	// in their first rotation and a 300 s deadline is visited 30 times.
+	WheelSlots = 1024
+)
+
+// TimerRef identifies a scheduled entry, for Cancel.
+type TimerRef = *wheelEntry
+
+type wheelEntry struct {
+	pid        *actor.PID
+	epoch      uint64
+	rounds     int
+	slot       int
+	prev, next *wheelEntry
+	live       bool
+}
+
+// NewWheel starts a wheel that delivers through root.
+func NewWheel(root *actor.RootContext) *Wheel {
+	w := &Wheel{root: root, slots: make([]*wheelEntry, WheelSlots), stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+// Schedule sends &wake{epoch} to pid after d.
+func (w *Wheel) Schedule(d time.Duration, pid *actor.PID, epoch uint64) TimerRef {
+	ticks := int((d + WheelTick - 1) / WheelTick)
+	if ticks < 1 {
+		ticks = 1
+	}
+	e := &wheelEntry{pid: pid, epoch: epoch, live: true}
+	w.mu.Lock()
+	e.slot = (w.pos + ticks) % WheelSlots
+	e.rounds = (ticks - 1) / WheelSlots
+	e.next = w.slots[e.slot]
+	if e.next != nil {
+		e.next.prev = e
+	}
+	w.slots[e.slot] = e
+	w.n++
+	w.mu.Unlock()
+	return e
+}
+
+// Cancel removes an entry; cancelling a fired or cancelled entry is a no-op.
+func (w *Wheel) Cancel(e TimerRef) {
+	if e == nil {
+		return
+	}
+	w.mu.Lock()
+	if e.live {
+		w.unlink(e)
+	}
+	w.mu.Unlock()
+}
+
+// Len returns the number of scheduled entries.
+func (w *Wheel) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+func (w *Wheel) unlink(e *wheelEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		w.slots[e.slot] = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	}
+	e.prev, e.next, e.live = nil, nil, false
+	w.n--
+}
+
+// Stop ends the wheel; pending entries never fire.
+func (w *Wheel) Stop() {
+	close(w.stop)
+	<-w.done
+}
+
+func (w *Wheel) run() {
+	defer close(w.done)
+	t := time.NewTicker(WheelTick)
+	defer t.Stop()
+	var due []*wheelEntry
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		w.pos = (w.pos + 1) % WheelSlots
+		for e := w.slots[w.pos]; e != nil; {
+			next := e.next
+			if e.rounds > 0 {
+				e.rounds--
+			} else {
+				w.unlink(e)
+				due = append(due, e)
+			}
+			e = next
+		}
+		w.mu.Unlock()
+		for i, e := range due {
+			w.root.Send(e.pid, &wake{epoch: e.epoch})
+			due[i] = nil
+		}
+		due = due[:0]
+	}
+}

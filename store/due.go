@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/core"
+)
+
+// DueJobs returns, over every shard, up to perShard job ids per shard whose
+// due time is at or before cutoff, and moves each to next so it is offered
+// again only if nobody acts on it. One pipeline for all shards.
+func (s *Store) DueJobs(ctx context.Context, cutoff, next time.Time, perShard int) ([]string, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, Shards)
+	for i := 0; i < Shards; i++ {
+		cmds[i] = dueScript.EvalSha(ctx, pipe, []string{s.keys.Due(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && noScriptCmds(cmds) {
+		if lerr := s.LoadScripts(ctx); lerr != nil {
+			return nil, lerr
+		}
+		return s.DueJobs(ctx, cutoff, next, perShard)
+	}
+	var out []string
+	for _, c := range cmds {
+		ids, err := c.StringSlice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("store: due jobs: %w", err)
+		}
+		out = append(out, ids...)
+	}
+	return out, nil
+}
+
+// DueAt returns the due time of a job, or zero if it has none.
+func (s *Store) DueAt(ctx context.Context, jobID string) (time.Time, error) {
+	ms, err := s.rdb.ZScore(ctx, s.keys.Due(Shard(jobID)), jobID).Result()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.UnixMilli(int64(ms)), nil
+}
+
+// Decision is a human's answer to an approval request.
+type Decision string
+
+const (
+	DecisionApproved Decision = "approved"
+	DecisionRejected Decision = "rejected"
+)
+
+// Approval errors.
+var (
+	ErrNotAwaitingApproval = errors.New("store: job is not waiting for approval")
+	ErrHashMismatch        = errors.New("store: job hash does not match the one approved")
+)
+
+// Decide records a human decision on a job in APPROVAL_REQUIRED and makes
+// it due now. hash, when set, must equal the job hash recorded when approval
+// was requested (so an approver's view of the job is the job that runs).
+func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason, hash string) error {
+	v, err := approveScript.Run(ctx, s.rdb, []string{s.keys.Job(jobID)}, string(d), by, reason, hash,
+		time.Now().UnixMilli(), s.keys.Tag(jobID), jobID).StringSlice()
+	if err != nil {
+		return fmt.Errorf("store: decide %s: %w", jobID, err)
+	}
+	switch v[0] {
+	case "OK":
+		return nil
+	case "NOTFOUND":
+		return ErrNotFound
+	case "STATE":
+		return fmt.Errorf("%w (state %s)", ErrNotAwaitingApproval, core.State(v[1]))
+	case "HASH":
+		return fmt.Errorf("%w (recorded %s)", ErrHashMismatch, v[1])
+	}
+	return fmt.Errorf("store: decide %s: unexpected reply %v", jobID, v)
+}

@@ -1,0 +1,127 @@
+package supervisor
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/store"
+)
+
+// DuePoller wakes jobs whose due time has passed without their owner acting:
+// retries and deadlines of jobs whose node died, and approvals granted while
+// the job waited with no actor. One replica polls at a time (a TTL lock), so
+// a failover of many jobs is woken at a bounded rate — PerShard jobs per
+// shard per tick — rather than all at once.
+type DuePoller struct {
+	Store  *store.Store
+	Intake *Intake
+	NodeID string
+	Log    *slog.Logger
+	// Every is the poll interval (default DuePollDefault).
+	Every time.Duration
+	// Slack lets a live owner act on its own timer first (default DueSlackDefault).
+	Slack time.Duration
+	// PerShard bounds jobs woken per shard per tick (default DuePerShardDefault).
+	PerShard int
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// DuePoller defaults.
+const (
+	DuePollDefault     = time.Second
+	DueSlackDefault    = 2 * time.Second
+	DuePerShardDefault = 64
+	// DueRetryAfter is how long a woken job's due entry is pushed back, so a
+	// wake that did not take (the owner is alive) is not repeated every tick.
+	DueRetryAfter = 5 * time.Second
+)
+
+// Start runs the poller until Stop.
+func (p *DuePoller) Start() {
+	if p.Every <= 0 {
+		p.Every = DuePollDefault
+	}
+	if p.Slack <= 0 {
+		p.Slack = DueSlackDefault
+	}
+	if p.PerShard <= 0 {
+		p.PerShard = DuePerShardDefault
+	}
+	p.stop, p.done = make(chan struct{}), make(chan struct{})
+	go p.loop()
+}
+
+// Stop ends the poller and gives up its lock.
+func (p *DuePoller) Stop() {
+	close(p.stop)
+	<-p.done
+}
+
+func (p *DuePoller) lockKey() string { return p.Store.Keys().Prefix() + "lock:due-poller" }
+
+func (p *DuePoller) loop() {
+	defer close(p.done)
+	t := time.NewTicker(p.Every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			rdb := p.Store.Client()
+			if v, _ := rdb.Get(ctx, p.lockKey()).Result(); v == p.NodeID {
+				rdb.Del(ctx, p.lockKey())
+			}
+			cancel()
+			return
+		case <-t.C:
+			p.Tick(context.Background())
+		}
+	}
+}
+
+// Tick polls once (if this replica holds the poller lock) and returns how
+// many jobs it woke.
+func (p *DuePoller) Tick(ctx context.Context) int {
+	ctx, cancel := context.WithTimeout(ctx, p.Every)
+	defer cancel()
+	if !p.holdLock(ctx) {
+		return 0
+	}
+	now := time.Now()
+	ids, err := p.Store.DueJobs(ctx, now.Add(-p.Slack), now.Add(DueRetryAfter), p.PerShard)
+	if err != nil {
+		p.Log.Warn("due poll failed", "err", err)
+		return 0
+	}
+	for _, id := range ids {
+		p.Intake.Wake(id)
+	}
+	if len(ids) > 0 {
+		p.Log.Debug("due jobs woken", "count", len(ids))
+	}
+	return len(ids)
+}
+
+// holdLock takes or extends the poller lock for three poll intervals.
+func (p *DuePoller) holdLock(ctx context.Context) bool {
+	rdb := p.Store.Client()
+	ttl := 3 * p.Every
+	ok, err := rdb.SetNX(ctx, p.lockKey(), p.NodeID, ttl).Result()
+	if err == nil && ok {
+		return true
+	}
+	v, err := rdb.Get(ctx, p.lockKey()).Result()
+	if err != nil && err != redis.Nil {
+		return false
+	}
+	if v == p.NodeID {
+		rdb.PExpire(ctx, p.lockKey(), ttl)
+		return true
+	}
+	return false
+}
