@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,6 +25,21 @@ type LockRenewer struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	renewed, refused, failed, lostN atomic.Uint64
+}
+
+// RenewStats counts renewal outcomes since start.
+type RenewStats struct {
+	Renewed uint64 // renewals that extended a lock
+	Refused uint64 // renewals refused: the lock was gone or someone else's
+	Failed  uint64 // renewals that could not reach Redis
+	Lost    uint64 // locks reported lost
+}
+
+// Stats returns the renewal counters.
+func (r *LockRenewer) Stats() RenewStats {
+	return RenewStats{Renewed: r.renewed.Load(), Refused: r.refused.Load(), Failed: r.failed.Load(), Lost: r.lostN.Load()}
 }
 
 type heldLock struct {
@@ -134,12 +150,15 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 			}
 			switch {
 			case err == nil && n == 1:
+				r.renewed.Add(1)
 				it.h.failures = 0
 			case err == nil && n == 0:
 				// Refused: the lock is gone or someone else's.
+				r.refused.Add(1)
 				delete(r.locks, it.id)
 				lost = append(lost, it.h.lost)
 			default:
+				r.failed.Add(1)
 				it.h.failures++
 				if it.h.failures >= MaxRenewFailures {
 					delete(r.locks, it.id)
@@ -149,6 +168,7 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 		}
 		r.mu.Unlock()
 	}
+	r.lostN.Add(uint64(len(lost)))
 	if len(lost) > 0 && r.log != nil {
 		r.log.Warn("job locks lost", "count", len(lost))
 	}

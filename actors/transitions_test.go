@@ -1,0 +1,106 @@
+package actors_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/store"
+)
+
+// The job state machine, written out independently of actors.legal: a test
+// that fails here means the table changed without this list changing too.
+var wantLegal = map[core.State][]core.State{
+	core.StatePending:          {"PENDING", "SCHEDULED", "APPROVAL_REQUIRED", "DENIED", "CANCELLED", "FAILED", "TIMEOUT"},
+	core.StateApprovalRequired: {"PENDING", "SCHEDULED", "DENIED", "CANCELLED", "TIMEOUT", "FAILED"},
+	core.StateScheduled:        {"SCHEDULED", "DISPATCHED", "DENIED", "CANCELLED", "FAILED", "TIMEOUT"},
+	core.StateDispatched:       {"RUNNING", "SCHEDULED", "SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT", "OUTPUT_QUARANTINED"},
+	core.StateRunning:          {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT", "OUTPUT_QUARANTINED", "SCHEDULED"},
+	core.StateSucceeded:        {"OUTPUT_QUARANTINED"},
+}
+
+func wanted(from, to core.State) bool {
+	for _, s := range wantLegal[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// TestEveryTransition walks all 11×11 pairs. Legal pairs must be allowed by
+// the table and applied by Redis's compare-and-set from exactly that state;
+// illegal pairs must be refused by the table. Terminal states have no exit
+// but the documented SUCCEEDED → OUTPUT_QUARANTINED.
+func TestEveryTransition(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	s := store.New(env.Redis, store.Config{Prefix: env.KeyPrefix()})
+	ctx := context.Background()
+	if err := s.LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := s.NewWriter(2, 64, 256)
+	defer w.Close()
+	run := func(op *store.Op) *store.Result {
+		ch := make(chan *store.Result, 1)
+		op.Done = func(r *store.Result) { ch <- r }
+		w.Submit(op)
+		select {
+		case r := <-ch:
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("store op timed out")
+		}
+		return nil
+	}
+	legalCount := 0
+	for _, from := range core.AllStates {
+		for _, to := range core.AllStates {
+			if got, want := actors.Legal(from, to), wanted(from, to); got != want {
+				t.Errorf("Legal(%s, %s) = %v, want %v", from, to, got, want)
+				continue
+			}
+			if from.Terminal() && actors.Legal(from, to) && !(from == core.StateSucceeded && to == core.StateOutputQuarantined) {
+				t.Errorf("terminal %s may leave to %s", from, to)
+			}
+			if !actors.Legal(from, to) {
+				continue
+			}
+			legalCount++
+			id := "tt-" + string(from) + "-" + string(to)
+			run(&store.Op{Kind: store.OpActivate, JobID: id, Node: "n", Create: true, Topic: "job.x"})
+			// Put the job in `from` directly, then apply the transition
+			// through the fenced CAS — once from a wrong state (refused),
+			// once from the right one.
+			env.Redis.HSet(ctx, s.Keys().Job(id), "s", string(from))
+			wrong := core.StatePending
+			if from == core.StatePending {
+				wrong = core.StateRunning
+			}
+			r := run(&store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: "n|1",
+				Steps: []store.Step{{Expect: store.Expect(wrong), To: to, Reason: "test"}}})
+			if r.Steps[0].Status != store.StepConflict {
+				t.Errorf("%s→%s from the wrong expected state: %v", from, to, r.Steps[0].Status)
+			}
+			r = run(&store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: "n|1",
+				Steps: []store.Step{{Expect: store.Expect(from), To: to, Reason: "test", Terminal: to.Terminal()}}})
+			if r.Steps[0].Status != store.StepOK {
+				t.Errorf("%s→%s: %v", from, to, r.Steps[0].Status)
+			}
+			rec, err := s.GetJob(ctx, id)
+			if err != nil || rec.State != to {
+				t.Errorf("%s→%s: record %v %v", from, to, rec, err)
+			}
+		}
+	}
+	if legalCount != 33 {
+		t.Fatalf("%d legal transitions, want 33", legalCount)
+	}
+}

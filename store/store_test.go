@@ -1,0 +1,269 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/store"
+)
+
+type bundle struct {
+	s *store.Store
+	w *store.Writer
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	env := testenv.New(t)
+	s := store.New(env.Redis, store.Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
+	if err := s.LoadScripts(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w := s.NewWriter(2, 64, 1024)
+	t.Cleanup(w.Close)
+	return &bundle{s: s, w: w}
+}
+
+// do runs op through the writer and waits for its result.
+func (b *bundle) do(t *testing.T, op *store.Op) *store.Result {
+	t.Helper()
+	ch := make(chan *store.Result, 1)
+	op.Done = func(r *store.Result) { ch <- r }
+	b.w.Submit(op)
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			t.Fatalf("op %v: %v", op.Kind, r.Err)
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("op timed out")
+		return nil
+	}
+}
+
+func (b *bundle) activate(t *testing.T, id, node string, create bool) *store.Result {
+	return b.do(t, &store.Op{Kind: store.OpActivate, JobID: id, Node: node, Create: create, Topic: "job.x",
+		Tenant: "t", TraceID: "tr", Request: []byte("req")})
+}
+
+func (b *bundle) step(t *testing.T, id, node string, fence int64, from, to core.State, terminal bool) store.StepResult {
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: store.LockValue(node, fence),
+		Steps: []store.Step{{Expect: store.Expect(from), To: to, Reason: "test", Terminal: terminal}}})
+	return r.Steps[0]
+}
+
+func TestActivateCreatesOnceAndFencesOtherNodes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.activate(t, "j1", "a", true)
+	if r.Status != store.ActivateCreated || r.State != core.StatePending || r.Fence != 1 {
+		t.Fatalf("first activation: %+v", r)
+	}
+	r = b.activate(t, "j1", "b", true)
+	if r.Status != store.ActivateBusy || r.Holder != "a|1" {
+		t.Fatalf("activation while a holds the lock: %+v", r)
+	}
+	// Same node re-activating (a restarted actor) takes a new fence.
+	r = b.activate(t, "j1", "a", true)
+	if r.Status != store.ActivateAdopted || r.Fence != 2 || r.Fields["req"] != "req" || r.Fields["topic"] != "job.x" {
+		t.Fatalf("re-activation: %+v", r)
+	}
+	// The old fence is now stale: its writes are refused.
+	if sr := b.step(t, "j1", "a", 1, core.StatePending, core.StateScheduled, false); sr.Status != store.StepFenced {
+		t.Fatalf("stale fence write: %+v", sr)
+	}
+	if sr := b.step(t, "j1", "a", 2, core.StatePending, core.StateScheduled, false); sr.Status != store.StepOK {
+		t.Fatalf("owner write: %+v", sr)
+	}
+	if r := b.activate(t, "missing", "a", false); r.Status != store.ActivateNotFound {
+		t.Fatalf("activation without create of a missing job: %+v", r)
+	}
+}
+
+func TestExpiredLockIsAdoptedAndTheOldOwnerIsFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.activate(t, "j2", "a", true)
+	// The lock expires (node a died); node b adopts.
+	if err := b.s.Client().PExpire(context.Background(), b.s.Keys().Lock("j2"), time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	r := b.activate(t, "j2", "b", false)
+	if r.Status != store.ActivateAdopted || r.Fence != 2 {
+		t.Fatalf("adoption: %+v", r)
+	}
+	if sr := b.step(t, "j2", "a", 1, core.StatePending, core.StateScheduled, false); sr.Status != store.StepFenced {
+		t.Fatalf("dead owner's write: %+v", sr)
+	}
+	rec, err := b.s.GetJob(context.Background(), "j2")
+	if err != nil || rec.State != core.StatePending || rec.Node != "b" {
+		t.Fatalf("record after fenced write: %+v %v", rec, err)
+	}
+}
+
+func TestTransitionCompareAndSetAndTerminalRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.activate(t, "j3", "a", true)
+	if sr := b.step(t, "j3", "a", 1, core.StateScheduled, core.StateDispatched, false); sr.Status != store.StepConflict ||
+		sr.Before != core.StatePending {
+		t.Fatalf("wrong expected state: %+v", sr)
+	}
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "j3", Node: "a", LockValue: "a|1", Steps: []store.Step{
+		{Expect: store.Expect(core.StatePending), To: core.StateScheduled, Reason: "r1"},
+		{Expect: store.Expect(core.StateScheduled), To: core.StateDispatched, Reason: "r2", Due: time.Now().Add(time.Hour).UnixMilli(),
+			Fields: []string{"worker", "w1"}},
+	}})
+	if !r.OK() {
+		t.Fatalf("two steps: %+v", r)
+	}
+	if due, _ := b.s.DueAt(ctx, "j3"); due.IsZero() {
+		t.Fatal("due entry not set with the step")
+	}
+	n, _ := b.s.CountIndex(ctx, core.StateDispatched)
+	p, _ := b.s.CountIndex(ctx, core.StatePending)
+	if n != 1 || p != 0 {
+		t.Fatalf("indexes: dispatched %d pending %d", n, p)
+	}
+	if sr := b.step(t, "j3", "a", 1, core.StateDispatched, core.StateSucceeded, true); sr.Status != store.StepOK {
+		t.Fatalf("terminal: %+v", sr)
+	}
+	rec, _ := b.s.GetJob(ctx, "j3")
+	if rec.LockHolder != "" || rec.Worker != "w1" || rec.State != core.StateSucceeded {
+		t.Fatalf("after terminal: %+v", rec)
+	}
+	if due, _ := b.s.DueAt(ctx, "j3"); !due.IsZero() {
+		t.Fatal("due entry survived a terminal state")
+	}
+	if ttl := b.s.Client().TTL(ctx, b.s.Keys().Job("j3")).Val(); ttl <= 0 {
+		t.Fatalf("terminal record has no retention TTL (%v)", ttl)
+	}
+	want := []core.State{core.StatePending, core.StateScheduled, core.StateDispatched, core.StateSucceeded}
+	if fmt.Sprint(states(rec.History)) != fmt.Sprint(want) {
+		t.Fatalf("history %v", states(rec.History))
+	}
+	// A terminal job is never re-activated with a lock.
+	if r := b.activate(t, "j3", "b", true); r.Status != store.ActivateTerminal || r.State != core.StateSucceeded {
+		t.Fatalf("activation of a terminal job: %+v", r)
+	}
+}
+
+func states(h []store.HistoryEntry) []core.State {
+	out := make([]core.State, len(h))
+	for i, e := range h {
+		out[i] = e.To
+	}
+	return out
+}
+
+func TestRenewerKeepsLocksAndReportsLostOnes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.activate(t, "keep", "a", true)
+	b.activate(t, "steal", "a", true)
+	rn := b.s.NewLockRenewer(nil)
+	lost := make(chan string, 2)
+	rn.Hold("keep", "a|1", func() { lost <- "keep" })
+	rn.Hold("steal", "a|1", func() { lost <- "steal" })
+	rdb := b.s.Client()
+	rdb.PExpire(ctx, b.s.Keys().Lock("keep"), 2*time.Second)
+	rdb.Set(ctx, b.s.Keys().Lock("steal"), "b|9", time.Minute) // another owner took it
+	rn.RenewOnce(ctx)
+	if got := <-lost; got != "steal" {
+		t.Fatalf("lost %s", got)
+	}
+	if ttl := rdb.PTTL(ctx, b.s.Keys().Lock("keep")).Val(); ttl < 5*time.Second {
+		t.Fatalf("kept lock not renewed: ttl %v", ttl)
+	}
+	if rn.Held() != 1 {
+		t.Fatalf("held %d", rn.Held())
+	}
+	st := rn.Stats()
+	if st.Renewed != 1 || st.Refused != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestIdempotencyClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := b.s.Keys().Idempotency("tenant", "k1")
+	if r := b.do(t, &store.Op{Kind: store.OpClaim, JobID: "first", IdemKey: key}); r.Holder != "first" {
+		t.Fatalf("first claim: %+v", r)
+	}
+	if r := b.do(t, &store.Op{Kind: store.OpClaim, JobID: "second", IdemKey: key}); r.Holder != "first" {
+		t.Fatalf("second claim: %+v", r)
+	}
+}
+
+func TestDecideApproval(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.activate(t, "ap", "a", true)
+	if err := b.s.Decide(ctx, "ap", store.DecisionApproved, "alice", "ok", ""); err == nil {
+		t.Fatal("approved a job that is not waiting for approval")
+	}
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "ap", Node: "a", LockValue: "a|1", Steps: []store.Step{
+		{Expect: store.Expect(core.StatePending), To: core.StateApprovalRequired, Reason: "approval_required",
+			Release: true, Fields: []string{"job_hash", "h1"}}}})
+	if !r.OK() {
+		t.Fatalf("%+v", r)
+	}
+	rec, _ := b.s.GetJob(ctx, "ap")
+	if rec.LockHolder != "" {
+		t.Fatal("passivating step kept the lock")
+	}
+	if err := b.s.Decide(ctx, "ap", store.DecisionApproved, "alice", "ok", "other"); err == nil {
+		t.Fatal("approved with a hash that does not match")
+	}
+	if err := b.s.Decide(ctx, "ap", store.DecisionApproved, "alice", "ok", "h1"); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := b.s.DueJobs(ctx, time.Now().Add(time.Second), time.Now().Add(time.Minute), 10)
+	if err != nil || len(ids) != 1 || ids[0] != "ap" {
+		t.Fatalf("approved job not due: %v %v", ids, err)
+	}
+	// Offered once, then postponed.
+	ids, _ = b.s.DueJobs(ctx, time.Now().Add(time.Second), time.Now().Add(time.Minute), 10)
+	if len(ids) != 0 {
+		t.Fatalf("due job offered twice in a row: %v", ids)
+	}
+}
+
+func TestRenewerGivesUpAfterThreeFailedRenewals(t *testing.T) {
+	t.Parallel()
+	// A client to a port nothing listens on: every renewal fails.
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	defer dead.Close()
+	s := store.New(dead, store.Config{Prefix: "x:"})
+	rn := s.NewLockRenewer(nil)
+	lost := make(chan struct{}, 1)
+	rn.Hold("j", "a|1", func() { lost <- struct{}{} })
+	for i := 1; i <= store.MaxRenewFailures; i++ {
+		select {
+		case <-lost:
+			t.Fatalf("lock reported lost after %d failures", i-1)
+		default:
+		}
+		rn.RenewOnce(context.Background())
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatalf("lock not reported lost after %d failures", store.MaxRenewFailures)
+	}
+	if st := rn.Stats(); st.Failed != store.MaxRenewFailures || st.Lost != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
