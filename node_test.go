@@ -41,10 +41,17 @@ pools:
   strict: {requires: [gpu]}
 `
 
+func parseTestPools() (*router.PoolConfig, error) { return router.ParsePools([]byte(testPools)) }
+
+// quietLogger keeps test output to errors.
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
 func newFixture(t *testing.T, mutate func(*troupe.Config)) *fixture {
 	t.Helper()
 	env := testenv.New(t)
-	pools, err := router.ParsePools([]byte(testPools))
+	pools, err := parseTestPools()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +59,7 @@ func newFixture(t *testing.T, mutate func(*troupe.Config)) *fixture {
 		NodeID: "node-a", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
 		Pools: pools, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Logger: quietLogger(),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -91,8 +91,11 @@ type Config struct {
 	// when Timeouts is nil (default actors.DefaultTimeouts()).
 	Timeouts     *actors.Timeouts
 	TimeoutsFile string
-	// DuePoll is the due poller's interval (default supervisor.DuePollDefault).
-	DuePoll time.Duration
+	// DuePoll is the due poller's interval (default supervisor.DuePollDefault);
+	// DueSlack how long past due a job must be before the poller, rather
+	// than its owner, wakes it (default supervisor.DueSlackDefault).
+	DuePoll  time.Duration
+	DueSlack time.Duration
 
 	// Metrics is where the node registers its Prometheus metrics (default:
 	// a fresh registry, see Node.Metrics).
@@ -273,7 +276,8 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel); err != nil {
 		return err
 	}
-	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll}
+	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll,
+		Slack: n.cfg.DueSlack}
 	n.due.Start()
 	n.log.Info("node started", "nats", n.nc.ConnectedUrlRedacted(), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
@@ -370,6 +374,13 @@ func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
 	}
 	_, err = n.js.Publish(ctx, n.subj.Cancel, data)
 	return err
+}
+
+// Decide records a human decision on a job waiting for approval; the job
+// resumes (or is denied) on whichever replica wakes it. hash, when set, must
+// match the job hash recorded when approval was requested.
+func (n *Node) Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error {
+	return n.store.Decide(ctx, jobID, d, by, reason, hash)
 }
 
 // Job reads a job's record and history from Redis.

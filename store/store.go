@@ -120,6 +120,8 @@ type JobRecord struct {
 	// LockHolder is the lock's value ("<node>|<fence>"), empty when unlocked.
 	LockHolder string
 	History    []HistoryEntry
+	// Fields is the raw record (decisions, approval, deadlines, ...).
+	Fields map[string]string
 }
 
 // GetJob reads a job's record, history and lock in one round trip.
@@ -139,7 +141,7 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 		ID: jobID, State: core.State(f["s"]), Topic: f["topic"], Tenant: f["tenant"],
 		TraceID: f["trace"], Node: f["node"], Worker: f["worker"], Subject: f["subj"],
 		Reason: core.Reason(f["reason"]), ResultPtr: f["result_ptr"], ErrorCode: f["error_code"],
-		ErrorMessage: f["error_message"], Request: []byte(f["req"]), LockHolder: lock.Val(),
+		ErrorMessage: f["error_message"], Request: []byte(f["req"]), LockHolder: lock.Val(), Fields: f,
 	}
 	r.Fence, _ = strconv.ParseInt(f["fence"], 10, 64)
 	r.Attempts, _ = strconv.Atoi(f["attempts"])

@@ -1,0 +1,450 @@
+package troupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// labelPolicy decides by the job's "cordum.policy" label (not a placement
+// label): deny, approve (require a
+// human) or anything else → allow.
+type labelPolicy struct{}
+
+func (labelPolicy) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
+	switch req.Labels["cordum.policy"] {
+	case "deny":
+		return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_DENY, Reason: "no", RuleId: "r-deny"}, nil
+	case "approve":
+		return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN, Reason: "ask", RuleId: "r-human"}, nil
+	}
+	return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}, nil
+}
+
+// hang never finishes a job (until the worker stops).
+func hang(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+	<-ctx.Done()
+	return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_CANCELLED}
+}
+
+func reasons(h []store.HistoryEntry) string {
+	var b strings.Builder
+	for _, e := range h {
+		b.WriteString(string(e.To) + ":" + string(e.Reason) + " ")
+	}
+	return b.String()
+}
+
+// cancels collects job ids of JobCancel packets on the cancel subject.
+func (f *fixture) cancels() chan string {
+	ch := make(chan string, 100)
+	sub, err := f.env.NATS.Subscribe(f.subj.Cancel, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobCancel() != nil {
+			ch <- p.GetJobCancel().JobId
+		}
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	_ = f.env.NATS.Flush()
+	return ch
+}
+
+func waitFor(t *testing.T, ch chan string, want string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-ch:
+			if got == want {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("never saw %s", want)
+		}
+	}
+}
+
+func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Timeouts = &actors.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
+	})
+	cancels := f.cancels()
+	f.startWorker("w1", true, nil, hang)
+	f.submit(echoReq("job-dto"))
+	r := f.waitState("job-dto", core.StateTimeout)
+	if r.Reason != core.ReasonDispatchTimeout {
+		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
+	}
+	waitFor(t, cancels, "job-dto")
+}
+
+func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Timeouts = &actors.Timeouts{Dispatch: time.Hour, Running: time.Hour,
+			PerTopic: map[string]time.Duration{"job.echo": 300 * time.Millisecond}}
+	})
+	cancels := f.cancels()
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
+		Subjects: f.subj, Progress: true, Heartbeat: time.Second, Handler: hang})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	f.waitWorkers(1)
+	f.submit(echoReq("job-rto"))
+	r := f.waitState("job-rto", core.StateTimeout)
+	if r.Reason != core.ReasonRunningTimeout || r.History[len(r.History)-2].To != core.StateRunning {
+		t.Fatalf("history %s", reasons(r.History))
+	}
+	waitFor(t, cancels, "job-rto")
+}
+
+func TestBudgetDeadlineWinsOverTheDispatchTimeout(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil) // default timeouts: 300 s dispatch
+	f.startWorker("w1", true, nil, hang)
+	req := echoReq("job-budget")
+	req.Budget = &capv1.Budget{DeadlineMs: 300}
+	f.submit(req)
+	r := f.waitState("job-budget", core.StateTimeout)
+	if r.Reason != core.ReasonDeadlineExceeded {
+		t.Fatalf("reason %s", r.Reason)
+	}
+}
+
+func TestPolicyDenyGoesToDLQ(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { c.Policy = labelPolicy{} })
+	req := echoReq("job-deny")
+	req.Labels = map[string]string{"cordum.policy": "deny"}
+	f.submit(req)
+	r := f.waitState("job-deny", core.StateDenied)
+	if r.Reason != core.ReasonSafetyDenied || r.Fields["rule_id"] != "r-deny" {
+		t.Fatalf("record %+v", r.Fields)
+	}
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-deny" && e.Reason == core.ReasonSafetyDenied })
+}
+
+func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Policy = labelPolicy{}
+		c.DuePoll = 50 * time.Millisecond
+		c.DueSlack = time.Millisecond
+	})
+	rec := newReceipts()
+	f.startWorker("w1", true, rec, worker.Echo)
+	ctx := context.Background()
+	for _, id := range []string{"job-approve", "job-reject"} {
+		req := echoReq(id)
+		req.Labels = map[string]string{"cordum.policy": "approve"}
+		f.submit(req)
+		f.waitState(id, core.StateApprovalRequired)
+	}
+	// Waiting for a human holds no live actor and no lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for n, _ := f.node.LiveJobActors(); n != 0; n, _ = f.node.LiveJobActors() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d job actors still live while jobs wait for approval", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r, _ := f.node.Job(ctx, "job-approve")
+	hash := r.Fields["job_hash"]
+	if len(hash) != 64 || r.LockHolder != "" {
+		t.Fatalf("job hash %q, lock %q", hash, r.LockHolder)
+	}
+	if err := f.node.Decide(ctx, "job-approve", store.DecisionApproved, "alice", "looks fine", "not-the-hash"); !errors.Is(err, store.ErrHashMismatch) {
+		t.Fatalf("approval with a stale hash: %v", err)
+	}
+	if err := f.node.Decide(ctx, "job-approve", store.DecisionApproved, "alice", "looks fine", hash); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.node.Decide(ctx, "job-reject", store.DecisionRejected, "bob", "too risky", ""); err != nil {
+		t.Fatal(err)
+	}
+	r = f.waitState("job-approve", core.StateSucceeded)
+	if !strings.Contains(reasons(r.History), "APPROVAL_REQUIRED:approval_required SCHEDULED:approval_granted DISPATCHED") ||
+		r.Fields["approved_by"] != "alice" || r.Fields["approval_reason"] != "looks fine" {
+		t.Fatalf("history %s fields %v", reasons(r.History), r.Fields)
+	}
+	r = f.waitState("job-reject", core.StateDenied)
+	if r.Reason != core.ReasonApprovalRejected || r.Fields["approved_by"] != "bob" {
+		t.Fatalf("rejected job: %s %v", r.Reason, r.Fields)
+	}
+	if rec.count("job-reject") != 0 {
+		t.Fatal("rejected job reached a worker")
+	}
+}
+
+func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	// Before dispatch: no worker yet.
+	f.submit(echoReq("job-c1"))
+	f.waitState("job-c1", core.StateScheduled)
+	if err := f.node.Cancel(ctx, "job-c1", "changed my mind", "tester"); err != nil {
+		t.Fatal(err)
+	}
+	r := f.waitState("job-c1", core.StateCancelled)
+	if r.Reason != core.ReasonCancelRequested || r.Fields["cancelled_by"] != "tester" {
+		t.Fatalf("%s %v", r.Reason, r.Fields)
+	}
+	// While the worker holds it; the worker's late SUCCEEDED is ignored.
+	rec := newReceipts()
+	release := make(chan struct{})
+	f.startWorker("w1", true, rec, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		<-release
+		return worker.Echo(ctx, req)
+	})
+	f.submit(echoReq("job-c2"))
+	<-rec.ch
+	f.waitState("job-c2", core.StateDispatched)
+	if err := f.node.Cancel(ctx, "job-c2", "stop", "tester"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("job-c2", core.StateCancelled)
+	before := counter(t, f.node, "troupe_duplicates_absorbed_total", "result")
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for counter(t, f.node, "troupe_duplicates_absorbed_total", "result") == before {
+		if time.Now().After(deadline) {
+			t.Fatal("late result was not counted as absorbed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r, _ = f.node.Job(ctx, "job-c2")
+	if r.State != core.StateCancelled || r.History[len(r.History)-1].To != core.StateCancelled {
+		t.Fatalf("terminal job changed: %s", reasons(r.History))
+	}
+	// A cancel for a job that never existed is dead-lettered.
+	_ = f.node.Cancel(ctx, "job-ghost", "x", "tester")
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-ghost" && e.Reason == core.ReasonUnknownJob })
+}
+
+func TestIdempotencyKeyReturnsTheFirstJob(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	rec := newReceipts()
+	f.startWorker("w1", true, rec, worker.Echo)
+	for _, id := range []string{"job-i1", "job-i2"} {
+		req := echoReq(id)
+		req.TenantId = "acme"
+		req.Meta = &capv1.JobMetadata{IdempotencyKey: "order-42"}
+		f.submit(req)
+	}
+	// Same key under another tenant is a different job.
+	other := echoReq("job-i3")
+	other.TenantId = "globex"
+	other.Meta = &capv1.JobMetadata{IdempotencyKey: "order-42"}
+	f.submit(other)
+	f.waitState("job-i1", core.StateSucceeded)
+	f.waitState("job-i3", core.StateSucceeded)
+	deadline := time.Now().Add(10 * time.Second)
+	for counter(t, f.node, "troupe_idempotent_duplicates_total", "") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("duplicate not counted")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := f.node.Job(context.Background(), "job-i2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("second job with the same key was created: %v", err)
+	}
+	if rec.count("job-i2") != 0 {
+		t.Fatal("duplicate reached a worker")
+	}
+}
+
+func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
+	t.Parallel()
+	env := newFixture(t, func(c *troupe.Config) {
+		c.Backoff = func(int) time.Duration { return 200 * time.Millisecond }
+		c.DueSlack = 50 * time.Millisecond
+		c.DuePoll = 50 * time.Millisecond
+	})
+	env.submit(echoReq("job-durable"))
+	env.waitState("job-durable", core.StateScheduled)
+	// Node A goes away with the job waiting for a retry.
+	_ = env.node.Stop(context.Background())
+	// Node B, same Redis and streams, a worker this time.
+	b := newNodeOn(t, env, "node-b")
+	w, err := worker.Start(env.env.NATS, worker.Config{ID: "wb", Pool: "echo", Topics: []string{"job.echo"},
+		Direct: true, Subjects: env.subj, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	r := env.waitState("job-durable", core.StateSucceeded)
+	if r.History[len(r.History)-1].Node != "node-b" || b.ID() != "node-b" {
+		t.Fatalf("history %+v", r.History)
+	}
+}
+
+// failFirstActivate fails the first pipeline that activates a job.
+type failFirstActivate struct{ failed atomic.Bool }
+
+func (h *failFirstActivate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failFirstActivate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *failFirstActivate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			args := c.Args()
+			if len(args) > 3 && args[0] == "evalsha" && strings.HasSuffix(fmt.Sprint(args[3]), "job:fail-closed-job") &&
+				h.failed.CompareAndSwap(false, true) {
+				err := errors.New("injected: redis unavailable")
+				for _, c := range cmds {
+					c.SetErr(err)
+				}
+				return err
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The regression test of the fail-closed rule: the first state read fails →
+// nothing is published; the second read says RUNNING → still nothing.
+func TestFailClosedOnUnknownState(t *testing.T) {
+	t.Parallel()
+	hook := &failFirstActivate{}
+	var published atomic.Int32
+	f := newFixture(t, func(c *troupe.Config) {})
+	env := f.env
+	// Node under test: its Redis client fails the first activation.
+	_ = f.node.Stop(context.Background())
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(env.RedisURL, "redis://")})
+	rdb.AddHook(hook)
+	defer rdb.Close()
+	sub, err := env.NATS.Subscribe(f.subj.Prefix()+">", func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, ".jobs") || strings.HasSuffix(m.Subject, "job.echo") {
+			published.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	// The job is RUNNING on a node that died (record present, lock expired).
+	ctx := context.Background()
+	keys := store.NewKeys(env.KeyPrefix())
+	rdb.HSet(ctx, keys.Job("fail-closed-job"), "s", "RUNNING", "fence", 3, "topic", "job.echo", "worker", "w1")
+	n := newNodeOn(t, f, "node-c", func(c *troupe.Config) { c.Redis = rdb })
+	startWorkerOn(t, f, "w1")
+	f.submit(echoReq("fail-closed-job")) // a redelivered submit of the running job
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := n.Job(ctx, "fail-closed-job")
+		if err == nil && strings.HasPrefix(r.LockHolder, "node-c|") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("job never re-activated after the failed read")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !hook.failed.Load() {
+		t.Fatal("the first read did not fail")
+	}
+	if got := counter(t, n, "troupe_state_read_fail_closed_total", "job.echo"); got < 1 {
+		t.Fatalf("fail-closed metric %v", got)
+	}
+	_ = env.NATS.Flush()
+	f.submit(echoReq("marker-after")) // flows through the same stream after the duplicate
+	f.waitState("marker-after", core.StateSucceeded)
+	if got := published.Load(); got != 1 { // the marker only
+		t.Fatalf("%d publishes; the running job was dispatched again", got-1)
+	}
+	r, _ := n.Job(ctx, "fail-closed-job")
+	if r.State != core.StateRunning {
+		t.Fatalf("state %s", r.State)
+	}
+}
+
+func startWorkerOn(t *testing.T, f *fixture, id string) {
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"},
+		Direct: true, Subjects: f.subj, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+}
+
+// newNodeOn starts another node on the fixture's servers and prefixes.
+func newNodeOn(t *testing.T, f *fixture, id string, mutate ...func(*troupe.Config)) *troupe.Node {
+	t.Helper()
+	old := f.node
+	_ = old
+	pools, _ := parseTestPools()
+	cfg := troupe.Config{NodeID: id, NATSURL: f.env.NATSURL, RedisURL: f.env.RedisURL,
+		KeyPrefix: f.env.KeyPrefix(), SubjectPrefix: f.env.Prefix, StreamPrefix: f.env.StreamPrefix(), Pools: pools,
+		Backoff: func(int) time.Duration { return 50 * time.Millisecond },
+		DuePoll: 50 * time.Millisecond, DueSlack: 50 * time.Millisecond, Logger: quietLogger()}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	n, err := troupe.NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Stop(context.Background()) })
+	f.node = n
+	return n
+}
+
+// counter reads a counter (or gauge) from the node's registry; label is the
+// value of its only label, or "" for none.
+func counter(t *testing.T, n *troupe.Node, name, label string) float64 {
+	t.Helper()
+	mfs, err := n.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.Metric {
+			if label != "" && (len(m.Label) == 0 || m.Label[0].GetValue() != label) {
+				continue
+			}
+			return value(m)
+		}
+	}
+	return 0
+}
+
+func value(m *dto.Metric) float64 {
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	if m.Gauge != nil {
+		return m.Gauge.GetValue()
+	}
+	return 0
+}
