@@ -14,6 +14,7 @@ func runNode(ctx context.Context, args []string) error {
 	c.register(fs, true, true)
 	id := fs.String("id", envOr("TROUPE_NODE_ID", ""), "node id (default hostname-pid)")
 	poolsFile := fs.String("pools", envOr("TROUPE_POOLS_FILE", ""), "pools.yaml (default: built-in routing for job.echo, job.sleep, job.bench)")
+	timeouts := fs.String("timeouts", envOr("TROUPE_TIMEOUTS_FILE", ""), "timeouts.yaml (default: dispatch 300 s, running 9000 s)")
 	_ = fs.Parse(args)
 	log := c.logger()
 	pools, err := loadPools(*poolsFile)
@@ -21,7 +22,7 @@ func runNode(ctx context.Context, args []string) error {
 		return err
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: c.nats, RedisURL: c.redis,
-		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, Logger: log})
+		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, TimeoutsFile: *timeouts, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,18 @@ func printJob(w io.Writer, r *store.JobRecord) {
 	if r.LockHolder != "" {
 		fmt.Fprintf(w, "  owner %s\n", r.LockHolder)
 	}
+	if h := r.Fields["job_hash"]; h != "" {
+		fmt.Fprintf(w, "  job hash %s\n", h)
+	}
+	if d := r.Fields["approval_decision"]; d != "" {
+		fmt.Fprintf(w, "  %s by %s: %s\n", d, r.Fields["approval_by"], r.Fields["approval_reason"])
+	}
+	if by := r.Fields["cancelled_by"]; by != "" {
+		fmt.Fprintf(w, "  cancelled by %s: %s\n", by, r.Fields["cancel_reason"])
+	}
+	if lr := r.Fields["last_reason"]; lr != "" && r.State.Terminal() {
+		fmt.Fprintf(w, "  last underlying reason %s after %d attempts\n", lr, r.Attempts)
+	}
 	var start time.Time
 	for i, h := range r.History {
 		if i == 0 {
