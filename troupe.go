@@ -96,6 +96,9 @@ type Config struct {
 	// than its owner, wakes it (default supervisor.DueSlackDefault).
 	DuePoll  time.Duration
 	DueSlack time.Duration
+	// RescueAfter is how long a new job may sit in PENDING before the due
+	// poller wakes it (default store.RescueAfterDefault).
+	RescueAfter time.Duration
 
 	// Metrics is where the node registers its Prometheus metrics (default:
 	// a fresh registry, see Node.Metrics).
@@ -213,7 +216,7 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	n.subj = bus.NewSubjects(n.cfg.SubjectPrefix)
-	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL})
+	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter})
 	if err := n.store.LoadScripts(ctx); err != nil {
 		return err
 	}

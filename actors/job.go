@@ -110,8 +110,18 @@ func (j *JobActor) Receive(c actor.Context) {
 	case *actor.Stopped:
 		j.env.Metrics.LiveActors.Dec()
 	case *actor.Restarting:
+		// A fresh instance replaces this one and recovers from Redis; what
+		// this one held in memory goes back to JetStream at once rather
+		// than after the ack wait. The lock stays: the new instance, on
+		// the same node, re-takes it with a new fence.
 		j.env.Metrics.LiveActors.Dec() // Started follows and counts it again
 		j.disarm()
+		if j.lockValue != "" {
+			j.env.Renewer.Forget(j.id, j.lockValue)
+		}
+		j.returnDeliveries()
+	case *Crash:
+		panic("job actor: injected crash")
 	case *storeDone:
 		if m.epoch != j.opEpoch || !j.busy {
 			return
@@ -310,8 +320,15 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 		case store.ActivateBusy:
 			// Another node owns the job. Submits are duplicates of a live
 			// job; results and cancels must reach the owner, so they go back
-			// to JetStream (finish → absorb → nak).
+			// to JetStream (finish → absorb → nak). A lock with no record
+			// behind it is not a live job: the submit goes back too.
 			j.state = r.State
+			if r.State == "" {
+				for _, d := range j.acks {
+					nak(d, time.Second)
+				}
+				j.acks = j.acks[:0]
+			}
 			j.ackAll()
 			j.finish(c)
 		case store.ActivateNotFound:
@@ -368,7 +385,6 @@ func (j *JobActor) unknownJob(c actor.Context) {
 	if !found {
 		// Only a wake for a job that no longer exists: nothing to record.
 		if len(j.deferred) == 0 {
-			j.ackAfterDone = true
 			j.finish(c)
 		}
 		return
@@ -383,7 +399,8 @@ func (j *JobActor) unknownJob(c actor.Context) {
 		if len(j.deferred) > 0 {
 			return // a submit is waiting: it activates with create
 		}
-		j.ackAfterDone = true
+		// Not ackAfterDone: a submit that reaches this actor after it
+		// finished must go back to JetStream and create the job.
 		j.finish(c)
 	})
 }
@@ -882,9 +899,15 @@ func (j *JobActor) onStopping() {
 		j.env.Writer.Submit(&store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue,
 			Done: func(*store.Result) {}})
 	}
+	j.returnDeliveries()
+}
+
+// returnDeliveries hands every un-acked delivery back to JetStream.
+func (j *JobActor) returnDeliveries() {
 	for _, d := range j.acks {
 		nak(d, 0)
 	}
+	j.acks = nil
 	for _, m := range j.deferred {
 		switch m := m.(type) {
 		case *Submit:
@@ -895,6 +918,7 @@ func (j *JobActor) onStopping() {
 			nak(m.Delivery, 0)
 		}
 	}
+	j.deferred = nil
 }
 
 func (j *JobActor) ackAll() {

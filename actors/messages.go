@@ -85,3 +85,8 @@ type wake struct{ epoch uint64 }
 
 // lockLost is sent by the lock renewer when the job's lock could not be kept.
 type lockLost struct{ lockValue string }
+
+// Crash makes the job actor panic. It exists for fault-injection tests of
+// supervision (the actor is restarted with empty memory and must recover
+// from Redis); nothing in a node sends it.
+type Crash struct{}

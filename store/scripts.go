@@ -17,8 +17,11 @@ import "github.com/redis/go-redis/v9"
 // KEYS: job, hist, lock
 // ARGV: node, now_ms, lock_ttl_ms, create(0|1), shard_tag, job_id, topic,
 //
-//	tenant, trace_id, request(bytes)
+//	tenant, trace_id, request(bytes), rescue_at_ms
 //
+// A created job is due at rescue_at: every live job has a due entry from
+// its first moment, so a job whose actor or node dies before it records a
+// wait of its own is still woken (by the due poller) and never stranded.
 // Returns {status, state, fence, holder, field, value, ...} with status one of
 // CREATED, ADOPTED (the record's fields follow), BUSY (another node holds the
 // lock), TERMINAL (no lock taken), NOTFOUND. A job that is terminal or
@@ -41,6 +44,7 @@ if not st then
     'reason', 'submitted', 'attempts', 0)
   redis.call('RPUSH', KEYS[2], now .. '||PENDING|submitted|' .. node)
   redis.call('ZADD', ARGV[5] .. 'idx:PENDING', now, ARGV[6])
+  redis.call('ZADD', ARGV[5] .. 'due', ARGV[11], ARGV[6])
   redis.call('SET', KEYS[3], node .. '|1', 'PX', ARGV[3])
   return {'CREATED', 'PENDING', '1', ''}
 end

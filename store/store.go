@@ -22,6 +22,9 @@ const (
 	RetentionDefault = 24 * time.Hour
 	// DLQMaxLenDefault bounds the DLQ stream (approximate trimming).
 	DLQMaxLenDefault = 100_000
+	// RescueAfterDefault: a job still PENDING this long after it was created
+	// (its actor or node died before it scheduled) is woken by the due poller.
+	RescueAfterDefault = 2 * time.Minute
 )
 
 // ErrNotFound is returned when a job has no record.
@@ -37,6 +40,9 @@ type Config struct {
 	Retention time.Duration
 	// DLQMaxLen bounds the DLQ stream (default DLQMaxLenDefault).
 	DLQMaxLen int64
+	// RescueAfter is when a new job is due if nothing else sets its due
+	// time first (default RescueAfterDefault).
+	RescueAfter time.Duration
 }
 
 // Store is Troupe's Redis state. It is safe for concurrent use.
@@ -59,6 +65,9 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	}
 	if cfg.DLQMaxLen <= 0 {
 		cfg.DLQMaxLen = DLQMaxLenDefault
+	}
+	if cfg.RescueAfter <= 0 {
+		cfg.RescueAfter = RescueAfterDefault
 	}
 	return &Store{rdb: rdb, keys: NewKeys(cfg.Prefix), cfg: cfg}
 }

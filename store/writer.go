@@ -323,7 +323,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		}
 		op.cmds = append(op.cmds, activateScript.EvalSha(ctx, pipe, keys,
 			op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.Tag(op.JobID), op.JobID,
-			op.Topic, op.Tenant, op.TraceID, op.Request))
+			op.Topic, op.Tenant, op.TraceID, op.Request, time.Now().Add(s.cfg.RescueAfter).UnixMilli()))
 	case OpTransition:
 		retention := int64(s.cfg.Retention / time.Second)
 		if s.cfg.Retention < 0 {
