@@ -190,6 +190,28 @@ func NewNode(cfg Config) (*Node, error) {
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}, nil
 }
 
+// registerRenewMetrics exports the lock renewer's outcome counters.
+func (n *Node) registerRenewMetrics() {
+	for _, m := range []struct {
+		outcome string
+		read    func(store.RenewStats) uint64
+	}{
+		{"renewed", func(s store.RenewStats) uint64 { return s.Renewed }},
+		{"refused", func(s store.RenewStats) uint64 { return s.Refused }},
+		{"failed", func(s store.RenewStats) uint64 { return s.Failed }},
+		{"lost", func(s store.RenewStats) uint64 { return s.Lost }},
+	} {
+		read, r := m.read, n.renewer
+		_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "troupe_lock_renewals_total", Help: "Job lock renewal outcomes (lost = reported to the job).",
+			ConstLabels: prometheus.Labels{"outcome": m.outcome},
+		}, func() float64 { return float64(read(r.Stats())) }))
+	}
+	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "troupe_job_locks_held", Help: "Job locks this node holds and renews.",
+	}, func() float64 { return float64(n.renewer.Held()) }))
+}
+
 // Metrics returns the registry holding the node's metrics.
 func (n *Node) Metrics() *prometheus.Registry { return n.cfg.Metrics }
 
@@ -226,6 +248,7 @@ func (n *Node) Start(ctx context.Context) error {
 	n.writer = n.store.NewWriter(0, 0, 0)
 	n.renewer = n.store.NewLockRenewer(n.log)
 	n.renewer.Start()
+	n.registerRenewMetrics()
 
 	// protoactor logs every restart and dead letter at Info; the node keeps
 	// it to warnings so its own lines stay readable under load.
