@@ -2,6 +2,8 @@ package actors
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"fmt"
 	"os"
 	"time"
@@ -59,7 +61,7 @@ func ParseTimeouts(data []byte) (*Timeouts, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var f timeoutsFile
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) { // an empty file means defaults
 		return nil, fmt.Errorf("timeouts: %w", err)
 	}
 	t := DefaultTimeouts()

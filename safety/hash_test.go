@@ -1,6 +1,7 @@
 package safety_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -37,5 +38,20 @@ func TestHashJobRequestIgnoresOnlyApprovalBookkeeping(t *testing.T) {
 	r.Topic = "job.y"
 	if safety.HashJobRequest(r) == h {
 		t.Fatal("a changed topic kept the hash")
+	}
+}
+
+func TestTopicRules(t *testing.T) {
+	t.Parallel()
+	p := safety.TopicRules{Deny: []string{"job.bad"}, Approve: []string{"job.risky.*"}}
+	for topic, want := range map[string]capv1.DecisionType{
+		"job.bad":         capv1.DecisionType_DECISION_TYPE_DENY,
+		"job.risky.rm":    capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN,
+		"job.echo":        capv1.DecisionType_DECISION_TYPE_ALLOW,
+	} {
+		got, _ := p.Check(context.Background(), &capv1.PolicyCheckRequest{Topic: topic})
+		if got.Decision != want {
+			t.Errorf("%s: %v, want %v", topic, got.Decision, want)
+		}
 	}
 }
