@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -142,6 +143,12 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.NodeID == "" {
 		host, _ := os.Hostname()
 		cfg.NodeID = host + "-" + strconv.Itoa(os.Getpid())
+		cfg.NodeID = strings.NewReplacer(".", "-", " ", "-", "*", "-", ">", "-").Replace(cfg.NodeID)
+	}
+	// The node id is a token of the node's inbox subject and part of lock
+	// values ("<node>|<fence>").
+	if err := supervisor.ValidateWorkerID(cfg.NodeID); err != nil || strings.Contains(cfg.NodeID, "|") {
+		return nil, fmt.Errorf("troupe: node id %q: letters, digits, _ - : only", cfg.NodeID)
 	}
 	if cfg.NATSURL == "" {
 		cfg.NATSURL = envOr("TROUPE_NATS_URL", nats.DefaultURL)
@@ -265,6 +272,7 @@ func (n *Node) Start(ctx context.Context) error {
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
+		Forward:               supervisor.Forwarder(n.nc, n.subj),
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace,
 	}).WithDefaults()
@@ -286,7 +294,11 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe progress: %w", err)
 	}
-	n.subs = append(n.subs, hb, pr)
+	inbox, err := n.nc.Subscribe(n.subj.Inbox(n.cfg.NodeID), n.intake.HandleInbox)
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe inbox: %w", err)
+	}
+	n.subs = append(n.subs, hb, pr, inbox)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}

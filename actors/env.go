@@ -49,6 +49,10 @@ type Env struct {
 	Metrics *Metrics
 	// Timeouts are the dispatch and running deadlines (default DefaultTimeouts).
 	Timeouts *Timeouts
+	// Forward hands a result or cancel to the node that owns the job and
+	// reports whether that node took it (acked). It blocks, so the actor
+	// calls it from a goroutine. Nil: events go back to JetStream instead.
+	Forward func(owner, kind string, raw []byte) bool
 
 	MaxSchedulingAttempts int
 	PermanentGrace        time.Duration

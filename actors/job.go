@@ -330,11 +330,59 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 				j.acks = j.acks[:0]
 			}
 			j.ackAll()
+			j.forwardToOwner(r.Holder)
 			j.finish(c)
 		case store.ActivateNotFound:
 			j.unknownJob(c)
 		}
 	})
+}
+
+// forwardToOwner passes the results and cancels waiting here to the node
+// that holds the job's lock (holder "<node>|<fence>"), over a request to that
+// node's inbox. The original JetStream message is acked only when the owner
+// answers that it took the event (its actor made it durable); otherwise it
+// goes back to JetStream. A forwarded event is never forwarded again, so two
+// nodes cannot bounce one between them.
+func (j *JobActor) forwardToOwner(holder string) {
+	owner, _, ok := strings.Cut(holder, "|")
+	if !ok || owner == j.env.NodeID || j.env.Forward == nil {
+		return
+	}
+	keep := j.deferred[:0]
+	for _, m := range j.deferred {
+		var kind string
+		var raw []byte
+		var d Delivery
+		switch m := m.(type) {
+		case *Result:
+			if m.Forwarded || m.Raw == nil {
+				keep = append(keep, m)
+				continue
+			}
+			kind, raw, d = ForwardResult, m.Raw, m.Delivery
+		case *Cancel:
+			if m.Forwarded || m.Raw == nil {
+				keep = append(keep, m)
+				continue
+			}
+			kind, raw, d = ForwardCancel, m.Raw, m.Delivery
+		default:
+			keep = append(keep, m)
+			continue
+		}
+		forward, metric := j.env.Forward, j.env.Metrics.Forwarded
+		go func() {
+			if forward(owner, kind, raw) {
+				metric.WithLabelValues("taken").Inc()
+				ack(d)
+			} else {
+				metric.WithLabelValues("returned").Inc()
+				nak(d, time.Second)
+			}
+		}()
+	}
+	j.deferred = keep
 }
 
 // adopt loads what the actor needs from the record of an existing job.

@@ -33,6 +33,11 @@ type Result struct {
 	Res      *capv1.JobResult
 	TraceID  string
 	Delivery Delivery
+	// Raw is the packet as received, for forwarding to the owning node.
+	Raw []byte
+	// Forwarded marks a result another node passed to this one (the owner);
+	// it is never forwarded again.
+	Forwarded bool
 }
 
 // Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
@@ -40,10 +45,18 @@ type Progress struct{ P *capv1.JobProgress }
 
 // Cancel is a JobCancel taken from sys.job.cancel.
 type Cancel struct {
-	C        *capv1.JobCancel
-	TraceID  string
-	Delivery Delivery
+	C         *capv1.JobCancel
+	TraceID   string
+	Delivery  Delivery
+	Raw       []byte
+	Forwarded bool
 }
+
+// Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.
+const (
+	ForwardResult = "result"
+	ForwardCancel = "cancel"
+)
 
 // Wake is sent by the due poller to a job whose due time has passed and
 // whose owner did not act (it died, or the job was passivated and an

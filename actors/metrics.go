@@ -20,6 +20,7 @@ type Metrics struct {
 	Retries         *prometheus.CounterVec // reason
 	LiveActors      prometheus.Gauge
 	ActivationDelay prometheus.Histogram
+	Forwarded       *prometheus.CounterVec // outcome: taken, returned
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -50,10 +51,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ActivationDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "troupe_job_lock_wait_seconds",
 			Help:    "Time from a job actor's first event to owning the job's lock.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10)}),
+		Forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_events_forwarded_total",
+			Help: "Results and cancels passed to the node owning their job: taken by it, or returned to JetStream."},
+			[]string{"outcome"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
-			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay)
+			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded)
 	}
 	return m
 }

@@ -3,8 +3,8 @@ package actors
 import (
 	"bytes"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"os"
 	"time"
 

@@ -39,6 +39,10 @@ func (s Subjects) Prefix() string { return s.prefix }
 // Worker is the direct subject of one worker: worker.<id>.jobs.
 func (s Subjects) Worker(workerID string) string { return s.prefix + "worker." + workerID + ".jobs" }
 
+// Inbox is the subject on which a node takes results and cancels forwarded
+// by other replicas for jobs it owns (core NATS request/reply).
+func (s Subjects) Inbox(nodeID string) string { return s.prefix + "troupe.node." + nodeID + ".inbox" }
+
 // Pool is the subject a pool's stock CAP workers queue-subscribe to: the
 // job's topic itself (queue group = the subject).
 func (s Subjects) Pool(topic string) string { return s.prefix + topic }

@@ -1,0 +1,66 @@
+package troupe_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// Two replicas share one durable consumer per stream, so a result often
+// lands on the replica that does not own its job. It must be forwarded to
+// the owner and applied at once, not bounced through JetStream redelivery.
+func TestResultsReachTheOwningReplica(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	a := f.node
+	b := newNodeOn(t, f, "node-b")
+	rec := newReceipts()
+	for i := 0; i < 3; i++ {
+		w, err := worker.Start(f.env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
+			Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj, Heartbeat: time.Second, OnReceive: rec.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+	}
+	waitLive(t, a, 3)
+	waitLive(t, b, 3)
+	const jobs = 200
+	start := time.Now()
+	for i := 0; i < jobs; i++ {
+		f.submit(echoReq(fmt.Sprintf("rep-%d", i)))
+	}
+	owners := map[string]int{}
+	for i := 0; i < jobs; i++ {
+		r := f.waitState(fmt.Sprintf("rep-%d", i), core.StateSucceeded)
+		owners[r.History[0].Node]++
+		if n := rec.count(r.ID); n != 1 {
+			t.Fatalf("%s received %d times", r.ID, n)
+		}
+	}
+	taken := counter(t, a, "troupe_events_forwarded_total", "taken") + counter(t, b, "troupe_events_forwarded_total", "taken")
+	t.Logf("%d jobs in %v, owners %v, results forwarded to their owner: %v", jobs, time.Since(start), owners, taken)
+	if owners["node-a"] == 0 || owners["node-b"] == 0 {
+		t.Fatalf("one replica took every job: %v", owners)
+	}
+	if taken == 0 {
+		t.Fatal("no result was forwarded although both replicas own jobs")
+	}
+}
+
+// waitLive waits until node n's router sees want live workers.
+func waitLive(t *testing.T, n *troupe.Node, want int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if ws, err := n.Workers(); err == nil && len(ws) >= want {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("node %s never saw %d workers", n.ID(), want)
+}
