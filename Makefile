@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN         := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: run test test-embedded vet build proto proto-tools bench fmt
+.PHONY: run test test-embedded vet build proto proto-tools bench bench-smoke fmt
 
 build:
 	$(GO) build ./...
@@ -29,8 +29,17 @@ test: vet
 test-embedded:
 	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -count=1 -timeout 10m . ./internal/... ./store/...
 
+# Troupe and the floor (same traffic, no scheduling logic) in one invocation;
+# adds rows to BENCHMARKS.md. See BENCHMARKS.md for the other runs.
 bench:
-	$(GO) run ./cmd/troupe bench
+	$(GO) run ./cmd/troupe bench --compare
+
+# The bench harness's correctness smoke (all jobs SUCCEEDED, none received
+# twice; never a timing assertion), against the real servers and then the
+# embedded ones.
+bench-smoke:
+	$(GO) test -race -count=1 -run TestBenchSmoke ./bench/
+	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -race -count=1 -run TestBenchSmoke ./bench/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')

@@ -39,6 +39,7 @@ var commands = []command{
 	{"submit", "publish a job on sys.job.submit", runSubmit},
 	{"job", "print a job's state and transition history", runJob},
 	{"dlq", "list dead-lettered jobs and inputs", runDLQ},
+	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
 }
 
 func main() {
@@ -136,3 +137,9 @@ func (l labelsFlag) Set(v string) error {
 	l[k] = val
 	return nil
 }
+
+// listFlag collects a repeated string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }

@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"context"
+	"image/png"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/testenv"
+)
+
+// smokeConfig is a seconds-long run against the test servers: what CI runs.
+// It asserts correctness only; timing depends on the machine.
+func smokeConfig(t *testing.T, env *testenv.Env, target Target) Config {
+	return Config{
+		Target: target, Jobs: 300, Workers: 3, Warmup: 20, Node: NodeInProcess,
+		RedisURL: env.RedisURL, NATSURL: env.NATSURL, RunID: env.Prefix + string(target[0]),
+		Timeout: 60 * time.Second,
+		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+}
+
+// TestBenchSmoke runs the harness end to end against an in-process node: every
+// job must end SUCCEEDED, no worker may receive a job twice, and the run must
+// leave no keys or streams behind.
+func TestBenchSmoke(t *testing.T) {
+	t.Parallel()
+	for _, target := range []Target{TargetTroupe, TargetFloor} {
+		t.Run(string(target), func(t *testing.T) {
+			t.Parallel()
+			env := testenv.New(t)
+			cfg := smokeConfig(t, env, target)
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			res, err := Run(ctx, cfg)
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			j := res.Jobs
+			if !res.OK || j.Succeeded != cfg.Jobs || j.NotTerminal != 0 || j.Duplicates != 0 || j.NeverReceived != 0 {
+				t.Fatalf("want %d SUCCEEDED exactly once; got %+v (failures %v)", cfg.Jobs, j, res.Failures)
+			}
+			if res.DispatchMs.Count != cfg.Jobs || res.SubmitToTerminalMs.Count != cfg.Jobs {
+				t.Errorf("latencies for %d and %d jobs, want %d each", res.DispatchMs.Count, res.SubmitToTerminalMs.Count, cfg.Jobs)
+			}
+			if !res.Redis.ClientMeasured || res.Redis.RoundTripsPerJob <= 0 {
+				t.Errorf("node round trips not counted: %+v", res.Redis)
+			}
+
+			// The run cleaned up after itself.
+			pfx := PrefixesFor(cfg.RunID)
+			keys, err := env.Redis.Keys(ctx, pfx.Key+"*").Result()
+			if err != nil || len(keys) != 0 {
+				t.Errorf("keys left behind: %d (%v)", len(keys), err)
+			}
+			js, _ := jetstream.New(env.NATS)
+			if _, err := js.Stream(ctx, bus.StreamName(pfx.Stream, bus.StreamSubmit)); err == nil {
+				t.Errorf("stream %s left behind", bus.StreamName(pfx.Stream, bus.StreamSubmit))
+			}
+
+			// The outputs are written and readable.
+			dir := t.TempDir()
+			if err := WriteOutputs(res, dir); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(res.Files.PNG)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			img, err := png.Decode(f)
+			if err != nil || img.Bounds().Dx() != chartW {
+				t.Errorf("chart: %v, bounds %v", err, img.Bounds())
+			}
+		})
+	}
+}
+
+// TestExternalNeedsItsNode: with no node running on the run's prefixes, an
+// external run fails at once with the command that starts one, rather than
+// waiting for jobs nobody schedules.
+func TestExternalNeedsItsNode(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	_, err := Run(context.Background(), Config{Node: NodeExternal, RunID: env.Prefix + "x",
+		RedisURL: env.RedisURL, NATSURL: env.NATSURL, Jobs: 10})
+	if err == nil || !strings.Contains(err.Error(), "troupe node --key-prefix") {
+		t.Fatalf("want an error naming the node command, got %v", err)
+	}
+	if _, err := Run(context.Background(), Config{Node: NodeExternal}); err == nil {
+		t.Fatal("external without a run id must be refused")
+	}
+}
+
+// TestChildProtocol drives ServeChild over pipes, as the bench drives the
+// child process: start a node, read its workers and counters, stop it.
+func TestChildProtocol(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pfx := PrefixesFor(env.Prefix + "c")
+	t.Cleanup(func() {
+		js, _ := jetstream.New(env.NATS)
+		for _, k := range []bus.StreamKind{bus.StreamSubmit, bus.StreamResult, bus.StreamCancel} {
+			_ = js.DeleteStream(context.Background(), bus.StreamName(pfx.Stream, k))
+		}
+		if keys, _ := env.Redis.Keys(context.Background(), pfx.Key+"*").Result(); len(keys) > 0 {
+			env.Redis.Del(context.Background(), keys...)
+		}
+	})
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := ServeChild(ctx, inR, outW, io.Discard)
+		_ = outW.Close()
+		done <- err
+	}()
+	ct, err := connectChild(inW, outR, done, sutSpec{Role: TargetTroupe, RedisURL: env.RedisURL, NATSURL: env.NATSURL,
+		KeyPrefix: pfx.Key, SubjectPrefix: pfx.Subject, StreamPrefix: pfx.Stream, Topic: TopicDefault,
+		Pool: PoolDefault, NodeID: "child-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct.pid() != os.Getpid() {
+		t.Errorf("child reported pid %d, want %d (same process here)", ct.pid(), os.Getpid())
+	}
+	if n, err := ct.workers(ctx); err != nil || n != 0 {
+		t.Errorf("workers = %d, %v; want 0 (none started)", n, err)
+	}
+	sn, has, err := ct.snap(ctx)
+	if err != nil || !has.CPU || sn.CPU <= 0 || sn.PeakRSS <= 0 || sn.Redis.Commands == 0 {
+		t.Errorf("snap = %+v, %+v, %v; want CPU, RSS and the node's Redis commands", sn, has, err)
+	}
+	if err := ct.stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ct.call(childCmd{Cmd: "snap"}); err == nil {
+		t.Error("a stopped child still answers")
+	}
+}
+
+func TestRedisCounterCountsRoundTrips(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	rdb, rc, err := newCountedClient(env.RedisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	ctx := context.Background()
+	key := env.KeyPrefix() + "counter"
+	// A connection's handshake (HELLO, CLIENT SETINFO) goes through the hook
+	// too, and go-redis keeps pipelines on a pool of their own: open a
+	// connection of each kind before counting.
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error { return p.Ping(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	before := rc.snapshot()
+	rdb.Set(ctx, key, "1", time.Minute)
+	pipe := rdb.Pipeline()
+	pipe.Incr(ctx, key)
+	pipe.Incr(ctx, key)
+	pipe.Get(ctx, key)
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := rc.snapshot().sub(before)
+	if d.Commands != 4 || d.RoundTrips != 2 || d.ByName["incr"] != 2 {
+		t.Fatalf("want 4 commands in 2 round trips (2 incr), got %+v", d)
+	}
+}
+
+func TestParseInfo(t *testing.T) {
+	t.Parallel()
+	var st serverStats
+	st.calls = map[string]int64{}
+	parseInfo("# Server\r\nredis_version:7.0.15\r\n# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:0.5\r\n"+
+		"# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.50\r\ncmdstat_hset:calls=7,usec=1\r\n", &st)
+	if st.version != "7.0.15" || st.cpuSec != 2 || st.calls["evalsha"] != 12 || st.calls["hset"] != 7 {
+		t.Fatalf("parsed %+v", st)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	t.Parallel()
+	ms := make([]float64, 0, 1000)
+	for i := 1000; i >= 1; i-- {
+		ms = append(ms, float64(i))
+	}
+	p := summarize(ms)
+	if p.P50 != 500 || p.P90 != 900 || p.P99 != 990 || p.P999 != 999 || p.Max != 1000 || p.Count != 1000 || p.Mean != 500.5 {
+		t.Fatalf("nearest-rank percentiles of 1..1000: %+v", p)
+	}
+	if (summarize(nil) != Percentiles{}) {
+		t.Fatal("empty input must give zero percentiles")
+	}
+}
+
+func TestTrackerCountsDuplicatesAndForeignIDs(t *testing.T) {
+	t.Parallel()
+	tr := newTracker("r1-", "r1w-", 3)
+	tr.markReceived("r1-0", 5)
+	tr.markReceived("r1-0", 9)
+	tr.markReceived("r1-1", 7)
+	tr.markReceived("r1w-0", 7)
+	tr.markReceived("other-1", 7)
+	tr.markReceived("r1-3", 7) // out of range
+	dup, never := tr.duplicates()
+	if dup != 1 || never != 1 || tr.received.Load() != 2 || tr.receiptNs[0].Load() != 5 {
+		t.Fatalf("dup %d never %d received %d first receipt %d", dup, never, tr.received.Load(), tr.receiptNs[0].Load())
+	}
+	if tr.warmSeen.Load() != 1 || tr.foreign.Load() != 2 {
+		t.Fatalf("warm %d foreign %d", tr.warmSeen.Load(), tr.foreign.Load())
+	}
+}
+
+func TestAppendRowsGoesAboveTheMarker(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "B.md")
+	if err := os.WriteFile(path, []byte("# B\n\n"+RowHeader+"\n"+RunsMarker+"\n\n## after\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := &Result{Target: TargetTroupe, NodeMode: NodeChild, Params: Params{Jobs: 5, Workers: 1}, OK: true, JobsPerSec: 42}
+	if err := AppendRows(path, Row(res, "a|b")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	s := string(b)
+	row := strings.Index(s, "| 42 |")
+	if row < 0 || row > strings.Index(s, RunsMarker) || !strings.Contains(s, "a/b") {
+		t.Fatalf("row not inserted above the marker (or a pipe not escaped):\n%s", s)
+	}
+	if got, want := strings.Count(Row(res, ""), "|"), strings.Count(strings.Split(RowHeader, "\n")[0], "|"); got != want {
+		t.Fatalf("row has %d cell separators, header %d", got, want)
+	}
+	if err := AppendRows(filepath.Join(t.TempDir(), "none.md"), "x"); err == nil {
+		t.Fatal("a missing file must be an error")
+	}
+}
+
+func TestValidRunID(t *testing.T) {
+	t.Parallel()
+	for id, ok := range map[string]bool{"r1a2": true, "": false, "R1": false, "a.b": false, "a-b": false,
+		strings.Repeat("a", maxRunIDLength+1): false} {
+		if err := validRunID(id); (err == nil) != ok {
+			t.Errorf("validRunID(%q) = %v", id, err)
+		}
+	}
+}

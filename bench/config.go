@@ -1,0 +1,208 @@
+// Package bench is Troupe's end-to-end benchmark harness: simulated CAP
+// workers, a submitter at full speed or at a fixed rate, a node under test (in
+// a child process, in this process, or one the user runs), and the figures
+// the issue asks for — throughput, dispatch and submit → terminal latency,
+// node CPU and RSS, Redis commands and round trips, NATS messages per job —
+// together with a check of every job's final state. It also runs the floor:
+// the same NATS and Redis traffic with no scheduling logic.
+//
+// `troupe bench` is its command line; TestBenchSmoke runs it for CI.
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/troupe-run/troupe/worker"
+)
+
+// NodeMode says where the node under test runs.
+type NodeMode string
+
+const (
+	// NodeChild runs the node in a child process of the bench (the default):
+	// its CPU and peak RSS are its own, read by the child itself, and its
+	// Redis round trips are counted by a hook on its client.
+	NodeChild NodeMode = "child"
+	// NodeInProcess runs the node inside the bench process: what the smoke
+	// test uses. CPU and RSS then cover node and harness together.
+	NodeInProcess NodeMode = "inproc"
+	// NodeExternal uses a node the user started with the run's prefixes;
+	// the bench only submits and observes.
+	NodeExternal NodeMode = "external"
+)
+
+// Target is the system under test.
+type Target string
+
+const (
+	// TargetTroupe is a Troupe node.
+	TargetTroupe Target = "troupe"
+	// TargetFloor is the same NATS and Redis traffic with no scheduling logic.
+	TargetFloor Target = "floor"
+)
+
+// Defaults for Config fields left zero.
+const (
+	JobsDefault    = 20_000
+	WorkersDefault = 10
+	// TimeoutDefault bounds a run from the first submit; at the reference
+	// scheduler's 376 jobs/s, 20k jobs would take 53 s, so a run past 120 s
+	// is broken rather than slow.
+	TimeoutDefault = 120 * time.Second
+	// WarmupDefault jobs run (and are waited for) before measuring: they
+	// load the Lua scripts, fill connection pools and show that the node,
+	// the workers and the prefixes fit together.
+	WarmupDefault = 200
+	TopicDefault  = "job.bench"
+	PoolDefault   = "bench"
+	// HeartbeatDefault is the CAP SDKs' interval.
+	HeartbeatDefault = worker.HeartbeatDefault
+	// SettleDefault is how long the bench keeps listening after the last job
+	// is terminal, so late duplicate deliveries are still counted.
+	SettleDefault = 300 * time.Millisecond
+	// SubmitWindowDefault is the number of submits awaiting their JetStream
+	// ack at full speed.
+	SubmitWindowDefault = 4096
+	RedisURLDefault     = "redis://127.0.0.1:6379"
+	NATSURLDefault      = "nats://127.0.0.1:4222"
+)
+
+// Config configures a run.
+type Config struct {
+	// Target is what to measure (default TargetTroupe).
+	Target Target
+	// Jobs is the number of measured jobs (default JobsDefault).
+	Jobs int
+	// Workers is the number of simulated workers (default WorkersDefault).
+	Workers int
+	// Rate is the submit rate in jobs/s; 0 submits at full speed.
+	Rate float64
+	// Delay is how long a worker holds a job before answering (0: at once).
+	Delay time.Duration
+	// Timeout bounds the measured part of the run (default TimeoutDefault).
+	Timeout time.Duration
+	// Warmup jobs before measuring (default WarmupDefault; <0 for none).
+	Warmup int
+	// Heartbeat is the workers' heartbeat interval (default HeartbeatDefault).
+	Heartbeat time.Duration
+	// Settle is the listening time after completion (default SettleDefault).
+	Settle time.Duration
+	// SubmitWindow bounds un-acked submits (default SubmitWindowDefault).
+	SubmitWindow int
+
+	RedisURL string // default RedisURLDefault
+	NATSURL  string // default NATSURLDefault
+
+	// Node says where the node runs (default NodeChild).
+	Node NodeMode
+	// ChildCommand runs ServeChild in a new process (NodeChild): the troupe
+	// binary sets it to itself with its hidden serve argument.
+	ChildCommand []string
+	// NodePID, with NodeExternal, is the node's process, for CPU and RSS.
+	NodePID int
+
+	// RunID names the run and derives its prefixes (default: random). With
+	// NodeExternal it must match the prefixes the node was started with.
+	RunID string
+	Topic string // default TopicDefault
+	Pool  string // default PoolDefault
+
+	// CPUProfile, if set, is written with the node's CPU profile over the
+	// measured part of the run (child: the node process alone; inproc: the
+	// bench process).
+	CPUProfile string
+	// Progress receives a one-line progress bar (nil: none).
+	Progress io.Writer
+	// Stderr receives a child node's logs (default: discarded).
+	Stderr io.Writer
+	// Log receives the bench's own lines and an in-process node's warnings.
+	Log *slog.Logger
+	// NodeLogLevel is the node's log floor (default warn).
+	NodeLogLevel string
+	// Keep leaves the run's streams and keys in place for inspection.
+	Keep bool
+}
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("bench: config")
+
+func (c *Config) withDefaults() error {
+	if c.Target == "" {
+		c.Target = TargetTroupe
+	}
+	if c.Target != TargetTroupe && c.Target != TargetFloor {
+		return fmt.Errorf("%w: unknown target %q", ErrConfig, c.Target)
+	}
+	if c.Jobs == 0 {
+		c.Jobs = JobsDefault
+	}
+	if c.Workers == 0 {
+		c.Workers = WorkersDefault
+	}
+	if c.Jobs < 1 || c.Workers < 1 || c.Rate < 0 || c.Delay < 0 {
+		return fmt.Errorf("%w: jobs and workers must be ≥ 1, rate and delay ≥ 0", ErrConfig)
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = TimeoutDefault
+	}
+	if c.Warmup == 0 {
+		c.Warmup = WarmupDefault
+	}
+	c.Warmup = max(c.Warmup, 0)
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = HeartbeatDefault
+	}
+	if c.Settle <= 0 {
+		c.Settle = SettleDefault
+	}
+	if c.SubmitWindow <= 0 {
+		c.SubmitWindow = SubmitWindowDefault
+	}
+	if c.RedisURL == "" {
+		c.RedisURL = RedisURLDefault
+	}
+	if c.NATSURL == "" {
+		c.NATSURL = NATSURLDefault
+	}
+	if c.Node == "" {
+		c.Node = NodeChild
+	}
+	switch c.Node {
+	case NodeChild, NodeInProcess:
+	case NodeExternal:
+		if c.Target == TargetFloor {
+			return fmt.Errorf("%w: the floor always runs under the bench (child or inproc)", ErrConfig)
+		}
+		if c.RunID == "" {
+			return fmt.Errorf("%w: an external node needs --run-id, and the node started with its prefixes", ErrConfig)
+		}
+	default:
+		return fmt.Errorf("%w: unknown node mode %q", ErrConfig, c.Node)
+	}
+	if c.RunID == "" {
+		c.RunID = newRunID()
+	}
+	if err := validRunID(c.RunID); err != nil {
+		return err
+	}
+	if c.Topic == "" {
+		c.Topic = TopicDefault
+	}
+	if c.Pool == "" {
+		c.Pool = PoolDefault
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Stderr == nil {
+		c.Stderr = io.Discard
+	}
+	if c.NodeLogLevel == "" {
+		c.NodeLogLevel = "warn"
+	}
+	return nil
+}

@@ -1,0 +1,240 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// WriteOutputs writes res as JSON and its chart as PNG into dir, named after
+// the run, and records their paths in res.Files.
+func WriteOutputs(res *Result, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(dir, fmt.Sprintf("%s-%s-%s", res.Started.Format("20060102-150405"), res.Target, res.RunID))
+	res.Files.JSON, res.Files.PNG = base+".json", base+".png"
+	if err := WriteChart(res, res.Files.PNG); err != nil {
+		return fmt.Errorf("bench: chart: %w", err)
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(res.Files.JSON, append(b, '\n'), 0o644)
+}
+
+// WriteComparison writes both runs' outputs and a JSON of the comparison.
+func WriteComparison(c *Comparison, dir string) (string, error) {
+	var errs []error
+	for _, r := range []*Result{c.Troupe, c.Floor} {
+		if r != nil {
+			errs = append(errs, WriteOutputs(r, dir))
+		}
+	}
+	if c.Troupe == nil {
+		return "", errors.Join(errs...)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s-compare-%s.json", c.Troupe.Started.Format("20060102-150405"), c.Troupe.RunID))
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err == nil {
+		err = os.WriteFile(path, append(b, '\n'), 0o644)
+	}
+	errs = append(errs, err)
+	return path, errors.Join(errs...)
+}
+
+// FormatReport writes a human summary of res.
+func FormatReport(w io.Writer, res *Result) {
+	p := res.Params
+	fmt.Fprintf(w, "troupe bench: %s, node %s", res.Target, res.NodeMode)
+	if res.Node.PID > 0 {
+		fmt.Fprintf(w, " (pid %d)", res.Node.PID)
+	}
+	fmt.Fprintf(w, ", %d jobs, %d workers, %s", p.Jobs, p.Workers, rateText(p.Rate))
+	if p.DelayMs > 0 {
+		fmt.Fprintf(w, ", worker delay %.1f ms", p.DelayMs)
+	}
+	fmt.Fprintf(w, ", run %s\n", res.RunID)
+	status := "OK"
+	if !res.OK {
+		status = "FAILED: " + strings.Join(res.Failures, "; ")
+	}
+	j := res.Jobs
+	fmt.Fprintf(w, "  result        %s\n", status)
+	fmt.Fprintf(w, "  jobs          %d submitted, %d SUCCEEDED, %d other terminal, %d not terminal, %d received twice, %d never received\n",
+		j.Submitted, j.Succeeded, j.NotSucceeded, j.NotTerminal, j.Duplicates, j.NeverReceived)
+	fmt.Fprintf(w, "  throughput    %.0f jobs/s (%.3f s from first submit to last terminal write)\n", res.JobsPerSec, res.DurationSec)
+	fmt.Fprintf(w, "  dispatch      %s   (submit → worker receipt, bench clock)\n", pctText(res.DispatchMs))
+	fmt.Fprintf(w, "  submit→term   %s   (submit → node's terminal write, 1 ms resolution)\n", pctText(res.SubmitToTerminalMs))
+	st := res.Stages
+	fmt.Fprintf(w, "  stages        p50/p99 ms: submit→record %s, record→dispatched %s, answer→terminal %s\n",
+		stageText(st.SubmitToRecordMs), stageText(st.RecordToDispatchedMs), stageText(st.AnswerToTerminalMs))
+	n := res.Node
+	if n.Measured {
+		fmt.Fprintf(w, "  node          %.4f CPU-s per 1k jobs (idle: %.1f CPU-ms/s), peak RSS %.1f MiB",
+			n.CPUSecPer1k, n.IdleCPUMsPerSec, float64(n.PeakRSSBytes)/(1<<20))
+		if n.MemMeasured {
+			fmt.Fprintf(w, ", %d GCs, %.0f B and %.0f allocs per job", n.GCs, n.AllocBytesPerJob, n.MallocsPerJob)
+		}
+		fmt.Fprintf(w, "   [%s]\n", n.Scope)
+	} else {
+		fmt.Fprintf(w, "  node          CPU and RSS not measured [%s]\n", n.Scope)
+	}
+	rd := res.Redis
+	fmt.Fprintf(w, "  redis         ")
+	if rd.ClientMeasured {
+		fmt.Fprintf(w, "%.2f commands/job sent in %.3f round trips/job (%s); ", rd.ClientCommandsPerJob, rd.RoundTripsPerJob, byNameText(rd.ClientByName))
+	}
+	if rd.ServerMeasured {
+		fmt.Fprintf(w, "server ran %.2f commands/job (%s); redis CPU %.4f s/1k", rd.ServerCommandsPerJob, byNameText(rd.ServerByName), rd.ServerCPUSecPer1k)
+	}
+	fmt.Fprintln(w)
+	na := res.NATS
+	fmt.Fprintf(w, "  nats          ")
+	if na.NodeMeasured {
+		fmt.Fprintf(w, "node %.2f in + %.2f out, ", na.NodeInPerJob, na.NodeOutPerJob)
+	}
+	fmt.Fprintf(w, "bench %.2f in + %.2f out = %.2f messages/job (client-side)", na.BenchInPerJob, na.BenchOutPerJob, na.TotalPerJob)
+	if na.ServerCPUSecPer1k > 0 {
+		fmt.Fprintf(w, "; nats-server CPU %.4f s/1k", na.ServerCPUSecPer1k)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  harness       %.4f CPU-s per 1k jobs (bench process)\n", res.Harness.CPUSecPer1k)
+	if len(res.PerWorker) > 0 {
+		fmt.Fprintf(w, "  per worker    min %d max %d receipts (warm-up included)\n", slices.Min(res.PerWorker), slices.Max(res.PerWorker))
+	}
+	fmt.Fprintf(w, "  env           %s; redis %s; nats %s; git %s (shared machine: figures provisional)\n",
+		res.Env.Machine, res.Env.RedisVersion, res.Env.NATSVersion, orUnknown(res.Env.Git))
+	for _, note := range res.Notes {
+		fmt.Fprintf(w, "  note          %s\n", note)
+	}
+	if res.Files.JSON != "" {
+		fmt.Fprintf(w, "  files         %s %s", res.Files.JSON, res.Files.PNG)
+		if res.Files.CPUProfile != "" {
+			fmt.Fprintf(w, " %s", res.Files.CPUProfile)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// stageText is a stage's p50/p99, or "n/a" when the target keeps no
+// timestamp for it (the floor writes no history).
+func stageText(p Percentiles) string {
+	if p.Count == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f/%.1f", p.P50, p.P99)
+}
+
+func pctText(p Percentiles) string {
+	return fmt.Sprintf("p50 %.2f  p90 %.2f  p99 %.2f  max %.2f ms", p.P50, p.P90, p.P99, p.Max)
+}
+
+// byNameText lists the largest per-job command counts, largest first.
+func byNameText(m map[string]float64) string {
+	type kv struct {
+		k string
+		v float64
+	}
+	var all []kv
+	for k, v := range m {
+		all = append(all, kv{k, v})
+	}
+	slices.SortFunc(all, func(a, b kv) int {
+		if a.v != b.v {
+			if a.v > b.v {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	var parts []string
+	for i, e := range all {
+		if i == 6 {
+			parts = append(parts, "…")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f", e.k, e.v))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// RunsMarker ends the runs table in BENCHMARKS.md; rows are inserted above it.
+const RunsMarker = "<!-- troupe bench: new rows go above this line -->"
+
+// Row is res as one line of BENCHMARKS.md's runs table. note (may be empty)
+// goes in the last column.
+func Row(res *Result, note string) string {
+	p := res.Params
+	mode := string(res.NodeMode)
+	params := fmt.Sprintf("%d jobs, %d w, %s", p.Jobs, p.Workers, rateText(p.Rate))
+	if p.DelayMs > 0 {
+		params += fmt.Sprintf(", delay %.0f ms", p.DelayMs)
+	}
+	cpu, rss := "–", "–"
+	if res.Node.Measured {
+		cpu = fmt.Sprintf("%.4f", res.Node.CPUSecPer1k)
+		rss = fmt.Sprintf("%.0f", float64(res.Node.PeakRSSBytes)/(1<<20))
+		if res.NodeMode == NodeInProcess {
+			cpu += "*"
+			rss += "*"
+		}
+	}
+	redis := "–"
+	switch {
+	case res.Redis.ClientMeasured && res.Redis.ServerMeasured:
+		redis = fmt.Sprintf("%.2f / %.2f / %.3f", res.Redis.ClientCommandsPerJob, res.Redis.ServerCommandsPerJob, res.Redis.RoundTripsPerJob)
+	case res.Redis.ServerMeasured:
+		redis = fmt.Sprintf("– / %.2f / –", res.Redis.ServerCommandsPerJob)
+	}
+	status := "ok"
+	if !res.OK {
+		status = "FAILED"
+	}
+	if res.Jobs.Duplicates > 0 {
+		status += fmt.Sprintf(", %d dup", res.Jobs.Duplicates)
+	}
+	cells := []string{
+		res.Started.Format("2006-01-02 15:04"), orUnknown(res.Env.Git), string(res.Target), mode, params,
+		fmt.Sprintf("%.0f", res.JobsPerSec),
+		fmt.Sprintf("%.2f / %.2f / %.2f / %.2f", res.DispatchMs.P50, res.DispatchMs.P90, res.DispatchMs.P99, res.DispatchMs.Max),
+		fmt.Sprintf("%.1f / %.1f / %.1f", res.SubmitToTerminalMs.P50, res.SubmitToTerminalMs.P99, res.SubmitToTerminalMs.Max),
+		cpu, rss, redis, fmt.Sprintf("%.2f", res.NATS.TotalPerJob), status,
+		fmt.Sprintf("%s; redis %s, nats %s", res.Env.Machine, res.Env.RedisVersion, res.Env.NATSVersion), note,
+	}
+	for i, c := range cells {
+		cells[i] = strings.ReplaceAll(c, "|", "/")
+	}
+	return "| " + strings.Join(cells, " | ") + " |"
+}
+
+// RowHeader is the runs table's header, matching Row.
+const RowHeader = "| date | git | target | node | parameters | jobs/s | dispatch p50 / p90 / p99 / max ms | submit→terminal p50 / p99 / max ms | node CPU-s per 1k | node peak RSS MiB | Redis cmds/job client / server / round trips | NATS msgs/job | result | machine | note |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+
+// AppendRows inserts rows above RunsMarker in the file at path.
+func AppendRows(path string, rows ...string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(b)
+	i := strings.Index(s, RunsMarker)
+	if i < 0 {
+		return fmt.Errorf("bench: %s has no runs marker %q", path, RunsMarker)
+	}
+	var add strings.Builder
+	for _, r := range rows {
+		add.WriteString(r)
+		add.WriteByte('\n')
+	}
+	s = s[:i] + add.String() + s[i:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}

@@ -1,0 +1,170 @@
+package bench
+
+import "time"
+
+// Result is everything one run measured; it is written as JSON as is.
+type Result struct {
+	Target   Target    `json:"target"`
+	NodeMode NodeMode  `json:"node_mode"`
+	RunID    string    `json:"run_id"`
+	Started  time.Time `json:"started"`
+	Params   Params    `json:"params"`
+	Env      Env       `json:"env"`
+
+	// OK is false when any job did not end SUCCEEDED, any job was received
+	// twice, or the run timed out; Failures says why.
+	OK       bool     `json:"ok"`
+	Failures []string `json:"failures,omitempty"`
+	// Notes qualify figures (shared servers, scopes, what was not measured).
+	Notes []string `json:"notes,omitempty"`
+
+	Jobs Jobs `json:"jobs"`
+
+	// DurationSec runs from the first submit to the last terminal write.
+	DurationSec float64 `json:"duration_s"`
+	JobsPerSec  float64 `json:"jobs_per_s"`
+
+	// DispatchMs is submit → first receipt by a worker, both on the bench's
+	// monotonic clock.
+	DispatchMs Percentiles `json:"dispatch_ms"`
+	// SubmitToTerminalMs is submit → the node's terminal write (see observe.go).
+	SubmitToTerminalMs Percentiles `json:"submit_to_terminal_ms"`
+	// Stages split the path (history timestamps, 1 ms resolution).
+	Stages Stages `json:"stages"`
+
+	DispatchHist Histogram `json:"dispatch_hist"`
+	TerminalHist Histogram `json:"submit_to_terminal_hist"`
+	Timeline     Timeline  `json:"timeline"`
+
+	Node    NodeCost    `json:"node"`
+	Redis   RedisCost   `json:"redis"`
+	NATS    NATSCost    `json:"nats"`
+	Harness HarnessCost `json:"harness"`
+
+	// PerWorker is how many requests each simulated worker received.
+	PerWorker []int64 `json:"per_worker"`
+
+	Files Files `json:"files,omitempty"`
+}
+
+// Params are the run's inputs.
+type Params struct {
+	Jobs      int     `json:"jobs"`
+	Workers   int     `json:"workers"`
+	Rate      float64 `json:"rate_per_s"` // 0 = full speed
+	DelayMs   float64 `json:"delay_ms"`
+	Warmup    int     `json:"warmup"`
+	Topic     string  `json:"topic"`
+	Window    int     `json:"submit_window"`
+	Heartbeat string  `json:"heartbeat"`
+}
+
+// Env describes where the run happened.
+type Env struct {
+	Machine      Machine `json:"machine"`
+	RedisVersion string  `json:"redis_version"`
+	NATSVersion  string  `json:"nats_version"`
+	Git          string  `json:"git,omitempty"`
+}
+
+// Jobs counts outcomes.
+type Jobs struct {
+	Submitted int `json:"submitted"`
+	// SubmitFailed jobs could not be published.
+	SubmitFailed int `json:"submit_failed"`
+	Received     int `json:"received"` // distinct jobs a worker received
+	Answered     int `json:"answered"`
+	Terminal     int `json:"terminal"`
+	Succeeded    int `json:"succeeded"`
+	NotTerminal  int `json:"not_terminal"`
+	// NotSucceeded are terminal in another state.
+	NotSucceeded int `json:"not_succeeded"`
+	// Duplicates are jobs some worker received more than once.
+	Duplicates    int `json:"duplicates"`
+	NeverReceived int `json:"never_received"`
+	// FinalStates counts every job's state as read back from Redis.
+	FinalStates map[string]int `json:"final_states"`
+}
+
+// Stages split submit → terminal. Times mix the bench's clock and the node's
+// history timestamps (same host clock, 1 ms resolution).
+type Stages struct {
+	SubmitToRecordMs     Percentiles `json:"submit_to_record_ms"`     // submit → record created (PENDING)
+	RecordToDispatchedMs Percentiles `json:"record_to_dispatched_ms"` // → DISPATCHED written
+	AnswerToTerminalMs   Percentiles `json:"answer_to_terminal_ms"`   // worker's result publish → terminal written
+}
+
+// NodeCost is what the node spent.
+type NodeCost struct {
+	Scope string `json:"scope"`
+	PID   int    `json:"pid,omitempty"`
+	// CPUSec over the measured window; CPUSecPer1k = CPUSec / jobs × 1000.
+	CPUSec      float64 `json:"cpu_s"`
+	CPUSecPer1k float64 `json:"cpu_s_per_1k_jobs"`
+	// PeakRSSBytes is the process's VmHWM at the end (its peak since start).
+	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+	// IdleCPUPerSec is the node's CPU use with no jobs (CPU-ms per second,
+	// read over IdleWindow before the measured jobs): its fixed cost, which
+	// dominates CPU per job at low rates.
+	IdleCPUMsPerSec float64 `json:"idle_cpu_ms_per_s"`
+	// GCs and allocations are the Go runtime's own counts (child and inproc).
+	MemMeasured      bool    `json:"mem_measured"`
+	GCs              uint32  `json:"gcs"`
+	AllocBytesPerJob float64 `json:"alloc_bytes_per_job"`
+	MallocsPerJob    float64 `json:"mallocs_per_job"`
+	Measured         bool    `json:"measured"`
+}
+
+// RedisCost is the Redis traffic of the measured jobs.
+type RedisCost struct {
+	// Client-side, counted by a go-redis hook on the node's own client
+	// (child and inproc modes): commands as sent (EVALSHA = 1) and round
+	// trips (a pipeline = 1).
+	ClientMeasured       bool               `json:"client_measured"`
+	ClientCommandsPerJob float64            `json:"client_commands_per_job"`
+	RoundTripsPerJob     float64            `json:"round_trips_per_job"`
+	ClientByName         map[string]float64 `json:"client_by_name_per_job,omitempty"`
+	// Server-side, from INFO commandstats: includes the commands Lua
+	// scripts run; the bench's own commands are subtracted, but any other
+	// client of the same server during the run is included.
+	ServerMeasured       bool               `json:"server_measured"`
+	ServerCommandsPerJob float64            `json:"server_commands_per_job"`
+	ServerByName         map[string]float64 `json:"server_by_name_per_job,omitempty"`
+	// ServerCPUSecPer1k is Redis's used_cpu_user+sys over the window.
+	ServerCPUSecPer1k float64 `json:"server_cpu_s_per_1k_jobs"`
+}
+
+// NATSCost counts NATS messages on the client side (the system NATS has no
+// monitoring port): every message each connection sent or received.
+type NATSCost struct {
+	NodeMeasured   bool    `json:"node_measured"`
+	NodeInPerJob   float64 `json:"node_in_per_job"`
+	NodeOutPerJob  float64 `json:"node_out_per_job"`
+	BenchInPerJob  float64 `json:"bench_in_per_job"`
+	BenchOutPerJob float64 `json:"bench_out_per_job"`
+	TotalPerJob    float64 `json:"total_per_job"`
+	// ServerCPUSecPer1k is the nats-server process's CPU, when exactly one
+	// runs on this host.
+	ServerCPUSecPer1k float64 `json:"server_cpu_s_per_1k_jobs,omitempty"`
+}
+
+// HarnessCost is the bench process's own CPU (with an in-process node, it
+// includes the node).
+type HarnessCost struct {
+	CPUSecPer1k float64 `json:"cpu_s_per_1k_jobs"`
+}
+
+// Files are the outputs written for the run.
+type Files struct {
+	JSON       string `json:"json,omitempty"`
+	PNG        string `json:"png,omitempty"`
+	CPUProfile string `json:"cpu_profile,omitempty"`
+}
+
+// Comparison is a Troupe run and a floor run from the same invocation.
+type Comparison struct {
+	Troupe *Result `json:"troupe"`
+	Floor  *Result `json:"floor"`
+	// OfFloor is Troupe's throughput as a fraction of the floor's.
+	OfFloor float64 `json:"of_floor"`
+}

@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
+)
+
+// fleet is W simulated CAP workers sharing one NATS connection. Each is what a
+// CAP SDK worker looks like on the wire — heartbeats on sys.heartbeat, a queue
+// subscription on its pool subject (queue group = subject), a subscription on
+// worker.<id>.jobs, a JobResult published with a core publish — but does no
+// work: it answers SUCCEEDED at once, or after delay. The shared connection
+// keeps the harness's own cost per job small, since it shares the CPU with the
+// node under test.
+type fleet struct {
+	// Immutable after startFleet.
+	nc      *nats.Conn
+	subj    bus.Subjects
+	ids     []string
+	pool    string
+	topic   string
+	delay   time.Duration
+	tracker *tracker
+
+	// Shared and safe.
+	active  []atomic.Int32 // jobs a worker holds (received, not yet answered)
+	perWkr  []atomic.Int64 // receipts per worker
+	pubErrs atomic.Int64
+
+	subs   []*nats.Subscription
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	timers sync.WaitGroup // delayed answers still pending
+}
+
+// workerIDPrefix names simulated workers bw0, bw1, ...: no '.', so each id is
+// one token of worker.<id>.jobs.
+const workerIDPrefix = "bw"
+
+func workerIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = workerIDPrefix + strconv.Itoa(i)
+	}
+	return ids
+}
+
+func startFleet(nc *nats.Conn, subj bus.Subjects, n int, pool, topic string, delay, heartbeat time.Duration,
+	tr *tracker) (*fleet, error) {
+	f := &fleet{nc: nc, subj: subj, ids: workerIDs(n), pool: pool, topic: topic, delay: delay, tracker: tr,
+		active: make([]atomic.Int32, n), perWkr: make([]atomic.Int64, n), stop: make(chan struct{})}
+	poolSubj := subj.Pool(topic)
+	for w := range f.ids {
+		handler := func(m *nats.Msg) { f.onRequest(w, m) }
+		qs, err := nc.QueueSubscribe(poolSubj, poolSubj, handler)
+		if err != nil {
+			f.close()
+			return nil, fmt.Errorf("bench: worker %s: subscribe %s: %w", f.ids[w], poolSubj, err)
+		}
+		ds, err := nc.Subscribe(subj.Worker(f.ids[w]), handler)
+		if err != nil {
+			_ = qs.Unsubscribe()
+			f.close()
+			return nil, fmt.Errorf("bench: worker %s: subscribe direct: %w", f.ids[w], err)
+		}
+		// A burst at full speed can put tens of thousands of requests on one
+		// worker before it answers; the default pending limit (512k
+		// messages) is ample, but bytes are capped at 64 MiB — lift both so
+		// the harness never drops a request as a slow consumer.
+		for _, s := range []*nats.Subscription{qs, ds} {
+			_ = s.SetPendingLimits(-1, -1)
+		}
+		f.subs = append(f.subs, qs, ds)
+	}
+	if err := nc.Flush(); err != nil {
+		f.close()
+		return nil, fmt.Errorf("bench: workers flush: %w", err)
+	}
+	f.beat()
+	f.wg.Add(1)
+	go f.heartbeats(heartbeat)
+	return f, nil
+}
+
+// beat publishes one heartbeat per worker. max_parallel_jobs is 0 (no stated
+// limit), so the router never marks a simulated worker overloaded: the bench
+// measures the scheduler, not the overload policy.
+func (f *fleet) beat() {
+	for w, id := range f.ids {
+		data, err := bus.EncodeHeartbeat(id, &capv1.Heartbeat{
+			WorkerId: id, Pool: f.pool, Type: "troupe-bench", ActiveJobs: f.active[w].Load(),
+			Capabilities: []string{f.topic},
+			Labels:       map[string]string{registry.LabelDispatch: registry.DispatchDirect},
+		})
+		if err == nil {
+			_ = f.nc.Publish(f.subj.Heartbeat, data)
+		}
+	}
+}
+
+func (f *fleet) heartbeats(every time.Duration) {
+	defer f.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-t.C:
+			f.beat()
+		}
+	}
+}
+
+// onRequest is the hot path of a simulated worker: note the receipt time
+// first (before decoding, so the harness's own decode is not billed to the
+// node), then answer.
+func (f *fleet) onRequest(w int, m *nats.Msg) {
+	at := f.tracker.now()
+	pkt, err := bus.Decode(m.Data)
+	req := pkt.GetJobRequest()
+	if err != nil || req == nil {
+		f.tracker.badPackets.Add(1)
+		return
+	}
+	f.perWkr[w].Add(1)
+	i := f.tracker.markReceived(req.JobId, at)
+	if f.delay <= 0 {
+		f.answer(w, i, pkt.TraceId, req.JobId)
+		return
+	}
+	f.active[w].Add(1)
+	f.timers.Add(1)
+	time.AfterFunc(f.delay, func() {
+		defer f.timers.Done()
+		f.active[w].Add(-1)
+		f.answer(w, i, pkt.TraceId, req.JobId)
+	})
+}
+
+// answer publishes a SUCCEEDED JobResult, as a CAP worker does: core
+// publish; the result stream captures the subject.
+func (f *fleet) answer(w, i int, trace, jobID string) {
+	data, err := bus.EncodeResult(trace, f.ids[w], &capv1.JobResult{
+		JobId: jobID, Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: f.ids[w],
+		ResultPtr: "redis://res:" + jobID, ExecutionMs: f.delay.Milliseconds(),
+	})
+	if err == nil {
+		err = f.nc.Publish(f.subj.Result, data)
+	}
+	if err != nil {
+		f.pubErrs.Add(1)
+		return
+	}
+	if i >= 0 {
+		f.tracker.markAnswered(i)
+	}
+}
+
+// perWorker returns the receipts of each worker.
+func (f *fleet) perWorker() []int64 {
+	out := make([]int64, len(f.perWkr))
+	for i := range f.perWkr {
+		out[i] = f.perWkr[i].Load()
+	}
+	return out
+}
+
+// close unsubscribes and stops heartbeating; delayed answers still pending
+// are sent (bounded by the delay).
+func (f *fleet) close() {
+	for _, s := range f.subs {
+		_ = s.Unsubscribe()
+	}
+	select {
+	case <-f.stop:
+	default:
+		close(f.stop)
+	}
+	f.wg.Wait()
+	f.timers.Wait()
+}
