@@ -208,7 +208,7 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 			j.claimIdempotency(c, key)
 			return
 		}
-		j.activate(c, true)
+		j.decideFresh(c)
 	case *Result:
 		if j.traceID == "" {
 			j.traceID = m.TraceID
@@ -230,7 +230,7 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		}
 	case *Wake:
 		if !j.activated {
-			j.activate(c, false)
+			j.activate(c, false, nil, nil, nil)
 		}
 	case *wake:
 		j.advance(c)
@@ -241,7 +241,7 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 // one; the event is handled once the job's state is known.
 func (j *JobActor) activateFor(c actor.Context, m interface{}) {
 	j.deferred = append([]interface{}{m}, j.deferred...)
-	j.activate(c, false)
+	j.activate(c, false, nil, nil, nil)
 }
 
 // absorb handles an event that reaches the actor after it finished.
@@ -284,33 +284,74 @@ func (j *JobActor) claimIdempotency(c actor.Context, key string) {
 			j.finish(c)
 			return
 		}
-		j.activate(c, true)
+		j.decideFresh(c)
 	})
 }
 
-// activate takes the job's lock and learns its state.
-func (j *JobActor) activate(c actor.Context, create bool) {
+// decideFresh makes the first decision about a submitted job before its
+// record exists — policy, then placement — so that creating the record and
+// applying that decision (typically PENDING → SCHEDULED → DISPATCHED) is one
+// script call. If the job turns out to exist already, the decision is
+// dropped and the job continues from its record.
+func (j *JobActor) decideFresh(c actor.Context) {
+	j.state = core.StatePending
+	j.checkPolicy(c)
+}
+
+// apply writes t for an active job, or creates the job with t as its plan.
+// k runs only if t was applied.
+func (j *JobActor) apply(c actor.Context, t *store.Transition, dlq *store.DLQEntry,
+	k func(c actor.Context)) {
+	if j.activated {
+		j.transition(c, t, dlq, k)
+		return
+	}
+	j.activate(c, true, t, dlq, k)
+}
+
+// activate takes the job's lock and learns its state. With create, a
+// missing job is created and plan (if any) applied to it in the same call,
+// and then k runs; a job that already exists continues from its record.
+func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition, dlq *store.DLQEntry,
+	k func(c actor.Context)) {
 	op := &store.Op{Kind: store.OpActivate, JobID: j.id, Node: j.env.NodeID, Create: create, TraceID: j.traceID}
 	if create && j.req != nil {
 		op.Topic = j.req.Topic
 		op.Tenant = safety.TenantOf(j.req)
 		op.Request, _ = proto.Marshal(j.req)
+		op.T, op.DLQ = plan, dlq
 	}
 	j.write(c, op, func(c actor.Context, r *store.Result) {
 		switch r.Status {
-		case store.ActivateCreated, store.ActivateAdopted:
+		case store.ActivateCreated:
+			j.activated = true
+			j.created = time.Now()
+			j.env.Metrics.ActivationDelay.Observe(time.Since(j.firstEvent).Seconds())
+			j.env.Metrics.Received.Inc()
+			j.state, j.fence = r.State, r.Fence
+			if plan == nil || plan.LockKept() {
+				j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
+			}
+			if j.state.Terminal() {
+				j.env.Metrics.Completed.WithLabelValues(string(j.state)).Inc()
+			}
+			j.ackAll()
+			if plan == nil {
+				j.advance(c)
+				return
+			}
+			if k != nil {
+				k(c)
+			}
+			if (j.state.Terminal() || plan.Release) && !j.done {
+				j.finish(c)
+			}
+		case store.ActivateAdopted:
 			j.activated = true
 			j.env.Metrics.ActivationDelay.Observe(time.Since(j.firstEvent).Seconds())
 			j.state, j.fence = r.State, r.Fence
-			j.lockValue = store.LockValue(j.env.NodeID, r.Fence)
-			self, root, lv := c.Self(), j.env.Root, j.lockValue
-			j.env.Renewer.Hold(j.id, lv, func() { root.Send(self, &lockLost{lockValue: lv}) })
-			if r.Status == store.ActivateCreated {
-				j.created = time.Now()
-				j.env.Metrics.Received.Inc()
-			} else {
-				j.adopt(r.Fields)
-			}
+			j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
+			j.adopt(r.Fields)
 			j.ackAll()
 			j.advance(c)
 		case store.ActivateTerminal:
@@ -319,9 +360,9 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 			j.finish(c)
 		case store.ActivateBusy:
 			// Another node owns the job. Submits are duplicates of a live
-			// job; results and cancels must reach the owner, so they go back
-			// to JetStream (finish → absorb → nak). A lock with no record
-			// behind it is not a live job: the submit goes back too.
+			// job; results and cancels go to the owner (or back to
+			// JetStream). A lock with no record behind it is not a live job:
+			// the submit goes back too.
 			j.state = r.State
 			if r.State == "" {
 				for _, d := range j.acks {
@@ -336,6 +377,13 @@ func (j *JobActor) activate(c actor.Context, create bool) {
 			j.unknownJob(c)
 		}
 	})
+}
+
+// hold records that the actor owns the job's lock and registers it for renewal.
+func (j *JobActor) hold(c actor.Context, lockValue string) {
+	j.lockValue = lockValue
+	self, root := c.Self(), j.env.Root
+	j.env.Renewer.Hold(j.id, lockValue, func() { root.Send(self, &lockLost{lockValue: lockValue}) })
 }
 
 // forwardToOwner passes the results and cancels waiting here to the node
@@ -471,7 +519,8 @@ func (j *JobActor) advance(c actor.Context) {
 	}
 }
 
-// checkPolicy asks the input policy about a PENDING job.
+// checkPolicy asks the input policy about a PENDING job (or a submitted job
+// not yet created).
 func (j *JobActor) checkPolicy(c actor.Context) {
 	if j.req == nil {
 		j.fail(c, core.ReasonInvalidRequest, "job record has no request", "")
@@ -501,14 +550,14 @@ func (j *JobActor) checkPolicy(c actor.Context) {
 // the lock is released and the actor stops. An approval (store.Decide) makes
 // the job due, and whichever replica's due poller sees it wakes the job.
 func (j *JobActor) requestApproval(c actor.Context, dec *capv1.PolicyCheckResponse) {
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending), To: core.StateApprovalRequired,
-		Reason: core.ReasonApprovalRequired, Release: true, Due: -1,
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending),
+		Path:    []store.Hop{{To: core.StateApprovalRequired, Reason: core.ReasonApprovalRequired}},
+		Release: true, Due: -1,
 		Fields: []string{"job_hash", safety.HashJobRequest(j.req), "rule_id", dec.RuleId,
-			"policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot}}},
-		nil, func(c actor.Context, r *store.Result) {
+			"policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot}},
+		nil, func(c actor.Context) {
 			j.env.Log.Info("job waits for approval", "job_id", j.id, "trace_id", j.traceID,
 				"topic", j.req.GetTopic(), "rule_id", dec.RuleId)
-			j.finish(c)
 		})
 }
 
@@ -522,9 +571,9 @@ func (j *JobActor) resumeApproval(c actor.Context) {
 			j.deny(c, core.ReasonApprovalHashMismatch, "the job changed after approval was requested", by)
 			return
 		}
-		j.transition(c, []store.Step{{Expect: store.Expect(core.StateApprovalRequired), To: core.StateScheduled,
-			Reason: core.ReasonApprovalGranted, Due: -1, Fields: by}}, nil,
-			func(c actor.Context, r *store.Result) { j.askRouter(c) })
+		j.transition(c, &store.Transition{Expect: store.Expect(core.StateApprovalRequired),
+			Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonApprovalGranted}}, Due: -1, Fields: by}, nil,
+			func(c actor.Context) { j.askRouter(c) })
 	case store.DecisionRejected:
 		j.deny(c, core.ReasonApprovalRejected, f["approval_reason"], by)
 	default:
@@ -545,10 +594,10 @@ func (j *JobActor) passivate(c actor.Context) {
 
 func (j *JobActor) deny(c actor.Context, reason core.Reason, detail string, fields []string) {
 	entry := j.dlqEntry(reason, detail, "")
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending, core.StateScheduled,
-		core.StateApprovalRequired), To: core.StateDenied, Reason: reason, Terminal: true,
-		Fields: append(fields, "error_code", string(reason), "error_message", detail)}}, entry,
-		func(c actor.Context, r *store.Result) {
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled, core.StateApprovalRequired),
+		Path:   []store.Hop{{To: core.StateDenied, Reason: reason}},
+		Fields: append(fields, "error_code", string(reason), "error_message", detail)}, entry,
+		func(c actor.Context) {
 			j.env.Log.Info("job denied", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"reason", reason, "detail", detail)
 			publishDLQ(j.env, entry)
@@ -567,35 +616,34 @@ func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
 		j.placementFailed(c, p)
 		return
 	}
-	steps := make([]store.Step, 0, 2)
+	path := make([]store.Hop, 0, 2)
 	if j.state == core.StatePending {
-		steps = append(steps, store.Step{Expect: store.Expect(core.StatePending), To: core.StateScheduled,
-			Reason: core.ReasonAllowed})
+		path = append(path, store.Hop{To: core.StateScheduled, Reason: core.ReasonAllowed})
 	}
+	path = append(path, store.Hop{To: core.StateDispatched, Reason: core.ReasonDispatched})
 	j.attempts++
 	deadline, why := j.deadlineFor(core.StateDispatched)
-	steps = append(steps, store.Step{Expect: store.Expect(core.StateScheduled), To: core.StateDispatched,
-		Reason: core.ReasonDispatched, Due: deadline.UnixMilli(),
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
+		Due: deadline.UnixMilli(),
 		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
-			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}})
-	j.transition(c, steps, nil, func(c actor.Context, r *store.Result) {
-		j.worker, j.subject = p.WorkerID, p.Subject
-		j.deadline, j.deadlineWhy = deadline, why
-		data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
-		if err == nil {
-			err = j.env.Publish(p.Subject, data)
-		}
-		if err != nil {
-			j.env.Log.Warn("dispatch publish failed", "job_id", j.id, "trace_id", j.traceID, "subject", p.Subject, "err", err)
-			j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched), To: core.StateScheduled,
-				Reason: core.ReasonDispatchFailed, Due: -1}}, nil, func(c actor.Context, r *store.Result) {
-				j.retryLater(c, core.ReasonDispatchFailed)
-			})
-			return
-		}
-		j.env.Metrics.Dispatched.Inc()
-		j.arm(c, deadline)
-	})
+			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}}, nil,
+		func(c actor.Context) {
+			j.worker, j.subject = p.WorkerID, p.Subject
+			j.deadline, j.deadlineWhy = deadline, why
+			data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
+			if err == nil {
+				err = j.env.Publish(p.Subject, data)
+			}
+			if err != nil {
+				j.env.Log.Warn("dispatch publish failed", "job_id", j.id, "trace_id", j.traceID, "subject", p.Subject, "err", err)
+				j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched),
+					Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonDispatchFailed}}, Due: -1}, nil,
+					func(c actor.Context) { j.retryLater(c, core.ReasonDispatchFailed) })
+				return
+			}
+			j.env.Metrics.Dispatched.Inc()
+			j.arm(c, deadline)
+		})
 }
 
 // deadlineFor returns when a job entering state times out, and why: the
@@ -606,8 +654,12 @@ func (j *JobActor) deadlineFor(state core.State) (time.Time, core.Reason) {
 	if state == core.StateRunning {
 		at, why = now.Add(j.env.Timeouts.RunningFor(j.req.GetTopic())), core.ReasonRunningTimeout
 	}
-	if ms := j.req.GetBudget().GetDeadlineMs(); ms > 0 && !j.created.IsZero() {
-		if b := j.created.Add(time.Duration(ms) * time.Millisecond); b.Before(at) {
+	created := j.created
+	if created.IsZero() {
+		created = now // not yet written: it is being created now
+	}
+	if ms := j.req.GetBudget().GetDeadlineMs(); ms > 0 {
+		if b := created.Add(time.Duration(ms) * time.Millisecond); b.Before(at) {
 			at, why = b, core.ReasonDeadlineExceeded
 		}
 	}
@@ -633,9 +685,9 @@ func (j *JobActor) timeout(c actor.Context) {
 	if why == "" {
 		why = core.ReasonDispatchTimeout
 	}
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched, core.StateRunning), To: core.StateTimeout,
-		Reason: why, Terminal: true, Fields: []string{"error_code", string(why)}}}, nil,
-		func(c actor.Context, r *store.Result) {
+	j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning),
+		Path: []store.Hop{{To: core.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
+		func(c actor.Context) {
 			j.env.Metrics.Timeouts.WithLabelValues(string(why)).Inc()
 			j.env.Log.Info("job timed out", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"reason", why, "worker_id", j.worker)
@@ -676,12 +728,11 @@ func (j *JobActor) placementFailed(c actor.Context, p *router.PickReply) {
 	j.env.Metrics.Retries.WithLabelValues(string(p.Reason)).Inc()
 	// Record the attempt, its reason and when the job wakes (PENDING →
 	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
-	d := j.env.Backoff(j.attempts)
-	at := time.Now().Add(d)
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending, core.StateScheduled), To: core.StateScheduled,
-		Reason: p.Reason, Due: at.UnixMilli(),
-		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}}},
-		nil, func(c actor.Context, r *store.Result) { j.arm(c, at) })
+	at := time.Now().Add(j.env.Backoff(j.attempts))
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
+		nil, func(c actor.Context) { j.arm(c, at) })
 }
 
 // permanent reports whether a routing reason will not fix itself without a
@@ -694,8 +745,14 @@ func permanent(r core.Reason) bool {
 	return false
 }
 
-// retryLater waits and advances again without a state change.
+// retryLater waits and advances again without a state change. A submitted
+// job that is not yet created is created first (in PENDING), so its submit
+// can be acked and its wait survives this node.
 func (j *JobActor) retryLater(c actor.Context, why core.Reason) {
+	if !j.activated {
+		j.activate(c, true, nil, nil, nil) // advance() then decides again
+		return
+	}
 	j.attempts++
 	if j.attempts >= j.env.MaxSchedulingAttempts {
 		j.fail(c, core.ReasonMaxSchedulingRetries, "gave up after "+strconv.Itoa(j.attempts)+" attempts", why)
@@ -713,9 +770,9 @@ func (j *JobActor) fail(c actor.Context, reason core.Reason, detail string, last
 	if last != "" {
 		fields = append(fields, "last_reason", string(last))
 	}
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StatePending, core.StateScheduled,
-		core.StateApprovalRequired), To: core.StateFailed, Reason: reason, Terminal: true, Fields: fields}}, entry,
-		func(c actor.Context, r *store.Result) {
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled, core.StateApprovalRequired),
+		Path: []store.Hop{{To: core.StateFailed, Reason: reason}}, Fields: fields}, entry,
+		func(c actor.Context) {
 			j.env.Log.Warn("job failed", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"reason", reason, "last_reason", last, "detail", detail)
 			publishDLQ(j.env, entry)
@@ -726,10 +783,10 @@ func (j *JobActor) fail(c actor.Context, reason core.Reason, detail string, last
 // running timeout.
 func (j *JobActor) markRunning(c actor.Context) {
 	deadline, why := j.deadlineFor(core.StateRunning)
-	j.transition(c, []store.Step{{Expect: store.Expect(core.StateDispatched), To: core.StateRunning,
-		Reason: core.ReasonStarted, Due: deadline.UnixMilli(),
-		Fields: []string{"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}}},
-		nil, func(c actor.Context, r *store.Result) {
+	j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched),
+		Path: []store.Hop{{To: core.StateRunning, Reason: core.ReasonStarted}}, Due: deadline.UnixMilli(),
+		Fields: []string{"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}},
+		nil, func(c actor.Context) {
 			j.deadline, j.deadlineWhy = deadline, why
 			j.arm(c, deadline)
 		})
@@ -772,16 +829,15 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 	if res.ErrorCode != "" || res.ErrorMessage != "" {
 		fields = append(fields, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
 	}
-	steps := make([]store.Step, 0, 2)
+	path := make([]store.Hop, 0, 2)
 	if j.state == core.StateDispatched && to == core.StateSucceeded {
 		// The worker ran it: record RUNNING even if no progress was sent.
-		steps = append(steps, store.Step{Expect: store.Expect(core.StateDispatched), To: core.StateRunning,
-			Reason: core.ReasonStarted})
+		path = append(path, store.Hop{To: core.StateRunning, Reason: core.ReasonStarted})
 	}
-	steps = append(steps, store.Step{Expect: store.Expect(core.StateDispatched, core.StateRunning), To: to,
-		Reason: reason, Terminal: true, Fields: fields})
+	path = append(path, store.Hop{To: to, Reason: reason})
 	j.acks = append(j.acks, m.Delivery)
-	j.transition(c, steps, nil, func(c actor.Context, r *store.Result) {
+	j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning), Path: path,
+		Fields: fields}, nil, func(c actor.Context) {
 		j.env.Log.Debug("job finished", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(), "state", to)
 	})
 }
@@ -797,69 +853,65 @@ func (j *JobActor) onCancel(c actor.Context, m *Cancel) {
 		return
 	}
 	j.acks = append(j.acks, m.Delivery)
-	j.transition(c, []store.Step{{Expect: store.Expect(j.state), To: core.StateCancelled,
-		Reason: core.ReasonCancelRequested, Terminal: true,
-		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}}, nil,
-		func(c actor.Context, r *store.Result) {
+	j.transition(c, &store.Transition{Expect: store.Expect(j.state),
+		Path:   []store.Hop{{To: core.StateCancelled, Reason: core.ReasonCancelRequested}},
+		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
+		func(c actor.Context) {
 			j.env.Log.Info("job cancelled", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"by", m.C.GetRequestedBy())
 		})
 }
 
-// transition writes steps (each checked against the legal table first) and,
-// once they are durable, updates memory, acks pending deliveries and runs k.
+// transition writes t (each hop checked against the legal table first) and,
+// once it is durable, updates memory, acks pending deliveries and runs k.
 // A fenced write means another owner has the job: the actor stops at once.
-func (j *JobActor) transition(c actor.Context, steps []store.Step, dlq *store.DLQEntry,
-	k func(c actor.Context, r *store.Result)) {
+func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.DLQEntry, k func(c actor.Context)) {
 	from := j.state
-	for _, s := range steps {
-		if !Legal(from, s.To) {
-			err := &ErrIllegalTransition{From: from, To: s.To}
+	for _, h := range t.Path {
+		if !Legal(from, h.To) {
+			err := &ErrIllegalTransition{From: from, To: h.To}
 			j.env.Log.Error("refusing transition", "job_id", j.id, "trace_id", j.traceID, "err", err)
 			j.ackAll()
 			return
 		}
-		from = s.To
+		from = h.To
 	}
-	op := &store.Op{Kind: store.OpTransition, JobID: j.id, Node: j.env.NodeID, LockValue: j.lockValue,
-		Steps: steps, DLQ: dlq}
+	op := &store.Op{Kind: store.OpTransition, JobID: j.id, Node: j.env.NodeID, LockValue: j.lockValue, T: t, DLQ: dlq}
 	j.write(c, op, func(c actor.Context, r *store.Result) {
-		for i, sr := range r.Steps {
-			switch sr.Status {
-			case store.StepOK:
-				j.state = steps[i].To
-				if steps[i].Terminal || steps[i].Release {
-					j.env.Renewer.Forget(j.id, j.lockValue)
-					j.lockValue = ""
-				}
-				if steps[i].Terminal {
-					j.env.Metrics.Completed.WithLabelValues(string(j.state)).Inc()
-				}
-			case store.StepFenced:
-				j.env.Metrics.Fenced.Inc()
-				j.env.Log.Warn("transition refused: job owned by another node", "job_id", j.id,
-					"trace_id", j.traceID, "to", steps[i].To, "owner", sr.Before)
+		switch r.Step {
+		case store.StepOK:
+			j.state = t.Final()
+			if !t.LockKept() {
+				j.env.Renewer.Forget(j.id, j.lockValue)
 				j.lockValue = ""
-				for _, d := range j.acks {
-					nak(d, time.Second)
-				}
-				j.acks = j.acks[:0]
-				j.finish(c)
-				return
-			default:
-				j.env.Log.Error("transition conflict", "job_id", j.id, "trace_id", j.traceID,
-					"to", steps[i].To, "status", sr.Status, "state_in_redis", sr.Before)
-				if sr.Before.Valid() {
-					j.state = sr.Before
-				}
-				j.ackAll()
-				j.finish(c)
-				return
 			}
+			if j.state.Terminal() {
+				j.env.Metrics.Completed.WithLabelValues(string(j.state)).Inc()
+			}
+		case store.StepFenced:
+			j.env.Metrics.Fenced.Inc()
+			j.env.Log.Warn("transition refused: job owned by another node", "job_id", j.id,
+				"trace_id", j.traceID, "to", t.Final(), "owner", r.Before)
+			j.lockValue = ""
+			for _, d := range j.acks {
+				nak(d, time.Second)
+			}
+			j.acks = j.acks[:0]
+			j.finish(c)
+			return
+		default:
+			j.env.Log.Error("transition conflict", "job_id", j.id, "trace_id", j.traceID,
+				"to", t.Final(), "status", r.Step, "state_in_redis", r.Before)
+			if r.Before.Valid() {
+				j.state = r.Before
+			}
+			j.ackAll()
+			j.finish(c)
+			return
 		}
 		j.ackAll()
-		k(c, r)
-		if j.state.Terminal() && !j.done {
+		k(c)
+		if (j.state.Terminal() || t.Release) && !j.done {
 			j.finish(c)
 		}
 	})

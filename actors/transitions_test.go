@@ -84,15 +84,16 @@ func TestEveryTransition(t *testing.T) {
 			if from == core.StatePending {
 				wrong = core.StateRunning
 			}
+			hop := []store.Hop{{To: to, Reason: "test"}}
 			r := run(&store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: "n|1",
-				Steps: []store.Step{{Expect: store.Expect(wrong), To: to, Reason: "test"}}})
-			if r.Steps[0].Status != store.StepConflict {
-				t.Errorf("%s→%s from the wrong expected state: %v", from, to, r.Steps[0].Status)
+				T: &store.Transition{Expect: store.Expect(wrong), Path: hop}})
+			if r.Step != store.StepConflict {
+				t.Errorf("%s→%s from the wrong expected state: %v", from, to, r.Step)
 			}
 			r = run(&store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: "n|1",
-				Steps: []store.Step{{Expect: store.Expect(from), To: to, Reason: "test", Terminal: to.Terminal()}}})
-			if r.Steps[0].Status != store.StepOK {
-				t.Errorf("%s→%s: %v", from, to, r.Steps[0].Status)
+				T: &store.Transition{Expect: store.Expect(from), Path: hop}})
+			if r.Step != store.StepOK {
+				t.Errorf("%s→%s: %v", from, to, r.Step)
 			}
 			rec, err := s.GetJob(ctx, id)
 			if err != nil || rec.State != to {

@@ -1,9 +1,28 @@
 // Package registry keeps the live view of workers built from CAP heartbeats.
 // A Registry is owned by one goroutine (the router actor) and is not safe for
 // concurrent use.
+//
+// Besides the id → worker map, the registry keeps one placement index per
+// pool: a binary min-heap of the workers that may take work now, ordered by
+// load score with a random secondary key (see Worker.Before). The router
+// reads the heap's top instead of scanning the pool, so a pick costs
+// O(log n). Label selectors (selector.go) add the same kind of index per
+// label set that jobs ask for.
+//
+// A worker is in exactly one of three places inside each index it is in:
+//   - the heap (eligible: not overloaded, not known to be stale),
+//   - the overloaded set (counted only; it re-enters the heap when a
+//     heartbeat or a threshold change says it has room),
+//   - the stale set (counted only; the router found it past its deadline at
+//     pick time and pulled it out; a heartbeat brings it back, the sweep
+//     evicts it).
 package registry
 
 import (
+	"hash/maphash"
+	"math"
+	"math/rand/v2"
+	"sort"
 	"strings"
 	"time"
 
@@ -14,35 +33,137 @@ import (
 // workers beat every 5 s, so 30 s tolerates five lost beats.
 const TTLDefault = 30 * time.Second
 
-// LabelDispatch is the heartbeat label by which a worker says how it wants
-// jobs delivered. LabelDispatch=DispatchDirect means the worker subscribes to
-// worker.<id>.jobs and the router may send it jobs there; any other value, or
-// none (stock CAP SDK workers), means the worker only listens on its pool
-// subject (the job's topic), so Troupe publishes there.
+// MissedIntervals is how many heartbeat intervals a worker whose interval is
+// known may miss before it is stale. Its deadline is last beat +
+// (MissedIntervals + ½) intervals: the half interval absorbs network and
+// mailbox jitter, so a worker is stale once its third beat is clearly late,
+// not the instant it is due.
+const MissedIntervals = 3
+
+// LearnedTTLFloor bounds an interval-derived TTL from below. A heartbeat
+// crosses NATS, intake and the router's mailbox; under load and GC that can
+// take a good part of a second, and a TTL shorter than this would make a
+// healthy fast-beating worker flap between live and stale.
+const LearnedTTLFloor = 2 * time.Second
+
+// gapWindow is how many recent heartbeat gaps are kept to learn a worker's
+// interval. The interval is the largest of them, so one extra out-of-band
+// beat cannot shrink the TTL; a real change of interval is picked up after
+// gapWindow beats.
+const gapWindow = 4
+
+// minGapsToLearn: one gap may be a beat sent early on a state change;
+// two consecutive gaps are needed before the registry trusts an interval.
+const minGapsToLearn = 2
+
+// Heartbeat labels with a meaning to the registry.
 const (
+	// LabelDispatch is the heartbeat label by which a worker says how it
+	// wants jobs delivered. LabelDispatch=DispatchDirect means the worker
+	// subscribes to worker.<id>.jobs and the router may send it jobs there;
+	// any other value, or none (stock CAP SDK workers), means the worker only
+	// listens on its pool subject (the job's topic), so Troupe publishes there.
 	LabelDispatch  = "troupe.dispatch"
 	DispatchDirect = "direct"
+
+	// LabelHeartbeatInterval lets a worker announce its heartbeat interval
+	// (a Go duration such as "5s"). CAP's Heartbeat has no field for it. An
+	// announced interval wins over a learned one.
+	LabelHeartbeatInterval = "troupe.heartbeat_interval"
 )
 
-// Worker is one live worker as the registry sees it.
+// Overload thresholds applied when a pool sets none (CAP's reference values).
+const (
+	ActiveRatioDefault = 0.9 // (active+dispatched)/max_parallel
+	CPULoadMaxDefault  = 90  // percent
+	GPUUtilMaxDefault  = 90  // percent
+)
+
+// Thresholds say when a pool's worker is overloaded: at or above any of
+// them. A zero field takes its default.
+type Thresholds struct {
+	// ActiveRatio bounds (active_jobs+dispatched)/max_parallel_jobs, checked
+	// only for workers that report max_parallel_jobs > 0. In (0, 1].
+	ActiveRatio float64
+	// CPULoad and GPUUtil bound the reported percentages. In (0, 100].
+	CPULoad float32
+	GPUUtil float32
+}
+
+// WithDefaults fills zero fields with the defaults.
+func (t Thresholds) WithDefaults() Thresholds {
+	if t.ActiveRatio <= 0 {
+		t.ActiveRatio = ActiveRatioDefault
+	}
+	if t.CPULoad <= 0 {
+		t.CPULoad = CPULoadMaxDefault
+	}
+	if t.GPUUtil <= 0 {
+		t.GPUUtil = GPUUtilMaxDefault
+	}
+	return t
+}
+
+type placement uint8
+
+const (
+	placedNone placement = iota
+	placedHeap
+	placedOverloaded
+	placedStale
+)
+
+// Worker is one worker as the registry sees it. Exported fields are read-only
+// outside the registry (the router's DirectSubject cache excepted).
 type Worker struct {
-	ID           string
-	Pool         string
-	Region       string
-	Type         string
-	CPULoad      float32
-	GPUUtil      float32
-	ActiveJobs   int32 // as last reported by the worker
-	MaxParallel  int32
-	Capabilities []string
-	Labels       map[string]string
-	Direct       bool
-	LastSeen     time.Time
+	// The fields a pick reads and writes come first, together, so a pick
+	// touches two cache lines of the chosen worker rather than five; at 10k
+	// workers the registry no longer fits in L2 and those misses are most
+	// of a pick's cost.
+
+	deadline time.Time // live while now is before it
+	// score and tie are the sort key (see Before); tie is redrawn on every
+	// score change.
+	score       float64
+	tie         uint32
+	placed      placement // the same in every index the worker is in
+	Direct      bool
+	ActiveJobs  int32 // as last reported by the worker
+	MaxParallel int32
 	// Dispatched counts jobs this node sent the worker since its last
 	// heartbeat, so a burst between two heartbeats spreads over the pool.
 	Dispatched int32
+	CPULoad    float32
+	GPUUtil    float32
+	// main is the worker's entry in its pool's index, sel its entries in
+	// the pool's label selectors.
+	main member
+	pool *poolIndex
+	sel  []member
+	// DirectSubject caches the worker's direct subject for the router, which
+	// sets it on first use so a pick does not build a string. The registry
+	// never reads it.
+	DirectSubject string
+	ID            string
 
-	poolPos int // index in its pool's slice
+	Pool         string
+	Region       string
+	Type         string
+	Capabilities []string
+	// Labels is the map from the last heartbeat. The registry replaces it on
+	// every beat and never mutates it, so a copy of the reference is safe to
+	// read from another goroutine.
+	Labels   map[string]string
+	LastSeen time.Time
+	// Interval is the heartbeat interval the worker announced or the
+	// registry learned; 0 while unknown.
+	Interval time.Duration
+
+	lastBeat time.Time // last real heartbeat; zero after hydration
+	gaps     [gapWindow]time.Duration
+	nGaps    int
+	gapPos   int
+	poolPos  int // index in its pool's members
 }
 
 // Load is the worker's score for least-loaded placement: lower is better.
@@ -50,13 +171,25 @@ func (w *Worker) Load() float64 {
 	return float64(w.ActiveJobs+w.Dispatched) + float64(w.CPULoad)/100 + float64(w.GPUUtil)/100
 }
 
-// Overloaded reports whether the worker should not take more work:
-// (active+dispatched)/max_parallel ≥ 0.9, cpu ≥ 90 or gpu ≥ 90.
-func (w *Worker) Overloaded() bool {
-	if w.MaxParallel > 0 && float64(w.ActiveJobs+w.Dispatched)/float64(w.MaxParallel) >= 0.9 {
+// Before orders workers for placement: lower score first, and between equal
+// scores the lower random key. Keys are redrawn whenever a score changes, so
+// among equal workers the first is a fair random draw.
+func (w *Worker) Before(o *Worker) bool {
+	return w.score < o.score || (w.score == o.score && w.tie < o.tie)
+}
+
+// Deadline is when the worker turns stale without another heartbeat.
+func (w *Worker) Deadline() time.Time { return w.deadline }
+
+// Overloaded reports whether the worker is overloaded under the default
+// thresholds. The router uses Registry.Overloaded, which applies the pool's.
+func (w *Worker) Overloaded() bool { return w.overloadedBy(Thresholds{}.WithDefaults()) }
+
+func (w *Worker) overloadedBy(t Thresholds) bool {
+	if w.MaxParallel > 0 && float64(w.ActiveJobs+w.Dispatched)/float64(w.MaxParallel) >= t.ActiveRatio {
 		return true
 	}
-	return w.CPULoad >= 90 || w.GPUUtil >= 90
+	return w.CPULoad >= t.CPULoad || w.GPUUtil >= t.GPUUtil
 }
 
 // HasLabels reports whether the worker's labels include every want pair.
@@ -69,11 +202,25 @@ func (w *Worker) HasLabels(want map[string]string) bool {
 	return true
 }
 
+// poolIndex is one pool's members, its placement index and its label
+// selectors.
+type poolIndex struct {
+	index
+	name       string
+	th         Thresholds // with defaults applied
+	members    []*Worker
+	selectors  map[uint64][]*selector // by label-set key; a slice for collisions
+	nSelectors int
+}
+
 // Registry maps worker ids to workers, with a per-pool index.
 type Registry struct {
-	ttl     time.Duration
-	workers map[string]*Worker
-	pools   map[string][]*Worker
+	ttl        time.Duration
+	workers    map[string]*Worker
+	pools      map[string]*poolIndex
+	thresholds map[string]Thresholds // as configured, defaults not applied
+	rnd        *rand.Rand
+	seed       maphash.Seed
 }
 
 // New returns an empty registry with liveness ttl (TTLDefault if ≤ 0).
@@ -81,56 +228,209 @@ func New(ttl time.Duration) *Registry {
 	if ttl <= 0 {
 		ttl = TTLDefault
 	}
-	return &Registry{ttl: ttl, workers: map[string]*Worker{}, pools: map[string][]*Worker{}}
+	return &Registry{ttl: ttl, workers: map[string]*Worker{}, pools: map[string]*poolIndex{},
+		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), seed: maphash.MakeSeed()}
 }
 
-// TTL returns the liveness TTL.
+// TTL returns the configured liveness TTL (the bound for every worker).
 func (r *Registry) TTL() time.Duration { return r.ttl }
 
-// Observe records a heartbeat seen at now and returns the worker.
+// Observe records a heartbeat seen at now and returns the worker. A
+// heartbeat always wins over what the registry held: it resets the
+// dispatch count, refreshes liveness and puts a stale worker back in play.
 func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
-	w, ok := r.workers[hb.WorkerId]
-	if !ok {
-		w = &Worker{ID: hb.WorkerId}
+	w := r.workers[hb.WorkerId]
+	if w == nil {
+		w = newWorker(hb.WorkerId)
 		r.workers[hb.WorkerId] = w
-	} else if w.Pool != hb.Pool {
-		r.removeFromPool(w)
-		ok = false
+	}
+	if w.pool != nil && w.Pool != hb.Pool {
+		r.detach(w)
+	}
+	relabel := w.pool != nil && !labelsEqual(w.Labels, hb.Labels)
+	if relabel {
+		r.unlinkSelectors(w)
 	}
 	w.Pool, w.Region, w.Type = hb.Pool, hb.Region, hb.Type
-	w.CPULoad, w.GPUUtil = hb.CpuLoad, hb.GpuUtilization
-	w.ActiveJobs, w.MaxParallel = hb.ActiveJobs, hb.MaxParallelJobs
+	w.CPULoad, w.GPUUtil = percent(hb.CpuLoad), percent(hb.GpuUtilization)
+	w.ActiveJobs, w.MaxParallel = max(hb.ActiveJobs, 0), hb.MaxParallelJobs
 	w.Capabilities, w.Labels = hb.Capabilities, hb.Labels
 	w.Direct = strings.EqualFold(hb.Labels[LabelDispatch], DispatchDirect)
-	w.LastSeen = now
 	w.Dispatched = 0
-	if !ok {
-		w.poolPos = len(r.pools[w.Pool])
-		r.pools[w.Pool] = append(r.pools[w.Pool], w)
+	r.learnInterval(w, now)
+	w.LastSeen, w.lastBeat = now, now
+	w.deadline = now.Add(r.ttlFor(w))
+	if w.pool == nil {
+		r.attach(w)
+	} else if relabel {
+		r.linkSelectors(w)
 	}
+	r.rekey(w)
+	r.place(w, r.wanted(w))
 	return w
+}
+
+func newWorker(id string) *Worker { return &Worker{ID: id} }
+
+// percent clamps a reported percentage so a bad heartbeat (NaN, negative)
+// cannot break the heap order.
+func percent(v float32) float32 {
+	if v != v || v < 0 { // NaN or negative
+		return 0
+	}
+	return float32(math.Min(float64(v), 100))
+}
+
+func (r *Registry) learnInterval(w *Worker, now time.Time) {
+	if s := w.Labels[LabelHeartbeatInterval]; s != "" {
+		if d, err := time.ParseDuration(s); err == nil && d > 0 {
+			w.Interval = d
+			return
+		}
+	}
+	if w.lastBeat.IsZero() {
+		return
+	}
+	gap := now.Sub(w.lastBeat)
+	if gap <= 0 {
+		return
+	}
+	w.gaps[w.gapPos] = gap
+	w.gapPos = (w.gapPos + 1) % gapWindow
+	if w.nGaps < gapWindow {
+		w.nGaps++
+	}
+	if w.nGaps < minGapsToLearn {
+		return
+	}
+	var longest time.Duration
+	for _, g := range w.gaps[:w.nGaps] {
+		longest = max(longest, g)
+	}
+	w.Interval = longest
+}
+
+// ttlFor is the worker's liveness window: the configured TTL, shortened to
+// MissedIntervals(+½) intervals when the interval is known.
+func (r *Registry) ttlFor(w *Worker) time.Duration {
+	if w.Interval <= 0 {
+		return r.ttl
+	}
+	t := w.Interval*MissedIntervals + w.Interval/2
+	t = max(t, LearnedTTLFloor)
+	return min(t, r.ttl)
 }
 
 // Get returns a worker by id, or nil.
 func (r *Registry) Get(id string) *Worker { return r.workers[id] }
 
-// Live reports whether w's last heartbeat is within the TTL at now.
-func (r *Registry) Live(w *Worker, now time.Time) bool { return now.Sub(w.LastSeen) < r.ttl }
+// Live reports whether w is within its liveness window at now.
+func (r *Registry) Live(w *Worker, now time.Time) bool { return now.Before(w.deadline) }
+
+// Overloaded reports whether w is overloaded under its pool's thresholds.
+func (r *Registry) Overloaded(w *Worker) bool {
+	if w.pool == nil {
+		return w.Overloaded()
+	}
+	return w.overloadedBy(w.pool.th)
+}
 
 // Pool returns the workers of pool (live or not yet swept). The slice is the
 // registry's own: callers must not keep or modify it.
-func (r *Registry) Pool(pool string) []*Worker { return r.pools[pool] }
+func (r *Registry) Pool(pool string) []*Worker {
+	if p := r.pools[pool]; p != nil {
+		return p.members
+	}
+	return nil
+}
+
+// Pools returns the names of pools that have workers, sorted.
+func (r *Registry) Pools() []string {
+	out := make([]string, 0, len(r.pools))
+	for name := range r.pools {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Top returns pool's first eligible worker in placement order (see
+// Worker.Before), or nil. Eligible means neither overloaded nor known
+// stale; the worker may still be past its deadline, which the caller
+// checks at pick time (and reports with MarkStale).
+func (r *Registry) Top(pool string) *Worker {
+	if p := r.pools[pool]; p != nil {
+		return p.top()
+	}
+	return nil
+}
+
+// OverloadedCount is how many of pool's workers are held out as overloaded.
+func (r *Registry) OverloadedCount(pool string) int {
+	if p := r.pools[pool]; p != nil {
+		return p.overloaded
+	}
+	return 0
+}
+
+// StaleCount is how many of pool's workers were found stale at pick time
+// and wait for a heartbeat or the sweep.
+func (r *Registry) StaleCount(pool string) int {
+	if p := r.pools[pool]; p != nil {
+		return p.stale
+	}
+	return 0
+}
+
+// MarkStale takes w out of placement until its next heartbeat. The router
+// calls it when a pick lands on a worker past its deadline, so later picks
+// do not meet it again.
+func (r *Registry) MarkStale(w *Worker) {
+	if w.pool != nil {
+		r.place(w, placedStale)
+	}
+}
+
+// CountDispatch records one job sent to w: it raises w's score so the next
+// pick prefers a less loaded worker, and may make w overloaded.
+func (r *Registry) CountDispatch(w *Worker) {
+	w.Dispatched++
+	if w.pool == nil {
+		return
+	}
+	r.rekey(w)
+	if w.placed == placedStale {
+		return
+	}
+	r.place(w, r.wanted(w))
+}
+
+// SetThresholds sets per-pool overload thresholds (pools absent from th get
+// the defaults) and re-places every worker under them.
+func (r *Registry) SetThresholds(th map[string]Thresholds) {
+	r.thresholds = th
+	for name, p := range r.pools {
+		p.th = th[name].WithDefaults()
+		for _, w := range p.members {
+			if w.placed != placedStale {
+				r.place(w, r.wanted(w))
+			}
+		}
+	}
+}
 
 // Len returns the number of known workers.
 func (r *Registry) Len() int { return len(r.workers) }
 
-// Sweep removes workers not seen within the TTL and returns them.
+// Sweep removes workers whose liveness window ended at or before now and
+// returns them. It also drops label selectors idle for SelectorIdle.
 func (r *Registry) Sweep(now time.Time) []*Worker {
+	r.dropIdleSelectors(now.Add(-SelectorIdle))
 	var gone []*Worker
 	for id, w := range r.workers {
 		if !r.Live(w, now) {
 			delete(r.workers, id)
-			r.removeFromPool(w)
+			r.detach(w)
 			gone = append(gone, w)
 		}
 	}
@@ -139,30 +439,79 @@ func (r *Registry) Sweep(now time.Time) []*Worker {
 
 // LivePerPool counts live workers by pool.
 func (r *Registry) LivePerPool(now time.Time) map[string]int {
-	out := map[string]int{}
-	for p, ws := range r.pools {
-		for _, w := range ws {
+	out := make(map[string]int, len(r.pools))
+	for name, p := range r.pools {
+		for _, w := range p.members {
 			if r.Live(w, now) {
-				out[p]++
+				out[name]++
 			}
 		}
 	}
 	return out
 }
 
-func (r *Registry) removeFromPool(w *Worker) {
-	ws := r.pools[w.Pool]
-	last := len(ws) - 1
-	if w.poolPos > last || ws[w.poolPos] != w {
+func (r *Registry) wanted(w *Worker) placement {
+	if w.overloadedBy(w.pool.th) {
+		return placedOverloaded
+	}
+	return placedHeap
+}
+
+// rekey gives w a new sort key; place then re-sorts it in every index.
+func (r *Registry) rekey(w *Worker) {
+	w.score, w.tie = w.Load(), r.rnd.Uint32()
+}
+
+func (r *Registry) attach(w *Worker) {
+	p := r.pools[w.Pool]
+	if p == nil {
+		p = &poolIndex{name: w.Pool, th: r.thresholds[w.Pool].WithDefaults()}
+		r.pools[w.Pool] = p
+	}
+	w.pool = p
+	w.main = p.add(w)
+	w.poolPos = len(p.members)
+	p.members = append(p.members, w)
+	r.linkSelectors(w)
+}
+
+func (r *Registry) detach(w *Worker) {
+	p := w.pool
+	if p == nil {
 		return
 	}
-	ws[w.poolPos] = ws[last]
-	ws[w.poolPos].poolPos = w.poolPos
-	ws[last] = nil
-	ws = ws[:last]
-	if len(ws) == 0 {
-		delete(r.pools, w.Pool)
-	} else {
-		r.pools[w.Pool] = ws
+	r.unlinkSelectors(w)
+	r.place(w, placedNone)
+	p.release(w.main.id)
+	w.main = member{}
+	last := len(p.members) - 1
+	p.members[w.poolPos] = p.members[last]
+	p.members[w.poolPos].poolPos = w.poolPos
+	p.members[last] = nil
+	p.members = p.members[:last]
+	w.pool = nil
+	if len(p.members) == 0 {
+		delete(r.pools, p.name)
 	}
+}
+
+// place moves w to where in every index it is in. Moving to where it
+// already is re-sorts it (its key may have changed).
+func (r *Registry) place(w *Worker, where placement) {
+	if w.placed == where {
+		if where == placedHeap {
+			w.main.ix.rekey(w.main.id)
+			for _, m := range w.sel {
+				m.ix.rekey(m.id)
+			}
+		}
+		return
+	}
+	w.main.ix.leave(w.main.id, w.placed)
+	w.main.ix.enter(w.main.id, where)
+	for _, m := range w.sel {
+		m.ix.leave(m.id, w.placed)
+		m.ix.enter(m.id, where)
+	}
+	w.placed = where
 }

@@ -1,15 +1,26 @@
 package router
 
 import (
+	"cmp"
 	"log/slog"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/registry"
 )
+
+// SweepEachDefault is how often the router evicts workers past their
+// liveness window. Eviction tells OnEvict which worker went away, so the
+// jobs sent to it can be re-dispatched; a second of delay is small next to
+// a TTL of several heartbeats, and a sweep of 10k workers costs well under
+// a millisecond of the router's time.
+const SweepEachDefault = time.Second
 
 // PickRequest asks the router for a worker. Send it with ctx.Request so the
 // reply (a *PickReply) comes back to the asking job actor as a message.
@@ -22,7 +33,7 @@ type PickRequest struct {
 }
 
 // PickReply answers a PickRequest: WorkerID and Subject on success, or a
-// Reason saying why there is no worker.
+// Reason saying why there is no worker (see Permanent for how to treat it).
 type PickReply struct {
 	Epoch    uint64
 	WorkerID string
@@ -37,11 +48,29 @@ type HeartbeatSeen struct {
 	At time.Time
 }
 
-// SetPools swaps the pool routing config.
+// SetPools swaps the pool routing config (the PoolsWatcher sends it).
 type SetPools struct{ Config *PoolConfig }
 
 // ListWorkers asks for a snapshot of the registry; the reply is []WorkerInfo.
 type ListWorkers struct{}
+
+// SnapshotRequest asks for a copy of the live registry; the reply is a
+// *SnapshotReply. The SnapshotWriter sends it from its own goroutine.
+type SnapshotRequest struct{}
+
+// SnapshotReply is a copy of the workers live at At.
+type SnapshotReply struct {
+	At      time.Time
+	Workers []registry.Entry
+}
+
+// Hydrate adds snapshot entries to the registry with last seen = now;
+// workers already known (a live heartbeat came first) are kept as they are.
+// When sent with a request, the reply is a *Hydrated.
+type Hydrate struct{ Workers []registry.Entry }
+
+// Hydrated says how many workers a Hydrate added.
+type Hydrated struct{ Added int }
 
 // WorkerInfo is a copy of one registry entry, safe to use outside the router.
 type WorkerInfo struct {
@@ -59,34 +88,102 @@ type WorkerInfo struct {
 
 type sweepTick struct{}
 
+// Config configures the router actor. Every field's zero value is usable
+// and keeps the behaviour of a router built before the field existed.
+type Config struct {
+	// Pools is the routing config at start (nil: no topic is mapped until a
+	// SetPools arrives).
+	Pools *PoolConfig
+	// TTL bounds how long a worker stays live without a heartbeat (default
+	// registry.TTLDefault); a worker whose interval is known is stale sooner,
+	// after registry.MissedIntervals missed beats.
+	TTL time.Duration
+	// Direct names a worker's direct subject and PoolSubj a topic's pool
+	// subject (default: CAP's standard names).
+	Direct   func(workerID string) string
+	PoolSubj func(topic string) string
+	// Log receives the router's logs (default slog.Default()).
+	Log *slog.Logger
+	// SweepEach is how often workers past their window are evicted (default
+	// SweepEachDefault, or TTL/3 when that is shorter).
+	SweepEach time.Duration
+	// StaleRetries is how many times a pick that lands on a stale worker is
+	// re-picked before the answer is stale_worker (0: StaleRetriesDefault;
+	// negative: never re-pick).
+	StaleRetries int
+	// Metrics, when set, receives troupe_live_workers{pool},
+	// troupe_stale_worker_retry_total{topic,worker} and
+	// troupe_workers_evicted_total{pool}.
+	Metrics prometheus.Registerer
+	// OnEvict, when set, is called with the id of every worker the sweep
+	// evicts, so the jobs dispatched to it can be re-dispatched. It runs on
+	// the router's goroutine: it must return at once (send a message, do no
+	// I/O) and must not call back into the router synchronously.
+	OnEvict func(workerID string)
+}
+
+func (c Config) withDefaults() Config {
+	if c.TTL <= 0 {
+		c.TTL = registry.TTLDefault
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.SweepEach <= 0 {
+		c.SweepEach = min(SweepEachDefault, c.TTL/3)
+	}
+	switch {
+	case c.StaleRetries == 0:
+		c.StaleRetries = StaleRetriesDefault
+	case c.StaleRetries < 0:
+		c.StaleRetries = 0
+	}
+	return c
+}
+
 // Router is the actor that owns the worker registry and the placement
-// strategy. It never waits on I/O: heartbeats arrive as messages, picks are
-// answered from memory.
+// strategy. It never waits on I/O: heartbeats, config and snapshots arrive
+// as messages, picks are answered from memory, and everything that talks to
+// Redis (the PoolsWatcher, the SnapshotWriter) runs on its own goroutine.
 type Router struct {
+	// Immutable after construction.
+	cfg     Config
+	metrics *metrics // nil without Config.Metrics
+	// latest outlives restarts: a restarted router resumes with the last
+	// SetPools, not the config it was spawned with.
+	latest *atomic.Pointer[PoolConfig]
+	now    func() time.Time
+
 	// Owned by the actor (touched only inside Receive).
 	reg      *registry.Registry
 	strategy *Strategy
 	log      *slog.Logger
-	now      func() time.Time
 	stopTick chan struct{}
-}
-
-// Config configures the router actor.
-type Config struct {
-	Pools     *PoolConfig
-	TTL       time.Duration
-	Direct    func(workerID string) string
-	PoolSubj  func(topic string) string
-	Log       *slog.Logger
-	SweepEach time.Duration
+	reported map[string]bool // pools with a troupe_live_workers series
 }
 
 // Props returns the router actor's props.
 func Props(cfg Config) *actor.Props {
+	cfg = cfg.withDefaults()
+	var m *metrics
+	if cfg.Metrics != nil {
+		var err error
+		if m, err = newMetrics(cfg.Metrics); err != nil {
+			cfg.Log.Warn("router metrics disabled", "err", err)
+			m = nil
+		}
+	}
+	latest := &atomic.Pointer[PoolConfig]{}
+	latest.Store(cfg.Pools)
 	return actor.PropsFromProducer(func() actor.Actor {
 		reg := registry.New(cfg.TTL)
-		return &Router{reg: reg, strategy: NewStrategy(cfg.Pools, reg, cfg.Direct, cfg.PoolSubj),
-			log: cfg.Log, now: time.Now}
+		st := NewStrategy(latest.Load(), reg, cfg.Direct, cfg.PoolSubj)
+		st.staleRetries = cfg.StaleRetries
+		if m != nil {
+			st.onStale = m.countStale
+		}
+		return &Router{cfg: cfg, metrics: m, latest: latest, now: time.Now,
+			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{}}
 	})
 }
 
@@ -95,10 +192,8 @@ func (r *Router) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		r.startSweeper(c)
-	case *actor.Stopping:
-		if r.stopTick != nil {
-			close(r.stopTick)
-		}
+	case *actor.Stopping, *actor.Restarting:
+		r.stopSweeper()
 	case *HeartbeatSeen:
 		if m.HB.GetWorkerId() == "" {
 			return
@@ -113,31 +208,82 @@ func (r *Router) Receive(c actor.Context) {
 		c.Respond(reply)
 	case *SetPools:
 		r.strategy.SetConfig(m.Config)
+		r.latest.Store(m.Config)
 	case *ListWorkers:
-		out := make([]WorkerInfo, 0, r.reg.Len())
+		c.Respond(r.listWorkers())
+	case *SnapshotRequest:
 		now := r.now()
-		for _, p := range sortedPools(r.strategy.Config(), r.reg) {
-			for _, w := range r.reg.Pool(p) {
-				if !r.reg.Live(w, now) {
-					continue
-				}
-				out = append(out, WorkerInfo{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
-					MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
-					LastSeen: w.LastSeen, Labels: w.Labels})
-			}
+		c.Respond(&SnapshotReply{At: now, Workers: r.reg.Snapshot(now)})
+	case *Hydrate:
+		n := r.reg.Hydrate(m.Workers, r.now())
+		r.log.Info("registry hydrated from snapshot", "workers", n, "in_snapshot", len(m.Workers))
+		if c.Sender() != nil {
+			c.Respond(&Hydrated{Added: n})
 		}
-		c.Respond(out)
 	case sweepTick:
-		for _, w := range r.reg.Sweep(r.now()) {
-			r.log.Info("worker evicted", "worker_id", w.ID, "pool", w.Pool, "last_seen", w.LastSeen)
-		}
+		r.sweep()
 	}
 }
 
+func (r *Router) sweep() {
+	now := r.now()
+	for _, w := range r.reg.Sweep(now) {
+		r.log.Info("worker evicted", "worker_id", w.ID, "pool", w.Pool, "last_seen", w.LastSeen)
+		if r.metrics != nil {
+			r.metrics.evicted.WithLabelValues(w.Pool).Inc()
+		}
+		if r.cfg.OnEvict != nil {
+			r.cfg.OnEvict(w.ID)
+		}
+	}
+	if r.metrics == nil {
+		return
+	}
+	live := r.reg.LivePerPool(now)
+	// Pools that lost their last worker, and configured pools with none,
+	// report 0 rather than vanish, so an empty pool is visible.
+	for p := range r.reported {
+		if _, ok := live[p]; !ok {
+			live[p] = 0
+		}
+	}
+	if cfg := r.strategy.Config(); cfg != nil {
+		for p := range cfg.Pools {
+			if _, ok := live[p]; !ok {
+				live[p] = 0
+			}
+		}
+	}
+	for p, n := range live {
+		r.metrics.live.WithLabelValues(p).Set(float64(n))
+		r.reported[p] = true
+	}
+}
+
+func (r *Router) listWorkers() []WorkerInfo {
+	now := r.now()
+	out := make([]WorkerInfo, 0, r.reg.Len())
+	for _, p := range r.reg.Pools() {
+		for _, w := range r.reg.Pool(p) {
+			if !r.reg.Live(w, now) {
+				continue
+			}
+			out = append(out, WorkerInfo{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
+				MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
+				LastSeen: w.LastSeen, Labels: w.Labels})
+		}
+	}
+	slices.SortFunc(out, func(a, b WorkerInfo) int {
+		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.ID, b.ID))
+	})
+	return out
+}
+
+// startSweeper ticks from a goroutine of its own: the actor must not block,
+// and Root.Send is the one thing that goroutine does with the system.
 func (r *Router) startSweeper(c actor.Context) {
-	every := r.reg.TTL() / 3
 	r.stopTick = make(chan struct{})
-	self, root, stop := c.Self(), c.ActorSystem().Root, r.stopTick
+	self, root, stop, every := c.Self(), c.ActorSystem().Root, r.stopTick, r.cfg.SweepEach
 	go func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
@@ -152,16 +298,9 @@ func (r *Router) startSweeper(c actor.Context) {
 	}()
 }
 
-func sortedPools(cfg *PoolConfig, reg *registry.Registry) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, t := range cfg.TopicNames() {
-		for _, p := range cfg.Topics[t] {
-			if !seen[p] {
-				seen[p] = true
-				out = append(out, p)
-			}
-		}
+func (r *Router) stopSweeper() {
+	if r.stopTick != nil {
+		close(r.stopTick)
+		r.stopTick = nil
 	}
-	return out
 }

@@ -1,7 +1,7 @@
 package router
 
 import (
-	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +14,15 @@ import (
 const (
 	LabelPreferredPool   = "preferred_pool"
 	LabelPreferredWorker = "preferred_worker_id"
+)
+
+// Strategy defaults.
+const (
+	// StaleRetriesDefault is how many times a pick that lands on a stale
+	// worker is re-picked before the router answers stale_worker. Three
+	// covers a worker or two dying together without turning one pick into a
+	// walk over a dead pool.
+	StaleRetriesDefault = 3
 )
 
 // PlacementLabels returns the labels a worker must carry to take req:
@@ -45,6 +54,34 @@ func excludedFromPlacement(k string) bool {
 	return false
 }
 
+// isPlacementKey is the label filter the registry's selectors use.
+func isPlacementKey(k string) bool { return !excludedFromPlacement(k) }
+
+// hasPlacement reports whether labels hold any placement label, without
+// building the PlacementLabels map (the pick path must not allocate).
+func hasPlacement(labels map[string]string) bool {
+	for k := range labels {
+		if !excludedFromPlacement(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// carries reports whether w carries every placement label of the job
+// labels.
+func carries(w *registry.Worker, labels map[string]string) bool {
+	for k, v := range labels {
+		if excludedFromPlacement(k) {
+			continue
+		}
+		if got, ok := w.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
 // Pick is a placement decision.
 type Pick struct {
 	Worker  *registry.Worker
@@ -53,117 +90,246 @@ type Pick struct {
 	Detail  string
 }
 
-// Strategy places jobs on workers. It is owned by the router actor.
+// route is a topic's resolved routing, built once per config.
+type route struct {
+	subject string // the topic's pool subject
+	pools   []*poolRoute
+}
+
+type poolRoute struct {
+	name     string
+	requires []string
+	dispatch DispatchMode
+}
+
+// Strategy places jobs on workers. It is owned by the router actor: every
+// field, the scratch space included, is touched only on its goroutine.
+//
+// A pick reads the top of each candidate pool's placement index (O(1)),
+// checks liveness there, and re-sorts the chosen worker after counting the
+// dispatch (O(log n)); it does not allocate. A pick with placement labels
+// reads the registry's index for that label set instead, which the first
+// such pick builds with one scan of the pool.
 type Strategy struct {
-	cfg  *PoolConfig
-	reg  *registry.Registry
-	subj func(workerID string) string
-	pool func(topic string) string
-	rnd  *rand.Rand
+	cfg    *PoolConfig
+	routes map[string]*route
+	reg    *registry.Registry
+	subj   func(workerID string) string
+	pool   func(topic string) string
+
+	staleRetries int
+	// onStale is told about every pick that landed on a stale worker.
+	onStale func(topic, workerID string)
+
+	// Scratch reused across picks: the candidate pools and, for a pick with
+	// placement labels, their selectors (same order).
+	cand []*poolRoute
+	sels []registry.Selector
 }
 
-// NewStrategy returns a least-loaded strategy over reg.
+// NewStrategy returns a least-loaded strategy over reg. direct names a
+// worker's direct subject and pool a topic's pool subject; nil means CAP's
+// standard names.
 func NewStrategy(cfg *PoolConfig, reg *registry.Registry, direct func(string) string, pool func(string) string) *Strategy {
-	return &Strategy{cfg: cfg, reg: reg, subj: direct, pool: pool, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	if direct == nil {
+		direct = func(id string) string { return "worker." + id + ".jobs" }
+	}
+	if pool == nil {
+		pool = func(topic string) string { return topic }
+	}
+	s := &Strategy{reg: reg, subj: direct, pool: pool, staleRetries: StaleRetriesDefault}
+	s.SetConfig(cfg)
+	return s
 }
 
-// SetConfig swaps the pool config.
-func (s *Strategy) SetConfig(cfg *PoolConfig) { s.cfg = cfg }
+// SetConfig swaps the pool config (nil: no topic is mapped) and applies its
+// overload thresholds to the registry.
+func (s *Strategy) SetConfig(cfg *PoolConfig) {
+	if cfg == nil {
+		cfg = &PoolConfig{}
+	}
+	s.cfg = cfg
+	s.routes = make(map[string]*route, len(cfg.Topics))
+	for topic, names := range cfg.Topics {
+		rt := &route{subject: s.pool(topic), pools: make([]*poolRoute, 0, len(names))}
+		for _, name := range names {
+			p, ok := cfg.Pools[name]
+			if !ok {
+				p = Pool{Dispatch: DispatchAuto}
+			}
+			rt.pools = append(rt.pools, &poolRoute{name: name, requires: p.Requires, dispatch: p.Dispatch})
+		}
+		s.routes[topic] = rt
+	}
+	s.reg.SetThresholds(cfg.thresholds())
+}
 
 // Config returns the pool config in use.
 func (s *Strategy) Config() *PoolConfig { return s.cfg }
 
 // Pick chooses a worker for req at now and counts the dispatch against it.
+//
+// Order of rules: topic → pools; preferred_pool narrows to that pool;
+// pools must provide meta.requires; a worker must carry the placement
+// labels; preferred_worker_id wins when live and not overloaded; otherwise
+// the lowest score, ties broken at random. A chosen worker past its
+// liveness deadline is pulled out and re-picked, at most staleRetries times.
 func (s *Strategy) Pick(req *capv1.JobRequest, now time.Time) Pick {
-	pools, ok := s.cfg.Topics[req.Topic]
-	if !ok {
-		return Pick{Reason: core.ReasonTopicUnmapped, Detail: "no pool is mapped to topic " + req.Topic}
+	topic := req.GetTopic()
+	rt := s.routes[topic]
+	if rt == nil {
+		return Pick{Reason: core.ReasonTopicUnmapped, Detail: "no pool is mapped to topic " + topic}
 	}
-	if pref := req.Labels[LabelPreferredPool]; pref != "" {
-		found := false
-		for _, p := range pools {
-			if p == pref {
-				found = true
-				break
-			}
+	labels := req.GetLabels()
+	pools := rt.pools
+	if pref := labels[LabelPreferredPool]; pref != "" {
+		i := 0
+		for i < len(pools) && pools[i].name != pref {
+			i++
 		}
-		if !found {
+		if i == len(pools) {
 			return Pick{Reason: core.ReasonPreferredPoolUnmapped,
-				Detail: "preferred pool " + pref + " is not mapped to topic " + req.Topic}
+				Detail: "preferred pool " + pref + " is not mapped to topic " + topic}
 		}
-		pools = []string{pref}
+		pools = pools[i : i+1]
 	}
-	var requires []string
-	if req.Meta != nil {
-		requires = req.Meta.Requires
-	}
-	placement := PlacementLabels(req.Labels)
-	prefWorker := req.Labels[LabelPreferredWorker]
-
-	var (
-		best       *registry.Worker
-		bestPool   string
-		bestScore  float64
-		ties       int
-		anyPool    bool
-		candidates int
-	)
+	requires := req.GetMeta().GetRequires()
+	s.cand = s.cand[:0]
 	for _, p := range pools {
-		pc := s.cfg.Pools[p]
-		if !providesAll(pc.Requires, requires) {
-			continue
+		if providesAll(p.requires, requires) {
+			s.cand = append(s.cand, p)
 		}
-		anyPool = true
-		for _, w := range s.reg.Pool(p) {
-			if !s.reg.Live(w, now) || !w.HasLabels(placement) {
-				continue
-			}
-			candidates++
-			if w.Overloaded() {
-				continue
-			}
-			if prefWorker != "" && w.ID == prefWorker {
-				best, bestPool, ties = w, p, -1
-				break
-			}
-			score := w.Load()
-			switch {
-			case best == nil || score < bestScore:
-				best, bestPool, bestScore, ties = w, p, score, 1
-			case score == bestScore:
-				// Reservoir sampling: each of the tied workers is kept with equal probability.
-				ties++
-				if s.rnd.IntN(ties) == 0 {
-					best, bestPool = w, p
-				}
-			}
+	}
+	if len(s.cand) == 0 {
+		return Pick{Reason: core.ReasonRequiresUnsatisfied,
+			Detail: "no pool of topic " + topic + " provides " + strings.Join(requires, ",")}
+	}
+	placed := hasPlacement(labels)
+	s.sels = s.sels[:0]
+	if placed {
+		for _, p := range s.cand {
+			s.sels = append(s.sels, s.reg.Select(p.name, labels, isPlacementKey, now))
 		}
-		if ties < 0 {
-			break
+	}
+	stale := 0
+	var w *registry.Worker
+	var p *poolRoute
+	if id := labels[LabelPreferredWorker]; id != "" {
+		w, p = s.preferred(id, labels, placed)
+	}
+	if w == nil {
+		w, p = s.best(placed)
+	}
+	for w != nil {
+		if s.reg.Live(w, now) {
+			return s.commit(w, p, rt)
+		}
+		// A stale pick: the worker stopped heartbeating but the sweep has
+		// not evicted it yet. Take it out of placement and pick again.
+		stale++
+		s.pulledStale(topic, w)
+		if stale > s.staleRetries {
+			return Pick{Reason: core.ReasonStaleWorker, Detail: strconv.Itoa(stale) +
+				" picks in a row landed on workers that stopped heartbeating (last " + w.ID + ")"}
+		}
+		w, p = s.best(placed)
+	}
+	return s.noWorker(placed, stale)
+}
+
+// preferred returns the preferred worker and its pool when it is a
+// candidate and not overloaded; liveness is the caller's check.
+func (s *Strategy) preferred(id string, labels map[string]string, placed bool) (*registry.Worker, *poolRoute) {
+	w := s.reg.Get(id)
+	if w == nil || s.reg.Overloaded(w) || (placed && !carries(w, labels)) {
+		return nil, nil
+	}
+	for _, p := range s.cand {
+		if p.name == w.Pool {
+			return w, p
+		}
+	}
+	return nil, nil
+}
+
+// best returns the first worker in placement order over the candidate
+// pools.
+func (s *Strategy) best(placed bool) (*registry.Worker, *poolRoute) {
+	var (
+		best     *registry.Worker
+		bestPool *poolRoute
+	)
+	for i, p := range s.cand {
+		var w *registry.Worker
+		if placed {
+			w = s.sels[i].Top()
+		} else {
+			w = s.reg.Top(p.name)
+		}
+		if w != nil && (best == nil || w.Before(best)) {
+			best, bestPool = w, p
+		}
+	}
+	return best, bestPool
+}
+
+// pulledStale counts a pick that landed on a stale worker and takes the
+// worker out of placement until it beats again.
+func (s *Strategy) pulledStale(topic string, w *registry.Worker) {
+	if s.onStale != nil {
+		s.onStale(topic, w.ID)
+	}
+	s.reg.MarkStale(w)
+}
+
+// noWorker says why nothing was picked: some candidates are overloaded,
+// or all known candidates went quiet (stale, not yet swept), or there are
+// none. stale counts the stale picks this pick made.
+func (s *Strategy) noWorker(placed bool, stale int) Pick {
+	overloaded := 0
+	for i, p := range s.cand {
+		if placed {
+			overloaded += s.sels[i].OverloadedCount()
+			stale += s.sels[i].StaleCount()
+		} else {
+			overloaded += s.reg.OverloadedCount(p.name)
+			stale += s.reg.StaleCount(p.name)
 		}
 	}
 	switch {
-	case !anyPool:
-		return Pick{Reason: core.ReasonRequiresUnsatisfied,
-			Detail: "no pool of topic " + req.Topic + " provides " + strings.Join(requires, ",")}
-	case best == nil && candidates == 0:
-		return Pick{Reason: core.ReasonNoWorkers, Detail: "no live worker in pools " + strings.Join(pools, ",")}
-	case best == nil:
-		return Pick{Reason: core.ReasonPoolOverloaded, Detail: "every live worker is overloaded"}
+	case overloaded > 0:
+		return Pick{Reason: core.ReasonPoolOverloaded, Detail: "every live worker in pools " + s.candNames() + " is overloaded"}
+	case stale > 0:
+		return Pick{Reason: core.ReasonStaleWorker, Detail: "the workers of pools " + s.candNames() + " stopped heartbeating"}
+	case placed:
+		return Pick{Reason: core.ReasonNoWorkers, Detail: "no live worker in pools " + s.candNames() + " carries the placement labels"}
 	}
-	best.Dispatched++
-	return Pick{Worker: best, Subject: s.subjectFor(best, bestPool, req.Topic)}
+	return Pick{Reason: core.ReasonNoWorkers, Detail: "no live worker in pools " + s.candNames()}
 }
 
-func (s *Strategy) subjectFor(w *registry.Worker, pool, topic string) string {
-	switch s.cfg.Pools[pool].Dispatch {
+func (s *Strategy) candNames() string {
+	names := make([]string, len(s.cand))
+	for i, p := range s.cand {
+		names[i] = p.name
+	}
+	return strings.Join(names, ",")
+}
+
+func (s *Strategy) commit(w *registry.Worker, p *poolRoute, rt *route) Pick {
+	s.reg.CountDispatch(w)
+	direct := false
+	switch p.dispatch {
 	case DispatchDirect:
-		return s.subj(w.ID)
+		direct = true
 	case DispatchPool:
-		return s.pool(topic)
+	default:
+		direct = w.Direct
 	}
-	if w.Direct {
-		return s.subj(w.ID)
+	if !direct {
+		return Pick{Worker: w, Subject: rt.subject}
 	}
-	return s.pool(topic)
+	if w.DirectSubject == "" {
+		w.DirectSubject = s.subj(w.ID)
+	}
+	return Pick{Worker: w, Subject: w.DirectSubject}
 }

@@ -85,3 +85,38 @@ func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason
 	}
 	return fmt.Errorf("store: decide %s: unexpected reply %v", jobID, v)
 }
+
+// TrimTerminal drops entries older than before from every shard's
+// terminal-state indexes (their records have expired by then). One pipeline.
+func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, Shards)
+	for i := 0; i < Shards; i++ {
+		var keys []string
+		for _, st := range core.AllStates {
+			if st.Terminal() {
+				keys = append(keys, s.keys.Index(i, string(st)))
+			}
+		}
+		cmds[i] = trimScript.EvalSha(ctx, pipe, keys, before.UnixMilli())
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && noScriptCmds(cmds) {
+		if lerr := s.LoadScripts(ctx); lerr != nil {
+			return 0, lerr
+		}
+		return s.TrimTerminal(ctx, before)
+	}
+	var n int64
+	for _, c := range cmds {
+		v, err := c.Int64()
+		if err != nil {
+			return n, fmt.Errorf("store: trim: %w", err)
+		}
+		n += v
+	}
+	return n, nil
+}
+
+// Retention returns how long terminal jobs are kept (≤ 0: forever).
+func (s *Store) Retention() time.Duration { return s.cfg.Retention }

@@ -11,24 +11,33 @@ import "github.com/redis/go-redis/v9"
 //
 // History entries are "unix_ms|from|to|reason|node".
 
-// activateScript takes a job's lock and reports its state, creating the record
-// in PENDING when it does not exist and the caller asks for it.
+// activateScript takes a job's lock and reports its state. When the job does
+// not exist and the caller asks for it, the script creates it and applies the
+// caller's plan — the first decision about the job (for example PENDING →
+// SCHEDULED → DISPATCHED to a chosen worker) — in the same call, so the happy
+// path costs one script to create and dispatch and one to finish.
 //
 // KEYS: job, hist, lock
 // ARGV: node, now_ms, lock_ttl_ms, create(0|1), shard_tag, job_id, topic,
 //
-//	tenant, trace_id, request(bytes), rescue_at_ms
+//	tenant, trace_id, request(bytes), rescue_at_ms, lock_after
+//	(keep|release|terminal), due_ms (0 = rescue_at, -1 none, >0 set),
+//	retention_s, n, then n pairs (to, reason), then field, value, ...
 //
-// A created job is due at rescue_at: every live job has a due entry from
-// its first moment, so a job whose actor or node dies before it records a
-// wait of its own is still woken (by the due poller) and never stranded.
+// A created job with no due time of its own is due at rescue_at: every live
+// job has a due entry from its first moment, so a job whose actor or node
+// dies before it records a wait of its own is still woken by the due poller.
+//
 // Returns {status, state, fence, holder, field, value, ...} with status one of
-// CREATED, ADOPTED (the record's fields follow), BUSY (another node holds the
-// lock), TERMINAL (no lock taken), NOTFOUND. A job that is terminal or
-// missing loses its due entry: nothing will ever wait for it.
+// CREATED (state = where the plan left it), ADOPTED (the record's fields
+// follow), BUSY (another node holds the lock), TERMINAL (no lock taken),
+// NOTFOUND. A job that is terminal or missing loses its due entry: nothing
+// will ever wait for it.
 var activateScript = redis.NewScript(`
 local node = ARGV[1]
 local now = ARGV[2]
+local tag = ARGV[5]
+local id = ARGV[6]
 local cur = redis.call('GET', KEYS[3])
 local st = redis.call('HGET', KEYS[1], 's')
 if cur and string.sub(cur, 1, #node + 1) ~= node .. '|' then
@@ -36,20 +45,39 @@ if cur and string.sub(cur, 1, #node + 1) ~= node .. '|' then
 end
 if not st then
   if ARGV[4] ~= '1' then
-    redis.call('ZREM', ARGV[5] .. 'due', ARGV[6])
+    redis.call('ZREM', tag .. 'due', id)
     return {'NOTFOUND', '', '0', ''}
   end
-  redis.call('HSET', KEYS[1], 's', 'PENDING', 'fence', 1, 'topic', ARGV[7], 'tenant', ARGV[8],
-    'trace', ARGV[9], 'req', ARGV[10], 'created', now, 'updated', now, 'node', node,
-    'reason', 'submitted', 'attempts', 0)
-  redis.call('RPUSH', KEYS[2], now .. '||PENDING|submitted|' .. node)
-  redis.call('ZADD', ARGV[5] .. 'idx:PENDING', now, ARGV[6])
-  redis.call('ZADD', ARGV[5] .. 'due', ARGV[11], ARGV[6])
-  redis.call('SET', KEYS[3], node .. '|1', 'PX', ARGV[3])
-  return {'CREATED', 'PENDING', '1', ''}
+  local n = tonumber(ARGV[15])
+  local hist = {now .. '||PENDING|submitted|' .. node}
+  local prev, reason = 'PENDING', 'submitted'
+  for i = 1, n do
+    local to = ARGV[14 + 2 * i]
+    reason = ARGV[15 + 2 * i]
+    hist[#hist + 1] = now .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
+    prev = to
+  end
+  local f = {'s', prev, 'fence', 1, 'topic', ARGV[7], 'tenant', ARGV[8], 'trace', ARGV[9], 'req', ARGV[10],
+    'created', now, 'updated', now, 'node', node, 'reason', reason, 'attempts', 0}
+  for i = 16 + 2 * n, #ARGV do f[#f + 1] = ARGV[i] end
+  redis.call('HSET', KEYS[1], unpack(f))
+  redis.call('RPUSH', KEYS[2], unpack(hist))
+  redis.call('ZADD', tag .. 'idx:' .. prev, now, id)
+  local lock, due = ARGV[12], ARGV[13]
+  if lock ~= 'terminal' and due ~= '-1' then
+    if due == '0' then due = ARGV[11] end
+    redis.call('ZADD', tag .. 'due', due, id)
+  end
+  if lock == 'keep' then
+    redis.call('SET', KEYS[3], node .. '|1', 'PX', ARGV[3])
+  elseif lock == 'terminal' and tonumber(ARGV[14]) > 0 then
+    redis.call('EXPIRE', KEYS[1], ARGV[14])
+    redis.call('EXPIRE', KEYS[2], ARGV[14])
+  end
+  return {'CREATED', prev, '1', ''}
 end
 if st == 'SUCCEEDED' or st == 'FAILED' or st == 'TIMEOUT' or st == 'CANCELLED' or st == 'DENIED' or st == 'OUTPUT_QUARANTINED' then
-  redis.call('ZREM', ARGV[5] .. 'due', ARGV[6])
+  redis.call('ZREM', tag .. 'due', id)
   return {'TERMINAL', st, '0', cur or ''}
 end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
@@ -61,14 +89,16 @@ for i = 1, #all do out[#out + 1] = all[i] end
 return out
 `)
 
-// transitionScript moves a job from one of the expected states to a new one,
-// only while the caller's lock value ("<node>|<fence>") is the current one.
+// transitionScript moves a job along a path of states in one atomic step,
+// only if it is in one of the expected states and only while the caller's
+// lock value ("<node>|<fence>") is the current one.
 //
 // KEYS: job, hist, lock
-// ARGV: lock_value, node, expected (comma-separated states), to, now_ms,
+// ARGV: lock_value, node, expected (comma-separated states), now_ms,
 //
-//	reason, shard_tag, job_id, lock_after (keep|release|terminal),
-//	retention_s, due_ms (0 keep, -1 clear, >0 set), field, value, ...
+//	shard_tag, job_id, lock_after (keep|release|terminal), retention_s,
+//	due_ms (0 keep, -1 clear, >0 set), n, then n pairs (to, reason), then
+//	field, value, ...
 //
 // Returns {status, state_before} with status OK, FENCED (lock value differs:
 // this owner is stale), NOTFOUND or CONFLICT (state not expected).
@@ -88,33 +118,38 @@ end
 if not ok then
   return {'CONFLICT', st}
 end
-local to = ARGV[4]
-local now = ARGV[5]
-local tag = ARGV[7]
-redis.call('HSET', KEYS[1], 's', to, 'updated', now, 'reason', ARGV[6])
-if #ARGV > 11 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 12))
+local now, tag, id = ARGV[4], ARGV[5], ARGV[6]
+local n = tonumber(ARGV[10])
+local hist = {}
+local prev, reason = st, ''
+for i = 1, n do
+  local to = ARGV[9 + 2 * i]
+  reason = ARGV[10 + 2 * i]
+  hist[#hist + 1] = now .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. ARGV[2]
+  prev = to
 end
-redis.call('RPUSH', KEYS[2], now .. '|' .. st .. '|' .. to .. '|' .. ARGV[6] .. '|' .. ARGV[2])
-if st ~= to then
-  redis.call('ZREM', tag .. 'idx:' .. st, ARGV[8])
+local f = {'s', prev, 'updated', now, 'reason', reason}
+for i = 11 + 2 * n, #ARGV do f[#f + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(f))
+redis.call('RPUSH', KEYS[2], unpack(hist))
+if st ~= prev then
+  redis.call('ZREM', tag .. 'idx:' .. st, id)
 end
-redis.call('ZADD', tag .. 'idx:' .. to, now, ARGV[8])
-local due = ARGV[11]
-if ARGV[9] == 'terminal' or due == '-1' then
-  redis.call('ZREM', tag .. 'due', ARGV[8])
+redis.call('ZADD', tag .. 'idx:' .. prev, now, id)
+local lock, due = ARGV[7], ARGV[9]
+if lock == 'terminal' or due == '-1' then
+  redis.call('ZREM', tag .. 'due', id)
 elseif due ~= '0' then
-  redis.call('ZADD', tag .. 'due', due, ARGV[8])
+  redis.call('ZADD', tag .. 'due', due, id)
 end
-if ARGV[9] == 'release' then
+if lock == 'release' then
   redis.call('DEL', KEYS[3])
-elseif ARGV[9] == 'terminal' then
+elseif lock == 'terminal' then
   redis.call('DEL', KEYS[3])
-  local keep = tonumber(ARGV[10])
+  local keep = tonumber(ARGV[8])
   if keep > 0 then
     redis.call('EXPIRE', KEYS[1], keep)
     redis.call('EXPIRE', KEYS[2], keep)
-    redis.call('ZREMRANGEBYSCORE', tag .. 'idx:' .. to, '-inf', tonumber(now) - keep * 1000)
   end
 end
 return {'OK', st}
@@ -177,5 +212,16 @@ end
 return ids
 `)
 
+// trimScript drops index entries older than ARGV[1] (unix ms) from the
+// terminal-state indexes KEYS (their records have expired). The due poller
+// runs it now and then, so transitions do not pay for it.
+var trimScript = redis.NewScript(`
+local n = 0
+for _, k in ipairs(KEYS) do
+  n = n + redis.call('ZREMRANGEBYSCORE', k, '-inf', ARGV[1])
+end
+return n
+`)
+
 var allScripts = []*redis.Script{activateScript, transitionScript, releaseScript, renewScript,
-	approveScript, claimScript, dueScript}
+	approveScript, claimScript, dueScript, trimScript}

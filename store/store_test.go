@@ -53,10 +53,9 @@ func (b *bundle) activate(t *testing.T, id, node string, create bool) *store.Res
 		Tenant: "t", TraceID: "tr", Request: []byte("req")})
 }
 
-func (b *bundle) step(t *testing.T, id, node string, fence int64, from, to core.State, terminal bool) store.StepResult {
-	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: store.LockValue(node, fence),
-		Steps: []store.Step{{Expect: store.Expect(from), To: to, Reason: "test", Terminal: terminal}}})
-	return r.Steps[0]
+func (b *bundle) step(t *testing.T, id, node string, fence int64, from, to core.State) *store.Result {
+	return b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: store.LockValue(node, fence),
+		T: &store.Transition{Expect: store.Expect(from), Path: []store.Hop{{To: to, Reason: "test"}}}})
 }
 
 func TestActivateCreatesOnceAndFencesOtherNodes(t *testing.T) {
@@ -76,10 +75,10 @@ func TestActivateCreatesOnceAndFencesOtherNodes(t *testing.T) {
 		t.Fatalf("re-activation: %+v", r)
 	}
 	// The old fence is now stale: its writes are refused.
-	if sr := b.step(t, "j1", "a", 1, core.StatePending, core.StateScheduled, false); sr.Status != store.StepFenced {
+	if sr := b.step(t, "j1", "a", 1, core.StatePending, core.StateScheduled); sr.Step != store.StepFenced {
 		t.Fatalf("stale fence write: %+v", sr)
 	}
-	if sr := b.step(t, "j1", "a", 2, core.StatePending, core.StateScheduled, false); sr.Status != store.StepOK {
+	if sr := b.step(t, "j1", "a", 2, core.StatePending, core.StateScheduled); sr.Step != store.StepOK {
 		t.Fatalf("owner write: %+v", sr)
 	}
 	if r := b.activate(t, "missing", "a", false); r.Status != store.ActivateNotFound {
@@ -100,7 +99,7 @@ func TestExpiredLockIsAdoptedAndTheOldOwnerIsFenced(t *testing.T) {
 	if r.Status != store.ActivateAdopted || r.Fence != 2 {
 		t.Fatalf("adoption: %+v", r)
 	}
-	if sr := b.step(t, "j2", "a", 1, core.StatePending, core.StateScheduled, false); sr.Status != store.StepFenced {
+	if sr := b.step(t, "j2", "a", 1, core.StatePending, core.StateScheduled); sr.Step != store.StepFenced {
 		t.Fatalf("dead owner's write: %+v", sr)
 	}
 	rec, err := b.s.GetJob(context.Background(), "j2")
@@ -114,15 +113,14 @@ func TestTransitionCompareAndSetAndTerminalRelease(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	b.activate(t, "j3", "a", true)
-	if sr := b.step(t, "j3", "a", 1, core.StateScheduled, core.StateDispatched, false); sr.Status != store.StepConflict ||
+	if sr := b.step(t, "j3", "a", 1, core.StateScheduled, core.StateDispatched); sr.Step != store.StepConflict ||
 		sr.Before != core.StatePending {
 		t.Fatalf("wrong expected state: %+v", sr)
 	}
-	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "j3", Node: "a", LockValue: "a|1", Steps: []store.Step{
-		{Expect: store.Expect(core.StatePending), To: core.StateScheduled, Reason: "r1"},
-		{Expect: store.Expect(core.StateScheduled), To: core.StateDispatched, Reason: "r2", Due: time.Now().Add(time.Hour).UnixMilli(),
-			Fields: []string{"worker", "w1"}},
-	}})
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "j3", Node: "a", LockValue: "a|1", T: &store.Transition{
+		Expect: store.Expect(core.StatePending),
+		Path:   []store.Hop{{To: core.StateScheduled, Reason: "r1"}, {To: core.StateDispatched, Reason: "r2"}},
+		Due:    time.Now().Add(time.Hour).UnixMilli(), Fields: []string{"worker", "w1"}}})
 	if !r.OK() {
 		t.Fatalf("two steps: %+v", r)
 	}
@@ -134,7 +132,7 @@ func TestTransitionCompareAndSetAndTerminalRelease(t *testing.T) {
 	if n != 1 || p != 0 {
 		t.Fatalf("indexes: dispatched %d pending %d", n, p)
 	}
-	if sr := b.step(t, "j3", "a", 1, core.StateDispatched, core.StateSucceeded, true); sr.Status != store.StepOK {
+	if sr := b.step(t, "j3", "a", 1, core.StateDispatched, core.StateSucceeded); sr.Step != store.StepOK {
 		t.Fatalf("terminal: %+v", sr)
 	}
 	rec, _ := b.s.GetJob(ctx, "j3")
@@ -214,9 +212,9 @@ func TestDecideApproval(t *testing.T) {
 	if err := b.s.Decide(ctx, "ap", store.DecisionApproved, "alice", "ok", ""); err == nil {
 		t.Fatal("approved a job that is not waiting for approval")
 	}
-	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "ap", Node: "a", LockValue: "a|1", Steps: []store.Step{
-		{Expect: store.Expect(core.StatePending), To: core.StateApprovalRequired, Reason: "approval_required",
-			Release: true, Fields: []string{"job_hash", "h1"}}}})
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "ap", Node: "a", LockValue: "a|1", T: &store.Transition{
+		Expect: store.Expect(core.StatePending), Path: []store.Hop{{To: core.StateApprovalRequired, Reason: "approval_required"}},
+		Release: true, Fields: []string{"job_hash", "h1"}}})
 	if !r.OK() {
 		t.Fatalf("%+v", r)
 	}

@@ -51,9 +51,10 @@ const (
 type OpKind uint8
 
 const (
-	// OpActivate takes the job's lock and reads (or creates) its state.
+	// OpActivate takes the job's lock and reads (or creates) its state; a
+	// created job takes Op.T as its plan.
 	OpActivate OpKind = iota + 1
-	// OpTransition runs Steps in order, each a fenced compare-and-set.
+	// OpTransition applies Op.T, a fenced compare-and-set.
 	OpTransition
 	// OpRelease gives the lock up without a state change.
 	OpRelease
@@ -64,26 +65,51 @@ const (
 	OpClaim
 )
 
-// Step is one fenced transition within an OpTransition.
-type Step struct {
-	// Expect lists the states the job may be in (comma-separated, see Expect).
-	Expect string
+// Hop is one state change within a Transition.
+type Hop struct {
 	To     core.State
 	Reason core.Reason
-	// Fields are extra record fields to set, as name, value pairs.
-	Fields []string
-	// Terminal releases the lock, clears the due entry and starts the
-	// retention clock.
-	Terminal bool
-	// Release gives the lock up after the step (the job passivates: it
-	// waits for an outside event with no live actor).
-	Release bool
-	// Due sets the job's due time (unix ms) with the step; -1 clears it;
-	// 0 leaves it as it is.
-	Due int64
 }
 
-// Expect joins states for Step.Expect.
+// Transition is a path of state changes written in one script call: the job
+// must be in one of the Expect states, then passes through every hop (each
+// recorded in its history) and ends in the last one.
+type Transition struct {
+	// Expect lists the states the job may be in (comma-separated, see
+	// Expect). Ignored when the transition is the plan of a created job,
+	// which starts in PENDING.
+	Expect string
+	Path   []Hop
+	// Fields are record fields to set, as name, value pairs.
+	Fields []string
+	// Due sets the job's due time (unix ms); -1 clears it; 0 leaves it (on a
+	// created job: the rescue time). A terminal end clears it.
+	Due int64
+	// Release gives the lock up (the job passivates: it waits for an outside
+	// event with no live actor). A terminal end always releases the lock and
+	// starts the retention clock.
+	Release bool
+}
+
+// Final is the state the transition ends in.
+func (t *Transition) Final() core.State { return t.Path[len(t.Path)-1].To }
+
+func (t *Transition) lockAfter() string {
+	switch {
+	case t == nil:
+		return "keep"
+	case t.Final().Terminal():
+		return "terminal"
+	case t.Release:
+		return "release"
+	}
+	return "keep"
+}
+
+// LockKept reports whether the owner still holds the lock after t.
+func (t *Transition) LockKept() bool { return t.lockAfter() == "keep" }
+
+// Expect joins states for Transition.Expect.
 func Expect(states ...core.State) string {
 	var b strings.Builder
 	for i, st := range states {
@@ -110,8 +136,8 @@ type Op struct {
 	TraceID string
 	Request []byte
 
-	// OpTransition.
-	Steps []Step
+	// OpTransition, and the plan of an OpActivate that creates the job.
+	T *Transition
 
 	// OpClaim: the idempotency key and how long it is kept.
 	IdemKey string
@@ -137,7 +163,7 @@ const (
 	ActivateNotFound ActivateStatus = "NOTFOUND"
 )
 
-// StepStatus is the outcome of one Step.
+// StepStatus is the outcome of a Transition.
 type StepStatus string
 
 const (
@@ -152,7 +178,7 @@ const (
 type Result struct {
 	Err error
 
-	// OpActivate.
+	// OpActivate: Status, and State (for CREATED, where the plan left it).
 	Status ActivateStatus
 	State  core.State
 	Fence  int64
@@ -162,30 +188,18 @@ type Result struct {
 	// Fields is the job's record (ADOPTED only).
 	Fields map[string]string
 
-	// OpTransition: one entry per Step, in order.
-	Steps []StepResult
+	// OpTransition: the outcome, and the state the job was in (for FENCED,
+	// the current lock value).
+	Step   StepStatus
+	Before core.State
 
 	// OpRelease.
 	Released bool
 }
 
-// StepResult is one Step's outcome; Before is the state the job was in.
-type StepResult struct {
-	Status StepStatus
-	Before core.State
-}
-
-// OK reports whether every step applied.
+// OK reports whether the op applied (for a transition: Step is OK).
 func (r *Result) OK() bool {
-	if r.Err != nil {
-		return false
-	}
-	for _, s := range r.Steps {
-		if s.Status != StepOK {
-			return false
-		}
-	}
-	return true
+	return r.Err == nil && (r.Step == "" || r.Step == StepOK)
 }
 
 // NewWriter starts a Writer with concurrency goroutines.
@@ -314,37 +328,29 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 	op.cmds = op.cmds[:0]
 	k := s.keys
 	keys := []string{k.Job(op.JobID), k.History(op.JobID), k.Lock(op.JobID)}
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	now := time.Now().UnixMilli()
+	retention := int64(s.cfg.Retention / time.Second)
+	if s.cfg.Retention < 0 {
+		retention = 0
+	}
 	switch op.Kind {
 	case OpActivate:
 		create := "0"
 		if op.Create {
 			create = "1"
 		}
-		op.cmds = append(op.cmds, activateScript.EvalSha(ctx, pipe, keys,
-			op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.Tag(op.JobID), op.JobID,
-			op.Topic, op.Tenant, op.TraceID, op.Request, time.Now().Add(s.cfg.RescueAfter).UnixMilli()))
+		args := make([]interface{}, 0, 16+pathArgs(op.T))
+		args = append(args, op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.Tag(op.JobID), op.JobID,
+			op.Topic, op.Tenant, op.TraceID, op.Request, time.Now().Add(s.cfg.RescueAfter).UnixMilli(),
+			op.T.lockAfter(), due(op.T), retention)
+		args = appendPath(args, op.T)
+		op.cmds = append(op.cmds, activateScript.EvalSha(ctx, pipe, keys, args...))
 	case OpTransition:
-		retention := int64(s.cfg.Retention / time.Second)
-		if s.cfg.Retention < 0 {
-			retention = 0
-		}
-		for _, st := range op.Steps {
-			lock := "keep"
-			switch {
-			case st.Terminal:
-				lock = "terminal"
-			case st.Release:
-				lock = "release"
-			}
-			args := make([]interface{}, 0, 11+len(st.Fields))
-			args = append(args, op.LockValue, op.Node, st.Expect, string(st.To), now, string(st.Reason),
-				k.Tag(op.JobID), op.JobID, lock, retention, st.Due)
-			for _, f := range st.Fields {
-				args = append(args, f)
-			}
-			op.cmds = append(op.cmds, transitionScript.EvalSha(ctx, pipe, keys, args...))
-		}
+		args := make([]interface{}, 0, 10+pathArgs(op.T))
+		args = append(args, op.LockValue, op.Node, op.T.Expect, now, k.Tag(op.JobID), op.JobID,
+			op.T.lockAfter(), retention, due(op.T))
+		args = appendPath(args, op.T)
+		op.cmds = append(op.cmds, transitionScript.EvalSha(ctx, pipe, keys, args...))
 	case OpRelease:
 		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe, keys[2:], op.LockValue))
 	case OpClaim:
@@ -357,6 +363,35 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 	if op.DLQ != nil {
 		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
 	}
+}
+
+func due(t *Transition) int64 {
+	if t == nil {
+		return 0
+	}
+	return t.Due
+}
+
+func pathArgs(t *Transition) int {
+	if t == nil {
+		return 1
+	}
+	return 1 + 2*len(t.Path) + len(t.Fields)
+}
+
+// appendPath adds "n, (to, reason)×n, fields..." to args.
+func appendPath(args []interface{}, t *Transition) []interface{} {
+	if t == nil {
+		return append(args, 0)
+	}
+	args = append(args, len(t.Path))
+	for _, h := range t.Path {
+		args = append(args, string(h.To), string(h.Reason))
+	}
+	for _, f := range t.Fields {
+		args = append(args, f)
+	}
+	return args
 }
 
 // decode turns op's command replies into a Result.
@@ -388,15 +423,12 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 			}
 		}
 	case OpTransition:
-		r.Steps = make([]StepResult, len(op.Steps))
-		for i := range op.Steps {
-			v, err := op.cmds[i].(*redis.Cmd).StringSlice()
-			if err != nil || len(v) != 2 {
-				r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, v, err)
-				return r
-			}
-			r.Steps[i] = StepResult{Status: StepStatus(v[0]), Before: core.State(v[1])}
+		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
+		if err != nil || len(v) != 2 {
+			r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, v, err)
+			return r
 		}
+		r.Step, r.Before = StepStatus(v[0]), core.State(v[1])
 	case OpRelease:
 		n, _ := op.cmds[0].(*redis.Cmd).Int64()
 		r.Released = n == 1

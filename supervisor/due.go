@@ -27,8 +27,9 @@ type DuePoller struct {
 	// PerShard bounds jobs woken per shard per tick (default DuePerShardDefault).
 	PerShard int
 
-	stop chan struct{}
-	done chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	ticks int
 }
 
 // DuePoller defaults.
@@ -39,6 +40,9 @@ const (
 	// DueRetryAfter is how long a woken job's due entry is pushed back, so a
 	// wake that did not take (the owner is alive) is not repeated every tick.
 	DueRetryAfter = 5 * time.Second
+	// TrimEvery: the poller trims expired entries from terminal-state
+	// indexes every this many ticks, so transitions do not pay for it.
+	TrimEvery = 30
 )
 
 // Start runs the poller until Stop.
@@ -93,6 +97,11 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 		return 0
 	}
 	now := time.Now()
+	if p.ticks++; p.ticks%TrimEvery == 0 && p.Store.Retention() > 0 {
+		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
+			p.Log.Warn("index trim failed", "err", err)
+		}
+	}
 	ids, err := p.Store.DueJobs(ctx, now.Add(-p.Slack), now.Add(DueRetryAfter), p.PerShard)
 	if err != nil {
 		p.Log.Warn("due poll failed", "err", err)

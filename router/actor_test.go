@@ -1,0 +1,119 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+func mustPools(t *testing.T, yaml string) *PoolConfig {
+	t.Helper()
+	cfg, err := ParsePools([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestRouterAnswersPicksFromHeartbeats(t *testing.T) {
+	t.Parallel()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\npools: {a: {dispatch: direct}}\n"),
+		Direct: func(id string) string { return "p.worker." + id + ".jobs" }})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a"}, time.Now())
+	r := b.pick(t, "job.a")
+	if r.Reason != "" || r.WorkerID != "w1" || r.Subject != "p.worker.w1.jobs" || r.Epoch != 7 {
+		t.Fatalf("reply = %+v", r)
+	}
+	if ws := b.workers(t); len(ws) != 1 || ws[0].Dispatched != 1 {
+		t.Fatalf("workers = %+v, want w1 with one dispatch", ws)
+	}
+}
+
+func TestRouterSetPoolsTakesEffect(t *testing.T) {
+	t.Parallel()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n")})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "b"}, time.Now())
+	if r := b.pick(t, "job.b"); r.Reason != core.ReasonTopicUnmapped {
+		t.Fatalf("reason = %q, want topic_unmapped", r.Reason)
+	}
+	b.sys.Root.Send(b.pid, &SetPools{Config: mustPools(t, "topics: {job.b: b}\n")})
+	if r := b.pick(t, "job.b"); r.WorkerID != "w1" {
+		t.Fatalf("reply after SetPools = %+v", r)
+	}
+}
+
+func TestRouterSweepEvictsNotifiesAndCounts(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	evicted := make(chan string, 4)
+	ttl := 200 * time.Millisecond
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: ttl, SweepEach: 10 * time.Millisecond,
+		Metrics: reg, OnEvict: func(id string) { evicted <- id }})
+	now := time.Now()
+	b.beat(&capv1.Heartbeat{WorkerId: "stays", Pool: "a"}, now.Add(time.Hour)) // never expires in this test
+	b.beat(&capv1.Heartbeat{WorkerId: "goes", Pool: "a"}, now)
+	select {
+	case id := <-evicted:
+		if id != "goes" {
+			t.Fatalf("evicted %s, want goes", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no eviction within 5 s")
+	}
+	// The gauge is set after the eviction, in the same sweep: ask the router
+	// once more so that sweep is surely over.
+	if ws := b.workers(t); len(ws) != 1 || ws[0].ID != "stays" {
+		t.Fatalf("workers after sweep = %+v", ws)
+	}
+	if got := metricSum(t, reg, "troupe_live_workers", map[string]string{"pool": "a"}); got != 1 {
+		t.Fatalf("troupe_live_workers{pool=a} = %v, want 1", got)
+	}
+	if got := metricSum(t, reg, "troupe_workers_evicted_total", map[string]string{"pool": "a"}); got != 1 {
+		t.Fatalf("troupe_workers_evicted_total{pool=a} = %v, want 1", got)
+	}
+}
+
+func TestRouterStaleRetriesAreCountedAndLeaveStaleWorker(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	// A long sweep period keeps the stale workers in the registry, as
+	// between two sweeps.
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), SweepEach: time.Hour, StaleRetries: 2,
+		Metrics: reg})
+	old := time.Now().Add(-time.Minute) // past the 30 s TTL
+	for _, id := range []string{"d1", "d2", "d3", "d4"} {
+		b.beat(&capv1.Heartbeat{WorkerId: id, Pool: "a"}, old)
+	}
+	r := b.pick(t, "job.a")
+	if r.Reason != core.ReasonStaleWorker {
+		t.Fatalf("reason = %q (%s), want stale_worker", r.Reason, r.Detail)
+	}
+	if got := metricSum(t, reg, "troupe_stale_worker_retry_total", map[string]string{"topic": "job.a"}); got != 3 {
+		t.Fatalf("troupe_stale_worker_retry_total{topic=job.a} = %v, want 3 (first pick + 2 re-picks)", got)
+	}
+	// The fourth dead worker is met by the next pick; with none left live the
+	// reason is still stale_worker, not no_workers.
+	if r := b.pick(t, "job.a"); r.Reason != core.ReasonStaleWorker {
+		t.Fatalf("second reason = %q, want stale_worker", r.Reason)
+	}
+	if got := metricSum(t, reg, "troupe_stale_worker_retry_total", map[string]string{"worker": "d4"}) +
+		metricSum(t, reg, "troupe_stale_worker_retry_total", map[string]string{"worker": "d1"}); got != 2 {
+		t.Fatalf("per-worker series d1+d4 = %v, want 2", got)
+	}
+}
+
+func TestRouterMetricsShareARegisterer(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	setupRouter(t, Config{Metrics: reg})
+	b := setupRouter(t, Config{Metrics: reg, Pools: mustPools(t, "topics: {job.a: a}\n"), SweepEach: time.Hour})
+	b.beat(&capv1.Heartbeat{WorkerId: "d1", Pool: "a"}, time.Now().Add(-time.Minute))
+	b.pick(t, "job.a")
+	if got := metricSum(t, reg, "troupe_stale_worker_retry_total", nil); got != 1 {
+		t.Fatalf("second router's metrics not registered: %v", got)
+	}
+}

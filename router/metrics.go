@@ -1,0 +1,65 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's Prometheus series. The vectors are safe for
+// concurrent use; everything else is owned by the router actor.
+type metrics struct {
+	live    *prometheus.GaugeVec
+	stale   *prometheus.CounterVec
+	evicted *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		live: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "troupe_live_workers",
+			Help: "Workers whose last heartbeat is within their liveness window, per pool (updated at every sweep).",
+		}, []string{"pool"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_stale_worker_retry_total",
+			Help: "Picks that landed on a worker past its liveness window and were re-picked or given up as stale_worker.",
+		}, []string{"topic", "worker"}),
+		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_workers_evicted_total",
+			Help: "Workers removed from the registry by the sweep, per pool.",
+		}, []string{"pool"}),
+	}
+	var err error
+	if m.live, err = register(reg, m.live); err != nil {
+		return nil, err
+	}
+	if m.stale, err = register(reg, m.stale); err != nil {
+		return nil, err
+	}
+	if m.evicted, err = register(reg, m.evicted); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// the same description, so two routers (tests, or a node restarted inside
+// one process) can share a Registerer.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("router: register metrics: %w", err)
+}
+
+func (m *metrics) countStale(topic, workerID string) {
+	m.stale.WithLabelValues(topic, workerID).Inc()
+}
