@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -67,7 +68,9 @@ type Config struct {
 	// StreamPrefix names the JetStream streams (default StreamPrefixDefault).
 	StreamPrefix string
 
-	// Pools is the routing config; PoolsFile is read when Pools is nil.
+	// Pools is the routing config; PoolsFile is read when Pools is nil, and
+	// then re-read on change and on ReloadPools (SIGHUP in `troupe node`).
+	// Runtime topic mappings in Redis (router.MappingStore) override both.
 	Pools     *router.PoolConfig
 	PoolsFile string
 
@@ -105,6 +108,11 @@ type Config struct {
 	// a fresh registry, see Node.Metrics).
 	Metrics *prometheus.Registry
 
+	// NoRedispatchTopics lists topics whose jobs are not re-dispatched when
+	// their worker is evicted before starting them (the default is to
+	// re-dispatch: a dead worker costs a re-dispatch, not a timeout).
+	NoRedispatchTopics []string
+
 	// Logger receives the node's logs (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -134,6 +142,10 @@ type Node struct {
 
 	cancel context.CancelFunc
 	subs   []*nats.Subscription
+
+	poolsFromFile bool
+	pools         *router.PoolsWatcher
+	snap          *router.SnapshotWriter
 
 	stopOnce sync.Once
 }
@@ -171,6 +183,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	poolsFromFile := false
 	if cfg.Pools == nil {
 		if cfg.PoolsFile == "" {
 			return nil, errors.New("troupe: config needs Pools or PoolsFile")
@@ -179,7 +192,7 @@ func NewNode(cfg Config) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("troupe: %w", err)
 		}
-		cfg.Pools = p
+		cfg.Pools, poolsFromFile = p, true
 	}
 	if cfg.Timeouts == nil {
 		cfg.Timeouts = actors.DefaultTimeouts()
@@ -194,7 +207,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
-	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}, nil
+	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile}, nil
 }
 
 // registerRenewMetrics exports the lock renewer's outcome counters.
@@ -217,6 +230,25 @@ func (n *Node) registerRenewMetrics() {
 	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "troupe_job_locks_held", Help: "Job locks this node holds and renews.",
 	}, func() float64 { return float64(n.renewer.Held()) }))
+}
+
+// ReloadPools re-reads the pools file (and the runtime mappings) now; an
+// invalid file keeps the config in use, and the error names the line.
+func (n *Node) ReloadPools() error { return n.pools.Reload() }
+
+// Mappings returns the runtime topic → pools mappings shared by every
+// replica through Redis.
+func (n *Node) Mappings() *router.MappingStore { return router.NewMappingStore(n.rdb, n.cfg.KeyPrefix) }
+
+func redispatch(off []string) func(topic string) bool {
+	if len(off) == 0 {
+		return nil
+	}
+	skip := map[string]bool{}
+	for _, t := range off {
+		skip[t] = true
+	}
+	return func(topic string) bool { return !skip[topic] }
 }
 
 // Metrics returns the registry holding the node's metrics.
@@ -264,15 +296,49 @@ func (n *Node) Start(ctx context.Context) error {
 		return slog.New(levelFloor{h: actorLog.Handler(), min: slog.LevelWarn})
 	}))
 	root := n.sys.Root
+	path := ""
+	if n.poolsFromFile {
+		path = n.cfg.PoolsFile
+	}
+	watcher, err := router.NewPoolsWatcher(router.PoolsWatcherConfig{Path: path, Base: n.cfg.Pools,
+		Mappings: router.NewMappingStore(n.rdb, n.cfg.KeyPrefix), Log: n.log})
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	pools, err := watcher.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	n.pools = watcher
+	// The router learns of evictions on its own goroutine; the jobs still
+	// waiting on an evicted worker are told through their shards (no spawn:
+	// a job with no live actor here is not waiting on this node).
+	var intake atomic.Pointer[supervisor.Intake]
 	n.router = root.SpawnPrefix(router.Props(router.Config{
-		Pools: n.cfg.Pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
+		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
+		Metrics: n.cfg.Metrics,
+		OnEvictJobs: func(workerID string, jobIDs []string) {
+			if in := intake.Load(); in != nil {
+				for _, id := range jobIDs {
+					in.Tell(id, &actors.WorkerLost{WorkerID: workerID})
+				}
+			}
+		},
 	}), "router")
+	n.pools.Start(root, n.router)
+	n.snap, err = router.NewSnapshotWriter(router.SnapshotWriterConfig{Redis: n.rdb, Prefix: n.cfg.KeyPrefix,
+		NodeID: n.cfg.NodeID, Root: root, Router: n.router, Log: n.log})
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	n.snap.WarmStart(ctx)
+	n.snap.Start()
 	n.wheel = actors.NewWheel(root)
 	n.env = (&actors.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
-		Forward:               supervisor.Forwarder(n.nc, n.subj),
+		Forward: supervisor.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace,
 	}).WithDefaults()
@@ -285,6 +351,7 @@ func (n *Node) Start(ctx context.Context) error {
 		n.shards = append(n.shards, pid)
 	}
 	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log}
+	intake.Store(n.intake)
 
 	hb, err := n.nc.Subscribe(n.subj.Heartbeat, n.intake.HandleHeartbeat)
 	if err != nil {
@@ -366,6 +433,12 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.due != nil {
 			n.due.Stop()
+		}
+		if n.snap != nil {
+			n.snap.Stop()
+		}
+		if n.pools != nil {
+			n.pools.Stop()
 		}
 		if n.sys != nil {
 			for _, pid := range n.shards {

@@ -232,6 +232,8 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		if !j.activated {
 			j.activate(c, false, nil, nil, nil)
 		}
+	case *WorkerLost:
+		j.onWorkerLost(c, m)
 	case *wake:
 		j.advance(c)
 	}
@@ -709,7 +711,7 @@ func (j *JobActor) cancelWorker(reason string) {
 }
 
 func (j *JobActor) placementFailed(c actor.Context, p *router.PickReply) {
-	if permanent(p.Reason) {
+	if router.Permanent(p.Reason) {
 		now := time.Now()
 		if j.firstFail.IsZero() {
 			j.firstFail = now
@@ -733,16 +735,6 @@ func (j *JobActor) placementFailed(c actor.Context, p *router.PickReply) {
 		Path: []store.Hop{{To: core.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
 		nil, func(c actor.Context) { j.arm(c, at) })
-}
-
-// permanent reports whether a routing reason will not fix itself without a
-// config change.
-func permanent(r core.Reason) bool {
-	switch r {
-	case core.ReasonTopicUnmapped, core.ReasonPreferredPoolUnmapped, core.ReasonRequiresUnsatisfied:
-		return true
-	}
-	return false
 }
 
 // retryLater waits and advances again without a state change. A submitted
@@ -842,6 +834,22 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 	})
 }
 
+// onWorkerLost re-dispatches a job whose worker was evicted before it
+// started the job.
+func (j *JobActor) onWorkerLost(c actor.Context, m *WorkerLost) {
+	if !j.activated || j.state != core.StateDispatched || j.worker != m.WorkerID {
+		return
+	}
+	if j.env.Redispatch != nil && !j.env.Redispatch(j.req.GetTopic()) {
+		return
+	}
+	j.env.Log.Info("worker lost; dispatching elsewhere", "job_id", j.id, "trace_id", j.traceID,
+		"topic", j.req.GetTopic(), "worker_id", m.WorkerID)
+	j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonWorkerLost}}, Due: -1,
+		Fields: []string{"lost_worker", m.WorkerID}}, nil, func(c actor.Context) { j.askRouter(c) })
+}
+
 // onCancel moves a live job to CANCELLED. Workers listen on sys.job.cancel
 // themselves, so a cancel that came from the bus has already reached the
 // worker; the node publishes one only for the cancels it decides itself
@@ -880,6 +888,9 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 	j.write(c, op, func(c actor.Context, r *store.Result) {
 		switch r.Step {
 		case store.StepOK:
+			if j.state == core.StateDispatched && t.Final() != core.StateDispatched {
+				j.release(c)
+			}
 			j.state = t.Final()
 			if !t.LockKept() {
 				j.env.Renewer.Forget(j.id, j.lockValue)
@@ -978,6 +989,9 @@ func (j *JobActor) finish(c actor.Context) {
 	if j.lockValue != "" {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 	}
+	if j.state == core.StateDispatched {
+		j.release(c)
+	}
 	if j.state.Terminal() {
 		j.ackAfterDone = true
 	}
@@ -987,6 +1001,13 @@ func (j *JobActor) finish(c actor.Context) {
 	}
 	j.deferred = nil
 	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self()})
+}
+
+// release tells the router the job no longer waits for its worker to start it.
+func (j *JobActor) release(c actor.Context) {
+	if j.worker != "" {
+		c.Send(j.env.Router, &router.Released{WorkerID: j.worker, JobID: j.id})
+	}
 }
 
 // onStopping releases the lock of a job still in flight when the actor is

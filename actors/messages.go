@@ -103,3 +103,8 @@ type lockLost struct{ lockValue string }
 // supervision (the actor is restarted with empty memory and must recover
 // from Redis); nothing in a node sends it.
 type Crash struct{}
+
+// WorkerLost tells a job that the worker it was dispatched to has been
+// evicted (no heartbeat within its liveness window). A job still waiting
+// for that worker to start it is dispatched elsewhere.
+type WorkerLost struct{ WorkerID string }

@@ -30,6 +30,9 @@ const (
 	ReasonStaleWorker           Reason = "stale_worker"
 	ReasonTenantLimit           Reason = "tenant_limit"
 	ReasonDispatchFailed        Reason = "dispatch_failed"
+	// ReasonWorkerLost: the worker a job was dispatched to was evicted
+	// before it reported progress; the job is dispatched elsewhere.
+	ReasonWorkerLost Reason = "worker_lost"
 
 	// Policy.
 	ReasonSafetyDenied      Reason = "safety_denied"

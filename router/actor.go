@@ -120,6 +120,18 @@ type Config struct {
 	// the router's goroutine: it must return at once (send a message, do no
 	// I/O) and must not call back into the router synchronously.
 	OnEvict func(workerID string)
+	// OnEvictJobs, when set, is called with an evicted worker's id and the
+	// jobs this router dispatched to it that have not reported progress or
+	// finished since (see Released). Same rules as OnEvict.
+	OnEvictJobs func(workerID string, jobIDs []string)
+}
+
+// Released tells the router that a job it placed on WorkerID no longer
+// waits for that worker to start it (the job is RUNNING, finished, or gone
+// from this node), so the worker's eviction need not re-dispatch it.
+type Released struct {
+	WorkerID string
+	JobID    string
 }
 
 func (c Config) withDefaults() Config {
@@ -160,6 +172,9 @@ type Router struct {
 	log      *slog.Logger
 	stopTick chan struct{}
 	reported map[string]bool // pools with a troupe_live_workers series
+	// inflight: worker id → jobs placed on it and not yet Released. Only
+	// kept when Config.OnEvictJobs is set.
+	inflight map[string]map[string]struct{}
 }
 
 // Props returns the router actor's props.
@@ -183,7 +198,8 @@ func Props(cfg Config) *actor.Props {
 			st.onStale = m.countStale
 		}
 		return &Router{cfg: cfg, metrics: m, latest: latest, now: time.Now,
-			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{}}
+			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
+			inflight: map[string]map[string]struct{}{}}
 	})
 }
 
@@ -204,8 +220,23 @@ func (r *Router) Receive(c actor.Context) {
 		reply := &PickReply{Epoch: m.Epoch, Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
 		if p.Worker != nil {
 			reply.WorkerID = p.Worker.ID
+			if r.cfg.OnEvictJobs != nil && m.JobID != "" {
+				jobs := r.inflight[p.Worker.ID]
+				if jobs == nil {
+					jobs = map[string]struct{}{}
+					r.inflight[p.Worker.ID] = jobs
+				}
+				jobs[m.JobID] = struct{}{}
+			}
 		}
 		c.Respond(reply)
+	case *Released:
+		if jobs := r.inflight[m.WorkerID]; jobs != nil {
+			delete(jobs, m.JobID)
+			if len(jobs) == 0 {
+				delete(r.inflight, m.WorkerID)
+			}
+		}
 	case *SetPools:
 		r.strategy.SetConfig(m.Config)
 		r.latest.Store(m.Config)
@@ -235,6 +266,14 @@ func (r *Router) sweep() {
 		if r.cfg.OnEvict != nil {
 			r.cfg.OnEvict(w.ID)
 		}
+		if jobs := r.inflight[w.ID]; len(jobs) > 0 && r.cfg.OnEvictJobs != nil {
+			ids := make([]string, 0, len(jobs))
+			for id := range jobs {
+				ids = append(ids, id)
+			}
+			r.cfg.OnEvictJobs(w.ID, ids)
+		}
+		delete(r.inflight, w.ID)
 	}
 	if r.metrics == nil {
 		return

@@ -86,7 +86,11 @@ func poolsErr(n *yaml.Node, format string, args ...any) *PoolsError {
 func ParsePools(data []byte) (*PoolConfig, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &PoolsError{Line: yamlErrLine(err), Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		line := yamlErrLine(err)
+		// yaml.v3 already starts its message with "line N: "; say it once.
+		msg = strings.TrimPrefix(msg, fmt.Sprintf("line %d: ", line))
+		return nil, &PoolsError{Line: line, Msg: msg}
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, &PoolsError{Line: 1, Msg: "topics: at least one topic mapping is required"}

@@ -45,9 +45,9 @@ func TestTopicRules(t *testing.T) {
 	t.Parallel()
 	p := safety.TopicRules{Deny: []string{"job.bad"}, Approve: []string{"job.risky.*"}}
 	for topic, want := range map[string]capv1.DecisionType{
-		"job.bad":         capv1.DecisionType_DECISION_TYPE_DENY,
-		"job.risky.rm":    capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN,
-		"job.echo":        capv1.DecisionType_DECISION_TYPE_ALLOW,
+		"job.bad":      capv1.DecisionType_DECISION_TYPE_DENY,
+		"job.risky.rm": capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN,
+		"job.echo":     capv1.DecisionType_DECISION_TYPE_ALLOW,
 	} {
 		got, _ := p.Check(context.Background(), &capv1.PolicyCheckRequest{Topic: topic})
 		if got.Decision != want {

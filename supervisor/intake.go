@@ -242,6 +242,9 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: msg, Raw: msg.Data()}, true)
 }
 
+// Tell delivers msg to the job's actor if it is live on this node.
+func (in *Intake) Tell(jobID string, msg interface{}) { in.route(jobID, msg, false) }
+
 // Wake asks the job's actor (spawning it) to activate the job.
 func (in *Intake) Wake(jobID string) { in.route(jobID, &actors.Wake{}, true) }
 

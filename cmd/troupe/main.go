@@ -39,6 +39,7 @@ var commands = []command{
 	{"submit", "publish a job on sys.job.submit", runSubmit},
 	{"job", "print a job's state and transition history", runJob},
 	{"dlq", "list dead-lettered jobs and inputs", runDLQ},
+	{"pool", "list, add or remove runtime topic → pool mappings (shared by all replicas)", runPool},
 	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
 }
 

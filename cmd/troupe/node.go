@@ -3,9 +3,13 @@ package main
 import (
 	"context"
 	"flag"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 )
 
@@ -21,12 +25,17 @@ func runNode(ctx context.Context, args []string) error {
 	fs.Var(&deny, "deny-topic", "topic pattern whose jobs are denied (repeatable)")
 	_ = fs.Parse(args)
 	log := c.logger()
-	pools, err := loadPools(*poolsFile)
-	if err != nil {
-		return err
+	// With --pools the node reads (and watches, and reloads on SIGHUP) the
+	// file itself; without it, the built-in demo routing applies.
+	var pools *router.PoolConfig
+	if *poolsFile == "" {
+		var err error
+		if pools, err = loadPools(""); err != nil {
+			return err
+		}
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: c.nats, RedisURL: c.redis,
-		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, TimeoutsFile: *timeouts, Logger: log,
+		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
 		Policy: safety.TopicRules{Approve: approve, Deny: deny}})
 	if err != nil {
 		return err
@@ -34,7 +43,22 @@ func runNode(ctx context.Context, args []string) error {
 	if err := node.Start(ctx); err != nil {
 		return err
 	}
-	<-ctx.Done()
+	// SIGHUP re-reads pools.yaml; an invalid file keeps the old config.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for done := false; !done; {
+		select {
+		case <-hup:
+			if err := node.ReloadPools(); err != nil {
+				log.Warn("pools reload refused; keeping the config in use", "err", err)
+			} else {
+				log.Info("pools reloaded")
+			}
+		case <-ctx.Done():
+			done = true
+		}
+	}
 	log.Info("stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
