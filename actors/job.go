@@ -70,6 +70,7 @@ type JobActor struct {
 	deadline     time.Time
 	deadlineWhy  core.Reason
 	record       map[string]string // the record as read at adoption
+	policyLimit  int               // max_concurrent_jobs from the policy's constraints
 	firstEvent   time.Time
 	idemChecked  bool
 
@@ -137,6 +138,13 @@ func (j *JobActor) Receive(c actor.Context) {
 		}
 		j.busy = false
 		j.onPick(c, m)
+		j.drain(c)
+	case *policyDone:
+		if m.epoch != j.opEpoch || !j.busy {
+			return
+		}
+		j.busy = false
+		j.onDecision(c, m.dec, m.err)
 		j.drain(c)
 	case *wake:
 		if m.epoch != j.timerEpoch {
@@ -528,12 +536,35 @@ func (j *JobActor) checkPolicy(c actor.Context) {
 		j.fail(c, core.ReasonInvalidRequest, "job record has no request", "")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	dec, err := j.env.Policy.Check(ctx, safety.CheckRequest(j.req))
-	cancel()
-	if err != nil {
+	preq := safety.CheckRequest(j.req)
+	if safety.IsInline(j.env.Policy) {
+		// Answers from memory in microseconds: no reason to leave the mailbox.
+		dec, err := j.env.Policy.Check(context.Background(), preq)
+		j.onDecision(c, dec, err)
+		return
+	}
+	// A remote kernel: ask from a goroutine and take the answer as a
+	// message, so the mailbox never waits on the network.
+	j.opEpoch++
+	j.busy = true
+	ep, self, root, policy := j.opEpoch, c.Self(), j.env.Root, j.env.Policy
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
+		dec, err := policy.Check(ctx, preq)
+		cancel()
+		root.Send(self, &policyDone{epoch: ep, dec: dec, err: err})
+	}()
+}
+
+// onDecision acts on the input policy's answer.
+func (j *JobActor) onDecision(c actor.Context, dec *capv1.PolicyCheckResponse, err error) {
+	if err != nil || dec == nil {
+		// Unavailable (or an open circuit): never a denial, always a retry.
 		j.retryLater(c, core.ReasonSafetyUnavailable)
 		return
+	}
+	if m := dec.GetConstraints().GetBudgets().GetMaxConcurrentJobs(); m > 0 {
+		j.policyLimit = int(m)
 	}
 	switch dec.Decision {
 	case capv1.DecisionType_DECISION_TYPE_ALLOW, capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS:

@@ -108,3 +108,10 @@ type Crash struct{}
 // evicted (no heartbeat within its liveness window). A job still waiting
 // for that worker to start it is dispatched elsewhere.
 type WorkerLost struct{ WorkerID string }
+
+// policyDone carries a remote input policy's answer back into the actor.
+type policyDone struct {
+	epoch uint64
+	dec   *capv1.PolicyCheckResponse
+	err   error
+}

@@ -15,12 +15,27 @@ type InputPolicy interface {
 	Check(ctx context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error)
 }
 
+// Inline is implemented by policies that decide from memory in
+// microseconds, without I/O. The job actor calls them inside its mailbox;
+// any other policy is asked from a goroutine so the actor never waits on the
+// network.
+type Inline interface{ Inline() bool }
+
+// IsInline reports whether p may be called inside an actor's mailbox.
+func IsInline(p InputPolicy) bool {
+	i, ok := p.(Inline)
+	return ok && i.Inline()
+}
+
 // AllowAll is the input policy of `troupe dev` and of nodes started with no
 // policy: every job is allowed. It never fails.
 type AllowAll struct{}
 
 // AllowAllRuleID is the rule id AllowAll reports.
 const AllowAllRuleID = "troupe:allow-all"
+
+// Inline: AllowAll decides from memory.
+func (AllowAll) Inline() bool { return true }
 
 // Check allows req.
 func (AllowAll) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {

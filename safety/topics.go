@@ -16,6 +16,9 @@ type TopicRules struct {
 	Approve []string
 }
 
+// Inline: TopicRules decides from memory.
+func (TopicRules) Inline() bool { return true }
+
 // Check applies the rules to req.
 func (p TopicRules) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
 	for _, pat := range p.Deny {
