@@ -2,7 +2,9 @@ package troupe_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/registry"
+	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -85,5 +88,70 @@ func TestRuntimeTopicMapping(t *testing.T) {
 	r := f.waitState("job-mapped", core.StateSucceeded)
 	if r.Worker != "wn" {
 		t.Fatalf("worker %s", r.Worker)
+	}
+}
+
+// A tenant's concurrency cap holds across replicas: with a cap of 1 and two
+// nodes sharing Redis, never more than one of its jobs is with a worker;
+// the others wait with reason tenant_limit; another tenant is not held up.
+func TestTenantLimitAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	limits := map[string]int{"acme": 1}
+	f := newFixture(t, func(c *troupe.Config) { c.TenantLimits = limits })
+	newNodeOn(t, f, "node-b", func(c *troupe.Config) { c.TenantLimits = limits })
+	var mu sync.Mutex
+	holding, maxHolding := 0, 0
+	release := make(chan struct{})
+	f.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		if req.TenantId == "acme" {
+			mu.Lock()
+			holding++
+			maxHolding = max(maxHolding, holding)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			holding--
+			mu.Unlock()
+		}
+		return worker.Echo(ctx, req)
+	})
+	waitLive(t, f.node, 1)
+	for i := 0; i < 3; i++ {
+		req := echoReq(fmt.Sprintf("acme-%d", i))
+		req.TenantId = "acme"
+		f.submit(req)
+	}
+	other := echoReq("globex-1")
+	other.TenantId = "globex"
+	f.submit(other)
+	f.waitState("globex-1", core.StateSucceeded)
+	// Two acme jobs wait for the cap, with the reason recorded.
+	waiting := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting < 2 && time.Now().Before(deadline) {
+		waiting = 0
+		for i := 0; i < 3; i++ {
+			if r, err := f.node.Job(context.Background(), fmt.Sprintf("acme-%d", i)); err == nil &&
+				r.State == core.StateScheduled && r.Reason == core.ReasonTenantLimit {
+				waiting++
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if waiting != 2 {
+		t.Fatalf("%d acme jobs wait with tenant_limit, want 2", waiting)
+	}
+	close(release)
+	for i := 0; i < 3; i++ {
+		f.waitState(fmt.Sprintf("acme-%d", i), core.StateSucceeded)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if maxHolding != 1 {
+		t.Fatalf("%d acme jobs were with the worker at once, cap is 1", maxHolding)
+	}
+	n, _ := f.env.Redis.ZCard(context.Background(), store.NewKeys(f.env.KeyPrefix()).TenantActive("acme")).Result()
+	if n != 0 {
+		t.Fatalf("%d tenant slots still held after every job finished", n)
 	}
 }

@@ -108,6 +108,12 @@ type Config struct {
 	// a fresh registry, see Node.Metrics).
 	Metrics *prometheus.Registry
 
+	// TenantLimits caps each tenant's DISPATCHED + RUNNING jobs across all
+	// replicas (a missing tenant has no cap; a policy's max_concurrent_jobs
+	// constraint can lower it per job). A job over the cap waits and retries
+	// with reason tenant_limit.
+	TenantLimits map[string]int
+
 	// NoRedispatchTopics lists topics whose jobs are not re-dispatched when
 	// their worker is evicted before starting them (the default is to
 	// re-dispatch: a dead worker costs a re-dispatch, not a timeout).
@@ -240,6 +246,13 @@ func (n *Node) ReloadPools() error { return n.pools.Reload() }
 // replica through Redis.
 func (n *Node) Mappings() *router.MappingStore { return router.NewMappingStore(n.rdb, n.cfg.KeyPrefix) }
 
+func tenantLimit(limits map[string]int) func(string) int {
+	if len(limits) == 0 {
+		return nil
+	}
+	return func(tenant string) int { return limits[tenant] }
+}
+
 func redispatch(off []string) func(topic string) bool {
 	if len(off) == 0 {
 		return nil
@@ -339,6 +352,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
 		Forward: supervisor.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
+		TenantLimit:           tenantLimit(n.cfg.TenantLimits),
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace,
 	}).WithDefaults()

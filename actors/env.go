@@ -55,6 +55,9 @@ type Env struct {
 	// reports whether that node took it (acked). It blocks, so the actor
 	// calls it from a goroutine. Nil: events go back to JetStream instead.
 	Forward func(owner, kind string, raw []byte) bool
+	// TenantLimit returns a tenant's concurrency limit across all replicas
+	// (0: none). A policy's max_concurrent_jobs constraint can lower it.
+	TenantLimit func(tenant string) int
 	// Redispatch reports whether jobs of topic are re-dispatched when their
 	// worker is evicted before it starts them (nil: always).
 	Redispatch func(topic string) bool

@@ -71,6 +71,7 @@ type JobActor struct {
 	deadlineWhy  core.Reason
 	record       map[string]string // the record as read at adoption
 	policyLimit  int               // max_concurrent_jobs from the policy's constraints
+	admitted     bool              // the job holds one of its tenant's concurrency slots
 	firstEvent   time.Time
 	idemChecked  bool
 
@@ -454,6 +455,7 @@ func (j *JobActor) adopt(f map[string]string) {
 	j.created = msTime(f["created"])
 	j.deadline = msTime(f["deadline"])
 	j.deadlineWhy = core.Reason(f["deadline_kind"])
+	j.admitted = f["tslot"] == "1"
 	if raw := f["req"]; raw != "" {
 		req := &capv1.JobRequest{}
 		if err := proto.Unmarshal([]byte(raw), req); err == nil {
@@ -649,6 +651,41 @@ func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
 		j.placementFailed(c, p)
 		return
 	}
+	limit := j.tenantLimit()
+	if limit <= 0 || j.admitted {
+		j.dispatchTo(c, p)
+		return
+	}
+	// The tenant has a concurrency limit: take a slot (shared by every
+	// replica) before dispatching, or wait like any transient failure.
+	op := &store.Op{Kind: store.OpAdmit, JobID: j.id, TenantKey: j.env.Keys.TenantActive(safety.TenantOf(j.req)), Limit: limit}
+	j.write(c, op, func(c actor.Context, r *store.Result) {
+		if !r.Admitted {
+			j.placementFailed(c, &router.PickReply{Reason: core.ReasonTenantLimit,
+				Detail: "tenant " + safety.TenantOf(j.req) + " has " + strconv.Itoa(limit) + " jobs running"})
+			return
+		}
+		j.admitted = true
+		j.dispatchTo(c, p)
+	})
+}
+
+// tenantLimit is the job's tenant concurrency limit (0: none): the node's
+// per-tenant setting, lowered by the policy's max_concurrent_jobs.
+func (j *JobActor) tenantLimit() int {
+	limit := 0
+	if j.env.TenantLimit != nil {
+		limit = j.env.TenantLimit(safety.TenantOf(j.req))
+	}
+	if j.policyLimit > 0 && (limit == 0 || j.policyLimit < limit) {
+		limit = j.policyLimit
+	}
+	return limit
+}
+
+// dispatchTo records the job as dispatched to the picked worker and
+// publishes it there.
+func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 	path := make([]store.Hop, 0, 2)
 	if j.state == core.StatePending {
 		path = append(path, store.Hop{To: core.StateScheduled, Reason: core.ReasonAllowed})
@@ -659,7 +696,8 @@ func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
 	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
 		Due: deadline.UnixMilli(),
 		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
-			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}}, nil,
+			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why),
+			"tslot", slotFlag(j.admitted)}}, nil,
 		func(c actor.Context) {
 			j.worker, j.subject = p.WorkerID, p.Subject
 			j.deadline, j.deadlineWhy = deadline, why
@@ -916,9 +954,17 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 		from = h.To
 	}
 	op := &store.Op{Kind: store.OpTransition, JobID: j.id, Node: j.env.NodeID, LockValue: j.lockValue, T: t, DLQ: dlq}
+	active := func(s core.State) bool { return s == core.StateDispatched || s == core.StateRunning }
+	freesSlot := j.admitted && active(j.state) && !active(t.Final())
+	if freesSlot {
+		op.TenantRelease = j.env.Keys.TenantActive(safety.TenantOf(j.req))
+	}
 	j.write(c, op, func(c actor.Context, r *store.Result) {
 		switch r.Step {
 		case store.StepOK:
+			if freesSlot {
+				j.admitted = false
+			}
 			if j.state == core.StateDispatched && t.Final() != core.StateDispatched {
 				j.release(c)
 			}
@@ -1032,6 +1078,13 @@ func (j *JobActor) finish(c actor.Context) {
 	}
 	j.deferred = nil
 	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self()})
+}
+
+func slotFlag(admitted bool) string {
+	if admitted {
+		return "1"
+	}
+	return "0"
 }
 
 // release tells the router the job no longer waits for its worker to start it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -120,3 +121,41 @@ func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, erro
 
 // Retention returns how long terminal jobs are kept (≤ 0: forever).
 func (s *Store) Retention() time.Duration { return s.cfg.Retention }
+
+// RepairTenantSlots gives back tenant concurrency slots held by jobs that
+// are no longer DISPATCHED or RUNNING (a node died between finishing a job
+// and releasing its slot). Only slots older than minAge are considered, so
+// a job admitted a moment ago and not yet dispatched keeps its slot. At most
+// perKey slots per tenant are checked per call.
+func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, perKey int64) (int, error) {
+	removed := 0
+	iter := s.rdb.Scan(ctx, 0, s.keys.TenantActivePattern(), 100).Iterator()
+	cutoff := strconv.FormatInt(time.Now().Add(-minAge).UnixMilli(), 10)
+	for iter.Next(ctx) {
+		key := iter.Val()
+		ids, err := s.rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: cutoff, Count: perKey}).Result()
+		if err != nil || len(ids) == 0 {
+			continue
+		}
+		pipe := s.rdb.Pipeline()
+		states := make([]*redis.StringCmd, len(ids))
+		for i, id := range ids {
+			states[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+		}
+		_, _ = pipe.Exec(ctx)
+		var stale []interface{}
+		for i, id := range ids {
+			st := core.State(states[i].Val())
+			if st != core.StateDispatched && st != core.StateRunning {
+				stale = append(stale, id)
+			}
+		}
+		if len(stale) > 0 {
+			if err := s.rdb.ZRem(ctx, key, stale...).Err(); err != nil {
+				return removed, fmt.Errorf("store: repair tenant slots: %w", err)
+			}
+			removed += len(stale)
+		}
+	}
+	return removed, iter.Err()
+}

@@ -67,6 +67,14 @@ func (k *Keys) Idempotency(tenant, key string) string {
 	return k.prefix + "idem:" + tenant + ":" + key
 }
 
+// TenantActive is the sorted set of a tenant's jobs that hold one of its
+// concurrency slots (member = job id, score = admission time, unix ms).
+// One key per tenant, shared by every replica: the limit is cluster-wide.
+func (k *Keys) TenantActive(tenant string) string { return k.prefix + "tenant:" + tenant + ":active" }
+
+// TenantActivePattern matches every TenantActive key (for repair scans).
+func (k *Keys) TenantActivePattern() string { return k.prefix + "tenant:*:active" }
+
 // Index is the sorted set of shard's jobs in state.
 func (k *Keys) Index(shard int, state string) string { return k.tags[shard] + "idx:" + state }
 

@@ -223,5 +223,18 @@ end
 return n
 `)
 
-var allScripts = []*redis.Script{activateScript, transitionScript, releaseScript, renewScript,
+// admitScript takes one of a tenant's concurrency slots for a job.
+// KEYS: tenant active set. ARGV: job_id, limit, now_ms. Returns 1 if the
+// job holds a slot (it already did, or one was free), 0 if the tenant is at
+// its limit.
+var admitScript = redis.NewScript(`
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+  return 1
+end
+return 0
+`)
+
+var allScripts = []*redis.Script{admitScript, activateScript, transitionScript, releaseScript, renewScript,
 	approveScript, claimScript, dueScript, trimScript}

@@ -63,6 +63,9 @@ const (
 	// OpClaim claims Op.IdemKey for the job (idempotency); Result.Holder
 	// names the job that holds it.
 	OpClaim
+	// OpAdmit takes one of the tenant's Op.Limit concurrency slots for the
+	// job; Result.Admitted says whether it got one.
+	OpAdmit
 )
 
 // Hop is one state change within a Transition.
@@ -143,6 +146,13 @@ type Op struct {
 	IdemKey string
 	IdemTTL time.Duration
 
+	// OpAdmit: the tenant's active set and its limit.
+	TenantKey string
+	Limit     int
+	// TenantRelease, when set, gives the job's slot in this tenant set back
+	// (in the same pipeline as the op).
+	TenantRelease string
+
 	// OpDLQ (may accompany any kind; written in the same pipeline).
 	DLQ *DLQEntry
 
@@ -195,6 +205,9 @@ type Result struct {
 
 	// OpRelease.
 	Released bool
+
+	// OpAdmit.
+	Admitted bool
 }
 
 // OK reports whether the op applied (for a transition: Step is OK).
@@ -359,6 +372,11 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			ttl = int64(RetentionDefault / time.Second)
 		}
 		op.cmds = append(op.cmds, claimScript.EvalSha(ctx, pipe, []string{op.IdemKey}, op.JobID, ttl))
+	case OpAdmit:
+		op.cmds = append(op.cmds, admitScript.EvalSha(ctx, pipe, []string{op.TenantKey}, op.JobID, op.Limit, now))
+	}
+	if op.TenantRelease != "" {
+		op.cmds = append(op.cmds, pipe.ZRem(ctx, op.TenantRelease, op.JobID))
 	}
 	if op.DLQ != nil {
 		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
@@ -434,6 +452,9 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 		r.Released = n == 1
 	case OpClaim:
 		r.Holder, _ = op.cmds[0].(*redis.Cmd).Text()
+	case OpAdmit:
+		n, _ := op.cmds[0].(*redis.Cmd).Int64()
+		r.Admitted = n == 1
 	}
 	return r
 }

@@ -43,6 +43,9 @@ const (
 	// TrimEvery: the poller trims expired entries from terminal-state
 	// indexes every this many ticks, so transitions do not pay for it.
 	TrimEvery = 30
+	// TenantSlotGrace: a tenant slot is only repaired once it is this old,
+	// so a job admitted but not yet dispatched keeps it.
+	TenantSlotGrace = time.Minute
 )
 
 // Start runs the poller until Stop.
@@ -100,6 +103,11 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if p.ticks++; p.ticks%TrimEvery == 0 && p.Store.Retention() > 0 {
 		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
 			p.Log.Warn("index trim failed", "err", err)
+		}
+		if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
+			p.Log.Warn("tenant slot repair failed", "err", err)
+		} else if n > 0 {
+			p.Log.Info("tenant slots given back", "count", n)
 		}
 	}
 	ids, err := p.Store.DueJobs(ctx, now.Add(-p.Slack), now.Add(DueRetryAfter), p.PerShard)
