@@ -419,7 +419,7 @@ func newNodeOn(t *testing.T, f *fixture, id string, mutate ...func(*troupe.Confi
 
 // counter reads a counter (or gauge) from the node's registry; label is the
 // value of its only label, or "" for none.
-func counter(t *testing.T, n *troupe.Node, name, label string) float64 {
+func counter(t testing.TB, n *troupe.Node, name, label string) float64 {
 	t.Helper()
 	mfs, err := n.Metrics().Gather()
 	if err != nil {

@@ -146,6 +146,8 @@ type Node struct {
 	wheel  *actors.Wheel
 	due    *supervisor.DuePoller
 
+	dispatcher *supervisor.PoolDispatcher
+
 	cancel context.CancelFunc
 	subs   []*nats.Subscription
 
@@ -356,7 +358,9 @@ func (n *Node) Start(ctx context.Context) error {
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace,
 	}).WithDefaults()
-	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env))
+	n.dispatcher = supervisor.NewPoolDispatcher()
+	onPool := actor.WithDispatcher(n.dispatcher)
+	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, onPool), onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
 		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
 		if err != nil {
@@ -463,6 +467,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.wheel != nil {
 			n.wheel.Stop()
+		}
+		if n.dispatcher != nil {
+			n.dispatcher.Close()
 		}
 		if n.writer != nil {
 			n.writer.Close()

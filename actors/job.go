@@ -92,8 +92,8 @@ type JobActor struct {
 
 // NewJobProps returns the props every job actor of a node is spawned with.
 // The actor learns its job id from its name (see jobIDFromPID).
-func NewJobProps(env *Env) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &JobActor{env: env} })
+func NewJobProps(env *Env, opts ...actor.PropsOption) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &JobActor{env: env} }, opts...)
 }
 
 // jobIDFromPID returns the job id from a job actor's PID id "<shard>/<job_id>".

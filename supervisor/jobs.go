@@ -48,10 +48,10 @@ func jobSupervision() actor.SupervisorStrategy {
 }
 
 // ShardProps returns the props of one job supervisor shard.
-func ShardProps(jobProps *actor.Props) *actor.Props {
+func ShardProps(jobProps *actor.Props, opts ...actor.PropsOption) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &JobShard{props: jobProps, live: map[string]*actor.PID{}, stopping: map[string][]*Deliver{}}
-	}, actor.WithSupervisor(jobSupervision()))
+	}, append(opts, actor.WithSupervisor(jobSupervision()))...)
 }
 
 // Receive handles the shard's messages.
