@@ -1,12 +1,16 @@
 package troupe_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -63,4 +67,34 @@ func waitLive(t *testing.T, n *troupe.Node, want int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("node %s never saw %d workers", n.ID(), want)
+}
+
+// Redis restarted without persistence while a job was with its worker: the
+// owning actor finds its lock gone, writes the record back from memory with
+// reason state_lost, and the worker's result still completes the job.
+func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	rec := newReceipts()
+	release := make(chan struct{})
+	f.startWorker("w1", true, rec, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		<-release
+		return worker.Echo(ctx, req)
+	})
+	f.submit(echoReq("job-lost"))
+	<-rec.ch
+	f.waitState("job-lost", core.StateDispatched)
+	// Everything Redis knew about the job is gone.
+	keys := store.NewKeys(f.env.KeyPrefix())
+	ctx := context.Background()
+	f.env.Redis.Del(ctx, keys.Job("job-lost"), keys.History("job-lost"), keys.Lock("job-lost"))
+	f.env.Redis.ZRem(ctx, keys.Due(store.Shard("job-lost")), "job-lost")
+	close(release)
+	r := f.waitState("job-lost", core.StateSucceeded)
+	if !strings.Contains(reasons(r.History), "SCHEDULED:state_lost DISPATCHED:state_lost") || r.Worker != "w1" {
+		t.Fatalf("history %s", reasons(r.History))
+	}
+	if n := rec.count("job-lost"); n != 1 {
+		t.Fatalf("received %d times", n)
+	}
 }

@@ -72,6 +72,7 @@ type JobActor struct {
 	record       map[string]string // the record as read at adoption
 	policyLimit  int               // max_concurrent_jobs from the policy's constraints
 	admitted     bool              // the job holds one of its tenant's concurrency slots
+	lost         core.State        // the state this actor knew when the job's lock vanished
 	firstEvent   time.Time
 	idemChecked  bool
 
@@ -385,6 +386,10 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			j.forwardToOwner(r.Holder)
 			j.finish(c)
 		case store.ActivateNotFound:
+			if j.lost != "" {
+				j.recreate(c)
+				return
+			}
 			j.unknownJob(c)
 		}
 	})
@@ -442,6 +447,49 @@ func (j *JobActor) forwardToOwner(holder string) {
 		}()
 	}
 	j.deferred = keep
+}
+
+// recover re-activates a job whose lock vanished under this actor.
+func (j *JobActor) recover(c actor.Context) {
+	j.env.Renewer.Forget(j.id, store.LockValue(j.env.NodeID, j.fence))
+	j.lost = j.state
+	j.activated = false
+	j.activate(c, false, nil, nil, nil)
+}
+
+// recreate writes back the record of a job Redis no longer has (a restart
+// without persistence), in the state this actor knew, with reason
+// state_lost on every recreated step — so a worker's result still finds the
+// job, and the job is never silently dropped.
+func (j *JobActor) recreate(c actor.Context) {
+	known := j.lost
+	j.lost = ""
+	var path []store.Hop
+	switch known {
+	case core.StateScheduled:
+		path = []store.Hop{{To: core.StateScheduled, Reason: core.ReasonStateLost}}
+	case core.StateDispatched:
+		path = []store.Hop{{To: core.StateScheduled, Reason: core.ReasonStateLost},
+			{To: core.StateDispatched, Reason: core.ReasonStateLost}}
+	case core.StateRunning:
+		path = []store.Hop{{To: core.StateScheduled, Reason: core.ReasonStateLost},
+			{To: core.StateDispatched, Reason: core.ReasonStateLost}, {To: core.StateRunning, Reason: core.ReasonStateLost}}
+	}
+	j.env.Log.Warn("job record lost from Redis; recreating it", "job_id", j.id, "trace_id", j.traceID,
+		"state", known, "reason", core.ReasonStateLost)
+	j.state = core.StatePending
+	if len(path) == 0 {
+		j.activate(c, true, nil, nil, nil)
+		return
+	}
+	t := &store.Transition{Path: path, Due: j.deadline.UnixMilli(),
+		Fields: []string{"worker", j.worker, "subj", j.subject, "attempts", strconv.Itoa(j.attempts),
+			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
+			"tslot", slotFlag(j.admitted)}}
+	if j.deadline.IsZero() {
+		t.Due = 0
+	}
+	j.activate(c, true, t, nil, func(c actor.Context) { j.advance(c) })
 }
 
 // adopt loads what the actor needs from the record of an existing job.
@@ -978,13 +1026,22 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 			}
 		case store.StepFenced:
 			j.env.Metrics.Fenced.Inc()
-			j.env.Log.Warn("transition refused: job owned by another node", "job_id", j.id,
-				"trace_id", j.traceID, "to", t.Final(), "owner", r.Before)
 			j.lockValue = ""
 			for _, d := range j.acks {
 				nak(d, time.Second)
 			}
 			j.acks = j.acks[:0]
+			if r.Before == "" && j.req != nil {
+				// Nobody holds the lock: it expired (renewals failed) or
+				// Redis lost its data. Nothing else owns the job, so take it
+				// again; the events just handed back will be offered again.
+				j.env.Log.Warn("job lock vanished; re-activating", "job_id", j.id, "trace_id", j.traceID,
+					"state", j.state)
+				j.recover(c)
+				return
+			}
+			j.env.Log.Warn("transition refused: job owned by another node", "job_id", j.id,
+				"trace_id", j.traceID, "to", t.Final(), "owner", r.Before)
 			j.finish(c)
 			return
 		default:

@@ -62,4 +62,11 @@ const (
 	ReasonLockBusy             Reason = "lock_busy"
 	ReasonStateUnavailable     Reason = "state_unavailable"
 	ReasonIdempotentDuplicate  Reason = "idempotent_duplicate"
+	// ReasonStateLost: Redis no longer had the job's record (it restarted
+	// without persistence); the owning actor wrote it back from memory.
+	ReasonStateLost Reason = "state_lost"
+	// ReasonMaxDeliveries: JetStream offered a message as often as it
+	// will, and it was never handled; it is dead-lettered before it is
+	// dropped.
+	ReasonMaxDeliveries Reason = "max_deliveries"
 )

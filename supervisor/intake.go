@@ -41,8 +41,23 @@ func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
 	in.Env.Root.Send(shard, &Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
 }
 
+// lastOffer dead-letters a message on its last delivery: JetStream drops
+// it after that, and nothing is dropped unrecorded. It reports whether it did.
+func (in *Intake) lastOffer(msg jetstream.Msg) bool {
+	md, err := msg.Metadata()
+	if err != nil || md.NumDelivered < bus.MaxDeliverDefault {
+		return false
+	}
+	in.reject(msg, "", "", core.ReasonMaxDeliveries,
+		fmt.Sprintf("offered %d times and never handled", md.NumDelivered))
+	return true
+}
+
 // HandleSubmit handles one message from the submit stream.
 func (in *Intake) HandleSubmit(msg jetstream.Msg) {
+	if in.lastOffer(msg) {
+		return
+	}
 	pkt, err := bus.Decode(msg.Data())
 	if err != nil {
 		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
@@ -67,6 +82,9 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 
 // HandleResult handles one message from the result stream.
 func (in *Intake) HandleResult(msg jetstream.Msg) {
+	if in.lastOffer(msg) {
+		return
+	}
 	pkt, err := bus.Decode(msg.Data())
 	if err != nil {
 		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
@@ -224,6 +242,9 @@ func ValidateRequest(req *capv1.JobRequest) error {
 
 // HandleCancel handles one message from the cancel stream.
 func (in *Intake) HandleCancel(msg jetstream.Msg) {
+	if in.lastOffer(msg) {
+		return
+	}
 	pkt, err := bus.Decode(msg.Data())
 	if err != nil {
 		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
