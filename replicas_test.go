@@ -98,3 +98,40 @@ func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
 		t.Fatalf("received %d times", n)
 	}
 }
+
+// A node stopped gracefully gives up the locks of its in-flight jobs, so
+// another replica takes over their results at once (no lock TTL to wait).
+func TestGracefulStopHandsJobsOver(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	rec := newReceipts()
+	release := make(chan struct{})
+	f.startWorker("w1", true, rec, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return worker.Echo(ctx, req)
+	})
+	f.submit(echoReq("job-handover"))
+	<-rec.ch
+	f.waitState("job-handover", core.StateDispatched)
+	a := f.node
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The stopped node has closed its clients: read the lock directly.
+	if holder := f.env.Redis.Get(context.Background(), store.NewKeys(f.env.KeyPrefix()).Lock("job-handover")).Val(); holder != "" {
+		t.Fatalf("lock still held after a graceful stop: %q", holder)
+	}
+	t.Logf("stop took %v", time.Since(start))
+	newNodeOn(t, f, "node-b")
+	close(release)
+	r := f.waitState("job-handover", core.StateSucceeded)
+	if last := r.History[len(r.History)-1]; last.Node != "node-b" {
+		t.Fatalf("finished by %s", last.Node)
+	}
+}

@@ -439,8 +439,10 @@ func (n *Node) connect(ctx context.Context) error {
 }
 
 // Stop stops consuming, stops the actors (releasing the locks of jobs still
-// in flight so another replica can adopt them), flushes pending writes and
-// closes the connections the node opened.
+// in flight so another replica can adopt them at once), flushes pending
+// writes and closes the connections the node opened. It waits for the actors
+// at most until ctx ends (`troupe node` gives it 10 s on SIGTERM); whatever
+// has not stopped by then keeps its locks until they expire.
 func (n *Node) Stop(ctx context.Context) error {
 	n.stopOnce.Do(func() {
 		if n.cancel != nil {
@@ -459,10 +461,23 @@ func (n *Node) Stop(ctx context.Context) error {
 			n.pools.Stop()
 		}
 		if n.sys != nil {
-			for _, pid := range n.shards {
-				_ = n.sys.Root.PoisonFuture(pid).Wait()
+			// Stop every shard at once (each stops its job actors, which
+			// release their locks through the writer), bounded by ctx.
+			var wg sync.WaitGroup
+			for _, pid := range append(n.shards, n.router) {
+				wg.Add(1)
+				go func(f *actor.Future) {
+					defer wg.Done()
+					_ = f.Wait()
+				}(n.sys.Root.PoisonFuture(pid))
 			}
-			_ = n.sys.Root.PoisonFuture(n.router).Wait()
+			stopped := make(chan struct{})
+			go func() { wg.Wait(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-ctx.Done():
+				n.log.Warn("stop: actors still stopping at the deadline; locks left will expire", "err", ctx.Err())
+			}
 			n.sys.Shutdown()
 		}
 		if n.wheel != nil {

@@ -1,6 +1,20 @@
 // Package safety decides whether a job may run (input policy) and whether its
-// result may be released (output policy). This file holds the interfaces the
-// job actor calls and the request builder CAP kernels expect.
+// result may be released (output policy).
+//
+// Input: the job actor calls an InputPolicy. Engine is the built-in policy
+// engine over CAP's safety policy YAML (engine.go, policyfile.go, match.go,
+// reloaded by engine_watch.go); KernelServer serves it as the SafetyKernel
+// gRPC service; KernelClient asks a remote kernel, behind a circuit breaker
+// whose state replicas share in Redis (kernel_client.go, breaker.go), and
+// never turns an outage into a denial.
+//
+// Output: OutputChecker decides in two phases, metadata then content.
+// OutputPolicy is the built-in checker (output.go, output_scan.go);
+// RemoteOutputChecker and OutputServer are the gRPC pair
+// (output_remote.go); OutputGate runs the phases for the job actor
+// (output_flow.go).
+//
+// This file holds the interfaces and the request builder CAP kernels expect.
 package safety
 
 import (
@@ -26,6 +40,16 @@ func IsInline(p InputPolicy) bool {
 	i, ok := p.(Inline)
 	return ok && i.Inline()
 }
+
+// The implementations the node plugs in.
+var (
+	_ InputPolicy   = AllowAll{}
+	_ InputPolicy   = TopicRules{}
+	_ InputPolicy   = (*Engine)(nil)
+	_ InputPolicy   = (*KernelClient)(nil)
+	_ OutputChecker = (*OutputPolicy)(nil)
+	_ OutputChecker = (*RemoteOutputChecker)(nil)
+)
 
 // AllowAll is the input policy of `troupe dev` and of nodes started with no
 // policy: every job is allowed. It never fails.

@@ -10,7 +10,8 @@ import (
 // TopicRules is a small input policy for development and simple setups:
 // topics matching a Deny pattern are denied, those matching an Approve
 // pattern need a human, everything else is allowed. Patterns use path.Match,
-// as CAP policies do ("job.*" matches job.x, not job.x.y).
+// as CAP policies do: "job.*" matches job.x and also job.x.y (path.Match's
+// star stops only at '/').
 type TopicRules struct {
 	Deny    []string
 	Approve []string

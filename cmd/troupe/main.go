@@ -40,6 +40,7 @@ var commands = []command{
 	{"job", "print a job's state and transition history", runJob},
 	{"dlq", "list dead-lettered jobs and inputs", runDLQ},
 	{"pool", "list, add or remove runtime topic → pool mappings (shared by all replicas)", runPool},
+	{"safety", "serve the built-in policy engine as a CAP SafetyKernel (gRPC), or query or validate policies", runSafety},
 	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
 }
 

@@ -1,0 +1,157 @@
+package safety
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// register registers c, or returns the collector already registered under
+// the same description, so that two clients (two nodes in one test binary,
+// a client rebuilt on config reload) can share a Registerer.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("safety: register metrics: %w", err)
+}
+
+// inputMetrics are the kernel client's series. Safe for concurrent use.
+type inputMetrics struct {
+	failOpen *prometheus.CounterVec
+	checks   *prometheus.CounterVec
+	latency  prometheus.Histogram
+	breaker  prometheus.Gauge
+}
+
+func newInputMetrics(reg prometheus.Registerer) (*inputMetrics, error) {
+	m := &inputMetrics{
+		failOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_input_fail_open_total",
+			Help: "Jobs allowed without a policy decision because the safety kernel was unavailable and fail mode is open.",
+		}, []string{"topic"}),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_safety_checks_total",
+			Help: "Input policy checks by outcome: the decision, cached_<decision>, or unavailable.",
+		}, []string{"outcome"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "troupe_safety_check_seconds",
+			Help:    "Round trip of input policy checks that reached the kernel.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2},
+		}),
+		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "troupe_safety_breaker_state",
+			Help: "The safety kernel circuit as this process last saw it: 0 closed, 1 half-open, 2 open.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.failOpen, err = register(reg, m.failOpen); err != nil {
+		return nil, err
+	}
+	if m.checks, err = register(reg, m.checks); err != nil {
+		return nil, err
+	}
+	if m.latency, err = register(reg, m.latency); err != nil {
+		return nil, err
+	}
+	if m.breaker, err = register(reg, m.breaker); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// OutputMetrics are the output policy's series: checks and their decisions,
+// quarantines, skipped checks and latency, each by phase ("meta" for phase
+// 1, "content" for phase 2). Safe for concurrent use.
+type OutputMetrics struct {
+	checked     *prometheus.CounterVec
+	quarantined *prometheus.CounterVec
+	skipped     *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+}
+
+// Phase names used as the "phase" label.
+const (
+	PhaseMeta    = "meta"
+	PhaseContent = "content"
+)
+
+// NewOutputMetrics registers the output policy series on reg (nil: the
+// series exist but are exported nowhere).
+func NewOutputMetrics(reg prometheus.Registerer) (*OutputMetrics, error) {
+	m := &OutputMetrics{
+		checked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_output_policy_checked_total",
+			Help: "Output policy checks by phase and decision (error: the checker failed and the result was released).",
+		}, []string{"phase", "decision"}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_output_policy_quarantined_total",
+			Help: "Results moved to OUTPUT_QUARANTINED, by phase.",
+		}, []string{"phase"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "troupe_output_policy_skipped_total",
+			Help: "Output checks not run, by phase and why (no_pointer, fetch_failed, allowed_by_rule, job_not_succeeded, ...).",
+		}, []string{"phase", "why"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "troupe_output_policy_check_seconds",
+			Help:    "Output policy check latency by phase (phase 2 includes fetching the content).",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .01, .05, .25, 1, 5, 30},
+		}, []string{"phase"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.checked, err = register(reg, m.checked); err != nil {
+		return nil, err
+	}
+	if m.quarantined, err = register(reg, m.quarantined); err != nil {
+		return nil, err
+	}
+	if m.skipped, err = register(reg, m.skipped); err != nil {
+		return nil, err
+	}
+	if m.latency, err = register(reg, m.latency); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Checked counts a check's decision ("error" when the checker failed).
+func (m *OutputMetrics) Checked(phase, decision string) {
+	if m != nil {
+		m.checked.WithLabelValues(phase, decision).Inc()
+	}
+}
+
+// Quarantined counts a result moved to OUTPUT_QUARANTINED.
+func (m *OutputMetrics) Quarantined(phase string) {
+	if m != nil {
+		m.quarantined.WithLabelValues(phase).Inc()
+	}
+}
+
+// Skipped counts a check not run, and why.
+func (m *OutputMetrics) Skipped(phase, why string) {
+	if m != nil {
+		m.skipped.WithLabelValues(phase, why).Inc()
+	}
+}
+
+// Observe records a check's latency in seconds.
+func (m *OutputMetrics) Observe(phase string, seconds float64) {
+	if m != nil {
+		m.latency.WithLabelValues(phase).Observe(seconds)
+	}
+}
