@@ -18,6 +18,7 @@ import (
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -447,4 +448,42 @@ func value(m *dto.Metric) float64 {
 		return m.Gauge.GetValue()
 	}
 	return 0
+}
+
+// With the built-in engine, ALLOW_WITH_CONSTRAINTS reaches the worker as
+// CAP's env entries, caps the deadline, and the decision is on the record.
+func TestPolicyConstraintsTravelToTheWorker(t *testing.T) {
+	t.Parallel()
+	engine, err := safety.NewEngine([]byte(`
+version: "t1"
+rules:
+  - id: echo-constrained
+    match: {topics: ["job.echo"]}
+    decision: allow
+    constraints: {budgets: {max_runtime_ms: 60000}, redaction_level: "strict"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, func(c *troupe.Config) { c.Policy = engine })
+	got := make(chan *capv1.JobRequest, 1)
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wc", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
+		Subjects: f.subj, Heartbeat: time.Second,
+		OnReceive: func(_ string, req *capv1.JobRequest) { got <- req }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	f.waitWorkers(1)
+	f.submit(echoReq("job-constrained"))
+	req := <-got
+	if req.Env["CORDUM_REDACTION_LEVEL"] != "strict" || !strings.Contains(req.Env["CORDUM_POLICY_CONSTRAINTS"], "60000") ||
+		req.GetBudget().GetDeadlineMs() != 60000 {
+		t.Fatalf("worker got env %v budget %v", req.Env, req.Budget)
+	}
+	r := f.waitState("job-constrained", core.StateSucceeded)
+	if r.Fields["policy_decision"] != "allow_with_constraints" || r.Fields["rule_id"] != "echo-constrained" ||
+		!strings.HasPrefix(r.Fields["policy_snapshot"], "t1:") {
+		t.Fatalf("decision not recorded: %v", r.Fields)
+	}
 }

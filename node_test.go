@@ -155,7 +155,13 @@ func (f *fixture) publishRaw(subject string, data []byte) {
 // waitState polls the job record until it reaches want (bounded).
 func (f *fixture) waitState(id string, want core.State) *store.JobRecord {
 	f.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	return f.waitStateWithin(id, want, 15*time.Second)
+}
+
+// waitStateWithin is waitState with its own bound.
+func (f *fixture) waitStateWithin(id string, want core.State, within time.Duration) *store.JobRecord {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
 	var last *store.JobRecord
 	for time.Now().Before(deadline) {
 		rec, err := f.node.Job(context.Background(), id)

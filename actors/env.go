@@ -25,6 +25,8 @@ const (
 	// StateRetryDelay is the wait before retrying after Redis could not be
 	// read or written: the job does nothing while its state is unknown.
 	StateRetryDelay = time.Second
+	// ThrottleDelay is the wait after a THROTTLE decision (CAP's 5 s).
+	ThrottleDelay = 5 * time.Second
 	// PolicyTimeout bounds one input policy check (CAP's 2 s).
 	PolicyTimeout = 2 * time.Second
 	// PermanentGraceDefault is how long a job whose routing error is

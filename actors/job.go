@@ -73,6 +73,7 @@ type JobActor struct {
 	policyLimit  int               // max_concurrent_jobs from the policy's constraints
 	admitted     bool              // the job holds one of its tenant's concurrency slots
 	lost         core.State        // the state this actor knew when the job's lock vanished
+	decision     []string          // the input policy's decision, as record fields, until written
 	firstEvent   time.Time
 	idemChecked  bool
 
@@ -314,6 +315,10 @@ func (j *JobActor) decideFresh(c actor.Context) {
 // k runs only if t was applied.
 func (j *JobActor) apply(c actor.Context, t *store.Transition, dlq *store.DLQEntry,
 	k func(c actor.Context)) {
+	if len(j.decision) > 0 {
+		t.Fields = append(t.Fields, j.decision...)
+		j.decision = nil
+	}
 	if j.activated {
 		j.transition(c, t, dlq, k)
 		return
@@ -616,13 +621,20 @@ func (j *JobActor) onDecision(c actor.Context, dec *capv1.PolicyCheckResponse, e
 	if m := dec.GetConstraints().GetBudgets().GetMaxConcurrentJobs(); m > 0 {
 		j.policyLimit = int(m)
 	}
+	// The decision is recorded with the job's next write.
+	j.decision = safety.DecisionFields(dec)
 	switch dec.Decision {
-	case capv1.DecisionType_DECISION_TYPE_ALLOW, capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS:
+	case capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS:
+		// The constraints travel to the worker in the request's env (the
+		// names CAP workers read) and cap budget.deadline_ms.
+		safety.ApplyConstraints(j.req, dec.Constraints)
+		j.askRouter(c)
+	case capv1.DecisionType_DECISION_TYPE_ALLOW:
 		j.askRouter(c)
 	case capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN:
 		j.requestApproval(c, dec)
 	case capv1.DecisionType_DECISION_TYPE_THROTTLE:
-		j.retryLater(c, core.ReasonSafetyThrottled)
+		j.retryIn(c, core.ReasonSafetyThrottled, ThrottleDelay)
 	default: // DENY and anything unknown
 		j.deny(c, core.ReasonSafetyDenied, dec.Reason,
 			[]string{"rule_id", dec.RuleId, "policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot})
@@ -852,6 +864,16 @@ func (j *JobActor) placementFailed(c actor.Context, p *router.PickReply) {
 		Path: []store.Hop{{To: core.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
 		nil, func(c actor.Context) { j.arm(c, at) })
+}
+
+// retryIn waits d (a throttling policy's answer) and decides again.
+func (j *JobActor) retryIn(c actor.Context, why core.Reason, d time.Duration) {
+	if !j.activated {
+		j.activate(c, true, nil, nil, nil)
+		return
+	}
+	j.env.Metrics.Retries.WithLabelValues(string(why)).Inc()
+	j.arm(c, time.Now().Add(d))
 }
 
 // retryLater waits and advances again without a state change. A submitted

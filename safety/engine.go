@@ -90,6 +90,10 @@ func NewEngine(data []byte) (*Engine, error) {
 	return e, nil
 }
 
+// Inline: the engine decides from memory (an atomic pointer to the loaded
+// policy), so the job actor calls it inside its mailbox.
+func (e *Engine) Inline() bool { return true }
+
 // LoadEngine reads the policy file at path and watches it (every
 // EnginePollDefault). Call Close to stop watching.
 func LoadEngine(path string) (*Engine, error) {

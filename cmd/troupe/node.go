@@ -8,9 +8,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/safety"
 )
 
 func runNode(ctx context.Context, args []string) error {
@@ -20,23 +21,27 @@ func runNode(ctx context.Context, args []string) error {
 	id := fs.String("id", envOr("TROUPE_NODE_ID", ""), "node id (default hostname-pid)")
 	poolsFile := fs.String("pools", envOr("TROUPE_POOLS_FILE", ""), "pools.yaml (default: built-in routing for job.echo, job.sleep, job.bench)")
 	timeouts := fs.String("timeouts", envOr("TROUPE_TIMEOUTS_FILE", ""), "timeouts.yaml (default: dispatch 300 s, running 9000 s)")
-	var approve, deny listFlag
-	fs.Var(&approve, "approve-topic", "topic pattern whose jobs need a human approval (repeatable; until the policy engine lands)")
-	fs.Var(&deny, "deny-topic", "topic pattern whose jobs are denied (repeatable)")
+	var pf policyFlags
+	pf.register(fs)
 	_ = fs.Parse(args)
 	log := c.logger()
+	reg := prometheus.NewRegistry()
+	policy, closePolicy, err := pf.build(c.redis, c.keyPrefix, reg, log)
+	if err != nil {
+		return err
+	}
+	defer closePolicy()
 	// With --pools the node reads (and watches, and reloads on SIGHUP) the
 	// file itself; without it, the built-in demo routing applies.
 	var pools *router.PoolConfig
 	if *poolsFile == "" {
-		var err error
 		if pools, err = loadPools(""); err != nil {
 			return err
 		}
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: c.nats, RedisURL: c.redis,
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
-		Policy: safety.TopicRules{Approve: approve, Deny: deny}})
+		Policy: policy, Metrics: reg})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/safety"
+)
+
+// policyFlags are the input-policy flags of `troupe node` and `troupe dev`.
+type policyFlags struct {
+	file     string
+	addr     string
+	failMode string
+	approve  listFlag
+	deny     listFlag
+}
+
+func (p *policyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.file, "policy", envOr("TROUPE_POLICY_FILE", ""),
+		"safety policy YAML for the built-in engine (reloaded on change)")
+	fs.StringVar(&p.addr, "safety-addr", os.Getenv(safety.EnvKernelAddr),
+		"an external SafetyKernel (host:port); TLS from SAFETY_KERNEL_TLS_CA / _TLS_REQUIRED / _INSECURE")
+	fs.StringVar(&p.failMode, "policy-fail-mode", "",
+		"closed (default: jobs wait while the kernel is unavailable) or open (they proceed, counted); TROUPE_POLICY_CHECK_FAIL_MODE wins")
+	fs.Var(&p.approve, "approve-topic", "without --policy: topic pattern whose jobs need a human approval (repeatable)")
+	fs.Var(&p.deny, "deny-topic", "without --policy: topic pattern whose jobs are denied (repeatable)")
+}
+
+// build returns the input policy the flags describe, and how to close it:
+// an external kernel, else the built-in engine over --policy, else simple
+// topic rules (allow-all when none are given).
+func (p *policyFlags) build(redisURL, keyPrefix string, reg prometheus.Registerer, log *slog.Logger) (safety.InputPolicy, func(), error) {
+	switch {
+	case p.addr != "":
+		cfg, err := safety.KernelClientConfigFromEnv()
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Addr = p.addr
+		if p.failMode != "" {
+			cfg.FailMode = safety.FailMode(p.failMode)
+		}
+		opt, err := redis.ParseURL(redisURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("redis url: %w", err)
+		}
+		rdb := redis.NewClient(opt)
+		cfg.Redis, cfg.KeyPrefix, cfg.Metrics, cfg.Log = rdb, keyPrefix, reg, log
+		kc, err := safety.NewKernelClient(cfg)
+		if err != nil {
+			_ = rdb.Close()
+			return nil, nil, err
+		}
+		log.Info("input policy: external safety kernel", "addr", p.addr, "fail_mode", cfg.FailMode)
+		return kc, func() { _ = kc.Close(); _ = rdb.Close() }, nil
+	case p.file != "":
+		e, err := safety.StartEngine(safety.EngineConfig{Path: p.file, Log: log})
+		if err != nil {
+			return nil, nil, err
+		}
+		log.Info("input policy: built-in engine", "file", p.file)
+		return e, func() { _ = e.Close() }, nil
+	}
+	return safety.TopicRules{Approve: p.approve, Deny: p.deny}, func() {}, nil
+}
