@@ -76,6 +76,9 @@ type Config struct {
 
 	// Policy is the input policy (default safety.AllowAll).
 	Policy safety.InputPolicy
+	// Output, when set, checks every result before it is called SUCCEEDED
+	// (metadata) and scans its content after (safety.NewOutputChecker).
+	Output safety.OutputChecker
 
 	// LockTTL is the job lock TTL (default store.LockTTLDefault).
 	LockTTL time.Duration
@@ -147,6 +150,7 @@ type Node struct {
 	due    *supervisor.DuePoller
 
 	dispatcher *supervisor.PoolDispatcher
+	scans      *actors.ScanPool
 
 	cancel context.CancelFunc
 	subs   []*nats.Subscription
@@ -238,6 +242,26 @@ func (n *Node) registerRenewMetrics() {
 	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "troupe_job_locks_held", Help: "Job locks this node holds and renews.",
 	}, func() float64 { return float64(n.renewer.Held()) }))
+}
+
+// Output content scans (phase 2) run on a small pool: each may take up to
+// safety.OutputContentBudgetDefault, and a full queue skips (and counts) a
+// scan rather than hold a result back.
+const (
+	ScanWorkers = 16
+	ScanQueue   = 10_000
+)
+
+func (n *Node) outputGate() *safety.OutputGate {
+	if n.cfg.Output == nil {
+		return nil
+	}
+	m, err := safety.NewOutputMetrics(n.cfg.Metrics)
+	if err != nil {
+		n.log.Warn("output metrics disabled", "err", err)
+		m = nil
+	}
+	return &safety.OutputGate{Checker: n.cfg.Output, Results: &safety.RedisResultStore{Client: n.rdb}, Metrics: m}
 }
 
 // ReloadPools re-reads the pools file (and the runtime mappings) now; an
@@ -349,12 +373,16 @@ func (n *Node) Start(ctx context.Context) error {
 	n.snap.WarmStart(ctx)
 	n.snap.Start()
 	n.wheel = actors.NewWheel(root)
+	if n.cfg.Output != nil {
+		n.scans = actors.NewScanPool(ScanWorkers, ScanQueue)
+	}
 	n.env = (&actors.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
 		Forward: supervisor.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
-		TenantLimit:           tenantLimit(n.cfg.TenantLimits),
+		TenantLimit: tenantLimit(n.cfg.TenantLimits),
+		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace,
 	}).WithDefaults()
@@ -485,6 +513,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.dispatcher != nil {
 			n.dispatcher.Close()
+		}
+		if n.scans != nil {
+			n.scans.Stop()
 		}
 		if n.writer != nil {
 			n.writer.Close()

@@ -57,6 +57,12 @@ type Env struct {
 	// reports whether that node took it (acked). It blocks, so the actor
 	// calls it from a goroutine. Nil: events go back to JetStream instead.
 	Forward func(owner, kind string, raw []byte) bool
+	// Output checks results before they are called SUCCEEDED (phase 1) and
+	// scans their content afterwards (phase 2, on Scans). Nil: no output
+	// policy.
+	Output *safety.OutputGate
+	// Scans runs phase-2 content scans off the actors (nil with Output nil).
+	Scans *ScanPool
 	// TenantLimit returns a tenant's concurrency limit across all replicas
 	// (0: none). A policy's max_concurrent_jobs constraint can lower it.
 	TenantLimit func(tenant string) int

@@ -149,6 +149,13 @@ func (j *JobActor) Receive(c actor.Context) {
 		j.busy = false
 		j.onDecision(c, m.dec, m.err)
 		j.drain(c)
+	case *outputDone:
+		if m.epoch != j.opEpoch || !j.busy {
+			return
+		}
+		j.busy = false
+		j.onOutput(c, m)
+		j.drain(c)
 	case *wake:
 		if m.epoch != j.timerEpoch {
 			return
@@ -965,12 +972,103 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 		// The worker ran it: record RUNNING even if no progress was sent.
 		path = append(path, store.Hop{To: core.StateRunning, Reason: core.ReasonStarted})
 	}
-	path = append(path, store.Hop{To: to, Reason: reason})
 	j.acks = append(j.acks, m.Delivery)
+	if to == core.StateSucceeded && j.env.Output != nil {
+		j.checkOutput(c, m, path)
+		return
+	}
+	path = append(path, store.Hop{To: to, Reason: reason})
 	j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning), Path: path,
 		Fields: fields}, nil, func(c actor.Context) {
 		j.env.Log.Debug("job finished", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(), "state", to)
 	})
+}
+
+func resultFields(res *capv1.JobResult, ptr string) []string {
+	f := []string{"result_ptr", ptr, "worker", res.WorkerId, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10)}
+	if res.ErrorCode != "" || res.ErrorMessage != "" {
+		f = append(f, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
+	}
+	return f
+}
+
+// checkOutput runs the output policy's phase 1 (metadata) before a result
+// is called SUCCEEDED. It may ask a remote checker or store a redacted copy,
+// so it runs off the mailbox and its outcome comes back as a message.
+func (j *JobActor) checkOutput(c actor.Context, m *Result, path []store.Hop) {
+	j.opEpoch++
+	j.busy = true
+	ep, self, root, gate := j.opEpoch, c.Self(), j.env.Root, j.env.Output
+	oreq := safety.OutputRequest(j.req, m.Res)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
+		o := gate.Phase1(ctx, oreq)
+		cancel()
+		root.Send(self, &outputDone{epoch: ep, outcome: o, res: m, path: path})
+	}()
+}
+
+// onOutput writes what phase 1 decided: OUTPUT_QUARANTINED (with a DLQ
+// entry and an audit line), or SUCCEEDED with the (possibly redacted)
+// result pointer — and then hands the content scan to the scan pool.
+func (j *JobActor) onOutput(c actor.Context, m *outputDone) {
+	o := m.outcome
+	fields := append(resultFields(m.res.Res, o.ResultPtr), o.Fields()...)
+	expect := store.Expect(core.StateDispatched, core.StateRunning)
+	if o.Quarantine {
+		entry := j.dlqEntry(core.ReasonOutputQuarantined, o.Reason, "")
+		path := append(m.path, store.Hop{To: core.StateOutputQuarantined, Reason: core.ReasonOutputQuarantined})
+		j.transition(c, &store.Transition{Expect: expect, Path: path, Fields: fields}, entry, func(c actor.Context) {
+			j.env.Output.Metrics.Quarantined(safety.PhaseMeta)
+			j.env.Log.Warn("audit: output quarantined", "job_id", j.id, "trace_id", j.traceID,
+				"topic", j.req.GetTopic(), "phase", safety.PhaseMeta, "rule_id", o.RuleID, "reason", o.Reason)
+			publishDLQ(j.env, entry)
+		})
+		return
+	}
+	reason := core.ReasonCompleted
+	if o.Redacted {
+		reason = core.ReasonOutputRedacted
+	}
+	path := append(m.path, store.Hop{To: core.StateSucceeded, Reason: reason})
+	j.transition(c, &store.Transition{Expect: expect, Path: path, Fields: fields}, nil, func(c actor.Context) {
+		if !o.ContentChecked {
+			j.scanContent(safety.OutputRequest(j.req, &capv1.JobResult{JobId: j.id, Status: m.res.Res.Status,
+				ResultPtr: o.ResultPtr, WorkerId: m.res.Res.WorkerId, ArtifactPtrs: m.res.Res.ArtifactPtrs}))
+		}
+	})
+}
+
+// scanContent queues phase 2 for a SUCCEEDED job. The scan runs on the
+// node's scan pool, not in an actor; if it finds something, the job is
+// downgraded to OUTPUT_QUARANTINED only if it is still SUCCEEDED.
+func (j *JobActor) scanContent(oreq *capv1.OutputCheckRequest) {
+	env, id, trace, topic := j.env, j.id, j.traceID, j.req.GetTopic()
+	ok := env.Scans.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), safety.OutputContentBudgetDefault)
+		defer cancel()
+		o := env.Output.Phase2(ctx, oreq)
+		if !o.Quarantine {
+			// Allowed — or redacted after release, which this node does not
+			// apply: the original was already released (see NOTES.md).
+			return
+		}
+		op := &store.Op{Kind: store.OpDowngrade, JobID: id, Node: env.NodeID,
+			T: &store.Transition{Path: []store.Hop{{To: core.StateOutputQuarantined, Reason: core.ReasonOutputQuarantined}},
+				Fields: o.Fields()}}
+		done := make(chan *store.Result, 1)
+		op.Done = func(r *store.Result) { done <- r }
+		env.Writer.Submit(op)
+		r := <-done
+		if r.OK() {
+			env.Output.Metrics.Quarantined(safety.PhaseContent)
+			env.Log.Warn("audit: output quarantined after release", "job_id", id, "trace_id", trace, "topic", topic,
+				"phase", safety.PhaseContent, "rule_id", o.RuleID, "reason", o.Reason)
+		}
+	})
+	if !ok {
+		env.Output.Metrics.Skipped(safety.PhaseContent, "scan_queue_full")
+	}
 }
 
 // onWorkerLost re-dispatches a job whose worker was evicted before it

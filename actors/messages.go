@@ -10,6 +10,7 @@ import (
 
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
 )
 
@@ -114,4 +115,12 @@ type policyDone struct {
 	epoch uint64
 	dec   *capv1.PolicyCheckResponse
 	err   error
+}
+
+// outputDone carries the output policy's phase-1 outcome back into the actor.
+type outputDone struct {
+	epoch   uint64
+	outcome safety.OutputOutcome
+	res     *Result
+	path    []store.Hop
 }

@@ -46,6 +46,10 @@ const (
 	ReasonWorkerCancelled   Reason = "worker_cancelled"
 	ReasonWorkerTimeout     Reason = "worker_timeout"
 
+	// Output policy.
+	ReasonOutputQuarantined Reason = "output_quarantined"
+	ReasonOutputRedacted    Reason = "output_redacted"
+
 	// Approval.
 	ReasonApprovalGranted      Reason = "approval_granted"
 	ReasonApprovalRejected     Reason = "approval_rejected"

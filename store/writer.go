@@ -66,6 +66,10 @@ const (
 	// OpAdmit takes one of the tenant's Op.Limit concurrency slots for the
 	// job; Result.Admitted says whether it got one.
 	OpAdmit
+	// OpDowngrade moves a SUCCEEDED job to OUTPUT_QUARANTINED (the async
+	// output scan found something) if it is still SUCCEEDED; Op.T carries
+	// the reason (its one hop) and fields. Result.Step is OK or CONFLICT.
+	OpDowngrade
 )
 
 // Hop is one state change within a Transition.
@@ -374,6 +378,12 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		op.cmds = append(op.cmds, claimScript.EvalSha(ctx, pipe, []string{op.IdemKey}, op.JobID, ttl))
 	case OpAdmit:
 		op.cmds = append(op.cmds, admitScript.EvalSha(ctx, pipe, []string{op.TenantKey}, op.JobID, op.Limit, now))
+	case OpDowngrade:
+		args := []interface{}{now, string(op.T.Path[0].Reason), op.Node, k.Tag(op.JobID), op.JobID}
+		for _, f := range op.T.Fields {
+			args = append(args, f)
+		}
+		op.cmds = append(op.cmds, downgradeScript.EvalSha(ctx, pipe, keys[:2], args...))
 	}
 	if op.TenantRelease != "" {
 		op.cmds = append(op.cmds, pipe.ZRem(ctx, op.TenantRelease, op.JobID))
@@ -440,7 +450,7 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 				r.Fields[v[i]] = v[i+1]
 			}
 		}
-	case OpTransition:
+	case OpTransition, OpDowngrade:
 		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
 		if err != nil || len(v) != 2 {
 			r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, v, err)

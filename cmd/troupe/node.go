@@ -31,6 +31,10 @@ func runNode(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closePolicy()
+	output, err := pf.buildOutput()
+	if err != nil {
+		return err
+	}
 	// With --pools the node reads (and watches, and reloads on SIGHUP) the
 	// file itself; without it, the built-in demo routing applies.
 	var pools *router.PoolConfig
@@ -41,7 +45,7 @@ func runNode(ctx context.Context, args []string) error {
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: c.nats, RedisURL: c.redis,
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
-		Policy: policy, Metrics: reg})
+		Policy: policy, Output: output, Metrics: reg})
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ type policyFlags struct {
 	failMode string
 	approve  listFlag
 	deny     listFlag
+	output   string
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -30,6 +31,21 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 		"closed (default: jobs wait while the kernel is unavailable) or open (they proceed, counted); TROUPE_POLICY_CHECK_FAIL_MODE wins")
 	fs.Var(&p.approve, "approve-topic", "without --policy: topic pattern whose jobs need a human approval (repeatable)")
 	fs.Var(&p.deny, "deny-topic", "without --policy: topic pattern whose jobs are denied (repeatable)")
+	fs.StringVar(&p.output, "output-policy", "",
+		"output policy YAML (scanners, rules, limits); also OUTPUT_POLICY_ENABLED / _FILE / _ADDR")
+}
+
+// buildOutput returns the output checker the flags and environment
+// describe, or nil when results are not checked.
+func (p *policyFlags) buildOutput() (safety.OutputChecker, error) {
+	cfg, err := safety.OutputConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if p.output != "" {
+		cfg.File = p.output
+	}
+	return safety.NewOutputChecker(cfg)
 }
 
 // build returns the input policy the flags describe, and how to close it:
