@@ -18,11 +18,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
 	"github.com/troupe-run/troupe/router"
 )
+
+// GCPercentDefault is the node's GOGC unless the environment sets one.
+const GCPercentDefault = 200
 
 //go:embed pools.default.yaml
 var defaultPools []byte
@@ -48,6 +52,12 @@ func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		usage()
 		os.Exit(2)
+	}
+	// A node allocates a little per message and keeps little: collecting
+	// less often trades memory for CPU (DEPENDENCY-NOTES measured GC at
+	// ~4 ms per 1k jobs). GOGC in the environment still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(GCPercentDefault)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
