@@ -28,6 +28,7 @@ import (
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
@@ -121,6 +122,11 @@ type Config struct {
 	// their worker is evicted before starting them (the default is to
 	// re-dispatch: a dead worker costs a re-dispatch, not a timeout).
 	NoRedispatchTopics []string
+
+	// JobTrace records every job actor's mailbox (jobtrace). Off unless
+	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
+	// Retention, Log, Metrics and Origin. Off installs no middleware at all.
+	JobTrace jobtrace.Config
 
 	// Logger receives the node's logs (default slog.Default()).
 	Logger *slog.Logger
@@ -218,6 +224,9 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = prometheus.NewRegistry()
+	}
+	if v := os.Getenv("TROUPE_JOB_TRACE"); v == "on" || v == "1" || v == "true" {
+		cfg.JobTrace.Enabled = true
 	}
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile}, nil
 }
@@ -388,7 +397,15 @@ func (n *Node) Start(ctx context.Context) error {
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
-	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, onPool), onPool)
+	tc := n.cfg.JobTrace
+	tc.Redis, tc.Keys, tc.NodeID, tc.Retention = n.rdb, n.store.Keys(), n.cfg.NodeID, n.store.Retention()
+	tc.Log, tc.Metrics, tc.Origin = n.log, n.cfg.Metrics, actors.TraceOrigin
+	tracer, err := jobtrace.New(n.sys, tc) // nil when off: no middleware at all
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
+	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, jobOpts...), onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
 		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
 		if err != nil {
@@ -506,6 +523,7 @@ func (n *Node) Stop(ctx context.Context) error {
 			case <-ctx.Done():
 				n.log.Warn("stop: actors still stopping at the deadline; locks left will expire", "err", ctx.Err())
 			}
+			jobtrace.FromSystem(n.sys).Close() // job actors have stopped: write their last traces
 			n.sys.Shutdown()
 		}
 		if n.wheel != nil {

@@ -74,6 +74,7 @@ type JobActor struct {
 	admitted     bool              // the job holds one of its tenant's concurrency slots
 	lost         core.State        // the state this actor knew when the job's lock vanished
 	decision     []string          // the input policy's decision, as record fields, until written
+	lastReason   core.Reason       // the reason of the last state change (for tracing)
 	firstEvent   time.Time
 	idemChecked  bool
 
@@ -353,6 +354,10 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			j.env.Metrics.ActivationDelay.Observe(time.Since(j.firstEvent).Seconds())
 			j.env.Metrics.Received.Inc()
 			j.state, j.fence = r.State, r.Fence
+			j.lastReason = core.ReasonSubmitted
+			if plan != nil {
+				j.lastReason = plan.Path[len(plan.Path)-1].Reason
+			}
 			if plan == nil || plan.LockKept() {
 				j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
 			}
@@ -374,6 +379,7 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			j.activated = true
 			j.env.Metrics.ActivationDelay.Observe(time.Since(j.firstEvent).Seconds())
 			j.state, j.fence = r.State, r.Fence
+			j.lastReason = core.Reason(r.Fields["reason"])
 			j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
 			j.adopt(r.Fields)
 			j.ackAll()
@@ -1137,6 +1143,7 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 				j.release(c)
 			}
 			j.state = t.Final()
+			j.lastReason = t.Path[len(t.Path)-1].Reason
 			if !t.LockKept() {
 				j.env.Renewer.Forget(j.id, j.lockValue)
 				j.lockValue = ""
@@ -1342,3 +1349,39 @@ func publishDLQ(env *Env, e *store.DLQEntry) {
 
 // PublishDLQ is publishDLQ for intake.
 func PublishDLQ(env *Env, e *store.DLQEntry) { publishDLQ(env, e) }
+
+// TraceState is what the mailbox tracer (jobtrace) records around every
+// message: the job's state and the reason of its last change.
+func (j *JobActor) TraceState() (string, string) { return string(j.state), string(j.lastReason) }
+
+// TraceOrigin names the sender of messages that arrive without a PID
+// (everything sent with Send), for the mailbox trace.
+func TraceOrigin(msg interface{}) string {
+	switch msg.(type) {
+	case *Submit:
+		return "intake:submit"
+	case *Result:
+		return "intake:result"
+	case *Cancel:
+		return "intake:cancel"
+	case *Progress:
+		return "intake:progress"
+	case *Wake:
+		return "due-poller"
+	case *WorkerLost:
+		return "router:evict"
+	case *storeDone:
+		return "store-writer"
+	case *router.PickReply:
+		return "router"
+	case *wake:
+		return "wheel"
+	case *lockLost:
+		return "lock-renewer"
+	case *policyDone:
+		return "policy"
+	case *outputDone:
+		return "output-policy"
+	}
+	return ""
+}

@@ -26,6 +26,8 @@ func runDev(ctx context.Context, args []string) error {
 	jobs := fs.Int("jobs", 5, "demo jobs to submit")
 	exit := fs.Bool("exit", false, "exit after the demo jobs finish instead of serving until interrupted")
 	poolsFile := fs.String("pools", "", "pools.yaml (default: the built-in demo routing)")
+	var af adminFlags
+	af.register(fs)
 	_ = fs.Parse(args)
 	if c.logLevel == "info" {
 		c.logLevel = "warn" // the demo prints job paths; keep the log quiet
@@ -57,6 +59,15 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	defer node.Stop(context.Background())
+	if stopAdmin, err := af.start(node, log); err != nil {
+		// The demo does not need the dashboard (the port may be taken).
+		fmt.Printf("dashboard not started: %v\n", err)
+	} else {
+		defer stopAdmin()
+		if af.listen != "" {
+			fmt.Printf("dashboard http://%s/ui  metrics http://%s/metrics\n", af.listen, af.listen)
+		}
+	}
 
 	nc, err := nats.Connect(ns.URL(), nats.Name("troupe-dev"))
 	if err != nil {

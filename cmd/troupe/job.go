@@ -26,6 +26,9 @@ func runJob(ctx context.Context, args []string) error {
 			return runDecide(ctx, args[1:], store.DecisionRejected)
 		case "cancel":
 			return runCancel(ctx, args[1:])
+		case "submit", "list", "status":
+			// Through the admin API (troupe ctl job …).
+			return runCtl(ctx, append([]string{"job"}, args...))
 		}
 	}
 	fs := flag.NewFlagSet("job", flag.ExitOnError)

@@ -46,6 +46,9 @@ var commands = []command{
 	{"pool", "list, add or remove runtime topic → pool mappings (shared by all replicas)", runPool},
 	{"safety", "serve the built-in policy engine as a CAP SafetyKernel (gRPC), or query or validate policies", runSafety},
 	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
+	{"ctl", "operate a node through its admin API: job, dlq, workers, pools, trace, stats (--api URL)", runCtl},
+	{"trace", "print a job's mailbox trace, in order (admin API; troupe ctl trace)", runTrace},
+	{"workers", "list live workers and their pools' load (admin API; troupe ctl workers)", runWorkers},
 }
 
 func main() {

@@ -23,6 +23,8 @@ func runNode(ctx context.Context, args []string) error {
 	timeouts := fs.String("timeouts", envOr("TROUPE_TIMEOUTS_FILE", ""), "timeouts.yaml (default: dispatch 300 s, running 9000 s)")
 	var pf policyFlags
 	pf.register(fs)
+	var af adminFlags
+	af.register(fs)
 	_ = fs.Parse(args)
 	log := c.logger()
 	reg := prometheus.NewRegistry()
@@ -52,6 +54,11 @@ func runNode(ctx context.Context, args []string) error {
 	if err := node.Start(ctx); err != nil {
 		return err
 	}
+	stopAdmin, err := af.start(node, log)
+	if err != nil {
+		_ = node.Stop(context.Background())
+		return err
+	}
 	// SIGHUP re-reads pools.yaml; an invalid file keeps the old config.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -69,6 +76,7 @@ func runNode(ctx context.Context, args []string) error {
 		}
 	}
 	log.Info("stopping")
+	stopAdmin()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return node.Stop(sctx)

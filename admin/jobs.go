@@ -1,0 +1,207 @@
+package admin
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
+)
+
+// submitJob publishes a CAP JobRequest given as JSON (protojson: job_id,
+// topic, tenant_id, labels, ... — snake_case or lowerCamel). A tenant key's
+// jobs belong to its tenant whatever the body says; a body naming another
+// tenant is refused rather than silently rewritten.
+func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) error {
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		return err
+	}
+	req := &capv1.JobRequest{}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(data, req); err != nil {
+		return errBadRequest("body is not a CAP JobRequest: " + err.Error())
+	}
+	if !p.all() {
+		if req.TenantId != "" && req.TenantId != p.tenant {
+			return errForbidden("this key submits for tenant " + p.tenant + " only")
+		}
+		req.TenantId = p.tenant
+	}
+	if req.JobId == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		req.JobId = "job-" + hex.EncodeToString(b[:])
+	}
+	if err := supervisor.ValidateRequest(req); err != nil {
+		return errBadRequest(err.Error())
+	}
+	out := Submitted{JobID: req.JobId, Tenant: safety.TenantOf(req)}
+	rec, err := s.cfg.Node.Job(r.Context(), req.JobId)
+	switch {
+	case err == nil && !p.sees(rec.Tenant):
+		// The id is taken by a job this key may not see. Saying so
+		// reveals that the id exists, which is unavoidable: ids are global.
+		return errConflict("job id " + req.JobId + " is in use")
+	case err == nil:
+		out.Duplicate, out.State, out.Tenant = true, string(rec.State), rec.Tenant
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	if err := s.cfg.Node.Submit(r.Context(), req); err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/jobs/"+req.JobId)
+	writeJSON(w, http.StatusAccepted, out)
+	return nil
+}
+
+// visibleJob reads a job and hides it from a key of another tenant: to
+// that key the job does not exist.
+func (s *Server) visibleJob(r *http.Request, p principal, id string) (*store.JobRecord, error) {
+	rec, err := s.cfg.Node.Job(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	if !p.sees(rec.Tenant) {
+		return nil, store.ErrNotFound
+	}
+	return rec, nil
+}
+
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request, p principal) error {
+	rec, err := s.visibleJob(r, p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	links, err := s.cfg.Node.JobLinks(r.Context(), rec.ID)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, jobView(rec, links))
+	return nil
+}
+
+// listJobs lists one state's jobs: ?state=RUNNING&limit=50&cursor=...; an
+// all-tenant key may narrow with &tenant=.
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) error {
+	q := r.URL.Query()
+	state := core.State(q.Get("state"))
+	if !state.Valid() {
+		return errBadRequest("state must be one of the job states (PENDING, RUNNING, SUCCEEDED, ...)")
+	}
+	lq := store.ListQuery{State: state, Cursor: q.Get("cursor"), Tenant: q.Get("tenant")}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return errBadRequest("limit must be a positive integer")
+		}
+		lq.Limit = n
+	}
+	if !p.all() {
+		if lq.Tenant != "" && lq.Tenant != p.tenant {
+			return errForbidden("this key lists tenant " + p.tenant + " only")
+		}
+		lq.Tenant = p.tenant
+	}
+	page, err := s.cfg.Node.ListJobs(r.Context(), lq)
+	if err != nil {
+		return err
+	}
+	out := JobList{State: string(state), Jobs: []JobSummary{}, Next: page.Next}
+	for _, j := range page.Jobs {
+		out.Jobs = append(out.Jobs, JobSummary{ID: j.ID, State: string(j.State), Topic: j.Topic, Tenant: j.Tenant,
+			Reason: string(j.Reason), Worker: j.Worker, Created: j.Created, Updated: j.Updated})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// actionBody is the optional body of approve, reject and cancel.
+type actionBody struct {
+	Reason string `json:"reason"`
+	By     string `json:"by"`
+	// Hash is the job hash the approver reviewed (approve, reject); empty
+	// takes the one recorded on the job.
+	Hash string `json:"hash"`
+}
+
+func (s *Server) decideJob(d store.Decision) apiHandler {
+	return func(w http.ResponseWriter, r *http.Request, p principal) error {
+		var body actionBody
+		if err := readJSON(r, &body); err != nil {
+			return err
+		}
+		rec, err := s.visibleJob(r, p, r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		if body.By == "" {
+			body.By = p.by()
+		}
+		if body.Hash == "" {
+			body.Hash = rec.Fields["job_hash"]
+		}
+		if err := s.cfg.Node.Decide(r.Context(), rec.ID, d, body.By, body.Reason, body.Hash); err != nil {
+			return err
+		}
+		s.audit("job "+string(d), "job_id", rec.ID, "trace_id", rec.TraceID, "topic", rec.Topic, "by", body.By,
+			"key_tenant", p.tenant)
+		writeJSON(w, http.StatusAccepted, Accepted{JobID: rec.ID, Action: string(d),
+			Note: "recorded; a node resumes the job within a few seconds"})
+		return nil
+	}
+}
+
+func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request, p principal) error {
+	var body actionBody
+	if err := readJSON(r, &body); err != nil {
+		return err
+	}
+	rec, err := s.visibleJob(r, p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if rec.State.Terminal() {
+		return errConflict("job " + rec.ID + " is already " + string(rec.State))
+	}
+	if body.By == "" {
+		body.By = p.by()
+	}
+	if body.Reason == "" {
+		body.Reason = "cancelled through the admin API"
+	}
+	if err := s.cfg.Node.Cancel(r.Context(), rec.ID, body.Reason, body.By); err != nil {
+		return err
+	}
+	s.audit("job cancel requested", "job_id", rec.ID, "trace_id", rec.TraceID, "topic", rec.Topic, "by", body.By,
+		"key_tenant", p.tenant)
+	writeJSON(w, http.StatusAccepted, Accepted{JobID: rec.ID, Action: "cancel", Note: "cancel published"})
+	return nil
+}
+
+func (s *Server) jobTrace(w http.ResponseWriter, r *http.Request, p principal) error {
+	rec, err := s.visibleJob(r, p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	es, err := s.cfg.Node.JobTrace(r.Context(), rec.ID)
+	if err != nil {
+		return err
+	}
+	out := Trace{JobID: rec.ID, Tracing: s.cfg.Node.JobTraceEnabled(), Entries: es}
+	if out.Entries == nil {
+		out.Entries = []jobtrace.Entry{}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,294 @@
+// Package admin is a node's HTTP face for operators: Prometheus metrics,
+// health and readiness probes, a JSON API over jobs, the DLQ, workers and
+// pool mappings, and the /ui dashboard, a static page embedded in the
+// binary that uses the same API.
+//
+// Access: API keys map to tenants ("*" = every tenant). A key sees and acts
+// on its own tenant's jobs only; another tenant's job is "not found" to it.
+// Cluster-wide actions (pool mappings, node-wide stats) need a "*" key.
+// Without any key configured the server serves everyone as "*", so it
+// refuses, at construction, to listen anywhere but on loopback.
+//
+//	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:7070"})
+//	if err != nil { ... }
+//	if err := srv.Start(); err != nil { ... }
+//	defer srv.Stop(context.Background())
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// MaxBodyBytesDefault bounds a request body. A JobRequest carries
+	// pointers to its context, not the context, so 1 MiB is generous.
+	MaxBodyBytesDefault = 1 << 20
+	// RequestTimeoutDefault bounds the work behind one request.
+	RequestTimeoutDefault = 30 * time.Second
+	// ReadyTimeoutDefault bounds the readiness checks; a probe that takes
+	// longer is itself the answer.
+	ReadyTimeoutDefault = 2 * time.Second
+	// readHeaderTimeout cuts off clients that open a connection and dribble
+	// headers (slowloris).
+	readHeaderTimeout = 10 * time.Second
+	// shutdownGrace is how long Stop waits for requests in flight when its
+	// context has no deadline.
+	shutdownGrace = 5 * time.Second
+)
+
+// AllTenants, as a key's tenant, lets the key see and act on every tenant
+// and on cluster-wide settings.
+const AllTenants = "*"
+
+// Node is what the server needs of a node; *troupe.Node implements it.
+type Node interface {
+	ID() string
+	Submit(ctx context.Context, req *capv1.JobRequest) error
+	Job(ctx context.Context, jobID string) (*store.JobRecord, error)
+	JobLinks(ctx context.Context, jobID string) (store.JobLinks, error)
+	JobTenants(ctx context.Context, jobIDs []string) (map[string]string, error)
+	ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error)
+	CountStates(ctx context.Context) (map[core.State]int64, error)
+	Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error
+	Cancel(ctx context.Context, jobID, reason, by string) error
+	JobTrace(ctx context.Context, jobID string) ([]jobtrace.Entry, error)
+	JobTraceEnabled() bool
+
+	ListDLQ(ctx context.Context, limit int64) ([]store.DLQEntry, error)
+	DLQEntry(ctx context.Context, entryID string) (*store.DLQEntry, error)
+	DLQRetried(ctx context.Context, entryIDs []string) (map[string]string, error)
+	DeleteDLQ(ctx context.Context, entryID string) error
+	RetryDLQ(ctx context.Context, entryID string, force bool) (string, error)
+
+	Workers() ([]router.WorkerInfo, error)
+	LiveJobActors() (int, error)
+	PoolConfig() *router.PoolConfig
+	Mappings() *router.MappingStore
+
+	Ready(ctx context.Context) error
+}
+
+// Config configures a Server.
+type Config struct {
+	// Node is the node the API operates (required).
+	Node Node
+	// Registry is served at /metrics (required: the node's, Node.Metrics()).
+	Registry *prometheus.Registry
+	// Listen is the address, host:port ("127.0.0.1:0" picks a free port).
+	Listen string
+	// APIKeys maps each API key to its tenant (AllTenants for every
+	// tenant). Empty: no authentication, loopback only.
+	APIKeys map[string]string
+	// MetricsNeedKey makes /metrics require an all-tenant key (metric
+	// labels name topics, which a deployment may consider private).
+	MetricsNeedKey bool
+	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault).
+	MaxBodyBytes int64
+	// RequestTimeout bounds each API request (default RequestTimeoutDefault).
+	RequestTimeout time.Duration
+	// ReadyTimeout bounds /readyz (default ReadyTimeoutDefault).
+	ReadyTimeout time.Duration
+	// SampleEvery is the throughput sampling period behind the dashboard's
+	// chart (default ThroughputSampleEvery); ThroughputWindow is kept.
+	SampleEvery time.Duration
+	// Log receives the server's lines (default slog.Default()).
+	Log *slog.Logger
+}
+
+// ErrPublicWithoutKeys is returned by NewServer for a non-loopback Listen
+// address with no API key configured.
+var ErrPublicWithoutKeys = errors.New("admin: without API keys the server listens on loopback only")
+
+// Server is the admin HTTP server.
+type Server struct {
+	// Immutable after NewServer.
+	cfg     Config
+	log     *slog.Logger
+	keys    *keyring
+	handler http.Handler
+	sampler *sampler
+
+	mu      sync.Mutex // guards the fields below
+	ln      net.Listener
+	srv     *http.Server
+	done    chan struct{}
+	stopped bool
+}
+
+// NewServer checks cfg and builds the server; it does not listen yet.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Node == nil {
+		return nil, errors.New("admin: config needs Node")
+	}
+	if cfg.Registry == nil {
+		return nil, errors.New("admin: config needs Registry")
+	}
+	if cfg.Listen == "" {
+		return nil, errors.New("admin: config needs Listen (host:port)")
+	}
+	keys, err := newKeyring(cfg.APIKeys)
+	if err != nil {
+		return nil, err
+	}
+	if keys.empty() {
+		loop, err := isLoopback(cfg.Listen)
+		if err != nil {
+			return nil, err
+		}
+		if !loop {
+			return nil, fmt.Errorf("%w (listen %q)", ErrPublicWithoutKeys, cfg.Listen)
+		}
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = RequestTimeoutDefault
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = ReadyTimeoutDefault
+	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = ThroughputSampleEvery
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Log.With("component", "admin"), keys: keys,
+		sampler: newSampler(cfg.Registry, cfg.SampleEvery, ThroughputWindow)}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// isLoopback reports whether a listen address binds loopback only. An
+// empty host binds every interface; a name other than localhost could
+// resolve anywhere, so it does not count.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, fmt.Errorf("admin: listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// Handler returns the server's handler (for tests and for embedding the API
+// in another server).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Start listens on Config.Listen and serves in the background.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv != nil || s.stopped {
+		return errors.New("admin: already started (a server starts once)")
+	}
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("admin: listen: %w", err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{Handler: s.handler, ReadHeaderTimeout: readHeaderTimeout,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	s.done = make(chan struct{})
+	go s.sampler.run()
+	go func(srv *http.Server, done chan struct{}) {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin server stopped", "err", err)
+		}
+	}(s.srv, s.done)
+	s.log.Info("admin API listening", "addr", ln.Addr().String(), "auth", !s.keys.empty())
+	return nil
+}
+
+// Addr returns the address the server listens on ("" before Start).
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// Stop stops accepting requests and waits for those in flight (bounded by
+// ctx, or shutdownGrace when ctx has no deadline).
+func (s *Server) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	srv, done := s.srv, s.done
+	if srv == nil || s.stopped {
+		s.mu.Unlock()
+		return nil
+	}
+	s.stopped = true
+	s.mu.Unlock()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, shutdownGrace)
+		defer cancel()
+	}
+	err := srv.Shutdown(ctx)
+	<-done
+	close(s.sampler.stop)
+	<-s.sampler.done
+	return err
+}
+
+// routes builds the handler. Go 1.22 patterns carry the method and path
+// parameters; the mux answers 405 and 404 itself.
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	api := func(pattern string, scope scope, h apiHandler) {
+		mux.Handle(pattern, s.api(scope, h))
+	}
+	api("POST /v1/jobs", anyTenant, s.submitJob)
+	api("GET /v1/jobs", anyTenant, s.listJobs)
+	api("GET /v1/jobs/{id}", anyTenant, s.getJob)
+	api("POST /v1/jobs/{id}/approve", anyTenant, s.decideJob(store.DecisionApproved))
+	api("POST /v1/jobs/{id}/reject", anyTenant, s.decideJob(store.DecisionRejected))
+	api("POST /v1/jobs/{id}/cancel", anyTenant, s.cancelJob)
+	api("GET /v1/jobs/{id}/trace", anyTenant, s.jobTrace)
+	api("GET /v1/dlq", anyTenant, s.listDLQ)
+	api("POST /v1/dlq/{id}/retry", anyTenant, s.retryDLQ)
+	api("DELETE /v1/dlq/{id}", anyTenant, s.deleteDLQ)
+	api("GET /v1/workers", anyTenant, s.listWorkers)
+	api("GET /v1/pools", anyTenant, s.listPools)
+	api("GET /v1/pools/{topic...}", anyTenant, s.getPool)
+	api("PUT /v1/pools/{topic...}", allTenants, s.putPool)
+	api("DELETE /v1/pools/{topic...}", allTenants, s.deletePool)
+	api("GET /v1/stats", allTenants, s.stats)
+	api("GET /v1/whoami", anyTenant, s.whoami)
+
+	metrics := promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
+	if s.cfg.MetricsNeedKey {
+		mux.Handle("GET /metrics", s.authenticated(allTenants, metrics))
+	} else {
+		mux.Handle("GET /metrics", s.hostChecked(metrics))
+	}
+	mux.Handle("GET /healthz", s.hostChecked(http.HandlerFunc(s.healthz)))
+	mux.Handle("GET /readyz", s.hostChecked(http.HandlerFunc(s.readyz)))
+	mux.Handle("GET /ui/", s.hostChecked(uiHandler()))
+	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
+	return mux
+}

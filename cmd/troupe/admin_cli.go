@@ -1,0 +1,747 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/bench"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
+)
+
+// The admin API's command-line client:
+//
+//	troupe ctl job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--wait [--timeout D]]
+//	troupe ctl job status <job_id>
+//	troupe ctl job list --state S [--limit N] [--cursor C] [--tenant T] [--all]
+//	troupe ctl job approve|reject <job_id> [--reason R] [--by WHO] [--hash H]
+//	troupe ctl job cancel <job_id> [--reason R] [--by WHO]
+//	troupe ctl dlq list [--limit N]
+//	troupe ctl dlq retry <entry_id> [--force]
+//	troupe ctl dlq delete <entry_id>
+//	troupe ctl workers
+//	troupe ctl pools [list | get <topic> | set <topic> <pool>[,<pool>...] | delete <topic>]
+//	troupe ctl trace <job_id>
+//	troupe ctl stats | ready
+//
+// Every command takes --api URL (env TROUPE_API_URL), --key KEY (env
+// TROUPE_API_KEY) and --json (print the API's JSON instead of a table).
+// `troupe trace` and `troupe workers` are the same as their ctl forms.
+
+// ctlAPIDefault is where `troupe ctl` looks for the admin API by default.
+const ctlAPIDefault = "http://127.0.0.1:7070"
+
+// ctlWaitPoll is how often `job submit --wait` reads the job.
+const ctlWaitPoll = 200 * time.Millisecond
+
+// ctlEnv is one ctl invocation: where its output goes and how it reaches
+// the API.
+type ctlEnv struct {
+	out, errOut io.Writer
+	api, key    string
+	asJSON      bool
+	// progress draws an updating line (a terminal) rather than one line per
+	// change.
+	progress bool
+}
+
+func (e *ctlEnv) register(fs *flag.FlagSet) {
+	fs.StringVar(&e.api, "api", envOr("TROUPE_API_URL", ctlAPIDefault), "admin API URL (env TROUPE_API_URL)")
+	fs.StringVar(&e.key, "key", os.Getenv("TROUPE_API_KEY"), "API key (env TROUPE_API_KEY)")
+	fs.BoolVar(&e.asJSON, "json", false, "print JSON instead of a table")
+}
+
+func (e *ctlEnv) client() *admin.Client { return admin.NewClient(e.api, e.key) }
+
+// printJSON writes v as the API would.
+func (e *ctlEnv) printJSON(v any) error {
+	enc := json.NewEncoder(e.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (e *ctlEnv) table() *tabwriter.Writer { return tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0) }
+
+func stdCtl() *ctlEnv {
+	return &ctlEnv{out: os.Stdout, errOut: os.Stderr, progress: bench.IsTerminal(os.Stderr)}
+}
+
+func runCtl(ctx context.Context, args []string) error { return stdCtl().run(ctx, args) }
+
+func runTrace(ctx context.Context, args []string) error {
+	return stdCtl().run(ctx, append([]string{"trace"}, args...))
+}
+
+func runWorkers(ctx context.Context, args []string) error {
+	return stdCtl().run(ctx, append([]string{"workers"}, args...))
+}
+
+const ctlUsage = `usage: troupe ctl <command> [flags]
+
+  job submit|status|list|approve|reject|cancel   jobs
+  dlq list|retry|delete                          the dead-letter queue
+  workers                                        live workers and pool load
+  pools [list|get|set|delete]                    topic → pool mappings
+  trace <job_id>                                 a job's mailbox trace
+  stats | ready                                  node counters, readiness
+
+Flags of every command: --api URL (env TROUPE_API_URL, default ` + ctlAPIDefault + `),
+--key KEY (env TROUPE_API_KEY), --json.`
+
+func (e *ctlEnv) run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(e.errOut, ctlUsage)
+		return errors.New("missing command")
+	}
+	sub := func(n int) (string, []string) {
+		if len(args) > n {
+			return args[n], args[n+1:]
+		}
+		return "", nil
+	}
+	switch args[0] {
+	case "job":
+		verb, rest := sub(1)
+		switch verb {
+		case "submit":
+			return e.jobSubmit(ctx, rest)
+		case "status", "get", "show":
+			return e.jobStatus(ctx, rest)
+		case "list", "ls":
+			return e.jobList(ctx, rest)
+		case "approve", "reject":
+			return e.jobDecide(ctx, verb, rest)
+		case "cancel":
+			return e.jobCancel(ctx, rest)
+		}
+		return fmt.Errorf("unknown job command %q (submit, status, list, approve, reject, cancel)", verb)
+	case "dlq":
+		verb, rest := sub(1)
+		switch verb {
+		case "", "list", "ls":
+			return e.dlqList(ctx, rest)
+		case "retry":
+			return e.dlqRetry(ctx, rest)
+		case "delete", "rm":
+			return e.dlqDelete(ctx, rest)
+		}
+		return fmt.Errorf("unknown dlq command %q (list, retry, delete)", verb)
+	case "workers":
+		return e.workers(ctx, args[1:])
+	case "pools", "pool":
+		return e.pools(ctx, args[1:])
+	case "trace":
+		return e.trace(ctx, args[1:])
+	case "stats":
+		return e.stats(ctx, args[1:])
+	case "ready":
+		return e.ready(ctx, args[1:])
+	case "-h", "--help", "help":
+		fmt.Fprintln(e.errOut, ctlUsage)
+		return nil
+	}
+	fmt.Fprintln(e.errOut, ctlUsage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// parse parses flags that may come before, between or after the positional
+// arguments (`trace <id> --json` as well as `trace --json <id>`), and
+// returns the positionals.
+func (e *ctlEnv) parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(e.errOut)
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func (e *ctlEnv) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	e.register(fs)
+	return fs
+}
+
+func exactly(pos []string, n int, what string) error {
+	if len(pos) != n {
+		return fmt.Errorf("need %s", what)
+	}
+	return nil
+}
+
+// --- jobs -------------------------------------------------------------------
+
+func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
+	fs := e.flags("ctl job submit")
+	topic := fs.String("topic", "job.echo", "job topic")
+	id := fs.String("id", "", "job id (default: assigned by the server)")
+	tenant := fs.String("tenant", "", "tenant id (a tenant key submits for its own tenant)")
+	ctxPtr := fs.String("context-ptr", "", "context pointer")
+	wait := fs.Bool("wait", false, "wait until the job is terminal, showing its progress")
+	timeout := fs.Duration("timeout", 5*time.Minute, "how long --wait waits")
+	labels := labelsFlag{}
+	fs.Var(labels, "label", "job label key=value (repeatable)")
+	if _, err := e.parse(fs, args); err != nil {
+		return err
+	}
+	req := &capv1.JobRequest{JobId: *id, Topic: *topic, TenantId: *tenant, ContextPtr: *ctxPtr, Labels: labels}
+	c := e.client()
+	sub, err := c.Submit(ctx, req)
+	if err != nil {
+		return err
+	}
+	if !*wait {
+		if e.asJSON {
+			return e.printJSON(sub)
+		}
+		note := ""
+		if sub.Duplicate {
+			note = fmt.Sprintf(" (a job with this id exists: %s; the submit is absorbed)", sub.State)
+		}
+		fmt.Fprintf(e.out, "submitted %s (tenant %s)%s\n", sub.JobID, orDash(sub.Tenant), note)
+		return nil
+	}
+	j, err := e.waitJob(ctx, c, sub.JobID, *timeout)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(j)
+	}
+	printAPIJob(e.out, j)
+	if j.State != string(core.StateSucceeded) {
+		return fmt.Errorf("job %s ended %s", j.ID, j.State)
+	}
+	return nil
+}
+
+// waitJob polls a job until it is terminal, drawing its path so far: one
+// updating line on a terminal, one line per state change otherwise.
+func (e *ctlEnv) waitJob(ctx context.Context, c *admin.Client, id string, timeout time.Duration) (admin.Job, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	spin := []rune(`|/-\`)
+	lastPath := ""
+	defer func() {
+		if e.progress {
+			fmt.Fprintln(e.errOut)
+		}
+	}()
+	for i := 0; ; i++ {
+		j, err := c.Job(ctx, id)
+		var ae *admin.APIError
+		switch {
+		case err == nil:
+		case errors.As(err, &ae) && ae.Status == 404:
+			// Not recorded yet: the node has not taken the submit.
+			j = admin.Job{ID: id}
+		default:
+			return admin.Job{}, err
+		}
+		path := jobPath(j)
+		elapsed := time.Since(start).Truncate(100 * time.Millisecond)
+		if e.progress {
+			fmt.Fprintf(e.errOut, "\r%c %6s  %s\033[K", spin[i%len(spin)], elapsed, path)
+		} else if path != lastPath {
+			fmt.Fprintf(e.errOut, "%6s  %s\n", elapsed, path)
+		}
+		lastPath = path
+		if core.State(j.State).Terminal() {
+			return j, nil
+		}
+		select {
+		case <-ctx.Done():
+			return j, fmt.Errorf("job %s still %s after %s", id, orDash(j.State), timeout)
+		case <-time.After(ctlWaitPoll):
+		}
+	}
+}
+
+// jobPath is a job's states so far, "PENDING → SCHEDULED → …".
+func jobPath(j admin.Job) string {
+	if len(j.History) == 0 {
+		return "waiting for a node to take the job"
+	}
+	parts := make([]string, 0, len(j.History))
+	for _, h := range j.History {
+		parts = append(parts, h.To)
+	}
+	s := strings.Join(parts, " → ")
+	if last := j.History[len(j.History)-1]; last.Reason != "" {
+		s += " (" + last.Reason + ")"
+	}
+	return s
+}
+
+func (e *ctlEnv) jobStatus(ctx context.Context, args []string) error {
+	fs := e.flags("ctl job status")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one job id"); err != nil {
+		return err
+	}
+	j, err := e.client().Job(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(j)
+	}
+	printAPIJob(e.out, j)
+	return nil
+}
+
+// printAPIJob prints a job as `troupe job` does, plus what only the API
+// knows (decisions, retry links).
+func printAPIJob(w io.Writer, j admin.Job) {
+	rec := &store.JobRecord{ID: j.ID, State: core.State(j.State), Topic: j.Topic, Tenant: j.Tenant, TraceID: j.TraceID,
+		Node: j.Node, Worker: j.Worker, Subject: j.Subject, Reason: core.Reason(j.Reason), ResultPtr: j.ResultPtr,
+		ErrorCode: j.ErrorCode, ErrorMessage: j.ErrorMessage, Fence: j.Fence, Attempts: j.Attempts,
+		Created: j.Created, Updated: j.Updated, LockHolder: j.Owner, Fields: j.Fields}
+	for _, h := range j.History {
+		rec.History = append(rec.History, store.HistoryEntry{At: h.At, From: core.State(h.From), To: core.State(h.To),
+			Reason: core.Reason(h.Reason), Node: h.Node})
+	}
+	printJob(w, rec)
+	fmt.Fprintf(w, "  tenant %s\n", orDash(j.Tenant))
+	for _, d := range j.Decisions {
+		if d.Kind == "policy" {
+			fmt.Fprintf(w, "  policy: %s (rule %s) %s\n", orDash(d.Decision), orDash(d.RuleID), d.Reason)
+		}
+	}
+	if j.RetryOf != "" {
+		fmt.Fprintf(w, "  retry of %s (DLQ entry %s)\n", j.RetryOf, j.DLQEntry)
+	}
+	if len(j.Retries) > 0 {
+		fmt.Fprintf(w, "  retried as %s\n", strings.Join(j.Retries, ", "))
+	}
+}
+
+func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
+	fs := e.flags("ctl job list")
+	state := fs.String("state", "", "state to list (PENDING, RUNNING, SUCCEEDED, ...)")
+	limit := fs.Int("limit", 50, "jobs per page")
+	cursor := fs.String("cursor", "", "continue after a previous page")
+	tenant := fs.String("tenant", "", "only this tenant (an all-tenant key)")
+	all := fs.Bool("all", false, "follow every page")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if *state == "" && len(pos) == 1 {
+		*state = pos[0]
+	}
+	*state = strings.ToUpper(*state)
+	if !core.State(*state).Valid() {
+		return fmt.Errorf("--state must be one of %v", core.AllStates)
+	}
+	c := e.client()
+	var jobs []admin.JobSummary
+	next := *cursor
+	for {
+		page, err := c.ListJobs(ctx, *state, *limit, next, *tenant)
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, page.Jobs...)
+		next = page.Next
+		if !*all || next == "" {
+			break
+		}
+	}
+	if e.asJSON {
+		return e.printJSON(admin.JobList{State: *state, Jobs: jobs, Next: next})
+	}
+	if len(jobs) == 0 {
+		fmt.Fprintf(e.out, "no %s jobs\n", *state)
+		return nil
+	}
+	tw := e.table()
+	fmt.Fprintln(tw, "JOB\tSTATE\tTOPIC\tTENANT\tREASON\tWORKER\tUPDATED")
+	for _, j := range jobs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.Topic, j.Tenant, orDash(j.Reason),
+			orDash(j.Worker), j.Updated.Format("2006-01-02 15:04:05.000"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if next != "" {
+		fmt.Fprintf(e.out, "more: --cursor %s\n", next)
+	}
+	return nil
+}
+
+func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) error {
+	fs := e.flags("ctl job " + verb)
+	reason := fs.String("reason", "", "why (recorded on the job)")
+	by := fs.String("by", envOr("USER", ""), "who decides (recorded on the job)")
+	hash := fs.String("hash", "", "the job hash you reviewed (default: the one recorded on the job)")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one job id"); err != nil {
+		return err
+	}
+	a, err := e.client().Decide(ctx, pos[0], verb, *reason, *by, *hash)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(a)
+	}
+	fmt.Fprintf(e.out, "job %s: %s %s\n", a.JobID, a.Action, a.Note)
+	return nil
+}
+
+func (e *ctlEnv) jobCancel(ctx context.Context, args []string) error {
+	fs := e.flags("ctl job cancel")
+	reason := fs.String("reason", "", "why")
+	by := fs.String("by", envOr("USER", ""), "who cancels")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one job id"); err != nil {
+		return err
+	}
+	a, err := e.client().Cancel(ctx, pos[0], *reason, *by)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(a)
+	}
+	fmt.Fprintf(e.out, "job %s: cancel requested\n", a.JobID)
+	return nil
+}
+
+// --- DLQ ----------------------------------------------------------------------
+
+func (e *ctlEnv) dlqList(ctx context.Context, args []string) error {
+	fs := e.flags("ctl dlq list")
+	limit := fs.Int("limit", 50, "entries, newest first")
+	if _, err := e.parse(fs, args); err != nil {
+		return err
+	}
+	d, err := e.client().DLQ(ctx, *limit)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(d)
+	}
+	if len(d.Entries) == 0 {
+		fmt.Fprintln(e.out, "DLQ is empty")
+		return nil
+	}
+	tw := e.table()
+	fmt.Fprintln(tw, "ENTRY\tAT\tJOB\tTENANT\tREASON\tRETRIED AS\tMESSAGE")
+	for _, x := range d.Entries {
+		reason := x.Reason
+		if x.LastReason != "" {
+			reason += " (" + x.LastReason + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", x.ID, x.At.Format("2006-01-02 15:04:05.000"), orDash(x.JobID),
+			orDash(x.Tenant), reason, orDash(x.RetriedAs), x.Message)
+	}
+	return tw.Flush()
+}
+
+func (e *ctlEnv) dlqRetry(ctx context.Context, args []string) error {
+	fs := e.flags("ctl dlq retry")
+	force := fs.Bool("force", false, "retry an entry that was retried before")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one DLQ entry id"); err != nil {
+		return err
+	}
+	s, err := e.client().RetryDLQ(ctx, pos[0], *force)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(s)
+	}
+	fmt.Fprintf(e.out, "retrying %s as %s\n", s.RetryOf, s.JobID)
+	return nil
+}
+
+func (e *ctlEnv) dlqDelete(ctx context.Context, args []string) error {
+	fs := e.flags("ctl dlq delete")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one DLQ entry id"); err != nil {
+		return err
+	}
+	if err := e.client().DeleteDLQ(ctx, pos[0]); err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(map[string]string{"deleted": pos[0]})
+	}
+	fmt.Fprintf(e.out, "deleted %s\n", pos[0])
+	return nil
+}
+
+// --- workers, pools -------------------------------------------------------------
+
+func (e *ctlEnv) workers(ctx context.Context, args []string) error {
+	fs := e.flags("ctl workers")
+	if _, err := e.parse(fs, args); err != nil {
+		return err
+	}
+	w, err := e.client().Workers(ctx)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(w)
+	}
+	if len(w.Workers) == 0 {
+		fmt.Fprintln(e.out, "no live workers")
+		return nil
+	}
+	tw := e.table()
+	fmt.Fprintln(tw, "POOL\tWORKERS\tBUSY/CAPACITY\tLOAD")
+	for _, p := range w.Pools {
+		fmt.Fprintf(tw, "%s\t%d\t%d/%s\t%s\n", p.Pool, p.Workers, p.ActiveJobs+p.Dispatched, capacity(p.MaxParallel),
+			loadBar(p.Load))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "WORKER\tPOOL\tACTIVE\tDISPATCHED\tMAX\tCPU\tDISPATCH\tLAST SEEN")
+	for _, x := range w.Workers {
+		mode := "pool"
+		if x.Direct {
+			mode = "direct"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s ago\n", x.ID, x.Pool, x.ActiveJobs, x.Dispatched,
+			capacity(x.MaxParallel), x.CPULoad, mode, time.Since(x.LastSeen).Truncate(100*time.Millisecond))
+	}
+	return tw.Flush()
+}
+
+func capacity(n int32) string {
+	if n <= 0 {
+		return "∞"
+	}
+	return fmt.Sprint(n)
+}
+
+// loadBar draws a load fraction as ten cells and a percentage.
+func loadBar(f float64) string {
+	const cells = 10
+	n := max(0, min(cells, int(f*cells+0.5)))
+	return "[" + strings.Repeat("#", n) + strings.Repeat(".", cells-n) + fmt.Sprintf("] %3.0f%%", f*100)
+}
+
+func (e *ctlEnv) pools(ctx context.Context, args []string) error {
+	fs := e.flags("ctl pools")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		pos = []string{"list"}
+	}
+	c := e.client()
+	switch pos[0] {
+	case "list", "ls":
+		pl, err := c.Pools(ctx)
+		if err != nil {
+			return err
+		}
+		if e.asJSON {
+			return e.printJSON(pl)
+		}
+		tw := e.table()
+		fmt.Fprintf(tw, "TOPIC\tPOOLS\tSOURCE\t(runtime version %d)\n", pl.Version)
+		for _, m := range pl.Topics {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", m.Topic, strings.Join(m.Pools, ","), m.Source)
+		}
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "POOL\tREQUIRES\tDISPATCH\t")
+		for _, p := range pl.Pools {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", p.Name, orDash(strings.Join(p.Requires, ",")), orDash(p.Dispatch))
+		}
+		return tw.Flush()
+	case "get":
+		if err := exactly(pos, 2, "a topic: pools get <topic>"); err != nil {
+			return err
+		}
+		m, err := c.Pool(ctx, pos[1])
+		if err != nil {
+			return err
+		}
+		if e.asJSON {
+			return e.printJSON(m)
+		}
+		fmt.Fprintf(e.out, "%s → %s (%s)\n", m.Topic, strings.Join(m.Pools, ","), m.Source)
+		return nil
+	case "set", "map":
+		if err := exactly(pos, 3, "a topic and pools: pools set <topic> <pool>[,<pool>...]"); err != nil {
+			return err
+		}
+		m, err := c.SetPool(ctx, pos[1], strings.Split(pos[2], ","))
+		if err != nil {
+			return err
+		}
+		if e.asJSON {
+			return e.printJSON(m)
+		}
+		fmt.Fprintf(e.out, "%s → %s (every replica within about a second)\n", m.Topic, strings.Join(m.Pools, ","))
+		return nil
+	case "delete", "unmap", "rm":
+		if err := exactly(pos, 2, "a topic: pools delete <topic>"); err != nil {
+			return err
+		}
+		if err := c.DeletePool(ctx, pos[1]); err != nil {
+			return err
+		}
+		if e.asJSON {
+			return e.printJSON(map[string]string{"deleted": pos[1]})
+		}
+		fmt.Fprintf(e.out, "%s: runtime mapping removed (pools.yaml applies again)\n", pos[1])
+		return nil
+	}
+	return fmt.Errorf("unknown pools command %q (list, get, set, delete)", pos[0])
+}
+
+// --- trace, stats, ready -------------------------------------------------------
+
+func (e *ctlEnv) trace(ctx context.Context, args []string) error {
+	fs := e.flags("trace")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one job id"); err != nil {
+		return err
+	}
+	tr, err := e.client().Trace(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(tr)
+	}
+	if len(tr.Entries) == 0 {
+		if tr.Tracing {
+			fmt.Fprintf(e.out, "job %s: no messages recorded yet\n", tr.JobID)
+		} else {
+			fmt.Fprintf(e.out, "job %s: no trace (mailbox tracing is off on this node, and no replica persisted one)\n", tr.JobID)
+		}
+		return nil
+	}
+	tw := e.table()
+	fmt.Fprintln(tw, "#\tTIME\t+MS\tNODE\tSENDER\tMESSAGE\tSTATE BEFORE → AFTER\tREASON\tµS")
+	t0 := tr.Entries[0].At
+	for i, x := range tr.Entries {
+		msg := x.Type
+		if x.Panicked {
+			msg += " (panicked)"
+		}
+		if x.Dropped > 0 {
+			fmt.Fprintf(tw, "\t\t\t\t\t… %d earlier messages of this activation dropped (ring full)\t\t\t\n", x.Dropped)
+		}
+		live := ""
+		if x.Live {
+			live = " *"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%+.1f\t%s\t%s\t%s%s\t%s → %s\t%s\t%.1f\n", i+1, x.At.Format("15:04:05.000000"),
+			float64(x.At.Sub(t0).Microseconds())/1000, orDash(x.Node), orDash(x.Sender), msg, live,
+			orDot(x.Before), orDot(x.After), orDash(x.Reason), float64(x.HandleNanos)/1000)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if tr.Entries[len(tr.Entries)-1].Live {
+		fmt.Fprintln(e.out, "* still in the live actor's ring")
+	}
+	return nil
+}
+
+func (e *ctlEnv) stats(ctx context.Context, args []string) error {
+	fs := e.flags("ctl stats")
+	if _, err := e.parse(fs, args); err != nil {
+		return err
+	}
+	s, err := e.client().Stats(ctx)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		return e.printJSON(s)
+	}
+	tw := e.table()
+	fmt.Fprintf(tw, "node %s at %s\n\n", s.Node, s.At.Format(time.RFC3339))
+	fmt.Fprintln(tw, "STATE\tJOBS")
+	for _, st := range core.AllStates {
+		fmt.Fprintf(tw, "%s\t%d\n", st, s.States[string(st)])
+	}
+	fmt.Fprintf(tw, "\nreceived %.0f, dispatched %.0f, live job actors %d\n", s.Received, s.Dispatched, s.LiveJobActors)
+	return tw.Flush()
+}
+
+func (e *ctlEnv) ready(ctx context.Context, args []string) error {
+	fs := e.flags("ctl ready")
+	if _, err := e.parse(fs, args); err != nil {
+		return err
+	}
+	r, err := e.client().Ready(ctx)
+	if err != nil {
+		return err
+	}
+	if e.asJSON {
+		if err := e.printJSON(r); err != nil {
+			return err
+		}
+	} else if r.Ready {
+		fmt.Fprintln(e.out, "ready")
+	} else {
+		for k, v := range r.Failed {
+			fmt.Fprintf(e.out, "not ready: %s: %s\n", k, v)
+		}
+	}
+	if !r.Ready {
+		return errors.New("node not ready")
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func orDot(s string) string {
+	if s == "" {
+		return "·"
+	}
+	return s
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/admin"
+)
+
+// adminFlags start the node's admin HTTP server: /metrics, /healthz,
+// /readyz, the JSON API and the /ui dashboard.
+type adminFlags struct {
+	listen   string
+	keysFile string
+}
+
+// AdminListenDefault keeps the admin API on loopback unless told otherwise
+// (and it refuses anything else without API keys).
+const AdminListenDefault = "127.0.0.1:8080"
+
+func (a *adminFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&a.listen, "admin-listen", envOr("TROUPE_ADMIN_LISTEN", AdminListenDefault),
+		`admin HTTP address ("" turns it off); anything but loopback needs API keys`)
+	fs.StringVar(&a.keysFile, "api-keys-file", os.Getenv("TROUPE_API_KEYS_FILE"),
+		`file of "key=tenant" entries ("*" = every tenant); also TROUPE_API_KEYS`)
+}
+
+// start runs the admin server for node, or nothing when turned off. The
+// returned stop is safe to call either way.
+func (a *adminFlags) start(node *troupe.Node, log *slog.Logger) (func(), error) {
+	if a.listen == "" {
+		return func() {}, nil
+	}
+	raw := os.Getenv("TROUPE_API_KEYS")
+	if a.keysFile != "" {
+		b, err := os.ReadFile(a.keysFile)
+		if err != nil {
+			return nil, fmt.Errorf("api keys: %w", err)
+		}
+		raw += "\n" + string(b)
+	}
+	keys, err := admin.ParseKeys(strings.TrimSpace(raw))
+	if err != nil {
+		return nil, err
+	}
+	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: a.listen, APIKeys: keys, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Start(); err != nil {
+		return nil, err
+	}
+	log.Info("admin API and dashboard", "url", "http://"+srv.Addr()+"/ui", "api_keys", len(keys))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Stop(ctx)
+	}, nil
+}

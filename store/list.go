@@ -1,0 +1,328 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/core"
+)
+
+// Listing bounds.
+const (
+	// ListLimitDefault is the page size when a query names none.
+	ListLimitDefault = 50
+	// ListLimitMax caps one page. A page reads up to this many index entries
+	// from each of the Shards indexes, so 1000 keeps the worst page near
+	// 64k entries — one pipeline of a few megabytes.
+	ListLimitMax = 1000
+	// listScanPages bounds how many index pages one tenant-filtered query
+	// reads before it returns what it found with a cursor: a tenant with
+	// few jobs among many must not turn one request into a full scan.
+	listScanPages = 8
+	// listMaxTies bounds how many already-listed jobs sharing one update
+	// millisecond a cursor skips by re-reading them. Past it the cursor
+	// moves strictly below that millisecond, so a listing of more than this
+	// many jobs updated in the same millisecond may leave some of them out:
+	// a price paid only by bulk transitions, never by a crafted cursor.
+	listMaxTies = ListLimitMax
+)
+
+// ErrBadCursor is returned for a cursor this store did not produce.
+var ErrBadCursor = errors.New("store: invalid list cursor")
+
+// ListQuery selects jobs by state, newest update first.
+type ListQuery struct {
+	State core.State
+	// Tenant, when set, keeps only that tenant's jobs.
+	Tenant string
+	// Limit is the page size (default ListLimitDefault, at most ListLimitMax).
+	Limit int
+	// Cursor continues a previous page ("" = from the newest).
+	Cursor string
+}
+
+// JobSummary is one line of a job listing: the few fields a table shows,
+// read from the job's record (not the index), so State is the job's state
+// when it was read — a job may have moved since it was indexed.
+type JobSummary struct {
+	ID      string
+	State   core.State
+	Topic   string
+	Tenant  string
+	Reason  core.Reason
+	Worker  string
+	Updated time.Time
+	Created time.Time
+}
+
+// JobPage is one page of a listing; Next is "" after the last page.
+type JobPage struct {
+	Jobs []JobSummary
+	Next string
+}
+
+// cursor marks where a page ended in the global order (update time
+// descending, then job id descending — the order ZREVRANGEBYSCORE gives
+// within one shard). ties counts the jobs already returned whose score
+// equals score; no shard can hold more of them than that, so fetching
+// limit+ties entries from each shard is always enough to skip them.
+// ties == 0 (and no id) means "strictly below score".
+type cursor struct {
+	score int64
+	ties  int
+	id    string
+}
+
+func (c cursor) String() string {
+	return strconv.FormatInt(c.score, 10) + ":" + strconv.Itoa(c.ties) + ":" + c.id
+}
+
+func parseCursor(s string) (cursor, error) {
+	// The id comes last: job ids may contain ':'.
+	p := strings.SplitN(s, ":", 3)
+	if len(p) != 3 {
+		return cursor{}, ErrBadCursor
+	}
+	score, err1 := strconv.ParseInt(p[0], 10, 64)
+	ties, err2 := strconv.Atoi(p[1])
+	if err1 != nil || err2 != nil || ties < 0 || ties > listMaxTies || (ties == 0) != (p[2] == "") {
+		return cursor{}, ErrBadCursor
+	}
+	return cursor{score: score, ties: ties, id: p[2]}, nil
+}
+
+// after reports whether an index entry comes after c in the global order.
+func (c cursor) after(score int64, id string) bool {
+	return score < c.score || score == c.score && id < c.id
+}
+
+// ListJobs returns one page of the jobs indexed under q.State across every
+// shard, newest update first. It reads the shard indexes in one pipeline
+// and the matching records in a second; an index entry whose record has
+// expired is skipped. Listing is not a snapshot: a job that changes state
+// between pages may be missed or shown twice.
+func (s *Store) ListJobs(ctx context.Context, q ListQuery) (JobPage, error) {
+	if !q.State.Valid() {
+		return JobPage{}, fmt.Errorf("store: list: unknown state %q", q.State)
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = ListLimitDefault
+	}
+	limit = min(limit, ListLimitMax)
+	var cur *cursor
+	if q.Cursor != "" {
+		c, err := parseCursor(q.Cursor)
+		if err != nil {
+			return JobPage{}, err
+		}
+		cur = &c
+	}
+	var out []JobSummary
+	for page := 0; page < listScanPages; page++ {
+		entries, more, err := s.indexPage(ctx, q.State, cur, limit)
+		if err != nil {
+			return JobPage{}, err
+		}
+		if len(entries) == 0 {
+			return JobPage{Jobs: out}, nil
+		}
+		sums, err := s.summaries(ctx, entries)
+		if err != nil {
+			return JobPage{}, err
+		}
+		for i, sum := range sums {
+			if sum == nil || (q.Tenant != "" && sum.Tenant != q.Tenant) {
+				continue
+			}
+			out = append(out, *sum)
+			if len(out) == limit {
+				// Stop right after this entry so the next page starts with
+				// the one that follows it.
+				c := cursorAt(entries[:i+1], cur)
+				return JobPage{Jobs: out, Next: nextIf(c, more || i+1 < len(entries))}, nil
+			}
+		}
+		c := cursorAt(entries, cur)
+		cur = &c
+		if !more {
+			return JobPage{Jobs: out}, nil
+		}
+	}
+	// The scan budget ran out before the page filled: hand back what was
+	// found and where to go on.
+	return JobPage{Jobs: out, Next: cur.String()}, nil
+}
+
+func nextIf(c cursor, more bool) string {
+	if !more {
+		return ""
+	}
+	return c.String()
+}
+
+// indexEntry is one member of a state index.
+type indexEntry struct {
+	id    string
+	score int64
+}
+
+// cursorAt returns the cursor just after the last of entries (which are in
+// global order and continue from prev).
+func cursorAt(entries []indexEntry, prev *cursor) cursor {
+	last := entries[len(entries)-1]
+	ties := 0
+	for i := len(entries) - 1; i >= 0 && entries[i].score == last.score; i-- {
+		ties++
+	}
+	if prev != nil && prev.score == last.score {
+		ties += prev.ties
+	}
+	if ties > listMaxTies {
+		return cursor{score: last.score}
+	}
+	return cursor{score: last.score, ties: ties, id: last.id}
+}
+
+// indexPage returns the next (up to) limit index entries after cur in the
+// global order, merged from every shard, and whether more may follow.
+func (s *Store) indexPage(ctx context.Context, state core.State, cur *cursor, limit int) ([]indexEntry, bool, error) {
+	hi, fetch := "+inf", int64(limit)
+	if cur != nil {
+		hi = strconv.FormatInt(cur.score, 10)
+		if cur.ties == 0 {
+			hi = "(" + hi
+		}
+		fetch += int64(cur.ties)
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.ZSliceCmd, Shards)
+	for i := 0; i < Shards; i++ {
+		cmds[i] = pipe.ZRevRangeByScoreWithScores(ctx, s.keys.Index(i, string(state)),
+			&redis.ZRangeBy{Max: hi, Min: "-inf", Count: fetch})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, false, fmt.Errorf("store: list %s: %w", state, err)
+	}
+	var all []indexEntry
+	more := false
+	for _, c := range cmds {
+		zs := c.Val()
+		if int64(len(zs)) == fetch {
+			more = true // this shard may hold more past what was fetched
+		}
+		for _, z := range zs {
+			id, _ := z.Member.(string)
+			e := indexEntry{id: id, score: int64(z.Score)}
+			if cur == nil || cur.after(e.score, e.id) {
+				all = append(all, e)
+			}
+		}
+	}
+	sortEntries(all)
+	if len(all) > limit {
+		all, more = all[:limit], true
+	}
+	return all, more, nil
+}
+
+// sortEntries orders entries by score, then id, both descending.
+func sortEntries(es []indexEntry) {
+	slices.SortFunc(es, func(a, b indexEntry) int {
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		case a.id > b.id:
+			return -1
+		case a.id < b.id:
+			return 1
+		}
+		return 0
+	})
+}
+
+// summaryFields are the record fields a JobSummary reads.
+var summaryFields = []string{"s", "topic", "tenant", "reason", "worker", "updated", "created"}
+
+// summaries reads the summary fields of every entry's record in one
+// pipeline; a nil element means the record is gone.
+func (s *Store) summaries(ctx context.Context, entries []indexEntry) ([]*JobSummary, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(entries))
+	for i, e := range entries {
+		cmds[i] = pipe.HMGet(ctx, s.keys.Job(e.id), summaryFields...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: list records: %w", err)
+	}
+	out := make([]*JobSummary, len(entries))
+	for i, c := range cmds {
+		v := c.Val()
+		str := func(k int) string { s, _ := v[k].(string); return s }
+		if len(v) != len(summaryFields) || str(0) == "" {
+			continue
+		}
+		out[i] = &JobSummary{ID: entries[i].id, State: core.State(str(0)), Topic: str(1), Tenant: str(2),
+			Reason: core.Reason(str(3)), Worker: str(4), Updated: parseMillis(str(5)), Created: parseMillis(str(6))}
+	}
+	return out, nil
+}
+
+// CountStates returns how many jobs each state's indexes hold, across all
+// shards, in one pipeline. Terminal counts include jobs kept for the
+// retention period.
+func (s *Store) CountStates(ctx context.Context) (map[core.State]int64, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make(map[core.State][]*redis.IntCmd, len(core.AllStates))
+	for _, st := range core.AllStates {
+		cs := make([]*redis.IntCmd, Shards)
+		for i := 0; i < Shards; i++ {
+			cs[i] = pipe.ZCard(ctx, s.keys.Index(i, string(st)))
+		}
+		cmds[st] = cs
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("store: count states: %w", err)
+	}
+	out := make(map[core.State]int64, len(cmds))
+	for st, cs := range cmds {
+		var n int64
+		for _, c := range cs {
+			n += c.Val()
+		}
+		out[st] = n
+	}
+	return out, nil
+}
+
+// Tenants returns the tenant recorded on each job that has a record, in
+// one pipeline (jobs without a record are left out).
+func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
+	out := make(map[string]string, len(jobIDs))
+	if len(jobIDs) == 0 {
+		return out, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(jobIDs))
+	for i, id := range jobIDs {
+		cmds[i] = pipe.HGet(ctx, s.keys.Job(id), "tenant")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: tenants: %w", err)
+	}
+	for i, c := range cmds {
+		if v, err := c.Result(); err == nil {
+			out[jobIDs[i]] = v
+		}
+	}
+	return out, nil
+}
