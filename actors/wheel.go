@@ -60,7 +60,10 @@ func NewWheel(root *actor.RootContext) *Wheel {
 
 // Schedule sends &wake{epoch} to pid after d.
 func (w *Wheel) Schedule(d time.Duration, pid *actor.PID, epoch uint64) TimerRef {
-	ticks := int((d + WheelTick - 1) / WheelTick)
+	// The next tick may come at any moment of the current period, so one
+	// tick more than d needs: an entry never fires early, at most one tick
+	// late.
+	ticks := int((d+WheelTick-1)/WheelTick) + 1
 	if ticks < 1 {
 		ticks = 1
 	}
