@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/troupe-run/troupe/internal/logx"
 	"log/slog"
 	"os"
 	"strconv"
@@ -341,7 +342,7 @@ func (n *Node) Start(ctx context.Context) error {
 	// it to warnings so its own lines stay readable under load.
 	actorLog := n.log.With("lib", "protoactor")
 	n.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(levelFloor{h: actorLog.Handler(), min: slog.LevelWarn})
+		return slog.New(logx.LevelFloor(actorLog.Handler(), slog.LevelWarn))
 	}))
 	root := n.sys.Root
 	path := ""
@@ -604,21 +605,4 @@ func (n *Node) LiveJobActors() (int, error) {
 		total += res.(int)
 	}
 	return total, nil
-}
-
-// levelFloor drops records below min.
-type levelFloor struct {
-	h   slog.Handler
-	min slog.Level
-}
-
-func (l levelFloor) Enabled(ctx context.Context, lv slog.Level) bool {
-	return lv >= l.min && l.h.Enabled(ctx, lv)
-}
-func (l levelFloor) Handle(ctx context.Context, r slog.Record) error { return l.h.Handle(ctx, r) }
-func (l levelFloor) WithAttrs(a []slog.Attr) slog.Handler {
-	return levelFloor{h: l.h.WithAttrs(a), min: l.min}
-}
-func (l levelFloor) WithGroup(g string) slog.Handler {
-	return levelFloor{h: l.h.WithGroup(g), min: l.min}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/troupe-run/troupe/internal/logx"
 	"log/slog"
 	"math"
 	"slices"
@@ -165,7 +166,7 @@ func (r *runner) startTarget(ctx context.Context) error {
 	case NodeInProcess:
 		lv := slog.LevelWarn
 		_ = lv.UnmarshalText([]byte(cfg.NodeLogLevel))
-		r.tgt, err = startInProc(ctx, spec, slog.New(levelFloor{h: r.log.Handler(), min: lv}))
+		r.tgt, err = startInProc(ctx, spec, slog.New(logx.LevelFloor(r.log.Handler(), lv)))
 	case NodeExternal:
 		// The node must already run with this run's prefixes: its streams
 		// are the proof.

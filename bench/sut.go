@@ -148,21 +148,3 @@ func (s *sut) close() {
 		_ = s.rdb.Close()
 	}
 }
-
-// levelFloor drops records below min: the node's Info lines would interleave
-// with the progress bar.
-type levelFloor struct {
-	h   slog.Handler
-	min slog.Level
-}
-
-func (l levelFloor) Enabled(ctx context.Context, lv slog.Level) bool {
-	return lv >= l.min && l.h.Enabled(ctx, lv)
-}
-func (l levelFloor) Handle(ctx context.Context, r slog.Record) error { return l.h.Handle(ctx, r) }
-func (l levelFloor) WithAttrs(a []slog.Attr) slog.Handler {
-	return levelFloor{h: l.h.WithAttrs(a), min: l.min}
-}
-func (l levelFloor) WithGroup(g string) slog.Handler {
-	return levelFloor{h: l.h.WithGroup(g), min: l.min}
-}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/troupe-run/troupe/internal/logx"
 	"io"
 	"log/slog"
 	"os"
@@ -322,7 +323,7 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writ
 	}
 	lv := slog.LevelWarn
 	_ = lv.UnmarshalText([]byte(spec.LogLevel))
-	log := slog.New(levelFloor{h: slog.NewTextHandler(stderr, nil), min: lv})
+	log := slog.New(logx.LevelFloor(slog.NewTextHandler(stderr, nil), lv))
 	sctx, cancel := context.WithTimeout(ctx, childStartTimeout)
 	s, err := startSUT(sctx, spec, log)
 	cancel()

@@ -53,26 +53,42 @@ func (in *Intake) lastOffer(msg jetstream.Msg) bool {
 	return true
 }
 
-// HandleSubmit handles one message from the submit stream.
-func (in *Intake) HandleSubmit(msg jetstream.Msg) {
+// take decodes a stream message and checks that it carries the payload its
+// stream is for (payload returns the packet's job id and whether it does)
+// and that validate accepts it. Anything else is dead-lettered with its
+// reason and acked; take then reports false.
+func (in *Intake) take(msg jetstream.Msg, stream, want string, payload func(*capv1.BusPacket) (string, bool),
+	validate func(*capv1.BusPacket) error) (*capv1.BusPacket, bool) {
 	if in.lastOffer(msg) {
-		return
+		return nil, false
 	}
 	pkt, err := bus.Decode(msg.Data())
 	if err != nil {
 		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+		return nil, false
+	}
+	jobID, ok := payload(pkt)
+	if !ok {
+		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
+			fmt.Sprintf("%s subject carries %s, not a %s", stream, payloadKind(pkt), want))
+		return nil, false
+	}
+	if err := validate(pkt); err != nil {
+		in.reject(msg, jobID, pkt.TraceId, core.ReasonInvalidRequest, stream+": "+err.Error())
+		return nil, false
+	}
+	return pkt, true
+}
+
+// HandleSubmit handles one message from the submit stream.
+func (in *Intake) HandleSubmit(msg jetstream.Msg) {
+	pkt, ok := in.take(msg, "submit", "job_request",
+		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobRequest(); return r.GetJobId(), r != nil },
+		func(p *capv1.BusPacket) error { return ValidateRequest(p.GetJobRequest()) })
+	if !ok {
 		return
 	}
 	req := pkt.GetJobRequest()
-	if req == nil {
-		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
-			fmt.Sprintf("submit subject carries %s, not a job_request", payloadKind(pkt)))
-		return
-	}
-	if err := ValidateRequest(req); err != nil {
-		in.reject(msg, req.JobId, pkt.TraceId, core.ReasonInvalidRequest, err.Error())
-		return
-	}
 	trace := pkt.TraceId
 	if trace == "" {
 		trace = req.JobId
@@ -82,24 +98,13 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 
 // HandleResult handles one message from the result stream.
 func (in *Intake) HandleResult(msg jetstream.Msg) {
-	if in.lastOffer(msg) {
-		return
-	}
-	pkt, err := bus.Decode(msg.Data())
-	if err != nil {
-		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+	pkt, ok := in.take(msg, "result", "job_result",
+		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobResult(); return r.GetJobId(), r != nil },
+		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobResult().GetJobId()) })
+	if !ok {
 		return
 	}
 	res := pkt.GetJobResult()
-	if res == nil {
-		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
-			fmt.Sprintf("result subject carries %s, not a job_result", payloadKind(pkt)))
-		return
-	}
-	if err := ValidateJobID(res.JobId); err != nil {
-		in.reject(msg, res.JobId, pkt.TraceId, core.ReasonInvalidRequest, "result: "+err.Error())
-		return
-	}
 	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: msg, Raw: msg.Data()}, true)
 }
 
@@ -242,24 +247,13 @@ func ValidateRequest(req *capv1.JobRequest) error {
 
 // HandleCancel handles one message from the cancel stream.
 func (in *Intake) HandleCancel(msg jetstream.Msg) {
-	if in.lastOffer(msg) {
-		return
-	}
-	pkt, err := bus.Decode(msg.Data())
-	if err != nil {
-		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+	pkt, ok := in.take(msg, "cancel", "job_cancel",
+		func(p *capv1.BusPacket) (string, bool) { c := p.GetJobCancel(); return c.GetJobId(), c != nil },
+		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobCancel().GetJobId()) })
+	if !ok {
 		return
 	}
 	cn := pkt.GetJobCancel()
-	if cn == nil {
-		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
-			fmt.Sprintf("cancel subject carries %s, not a job_cancel", payloadKind(pkt)))
-		return
-	}
-	if err := ValidateJobID(cn.JobId); err != nil {
-		in.reject(msg, cn.JobId, pkt.TraceId, core.ReasonInvalidRequest, "cancel: "+err.Error())
-		return
-	}
 	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: msg, Raw: msg.Data()}, true)
 }
 
