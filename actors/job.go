@@ -13,6 +13,7 @@ import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
 )
@@ -984,10 +985,38 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 		return
 	}
 	path = append(path, store.Hop{To: to, Reason: reason})
-	j.transition(c, &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning), Path: path,
-		Fields: fields}, nil, func(c actor.Context) {
+	t := &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning), Path: path, Fields: fields}
+	j.sagaRecord(t, to, reason)
+	j.transition(c, t, nil, func(c actor.Context) {
 		j.env.Log.Debug("job finished", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(), "state", to)
 	})
+}
+
+// sagaRecord adds a workflow step's saga bookkeeping to its terminal write,
+// in the same atomic step: a succeeded step with a compensation records its
+// template and joins its workflow's stack; a step failed fatally triggers
+// the workflow's rollback.
+func (j *JobActor) sagaRecord(t *store.Transition, to core.State, reason core.Reason) {
+	wf := j.req.GetWorkflowId()
+	if wf == "" {
+		return
+	}
+	now := time.Now().UnixMilli()
+	switch {
+	case to == core.StateSucceeded:
+		tmpl := saga.Template(j.req)
+		if tmpl == nil {
+			return
+		}
+		raw, err := proto.Marshal(tmpl)
+		if err != nil {
+			return
+		}
+		t.Fields = append(t.Fields, saga.TemplateField, string(raw))
+		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.StackPrefix + wf, Score: now, Member: j.id})
+	case reason == core.ReasonWorkerFailedFatal:
+		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.Triggers, Score: now, Member: wf})
+	}
 }
 
 func resultFields(res *capv1.JobResult, ptr string) []string {
@@ -1037,7 +1066,9 @@ func (j *JobActor) onOutput(c actor.Context, m *outputDone) {
 		reason = core.ReasonOutputRedacted
 	}
 	path := append(m.path, store.Hop{To: core.StateSucceeded, Reason: reason})
-	j.transition(c, &store.Transition{Expect: expect, Path: path, Fields: fields}, nil, func(c actor.Context) {
+	t := &store.Transition{Expect: expect, Path: path, Fields: fields}
+	j.sagaRecord(t, core.StateSucceeded, reason)
+	j.transition(c, t, nil, func(c actor.Context) {
 		if !o.ContentChecked {
 			j.scanContent(safety.OutputRequest(j.req, &capv1.JobResult{JobId: j.id, Status: m.res.Res.Status,
 				ResultPtr: o.ResultPtr, WorkerId: m.res.Res.WorkerId, ArtifactPtrs: m.res.Res.ArtifactPtrs}))

@@ -22,7 +22,8 @@ import "github.com/redis/go-redis/v9"
 //
 //	tenant, trace_id, request(bytes), rescue_at_ms, lock_after
 //	(keep|release|terminal), due_ms (0 = rescue_at, -1 none, >0 set),
-//	retention_s, n, then n pairs (to, reason), then field, value, ...
+//	retention_s, n, then n pairs (to, reason), m, then m triples (key
+//	suffix under the shard tag, score, member) to ZADD, then field, value, ...
 //
 // A created job with no due time of its own is due at rescue_at: every live
 // job has a due entry from its first moment, so a job whose actor or node
@@ -57,9 +58,14 @@ if not st then
     hist[#hist + 1] = now .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
     prev = to
   end
+  local m = tonumber(ARGV[16 + 2 * n])
+  for i = 0, m - 1 do
+    local a = 17 + 2 * n + 3 * i
+    redis.call('ZADD', tag .. ARGV[a], ARGV[a + 1], ARGV[a + 2])
+  end
   local f = {'s', prev, 'fence', 1, 'topic', ARGV[7], 'tenant', ARGV[8], 'trace', ARGV[9], 'req', ARGV[10],
     'created', now, 'updated', now, 'node', node, 'reason', reason, 'attempts', 0}
-  for i = 16 + 2 * n, #ARGV do f[#f + 1] = ARGV[i] end
+  for i = 17 + 2 * n + 3 * m, #ARGV do f[#f + 1] = ARGV[i] end
   redis.call('HSET', KEYS[1], unpack(f))
   redis.call('RPUSH', KEYS[2], unpack(hist))
   redis.call('ZADD', tag .. 'idx:' .. prev, now, id)
@@ -97,8 +103,9 @@ return out
 // ARGV: lock_value, node, expected (comma-separated states), now_ms,
 //
 //	shard_tag, job_id, lock_after (keep|release|terminal), retention_s,
-//	due_ms (0 keep, -1 clear, >0 set), n, then n pairs (to, reason), then
-//	field, value, ...
+//	due_ms (0 keep, -1 clear, >0 set), n, then n pairs (to, reason), m,
+//	then m triples (key suffix under the shard tag, score, member) to ZADD
+//	in the same step (saga records and triggers), then field, value, ...
 //
 // Returns {status, state_before} with status OK, FENCED (lock value differs:
 // this owner is stale), NOTFOUND or CONFLICT (state not expected).
@@ -128,8 +135,13 @@ for i = 1, n do
   hist[#hist + 1] = now .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. ARGV[2]
   prev = to
 end
+local m = tonumber(ARGV[11 + 2 * n])
+for i = 0, m - 1 do
+  local a = 12 + 2 * n + 3 * i
+  redis.call('ZADD', tag .. ARGV[a], ARGV[a + 1], ARGV[a + 2])
+end
 local f = {'s', prev, 'updated', now, 'reason', reason}
-for i = 11 + 2 * n, #ARGV do f[#f + 1] = ARGV[i] end
+for i = 12 + 2 * n + 3 * m, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('RPUSH', KEYS[2], unpack(hist))
 if st ~= prev then

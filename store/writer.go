@@ -96,6 +96,17 @@ type Transition struct {
 	// event with no live actor). A terminal end always releases the lock and
 	// starts the retention clock.
 	Release bool
+	// Adds are sorted-set entries written in the same atomic step, in keys
+	// of the job's shard (so a Redis Cluster runs it on one node).
+	Adds []ShardZAdd
+}
+
+// ShardZAdd is one ZADD into a key of the job's shard: the key is the
+// shard's tag followed by Suffix (for example "saga:<workflow_id>").
+type ShardZAdd struct {
+	Suffix string
+	Score  int64
+	Member string
 }
 
 // Final is the state the transition ends in.
@@ -402,19 +413,24 @@ func due(t *Transition) int64 {
 
 func pathArgs(t *Transition) int {
 	if t == nil {
-		return 1
+		return 2
 	}
-	return 1 + 2*len(t.Path) + len(t.Fields)
+	return 2 + 2*len(t.Path) + 3*len(t.Adds) + len(t.Fields)
 }
 
-// appendPath adds "n, (to, reason)×n, fields..." to args.
+// appendPath adds "n, (to, reason)×n, m, (suffix, score, member)×m,
+// fields..." to args.
 func appendPath(args []interface{}, t *Transition) []interface{} {
 	if t == nil {
-		return append(args, 0)
+		return append(args, 0, 0)
 	}
 	args = append(args, len(t.Path))
 	for _, h := range t.Path {
 		args = append(args, string(h.To), string(h.Reason))
+	}
+	args = append(args, len(t.Adds))
+	for _, a := range t.Adds {
+		args = append(args, a.Suffix, a.Score, a.Member)
 	}
 	for _, f := range t.Fields {
 		args = append(args, f)

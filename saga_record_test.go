@@ -1,0 +1,57 @@
+package troupe_test
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/saga"
+	"github.com/troupe-run/troupe/store"
+)
+
+// A workflow step that succeeds records its compensation template and joins
+// its workflow's stack in the same write as SUCCEEDED; a step that fails
+// fatally triggers the workflow's rollback in the same write as FAILED.
+func TestSagaRecordingIsPartOfTheTerminalWrite(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	f.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		if req.StepIndex == 2 {
+			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED_FATAL, ErrorCode: "boom"}
+		}
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}
+	})
+	step := func(id string, i int32) *capv1.JobRequest {
+		r := echoReq(id)
+		r.WorkflowId, r.StepIndex = "wf-1", i
+		r.Compensation = &capv1.Compensation{Topic: "job.echo", Capability: "undo", Env: map[string]string{"UNDO": id}}
+		return r
+	}
+	f.submit(step("wf1-s1", 1))
+	rec := f.waitState("wf1-s1", core.StateSucceeded)
+	tmpl := &capv1.JobRequest{}
+	if err := proto.Unmarshal([]byte(rec.Fields[saga.TemplateField]), tmpl); err != nil {
+		t.Fatalf("template: %v", err)
+	}
+	if tmpl.Priority != capv1.JobPriority_JOB_PRIORITY_CRITICAL || tmpl.Env["UNDO"] != "wf1-s1" ||
+		tmpl.Meta.GetCapability() != "undo" || len(tmpl.Meta.GetIdempotencyKey()) != 64 || tmpl.Compensation != nil {
+		t.Fatalf("template %v", tmpl)
+	}
+	keys := store.NewKeys(f.env.KeyPrefix())
+	ctx := context.Background()
+	stack := keys.Tag("wf1-s1") + saga.StackPrefix + "wf-1"
+	if n, _ := f.env.Redis.ZScore(ctx, stack, "wf1-s1").Result(); n == 0 {
+		t.Fatalf("step not on its workflow's stack %s", stack)
+	}
+	f.submit(step("wf1-s2", 2))
+	rec = f.waitState("wf1-s2", core.StateFailed)
+	if rec.Reason != core.ReasonWorkerFailedFatal {
+		t.Fatalf("reason %s", rec.Reason)
+	}
+	if _, err := f.env.Redis.ZScore(ctx, keys.Tag("wf1-s2")+saga.Triggers, "wf-1").Result(); err != nil {
+		t.Fatalf("rollback not triggered: %v", err)
+	}
+}
