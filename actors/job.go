@@ -13,8 +13,8 @@ import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/store"
 )
 
