@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN         := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: run test test-embedded vet build proto proto-tools bench bench-smoke fmt
+.PHONY: run test test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt
 
 build:
 	$(GO) build ./...
@@ -31,6 +31,15 @@ test-embedded:
 
 # Troupe and the floor (same traffic, no scheduling logic) in one invocation;
 # adds rows to BENCHMARKS.md. See BENCHMARKS.md for the other runs.
+# A few seconds of each fuzz target (CI); run one longer with e.g.
+#   go test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime 10m ./supervisor/
+FUZZTIME ?= 5s
+fuzz-short:
+	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./supervisor/
+	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./router/
+	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./actors/
+	$(GO) test -run '^$$' -fuzz FuzzPolicyEngine -fuzztime $(FUZZTIME) ./safety/
+
 bench:
 	$(GO) run ./cmd/troupe bench --compare
 

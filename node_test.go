@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -372,6 +374,11 @@ func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 	f.submit(&capv1.JobRequest{JobId: "no-topic"})
 	f.submit(&capv1.JobRequest{Topic: "job.echo"})
 	f.submit(&capv1.JobRequest{JobId: "bad id*>", Topic: "job.echo"})
+	tooMany := map[string]string{}
+	for i := 0; i <= supervisor.MaxLabels; i++ {
+		tooMany[fmt.Sprintf("l%d", i)] = "v"
+	}
+	f.submit(&capv1.JobRequest{JobId: "too-many-labels", Topic: "job.echo", Labels: tooMany})
 	hb, _ := bus.EncodeHeartbeat("x", &capv1.Heartbeat{WorkerId: "x"})
 	f.publishRaw(f.subj.Submit, hb)
 	res, _ := bus.EncodeResult("", "w9", &capv1.JobResult{JobId: "never-submitted", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
@@ -382,6 +389,9 @@ func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonInvalidRequest && e.JobID == "no-topic" })
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonInvalidRequest && e.JobID == "" })
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonInvalidRequest && e.JobID == "bad id*>" })
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.Reason == core.ReasonInvalidRequest && e.JobID == "too-many-labels" && strings.Contains(e.Message, "labels")
+	})
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonUnexpectedKind })
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonUnknownJob && e.JobID == "never-submitted" })
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonDecodeFailed && e.Subject == f.subj.Result })

@@ -2,10 +2,13 @@ package troupe_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/saga"
@@ -53,5 +56,53 @@ func TestSagaRecordingIsPartOfTheTerminalWrite(t *testing.T) {
 	}
 	if _, err := f.env.Redis.ZScore(ctx, keys.Tag("wf1-s2")+saga.Triggers, "wf-1").Result(); err != nil {
 		t.Fatalf("rollback not triggered: %v", err)
+	}
+}
+
+// The node's own saga runner rolls a workflow back: a fatal third step
+// brings the compensations of steps 2 and 1, in that order, once each.
+func TestNodeRollsAWorkflowBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { c.SagaPoll = 100 * time.Millisecond })
+	comps := make(chan string, 10)
+	f.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		if req.Labels[saga.LabelIsCompensation] == "true" {
+			comps <- req.Env["UNDO"]
+			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}
+		}
+		if req.StepIndex == 3 {
+			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED_FATAL}
+		}
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}
+	})
+	for i := int32(1); i <= 3; i++ {
+		id := fmt.Sprintf("wfn-s%d", i)
+		r := echoReq(id)
+		r.WorkflowId, r.StepIndex = "wf-node", i
+		r.Compensation = &capv1.Compensation{Topic: "job.echo", Env: map[string]string{"UNDO": id}}
+		f.submit(r)
+		want := core.StateSucceeded
+		if i == 3 {
+			want = core.StateFailed
+		}
+		f.waitState(id, want)
+	}
+	var got []string
+	timeout := time.After(20 * time.Second)
+	for len(got) < 2 {
+		select {
+		case id := <-comps:
+			got = append(got, id)
+		case <-timeout:
+			t.Fatalf("compensations seen: %v", got)
+		}
+	}
+	if got[0] != "wfn-s2" || got[1] != "wfn-s1" {
+		t.Fatalf("compensations in order %v, want [wfn-s2 wfn-s1]", got)
+	}
+	select {
+	case extra := <-comps:
+		t.Fatalf("compensation dispatched again: %s", extra)
+	case <-time.After(500 * time.Millisecond):
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/supervisor"
 )
@@ -124,6 +125,15 @@ type Config struct {
 	// re-dispatch: a dead worker costs a re-dispatch, not a timeout).
 	NoRedispatchTopics []string
 
+	// SagaStepBudget is how long a rollback waits for one compensation
+	// (default saga.StepBudgetDefault); SagaPoll is the saga trigger
+	// poller's interval (default saga.PollDefault).
+	SagaStepBudget time.Duration
+	SagaPoll       time.Duration
+	// NoSagas leaves rollbacks to other replicas (or to a saga.Start of the
+	// embedder's own): this node records saga steps but runs no rollback.
+	NoSagas bool
+
 	// JobTrace records every job actor's mailbox (jobtrace). Off unless
 	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
 	// Retention, Log, Metrics and Origin. Off installs no middleware at all.
@@ -157,6 +167,7 @@ type Node struct {
 	due    *supervisor.DuePoller
 
 	dispatcher *supervisor.PoolDispatcher
+	sagas      *saga.Sagas
 	scans      *actors.ScanPool
 
 	cancel context.CancelFunc
@@ -448,6 +459,14 @@ func (n *Node) Start(ctx context.Context) error {
 	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll,
 		Slack: n.cfg.DueSlack}
 	n.due.Start()
+	if !n.cfg.NoSagas {
+		n.sagas, err = saga.Start(saga.Config{System: n.sys, Store: n.store, JS: n.js, Subjects: n.subj,
+			Policy: n.cfg.Policy, NodeID: n.cfg.NodeID, Metrics: n.cfg.Metrics, Log: n.log,
+			StepBudget: n.cfg.SagaStepBudget, Poll: n.cfg.SagaPoll})
+		if err != nil {
+			return fmt.Errorf("troupe: %w", err)
+		}
+	}
 	n.log.Info("node started", "nats", n.nc.ConnectedUrlRedacted(), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
@@ -499,6 +518,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.due != nil {
 			n.due.Stop()
+		}
+		if n.sagas != nil {
+			_ = n.sagas.Stop(ctx)
 		}
 		if n.snap != nil {
 			n.snap.Stop()

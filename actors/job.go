@@ -998,7 +998,9 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 // the workflow's rollback.
 func (j *JobActor) sagaRecord(t *store.Transition, to core.State, reason core.Reason) {
 	wf := j.req.GetWorkflowId()
-	if wf == "" {
+	if wf == "" || j.req.GetLabels()[saga.LabelIsCompensation] == "true" {
+		// A compensation is not a step of its workflow: it records nothing
+		// and, failing, does not roll the workflow back again.
 		return
 	}
 	now := time.Now().UnixMilli()

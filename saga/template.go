@@ -4,7 +4,7 @@
 //
 // Recording happens in the job's own atomic SUCCEEDED write: the template is
 // a field of the job's record and the job joins the sorted set
-// "<shard tag>saga:<workflow_id>" of its shard (score = completion time), so a
+// "<shard tag>saga:stack:<workflow_id>" of its shard (score = completion time), so a
 // crash can never leave one without the other and the write stays on one
 // Redis Cluster node. A workflow's stack is the union of those sets over the
 // 64 shards, newest first. A FAILED_FATAL step adds its workflow to its
@@ -25,8 +25,9 @@ import (
 // Key suffixes under a job's shard tag (see store.ShardZAdd).
 const (
 	// StackPrefix + workflow id: the shard's completed steps of a workflow
-	// that carry a compensation.
-	StackPrefix = "saga:"
+	// that carry a compensation. (Its own namespace: a workflow may be
+	// called anything, "triggers" included.)
+	StackPrefix = "saga:stack:"
 	// Triggers: workflows of the shard whose rollback must run.
 	Triggers = "saga:triggers"
 	// TemplateField is the job record field holding the compensation

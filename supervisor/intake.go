@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -60,6 +59,11 @@ func (in *Intake) lastOffer(msg jetstream.Msg) bool {
 func (in *Intake) take(msg jetstream.Msg, stream, want string, payload func(*capv1.BusPacket) (string, bool),
 	validate func(*capv1.BusPacket) error) (*capv1.BusPacket, bool) {
 	if in.lastOffer(msg) {
+		return nil, false
+	}
+	if n := len(msg.Data()); n > MaxPacketBytes {
+		in.reject(msg, "", "", core.ReasonInvalidRequest,
+			fmt.Sprintf("%s packet of %d bytes exceeds the %d-byte limit", stream, n, MaxPacketBytes))
 		return nil, false
 	}
 	pkt, err := bus.Decode(msg.Data())
@@ -169,80 +173,6 @@ func payloadKind(p *capv1.BusPacket) string {
 		return "job_cancel"
 	}
 	return "an empty payload"
-}
-
-// Validation limits.
-const (
-	// MaxIDLength bounds job and worker ids: they become Redis keys and NATS subjects.
-	MaxIDLength = 128
-	// MaxTopicLength bounds a topic (it becomes a pool subject).
-	MaxTopicLength = 256
-)
-
-// ErrInvalid wraps every validation error.
-var ErrInvalid = errors.New("invalid")
-
-// ValidateJobID accepts 1..MaxIDLength characters of [A-Za-z0-9_.:-]: nothing
-// that could split a Redis key or inject a NATS wildcard or token.
-func ValidateJobID(id string) error {
-	if err := validID(id); err != nil {
-		return fmt.Errorf("%w job_id: %v", ErrInvalid, err)
-	}
-	return nil
-}
-
-// ValidateWorkerID applies the job id rules to a worker id, minus '.', since
-// it becomes one token of worker.<id>.jobs.
-func ValidateWorkerID(id string) error {
-	if err := validID(id); err != nil {
-		return fmt.Errorf("%w worker_id: %v", ErrInvalid, err)
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] == '.' {
-			return fmt.Errorf("%w worker_id: %q contains '.'", ErrInvalid, id)
-		}
-	}
-	return nil
-}
-
-func validID(id string) error {
-	if id == "" {
-		return errors.New("missing")
-	}
-	if len(id) > MaxIDLength {
-		return fmt.Errorf("longer than %d characters", MaxIDLength)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.' || c == ':') {
-			return fmt.Errorf("%q contains %q (allowed: letters, digits, _ - . :)", id, c)
-		}
-	}
-	return nil
-}
-
-// ValidateRequest checks what Troupe needs of a JobRequest before it takes it.
-func ValidateRequest(req *capv1.JobRequest) error {
-	if err := ValidateJobID(req.JobId); err != nil {
-		return err
-	}
-	t := req.Topic
-	if t == "" {
-		return fmt.Errorf("%w topic: missing", ErrInvalid)
-	}
-	if len(t) > MaxTopicLength {
-		return fmt.Errorf("%w topic: longer than %d characters", ErrInvalid, MaxTopicLength)
-	}
-	for i := 0; i < len(t); i++ {
-		c := t[i]
-		if c <= ' ' || c == '*' || c == '>' || c == 0x7f {
-			return fmt.Errorf("%w topic: %q contains %q", ErrInvalid, t, c)
-		}
-	}
-	if t[0] == '.' || t[len(t)-1] == '.' {
-		return fmt.Errorf("%w topic: %q starts or ends with '.'", ErrInvalid, t)
-	}
-	return nil
 }
 
 // HandleCancel handles one message from the cancel stream.

@@ -6,6 +6,7 @@
 //	troupe submit [--nats URL] --topic T [--id ID] [--wait]
 //	troupe job    [--redis URL] ID
 //	troupe dlq    [--redis URL]
+//	troupe saga   [--redis URL] WORKFLOW_ID
 package main
 
 import (
@@ -43,6 +44,7 @@ var commands = []command{
 	{"submit", "publish a job on sys.job.submit", runSubmit},
 	{"job", "print a job's state and transition history", runJob},
 	{"dlq", "list dead-lettered jobs and inputs", runDLQ},
+	{"saga", "print a workflow's compensation stack, rollback progress and compensation jobs", runSaga},
 	{"pool", "list, add or remove runtime topic → pool mappings (shared by all replicas)", runPool},
 	{"safety", "serve the built-in policy engine as a CAP SafetyKernel (gRPC), or query or validate policies", runSafety},
 	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
