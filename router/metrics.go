@@ -1,8 +1,7 @@
 package router
 
 import (
-	"errors"
-	"fmt"
+	"github.com/troupe-run/troupe/internal/metricsx"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -31,33 +30,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"pool"}),
 	}
 	var err error
-	if m.live, err = register(reg, m.live); err != nil {
+	if m.live, err = metricsx.Register(reg, m.live); err != nil {
 		return nil, err
 	}
-	if m.stale, err = register(reg, m.stale); err != nil {
+	if m.stale, err = metricsx.Register(reg, m.stale); err != nil {
 		return nil, err
 	}
-	if m.evicted, err = register(reg, m.evicted); err != nil {
+	if m.evicted, err = metricsx.Register(reg, m.evicted); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same description, so two routers (tests, or a node restarted inside
-// one process) can share a Registerer.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("router: register metrics: %w", err)
 }
 
 func (m *metrics) countStale(topic, workerID string) {

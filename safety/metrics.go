@@ -1,28 +1,10 @@
 package safety
 
 import (
-	"errors"
-	"fmt"
+	"github.com/troupe-run/troupe/internal/metricsx"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// register registers c, or returns the collector already registered under
-// the same description, so that two clients (two nodes in one test binary,
-// a client rebuilt on config reload) can share a Registerer.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("safety: register metrics: %w", err)
-}
 
 // inputMetrics are the kernel client's series. Safe for concurrent use.
 type inputMetrics struct {
@@ -56,16 +38,16 @@ func newInputMetrics(reg prometheus.Registerer) (*inputMetrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.failOpen, err = register(reg, m.failOpen); err != nil {
+	if m.failOpen, err = metricsx.Register(reg, m.failOpen); err != nil {
 		return nil, err
 	}
-	if m.checks, err = register(reg, m.checks); err != nil {
+	if m.checks, err = metricsx.Register(reg, m.checks); err != nil {
 		return nil, err
 	}
-	if m.latency, err = register(reg, m.latency); err != nil {
+	if m.latency, err = metricsx.Register(reg, m.latency); err != nil {
 		return nil, err
 	}
-	if m.breaker, err = register(reg, m.breaker); err != nil {
+	if m.breaker, err = metricsx.Register(reg, m.breaker); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -113,16 +95,16 @@ func NewOutputMetrics(reg prometheus.Registerer) (*OutputMetrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.checked, err = register(reg, m.checked); err != nil {
+	if m.checked, err = metricsx.Register(reg, m.checked); err != nil {
 		return nil, err
 	}
-	if m.quarantined, err = register(reg, m.quarantined); err != nil {
+	if m.quarantined, err = metricsx.Register(reg, m.quarantined); err != nil {
 		return nil, err
 	}
-	if m.skipped, err = register(reg, m.skipped); err != nil {
+	if m.skipped, err = metricsx.Register(reg, m.skipped); err != nil {
 		return nil, err
 	}
-	if m.latency, err = register(reg, m.latency); err != nil {
+	if m.latency, err = metricsx.Register(reg, m.latency); err != nil {
 		return nil, err
 	}
 	return m, nil

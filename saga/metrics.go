@@ -2,7 +2,7 @@ package saga
 
 import (
 	"errors"
-	"fmt"
+	"github.com/troupe-run/troupe/internal/metricsx"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -46,35 +46,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var err error
 	reg1 := func(c prometheus.Counter) prometheus.Counter {
 		var e error
-		c, e = register(reg, c)
+		c, e = metricsx.Register(reg, c)
 		err = errors.Join(err, e)
 		return c
 	}
 	m.recorded, m.triggered = reg1(m.recorded), reg1(m.triggered)
 	m.dispatched, m.failed, m.unmarshal = reg1(m.dispatched), reg1(m.failed), reg1(m.unmarshal)
 	var e1, e2, e3 error
-	m.skipped, e1 = register(reg, m.skipped)
-	m.duration, e2 = register(reg, m.duration)
-	m.active, e3 = register(reg, m.active)
+	m.skipped, e1 = metricsx.Register(reg, m.skipped)
+	m.duration, e2 = metricsx.Register(reg, m.duration)
+	m.active, e3 = metricsx.Register(reg, m.active)
 	if err = errors.Join(err, e1, e2, e3); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same description, so that two runners (two replicas in one test
-// binary) can share a Registerer.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("saga: register metrics: %w", err)
 }
