@@ -309,6 +309,9 @@ func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 	if r.History[len(r.History)-1].Node != "node-b" || b.ID() != "node-b" {
 		t.Fatalf("history %+v", r.History)
 	}
+	if got := counter(t, b, "troupe_orphan_replayed_total", "job.echo"); got < 1 {
+		t.Fatalf("adoption by the due poller not counted: %v", got)
+	}
 }
 
 // failFirstActivate fails the first pipeline that activates a job.

@@ -20,6 +20,7 @@ import (
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/supervisor"
 )
@@ -248,4 +249,17 @@ func runReadyChecks(ctx context.Context, checks map[string]func(context.Context)
 		return &NotReadyError{Checks: failed}
 	}
 	return nil
+}
+
+// Saga describes a workflow's saga: its stack, the rollback's progress and
+// each compensation's job and state (store.ErrNotFound when there is none).
+func (n *Node) Saga(ctx context.Context, workflowID string) (*saga.Report, error) {
+	r, err := saga.Describe(ctx, n.store, workflowID)
+	if err != nil {
+		return nil, err
+	}
+	if len(r.Steps) == 0 && !r.Triggered && (r.Progress == nil || (r.Progress.Status == "" && len(r.Progress.Steps) == 0)) {
+		return nil, store.ErrNotFound
+	}
+	return r, nil
 }

@@ -246,6 +246,16 @@ func TestJobPathReachesSucceededThroughEveryState(t *testing.T) {
 	if n := rec.count("job-1"); n != 1 {
 		t.Fatalf("worker received job %d times", n)
 	}
+	mfs, _ := f.node.Metrics().Gather()
+	observed := uint64(0)
+	for _, mf := range mfs {
+		if mf.GetName() == "troupe_dispatch_latency_seconds" {
+			observed = mf.Metric[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if observed != 1 {
+		t.Fatalf("dispatch latency observed %d times, want 1", observed)
+	}
 }
 
 func TestStockWorkerGetsJobsOnThePoolSubject(t *testing.T) {

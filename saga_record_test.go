@@ -2,13 +2,16 @@ package troupe_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/saga"
@@ -104,5 +107,37 @@ func TestNodeRollsAWorkflowBack(t *testing.T) {
 	case extra := <-comps:
 		t.Fatalf("compensation dispatched again: %s", extra)
 	case <-time.After(500 * time.Millisecond):
+	}
+	// The operators' view of it: GET /v1/sagas/{workflow}.
+	srv, err := admin.NewServer(admin.Config{Node: f.node, Registry: f.node.Metrics(), Listen: "127.0.0.1:0", Log: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(context.Background())
+	var rep saga.Report
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + srv.Addr() + "/v1/sagas/wf-node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&rep)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && rep.Progress != nil && rep.Progress.Status != "" && rep.Progress.Status != "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("saga report: %d %+v", resp.StatusCode, rep.Progress)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(rep.Steps) != 2 || rep.Steps[0].CompState != core.StateSucceeded {
+		t.Fatalf("saga report steps %+v", rep.Steps)
+	}
+	if resp, err := http.Get("http://" + srv.Addr() + "/v1/sagas/no-such-workflow"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown workflow: %v %v", resp, err)
 	}
 }

@@ -456,7 +456,12 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel); err != nil {
 		return err
 	}
-	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll,
+	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",
+		Help: "Jobs the due poller found overdue in its last tick (their owner did not act), by state."}, []string{"state"})
+	if err := n.cfg.Metrics.Register(stale); err != nil {
+		stale = nil
+	}
+	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll, Stale: stale,
 		Slack: n.cfg.DueSlack}
 	n.due.Start()
 	if !n.cfg.NoSagas {

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +77,7 @@ type JobActor struct {
 	lost         core.State        // the state this actor knew when the job's lock vanished
 	decision     []string          // the input policy's decision, as record fields, until written
 	lastReason   core.Reason       // the reason of the last state change (for tracing)
+	woken        bool              // activated by the due poller (an adoption)
 	firstEvent   time.Time
 	idemChecked  bool
 
@@ -250,6 +252,7 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		}
 	case *Wake:
 		if !j.activated {
+			j.woken = true
 			j.activate(c, false, nil, nil, nil)
 		}
 	case *WorkerLost:
@@ -383,6 +386,9 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			j.lastReason = core.Reason(r.Fields["reason"])
 			j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
 			j.adopt(r.Fields)
+			if j.woken {
+				j.env.Metrics.OrphanReplayed.WithLabelValues(j.req.GetTopic()).Inc()
+			}
 			j.ackAll()
 			j.advance(c)
 		case store.ActivateTerminal:
@@ -787,6 +793,7 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 				return
 			}
 			j.env.Metrics.Dispatched.Inc()
+			j.env.Metrics.DispatchLatency.Observe(time.Since(j.firstEvent).Seconds())
 			j.arm(c, deadline)
 		})
 }
@@ -1174,6 +1181,10 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 			}
 			if j.state == core.StateDispatched && t.Final() != core.StateDispatched {
 				j.release(c)
+			}
+			if j.env.Log.Enabled(context.Background(), slog.LevelDebug) {
+				j.env.Log.Debug("job state", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
+					"from", j.state, "to", t.Final(), "reason", t.Path[len(t.Path)-1].Reason)
 			}
 			j.state = t.Final()
 			j.lastReason = t.Path[len(t.Path)-1].Reason

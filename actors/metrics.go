@@ -21,6 +21,8 @@ type Metrics struct {
 	LiveActors      prometheus.Gauge
 	ActivationDelay prometheus.Histogram
 	Forwarded       *prometheus.CounterVec // outcome: taken, returned
+	DispatchLatency prometheus.Histogram
+	OrphanReplayed  *prometheus.CounterVec // topic
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -54,10 +56,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_events_forwarded_total",
 			Help: "Results and cancels passed to the node owning their job: taken by it, or returned to JetStream."},
 			[]string{"outcome"}),
+		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "troupe_dispatch_latency_seconds",
+			Help:    "From a job's first event on this node (its submit) to its request being published to a worker.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
+		OrphanReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_orphan_replayed_total",
+			Help: "Jobs the due poller woke and this node adopted (their owner died, or their wait was due)."},
+			[]string{"topic"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
-			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded)
+			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
+			m.DispatchLatency, m.OrphanReplayed)
 	}
 	return m
 }

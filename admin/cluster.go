@@ -199,6 +199,16 @@ func (s *Server) whoami(w http.ResponseWriter, _ *http.Request, p principal) err
 	return nil
 }
 
+// getSaga returns a workflow's saga report.
+func (s *Server) getSaga(w http.ResponseWriter, r *http.Request, _ principal) error {
+	rep, err := s.cfg.Node.Saga(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, rep)
+	return nil
+}
+
 // healthz says the process serves HTTP; it checks nothing else, so an
 // orchestrator restarts the process only when it is truly stuck.
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -32,6 +32,7 @@ import (
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/store"
 )
 
@@ -83,6 +84,8 @@ type Node interface {
 	Mappings() *router.MappingStore
 
 	Ready(ctx context.Context) error
+
+	Saga(ctx context.Context, workflowID string) (*saga.Report, error)
 }
 
 // Config configures a Server.
@@ -279,6 +282,8 @@ func (s *Server) routes() http.Handler {
 	api("DELETE /v1/pools/{topic...}", allTenants, s.deletePool)
 	api("GET /v1/stats", allTenants, s.stats)
 	api("GET /v1/whoami", anyTenant, s.whoami)
+	// A workflow's steps may belong to several tenants: all-tenant keys only.
+	api("GET /v1/sagas/{id}", allTenants, s.getSaga)
 
 	metrics := promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
 	if s.cfg.MetricsNeedKey {

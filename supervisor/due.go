@@ -5,7 +5,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/core"
 
 	"github.com/troupe-run/troupe/store"
 )
@@ -26,6 +29,9 @@ type DuePoller struct {
 	Slack time.Duration
 	// PerShard bounds jobs woken per shard per tick (default DuePerShardDefault).
 	PerShard int
+	// Stale, when set, receives per tick how many overdue jobs the poller
+	// found in each state (troupe_stale_jobs{state}).
+	Stale *prometheus.GaugeVec
 
 	stop  chan struct{}
 	done  chan struct{}
@@ -118,10 +124,38 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	for _, id := range ids {
 		p.Intake.Wake(id)
 	}
+	p.countStale(ctx, ids)
 	if len(ids) > 0 {
 		p.Log.Debug("due jobs woken", "count", len(ids))
 	}
 	return len(ids)
+}
+
+// countStale sets troupe_stale_jobs{state} to the states of the jobs this
+// tick found overdue (one pipelined read; ids is bounded by PerShard).
+func (p *DuePoller) countStale(ctx context.Context, ids []string) {
+	if p.Stale == nil {
+		return
+	}
+	counts := map[core.State]float64{}
+	if len(ids) > 0 {
+		pipe := p.Store.Client().Pipeline()
+		cmds := make([]*redis.StringCmd, len(ids))
+		for i, id := range ids {
+			cmds[i] = pipe.HGet(ctx, p.Store.Keys().Job(id), "s")
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, c := range cmds {
+			if st := core.State(c.Val()); st.Valid() {
+				counts[st]++
+			}
+		}
+	}
+	for _, st := range core.AllStates {
+		if !st.Terminal() {
+			p.Stale.WithLabelValues(string(st)).Set(counts[st])
+		}
+	}
 }
 
 // holdLock takes or extends the poller lock for three poll intervals.
