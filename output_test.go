@@ -2,7 +2,9 @@ package troupe_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/core"
@@ -53,5 +55,69 @@ func TestOutputPolicyPhases(t *testing.T) {
 	r = f.waitState("out-clean", core.StateSucceeded)
 	if r.Fields["output_meta_decision"] != "allow" {
 		t.Fatalf("clean: %v", r.Fields)
+	}
+}
+
+// blockingScan allows every result's metadata, then holds each content scan
+// until released and quarantines it.
+type blockingScan struct {
+	started chan string
+	release chan struct{}
+}
+
+func (b *blockingScan) CheckMeta(context.Context, *capv1.OutputCheckRequest) (*safety.OutputVerdict, error) {
+	return &safety.OutputVerdict{Decision: capv1.OutputDecision_OUTPUT_DECISION_ALLOW, RuleID: "meta-ok"}, nil
+}
+
+func (b *blockingScan) ScanContent(ctx context.Context, req *capv1.OutputCheckRequest, _ []byte) (*safety.OutputVerdict, error) {
+	b.started <- req.JobId
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return &safety.OutputVerdict{Decision: capv1.OutputDecision_OUTPUT_DECISION_QUARANTINE, RuleID: "late-find",
+		Reason: "found after release"}, nil
+}
+
+// The content scan races a cancel: the cancel reaches a job that is already
+// SUCCEEDED and is absorbed (a terminal job never moves for it); the scan's
+// downgrade then applies, because the job is still SUCCEEDED — the one
+// exit from a terminal state, taken exactly once.
+func TestAsyncDowngradeRacingACancel(t *testing.T) {
+	t.Parallel()
+	scan := &blockingScan{started: make(chan string, 1), release: make(chan struct{})}
+	f := newFixture(t, func(c *troupe.Config) { c.Output = scan })
+	ctx := context.Background()
+	f.env.Redis.Set(ctx, "res:race-1", "content", 0)
+	t.Cleanup(func() { f.env.Redis.Del(context.Background(), "res:race-1") })
+	f.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: "redis://res:" + req.JobId}
+	})
+	f.submit(echoReq("race-1"))
+	if id := <-scan.started; id != "race-1" {
+		t.Fatalf("scan of %s", id)
+	}
+	f.waitState("race-1", core.StateSucceeded)
+	before := counter(t, f.node, "troupe_duplicates_absorbed_total", "cancel")
+	if err := f.node.Cancel(ctx, "race-1", "too late", "tester"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); counter(t, f.node, "troupe_duplicates_absorbed_total", "cancel") == before; {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancel of a SUCCEEDED job was not absorbed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(scan.release)
+	r := f.waitState("race-1", core.StateOutputQuarantined)
+	var got []core.State
+	for _, h := range r.History {
+		got = append(got, h.To)
+	}
+	want := []core.State{core.StatePending, core.StateScheduled, core.StateDispatched, core.StateRunning,
+		core.StateSucceeded, core.StateOutputQuarantined}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("history %v, want %v", got, want)
 	}
 }

@@ -20,6 +20,9 @@ type policyFlags struct {
 	approve  listFlag
 	deny     listFlag
 	output   string
+	// TLS to the kernel (flags win over SAFETY_KERNEL_TLS_* in the env).
+	tlsCA, tlsCert, tlsKey string
+	tlsRequired, insecure  bool
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -31,6 +34,11 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 		"closed (default: jobs wait while the kernel is unavailable) or open (they proceed, counted); TROUPE_POLICY_CHECK_FAIL_MODE wins")
 	fs.Var(&p.approve, "approve-topic", "without --policy: topic pattern whose jobs need a human approval (repeatable)")
 	fs.Var(&p.deny, "deny-topic", "without --policy: topic pattern whose jobs are denied (repeatable)")
+	fs.StringVar(&p.tlsCA, "safety-tls-ca", "", "PEM CA bundle that verifies the kernel (implies TLS)")
+	fs.BoolVar(&p.tlsRequired, "safety-tls-required", false, "require TLS to the kernel (system roots without --safety-tls-ca)")
+	fs.BoolVar(&p.insecure, "safety-insecure", false, "allow plaintext to a non-loopback kernel")
+	fs.StringVar(&p.tlsCert, "safety-tls-cert", "", "client certificate for a kernel that requires one (mutual TLS)")
+	fs.StringVar(&p.tlsKey, "safety-tls-key", "", "the client certificate's key")
 	fs.StringVar(&p.output, "output-policy", "",
 		"output policy YAML (scanners, rules, limits); also OUTPUT_POLICY_ENABLED / _FILE / _ADDR")
 }
@@ -59,6 +67,14 @@ func (p *policyFlags) build(redisURL, keyPrefix string, reg prometheus.Registere
 			return nil, nil, err
 		}
 		cfg.Addr = p.addr
+		if p.tlsCA != "" {
+			cfg.TLS.CAFile = p.tlsCA
+		}
+		if p.tlsCert != "" || p.tlsKey != "" {
+			cfg.TLS.CertFile, cfg.TLS.KeyFile = p.tlsCert, p.tlsKey
+		}
+		cfg.TLS.Required = cfg.TLS.Required || p.tlsRequired
+		cfg.TLS.Insecure = cfg.TLS.Insecure || p.insecure
 		if p.failMode != "" {
 			cfg.FailMode = safety.FailMode(p.failMode)
 		}
