@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/store"
@@ -133,5 +137,52 @@ func TestGracefulStopHandsJobsOver(t *testing.T) {
 	r := f.waitState("job-handover", core.StateSucceeded)
 	if last := r.History[len(r.History)-1]; last.Node != "node-b" {
 		t.Fatalf("finished by %s", last.Node)
+	}
+}
+
+// A node that dies (no graceful stop) leaves its jobs' leases to run out;
+// the due poller of a live replica then adopts them at once, without waiting
+// for their deadline or for a result to arrive.
+func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.DuePoll = 50 * time.Millisecond
+		c.DueSlack = 50 * time.Millisecond
+	})
+	ctx := context.Background()
+	keys := store.NewKeys(f.env.KeyPrefix())
+	// What a dead node "ghost" left behind: a DISPATCHED job, its lock about
+	// to expire, and a lease already past.
+	req, _ := proto.Marshal(echoReq("orphan-1"))
+	deadline := time.Now().Add(time.Hour).UnixMilli()
+	f.env.Redis.HSet(ctx, keys.Job("orphan-1"), "s", "DISPATCHED", "fence", 1, "topic", "job.echo", "req", req,
+		"worker", "w-gone", "subj", f.subj.Worker("w-gone"), "deadline", deadline, "deadline_kind", "dispatch_timeout",
+		"created", time.Now().UnixMilli(), "node", "ghost")
+	f.env.Redis.Set(ctx, keys.Lock("orphan-1"), "ghost|1", time.Millisecond) // a lease runs 2 lock TTLs: the lock is gone first
+	f.env.Redis.ZAdd(ctx, keys.Leases(store.Shard("orphan-1")), redis.Z{Score: float64(time.Now().Add(-time.Second).UnixMilli()), Member: "orphan-1"})
+	// Adopted: node-a holds the lock with a new fence, and counts it.
+	deadlineT := time.Now().Add(10 * time.Second)
+	for {
+		if holder := f.env.Redis.Get(ctx, keys.Lock("orphan-1")).Val(); strings.HasPrefix(holder, "node-a|") {
+			break
+		}
+		if time.Now().After(deadlineT) {
+			t.Fatal("the dead node's job was never adopted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := counter(t, f.node, "troupe_orphan_replayed_total", "job.echo"); got < 1 {
+		t.Fatalf("adoption not counted: %v", got)
+	}
+	// The worker's late result is applied by the adopter.
+	res, _ := bus.EncodeResult("orphan-1", "w-gone", &capv1.JobResult{JobId: "orphan-1", WorkerId: "w-gone",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
+	f.publishRaw(f.subj.Result, res)
+	r := f.waitState("orphan-1", core.StateSucceeded)
+	if last := r.History[len(r.History)-1]; last.Node != "node-a" {
+		t.Fatalf("finished by %s", last.Node)
+	}
+	if n, _ := f.env.Redis.ZScore(ctx, keys.Leases(store.Shard("orphan-1")), "orphan-1").Result(); n != 0 {
+		t.Fatal("lease left behind by a terminal job")
 	}
 }

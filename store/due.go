@@ -39,6 +39,34 @@ func (s *Store) DueJobs(ctx context.Context, cutoff, next time.Time, perShard in
 	return out, nil
 }
 
+// ExpiredLeases returns, over every shard, up to perShard job ids whose
+// owner stopped renewing their lease before cutoff (the owner died), and
+// moves each lease to next so a job is offered again only if nobody adopts
+// it. One pipeline for all shards.
+func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]string, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, Shards)
+	for i := 0; i < Shards; i++ {
+		cmds[i] = dueScript.EvalSha(ctx, pipe, []string{s.keys.Leases(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && noScriptCmds(cmds) {
+		if lerr := s.LoadScripts(ctx); lerr != nil {
+			return nil, lerr
+		}
+		return s.ExpiredLeases(ctx, cutoff, next, perShard)
+	}
+	var out []string
+	for _, c := range cmds {
+		ids, err := c.StringSlice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("store: expired leases: %w", err)
+		}
+		out = append(out, ids...)
+	}
+	return out, nil
+}
+
 // DueAt returns the due time of a job, or zero if it has none.
 func (s *Store) DueAt(ctx context.Context, jobID string) (time.Time, error) {
 	ms, err := s.rdb.ZScore(ctx, s.keys.Due(Shard(jobID)), jobID).Result()

@@ -62,6 +62,11 @@ func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }
 // wakes the job if its owner did not.
 func (k *Keys) Due(shard int) string { return k.tags[shard] + "due" }
 
+// Leases is the sorted set of shard's jobs whose owner holds their lock:
+// score = the time by which the owner must renew (2 lock TTLs after its last
+// renewal). An entry in the past means the owner died.
+func (k *Keys) Leases(shard int) string { return k.tags[shard] + "leases" }
+
 // Idempotency maps a tenant's idempotency key to the job that claimed it.
 func (k *Keys) Idempotency(tenant, key string) string {
 	return k.prefix + "idem:" + tenant + ":" + key

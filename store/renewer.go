@@ -121,6 +121,7 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	ttl := r.s.cfg.LockTTL.Milliseconds()
+	leaseUntil := time.Now().Add(2 * r.s.cfg.LockTTL).UnixMilli()
 	var lost []func()
 	for start := 0; start < len(items); start += RenewBatch {
 		end := min(start+RenewBatch, len(items))
@@ -129,14 +130,14 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, r.interval)
 		pipe := r.s.rdb.Pipeline()
 		for i, it := range chunk {
-			cmds[i] = renewScript.EvalSha(cctx, pipe, []string{r.s.keys.Lock(it.id)}, it.h.value, ttl)
+			cmds[i] = r.renew(cctx, pipe, it.id, it.h.value, ttl, leaseUntil)
 		}
 		_, _ = pipe.Exec(cctx)
 		if noScriptCmds(cmds) {
 			_ = r.s.LoadScripts(cctx)
 			pipe = r.s.rdb.Pipeline()
 			for i, it := range chunk {
-				cmds[i] = renewScript.EvalSha(cctx, pipe, []string{r.s.keys.Lock(it.id)}, it.h.value, ttl)
+				cmds[i] = r.renew(cctx, pipe, it.id, it.h.value, ttl, leaseUntil)
 			}
 			_, _ = pipe.Exec(cctx)
 		}
@@ -175,6 +176,11 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	for _, f := range lost {
 		f()
 	}
+}
+
+func (r *LockRenewer) renew(ctx context.Context, pipe redis.Pipeliner, jobID, value string, ttl, leaseUntil int64) *redis.Cmd {
+	return renewScript.EvalSha(ctx, pipe, []string{r.s.keys.Lock(jobID), r.s.keys.Leases(Shard(jobID))},
+		value, ttl, jobID, leaseUntil)
 }
 
 func noScriptCmds(cmds []*redis.Cmd) bool {

@@ -47,6 +47,7 @@ end
 if not st then
   if ARGV[4] ~= '1' then
     redis.call('ZREM', tag .. 'due', id)
+    redis.call('ZREM', tag .. 'leases', id)
     return {'NOTFOUND', '', '0', ''}
   end
   local n = tonumber(ARGV[15])
@@ -76,6 +77,7 @@ if not st then
   end
   if lock == 'keep' then
     redis.call('SET', KEYS[3], node .. '|1', 'PX', ARGV[3])
+    redis.call('ZADD', tag .. 'leases', tonumber(now) + 2 * tonumber(ARGV[3]), id)
   elseif lock == 'terminal' and tonumber(ARGV[14]) > 0 then
     redis.call('EXPIRE', KEYS[1], ARGV[14])
     redis.call('EXPIRE', KEYS[2], ARGV[14])
@@ -84,11 +86,13 @@ if not st then
 end
 if st == 'SUCCEEDED' or st == 'FAILED' or st == 'TIMEOUT' or st == 'CANCELLED' or st == 'DENIED' or st == 'OUTPUT_QUARANTINED' then
   redis.call('ZREM', tag .. 'due', id)
+  redis.call('ZREM', tag .. 'leases', id)
   return {'TERMINAL', st, '0', cur or ''}
 end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'node', node)
 redis.call('SET', KEYS[3], node .. '|' .. fence, 'PX', ARGV[3])
+redis.call('ZADD', tag .. 'leases', tonumber(now) + 2 * tonumber(ARGV[3]), id)
 local out = {'ADOPTED', st, tostring(fence), ''}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all do out[#out + 1] = all[i] end
@@ -156,8 +160,10 @@ elseif due ~= '0' then
 end
 if lock == 'release' then
   redis.call('DEL', KEYS[3])
+  redis.call('ZREM', tag .. 'leases', id)
 elseif lock == 'terminal' then
   redis.call('DEL', KEYS[3])
+  redis.call('ZREM', tag .. 'leases', id)
   local keep = tonumber(ARGV[8])
   if keep > 0 then
     redis.call('EXPIRE', KEYS[1], keep)
@@ -167,19 +173,28 @@ end
 return {'OK', st}
 `)
 
-// releaseScript deletes a lock only if the caller still holds it.
-// KEYS: lock. ARGV: lock_value. Returns 1 if released.
+// releaseScript deletes a lock (and the job's lease) only if the caller
+// still holds it. KEYS: lock, leases. ARGV: lock_value, job_id. Returns 1
+// if released.
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
   return redis.call('DEL', KEYS[1])
 end
 return 0
 `)
 
-// renewScript extends a lock only if the caller still holds it.
-// KEYS: lock. ARGV: lock_value, ttl_ms. Returns 1 if renewed.
+// renewScript extends a lock, and the job's lease, only if the caller still
+// holds it. KEYS: lock, leases. ARGV: lock_value, ttl_ms, job_id, lease_until_ms.
+// Returns 1 if renewed.
+//
+// The lease (a per-shard sorted set, score = when the owner must have renewed
+// by) is what makes a dead owner visible: when a node dies its leases stop
+// moving, and the due poller wakes every job whose lease ran out, so another
+// replica adopts it without waiting for a result or a deadline.
 var renewScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0

@@ -380,7 +380,8 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		args = appendPath(args, op.T)
 		op.cmds = append(op.cmds, transitionScript.EvalSha(ctx, pipe, keys, args...))
 	case OpRelease:
-		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe, keys[2:], op.LockValue))
+		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe,
+			[]string{keys[2], k.Leases(Shard(op.JobID))}, op.LockValue, op.JobID))
 	case OpClaim:
 		ttl := int64(op.IdemTTL / time.Second)
 		if ttl <= 0 {

@@ -121,6 +121,13 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 		p.Log.Warn("due poll failed", "err", err)
 		return 0
 	}
+	// Jobs whose owner stopped renewing (it died): adopt them now rather
+	// than at their deadline or when their result happens to arrive.
+	orphans, err := p.Store.ExpiredLeases(ctx, now, now.Add(DueRetryAfter), p.PerShard)
+	if err != nil {
+		p.Log.Warn("lease poll failed", "err", err)
+	}
+	ids = append(ids, orphans...)
 	for _, id := range ids {
 		p.Intake.Wake(id)
 	}
