@@ -21,6 +21,7 @@ func runNode(ctx context.Context, args []string) error {
 	id := fs.String("id", envOr("TROUPE_NODE_ID", ""), "node id (default hostname-pid)")
 	poolsFile := fs.String("pools", envOr("TROUPE_POOLS_FILE", ""), "pools.yaml (default: built-in routing for job.echo, job.sleep, job.bench)")
 	timeouts := fs.String("timeouts", envOr("TROUPE_TIMEOUTS_FILE", ""), "timeouts.yaml (default: dispatch 300 s, running 9000 s)")
+	lockTTL := fs.Duration("lock-ttl", 0, "job lock TTL (default 60s); a dead node's jobs are adopted 1–2 TTLs after it dies")
 	var pf policyFlags
 	pf.register(fs)
 	var af adminFlags
@@ -47,7 +48,7 @@ func runNode(ctx context.Context, args []string) error {
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: c.nats, RedisURL: c.redis,
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
-		Policy: policy, Output: output, Metrics: reg})
+		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL})
 	if err != nil {
 		return err
 	}
