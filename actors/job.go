@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -349,6 +350,9 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 		op.Tenant = safety.TenantOf(j.req)
 		op.Request, _ = proto.Marshal(j.req)
 		op.T, op.DLQ = plan, dlq
+		if plan != nil {
+			plan.Op = newOpID()
+		}
 	}
 	j.write(c, op, func(c actor.Context, r *store.Result) {
 		switch r.Status {
@@ -380,6 +384,22 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 				j.finish(c)
 			}
 		case store.ActivateAdopted:
+			if plan != nil && plan.Op != "" && r.Fields["op"] == plan.Op && r.State == plan.Final() {
+				// An earlier try of this very activation landed although its
+				// reply was lost (a Redis timeout): the job is where the plan
+				// put it, and the plan's side effect (the dispatch) is still
+				// owed — nobody else can have done it.
+				j.activated = true
+				j.created = time.Now()
+				j.state, j.fence = r.State, r.Fence
+				j.lastReason = plan.Path[len(plan.Path)-1].Reason
+				j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
+				j.ackAll()
+				if k != nil {
+					k(c)
+				}
+				return
+			}
 			j.activated = true
 			j.env.Metrics.ActivationDelay.Observe(time.Since(j.firstEvent).Seconds())
 			j.state, j.fence = r.State, r.Fence
@@ -1167,6 +1187,7 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 		}
 		from = h.To
 	}
+	t.Op = newOpID()
 	op := &store.Op{Kind: store.OpTransition, JobID: j.id, Node: j.env.NodeID, LockValue: j.lockValue, T: t, DLQ: dlq}
 	active := func(s core.State) bool { return s == core.StateDispatched || s == core.StateRunning }
 	freesSlot := j.admitted && active(j.state) && !active(t.Final())
@@ -1174,6 +1195,11 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 		op.TenantRelease = j.env.Keys.TenantActive(safety.TenantOf(j.req))
 	}
 	j.write(c, op, func(c actor.Context, r *store.Result) {
+		if r.Step == store.StepConflict && r.Before == t.Final() && r.LastOp == t.Op {
+			// An earlier try of this write landed (its reply was lost):
+			// carry on as if this one had.
+			r.Step = store.StepOK
+		}
 		switch r.Step {
 		case store.StepOK:
 			if freesSlot {
@@ -1313,6 +1339,12 @@ func slotFlag(admitted bool) string {
 		return "1"
 	}
 	return "0"
+}
+
+// newOpID identifies one write (see store.Transition.Op): unique enough
+// that a retried write recognises itself and nothing else.
+func newOpID() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
 }
 
 // release tells the router the job no longer waits for its worker to start it.

@@ -112,7 +112,9 @@ return out
 //	in the same step (saga records and triggers), then field, value, ...
 //
 // Returns {status, state_before} with status OK, FENCED (lock value differs:
-// this owner is stale), NOTFOUND or CONFLICT (state not expected).
+// this owner is stale), NOTFOUND or CONFLICT (state not expected; then a
+// third element: the record's "op" field, the identity of the write that
+// put it there — see Transition.Op).
 var transitionScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[3])
 if cur ~= ARGV[1] then
@@ -127,7 +129,7 @@ for e in string.gmatch(ARGV[3], '[^,]+') do
   if e == st then ok = true break end
 end
 if not ok then
-  return {'CONFLICT', st}
+  return {'CONFLICT', st, redis.call('HGET', KEYS[1], 'op') or ''}
 end
 local now, tag, id = ARGV[4], ARGV[5], ARGV[6]
 local n = tonumber(ARGV[10])

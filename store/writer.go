@@ -99,6 +99,12 @@ type Transition struct {
 	// Adds are sorted-set entries written in the same atomic step, in keys
 	// of the job's shard (so a Redis Cluster runs it on one node).
 	Adds []ShardZAdd
+	// Op, when set, identifies this write: it is stored as the record's
+	// "op" field. A write whose reply was lost (a Redis timeout) may still
+	// have landed; when the caller retries it and finds the job already
+	// where the write would have put it, the op tells it whether that was
+	// its own write — and so whether its side effect is still owed.
+	Op string
 }
 
 // ShardZAdd is one ZADD into a key of the job's shard: the key is the
@@ -214,9 +220,11 @@ type Result struct {
 	Fields map[string]string
 
 	// OpTransition: the outcome, and the state the job was in (for FENCED,
-	// the current lock value).
+	// the current lock value). LastOp is the "op" field of the record on a
+	// CONFLICT: the identity of the write that moved the job last.
 	Step   StepStatus
 	Before core.State
+	LastOp string
 
 	// OpRelease.
 	Released bool
@@ -416,7 +424,7 @@ func pathArgs(t *Transition) int {
 	if t == nil {
 		return 2
 	}
-	return 2 + 2*len(t.Path) + 3*len(t.Adds) + len(t.Fields)
+	return 4 + 2*len(t.Path) + 3*len(t.Adds) + len(t.Fields)
 }
 
 // appendPath adds "n, (to, reason)×n, m, (suffix, score, member)×m,
@@ -435,6 +443,9 @@ func appendPath(args []interface{}, t *Transition) []interface{} {
 	}
 	for _, f := range t.Fields {
 		args = append(args, f)
+	}
+	if t.Op != "" {
+		args = append(args, "op", t.Op)
 	}
 	return args
 }
@@ -469,11 +480,14 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 		}
 	case OpTransition, OpDowngrade:
 		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
-		if err != nil || len(v) != 2 {
+		if err != nil || len(v) < 2 {
 			r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, v, err)
 			return r
 		}
 		r.Step, r.Before = StepStatus(v[0]), core.State(v[1])
+		if len(v) > 2 {
+			r.LastOp = v[2]
+		}
 	case OpRelease:
 		n, _ := op.cmds[0].(*redis.Cmd).Int64()
 		r.Released = n == 1
