@@ -155,3 +155,28 @@ func TestTenantLimitAcrossReplicas(t *testing.T) {
 		t.Fatalf("%d tenant slots still held after every job finished", n)
 	}
 }
+
+// A finished job stops counting against its worker at once, not at the
+// worker's next heartbeat: a worker of max_parallel 2 beating every 5 s
+// (the CAP SDK default) runs ten quick jobs in well under one interval.
+func TestFinishedJobsFreeTheirWorkerBeforeTheNextHeartbeat(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: "small", Pool: "echo", Topics: []string{"job.echo"},
+		Direct: true, Subjects: f.subj, Heartbeat: 5 * time.Second, MaxParallel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	f.waitWorkers(1)
+	start := time.Now()
+	for i := 0; i < 10; i++ {
+		f.submit(echoReq(fmt.Sprintf("quick-%d", i)))
+	}
+	for i := 0; i < 10; i++ {
+		f.waitStateWithin(fmt.Sprintf("quick-%d", i), core.StateSucceeded, 4*time.Second)
+	}
+	if el := time.Since(start); el > 4*time.Second {
+		t.Fatalf("ten quick jobs took %v: the worker stayed full until its heartbeat", el)
+	}
+}

@@ -1205,8 +1205,10 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 			if freesSlot {
 				j.admitted = false
 			}
-			if j.state == core.StateDispatched && t.Final() != core.StateDispatched {
-				j.release(c)
+			if active(j.state) && !active(t.Final()) {
+				j.release(c, true) // the worker is done with it
+			} else if j.state == core.StateDispatched && t.Final() == core.StateRunning {
+				j.release(c, false) // started: no longer waiting on the worker to take it
 			}
 			if j.env.Log.Enabled(context.Background(), slog.LevelDebug) {
 				j.env.Log.Debug("job state", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
@@ -1321,7 +1323,7 @@ func (j *JobActor) finish(c actor.Context) {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 	}
 	if j.state == core.StateDispatched {
-		j.release(c)
+		j.release(c, false)
 	}
 	if j.state.Terminal() {
 		j.ackAfterDone = true
@@ -1347,10 +1349,11 @@ func newOpID() string {
 	return strconv.FormatUint(rand.Uint64(), 36)
 }
 
-// release tells the router the job no longer waits for its worker to start it.
-func (j *JobActor) release(c actor.Context) {
+// release tells the router the job no longer waits for its worker to start
+// it, and with done, that it no longer occupies the worker at all.
+func (j *JobActor) release(c actor.Context, done bool) {
 	if j.worker != "" {
-		c.Send(j.env.Router, &router.Released{WorkerID: j.worker, JobID: j.id})
+		c.Send(j.env.Router, &router.Released{WorkerID: j.worker, JobID: j.id, Done: done})
 	}
 }
 

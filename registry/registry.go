@@ -405,6 +405,25 @@ func (r *Registry) CountDispatch(w *Worker) {
 	r.place(w, r.wanted(w))
 }
 
+// CountDone records that a job counted by CountDispatch has left w (it
+// finished, or went back to be placed again) before w's next heartbeat,
+// which would otherwise be the first to say so: a worker of max_parallel 4
+// would look full for up to a heartbeat interval after four quick jobs.
+func (r *Registry) CountDone(w *Worker) {
+	if w.Dispatched <= 0 {
+		return // the heartbeat since has counted it in active_jobs
+	}
+	w.Dispatched--
+	if w.pool == nil {
+		return
+	}
+	r.rekey(w)
+	if w.placed == placedStale {
+		return
+	}
+	r.place(w, r.wanted(w))
+}
+
 // SetThresholds sets per-pool overload thresholds (pools absent from th get
 // the defaults) and re-places every worker under them.
 func (r *Registry) SetThresholds(th map[string]Thresholds) {

@@ -132,6 +132,9 @@ type Config struct {
 type Released struct {
 	WorkerID string
 	JobID    string
+	// Done: the job no longer occupies the worker (it ended, or goes to be
+	// placed again); its dispatch stops counting against the worker's load.
+	Done bool
 }
 
 func (c Config) withDefaults() Config {
@@ -235,6 +238,11 @@ func (r *Router) Receive(c actor.Context) {
 			delete(jobs, m.JobID)
 			if len(jobs) == 0 {
 				delete(r.inflight, m.WorkerID)
+			}
+		}
+		if m.Done {
+			if w := r.reg.Get(m.WorkerID); w != nil {
+				r.reg.CountDone(w)
 			}
 		}
 	case *SetPools:
