@@ -195,11 +195,19 @@ func TestSagaRollbackCompensatesInReverseOrderOnce(t *testing.T) {
 	if n := sagaCounter(t, reg, "troupe_saga_compensation_dispatched_total"); n != 2 {
 		t.Errorf("dispatched metric %v, want 2", n)
 	}
-	// The rollback is over: its trigger is cleared and a later poll
-	// dispatches nothing more.
-	rep, err := saga.Describe(context.Background(), w.node.Store(), wf)
-	if err != nil {
-		t.Fatal(err)
+	// The rollback is over: its trigger is cleared (the runner records the
+	// outcome first, then clears the trigger, so a crash in between re-runs
+	// a finished rollback rather than forgetting an unfinished one) and a
+	// later poll dispatches nothing more.
+	var rep *saga.Report
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if rep, err = saga.Describe(context.Background(), w.node.Store(), wf); err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Triggered || time.Now().After(deadline) {
+			break
+		}
 	}
 	if rep.Triggered || len(rep.Steps) != 2 || rep.Steps[0].CompState != core.StateSucceeded {
 		t.Fatalf("report %+v", rep)
