@@ -39,6 +39,7 @@ fuzz-short:
 	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./router/
 	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./actors/
 	$(GO) test -run '^$$' -fuzz FuzzPolicyEngine -fuzztime $(FUZZTIME) ./safety/
+	$(GO) test -run '^$$' -fuzz FuzzRequestBodies -fuzztime $(FUZZTIME) ./admin/
 
 bench:
 	$(GO) run ./cmd/troupe bench --compare
