@@ -484,7 +484,7 @@ func (n *Node) connect(ctx context.Context) error {
 		nc, err := nats.Connect(n.cfg.NATSURL, nats.Name("troupe-node "+n.cfg.NodeID),
 			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 		if err != nil {
-			return fmt.Errorf("troupe: connect nats %s: %w", n.cfg.NATSURL, err)
+			return fmt.Errorf("troupe: connect nats %s: %w", logx.RedactURL(n.cfg.NATSURL), err)
 		}
 		n.nc, n.ownNC = nc, true
 	}
@@ -503,7 +503,7 @@ func (n *Node) connect(ctx context.Context) error {
 		n.rdb, n.ownRDB = redis.NewClient(opt), true
 	}
 	if err := n.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("troupe: redis %s: %w", n.cfg.RedisURL, err)
+		return fmt.Errorf("troupe: redis %s: %w", logx.RedactURL(n.cfg.RedisURL), err)
 	}
 	return nil
 }

@@ -109,14 +109,14 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 		return nil, fmt.Errorf("bench: redis url: %w", err)
 	}
 	if err := r.rdb.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("bench: redis %s: %w", cfg.RedisURL, err)
+		return nil, fmt.Errorf("bench: redis %s: %w", logx.RedactURL(cfg.RedisURL), err)
 	}
 	r.st = store.New(r.rdb, store.Config{Prefix: r.pfx.Key})
 	if r.wconn, err = nats.Connect(cfg.NATSURL, nats.Name("troupe-bench-workers")); err != nil {
-		return nil, fmt.Errorf("bench: connect nats %s: %w", cfg.NATSURL, err)
+		return nil, fmt.Errorf("bench: connect nats %s: %w", logx.RedactURL(cfg.NATSURL), err)
 	}
 	if r.sconn, err = nats.Connect(cfg.NATSURL, nats.Name("troupe-bench-submit")); err != nil {
-		return nil, fmt.Errorf("bench: connect nats %s: %w", cfg.NATSURL, err)
+		return nil, fmt.Errorf("bench: connect nats %s: %w", logx.RedactURL(cfg.NATSURL), err)
 	}
 	srv0 := readServerStats(ctx, r.rdb)
 	r.res = &Result{

@@ -4,6 +4,8 @@ package logx
 import (
 	"context"
 	"log/slog"
+	"net/url"
+	"strings"
 )
 
 // LevelFloor returns a handler that drops records below min before they
@@ -25,4 +27,17 @@ func (l levelFloor) WithAttrs(a []slog.Attr) slog.Handler {
 }
 func (l levelFloor) WithGroup(g string) slog.Handler {
 	return levelFloor{h: l.h.WithGroup(g), min: l.min}
+}
+
+// RedactURL returns u with any password replaced by "xxxxx", for errors and
+// logs; a string that does not parse as a URL is returned with everything
+// before its last '@' hidden.
+func RedactURL(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Redacted()
+	}
+	if i := strings.LastIndex(u, "@"); i >= 0 {
+		return "xxxxx" + u[i:]
+	}
+	return u
 }
