@@ -173,9 +173,6 @@ func (j *JobActor) Receive(c actor.Context) {
 			j.lockValue = ""
 			j.finish(c)
 		}
-	case *Inspect:
-		c.Respond(&Snapshot{JobID: j.id, State: j.state, Fence: j.fence, Attempts: j.attempts,
-			Worker: j.worker, Subject: j.subject, Done: j.done})
 	default:
 		j.event(c, m)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
@@ -71,21 +70,6 @@ type Wake struct{}
 type Finished struct {
 	JobID string
 	PID   *actor.PID
-}
-
-// Inspect asks a job actor for a snapshot of its memory; the reply is a
-// *Snapshot. Tests and operators' tools use it.
-type Inspect struct{}
-
-// Snapshot is what Inspect returns.
-type Snapshot struct {
-	JobID    string
-	State    core.State
-	Fence    int64
-	Attempts int
-	Worker   string
-	Subject  string
-	Done     bool
 }
 
 // storeDone carries a store.Writer outcome back into the actor.

@@ -137,12 +137,12 @@ func (c *counter) baseline(ctx context.Context) error {
 }
 
 func (c *counter) countOther(ctx context.Context) (int64, error) {
+	counts, err := c.st.CountStates(ctx, otherTerminal...)
+	if err != nil {
+		return 0, err
+	}
 	var n int64
-	for _, s := range otherTerminal {
-		k, err := c.st.CountIndex(ctx, s)
-		if err != nil {
-			return 0, err
-		}
+	for _, k := range counts {
 		n += k
 	}
 	return n, nil

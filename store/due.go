@@ -16,27 +16,7 @@ import (
 // due time is at or before cutoff, and moves each to next so it is offered
 // again only if nobody acts on it. One pipeline for all shards.
 func (s *Store) DueJobs(ctx context.Context, cutoff, next time.Time, perShard int) ([]string, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, Shards)
-	for i := 0; i < Shards; i++ {
-		cmds[i] = dueScript.EvalSha(ctx, pipe, []string{s.keys.Due(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
-	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && noScriptCmds(cmds) {
-		if lerr := s.LoadScripts(ctx); lerr != nil {
-			return nil, lerr
-		}
-		return s.DueJobs(ctx, cutoff, next, perShard)
-	}
-	var out []string
-	for _, c := range cmds {
-		ids, err := c.StringSlice()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("store: due jobs: %w", err)
-		}
-		out = append(out, ids...)
-	}
-	return out, nil
+	return s.popDue(ctx, s.keys.Due, cutoff, next, perShard)
 }
 
 // ExpiredLeases returns, over every shard, up to perShard job ids whose
@@ -44,23 +24,32 @@ func (s *Store) DueJobs(ctx context.Context, cutoff, next time.Time, perShard in
 // moves each lease to next so a job is offered again only if nobody adopts
 // it. One pipeline for all shards.
 func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]string, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, Shards)
-	for i := 0; i < Shards; i++ {
-		cmds[i] = dueScript.EvalSha(ctx, pipe, []string{s.keys.Leases(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
+	return s.popDue(ctx, s.keys.Leases, cutoff, next, perShard)
+}
+
+// popDue runs dueScript over the sorted set key(shard) of every shard.
+func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, next time.Time, perShard int) ([]string, error) {
+	run := func() ([]*redis.Cmd, error) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, Shards)
+		for i := 0; i < Shards; i++ {
+			cmds[i] = dueScript.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
 	}
-	_, err := pipe.Exec(ctx)
+	cmds, err := run()
 	if err != nil && noScriptCmds(cmds) {
 		if lerr := s.LoadScripts(ctx); lerr != nil {
 			return nil, lerr
 		}
-		return s.ExpiredLeases(ctx, cutoff, next, perShard)
+		cmds, _ = run()
 	}
 	var out []string
 	for _, c := range cmds {
 		ids, err := c.StringSlice()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("store: expired leases: %w", err)
+			return nil, fmt.Errorf("store: due scan: %w", err)
 		}
 		out = append(out, ids...)
 	}

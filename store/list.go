@@ -277,13 +277,16 @@ func (s *Store) summaries(ctx context.Context, entries []indexEntry) ([]*JobSumm
 	return out, nil
 }
 
-// CountStates returns how many jobs each state's indexes hold, across all
-// shards, in one pipeline. Terminal counts include jobs kept for the
-// retention period.
-func (s *Store) CountStates(ctx context.Context) (map[core.State]int64, error) {
+// CountStates returns how many jobs each of states (default: every state)
+// holds in its indexes across all shards, in one pipeline. Terminal counts
+// include jobs kept for the retention period.
+func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core.State]int64, error) {
+	if len(states) == 0 {
+		states = core.AllStates
+	}
 	pipe := s.rdb.Pipeline()
-	cmds := make(map[core.State][]*redis.IntCmd, len(core.AllStates))
-	for _, st := range core.AllStates {
+	cmds := make(map[core.State][]*redis.IntCmd, len(states))
+	for _, st := range states {
 		cs := make([]*redis.IntCmd, Shards)
 		for i := 0; i < Shards; i++ {
 			cs[i] = pipe.ZCard(ctx, s.keys.Index(i, string(st)))

@@ -183,17 +183,6 @@ func parseHistory(line string) (HistoryEntry, bool) {
 
 // CountIndex returns how many jobs are in state across all shards.
 func (s *Store) CountIndex(ctx context.Context, state core.State) (int64, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, Shards)
-	for i := 0; i < Shards; i++ {
-		cmds[i] = pipe.ZCard(ctx, s.keys.Index(i, string(state)))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, fmt.Errorf("store: count %s: %w", state, err)
-	}
-	var n int64
-	for _, c := range cmds {
-		n += c.Val()
-	}
-	return n, nil
+	counts, err := s.CountStates(ctx, state)
+	return counts[state], err
 }
