@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN         := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: run test test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt
+.PHONY: run test test-faults test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt
 
 build:
 	$(GO) build ./...
@@ -23,6 +23,13 @@ vet:
 
 test: vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# The fault suite: three `troupe node` processes, two workers, private
+# redis-server / nats-server / safety kernel; 10,000 jobs per scenario while
+# a node, Redis, NATS, a worker or the kernel breaks (RELIABILITY.md).
+FAULTS_JOBS ?= 10000
+test-faults:
+	TROUPE_FAULTS=1 TROUPE_FAULTS_JOBS=$(FAULTS_JOBS) $(GO) test -count=1 -timeout 30m -v -run 'TestFaultSuite' ./faults/
 
 # The end-to-end tests again, against the in-process NATS server and the
 # embedded Redis-protocol store, as on a machine with no services.

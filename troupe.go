@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/logx"
 	"log/slog"
 	"os"
@@ -34,6 +35,7 @@ import (
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/saga"
+	"github.com/troupe-run/troupe/signing"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/supervisor"
 )
@@ -54,13 +56,22 @@ type Config struct {
 	// NodeID names this replica in locks and history (default: hostname-pid).
 	NodeID string
 
-	// NATSURL is the NATS server (default TROUPE_NATS_URL, then nats://127.0.0.1:4222).
+	// NATSURL is the NATS server, or several separated by commas (default
+	// TROUPE_NATS_URL, then nats://127.0.0.1:4222).
 	NATSURL string
+	// NATSAuth are the credentials and TLS settings used to dial NATSURL
+	// (zero: only what the URL carries).
+	NATSAuth NATSAuth
 	// NATS, when set, is used instead of dialing NATSURL (the caller closes it).
 	NATS *nats.Conn
 
-	// RedisURL is the Redis server (default TROUPE_REDIS_URL, then redis://127.0.0.1:6379).
+	// RedisURL is the Redis server (default TROUPE_REDIS_URL, then
+	// redis://127.0.0.1:6379; rediss:// for TLS); several addresses
+	// separated by commas are the seeds of a Redis Cluster.
 	RedisURL string
+	// RedisAuth are the ACL credentials and TLS settings used to dial
+	// RedisURL (zero: only what the URL carries).
+	RedisAuth RedisAuth
 	// Redis, when set, is used instead of dialing RedisURL (the caller closes it).
 	Redis redis.UniversalClient
 
@@ -70,6 +81,10 @@ type Config struct {
 	SubjectPrefix string
 	// StreamPrefix names the JetStream streams (default StreamPrefixDefault).
 	StreamPrefix string
+	// StreamReplicas is how many JetStream servers keep a copy of each
+	// stream (default 1; 3 on a three-server cluster survives the loss of
+	// one; at most bus.MaxStreamReplicas). A single server accepts only 1.
+	StreamReplicas int
 
 	// Pools is the routing config; PoolsFile is read when Pools is nil, and
 	// then re-read on change and on ReloadPools (SIGHUP in `troupe node`).
@@ -96,6 +111,11 @@ type Config struct {
 	// PermanentGrace is how long permanent routing errors are retried
 	// before the job fails (default actors.PermanentGraceDefault).
 	PermanentGrace time.Duration
+	// ParkAfter is how long a job waiting for its worker (DISPATCHED or
+	// RUNNING) keeps a live actor before it parks: the actor stops, and the
+	// job waits in Redis, held by this node through its node lease (default
+	// actors.ParkAfterDefault; negative: never park).
+	ParkAfter time.Duration
 
 	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
 	// when Timeouts is nil (default actors.DefaultTimeouts()).
@@ -113,6 +133,17 @@ type Config struct {
 	// Metrics is where the node registers its Prometheus metrics (default:
 	// a fresh registry, see Node.Metrics).
 	Metrics *prometheus.Registry
+
+	// Signer, when set, signs every packet the node publishes (CAP field
+	// 14): dispatches, cancels, sys.job.dlq events and saga submits (sender
+	// ids <NodeID> and troupe-saga/<NodeID>), and Submit and Cancel, which
+	// then go out under the node id. Give the node a stable NodeID and list
+	// it in the key sets of whoever verifies. See SECURITY.md.
+	Signer *signing.Signer
+	// Verifier, when set, checks the signature of every submit, result,
+	// cancel, heartbeat and progress before the node acts on it; see
+	// supervisor.Signatures for what happens to a rejected packet.
+	Verifier *signing.Verifier
 
 	// TenantLimits caps each tenant's DISPATCHED + RUNNING jobs across all
 	// replicas (a missing tenant has no cap; a policy's max_concurrent_jobs
@@ -133,6 +164,11 @@ type Config struct {
 	// NoSagas leaves rollbacks to other replicas (or to a saga.Start of the
 	// embedder's own): this node records saga steps but runs no rollback.
 	NoSagas bool
+	// NoProcessedGuard turns off the processed-message guard (a Redis key
+	// per handled JetStream message, so one handled but not acked before a
+	// crash is not handled again; see supervisor.Guard). Handling twice is
+	// harmless, so this trades accounting for one SET per message.
+	NoProcessedGuard bool
 
 	// JobTrace records every job actor's mailbox (jobtrace). Off unless
 	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
@@ -142,6 +178,14 @@ type Config struct {
 	// Logger receives the node's logs (default slog.Default()).
 	Logger *slog.Logger
 }
+
+// Connection settings of Config.NATSAuth and Config.RedisAuth (the flags
+// of `troupe node` fill them; see SECURITY.md).
+type (
+	NATSAuth    = connect.NATS
+	RedisAuth   = connect.Redis
+	TLSSettings = connect.TLS
+)
 
 // Node is one Troupe replica.
 type Node struct {
@@ -163,6 +207,7 @@ type Node struct {
 	shards []*actor.PID
 	env    *actors.Env
 	intake *supervisor.Intake
+	guard  *supervisor.Guard
 	wheel  *actors.Wheel
 	due    *supervisor.DuePoller
 
@@ -176,6 +221,8 @@ type Node struct {
 	poolsFromFile bool
 	pools         *router.PoolsWatcher
 	snap          *router.SnapshotWriter
+
+	unsign []func() // releases the node's bus.SignAs registrations
 
 	stopOnce sync.Once
 }
@@ -203,6 +250,12 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	if cfg.StreamPrefix == "" {
 		cfg.StreamPrefix = StreamPrefixDefault
+	}
+	if cfg.StreamReplicas == 0 {
+		cfg.StreamReplicas = 1
+	}
+	if cfg.StreamReplicas < 1 || cfg.StreamReplicas > bus.MaxStreamReplicas {
+		return nil, fmt.Errorf("troupe: stream replicas %d: want 1..%d", cfg.StreamReplicas, bus.MaxStreamReplicas)
 	}
 	if cfg.JobShards <= 0 {
 		cfg.JobShards = JobShardsDefault
@@ -337,15 +390,22 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	n.subj = bus.NewSubjects(n.cfg.SubjectPrefix)
+	if n.cfg.Signer != nil {
+		// Everything the node publishes goes through bus.Encode* under one
+		// of these sender ids (the saga runner's is set in saga/rollback.go).
+		n.unsign = append(n.unsign, bus.SignAs(n.cfg.NodeID, n.cfg.Signer),
+			bus.SignAs("troupe-saga/"+n.cfg.NodeID, n.cfg.Signer))
+	}
 	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter})
 	if err := n.store.LoadScripts(ctx); err != nil {
 		return err
 	}
-	if err := bus.EnsureStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj); err != nil {
+	if err := bus.EnsureReplicatedStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj, n.cfg.StreamReplicas); err != nil {
 		return err
 	}
 	n.writer = n.store.NewWriter(0, 0, 0)
 	n.renewer = n.store.NewLockRenewer(n.log)
+	n.renewer.KeepNodeLease(n.cfg.NodeID)
 	n.renewer.Start()
 	n.registerRenewMetrics()
 
@@ -405,7 +465,7 @@ func (n *Node) Start(ctx context.Context) error {
 		TenantLimit: tenantLimit(n.cfg.TenantLimits),
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
-		PermanentGrace: n.cfg.PermanentGrace,
+		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -417,7 +477,7 @@ func (n *Node) Start(ctx context.Context) error {
 		return fmt.Errorf("troupe: %w", err)
 	}
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
-	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, jobOpts...), onPool)
+	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, jobOpts...), n.log, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
 		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
 		if err != nil {
@@ -425,7 +485,16 @@ func (n *Node) Start(ctx context.Context) error {
 		}
 		n.shards = append(n.shards, pid)
 	}
-	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log}
+	sigs, err := supervisor.NewSignatures(n.cfg.Verifier, n.cfg.Metrics)
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs}
+	if !n.cfg.NoProcessedGuard {
+		n.guard = supervisor.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
+		n.guard.Start()
+		n.intake.Guard = n.guard
+	}
 	intake.Store(n.intake)
 
 	hb, err := n.nc.Subscribe(n.subj.Heartbeat, n.intake.HandleHeartbeat)
@@ -472,7 +541,7 @@ func (n *Node) Start(ctx context.Context) error {
 			return fmt.Errorf("troupe: %w", err)
 		}
 	}
-	n.log.Info("node started", "nats", n.nc.ConnectedUrlRedacted(), "subjects", n.subj.Prefix()+"sys.*",
+	n.log.Info("node started", "nats", connect.RedactURLs(n.nc.ConnectedUrl()), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
 }
@@ -481,10 +550,13 @@ func (n *Node) connect(ctx context.Context) error {
 	if n.cfg.NATS != nil {
 		n.nc = n.cfg.NATS
 	} else {
-		nc, err := nats.Connect(n.cfg.NATSURL, nats.Name("troupe-node "+n.cfg.NodeID),
+		for _, w := range n.cfg.NATSAuth.Warnings(n.cfg.NATSURL) {
+			n.log.Warn(w)
+		}
+		nc, err := connect.DialNATS(n.cfg.NATSURL, n.cfg.NATSAuth, nats.Name("troupe-node "+n.cfg.NodeID),
 			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 		if err != nil {
-			return fmt.Errorf("troupe: connect nats %s: %w", logx.RedactURL(n.cfg.NATSURL), err)
+			return fmt.Errorf("troupe: %w", err)
 		}
 		n.nc, n.ownNC = nc, true
 	}
@@ -495,16 +567,19 @@ func (n *Node) connect(ctx context.Context) error {
 	n.js = js
 	if n.cfg.Redis != nil {
 		n.rdb = n.cfg.Redis
-	} else {
-		opt, err := redis.ParseURL(n.cfg.RedisURL)
-		if err != nil {
-			return fmt.Errorf("troupe: redis url: %w", err)
+		if err := n.rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("troupe: redis: %w", err)
 		}
-		n.rdb, n.ownRDB = redis.NewClient(opt), true
+		return nil
 	}
-	if err := n.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("troupe: redis %s: %w", logx.RedactURL(n.cfg.RedisURL), err)
+	for _, w := range n.cfg.RedisAuth.Warnings(n.cfg.RedisURL) {
+		n.log.Warn(w)
 	}
+	rdb, err := connect.DialRedis(ctx, n.cfg.RedisURL, n.cfg.RedisAuth)
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	n.rdb, n.ownRDB = rdb, true
 	return nil
 }
 
@@ -566,8 +641,14 @@ func (n *Node) Stop(ctx context.Context) error {
 		if n.writer != nil {
 			n.writer.Close()
 		}
+		if n.guard != nil {
+			n.guard.Stop() // after the actors: their last acks are queued
+		}
 		if n.renewer != nil {
 			n.renewer.Stop()
+		}
+		for _, release := range n.unsign {
+			release()
 		}
 		if n.ownNC && n.nc != nil {
 			_ = n.nc.Drain()
@@ -581,7 +662,7 @@ func (n *Node) Stop(ctx context.Context) error {
 
 // Submit publishes req on the submit subject, as any CAP client would.
 func (n *Node) Submit(ctx context.Context, req *capv1.JobRequest) error {
-	data, err := bus.EncodeRequest(req.JobId, "troupe-api", req)
+	data, err := bus.EncodeRequest(req.JobId, n.apiSender("troupe-api"), req)
 	if err != nil {
 		return err
 	}
@@ -592,7 +673,7 @@ func (n *Node) Submit(ctx context.Context, req *capv1.JobRequest) error {
 // Cancel publishes a JobCancel for jobID on the cancel subject (JetStream,
 // so the node takes it even if it arrives before the job does).
 func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
-	data, err := bus.EncodeCancel(jobID, by, &capv1.JobCancel{JobId: jobID, Reason: reason, RequestedBy: by})
+	data, err := bus.EncodeCancel(jobID, n.apiSender(by), &capv1.JobCancel{JobId: jobID, Reason: reason, RequestedBy: by})
 	if err != nil {
 		return err
 	}
@@ -632,4 +713,13 @@ func (n *Node) LiveJobActors() (int, error) {
 		total += res.(int)
 	}
 	return total, nil
+}
+
+// apiSender is the sender id of a packet the node publishes for its API:
+// with a Signer, the node's own id (the one it signs as), else sender.
+func (n *Node) apiSender(sender string) string {
+	if n.cfg.Signer != nil {
+		return n.cfg.NodeID
+	}
+	return sender
 }

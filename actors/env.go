@@ -33,6 +33,12 @@ const (
 	// permanent (topic unmapped, ...) keeps retrying before it fails, to ride
 	// out a config rollout that lands after the first submits.
 	PermanentGraceDefault = 10 * time.Second
+	// ParkAfterDefault is how long a DISPATCHED or RUNNING job keeps a live
+	// actor before it parks (its actor stops; its state, deadline and lock
+	// stay in Redis, see JobActor.park). Most jobs end well within it and
+	// never pay the two extra scripts (park, and the re-activation when the
+	// result comes); a job held for minutes costs no memory on the node.
+	ParkAfterDefault = 10 * time.Second
 )
 
 // Env is what every job actor of a node shares. It is immutable after the
@@ -70,6 +76,10 @@ type Env struct {
 	// worker is evicted before it starts them (nil: always).
 	Redispatch func(topic string) bool
 
+	// ParkAfter is how long a job waiting for its worker keeps a live actor
+	// before it parks (default ParkAfterDefault; negative: never park).
+	ParkAfter time.Duration
+
 	MaxSchedulingAttempts int
 	PermanentGrace        time.Duration
 	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
@@ -83,6 +93,9 @@ func (e *Env) WithDefaults() *Env {
 	}
 	if e.PermanentGrace <= 0 {
 		e.PermanentGrace = PermanentGraceDefault
+	}
+	if e.ParkAfter == 0 {
+		e.ParkAfter = ParkAfterDefault
 	}
 	if e.Backoff == nil {
 		e.Backoff = Backoff

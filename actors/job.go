@@ -46,9 +46,19 @@ import (
 //
 // Lifecycle: spawned by its shard supervisor on the first event for the job
 // id; activation takes the lock and reads (or creates) the record; the actor
-// drives the job until a terminal state, a passivating wait (approval), or
-// the discovery that another node owns the job, then tells the supervisor
-// it is Finished.
+// drives the job until a terminal state, a passivating wait (approval), the
+// discovery that another node owns the job, or — once the job has waited for
+// its worker for Env.ParkAfter — parking, then tells the supervisor it is
+// Finished.
+//
+// Parking (DISPATCHED or RUNNING, see park): everything the job needs is
+// durable already (state, request, worker, deadline, tenant slot), so the
+// actor stops and the node keeps only the lock, through its node lease, and
+// its router's record of the dispatch. The next event for the job — a result
+// or cancel (forwarded here by any replica, since the lock names this node),
+// the deadline (this node's own poll of its parked set), the worker's first
+// progress or its eviction (the shard remembers parked DISPATCHED jobs) —
+// spawns a fresh actor that activates the job from its record.
 type JobActor struct {
 	env *Env // shared, immutable
 
@@ -81,6 +91,10 @@ type JobActor struct {
 	woken        bool              // activated by the due poller (an adoption)
 	firstEvent   time.Time
 	idemChecked  bool
+	// parkAt is when a job waiting for its worker parks (zero: not
+	// waiting); parked is set once it has.
+	parkAt time.Time
+	parked bool
 
 	// opEpoch numbers the one outstanding asynchronous step (a store op or a
 	// router question); a reply with another epoch is dropped. While busy,
@@ -118,6 +132,12 @@ func (j *JobActor) Receive(c actor.Context) {
 		j.onStopping()
 	case *actor.Stopped:
 		j.env.Metrics.LiveActors.Dec()
+		// protoactor's child set (PIDSet) keeps a stopped child's PID in
+		// its backing array until the slot is reused, and the PID caches
+		// its process: the stopped actor stays reachable. Drop what it
+		// references so that costs a struct, not the job's request.
+		j.req, j.record, j.decision, j.deferred, j.acks, j.then = nil, nil, nil, nil, nil, nil
+		j.timer = nil
 	case *actor.Restarting:
 		// A fresh instance replaces this one and recovers from Redis; what
 		// this one held in memory goes back to JetStream at once rather
@@ -130,7 +150,7 @@ func (j *JobActor) Receive(c actor.Context) {
 		}
 		j.returnDeliveries()
 	case *Crash:
-		panic("job actor: injected crash")
+		crash(m)
 	case *storeDone:
 		if m.epoch != j.opEpoch || !j.busy {
 			return
@@ -245,7 +265,14 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		}
 		j.onCancel(c, m)
 	case *Progress:
-		if j.activated && j.state == core.StateDispatched {
+		if !j.activated {
+			// Spawned for a job parked on this node: its first progress
+			// is recorded (DISPATCHED → RUNNING moves the deadline to the
+			// running timeout), so the job is activated first.
+			j.activateFor(c, m)
+			return
+		}
+		if j.state == core.StateDispatched {
 			j.markRunning(c)
 		}
 	case *Wake:
@@ -254,7 +281,17 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 			j.activate(c, false, nil, nil, nil)
 		}
 	case *WorkerLost:
+		if !j.activated {
+			j.activateFor(c, m) // a parked job whose worker was evicted
+			return
+		}
 		j.onWorkerLost(c, m)
+	case *Abandon:
+		if !j.activated {
+			j.activateFor(c, m)
+			return
+		}
+		j.onAbandon(c, m)
 	case *wake:
 		j.advance(c)
 	}
@@ -403,7 +440,13 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			j.lastReason = core.Reason(r.Fields["reason"])
 			j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
 			j.adopt(r.Fields)
-			if j.woken {
+			// r.Holder is the lock before this activation: a parked job's
+			// ("<node>|<fence>|p") is this node's own unless it was adopted.
+			wasParked := strings.HasSuffix(r.Holder, "|p")
+			if wasParked {
+				j.env.Metrics.Unparked.Inc()
+			}
+			if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.env.NodeID+"|")) {
 				j.env.Metrics.OrphanReplayed.WithLabelValues(j.req.GetTopic()).Inc()
 			}
 			j.ackAll()
@@ -811,7 +854,7 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 			}
 			j.env.Metrics.Dispatched.Inc()
 			j.env.Metrics.DispatchLatency.Observe(time.Since(j.firstEvent).Seconds())
-			j.arm(c, deadline)
+			j.waitWorker(c)
 		})
 }
 
@@ -836,16 +879,72 @@ func (j *JobActor) deadlineFor(state core.State) (time.Time, core.Reason) {
 }
 
 // watchDeadline arms the deadline of a DISPATCHED or RUNNING job, or times
-// it out if the deadline has passed.
+// it out if the deadline has passed, or parks the job once it has waited
+// ParkAfter.
 func (j *JobActor) watchDeadline(c actor.Context) {
 	if j.deadline.IsZero() {
 		j.deadline, j.deadlineWhy = j.deadlineFor(j.state)
 	}
-	if !time.Now().Before(j.deadline) {
+	now := time.Now()
+	switch {
+	case !now.Before(j.deadline):
 		j.timeout(c)
+	case j.parkAt.IsZero():
+		j.waitWorker(c)
+	case !now.Before(j.parkAt):
+		j.park(c)
+	default:
+		j.armWait(c)
+	}
+}
+
+// waitWorker starts the wait of a job that is with its worker: its one timer
+// fires at the deadline or, when parking is on and sooner, when it parks.
+func (j *JobActor) waitWorker(c actor.Context) {
+	j.parkAt = time.Time{}
+	if j.env.ParkAfter > 0 {
+		j.parkAt = time.Now().Add(j.env.ParkAfter)
+	}
+	j.armWait(c)
+}
+
+func (j *JobActor) armWait(c actor.Context) {
+	at := j.deadline
+	if !j.parkAt.IsZero() && j.parkAt.Before(at) {
+		at = j.parkAt
+	}
+	j.arm(c, at)
+}
+
+// park stops the actor of a job that waits for its worker, keeping the job
+// this node's: the lock loses its TTL and is held through the node lease,
+// and the job moves from the due set to the node's parked set, due at its
+// deadline (store parkScript). Nothing else changes in Redis; the router
+// still counts the dispatch. If the lock is no longer this actor's, the
+// actor stops without side effects, as when its renewal is refused.
+func (j *JobActor) park(c actor.Context) {
+	lv := j.lockValue
+	if lv == "" || len(j.acks) > 0 {
+		j.armWait(c)
 		return
 	}
-	j.arm(c, j.deadline)
+	// Not renewed from now on: a renewal racing the park would find the
+	// parked value ("…|p") and be refused, harmlessly.
+	j.env.Renewer.Forget(j.id, lv)
+	j.lockValue = ""
+	op := &store.Op{Kind: store.OpPark, JobID: j.id, Node: j.env.NodeID, LockValue: lv,
+		ParkDue: j.deadline.UnixMilli()}
+	j.write(c, op, func(c actor.Context, r *store.Result) {
+		if !r.Parked {
+			j.env.Log.Warn("job lock lost before parking; stopping without side effects", "job_id", j.id,
+				"trace_id", j.traceID)
+			j.finish(c)
+			return
+		}
+		j.parked = true
+		j.env.Metrics.Parked.Inc()
+		j.finish(c)
+	})
 }
 
 // timeout moves a DISPATCHED or RUNNING job to TIMEOUT and tells its worker.
@@ -957,7 +1056,7 @@ func (j *JobActor) markRunning(c actor.Context) {
 		Fields: []string{"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why)}},
 		nil, func(c actor.Context) {
 			j.deadline, j.deadlineWhy = deadline, why
-			j.arm(c, deadline)
+			j.waitWorker(c)
 		})
 }
 
@@ -1319,7 +1418,7 @@ func (j *JobActor) finish(c actor.Context) {
 	if j.lockValue != "" {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 	}
-	if j.state == core.StateDispatched {
+	if j.state == core.StateDispatched && !j.parked {
 		j.release(c, false)
 	}
 	if j.state.Terminal() {
@@ -1330,7 +1429,7 @@ func (j *JobActor) finish(c actor.Context) {
 		j.absorb(m)
 	}
 	j.deferred = nil
-	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self()})
+	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self(), Parked: j.parked && j.state == core.StateDispatched})
 }
 
 func slotFlag(admitted bool) string {

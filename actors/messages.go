@@ -70,6 +70,11 @@ type Wake struct{}
 type Finished struct {
 	JobID string
 	PID   *actor.PID
+	// Parked: the job stays DISPATCHED on this node with no live actor (see
+	// JobActor.park). The shard remembers it, so that the worker's progress
+	// or eviction — events that only the dispatching node acts on — spawn
+	// an actor for it again.
+	Parked bool
 }
 
 // storeDone carries a store.Writer outcome back into the actor.
@@ -85,9 +90,10 @@ type wake struct{ epoch uint64 }
 type lockLost struct{ lockValue string }
 
 // Crash makes the job actor panic. It exists for fault-injection tests of
-// supervision (the actor is restarted with empty memory and must recover
-// from Redis); nothing in a node sends it.
-type Crash struct{}
+// supervision; nothing in a node sends it. A transient crash (the default)
+// is restarted: the fresh actor has empty memory and recovers from Redis. A
+// Fatal one is stopped, and its supervisor marks the job FAILED.
+type Crash struct{ Fatal bool }
 
 // WorkerLost tells a job that the worker it was dispatched to has been
 // evicted (no heartbeat within its liveness window). A job still waiting

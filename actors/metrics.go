@@ -23,6 +23,8 @@ type Metrics struct {
 	Forwarded       *prometheus.CounterVec // outcome: taken, returned
 	DispatchLatency prometheus.Histogram
 	OrphanReplayed  *prometheus.CounterVec // topic
+	Parked          prometheus.Counter
+	Unparked        prometheus.Counter
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -62,11 +64,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		OrphanReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_orphan_replayed_total",
 			Help: "Jobs the due poller woke and this node adopted (their owner died, or their wait was due)."},
 			[]string{"topic"}),
+		Parked: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_parked_total",
+			Help: "Jobs parked while waiting for their worker: actor stopped, lock held through the node lease."}),
+		Unparked: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_unparked_total",
+			Help: "Parked jobs activated again (a result, cancel, progress, deadline, eviction or adoption)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
-			m.DispatchLatency, m.OrphanReplayed)
+			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked)
 	}
 	return m
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -259,5 +260,65 @@ func TestValidRunID(t *testing.T) {
 		if err := validRunID(id); (err == nil) != ok {
 			t.Errorf("validRunID(%q) = %v", id, err)
 		}
+	}
+}
+
+// TestBenchHoldSmoke runs a hold run end to end: every job is in flight at
+// once (with a worker, unanswered), parked by the node, then answered; every
+// job must end SUCCEEDED exactly once.
+func TestBenchHoldSmoke(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	cfg := smokeConfig(t, env, TargetTroupe)
+	cfg.RunID = env.Prefix + "h"
+	cfg.Hold, cfg.HoldFor, cfg.ParkAfter = true, time.Second, 100*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	h, j := res.Hold, res.Jobs
+	if !res.OK || j.Succeeded != cfg.Jobs || j.Duplicates != 0 {
+		t.Fatalf("want %d SUCCEEDED exactly once; got %+v (failures %v)", cfg.Jobs, j, res.Failures)
+	}
+	if h == nil || h.InFlight != cfg.Jobs || h.Parked != int64(cfg.Jobs) || h.LiveActors != 0 {
+		t.Fatalf("hold figures %+v, want %d in flight, all parked, no live actor", h, cfg.Jobs)
+	}
+	if h.RSSBytes <= 0 || h.HeapBytes == 0 {
+		t.Errorf("node memory not read: %+v", h)
+	}
+}
+
+// TestBenchAdoptSmoke runs an adoption run with real processes: the node
+// holding every job in flight is killed (SIGKILL); the second node must
+// adopt all of them, and every job must still end SUCCEEDED exactly once.
+func TestBenchAdoptSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the troupe binary")
+	}
+	t.Parallel()
+	env := testenv.New(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "troupe")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/troupe-run/troupe/cmd/troupe").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	cfg := smokeConfig(t, env, TargetTroupe)
+	cfg.RunID = env.Prefix + "a"
+	cfg.Node, cfg.ChildCommand = NodeChild, []string{bin, "bench", "__serve"}
+	cfg.Adopt, cfg.HoldFor, cfg.ParkAfter, cfg.LockTTL = true, time.Second, 100*time.Millisecond, 2*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	a := res.Hold.Adoption
+	if a == nil || !a.Complete || a.ParkedAtK != int64(cfg.Jobs) {
+		t.Fatalf("adoption %+v, want all %d parked jobs adopted", a, cfg.Jobs)
+	}
+	if j := res.Jobs; j.Succeeded != cfg.Jobs || j.Duplicates != 0 {
+		t.Fatalf("want %d SUCCEEDED exactly once; got %+v", cfg.Jobs, j)
 	}
 }

@@ -125,7 +125,35 @@ type Config struct {
 	NodeLogLevel string
 	// Keep leaves the run's streams and keys in place for inspection.
 	Keep bool
+
+	// Hold makes the workers hold every measured job without answering
+	// until all of them are with a worker (DISPATCHED: in flight at once);
+	// the bench then samples the node for HoldFor (RSS, heap, live actors,
+	// parked jobs, Redis commands/s and memory), has the workers answer
+	// everything, and checks every job SUCCEEDED exactly once (see hold.go).
+	Hold bool
+	// HoldFor is how long the in-flight state is sampled (default
+	// HoldForDefault: three lock-renewal intervals at the default lock TTL).
+	HoldFor time.Duration
+	// Adopt (child mode; implies Hold): once the jobs are in flight, start a
+	// second node, kill -9 the first, and time the second's adoption of
+	// every job before the workers answer.
+	Adopt bool
+	// ParkAfter and LockTTL are passed to the node(s) under test (0: the
+	// node's defaults).
+	ParkAfter time.Duration
+	LockTTL   time.Duration
+	// NodeMemoryLimit, when set, is the node's Go soft memory limit
+	// (debug.SetMemoryLimit, what GOMEMLIMIT sets for `troupe node`).
+	NodeMemoryLimit int64
+	// HeapProfile, with Hold, is written with the node's heap profile at the
+	// end of the hold window (after a GC).
+	HeapProfile string
 }
+
+// HoldForDefault samples the in-flight state over three lock renewals at the
+// default 60 s lock TTL.
+const HoldForDefault = 60 * time.Second
 
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("bench: config")
@@ -203,6 +231,23 @@ func (c *Config) withDefaults() error {
 	}
 	if c.NodeLogLevel == "" {
 		c.NodeLogLevel = "warn"
+	}
+	if c.Adopt {
+		c.Hold = true
+		if c.Node != NodeChild || c.Target != TargetTroupe {
+			return fmt.Errorf("%w: --adopt kills a node process: it needs --node child and the troupe target", ErrConfig)
+		}
+	}
+	if c.Hold {
+		if c.Delay > 0 {
+			return fmt.Errorf("%w: --hold and --delay: pick one", ErrConfig)
+		}
+		if c.HoldFor <= 0 {
+			c.HoldFor = HoldForDefault
+		}
+	}
+	if c.ParkAfter < 0 && c.ParkAfter != -1 {
+		c.ParkAfter = -1
 	}
 	return nil
 }

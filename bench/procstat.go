@@ -44,7 +44,13 @@ func procCPU(pid int) (time.Duration, error) {
 }
 
 // procPeakRSS returns pid's peak resident set (VmHWM) in bytes.
-func procPeakRSS(pid int) (int64, error) {
+func procPeakRSS(pid int) (int64, error) { return procStatusKB(pid, "VmHWM:") }
+
+// procRSS returns pid's resident set now (VmRSS) in bytes.
+func procRSS(pid int) (int64, error) { return procStatusKB(pid, "VmRSS:") }
+
+// procStatusKB reads one "Name:  N kB" line of /proc/<pid>/status, in bytes.
+func procStatusKB(pid int, field string) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -52,7 +58,7 @@ func procPeakRSS(pid int) (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
 				return 0, err
@@ -60,7 +66,7 @@ func procPeakRSS(pid int) (int64, error) {
 			return kb * 1024, nil
 		}
 	}
-	return 0, fmt.Errorf("bench: /proc/%d/status: no VmHWM", pid)
+	return 0, fmt.Errorf("bench: /proc/%d/status: no %s", pid, field)
 }
 
 // selfCPU is this process's user+system CPU time (getrusage, µs resolution).

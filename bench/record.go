@@ -106,6 +106,9 @@ func FormatReport(w io.Writer, res *Result) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  harness       %.4f CPU-s per 1k jobs (bench process)\n", res.Harness.CPUSecPer1k)
+	if res.Hold != nil {
+		formatHold(w, res.Hold)
+	}
 	if len(res.PerWorker) > 0 {
 		fmt.Fprintf(w, "  per worker    min %d max %d receipts (warm-up included)\n", slices.Min(res.PerWorker), slices.Max(res.PerWorker))
 	}

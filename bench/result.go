@@ -41,6 +41,9 @@ type Result struct {
 	NATS    NATSCost    `json:"nats"`
 	Harness HarnessCost `json:"harness"`
 
+	// Hold is set for hold runs (Config.Hold): the in-flight figures.
+	Hold *HoldResult `json:"hold,omitempty"`
+
 	// PerWorker is how many requests each simulated worker received.
 	PerWorker []int64 `json:"per_worker"`
 

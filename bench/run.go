@@ -41,6 +41,8 @@ const (
 	readTimeout = 60 * time.Second
 	// cleanupTimeout bounds deleting the run's keys and streams.
 	cleanupTimeout = 60 * time.Second
+	// holdDispatchTimeout replaces the node's dispatch timeout in hold runs.
+	holdDispatchTimeout = 2 * time.Hour
 	// idleWindow is how long the node's idle CPU is read before the measured
 	// jobs: long enough to cover its periodic work (renewal, fetch waits,
 	// sweeps) at /proc's 10 ms and getrusage's µs resolution.
@@ -95,6 +97,7 @@ type runner struct {
 	wconn *nats.Conn // the simulated workers
 	sconn *nats.Conn // the submitter
 	tgt   target
+	spec  sutSpec // what the node under test was started with
 	fl    *fleet
 	tr    *tracker
 
@@ -133,6 +136,7 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	if r.fl, err = startFleet(r.wconn, r.subj, cfg.Workers, cfg.Pool, cfg.Topic, cfg.Delay, cfg.Heartbeat, r.tr); err != nil {
 		return nil, err
 	}
+	r.fl.hold.Store(cfg.Hold) // measured jobs only: the warm-up is answered
 	if err := r.waitWorkers(ctx); err != nil {
 		return nil, err
 	}
@@ -158,7 +162,12 @@ func (r *runner) startTarget(ctx context.Context) error {
 	spec := sutSpec{Role: cfg.Target, RedisURL: cfg.RedisURL, NATSURL: cfg.NATSURL,
 		KeyPrefix: r.pfx.Key, SubjectPrefix: r.pfx.Subject, StreamPrefix: r.pfx.Stream,
 		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: "bench-" + cfg.RunID, WorkerIDs: workerIDs(cfg.Workers),
-		LogLevel: cfg.NodeLogLevel}
+		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit}
+	if cfg.Hold {
+		// Held jobs stay DISPATCHED far longer than the default 300 s.
+		spec.DispatchTimeout = holdDispatchTimeout
+	}
+	r.spec = spec
 	var err error
 	switch cfg.Node {
 	case NodeChild:
@@ -267,6 +276,13 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 			res.Node.IdleCPUMsPerSec = round3(float64(s1.CPU-s0.CPU) / float64(time.Millisecond) / idleWindow.Seconds())
 		}
 	}
+	if cfg.Hold {
+		r.res.Hold = &HoldResult{}
+		if sn, err := r.tgt.inflight(ctx); err == nil {
+			r.res.Hold.IdleRSSBytes = sn.RSS
+		}
+		r.res.Hold.redisUsedBeforeRun, _ = usedMemory(ctx, r.rdb)
+	}
 	before := r.snapshot(ctx, natsPID)
 	if cfg.CPUProfile != "" {
 		if err := r.tgt.startProfile(cfg.CPUProfile); err != nil {
@@ -282,6 +298,8 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 	subDone := make(chan submitDone, 1)
 	sctx, cancelSubmit := context.WithCancel(ctx)
 	defer cancelSubmit()
+	measureStart := time.Now()
+	held := false
 	go func() {
 		failed, err := sub.run(sctx, cfg.Jobs, cfg.Rate, deadline)
 		subDone <- submitDone{failed, err}
@@ -313,6 +331,13 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 		if ok+other >= int64(cfg.Jobs) {
 			break
 		}
+		if cfg.Hold && !held && r.tr.received.Load() >= int64(cfg.Jobs) {
+			held = true
+			phase := time.Now()
+			r.holdPhase(ctx, measureStart)
+			// The hold (and an adoption) is not part of the run's time budget.
+			deadline = deadline.Add(time.Since(phase))
+		}
 		if submitted && subRes.err != nil && r.tr.answered.Load() >= r.tr.submitted.Load() && ok+other >= r.tr.submitted.Load() {
 			break // every job that could be submitted is done
 		}
@@ -327,6 +352,9 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 		sleepCtx(ctx, wait)
 	}
 	after := r.snapshot(ctx, natsPID)
+	if r.res.Hold != nil && !r.res.Hold.releasedAt.IsZero() {
+		r.res.Hold.ReleaseToDoneSec = round3(time.Since(r.res.Hold.releasedAt).Seconds())
+	}
 	if cfg.CPUProfile != "" {
 		if err := r.tgt.stopProfile(); err != nil {
 			res.Notes = append(res.Notes, "cpu profile: "+err.Error())
@@ -341,7 +369,7 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 	// Keep listening a moment for late duplicates.
 	sleepCtx(ctx, cfg.Settle)
 
-	rctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	rctx, cancel := context.WithTimeout(context.Background(), readTimeout+time.Duration(cfg.Jobs/10_000)*time.Second)
 	defer cancel()
 	ids := make([]string, cfg.Jobs)
 	for i := range ids {
@@ -582,7 +610,7 @@ func (r *runner) teardown() {
 	if r.fl != nil {
 		r.fl.close()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout+time.Duration(r.cfg.Jobs/5_000)*time.Second)
 	defer cancel()
 	if r.tgt != nil {
 		if err := r.tgt.stop(ctx); err != nil {

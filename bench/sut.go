@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/router"
 )
 
@@ -29,6 +31,14 @@ type sutSpec struct {
 	NodeID        string   `json:"node_id"`
 	WorkerIDs     []string `json:"worker_ids,omitempty"` // the floor's dispatch targets
 	LogLevel      string   `json:"log_level,omitempty"`
+	// ParkAfter and LockTTL go to the node's Config (0: its defaults);
+	// DispatchTimeout, when set, replaces the node's dispatch timeout (a
+	// hold run keeps jobs DISPATCHED for longer than the default 300 s).
+	ParkAfter       time.Duration `json:"park_after,omitempty"`
+	LockTTL         time.Duration `json:"lock_ttl,omitempty"`
+	DispatchTimeout time.Duration `json:"dispatch_timeout,omitempty"`
+	// MemoryLimit is the node process's Go soft memory limit (0: none).
+	MemoryLimit int64 `json:"memory_limit,omitempty"`
 }
 
 // sut is a running system under test with the counters the bench reads: a
@@ -67,10 +77,16 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 			s.close()
 			return nil, err
 		}
+		var timeouts *actors.Timeouts
+		if spec.DispatchTimeout > 0 {
+			timeouts = actors.DefaultTimeouts()
+			timeouts.Dispatch = spec.DispatchTimeout
+			timeouts.Running = max(timeouts.Running, spec.DispatchTimeout)
+		}
 		node, err := troupe.NewNode(troupe.Config{
 			NodeID: spec.NodeID, NATS: nc, Redis: rdb,
 			KeyPrefix: spec.KeyPrefix, SubjectPrefix: spec.SubjectPrefix, StreamPrefix: spec.StreamPrefix,
-			Pools: pools, Logger: log,
+			Pools: pools, Logger: log, ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, Timeouts: timeouts,
 		})
 		if err != nil {
 			s.close()
@@ -118,6 +134,14 @@ type Snap struct {
 	GCs        uint32        `json:"gcs"`
 	AllocBytes uint64        `json:"alloc_bytes"`
 	Mallocs    uint64        `json:"mallocs"`
+	// RSS is the resident set now (VmRSS); HeapAlloc the Go heap's live
+	// bytes (right after a GC when the snap was asked with one).
+	RSS       int64  `json:"rss_bytes,omitempty"`
+	HeapAlloc uint64 `json:"heap_alloc_bytes,omitempty"`
+	// LiveActors and Parked count the node's job actors and the jobs it has
+	// parked (in flight with no actor).
+	LiveActors int   `json:"live_actors,omitempty"`
+	Parked     int64 `json:"parked,omitempty"`
 }
 
 // counters reads everything but CPU and RSS, which depend on where the sut
@@ -127,7 +151,20 @@ func (s *sut) counters() Snap {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return Snap{Redis: s.rc.snapshot(), NATSIn: st.InMsgs, NATSOut: st.OutMsgs,
-		GCs: ms.NumGC, AllocBytes: ms.TotalAlloc, Mallocs: ms.Mallocs}
+		GCs: ms.NumGC, AllocBytes: ms.TotalAlloc, Mallocs: ms.Mallocs, HeapAlloc: ms.HeapAlloc}
+}
+
+// inflight reads what a hold run samples: a GC first (so HeapAlloc is the
+// live heap), then the heap, the resident set, live actors and parked jobs.
+func (s *sut) inflight(ctx context.Context) Snap {
+	runtime.GC()
+	sn := s.counters()
+	sn.RSS, _ = procRSS(os.Getpid())
+	if s.node != nil {
+		sn.LiveActors, _ = s.node.LiveJobActors()
+		sn.Parked, _ = s.node.Store().ParkedCount(ctx, s.node.ID())
+	}
+	return sn
 }
 
 func (s *sut) stop(ctx context.Context) {

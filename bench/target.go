@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"sync"
 	"time"
@@ -27,6 +29,11 @@ type target interface {
 	// snap reads the counters; fields the target cannot see stay zero and
 	// have says which are set.
 	snap(ctx context.Context) (Snap, snapHas, error)
+	// inflight is a snap after a GC with the resident set, live heap, live
+	// actors and parked jobs (hold runs).
+	inflight(ctx context.Context) (Snap, error)
+	// heapProfile writes the node's heap profile (after a GC) to path.
+	heapProfile(path string) error
 	startProfile(path string) error
 	stopProfile() error
 	stop(ctx context.Context) error
@@ -72,6 +79,8 @@ func (t *inprocTarget) snap(context.Context) (Snap, snapHas, error) {
 	sn.PeakRSS, _ = procPeakRSS(os.Getpid())
 	return sn, snapHas{CPU: true, RSS: true, Redis: true, NATS: true, Mem: true}, nil
 }
+func (t *inprocTarget) inflight(ctx context.Context) (Snap, error) { return t.s.inflight(ctx), nil }
+func (t *inprocTarget) heapProfile(path string) error              { return writeHeapProfile(path) }
 func (t *inprocTarget) startProfile(path string) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -121,6 +130,16 @@ func (t *externalTarget) snap(context.Context) (Snap, snapHas, error) {
 	rss, _ := procPeakRSS(t.nodePID)
 	return Snap{CPU: cpu, PeakRSS: rss}, snapHas{CPU: true, RSS: rss > 0}, nil
 }
+func (t *externalTarget) inflight(context.Context) (Snap, error) {
+	if t.nodePID <= 0 {
+		return Snap{}, errors.New("bench: no --node-pid")
+	}
+	rss, err := procRSS(t.nodePID)
+	return Snap{RSS: rss}, err
+}
+func (t *externalTarget) heapProfile(string) error {
+	return errors.New("bench: a heap profile needs a node the bench starts (child or inproc)")
+}
 func (t *externalTarget) startProfile(string) error {
 	return errors.New("bench: --cpuprofile needs a node the bench starts (child or inproc)")
 }
@@ -134,7 +153,7 @@ func (t *externalTarget) stop(context.Context) error { return nil }
 // childCmd gets one childReply. EOF on stdin (the parent is gone) stops the
 // child, so a killed bench never leaves a node behind.
 type childCmd struct {
-	Cmd  string `json:"cmd"` // snap, workers, prof_start, prof_stop, stop
+	Cmd  string `json:"cmd"` // snap, inflight, workers, prof_start, prof_stop, stop
 	Path string `json:"path,omitempty"`
 }
 
@@ -271,6 +290,17 @@ func (t *childTarget) snap(context.Context) (Snap, snapHas, error) {
 	}
 	return *rep.Snap, snapHas{CPU: true, RSS: true, Redis: true, NATS: true, Mem: true}, nil
 }
+func (t *childTarget) inflight(context.Context) (Snap, error) {
+	rep, err := t.call(childCmd{Cmd: "inflight"})
+	if err != nil || rep.Snap == nil {
+		return Snap{}, err
+	}
+	return *rep.Snap, nil
+}
+func (t *childTarget) heapProfile(path string) error {
+	_, err := t.call(childCmd{Cmd: "heap", Path: path})
+	return err
+}
 func (t *childTarget) startProfile(path string) error {
 	_, err := t.call(childCmd{Cmd: "prof_start", Path: path})
 	return err
@@ -306,6 +336,20 @@ func (t *childTarget) kill() {
 	}
 }
 
+// writeHeapProfile writes this process's heap profile after a GC.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 // ServeChild is the child side of child mode: it reads a sutSpec from in,
 // starts that system, and answers commands until "stop" or EOF. The troupe
 // binary runs it for `troupe bench __serve`; logs go to stderr.
@@ -324,6 +368,9 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writ
 	lv := slog.LevelWarn
 	_ = lv.UnmarshalText([]byte(spec.LogLevel))
 	log := slog.New(logx.LevelFloor(slog.NewTextHandler(stderr, nil), lv))
+	if spec.MemoryLimit > 0 {
+		debug.SetMemoryLimit(spec.MemoryLimit)
+	}
 	sctx, cancel := context.WithTimeout(ctx, childStartTimeout)
 	s, err := startSUT(sctx, spec, log)
 	cancel()
@@ -373,6 +420,15 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writ
 		switch c.Cmd {
 		case "snap":
 			sn := s.counters()
+			sn.CPU = selfCPU()
+			sn.PeakRSS, _ = procPeakRSS(os.Getpid())
+			rep.Snap = &sn
+		case "heap":
+			if err := writeHeapProfile(c.Path); err != nil {
+				rep.Error = err.Error()
+			}
+		case "inflight":
+			sn := s.inflight(ctx)
 			sn.CPU = selfCPU()
 			sn.PeakRSS, _ = procPeakRSS(os.Getpid())
 			rep.Snap = &sn

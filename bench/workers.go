@@ -40,6 +40,18 @@ type fleet struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	timers sync.WaitGroup // delayed answers still pending
+
+	// hold: measured jobs are held, unanswered, until releaseHeld.
+	hold   atomic.Bool
+	heldMu sync.Mutex
+	held   []heldJob
+}
+
+// heldJob is a request a worker holds in a hold run.
+type heldJob struct {
+	w, i  int
+	trace string
+	id    string
 }
 
 // workerIDPrefix names simulated workers bw0, bw1, ...: no '.', so each id is
@@ -134,6 +146,13 @@ func (f *fleet) onRequest(w int, m *nats.Msg) {
 	}
 	f.perWkr[w].Add(1)
 	i := f.tracker.markReceived(req.JobId, at)
+	if i >= 0 && f.hold.Load() {
+		f.active[w].Add(1)
+		f.heldMu.Lock()
+		f.held = append(f.held, heldJob{w: w, i: i, trace: pkt.TraceId, id: req.JobId})
+		f.heldMu.Unlock()
+		return
+	}
 	if f.delay <= 0 {
 		f.answer(w, i, pkt.TraceId, req.JobId)
 		return
@@ -164,6 +183,21 @@ func (f *fleet) answer(w, i int, trace, jobID string) {
 	if i >= 0 {
 		f.tracker.markAnswered(i)
 	}
+}
+
+// releaseHeld stops holding and answers every held job; it returns how many.
+func (f *fleet) releaseHeld() int {
+	f.hold.Store(false)
+	f.heldMu.Lock()
+	held := f.held
+	f.held = nil
+	f.heldMu.Unlock()
+	for _, h := range held {
+		f.active[h.w].Add(-1)
+		f.answer(h.w, h.i, h.trace, h.id)
+	}
+	_ = f.nc.Flush()
+	return len(held)
 }
 
 // perWorker returns the receipts of each worker.

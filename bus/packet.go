@@ -1,6 +1,8 @@
 package bus
 
 import (
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -18,39 +20,91 @@ func NewPacket(traceID, sender string) *capv1.BusPacket {
 		CreatedAt: timestamppb.New(time.Now()), ProtocolVersion: ProtocolVersion}
 }
 
-// EncodeRequest marshals a JobRequest packet.
-func EncodeRequest(traceID, sender string, req *capv1.JobRequest) ([]byte, error) {
+// Sealer signs a packet (CAP field 14) and returns it marshalled;
+// *signing.Signer is one.
+type Sealer interface {
+	Seal(p *capv1.BusPacket) ([]byte, error)
+}
+
+// Encoder marshals CAP packets. With Signer set, it signs every packet it
+// encodes; otherwise it signs those whose sender id a SignAs registered, and
+// marshals the rest unsigned, as before signatures existed. The zero
+// Encoder is what the package-level Encode* helpers use.
+type Encoder struct {
+	Signer Sealer
+}
+
+// Marshal encodes p, signing it as described on Encoder.
+func (e Encoder) Marshal(p *capv1.BusPacket) ([]byte, error) {
+	if e.Signer != nil {
+		return e.Signer.Seal(p)
+	}
+	if m := signers.Load(); m != nil {
+		if s, ok := (*m)[p.SenderId]; ok {
+			return s.Seal(p)
+		}
+	}
+	return proto.Marshal(p)
+}
+
+// Request marshals a JobRequest packet.
+func (e Encoder) Request(traceID, sender string, req *capv1.JobRequest) ([]byte, error) {
 	p := NewPacket(traceID, sender)
 	p.Payload = &capv1.BusPacket_JobRequest{JobRequest: req}
-	return proto.Marshal(p)
+	return e.Marshal(p)
+}
+
+// Result marshals a JobResult packet.
+func (e Encoder) Result(traceID, sender string, res *capv1.JobResult) ([]byte, error) {
+	p := NewPacket(traceID, sender)
+	p.Payload = &capv1.BusPacket_JobResult{JobResult: res}
+	return e.Marshal(p)
+}
+
+// Heartbeat marshals a Heartbeat packet.
+func (e Encoder) Heartbeat(sender string, hb *capv1.Heartbeat) ([]byte, error) {
+	p := NewPacket("", sender)
+	p.Payload = &capv1.BusPacket_Heartbeat{Heartbeat: hb}
+	return e.Marshal(p)
+}
+
+// Progress marshals a JobProgress packet.
+func (e Encoder) Progress(traceID, sender string, pr *capv1.JobProgress) ([]byte, error) {
+	p := NewPacket(traceID, sender)
+	p.Payload = &capv1.BusPacket_JobProgress{JobProgress: pr}
+	return e.Marshal(p)
+}
+
+// Cancel marshals a JobCancel packet.
+func (e Encoder) Cancel(traceID, sender string, c *capv1.JobCancel) ([]byte, error) {
+	p := NewPacket(traceID, sender)
+	p.Payload = &capv1.BusPacket_JobCancel{JobCancel: c}
+	return e.Marshal(p)
+}
+
+// EncodeRequest marshals a JobRequest packet.
+func EncodeRequest(traceID, sender string, req *capv1.JobRequest) ([]byte, error) {
+	return Encoder{}.Request(traceID, sender, req)
 }
 
 // EncodeResult marshals a JobResult packet.
 func EncodeResult(traceID, sender string, res *capv1.JobResult) ([]byte, error) {
-	p := NewPacket(traceID, sender)
-	p.Payload = &capv1.BusPacket_JobResult{JobResult: res}
-	return proto.Marshal(p)
+	return Encoder{}.Result(traceID, sender, res)
 }
 
 // EncodeHeartbeat marshals a Heartbeat packet.
 func EncodeHeartbeat(sender string, hb *capv1.Heartbeat) ([]byte, error) {
-	p := NewPacket("", sender)
-	p.Payload = &capv1.BusPacket_Heartbeat{Heartbeat: hb}
-	return proto.Marshal(p)
+	return Encoder{}.Heartbeat(sender, hb)
 }
 
 // EncodeProgress marshals a JobProgress packet.
 func EncodeProgress(traceID, sender string, pr *capv1.JobProgress) ([]byte, error) {
-	p := NewPacket(traceID, sender)
-	p.Payload = &capv1.BusPacket_JobProgress{JobProgress: pr}
-	return proto.Marshal(p)
+	return Encoder{}.Progress(traceID, sender, pr)
 }
 
 // EncodeCancel marshals a JobCancel packet.
 func EncodeCancel(traceID, sender string, c *capv1.JobCancel) ([]byte, error) {
-	p := NewPacket(traceID, sender)
-	p.Payload = &capv1.BusPacket_JobCancel{JobCancel: c}
-	return proto.Marshal(p)
+	return Encoder{}.Cancel(traceID, sender, c)
 }
 
 // Decode unmarshals a CAP envelope.
@@ -60,4 +114,70 @@ func Decode(data []byte) (*capv1.BusPacket, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// The signers registered by SignAs. Encoding reads an immutable snapshot
+// (one atomic load, nil when nothing is registered); SignAs and its release
+// rebuild it under signersMu.
+var (
+	signers    atomic.Pointer[map[string]Sealer]
+	signersMu  sync.Mutex
+	signerRegs = map[string][]signerReg{} // sender → registrations, latest last; guarded by signersMu
+	signerSeq  uint64                     // guarded by signersMu
+)
+
+type signerReg struct {
+	id uint64
+	s  Sealer
+}
+
+// SignAs makes this process sign, with s, every packet the Encode* helpers
+// (and zero Encoders) encode with sender id sender, until release is called.
+// This is how a node signs everything it publishes without each publish
+// point knowing about keys: dispatches, cancels, sys.job.dlq events and
+// saga submits all go through Encode*.
+//
+// Registrations are process-wide and keyed by sender id alone: if two
+// components of one process register the same sender id, the latest
+// registration signs until it is released, then the earlier one again.
+// Give each node (and worker) in a process its own id.
+func SignAs(sender string, s Sealer) (release func()) {
+	signersMu.Lock()
+	defer signersMu.Unlock()
+	signerSeq++
+	id := signerSeq
+	signerRegs[sender] = append(signerRegs[sender], signerReg{id: id, s: s})
+	publishSignersLocked()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			signersMu.Lock()
+			defer signersMu.Unlock()
+			regs := signerRegs[sender]
+			for i, r := range regs {
+				if r.id == id {
+					regs = append(regs[:i:i], regs[i+1:]...)
+					break
+				}
+			}
+			if len(regs) == 0 {
+				delete(signerRegs, sender)
+			} else {
+				signerRegs[sender] = regs
+			}
+			publishSignersLocked()
+		})
+	}
+}
+
+func publishSignersLocked() {
+	if len(signerRegs) == 0 {
+		signers.Store(nil)
+		return
+	}
+	m := make(map[string]Sealer, len(signerRegs))
+	for sender, regs := range signerRegs {
+		m[sender] = regs[len(regs)-1].s
+	}
+	signers.Store(&m)
 }

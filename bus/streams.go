@@ -15,9 +15,11 @@ import (
 const (
 	// AckWaitDefault is how long JetStream waits for an ack before
 	// redelivering. Troupe acks a submit once the job is durable in Redis, a
-	// result once its transition is written: milliseconds in normal operation.
+	// result once its transition is written: milliseconds in normal
+	// operation. RedeliveryBackoff overrides it per delivery.
 	AckWaitDefault = 30 * time.Second
-	// MaxDeliverDefault bounds redelivery of a message that is never acked.
+	// MaxDeliverDefault bounds redelivery of a message that is never acked:
+	// with RedeliveryBackoff, 20 deliveries span about 16 minutes.
 	MaxDeliverDefault = 20
 	// MaxAckPendingDefault bounds un-acked messages per consumer.
 	MaxAckPendingDefault = 50_000
@@ -25,7 +27,19 @@ const (
 	StreamMaxAge = 72 * time.Hour
 	// FetchBatch is the pull size; DEPENDENCY-NOTES measured 256 as the knee.
 	FetchBatch = 256
+	// MaxStreamReplicas is JetStream's largest replica count.
+	MaxStreamReplicas = 5
 )
+
+// RedeliveryBackoff is how long JetStream waits for the ack of the n-th
+// delivery before offering the message again (the last value repeats). The
+// first wait is short because the usual reason a message goes unacked is
+// that the node which fetched it died: a survivor should see it within
+// seconds, not after a 30 s ack wait. Later waits grow so that a long Redis
+// outage (during which messages are held, not acked) does not use the
+// delivery budget up in a minute. A node that holds a message longer (Redis
+// slow) merely sees it again; handling a message twice is harmless.
+var RedeliveryBackoff = []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 30 * time.Second, 60 * time.Second}
 
 // StreamKind names one of Troupe's input streams.
 type StreamKind string
@@ -43,8 +57,22 @@ func StreamName(prefix string, kind StreamKind) string { return prefix + "_" + s
 func ConsumerName(kind StreamKind) string { return "troupe-" + strings.ToLower(string(kind)) }
 
 // EnsureStreams creates (or updates) the work-queue streams for submits,
-// results and cancels and their shared durable pull consumers.
+// results and cancels and their shared durable pull consumers, with one
+// replica each.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, prefix string, subj Subjects) error {
+	return EnsureReplicatedStreams(ctx, js, prefix, subj, 1)
+}
+
+// EnsureReplicatedStreams is EnsureStreams with replicas copies of every
+// stream (and of its consumer, which follows the stream) on a JetStream
+// cluster: 3 keeps the streams available, and no acknowledged message
+// lost, when one of three servers dies. replicas must be 1..5 (JetStream's
+// limit); a single server accepts only 1. Changing it on an existing stream
+// updates the stream in place.
+func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix string, subj Subjects, replicas int) error {
+	if replicas < 1 || replicas > MaxStreamReplicas {
+		return fmt.Errorf("bus: stream replicas %d: want 1..%d", replicas, MaxStreamReplicas)
+	}
 	for kind, subject := range map[StreamKind]string{
 		StreamSubmit: subj.Submit, StreamResult: subj.Result, StreamCancel: subj.Cancel,
 	} {
@@ -56,6 +84,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, prefix string, s
 			Storage:   jetstream.FileStorage,
 			MaxAge:    StreamMaxAge,
 			Discard:   jetstream.DiscardOld,
+			Replicas:  replicas,
 		})
 		if err != nil {
 			return fmt.Errorf("bus: stream %s: %w", name, err)
@@ -65,6 +94,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, prefix string, s
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       AckWaitDefault,
 			MaxDeliver:    MaxDeliverDefault,
+			BackOff:       RedeliveryBackoff,
 			MaxAckPending: MaxAckPendingDefault,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})

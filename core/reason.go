@@ -21,6 +21,12 @@ const (
 	ReasonUnknownJob     Reason = "unknown_job"
 	ReasonUnexpectedKind Reason = "unexpected_packet"
 
+	// Packet signatures (intake, when the node verifies them). Each ends
+	// with a DLQ entry; see signing and supervisor.Signatures.
+	ReasonUnsignedPacket Reason = "unsigned_packet"
+	ReasonUnknownSender  Reason = "unknown_sender"
+	ReasonBadSignature   Reason = "bad_signature"
+
 	// Routing.
 	ReasonTopicUnmapped         Reason = "topic_unmapped"
 	ReasonPreferredPoolUnmapped Reason = "preferred_pool_unmapped"
@@ -73,4 +79,8 @@ const (
 	// will, and it was never handled; it is dead-lettered before it is
 	// dropped.
 	ReasonMaxDeliveries Reason = "max_deliveries"
+	// ReasonActorFailed: the job's actor failed with an error a restart
+	// cannot fix (or failed past its restart budget); its supervisor
+	// marked the job FAILED.
+	ReasonActorFailed Reason = "actor_failed"
 )

@@ -128,6 +128,18 @@ func TestKillNodeMidRun(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// Both nodes must be pulling submits, or one may take every job.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		cons, err := js.Consumer(ctx, bus.StreamName(env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
+		if err == nil {
+			if info, err := cons.Info(ctx); err == nil && info.NumWaiting >= 2 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the two nodes never both pulled from the submit stream")
+		}
+	}
 	const jobs = 200
 	for i := 0; i < jobs; i++ {
 		id := fmt.Sprintf("kill-%d", i)

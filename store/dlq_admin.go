@@ -60,7 +60,10 @@ func (s *Store) DeleteDLQ(ctx context.Context, entryID string) error {
 	if !validStreamID(entryID) {
 		return ErrDLQNotFound
 	}
-	pipe := s.rdb.TxPipeline()
+	// Two keys in two slots: a pipeline, not a MULTI (a cluster refuses a
+	// cross-slot transaction). A mark left behind by a failure between the
+	// two names a job that exists and expires with the retention period.
+	pipe := s.rdb.Pipeline()
 	del := pipe.XDel(ctx, s.keys.DLQ(), entryID)
 	pipe.Del(ctx, s.keys.DLQRetried(entryID))
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -103,17 +106,19 @@ func (s *Store) DLQRetriedMany(ctx context.Context, entryIDs []string) (map[stri
 	if len(entryIDs) == 0 {
 		return out, nil
 	}
-	keys := make([]string, len(entryIDs))
+	// One GET per mark in a pipeline rather than an MGET: the marks hash
+	// to different slots, and a cluster refuses a cross-slot MGET.
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(entryIDs))
 	for i, id := range entryIDs {
-		keys[i] = s.keys.DLQRetried(id)
+		cmds[i] = pipe.Get(ctx, s.keys.DLQRetried(id))
 	}
-	vals, err := s.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("store: dlq retry marks: %w", err)
 	}
-	for i, v := range vals {
-		if s, ok := v.(string); ok {
-			out[entryIDs[i]] = s
+	for i, c := range cmds {
+		if v, err := c.Result(); err == nil {
+			out[entryIDs[i]] = v
 		}
 	}
 	return out, nil

@@ -146,10 +146,14 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // perKey slots per tenant are checked per call.
 func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, perKey int64) (int, error) {
 	removed := 0
-	iter := s.rdb.Scan(ctx, 0, s.keys.TenantActivePattern(), 100).Iterator()
+	// Every master's keyspace (a Redis Cluster spreads tenants' keys over
+	// all of them; a plain SCAN would see one node's).
+	var found keyCollector
+	if err := ScanKeys(ctx, s.rdb, s.keys.TenantActivePattern(), found.add); err != nil {
+		return 0, fmt.Errorf("store: repair tenant slots: %w", err)
+	}
 	cutoff := strconv.FormatInt(time.Now().Add(-minAge).UnixMilli(), 10)
-	for iter.Next(ctx) {
-		key := iter.Val()
+	for _, key := range found.keys {
 		ids, err := s.rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: cutoff, Count: perKey}).Result()
 		if err != nil || len(ids) == 0 {
 			continue
@@ -174,5 +178,5 @@ func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, per
 			removed += len(stale)
 		}
 	}
-	return removed, iter.Err()
+	return removed, nil
 }

@@ -67,6 +67,25 @@ func (k *Keys) Due(shard int) string { return k.tags[shard] + "due" }
 // renewal). An entry in the past means the owner died.
 func (k *Keys) Leases(shard int) string { return k.tags[shard] + "leases" }
 
+// Parked is the sorted set of shard's jobs that node has parked: DISPATCHED
+// or RUNNING jobs with no live actor whose lock node keeps through its node
+// lease (see Alive) instead of renewing it. Score = the job's due time (its
+// deadline, unix ms), so the owner's own poll wakes it; when node dies the
+// due poller adopts every member.
+func (k *Keys) Parked(shard int, node string) string { return k.tags[shard] + "parked:" + node }
+
+// Alive is node's lease in shard: a key with a TTL (the lock TTL) that the
+// node's renewer sets again every LockTTL/3, one per shard so that the
+// activation script, which checks it, stays within the job's slot. While it
+// exists, the node's parked locks are held; once it has expired they are
+// free to adopt.
+func (k *Keys) Alive(shard int, node string) string { return k.tags[shard] + "alive:" + node }
+
+// Nodes is the sorted set of nodes that hold a node lease: score = the time
+// of the node's last lease renewal (unix ms). The due poller finds dead
+// nodes here (score older than a lock TTL) and adopts their parked jobs.
+func (k *Keys) Nodes() string { return k.prefix + "nodes" }
+
 // Idempotency maps a tenant's idempotency key to the job that claimed it.
 func (k *Keys) Idempotency(tenant, key string) string {
 	return k.prefix + "idem:" + tenant + ":" + key

@@ -20,14 +20,14 @@ import (
 // controls update times down to the millisecond (ties included).
 type listFixture struct {
 	s   *store.Store
-	rdb *redis.Client
+	rdb redis.UniversalClient
 }
 
 func newListFixture(t *testing.T) *listFixture {
 	t.Helper()
 	env := testenv.New(t)
-	s := store.New(env.Redis, store.Config{Prefix: env.KeyPrefix()})
-	return &listFixture{s: s, rdb: env.Redis}
+	s := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
+	return &listFixture{s: s, rdb: env.Client}
 }
 
 // put indexes job id in state at updated (unix ms) with a record, unless

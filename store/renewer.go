@@ -10,23 +10,39 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// LockRenewer keeps every job lock this node holds alive. There is no timer
-// per job: each tick renews all registered locks in owner-checked pipelines of
-// RenewBatch. A lock whose renewal is refused (someone else holds it, or it
-// expired) or fails MaxRenewFailures ticks in a row is reported through the
-// lost callback given at registration and forgotten.
+// LockRenewer keeps the job locks of this node alive. It keeps two kinds:
+//
+//   - Live locks, held by a job actor on this node: each has a TTL and an
+//     entry in its shard's lease set. Every tick renews all of them with one
+//     owner-checked script call per shard (up to RenewBatch locks per call),
+//     so 64 calls cover any number of locks. A lock whose renewal is refused
+//     (someone else holds it, or it expired) or fails MaxRenewFailures ticks in
+//     a row is reported through the lost callback given at registration and
+//     forgotten.
+//   - Parked locks, of jobs that wait for their worker with no live actor
+//     (parkScript): they have no TTL; they are held through the node lease,
+//     one key per shard with a TTL (Keys.Alive) plus the node's entry in the
+//     nodes set. Renewing the lease is 65 commands per tick whatever the
+//     number of parked jobs. When the node dies the lease expires and the due
+//     poller of another node adopts the parked jobs; no write of the dead
+//     node can land after that, because every write is fenced on the lock
+//     value, which adoption changes.
 type LockRenewer struct {
 	s        *Store
 	interval time.Duration
 	log      *slog.Logger
+	node     string // the node whose lease this renewer keeps ("": none)
 
 	mu    sync.Mutex // guards locks
 	locks map[string]*heldLock
 
-	stop chan struct{}
-	done chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
 
 	renewed, refused, failed, lostN atomic.Uint64
+	leaseRenewed, leaseFailed       atomic.Uint64
+	calls                           atomic.Uint64
 }
 
 // RenewStats counts renewal outcomes since start.
@@ -35,11 +51,19 @@ type RenewStats struct {
 	Refused uint64 // renewals refused: the lock was gone or someone else's
 	Failed  uint64 // renewals that could not reach Redis
 	Lost    uint64 // locks reported lost
+	// LeaseRenewed and LeaseFailed count node lease renewals (parked locks).
+	LeaseRenewed uint64
+	LeaseFailed  uint64
+	// Calls counts the Redis commands the renewer sent (script calls and
+	// lease commands), whatever the number of locks they covered.
+	Calls uint64
 }
 
 // Stats returns the renewal counters.
 func (r *LockRenewer) Stats() RenewStats {
-	return RenewStats{Renewed: r.renewed.Load(), Refused: r.refused.Load(), Failed: r.failed.Load(), Lost: r.lostN.Load()}
+	return RenewStats{Renewed: r.renewed.Load(), Refused: r.refused.Load(), Failed: r.failed.Load(),
+		Lost: r.lostN.Load(), LeaseRenewed: r.leaseRenewed.Load(), LeaseFailed: r.leaseFailed.Load(),
+		Calls: r.calls.Load()}
 }
 
 type heldLock struct {
@@ -49,10 +73,16 @@ type heldLock struct {
 }
 
 const (
-	// RenewBatch is the number of renewals per pipeline.
+	// RenewBatch is the number of locks one renewal script call covers.
 	RenewBatch = 1000
 	// MaxRenewFailures consecutive failed renewals mean the lock is lost.
 	MaxRenewFailures = 3
+	// leaseDeadScore marks a node in the nodes set that stopped gracefully
+	// (dead, adoption not started); leaseAdoptingScore marks a dead node
+	// whose parked jobs the due poller is adopting. Both are below any real
+	// renewal time.
+	leaseDeadScore     = 1
+	leaseAdoptingScore = 0
 )
 
 // NewLockRenewer returns a renewer that runs every LockTTL/3.
@@ -61,13 +91,44 @@ func (s *Store) NewLockRenewer(log *slog.Logger) *LockRenewer {
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
-// Start runs the renewal loop until Stop.
-func (r *LockRenewer) Start() { go r.loop() }
+// KeepNodeLease makes the renewer keep node's lease, which holds the locks of
+// the jobs node parks. Call it before Start.
+func (r *LockRenewer) KeepNodeLease(node string) { r.node = node }
 
-// Stop ends the loop.
+// Start renews once (so the node lease exists before any job parks) and
+// runs the renewal loop until Stop.
+func (r *LockRenewer) Start() {
+	if r.node != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), r.interval)
+		if err := r.renewLease(ctx); err != nil && r.log != nil {
+			r.log.Warn("node lease not renewed", "err", err)
+		}
+		cancel()
+	}
+	go r.loop()
+}
+
+// Stop ends the loop. A node that stops gracefully gives its lease up, so
+// another replica adopts its parked jobs at once instead of after a lock TTL.
+// Stop is safe to call more than once.
 func (r *LockRenewer) Stop() {
+	r.stopOnce.Do(r.stopNow)
+}
+
+func (r *LockRenewer) stopNow() {
 	close(r.stop)
 	<-r.done
+	if r.node == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	pipe := r.s.rdb.Pipeline()
+	for i := 0; i < Shards; i++ {
+		pipe.Del(ctx, r.s.keys.Alive(i, r.node))
+	}
+	pipe.ZAdd(ctx, r.s.keys.Nodes(), redis.Z{Score: leaseDeadScore, Member: r.node})
+	_, _ = pipe.Exec(ctx)
 }
 
 // Hold registers a lock; lost is called (once, from the renewer's goroutine)
@@ -87,7 +148,7 @@ func (r *LockRenewer) Forget(jobID, value string) {
 	r.mu.Unlock()
 }
 
-// Held returns the number of registered locks.
+// Held returns the number of registered (live) locks.
 func (r *LockRenewer) Held() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -108,52 +169,103 @@ func (r *LockRenewer) loop() {
 	}
 }
 
-// RenewOnce renews every registered lock now.
+// renewLease sets the node's alive key in every shard and its entry in the
+// nodes set: one pipeline of Shards+1 commands.
+func (r *LockRenewer) renewLease(ctx context.Context) error {
+	pipe := r.s.rdb.Pipeline()
+	for i := 0; i < Shards; i++ {
+		pipe.Set(ctx, r.s.keys.Alive(i, r.node), "1", r.s.cfg.LockTTL)
+	}
+	pipe.ZAdd(ctx, r.s.keys.Nodes(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: r.node})
+	r.calls.Add(Shards + 1)
+	_, err := pipe.Exec(ctx)
+	if err != nil {
+		r.leaseFailed.Add(1)
+		return err
+	}
+	r.leaseRenewed.Add(1)
+	return nil
+}
+
+// RenewOnce renews the node lease and every registered lock now.
 func (r *LockRenewer) RenewOnce(ctx context.Context) {
+	if r.node != "" {
+		lctx, cancel := context.WithTimeout(ctx, r.interval)
+		if err := r.renewLease(lctx); err != nil && r.log != nil {
+			r.log.Warn("node lease not renewed", "err", err)
+		}
+		cancel()
+	}
 	type item struct {
 		id string
 		h  *heldLock
 	}
+	var byShard [Shards][]item
 	r.mu.Lock()
-	items := make([]item, 0, len(r.locks))
 	for id, h := range r.locks {
-		items = append(items, item{id, h})
+		sh := Shard(id)
+		byShard[sh] = append(byShard[sh], item{id, h})
 	}
 	r.mu.Unlock()
+	type call struct {
+		items []item
+		cmd   *redis.Cmd
+	}
+	var calls []call
+	for sh := range byShard {
+		for start := 0; start < len(byShard[sh]); start += RenewBatch {
+			calls = append(calls, call{items: byShard[sh][start:min(start+RenewBatch, len(byShard[sh]))]})
+		}
+	}
+	if len(calls) == 0 {
+		return
+	}
 	ttl := r.s.cfg.LockTTL.Milliseconds()
 	leaseUntil := time.Now().Add(2 * r.s.cfg.LockTTL).UnixMilli()
-	var lost []func()
-	for start := 0; start < len(items); start += RenewBatch {
-		end := min(start+RenewBatch, len(items))
-		chunk := items[start:end]
-		cmds := make([]*redis.Cmd, len(chunk))
-		cctx, cancel := context.WithTimeout(ctx, r.interval)
+	send := func(cctx context.Context) {
 		pipe := r.s.rdb.Pipeline()
-		for i, it := range chunk {
-			cmds[i] = r.renew(cctx, pipe, it.id, it.h.value, ttl, leaseUntil)
-		}
-		_, _ = pipe.Exec(cctx)
-		if noScriptCmds(cmds) {
-			_ = r.s.LoadScripts(cctx)
-			pipe = r.s.rdb.Pipeline()
-			for i, it := range chunk {
-				cmds[i] = r.renew(cctx, pipe, it.id, it.h.value, ttl, leaseUntil)
+		for i := range calls {
+			c := calls[i]
+			sh := Shard(c.items[0].id)
+			args := make([]interface{}, 0, 3+2*len(c.items))
+			args = append(args, ttl, leaseUntil, r.s.keys.tags[sh])
+			for _, it := range c.items {
+				args = append(args, it.id, it.h.value)
 			}
-			_, _ = pipe.Exec(cctx)
+			calls[i].cmd = renewManyScript.EvalSha(cctx, pipe, []string{r.s.keys.Leases(sh)}, args...)
 		}
-		cancel()
-		r.mu.Lock()
-		for i, it := range chunk {
-			n, err := cmds[i].Int64()
+		r.calls.Add(uint64(len(calls)))
+		_, _ = pipe.Exec(cctx)
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.interval)
+	send(cctx)
+	cmds := make([]*redis.Cmd, len(calls))
+	for i := range calls {
+		cmds[i] = calls[i].cmd
+	}
+	if noScriptCmds(cmds) {
+		_ = r.s.LoadScripts(cctx)
+		send(cctx)
+	}
+	cancel()
+
+	var lost []func()
+	r.mu.Lock()
+	for _, c := range calls {
+		res, err := c.cmd.Int64Slice()
+		if err == nil && len(res) != len(c.items) {
+			err = redis.Nil
+		}
+		for i, it := range c.items {
 			cur, still := r.locks[it.id]
 			if !still || cur != it.h {
 				continue
 			}
 			switch {
-			case err == nil && n == 1:
+			case err == nil && res[i] == 1:
 				r.renewed.Add(1)
 				it.h.failures = 0
-			case err == nil && n == 0:
+			case err == nil:
 				// Refused: the lock is gone or someone else's.
 				r.refused.Add(1)
 				delete(r.locks, it.id)
@@ -167,8 +279,8 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 				}
 			}
 		}
-		r.mu.Unlock()
 	}
+	r.mu.Unlock()
 	r.lostN.Add(uint64(len(lost)))
 	if len(lost) > 0 && r.log != nil {
 		r.log.Warn("job locks lost", "count", len(lost))
@@ -176,11 +288,6 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	for _, f := range lost {
 		f()
 	}
-}
-
-func (r *LockRenewer) renew(ctx context.Context, pipe redis.Pipeliner, jobID, value string, ttl, leaseUntil int64) *redis.Cmd {
-	return renewScript.EvalSha(ctx, pipe, []string{r.s.keys.Lock(jobID), r.s.keys.Leases(Shard(jobID))},
-		value, ttl, jobID, leaseUntil)
 }
 
 func noScriptCmds(cmds []*redis.Cmd) bool {

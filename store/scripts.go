@@ -29,8 +29,16 @@ import "github.com/redis/go-redis/v9"
 // job has a due entry from its first moment, so a job whose actor or node
 // dies before it records a wait of its own is still woken by the due poller.
 //
+// A lock is "<node>|<fence>" with a TTL (renewed by its node), or
+// "<node>|<fence>|p" with none: a parked job's lock, held through the node's
+// lease (the key "<tag>alive:<node>", see Keys.Alive). A parked lock of a
+// node whose lease has expired is free: activating it adopts the job. Any
+// activation of a parked job takes it out of its node's parked set and puts
+// its deadline back in the due set.
+//
 // Returns {status, state, fence, holder, field, value, ...} with status one of
-// CREATED (state = where the plan left it), ADOPTED (the record's fields
+// CREATED (state = where the plan left it), ADOPTED (holder = the lock value
+// before, so the caller sees whether the job was parked; the record's fields
 // follow), BUSY (another node holds the lock), TERMINAL (no lock taken),
 // NOTFOUND. A job that is terminal or missing loses its due entry: nothing
 // will ever wait for it.
@@ -41,8 +49,31 @@ local tag = ARGV[5]
 local id = ARGV[6]
 local cur = redis.call('GET', KEYS[3])
 local st = redis.call('HGET', KEYS[1], 's')
-if cur and string.sub(cur, 1, #node + 1) ~= node .. '|' then
-  return {'BUSY', st or '', '0', cur}
+local terminal = st == 'SUCCEEDED' or st == 'FAILED' or st == 'TIMEOUT' or st == 'CANCELLED' or st == 'DENIED' or st == 'OUTPUT_QUARANTINED'
+local parkedBy = nil
+if cur then
+  local owner = string.match(cur, '^[^|]*')
+  if string.sub(cur, -2) == '|p' then
+    -- A parked lock is held through its node's lease, not its own TTL.
+    if owner ~= node and redis.call('EXISTS', tag .. 'alive:' .. owner) == 1 then
+      return {'BUSY', st or '', '0', cur}
+    end
+    parkedBy = owner
+  elseif owner ~= node then
+    return {'BUSY', st or '', '0', cur}
+  end
+end
+if parkedBy then
+  -- Unpark: the job leaves its owner's parked set, and its deadline goes
+  -- back to the shard's due set, where every live wait is.
+  redis.call('ZREM', tag .. 'parked:' .. parkedBy, id)
+  local d = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
+  if st and not terminal and d and d > 0 then
+    redis.call('ZADD', tag .. 'due', d, id)
+  end
+  if not st or terminal then
+    redis.call('DEL', KEYS[3])
+  end
 end
 if not st then
   if ARGV[4] ~= '1' then
@@ -84,7 +115,7 @@ if not st then
   end
   return {'CREATED', prev, '1', ''}
 end
-if st == 'SUCCEEDED' or st == 'FAILED' or st == 'TIMEOUT' or st == 'CANCELLED' or st == 'DENIED' or st == 'OUTPUT_QUARANTINED' then
+if terminal then
   redis.call('ZREM', tag .. 'due', id)
   redis.call('ZREM', tag .. 'leases', id)
   return {'TERMINAL', st, '0', cur or ''}
@@ -93,7 +124,7 @@ local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'node', node)
 redis.call('SET', KEYS[3], node .. '|' .. fence, 'PX', ARGV[3])
 redis.call('ZADD', tag .. 'leases', tonumber(now) + 2 * tonumber(ARGV[3]), id)
-local out = {'ADOPTED', st, tostring(fence), ''}
+local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all do out[#out + 1] = all[i] end
 return out
@@ -202,6 +233,64 @@ end
 return 0
 `)
 
+// parkScript parks a DISPATCHED or RUNNING job whose actor is about to stop
+// (it waits for its worker, which may take hours): the lock stays the
+// node's but loses its TTL and gains the "|p" mark, so no per-job renewal
+// keeps it — the node's lease does (Keys.Alive). The job leaves the lease
+// set (nothing renews it) and the due set (a poller on another node must not
+// wake it: it would find the lock busy), and joins the node's parked set
+// with its due time as score, where the node's own poll finds it.
+// KEYS: lock, leases, parked, alive, due. ARGV: lock_value, job_id, due_ms,
+// lease_ttl_ms. Returns 1 if parked, 0 if the caller no longer holds the lock.
+//
+// The alive key is set if missing, so a node can never hold a parked lock
+// without a lease: the renewer sets it at start, but a job may park first.
+var parkScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1] .. '|p')
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
+redis.call('SET', KEYS[4], '1', 'PX', ARGV[4], 'NX')
+return 1
+`)
+
+// renewManyScript renews many live locks of one shard in one call: each
+// lock (and its lease) is extended only if the caller still holds it.
+// KEYS: leases. ARGV: ttl_ms, lease_until_ms, shard_tag, then job_id,
+// lock_value pairs. Returns one 1 (renewed) or 0 (refused) per pair.
+var renewManyScript = redis.NewScript(`
+local out = {}
+for i = 4, #ARGV, 2 do
+  local k = ARGV[3] .. 'lock:' .. ARGV[i]
+  if redis.call('GET', k) == ARGV[i + 1] then
+    redis.call('PEXPIRE', k, ARGV[1])
+    redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+`)
+
+// deadNodeScript changes a dead node's score in the nodes set from its last
+// renewal to ARGV[3] (the mark "adoption under way"), only if the node has
+// not renewed since the caller saw it dead. KEYS: nodes. ARGV: node,
+// before_ms (its score must be below), mark. Returns 1 if changed.
+var deadNodeScript = redis.NewScript(`
+local s = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '')
+if s and s < tonumber(ARGV[2]) then
+  if ARGV[3] == 'forget' then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+  else
+    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+  end
+  return 1
+end
+return 0
+`)
+
 // approveScript records a human decision on a job that waits for one, and
 // makes the job due now so a replica wakes it.
 // KEYS: job. ARGV: decision (approved|rejected), by, reason, hash, now_ms,
@@ -283,4 +372,4 @@ return {'OK', st}
 `)
 
 var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript, renewScript,
-	approveScript, claimScript, dueScript, trimScript}
+	approveScript, claimScript, dueScript, trimScript, parkScript, renewManyScript, deadNodeScript}

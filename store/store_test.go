@@ -21,7 +21,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	env := testenv.New(t)
-	s := store.New(env.Redis, store.Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
+	s := store.New(env.Client, store.Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
 	if err := s.LoadScripts(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,12 @@ const (
 	// output scan found something) if it is still SUCCEEDED; Op.T carries
 	// the reason (its one hop) and fields. Result.Step is OK or CONFLICT.
 	OpDowngrade
+	// OpPark parks a DISPATCHED or RUNNING job whose actor stops: its lock
+	// (Op.LockValue) is then held through Op.Node's lease rather than
+	// renewed, and the job waits in the node's parked set with Op.ParkDue
+	// (unix ms) as its due time (parkScript). Result.Parked says whether
+	// the caller still held the lock.
+	OpPark
 )
 
 // Hop is one state change within a Transition.
@@ -174,6 +180,9 @@ type Op struct {
 	// (in the same pipeline as the op).
 	TenantRelease string
 
+	// OpPark: when the parked job is due (its deadline, unix ms; ≤ 0: never).
+	ParkDue int64
+
 	// OpDLQ (may accompany any kind; written in the same pipeline).
 	DLQ *DLQEntry
 
@@ -231,6 +240,9 @@ type Result struct {
 
 	// OpAdmit.
 	Admitted bool
+
+	// OpPark.
+	Parked bool
 }
 
 // OK reports whether the op applied (for a transition: Step is OK).
@@ -390,6 +402,11 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 	case OpRelease:
 		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe,
 			[]string{keys[2], k.Leases(Shard(op.JobID))}, op.LockValue, op.JobID))
+	case OpPark:
+		sh := Shard(op.JobID)
+		op.cmds = append(op.cmds, parkScript.EvalSha(ctx, pipe,
+			[]string{keys[2], k.Leases(sh), k.Parked(sh, op.Node), k.Alive(sh, op.Node), k.Due(sh)},
+			op.LockValue, op.JobID, parkDue(op.ParkDue), s.cfg.LockTTL.Milliseconds()))
 	case OpClaim:
 		ttl := int64(op.IdemTTL / time.Second)
 		if ttl <= 0 {
@@ -491,6 +508,9 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 	case OpRelease:
 		n, _ := op.cmds[0].(*redis.Cmd).Int64()
 		r.Released = n == 1
+	case OpPark:
+		n, _ := op.cmds[0].(*redis.Cmd).Int64()
+		r.Parked = n == 1
 	case OpClaim:
 		r.Holder, _ = op.cmds[0].(*redis.Cmd).Text()
 	case OpAdmit:

@@ -21,7 +21,7 @@ const benchNode = "bench-node"
 func newBenchWriter(b *testing.B) (*store.Store, *store.Writer) {
 	b.Helper()
 	env := testenv.New(b)
-	s := store.New(env.Redis, store.Config{Prefix: env.KeyPrefix()})
+	s := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
 	if err := s.LoadScripts(context.Background()); err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +19,15 @@ import (
 // the job waited with no actor. One replica polls at a time (a TTL lock), so
 // a failover of many jobs is woken at a bounded rate — PerShard jobs per
 // shard per tick — rather than all at once.
+//
+// Two more duties concern parked jobs (actors.JobActor.park), which wait in
+// their node's parked sets rather than in the due set:
+//   - every node, lock or not, wakes its own parked jobs whose deadline has
+//     come (they have no actor, hence no timer);
+//   - the lock holder adopts the parked jobs of dead nodes (a node lease
+//     older than a lock TTL, or given up at a graceful stop), PerShard per
+//     shard per tick over all dead nodes, and forgets a dead node once it
+//     has none left.
 type DuePoller struct {
 	Store  *store.Store
 	Intake *Intake
@@ -36,10 +46,20 @@ type DuePoller struct {
 	stop  chan struct{}
 	done  chan struct{}
 	ticks int
+
+	adopted atomic.Int64 // parked jobs of dead nodes woken for adoption
 }
+
+// Adopted returns how many parked jobs of dead nodes this poller has woken
+// for adoption (each once per offer; an offer that did not take is repeated
+// DueRetryAfter later).
+func (p *DuePoller) Adopted() int64 { return p.adopted.Load() }
 
 // DuePoller defaults.
 const (
+	// DeadNodesPerTick bounds the dead nodes whose parked jobs one tick
+	// adopts (their jobs share the PerShard budget).
+	DeadNodesPerTick   = 8
 	DuePollDefault     = time.Second
 	DueSlackDefault    = 2 * time.Second
 	DuePerShardDefault = 64
@@ -102,19 +122,24 @@ func (p *DuePoller) loop() {
 func (p *DuePoller) Tick(ctx context.Context) int {
 	ctx, cancel := context.WithTimeout(ctx, p.Every)
 	defer cancel()
-	if !p.holdLock(ctx) {
-		return 0
-	}
 	now := time.Now()
+	// This node's own parked jobs whose deadline has come: no actor, no
+	// timer, and no other node may wake them (their lock is ours).
+	own, err := p.Store.ParkedDue(ctx, p.NodeID, now, now.Add(DueRetryAfter), p.PerShard)
+	if err != nil {
+		p.Log.Warn("parked poll failed", "err", err)
+	}
+	for _, id := range own {
+		p.Intake.Wake(id)
+	}
+	if !p.holdLock(ctx) {
+		return len(own)
+	}
 	if p.ticks++; p.ticks%TrimEvery == 0 && p.Store.Retention() > 0 {
-		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
-			p.Log.Warn("index trim failed", "err", err)
-		}
-		if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
-			p.Log.Warn("tenant slot repair failed", "err", err)
-		} else if n > 0 {
-			p.Log.Info("tenant slots given back", "count", n)
-		}
+		// Housekeeping after this tick's wakes, on its own budget: the
+		// tenant slot repair scans the keyspace, which with millions of
+		// jobs takes longer than a tick.
+		defer p.housekeep(now)
 	}
 	ids, err := p.Store.DueJobs(ctx, now.Add(-p.Slack), now.Add(DueRetryAfter), p.PerShard)
 	if err != nil {
@@ -128,6 +153,7 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 		p.Log.Warn("lease poll failed", "err", err)
 	}
 	ids = append(ids, orphans...)
+	ids = append(ids, p.adoptDeadNodes(ctx, now)...)
 	for _, id := range ids {
 		p.Intake.Wake(id)
 	}
@@ -135,7 +161,72 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if len(ids) > 0 {
 		p.Log.Debug("due jobs woken", "count", len(ids))
 	}
-	return len(ids)
+	return len(ids) + len(own)
+}
+
+// adoptDeadNodes returns parked jobs of dead nodes to wake (and so adopt):
+// at most PerShard per shard over all dead nodes this tick.
+func (p *DuePoller) adoptDeadNodes(ctx context.Context, now time.Time) []string {
+	before := now.Add(-p.Store.LockTTL())
+	dead, err := p.Store.DeadNodes(ctx, before, DeadNodesPerTick)
+	if err != nil {
+		p.Log.Warn("node lease poll failed", "err", err)
+		return nil
+	}
+	var out []string
+	budget := p.PerShard
+	for _, d := range dead {
+		if d.Node == p.NodeID || budget <= 0 {
+			continue // our own lease lapsed: the renewer sets it again
+		}
+		if !d.Adopting {
+			ok, err := p.Store.StartAdoption(ctx, d.Node, before)
+			if err != nil {
+				p.Log.Warn("adoption not started", "dead_node", d.Node, "err", err)
+				continue
+			}
+			if !ok {
+				continue // it renewed its lease meanwhile
+			}
+			p.Log.Warn("node lease expired; adopting its parked jobs", "dead_node", d.Node,
+				"last_renewal", d.Renewed)
+		}
+		ids, err := p.Store.ParkedDue(ctx, d.Node, now, now.Add(DueRetryAfter), budget)
+		if err != nil {
+			p.Log.Warn("parked poll of a dead node failed", "dead_node", d.Node, "err", err)
+			continue
+		}
+		if len(ids) == 0 {
+			if n, err := p.Store.ParkedCount(ctx, d.Node); err == nil && n == 0 {
+				if err := p.Store.ForgetNode(ctx, d.Node, before); err == nil {
+					p.Log.Info("dead node's parked jobs all adopted", "dead_node", d.Node)
+				}
+			}
+			continue
+		}
+		p.adopted.Add(int64(len(ids)))
+		out = append(out, ids...)
+		// Shards drain unevenly; the budget is per shard, so what one node
+		// used of it is roughly its share.
+		budget -= (len(ids) + store.Shards - 1) / store.Shards
+	}
+	return out
+}
+
+// HousekeepTimeout bounds the index trim and tenant slot repair.
+const HousekeepTimeout = 30 * time.Second
+
+func (p *DuePoller) housekeep(now time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), HousekeepTimeout)
+	defer cancel()
+	if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
+		p.Log.Warn("index trim failed", "err", err)
+	}
+	if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
+		p.Log.Warn("tenant slot repair failed", "err", err)
+	} else if n > 0 {
+		p.Log.Info("tenant slots given back", "count", n)
+	}
 }
 
 // countStale sets troupe_stale_jobs{state} to the states of the jobs this

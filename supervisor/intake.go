@@ -29,6 +29,11 @@ type Intake struct {
 	Store  *store.Store
 	Shards []*actor.PID
 	Log    *slog.Logger
+	// Signatures checks packet signatures first (nil: not checked).
+	Signatures *Signatures
+	// Guard, when set, skips redelivered messages that were handled but
+	// not acked, and marks every handled message before its ack.
+	Guard *Guard
 }
 
 // DLQWriteRetry is the delay before JetStream offers a bad message again when
@@ -61,6 +66,10 @@ func (in *Intake) take(msg jetstream.Msg, stream, want string, payload func(*cap
 	if in.lastOffer(msg) {
 		return nil, false
 	}
+	if in.Guard != nil && in.Guard.Seen(msg) {
+		_ = msg.Ack()
+		return nil, false
+	}
 	if n := len(msg.Data()); n > MaxPacketBytes {
 		in.reject(msg, "", "", core.ReasonInvalidRequest,
 			fmt.Sprintf("%s packet of %d bytes exceeds the %d-byte limit", stream, n, MaxPacketBytes))
@@ -69,6 +78,9 @@ func (in *Intake) take(msg jetstream.Msg, stream, want string, payload func(*cap
 	pkt, err := bus.Decode(msg.Data())
 	if err != nil {
 		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
+		return nil, false
+	}
+	if !in.verified(msg, stream, pkt) {
 		return nil, false
 	}
 	jobID, ok := payload(pkt)
@@ -84,6 +96,14 @@ func (in *Intake) take(msg jetstream.Msg, stream, want string, payload func(*cap
 	return pkt, true
 }
 
+// delivery is how a job actor settles msg: through the guard when there is one.
+func (in *Intake) delivery(msg jetstream.Msg) actors.Delivery {
+	if in.Guard != nil {
+		return in.Guard.Wrap(msg)
+	}
+	return msg
+}
+
 // HandleSubmit handles one message from the submit stream.
 func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	pkt, ok := in.take(msg, "submit", "job_request",
@@ -97,7 +117,7 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	if trace == "" {
 		trace = req.JobId
 	}
-	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: msg}, true)
+	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg)}, true)
 }
 
 // HandleResult handles one message from the result stream.
@@ -109,7 +129,7 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		return
 	}
 	res := pkt.GetJobResult()
-	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: msg, Raw: msg.Data()}, true)
+	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data()}, true)
 }
 
 // HandleProgress handles a core NATS progress message. Progress is advisory:
@@ -121,6 +141,10 @@ func (in *Intake) HandleProgress(msg *nats.Msg) {
 		in.Log.Debug("progress packet ignored", "subject", msg.Subject, "err", err)
 		return
 	}
+	if err := in.Signatures.check(KindProgress, pkt, msg.Data); err != nil {
+		in.Log.Debug("progress packet rejected", "subject", msg.Subject, "err", err)
+		return
+	}
 	p := pkt.GetJobProgress()
 	in.route(p.JobId, &actors.Progress{P: p}, false)
 }
@@ -130,6 +154,10 @@ func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
 	pkt, err := bus.Decode(msg.Data)
 	if err != nil || pkt.GetHeartbeat() == nil {
 		in.Log.Warn("heartbeat packet ignored", "subject", msg.Subject, "err", err)
+		return
+	}
+	if err := in.Signatures.check(KindHeartbeat, pkt, msg.Data); err != nil {
+		in.Log.Warn("heartbeat rejected", "subject", msg.Subject, "err", err)
 		return
 	}
 	hb := pkt.GetHeartbeat()
@@ -184,7 +212,7 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 		return
 	}
 	cn := pkt.GetJobCancel()
-	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: msg, Raw: msg.Data()}, true)
+	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data()}, true)
 }
 
 // Tell delivers msg to the job's actor if it is live on this node.
@@ -246,6 +274,11 @@ func (in *Intake) HandleInbox(msg *nats.Msg) {
 	pkt, err := bus.Decode(msg.Data)
 	if err != nil {
 		in.Log.Warn("forwarded packet does not decode", "err", err)
+		_ = d.NakWithDelay(0)
+		return
+	}
+	if err := in.Signatures.check(inboxKind(msg.Header.Get(HeaderKind)), pkt, msg.Data); err != nil {
+		in.Log.Warn("forwarded packet rejected", "kind", msg.Header.Get(HeaderKind), "err", err)
 		_ = d.NakWithDelay(0)
 		return
 	}

@@ -4,8 +4,12 @@
 package supervisor
 
 import (
+	"fmt"
 	"hash/fnv"
+	"hash/maphash"
+	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -14,7 +18,9 @@ import (
 )
 
 // Deliver routes Msg to the job actor of JobID. With Spawn set, the actor is
-// spawned when none is live; without it (progress), the message is dropped.
+// spawned when none is live; without it (progress, a worker's eviction), the
+// message is dropped — unless the job is parked on this node in DISPATCHED,
+// the one case where this node must act on it.
 type Deliver struct {
 	JobID string
 	Msg   interface{}
@@ -24,34 +30,103 @@ type Deliver struct {
 // CountLive asks a shard how many job actors it supervises; reply: int.
 type CountLive struct{}
 
+// CountParked asks a shard how many jobs it remembers as parked in
+// DISPATCHED; reply: int.
+type CountParked struct{}
+
 // JobShard supervises the job actors whose ids hash to it. It keeps its own
 // index of live children so routing a message is a map lookup, and it
 // stops a finished child with a poison pill, so messages already in the
 // child's mailbox are still handled (a Stop would silently drop them). While
 // a child is stopping, new messages for its job wait here and go to a fresh
 // actor once the old one has terminated: one job never has two actors.
+//
+// It also remembers which jobs were parked here while DISPATCHED (by a hash
+// of the id: 8 bytes and no string per job, so a million parked jobs cost
+// tens of MB, not hundreds). A parked job has no actor, and the events that
+// reach only the dispatching node — the worker's progress (core NATS, every
+// replica sees it; only the owner must record RUNNING) and the worker's
+// eviction (told by this node's router) — would otherwise be dropped. A hash
+// collision only spawns an actor that finds nothing to do.
 type JobShard struct {
-	props *actor.Props
+	props    *actor.Props
+	strategy *jobStrategy
+	log      *slog.Logger
 
 	// Owned by the actor.
 	live     map[string]*actor.PID
 	stopping map[string][]*Deliver
+	// abandoned counts, per job, the actors stopped by supervision while
+	// abandoning it; past one, the shard leaves the job to its lease.
+	abandoned    map[string]int
+	shuttingDown bool
+	parked       map[uint64]struct{}
+	peak         int // most entries parked has held since it was last rebuilt
+	seed         maphash.Seed
 }
 
-// jobSupervision restarts a crashed job actor a few times; the fresh instance
-// starts from Redis when its next message arrives. Small budgets on purpose:
-// restart statistics cost O(failures) (PROTOACTOR-NOTES §2.7).
-func jobSupervision() actor.SupervisorStrategy {
-	return actor.NewOneForOneStrategy(3, time.Minute, func(reason interface{}) actor.Directive {
-		return actor.RestartDirective
+// parkedShrinkAt: a Go map keeps its buckets when emptied, so once the
+// parked set has held this many and fallen to a quarter of its peak, it is
+// copied into a map of the right size.
+const parkedShrinkAt = 1 << 16
+
+// Restart budget of one job actor: a transient failure restarts it (the
+// fresh instance reloads the job from Redis on its next message) at most
+// RestartBudget times per RestartWindow. Small on purpose: restart statistics
+// cost O(failures) (PROTOACTOR-NOTES §2.7), and a job that keeps failing
+// needs a human, not a loop.
+const (
+	RestartBudget = 3
+	RestartWindow = time.Minute
+)
+
+// jobStrategy is the job supervisors' decider. A transient failure
+// (actors.IsTransient) restarts the actor within the budget; anything else,
+// or a failure past the budget, stops it, and the shard then marks the job
+// FAILED (see JobShard, *actor.Terminated). It remembers why each child
+// failed so the shard can say so.
+type jobStrategy struct {
+	inner   actor.SupervisorStrategy
+	mu      sync.Mutex
+	reasons map[string]string // child PID id → last failure
+}
+
+func newJobStrategy() *jobStrategy {
+	s := &jobStrategy{reasons: map[string]string{}}
+	s.inner = actor.NewOneForOneStrategy(RestartBudget, RestartWindow, func(reason interface{}) actor.Directive {
+		if actors.IsTransient(reason) {
+			return actor.RestartDirective
+		}
+		return actor.StopDirective
 	})
+	return s
+}
+
+func (s *jobStrategy) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
+	rs *actor.RestartStatistics, reason interface{}, message interface{}) {
+	s.mu.Lock()
+	s.reasons[child.Id] = fmt.Sprintf("%v (while handling %T)", reason, message)
+	s.mu.Unlock()
+	s.inner.HandleFailure(sys, sup, child, rs, reason, message)
+}
+
+// takeReason returns and forgets why child failed ("" if it never did).
+func (s *jobStrategy) takeReason(child *actor.PID) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.reasons[child.Id]
+	delete(s.reasons, child.Id)
+	return r
 }
 
 // ShardProps returns the props of one job supervisor shard.
-func ShardProps(jobProps *actor.Props, opts ...actor.PropsOption) *actor.Props {
+func ShardProps(jobProps *actor.Props, log *slog.Logger, opts ...actor.PropsOption) *actor.Props {
+	strategy := newJobStrategy()
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &JobShard{props: jobProps, live: map[string]*actor.PID{}, stopping: map[string][]*Deliver{}}
-	}, append(opts, actor.WithSupervisor(jobSupervision()))...)
+		return &JobShard{props: jobProps, strategy: strategy, log: log, live: map[string]*actor.PID{},
+			stopping: map[string][]*Deliver{}, abandoned: map[string]int{},
+			parked: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
+	}, append(opts, actor.WithSupervisor(strategy))...)
 }
 
 // Receive handles the shard's messages.
@@ -64,12 +139,26 @@ func (s *JobShard) Receive(c actor.Context) {
 			delete(s.live, m.JobID)
 			s.stopping[m.JobID] = nil
 			c.Poison(m.PID)
+			if m.Parked {
+				s.parked[s.hash(m.JobID)] = struct{}{}
+				s.peak = max(s.peak, len(s.parked))
+			}
 		}
+	case *actor.Stopping:
+		s.shuttingDown = true // children stop with the shard: not failures
 	case *actor.Terminated:
 		id := strings.TrimPrefix(m.Who.Id, c.Self().Id+"/")
 		if pid, ok := s.live[id]; ok && pid.Equal(m.Who) {
-			delete(s.live, id) // stopped by supervision, not by Finished
+			// Stopped by supervision (a failure it would not restart), or
+			// by the shard's own stop.
+			delete(s.live, id)
+			if why := s.strategy.takeReason(m.Who); why != "" && !s.shuttingDown {
+				s.abandon(c, id, why)
+			}
+			return
 		}
+		s.strategy.takeReason(m.Who)
+		delete(s.abandoned, id)
 		buf, ok := s.stopping[id]
 		if !ok {
 			return
@@ -80,7 +169,48 @@ func (s *JobShard) Receive(c actor.Context) {
 		}
 	case *CountLive:
 		c.Respond(len(s.live))
+	case *CountParked:
+		c.Respond(len(s.parked))
 	}
+}
+
+func (s *JobShard) hash(jobID string) uint64 { return maphash.String(s.seed, jobID) }
+
+func (s *JobShard) shrinkParked() {
+	if s.peak < parkedShrinkAt || len(s.parked) > s.peak/4 {
+		return
+	}
+	m := make(map[uint64]struct{}, len(s.parked))
+	for h := range s.parked {
+		m[h] = struct{}{}
+	}
+	s.parked, s.peak = m, len(m)
+}
+
+// wakesParked reports whether msg, for a job with no live actor, must spawn
+// one because the job is parked here.
+func wakesParked(msg interface{}) bool {
+	switch msg.(type) {
+	case *actors.Progress, *actors.WorkerLost:
+		return true
+	}
+	return false
+}
+
+// abandon handles a job actor that supervision stopped (a failure that is
+// not transient, or one past the restart budget): a fresh actor marks the
+// job FAILED with reason actor_failed. If that actor fails too, the shard
+// gives up on the job on this node; its lock lapses and the due poller of
+// a replica (or this one) adopts it.
+func (s *JobShard) abandon(c actor.Context, jobID, why string) {
+	s.abandoned[jobID]++
+	if s.abandoned[jobID] > 1 {
+		delete(s.abandoned, jobID)
+		s.log.Error("job actor failed again while failing its job; leaving the job to its lease",
+			"job_id", jobID, "err", why)
+		return
+	}
+	s.deliver(c, &Deliver{JobID: jobID, Msg: &actors.Abandon{Detail: "job actor failed: " + why}, Spawn: true})
 }
 
 func (s *JobShard) deliver(c actor.Context, m *Deliver) {
@@ -90,8 +220,14 @@ func (s *JobShard) deliver(c actor.Context, m *Deliver) {
 	}
 	pid, ok := s.live[m.JobID]
 	if !ok {
-		if !m.Spawn {
+		h := s.hash(m.JobID)
+		_, parked := s.parked[h]
+		if !m.Spawn && !(parked && wakesParked(m.Msg)) {
 			return
+		}
+		if parked {
+			delete(s.parked, h) // the new actor parks it again if it must
+			s.shrinkParked()
 		}
 		var err error
 		pid, err = c.SpawnNamed(s.props, m.JobID)

@@ -6,8 +6,10 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,8 +18,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/registry"
+	"github.com/troupe-run/troupe/signing"
 )
 
 // HeartbeatDefault is the CAP SDKs' heartbeat interval.
@@ -65,6 +69,16 @@ type Config struct {
 	// OnReceive, if set, sees every request as it arrives (tests count
 	// receipts with it).
 	OnReceive func(subject string, req *capv1.JobRequest)
+
+	// Signer, when set, signs every packet the worker sends (heartbeats,
+	// progress, results) under sender id ID.
+	Signer *signing.Signer
+	// Verifier, when set, checks the signature of every dispatch before the
+	// worker runs it; a rejected one is dropped (the node times the job out
+	// as if the worker never got it), counted in Rejected and passed to
+	// OnReject.
+	Verifier *signing.Verifier
+	OnReject func(subject string, err error)
 }
 
 // Worker is a running CAP worker.
@@ -77,6 +91,16 @@ type Worker struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sem    chan struct{}
+	enc    bus.Encoder
+
+	rejected atomic.Uint64
+}
+
+// Dial connects a worker to NATS as `troupe worker` does: with auth's
+// credentials and TLS (troupe.NATSAuth outside this module), named after
+// the worker, reconnecting for ever. The error never contains a secret.
+func Dial(url string, auth connect.NATS, id string) (*nats.Conn, error) {
+	return connect.DialNATS(url, auth, nats.Name("troupe-worker "+id), nats.MaxReconnects(-1))
 }
 
 // Start subscribes and starts heartbeating.
@@ -103,6 +127,9 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	cfg.Labels = labels
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel)}
+	if cfg.Signer != nil {
+		w.enc.Signer = cfg.Signer
+	}
 	for _, t := range cfg.Topics {
 		subj := cfg.Subjects.Pool(t)
 		s, err := nc.QueueSubscribe(subj, subj, w.onMsg)
@@ -137,7 +164,7 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Beat() { w.beat() }
 
 func (w *Worker) beat() {
-	data, err := bus.EncodeHeartbeat(w.cfg.ID, &capv1.Heartbeat{
+	data, err := w.enc.Heartbeat(w.cfg.ID, &capv1.Heartbeat{
 		WorkerId: w.cfg.ID, Pool: w.cfg.Pool, Type: "troupe-demo", ActiveJobs: w.active.Load(),
 		MaxParallelJobs: w.cfg.MaxParallel, Labels: w.cfg.Labels,
 		Capabilities: w.cfg.Topics,
@@ -166,6 +193,15 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	if err != nil || pkt.GetJobRequest() == nil {
 		return
 	}
+	if w.cfg.Verifier != nil {
+		if err := w.cfg.Verifier.VerifyRaw(pkt, m.Data); err != nil {
+			w.rejected.Add(1)
+			if w.cfg.OnReject != nil {
+				w.cfg.OnReject(m.Subject, err)
+			}
+			return
+		}
+	}
 	req := pkt.GetJobRequest()
 	if w.cfg.OnReceive != nil {
 		w.cfg.OnReceive(m.Subject, req)
@@ -189,7 +225,7 @@ func (w *Worker) onMsg(m *nats.Msg) {
 
 func (w *Worker) run(trace string, req *capv1.JobRequest) {
 	if w.cfg.Progress {
-		if data, err := bus.EncodeProgress(trace, w.cfg.ID, &capv1.JobProgress{JobId: req.JobId,
+		if data, err := w.enc.Progress(trace, w.cfg.ID, &capv1.JobProgress{JobId: req.JobId,
 			Status: capv1.JobStatus_JOB_STATUS_RUNNING, Message: "started"}); err == nil {
 			_ = w.nc.Publish(w.cfg.Subjects.Progress, data)
 		}
@@ -200,11 +236,48 @@ func (w *Worker) run(trace string, req *capv1.JobRequest) {
 	if res.ExecutionMs == 0 {
 		res.ExecutionMs = time.Since(start).Milliseconds()
 	}
-	data, err := bus.EncodeResult(trace, w.cfg.ID, res)
+	data, err := w.enc.Result(trace, w.cfg.ID, res)
 	if err == nil {
-		_ = w.nc.Publish(w.cfg.Subjects.Result, data)
+		w.publishResult(req.JobId, data)
 	}
 }
+
+// Result delivery: a core publish can vanish if the NATS server goes away
+// at that moment, and the job would then wait for its running deadline. The
+// result subject is a JetStream stream's, so a request gets the stream's
+// PubAck back; the worker retries until it has one (a duplicate result is
+// absorbed by the scheduler), for at most ResultRetryFor.
+const (
+	ResultAckWait  = 2 * time.Second
+	ResultRetryFor = 2 * time.Minute
+)
+
+func (w *Worker) publishResult(jobID string, data []byte) {
+	deadline := time.Now().Add(ResultRetryFor)
+	backoff := 100 * time.Millisecond
+	for {
+		reply, err := w.nc.Request(w.cfg.Subjects.Result, data, ResultAckWait)
+		if err == nil && !bytes.Contains(reply.Data, []byte(`"error"`)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			slog.Warn("worker: result not acknowledged; giving up", "worker_id", w.cfg.ID, "job_id", jobID, "err", err)
+			return
+		}
+		select {
+		case <-time.After(backoff):
+		case <-w.ctx.Done():
+			// Stopping: one last plain publish rather than nothing.
+			_ = w.nc.Publish(w.cfg.Subjects.Result, data)
+			return
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// Rejected counts the dispatches dropped because their signature did not
+// verify.
+func (w *Worker) Rejected() uint64 { return w.rejected.Load() }
 
 // Stop unsubscribes, stops heartbeating and waits for running jobs.
 func (w *Worker) Stop() {

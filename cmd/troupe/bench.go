@@ -47,6 +47,13 @@ func runBench(ctx context.Context, args []string) error {
 	note := fs.String("note", "", "text for the row's note column")
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's streams and keys for inspection")
+	fs.BoolVar(&cfg.Hold, "hold", false, "workers hold every job until all --jobs are in flight, the node is sampled for --hold-for, then all are answered")
+	fs.DurationVar(&cfg.HoldFor, "hold-for", bench.HoldForDefault, "with --hold: how long the in-flight state is sampled")
+	fs.BoolVar(&cfg.Adopt, "adopt", false, "with the jobs in flight (implies --hold), start a second node, kill -9 the first, time the adoption")
+	fs.DurationVar(&cfg.ParkAfter, "park-after", 0, "the node's park-after (0: its default; negative: never park)")
+	fs.DurationVar(&cfg.LockTTL, "lock-ttl", 0, "the node's job lock TTL (0: its default, 60s)")
+	fs.Int64Var(&cfg.NodeMemoryLimit, "node-memory-limit", 0, "the node's Go soft memory limit in bytes (what GOMEMLIMIT sets; 0: none)")
+	fs.StringVar(&cfg.HeapProfile, "heapprofile", "", "with --hold: write the node's heap profile at the end of the hold to this file")
 	_ = fs.Parse(args)
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())

@@ -8,7 +8,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe/bus"
@@ -129,13 +128,19 @@ func runCancel(ctx context.Context, args []string) error {
 	c.register(fs, true, false)
 	reason := fs.String("reason", "cancelled by operator", "why")
 	by := fs.String("by", envOr("USER", "operator"), "who cancels")
+	var sf signFlags
+	sf.registerCLI(fs)
 	_ = fs.Parse(args)
+	enc, err := sf.encoder()
+	if err != nil {
+		return err
+	}
 	if fs.NArg() != 1 {
 		return errors.New("need exactly one job id")
 	}
-	nc, err := nats.Connect(c.nats, nats.Name("troupe-cli"))
+	nc, err := c.dialNATS("troupe-cli")
 	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -143,7 +148,7 @@ func runCancel(ctx context.Context, args []string) error {
 		return err
 	}
 	id := fs.Arg(0)
-	data, err := bus.EncodeCancel(id, "troupe-cli", &capv1.JobCancel{JobId: id, Reason: *reason, RequestedBy: *by})
+	data, err := enc.Cancel(id, sf.sender, &capv1.JobCancel{JobId: id, Reason: *reason, RequestedBy: *by})
 	if err != nil {
 		return err
 	}

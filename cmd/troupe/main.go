@@ -23,6 +23,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/router"
 )
 
@@ -51,6 +52,7 @@ var commands = []command{
 	{"ctl", "operate a node through its admin API: job, dlq, workers, pools, trace, stats (--api URL)", runCtl},
 	{"trace", "print a job's mailbox trace, in order (admin API; troupe ctl trace)", runTrace},
 	{"workers", "list live workers and their pools' load (admin API; troupe ctl workers)", runWorkers},
+	{"keys", "generate a P-256 key pair for packet signatures (keys gen --out DIR --sender NAME)", runKeys},
 }
 
 func main() {
@@ -90,20 +92,21 @@ func usage() {
 
 // common holds the flags several commands share.
 type common struct {
-	nats, redis            string
+	// conn holds --nats, --redis and their credential and TLS flags
+	// (connflags.go dials with them).
+	conn                   connect.Flags
 	keyPrefix, subjPrefix  string
 	streamPrefix, logLevel string
 	logJSON                bool
 }
 
 func (c *common) register(fs *flag.FlagSet, needNATS, needRedis bool) {
+	c.conn.Register(fs, connect.Want{NATS: needNATS, Redis: needRedis})
 	if needNATS {
-		fs.StringVar(&c.nats, "nats", envOr("TROUPE_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (env TROUPE_NATS_URL)")
 		fs.StringVar(&c.subjPrefix, "subject-prefix", os.Getenv("TROUPE_SUBJECT_PREFIX"), "prefix before every CAP subject")
 		fs.StringVar(&c.streamPrefix, "stream-prefix", envOr("TROUPE_STREAM_PREFIX", "TROUPE"), "JetStream stream name prefix")
 	}
 	if needRedis {
-		fs.StringVar(&c.redis, "redis", envOr("TROUPE_REDIS_URL", "redis://127.0.0.1:6379"), "Redis URL (env TROUPE_REDIS_URL)")
 		fs.StringVar(&c.keyPrefix, "key-prefix", envOr("TROUPE_KEY_PREFIX", "troupe:"), "Redis key prefix")
 	}
 	fs.StringVar(&c.logLevel, "log-level", envOr("TROUPE_LOG_LEVEL", "info"), "debug, info, warn or error")

@@ -22,14 +22,23 @@ func runNode(ctx context.Context, args []string) error {
 	poolsFile := fs.String("pools", envOr("TROUPE_POOLS_FILE", ""), "pools.yaml (default: built-in routing for job.echo, job.sleep, job.bench)")
 	timeouts := fs.String("timeouts", envOr("TROUPE_TIMEOUTS_FILE", ""), "timeouts.yaml (default: dispatch 300 s, running 9000 s)")
 	lockTTL := fs.Duration("lock-ttl", 0, "job lock TTL (default 60s); a dead node's jobs are adopted 1–2 TTLs after it dies")
+	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
+	streamReplicas := fs.Int("stream-replicas", 1,
+		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
 	var pf policyFlags
 	pf.register(fs)
 	var af adminFlags
 	af.register(fs)
+	var sf signFlags
+	sf.register(fs, true, true)
 	_ = fs.Parse(args)
 	log := c.logger()
 	reg := prometheus.NewRegistry()
-	policy, closePolicy, err := pf.build(c.redis, c.keyPrefix, reg, log)
+	conn, err := c.conns()
+	if err != nil {
+		return err
+	}
+	policy, closePolicy, err := pf.build(conn, c.keyPrefix, reg, log)
 	if err != nil {
 		return err
 	}
@@ -37,6 +46,17 @@ func runNode(ctx context.Context, args []string) error {
 	output, err := pf.buildOutput()
 	if err != nil {
 		return err
+	}
+	signer, err := sf.signer()
+	if err != nil {
+		return err
+	}
+	verifier, err := sf.verifier()
+	if err != nil {
+		return err
+	}
+	if signer != nil && *id == "" {
+		log.Warn("--sign-key without --id: the node signs as hostname-pid, which changes on restart; give it a stable --id and list it in the key sets")
 	}
 	// With --pools the node reads (and watches, and reloads on SIGHUP) the
 	// file itself; without it, the built-in demo routing applies.
@@ -46,9 +66,10 @@ func runNode(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: c.nats, RedisURL: c.redis,
+	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: conn.NATS, RedisURL: conn.RedisURL, RedisAuth: conn.Redis,
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
-		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL})
+		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter,
+		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier})
 	if err != nil {
 		return err
 	}
@@ -71,6 +92,13 @@ func runNode(ctx context.Context, args []string) error {
 				log.Warn("pools reload refused; keeping the config in use", "err", err)
 			} else {
 				log.Info("pools reloaded")
+			}
+			if verifier != nil {
+				if err := verifier.Reload(); err != nil {
+					log.Warn("key set reload refused; keeping the keys in use", "err", err)
+				} else {
+					log.Info("key set reloaded", "senders", verifier.KeySet().Senders())
+				}
 			}
 		case <-ctx.Done():
 			done = true

@@ -2,13 +2,12 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/safety"
 )
 
@@ -59,7 +58,7 @@ func (p *policyFlags) buildOutput() (safety.OutputChecker, error) {
 // build returns the input policy the flags describe, and how to close it:
 // an external kernel, else the built-in engine over --policy, else simple
 // topic rules (allow-all when none are given).
-func (p *policyFlags) build(redisURL, keyPrefix string, reg prometheus.Registerer, log *slog.Logger) (safety.InputPolicy, func(), error) {
+func (p *policyFlags) build(conn connect.Settings, keyPrefix string, reg prometheus.Registerer, log *slog.Logger) (safety.InputPolicy, func(), error) {
 	switch {
 	case p.addr != "":
 		cfg, err := safety.KernelClientConfigFromEnv()
@@ -78,11 +77,10 @@ func (p *policyFlags) build(redisURL, keyPrefix string, reg prometheus.Registere
 		if p.failMode != "" {
 			cfg.FailMode = safety.FailMode(p.failMode)
 		}
-		opt, err := redis.ParseURL(redisURL)
+		rdb, err := connect.NewRedis(conn.RedisURL, conn.Redis)
 		if err != nil {
-			return nil, nil, fmt.Errorf("redis url: %w", err)
+			return nil, nil, err
 		}
-		rdb := redis.NewClient(opt)
 		cfg.Redis, cfg.KeyPrefix, cfg.Metrics, cfg.Log = rdb, keyPrefix, reg, log
 		kc, err := safety.NewKernelClient(cfg)
 		if err != nil {

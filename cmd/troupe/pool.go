@@ -8,8 +8,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/troupe-run/troupe/router"
 )
 
@@ -24,11 +22,10 @@ func runPool(ctx context.Context, args []string) error {
 	var c common
 	c.register(fs, false, true)
 	_ = fs.Parse(args)
-	opt, err := redis.ParseURL(c.redis)
+	rdb, err := c.dialRedis(ctx)
 	if err != nil {
-		return fmt.Errorf("redis url: %w", err)
+		return err
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	ms := router.NewMappingStore(rdb, c.keyPrefix)
 	a := fs.Args()

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -51,6 +51,7 @@ type safetyServeOpts struct {
 	reload                    time.Duration // policy poll; 0: the engine's default
 	tlsCert, tlsKey, clientCA string
 	outputPolicy, outputRedis string
+	outputRedisAuth           connect.Redis
 	log                       *slog.Logger
 	// ready, if set, is called with the bound address once serving (tests).
 	ready func(addr string)
@@ -72,9 +73,16 @@ func runSafetyServe(ctx context.Context, args []string) error {
 	fs.StringVar(&o.tlsKey, "tls-key", os.Getenv("SAFETY_KERNEL_TLS_KEY"), "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", os.Getenv("SAFETY_KERNEL_CLIENT_CA"), "require client certificates signed by this CA (mutual TLS)")
 	fs.StringVar(&o.outputPolicy, "output-policy", os.Getenv(safety.EnvOutputFile), "also serve the OutputPolicy service with this output policy file")
-	fs.StringVar(&o.outputRedis, "redis", "", "Redis URL the OutputPolicy service reads result content from (phase 2) and stores redacted copies in")
+	// --redis: where the OutputPolicy service reads result content from
+	// (phase 2) and stores redacted copies; none without the flag.
+	c.conn.Register(fs, connect.Want{OptionalRedis: true})
 	_ = fs.Parse(args)
 	o.log = c.logger()
+	conn, err := c.conns()
+	if err != nil {
+		return err
+	}
+	o.outputRedis, o.outputRedisAuth = conn.RedisURL, conn.Redis
 	return serveSafety(ctx, o)
 }
 
@@ -115,11 +123,10 @@ func serveSafety(ctx context.Context, o safetyServeOpts) error {
 		}
 		var results safety.ResultStore
 		if o.outputRedis != "" {
-			ropt, err := redis.ParseURL(o.outputRedis)
+			rdb, err := connect.NewRedis(o.outputRedis, o.outputRedisAuth)
 			if err != nil {
-				return fmt.Errorf("redis url: %w", err)
+				return err
 			}
-			rdb := redis.NewClient(ropt)
 			defer rdb.Close()
 			results = &safety.RedisResultStore{Client: rdb}
 		}

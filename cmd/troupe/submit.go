@@ -7,9 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -28,16 +26,22 @@ func runSubmit(ctx context.Context, args []string) error {
 	timeout := fs.Duration("timeout", 60*time.Second, "how long --wait waits")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "job label key=value (repeatable)")
+	var sf signFlags
+	sf.registerCLI(fs)
 	_ = fs.Parse(args)
+	enc, err := sf.encoder()
+	if err != nil {
+		return err
+	}
 	if *id == "" {
 		*id = newID("job-")
 	}
 	if *ctxPtr == "" {
 		*ctxPtr = "redis://ctx:" + *id
 	}
-	nc, err := nats.Connect(c.nats, nats.Name("troupe-submit"))
+	nc, err := c.dialNATS("troupe-submit")
 	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -45,7 +49,7 @@ func runSubmit(ctx context.Context, args []string) error {
 		return err
 	}
 	req := &capv1.JobRequest{JobId: *id, Topic: *topic, ContextPtr: *ctxPtr, TenantId: *tenant, Labels: labels}
-	data, err := bus.EncodeRequest(*id, "troupe-cli", req)
+	data, err := enc.Request(*id, sf.sender, req)
 	if err != nil {
 		return err
 	}
@@ -72,10 +76,9 @@ func runSubmit(ctx context.Context, args []string) error {
 }
 
 func openStore(c common) (*store.Store, func(), error) {
-	opt, err := redis.ParseURL(c.redis)
+	rdb, err := c.dialRedis(context.Background())
 	if err != nil {
-		return nil, nil, fmt.Errorf("redis url: %w", err)
+		return nil, nil, err
 	}
-	rdb := redis.NewClient(opt)
 	return store.New(rdb, store.Config{Prefix: c.keyPrefix}), func() { _ = rdb.Close() }, nil
 }

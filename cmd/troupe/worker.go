@@ -4,10 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
+	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -26,8 +26,11 @@ func runWorker(ctx context.Context, args []string) error {
 	direct := fs.Bool("direct", true, "also take jobs on worker.<id>.jobs (announced with label troupe.dispatch=direct)")
 	hb := fs.Duration("heartbeat", worker.HeartbeatDefault, "heartbeat interval")
 	maxPar := fs.Int("max-parallel", 64, "jobs run at once")
+	receipts := fs.String("receipts", "", "append every received job id to this file, a line each (fault tests count double receipts)")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "worker label key=value (repeatable)")
+	var sf signFlags
+	sf.register(fs, true, true)
 	_ = fs.Parse(args)
 	log := c.logger()
 	if *id == "" {
@@ -42,9 +45,26 @@ func runWorker(ctx context.Context, args []string) error {
 	default:
 		return fmt.Errorf("unknown handler %q (echo or sleep)", *handler)
 	}
-	nc, err := nats.Connect(c.nats, nats.Name("troupe-worker "+*id), nats.MaxReconnects(-1))
+	signer, err := sf.signer()
 	if err != nil {
-		return fmt.Errorf("connect nats: %w", err)
+		return err
+	}
+	verifier, err := sf.verifier()
+	if err != nil {
+		return err
+	}
+	logReceipt, closeReceipts, err := receiptLog(*receipts)
+	if err != nil {
+		return err
+	}
+	defer closeReceipts()
+	conn, err := c.conns()
+	if err != nil {
+		return err
+	}
+	nc, err := worker.Dial(conn.NATSURL, conn.NATS, *id)
+	if err != nil {
+		return err
 	}
 	defer nc.Close()
 	w, err := worker.Start(nc, worker.Config{ID: *id, Pool: *pool, Topics: strings.Split(*topics, ","),
@@ -52,6 +72,11 @@ func runWorker(ctx context.Context, args []string) error {
 		MaxParallel: int32(*maxPar), Labels: labels, Progress: *handler == "sleep",
 		OnReceive: func(subject string, req *capv1.JobRequest) {
 			log.Debug("job received", "job_id", req.JobId, "topic", req.Topic, "subject", subject)
+			logReceipt(req.JobId)
+		},
+		Signer: signer, Verifier: verifier,
+		OnReject: func(subject string, err error) {
+			log.Warn("dispatch rejected: signature", "subject", subject, "err", err)
 		}})
 	if err != nil {
 		return err
@@ -60,4 +85,23 @@ func runWorker(ctx context.Context, args []string) error {
 	<-ctx.Done()
 	w.Stop()
 	return nil
+}
+
+// receiptLog opens path for appending one line per received job id. Each
+// line is one write(2), so a worker killed with SIGKILL loses none it
+// reported. An empty path logs nothing.
+func receiptLog(path string) (func(jobID string), func(), error) {
+	if path == "" {
+		return func(string) {}, func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receipts: %w", err)
+	}
+	var mu sync.Mutex
+	return func(jobID string) {
+		mu.Lock()
+		_, _ = f.WriteString(jobID + "\n")
+		mu.Unlock()
+	}, func() { _ = f.Close() }, nil
 }

@@ -25,6 +25,12 @@ import (
 
 // Default service addresses (override with TROUPE_TEST_REDIS / TROUPE_TEST_NATS,
 // or set them to "embedded" to force the in-process servers).
+//
+// TROUPE_TEST_REDIS_CLUSTER=host:port,host:port,... runs the tests against a
+// Redis Cluster instead: Env.Client is then a cluster client, and Env.Redis
+// and Env.RedisURL are unset (a single-node client would only meet MOVED
+// replies), so only tests that use Env.Client (the store package's) run
+// there; faults/TestRedisCluster starts a cluster and runs them so.
 const (
 	RedisAddrDefault = "127.0.0.1:6379"
 	NATSAddrDefault  = "127.0.0.1:4222"
@@ -33,6 +39,7 @@ const (
 var (
 	once     sync.Once
 	redisURL string
+	cluster  []string
 	natsURL  string
 	kinds    string
 )
@@ -50,7 +57,14 @@ func setup() {
 	ra := envOr("TROUPE_TEST_REDIS", RedisAddrDefault)
 	na := envOr("TROUPE_TEST_NATS", NATSAddrDefault)
 	var k []string
-	if ra != "embedded" && reachable(ra) {
+	if v := os.Getenv("TROUPE_TEST_REDIS_CLUSTER"); v != "" {
+		for _, a := range strings.Split(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cluster = append(cluster, a)
+			}
+		}
+		k = append(k, "redis-cluster="+strings.Join(cluster, ","))
+	} else if ra != "embedded" && reachable(ra) {
 		redisURL = "redis://" + ra
 		k = append(k, "redis="+ra)
 	} else {
@@ -89,8 +103,14 @@ type Env struct {
 	// Prefix is unique to the test: use it for keys ("<prefix>:"), subjects
 	// ("<prefix>.") and streams.
 	Prefix string
-	Redis  *redis.Client
-	NATS   *nats.Conn
+	// Redis is a client of the single Redis (nil against a cluster).
+	Redis *redis.Client
+	// Client is the test's Redis client: Redis, or a cluster client when
+	// TROUPE_TEST_REDIS_CLUSTER is set.
+	Client redis.UniversalClient
+	// RedisCluster lists the cluster's seed addresses (nil without one).
+	RedisCluster []string
+	NATS         *nats.Conn
 }
 
 // New returns the test's environment; connections close at test end and the
@@ -102,16 +122,26 @@ func New(t testing.TB) *Env {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	prefix := "t" + hex.EncodeToString(b[:])
-	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		t.Fatal(err)
+	var (
+		rdb    *redis.Client
+		client redis.UniversalClient
+	)
+	if len(cluster) > 0 {
+		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster})
+	} else {
+		opt, err := redis.ParseURL(redisURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb = redis.NewClient(opt)
+		client = rdb
 	}
-	rdb := redis.NewClient(opt)
 	nc, err := nats.Connect(natsURL, nats.Name(t.Name()))
 	if err != nil {
 		t.Fatalf("testenv: nats: %v", err)
 	}
-	e := &Env{RedisURL: redisURL, NATSURL: natsURL, Prefix: prefix, Redis: rdb, NATS: nc}
+	e := &Env{RedisURL: redisURL, NATSURL: natsURL, Prefix: prefix, Redis: rdb, Client: client,
+		RedisCluster: cluster, NATS: nc}
 	t.Cleanup(func() {
 		if js, err := jetstream.New(nc); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -123,21 +153,42 @@ func New(t testing.TB) *Env {
 		nc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		deleteMatching(ctx, client, prefix+":*")
+		_ = client.Close()
+	})
+	return e
+}
+
+// deleteMatching deletes every key matching pattern, on every master of a
+// cluster. Keys go one DEL each in a pipeline: a cluster refuses a DEL of
+// keys in different slots.
+func deleteMatching(ctx context.Context, c redis.UniversalClient, pattern string) {
+	del := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
 		var keys []string
+		flush := func() {
+			pipe := c.Pipeline()
+			for _, k := range keys {
+				pipe.Del(ctx, k)
+			}
+			_, _ = pipe.Exec(ctx)
+			keys = keys[:0]
+		}
 		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-			if len(keys) == 500 {
-				rdb.Del(ctx, keys...)
-				keys = keys[:0]
+			if keys = append(keys, iter.Val()); len(keys) == 500 {
+				flush()
 			}
 		}
 		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
+			flush()
 		}
-		_ = rdb.Close()
-	})
-	return e
+		return iter.Err()
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return del(ctx, m) })
+		return
+	}
+	_ = del(ctx, c)
 }
 
 // KeyPrefix is the test's Redis key prefix.

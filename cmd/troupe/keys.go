@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/troupe-run/troupe/signing"
+)
+
+// runKeys handles `troupe keys gen`: a P-256 key pair for one sender, and
+// the key set line that trusts it.
+func runKeys(_ context.Context, args []string) error {
+	if len(args) == 0 || args[0] != "gen" {
+		return errors.New("usage: troupe keys gen --out DIR --sender NAME")
+	}
+	fs := flag.NewFlagSet("keys gen", flag.ExitOnError)
+	out := fs.String("out", ".", "directory to write <sender>.key (private, mode 0600) and <sender>.pub into")
+	sender := fs.String("sender", "", "the sender id the key signs as (a node id, worker id, troupe-cli, ...)")
+	_ = fs.Parse(args[1:])
+	if *sender == "" {
+		return errors.New("--sender is required")
+	}
+	if strings.ContainsAny(*sender, " \t\r\n\"*") {
+		return fmt.Errorf("sender %q: no spaces, quotes or *", *sender)
+	}
+	priv, pub, err := signing.GenerateKey()
+	if err != nil {
+		return err
+	}
+	base := filepath.Join(*out, strings.ReplaceAll(*sender, "/", "_"))
+	if err := writeNew(base+".key", priv, 0o600); err != nil {
+		return err
+	}
+	if err := writeNew(base+".pub", pub, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s.key and %s.pub; add this line to the key set of whoever verifies %s:\n", base, base, *sender)
+	fmt.Printf("%s: [%s]\n", strconv.Quote(*sender), strconv.Quote(string(pub)))
+	return nil
+}
+
+// writeNew writes a file that must not exist yet (never overwrite a key).
+func writeNew(path string, data []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return fmt.Errorf("keys: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("keys: %w", err)
+	}
+	return f.Close()
+}

@@ -1,0 +1,335 @@
+package troupe_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
+	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// Tests of parked jobs: a DISPATCHED or RUNNING job whose actor stopped
+// after Config.ParkAfter, held by its node through the node lease.
+
+// parkFast parks a job 50 ms after it reaches its worker and polls fast.
+func parkFast(c *troupe.Config) {
+	c.ParkAfter = 50 * time.Millisecond
+	c.DuePoll = 50 * time.Millisecond
+	c.DueSlack = 50 * time.Millisecond
+}
+
+// gates hold each job's answer until the test opens its gate.
+type gates struct {
+	mu sync.Mutex
+	ch map[string]chan struct{}
+}
+
+func (g *gates) gate(id string) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.ch[id]
+	if !ok {
+		c = make(chan struct{})
+		g.ch[id] = c
+	}
+	return c
+}
+
+func (g *gates) open(id string) { close(g.gate(id)) }
+
+// holdingWorker starts a worker that takes jobs and answers each only when
+// its gate is opened (or the test ends).
+func (f *fixture) holdingWorker(id string, rec *receipts) *gates {
+	f.t.Helper()
+	g := &gates{ch: map[string]chan struct{}{}}
+	done := make(chan struct{})
+	f.t.Cleanup(func() { close(done) })
+	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+		Heartbeat: time.Second, OnReceive: rec.hook,
+		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+			select {
+			case <-g.gate(req.JobId):
+			case <-ctx.Done():
+			case <-done:
+			}
+			return worker.Echo(ctx, req)
+		}}
+	w, err := worker.Start(f.env.NATS, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(w.Stop)
+	f.waitWorkers(1)
+	return g
+}
+
+// waitParked waits until node n has parked want jobs (its parked set in
+// Redis) and has no live job actor left.
+func waitParked(t *testing.T, n *troupe.Node, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := n.Store().ParkedCount(context.Background(), n.ID())
+		live, _ := n.LiveJobActors()
+		if err == nil && got == want && live == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, _ := n.Store().ParkedCount(context.Background(), n.ID())
+	live, _ := n.LiveJobActors()
+	t.Fatalf("node %s: %d jobs parked and %d actors live, want %d parked and none live", n.ID(), got, live, want)
+}
+
+func TestParkedJobCompletesWhenItsResultArrives(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, parkFast)
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	f.submit(echoReq("job-park-ok"))
+	<-rec.ch
+	waitParked(t, f.node, 1)
+	ctx := context.Background()
+	lock := f.env.Redis.Get(ctx, store.NewKeys(f.env.KeyPrefix()).Lock("job-park-ok")).Val()
+	if !strings.HasPrefix(lock, "node-a|") || !strings.HasSuffix(lock, "|p") {
+		t.Fatalf("parked lock %q", lock)
+	}
+	release.open("job-park-ok")
+	r := f.waitState("job-park-ok", core.StateSucceeded)
+	if last := r.History[len(r.History)-1]; last.Node != "node-a" || r.LockHolder != "" {
+		t.Fatalf("finished by %s, lock %q", last.Node, r.LockHolder)
+	}
+	if n, _ := f.node.Store().ParkedCount(ctx, "node-a"); n != 0 {
+		t.Fatalf("%d jobs still parked", n)
+	}
+	if got := counter(t, f.node, "troupe_jobs_unparked_total", ""); got != 1 {
+		t.Fatalf("unparked %v", got)
+	}
+	if n := rec.count("job-park-ok"); n != 1 {
+		t.Fatalf("received %d times", n)
+	}
+}
+
+func TestParkedJobIsCancelled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, parkFast)
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	f.submit(echoReq("job-park-cancel"))
+	<-rec.ch
+	waitParked(t, f.node, 1)
+	if err := f.node.Cancel(context.Background(), "job-park-cancel", "changed my mind", "tester"); err != nil {
+		t.Fatal(err)
+	}
+	r := f.waitState("job-park-cancel", core.StateCancelled)
+	if r.Reason != core.ReasonCancelRequested || r.LockHolder != "" {
+		t.Fatalf("reason %s lock %q", r.Reason, r.LockHolder)
+	}
+	// The worker's late answer is absorbed.
+	release.open("job-park-cancel")
+	time.Sleep(200 * time.Millisecond)
+	if r, _ := f.node.Job(context.Background(), "job-park-cancel"); r.State != core.StateCancelled {
+		t.Fatalf("state %s after the late result", r.State)
+	}
+}
+
+func TestParkedJobsDeadlineFires(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		parkFast(c)
+		c.Timeouts = &actors.Timeouts{Dispatch: time.Second, Running: time.Hour}
+	})
+	rec := newReceipts()
+	f.holdingWorker("w1", rec) // never answers
+	cancels := f.cancels()
+	f.submit(echoReq("job-park-timeout"))
+	<-rec.ch
+	waitParked(t, f.node, 1)
+	r := f.waitState("job-park-timeout", core.StateTimeout)
+	if r.Reason != core.ReasonDispatchTimeout {
+		t.Fatalf("reason %s", r.Reason)
+	}
+	select {
+	case id := <-cancels:
+		if id != "job-park-timeout" {
+			t.Fatalf("cancel for %s", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the worker was not told to cancel the timed-out job")
+	}
+}
+
+// Progress for a parked job is recorded, not dropped: the first progress
+// moves it to RUNNING (and its deadline to the running timeout) on the node
+// that parked it, and it parks again.
+func TestParkedJobsProgressIsRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, parkFast)
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	f.submit(echoReq("job-park-progress"))
+	<-rec.ch
+	waitParked(t, f.node, 1)
+	data, err := bus.EncodeProgress("trace-job-park-progress", "w1",
+		&capv1.JobProgress{JobId: "job-park-progress", Status: capv1.JobStatus_JOB_STATUS_RUNNING})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
+		t.Fatal(err)
+	}
+	r := f.waitState("job-park-progress", core.StateRunning)
+	if r.Reason != core.ReasonStarted || r.Fields["deadline_kind"] != string(core.ReasonRunningTimeout) {
+		t.Fatalf("reason %s deadline kind %s", r.Reason, r.Fields["deadline_kind"])
+	}
+	waitParked(t, f.node, 1) // parked again, now RUNNING
+	release.open("job-park-progress")
+	f.waitState("job-park-progress", core.StateSucceeded)
+}
+
+// A worker that dies holding a parked job it never started costs the job a
+// re-dispatch, as for a live one: the router still knows the dispatch, and
+// the shard spawns an actor for the parked job.
+func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		parkFast(c)
+		c.WorkerTTL = time.Second
+	})
+	nc := f.env.NATS
+	got := make(chan string, 1)
+	sub, err := nc.Subscribe(f.subj.Worker("doomed"), func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
+			got <- p.GetJobRequest().JobId
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
+				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect}})
+			_ = nc.Publish(f.subj.Heartbeat, data)
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	f.waitWorkers(1)
+	f.submit(echoReq("job-park-evict"))
+	if id := <-got; id != "job-park-evict" {
+		t.Fatalf("doomed worker got %s", id)
+	}
+	waitParked(t, f.node, 1)
+	close(stop) // the worker dies holding the parked job
+	rec := newReceipts()
+	f.startWorker("survivor", true, rec, worker.Echo)
+	r := f.waitState("job-park-evict", core.StateSucceeded)
+	if !strings.Contains(reasons(r.History), "SCHEDULED:worker_lost DISPATCHED:dispatched") || r.Worker != "survivor" {
+		t.Fatalf("history %s worker %s", reasons(r.History), r.Worker)
+	}
+}
+
+// A dead node's parked jobs (lock "<node>|<fence>|p", its lease expired) are
+// adopted by the due poller of a live node, which then applies the worker's
+// late result.
+func TestDeadNodesParkedJobsAreAdopted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, parkFast)
+	ctx := context.Background()
+	keys := store.NewKeys(f.env.KeyPrefix())
+	// What node "ghost", killed, left behind: a parked DISPATCHED job, its
+	// parked-set entry, and a node lease renewed long ago (no alive keys).
+	req, _ := proto.Marshal(echoReq("parked-orphan"))
+	deadline := time.Now().Add(time.Hour).UnixMilli()
+	f.env.Redis.HSet(ctx, keys.Job("parked-orphan"), "s", "DISPATCHED", "fence", 4, "topic", "job.echo", "req", req,
+		"worker", "w-gone", "subj", f.subj.Worker("w-gone"), "deadline", deadline, "deadline_kind", "dispatch_timeout",
+		"created", time.Now().UnixMilli(), "node", "ghost")
+	f.env.Redis.Set(ctx, keys.Lock("parked-orphan"), "ghost|4|p", 0)
+	f.env.Redis.ZAdd(ctx, keys.Parked(store.Shard("parked-orphan"), "ghost"), redis.Z{Score: float64(deadline), Member: "parked-orphan"})
+	f.env.Redis.ZAdd(ctx, keys.Nodes(), redis.Z{Score: float64(time.Now().Add(-time.Hour).UnixMilli()), Member: "ghost"})
+	waitDeadline := time.Now().Add(10 * time.Second)
+	for {
+		if holder := f.env.Redis.Get(ctx, keys.Lock("parked-orphan")).Val(); strings.HasPrefix(holder, "node-a|") {
+			break
+		}
+		if time.Now().After(waitDeadline) {
+			t.Fatal("the dead node's parked job was never adopted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := counter(t, f.node, "troupe_orphan_replayed_total", "job.echo"); got < 1 {
+		t.Fatalf("adoption not counted: %v", got)
+	}
+	res, _ := bus.EncodeResult("parked-orphan", "w-gone", &capv1.JobResult{JobId: "parked-orphan", WorkerId: "w-gone",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
+	f.publishRaw(f.subj.Result, res)
+	r := f.waitState("parked-orphan", core.StateSucceeded)
+	if last := r.History[len(r.History)-1]; last.Node != "node-a" || r.Fence != 5 {
+		t.Fatalf("finished by %s with fence %d", last.Node, r.Fence)
+	}
+	// Once its last parked job is adopted, the dead node is forgotten.
+	for waitDeadline = time.Now().Add(10 * time.Second); ; {
+		if f.env.Redis.ZScore(ctx, keys.Nodes(), "ghost").Err() == redis.Nil {
+			break
+		}
+		if time.Now().After(waitDeadline) {
+			t.Fatal("dead node never forgotten")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A node stopped gracefully gives its lease up, so another replica adopts
+// its parked jobs at once, not a lock TTL later.
+func TestGracefulStopHandsParkedJobsOver(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		parkFast(c)
+		c.LockTTL = time.Hour // adoption must not wait for it
+	})
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	for _, id := range []string{"job-park-h1", "job-park-h2"} {
+		f.submit(echoReq(id))
+		<-rec.ch
+	}
+	waitParked(t, f.node, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.node.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := newNodeOn(t, f, "node-b", parkFast, func(c *troupe.Config) { c.LockTTL = time.Hour })
+	waitParked(t, b, 2) // adopted, then parked again on b
+	for _, id := range []string{"job-park-h1", "job-park-h2"} {
+		release.open(id)
+		r := f.waitState(id, core.StateSucceeded)
+		if last := r.History[len(r.History)-1]; last.Node != "node-b" {
+			t.Fatalf("%s finished by %s", id, last.Node)
+		}
+		if n := rec.count(id); n != 1 {
+			t.Fatalf("%s received %d times", id, n)
+		}
+	}
+}

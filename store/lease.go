@@ -1,0 +1,122 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// NodeLease is a node's entry in the nodes set (Keys.Nodes).
+type NodeLease struct {
+	Node string
+	// Renewed is the node's last lease renewal; zero for a node marked
+	// dead (it stopped gracefully, or its adoption is under way).
+	Renewed time.Time
+	// Adopting: the due poller has started adopting its parked jobs.
+	Adopting bool
+}
+
+// DeadNodes returns up to limit nodes whose lease was last renewed before
+// before (so their alive keys, with a lock TTL, have expired), or that
+// stopped gracefully.
+func (s *Store) DeadNodes(ctx context.Context, before time.Time, limit int64) ([]NodeLease, error) {
+	zs, err := s.rdb.ZRangeByScoreWithScores(ctx, s.keys.Nodes(), &redis.ZRangeBy{Min: "-inf",
+		Max: "(" + strconv.FormatInt(before.UnixMilli(), 10), Count: limit}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("store: dead nodes: %w", err)
+	}
+	out := make([]NodeLease, 0, len(zs))
+	for _, z := range zs {
+		id, _ := z.Member.(string)
+		l := NodeLease{Node: id, Adopting: z.Score == leaseAdoptingScore}
+		if z.Score > leaseDeadScore {
+			l.Renewed = time.UnixMilli(int64(z.Score))
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// StartAdoption prepares the adoption of a dead node's parked jobs: every
+// member's score (its due time) becomes 0, so each is offered at once (and
+// then again only DueRetryAfter later if it was not adopted), and the node
+// is marked as being adopted. It does nothing if the node renewed its lease
+// since before. Reports whether the node is now being adopted.
+func (s *Store) StartAdoption(ctx context.Context, node string, before time.Time) (bool, error) {
+	still, err := s.rdb.ZScore(ctx, s.keys.Nodes(), node).Result()
+	if err != nil || still >= float64(before.UnixMilli()) {
+		return false, ignoreNil(err)
+	}
+	pipe := s.rdb.Pipeline()
+	for i := 0; i < Shards; i++ {
+		k := s.keys.Parked(i, node)
+		pipe.ZUnionStore(ctx, k, &redis.ZStore{Keys: []string{k}, Weights: []float64{0}})
+	}
+	mark := deadNodeScript.EvalSha(ctx, pipe, []string{s.keys.Nodes()}, node, before.UnixMilli(), leaseAdoptingScore)
+	if _, err := pipe.Exec(ctx); err != nil {
+		if noScriptCmds([]*redis.Cmd{mark}) {
+			if lerr := s.LoadScripts(ctx); lerr != nil {
+				return false, lerr
+			}
+			return s.StartAdoption(ctx, node, before)
+		}
+		return false, fmt.Errorf("store: start adoption of %s: %w", node, err)
+	}
+	n, _ := mark.Int64()
+	return n == 1, nil
+}
+
+// ForgetNode removes a dead node with no parked jobs left from the nodes
+// set, unless it renewed its lease since before.
+func (s *Store) ForgetNode(ctx context.Context, node string, before time.Time) error {
+	err := deadNodeScript.Run(ctx, s.rdb, []string{s.keys.Nodes()}, node, before.UnixMilli(), "forget").Err()
+	if err != nil {
+		return fmt.Errorf("store: forget node %s: %w", node, err)
+	}
+	return nil
+}
+
+// ParkedDue returns, over every shard, up to perShard jobs node has parked
+// whose score (due time) is at or before cutoff, and moves each to next, so a
+// job is offered again only if nobody acts on it. One pipeline.
+func (s *Store) ParkedDue(ctx context.Context, node string, cutoff, next time.Time, perShard int) ([]string, error) {
+	return s.popDue(ctx, func(shard int) string { return s.keys.Parked(shard, node) }, cutoff, next, perShard)
+}
+
+// ParkedCount returns how many jobs node has parked (one pipeline of ZCARDs).
+func (s *Store) ParkedCount(ctx context.Context, node string) (int64, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, Shards)
+	for i := range cmds {
+		cmds[i] = pipe.ZCard(ctx, s.keys.Parked(i, node))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: parked count: %w", err)
+	}
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n, nil
+}
+
+// NeverDue is the parked score of a job with no deadline: far beyond any
+// real time, but exact in a float64 score.
+const NeverDue = int64(1) << 52
+
+func parkDue(ms int64) int64 {
+	if ms <= 0 || ms > NeverDue {
+		return NeverDue
+	}
+	return ms
+}
+
+func ignoreNil(err error) error {
+	if err == redis.Nil {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,78 @@
+package troupe_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// A job actor that fails with an error a restart cannot fix is stopped by
+// its supervisor, and the job is marked FAILED (actor_failed), dead-lettered,
+// and its worker told to cancel.
+func TestFatalActorFailureMarksTheJobFailed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	cancels := f.cancels()
+	rec := newReceipts()
+	f.startWorker("w1", true, rec, hang)
+	f.submit(echoReq("job-fatal"))
+	waitFor(t, rec.ch, "job-fatal") // the worker holds it: DISPATCHED
+	f.node.DeliverToJob("job-fatal", &actors.Crash{Fatal: true})
+
+	r := f.waitState("job-fatal", core.StateFailed)
+	if r.Reason != core.ReasonActorFailed {
+		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
+	}
+	if !strings.Contains(r.ErrorMessage, "injected fatal crash") {
+		t.Fatalf("error message %q does not say why", r.ErrorMessage)
+	}
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-fatal" && e.Reason == core.ReasonActorFailed })
+	waitFor(t, cancels, "job-fatal")
+}
+
+// A transient failure restarts the actor, which recovers the job from Redis
+// and completes it; past the restart budget the job is failed instead of
+// restarted for ever.
+func TestTransientFailuresRestartWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	rec := newReceipts()
+	release := make(chan struct{})
+	f.startWorker("w1", true, rec, holdUntil(release))
+
+	f.submit(echoReq("job-blip"))
+	waitFor(t, rec.ch, "job-blip")
+	f.node.DeliverToJob("job-blip", &actors.Crash{})
+	f.submit(echoReq("job-flaky"))
+	waitFor(t, rec.ch, "job-flaky")
+	for i := 0; i <= supervisor.RestartBudget; i++ {
+		f.node.DeliverToJob("job-flaky", &actors.Crash{})
+	}
+	r := f.waitState("job-flaky", core.StateFailed)
+	if r.Reason != core.ReasonActorFailed || !strings.Contains(r.ErrorMessage, "transient") {
+		t.Fatalf("past the budget: %s %q: %s", r.Reason, r.ErrorMessage, reasons(r.History))
+	}
+	close(release)
+	r = f.waitState("job-blip", core.StateSucceeded)
+	if n := rec.count("job-blip"); n != 1 {
+		t.Fatalf("the restarted job reached the worker %d times", n)
+	}
+}
+
+// holdUntil answers each job once release is closed.
+func holdUntil(release chan struct{}) worker.Handler {
+	return func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return worker.Echo(ctx, req)
+	}
+}
