@@ -518,6 +518,18 @@ func (r *rig) verify() verdict {
 	return v
 }
 
+// requireSucceeded fails t unless every job SUCCEEDED (dispatch-lost jobs
+// excepted, see verdict) and none reached two workers.
+func (v verdict) requireSucceeded(t *testing.T) {
+	t.Helper()
+	if v.crossWorkers != 0 {
+		t.Errorf("%d jobs reached two workers", v.crossWorkers)
+	}
+	for _, desc := range v.notSucceeded {
+		t.Errorf("%s: did not succeed", desc)
+	}
+}
+
 func (v verdict) String() string {
 	var parts []string
 	for s, n := range v.states {
@@ -567,7 +579,7 @@ func runScenario(t *testing.T, o rigOptions, name string,
 // (a) kill -9 one of three nodes mid-run.
 func TestFaultSuiteKillNode(t *testing.T) {
 	var owned []string
-	r, v := runScenario(t, rigOptions{workerHold: 200 * time.Millisecond}, "kill -9 a node",
+	_, v := runScenario(t, rigOptions{workerHold: 200 * time.Millisecond}, "kill -9 a node",
 		func(r *rig) (time.Time, time.Time, string) {
 			r.nodes[0].kill()
 			killed := time.Now()
@@ -583,13 +595,7 @@ func TestFaultSuiteKillNode(t *testing.T) {
 	if len(owned) == 0 {
 		t.Error("the killed node held no job in flight; the scenario proved nothing")
 	}
-	if v.crossWorkers != 0 {
-		t.Errorf("%d jobs reached two workers", v.crossWorkers)
-	}
-	for _, desc := range v.notSucceeded {
-		t.Errorf("%s: did not succeed", desc)
-	}
-	_ = r
+	v.requireSucceeded(t)
 }
 
 // (b) stop Redis (SIGTERM: it writes its append-only file) for 5 s, then
@@ -604,12 +610,7 @@ func TestFaultSuiteRedisRestart(t *testing.T) {
 			waitPort(r.t, r.redisPort)
 			return down, time.Now(), "Redis down (SIGTERM, restart from its AOF) for " + time.Since(down).Round(time.Millisecond).String()
 		})
-	if v.crossWorkers != 0 {
-		t.Errorf("%d jobs reached two workers", v.crossWorkers)
-	}
-	for _, id := range v.notSucceeded {
-		t.Errorf("%s: did not succeed", id)
-	}
+	v.requireSucceeded(t)
 }
 
 // (c) restart the NATS server (its JetStream store survives).
@@ -623,12 +624,7 @@ func TestFaultSuiteNATSRestart(t *testing.T) {
 			waitPort(r.t, r.natsPort)
 			return down, time.Now(), "nats-server down (SIGTERM, restart) for " + time.Since(down).Round(time.Millisecond).String()
 		})
-	if v.crossWorkers != 0 {
-		t.Errorf("%d jobs reached two workers", v.crossWorkers)
-	}
-	for _, id := range v.notSucceeded {
-		t.Errorf("%s: did not succeed", id)
-	}
+	v.requireSucceeded(t)
 }
 
 // (d) kill -9 a worker holding jobs. The jobs it had started (RUNNING) end
@@ -671,12 +667,7 @@ func TestFaultSuiteKernelDown(t *testing.T) {
 			waitPort(r.t, r.kernelPort)
 			return down, time.Now(), "kernel down (kill -9, restart) for " + time.Since(down).Round(time.Millisecond).String()
 		})
-	if v.crossWorkers != 0 {
-		t.Errorf("%d jobs reached two workers", v.crossWorkers)
-	}
-	for _, id := range v.notSucceeded {
-		t.Errorf("%s: did not succeed", id)
-	}
+	v.requireSucceeded(t)
 }
 
 // inFlightOwnedBy lists the suite's non-terminal jobs whose record names
