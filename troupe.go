@@ -116,6 +116,12 @@ type Config struct {
 	// job waits in Redis, held by this node through its node lease (default
 	// actors.ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
+	// ResendAfter is how long a job directly dispatched to a worker that
+	// dedupes by job id (heartbeat label troupe.dedupe=job_id) may stay
+	// DISPATCHED with no progress or result before the dispatch is
+	// repeated, then 2×, 4×… capped at 30 s (default
+	// actors.ResendAfterDefault; negative: never).
+	ResendAfter time.Duration
 
 	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
 	// when Timeouts is nil (default actors.DefaultTimeouts()).
@@ -466,6 +472,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter,
+		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)

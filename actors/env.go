@@ -39,6 +39,16 @@ const (
 	// never pay the two extra scripts (park, and the re-activation when the
 	// result comes); a job held for minutes costs no memory on the node.
 	ParkAfterDefault = 10 * time.Second
+	// ResendAfterDefault is how long a job dispatched to a deduping worker
+	// (registry.LabelDedupe) may stay DISPATCHED with no sign from the
+	// worker before the dispatch is repeated; later repeats back off
+	// (×2, capped at ResendCap). A job ending in a few seconds never pays.
+	ResendAfterDefault = 5 * time.Second
+	ResendCap          = 30 * time.Second
+	// ResendsBeforePark: a DISPATCHED job that may be resent parks only
+	// after this many repeats (5+10+20+30 s), since a parked job is not
+	// resent.
+	ResendsBeforePark = 4
 )
 
 // Env is what every job actor of a node shares. It is immutable after the
@@ -76,6 +86,12 @@ type Env struct {
 	// worker is evicted before it starts them (nil: always).
 	Redispatch func(topic string) bool
 
+	// ResendAfter: see ResendAfterDefault (negative: never resend).
+	ResendAfter time.Duration
+	// Connected reports whether the node's NATS connection is up (nil:
+	// always). A resend due while it is down waits for it.
+	Connected func() bool
+
 	// ParkAfter is how long a job waiting for its worker keeps a live actor
 	// before it parks (default ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
@@ -93,6 +109,9 @@ func (e *Env) WithDefaults() *Env {
 	}
 	if e.PermanentGrace <= 0 {
 		e.PermanentGrace = PermanentGraceDefault
+	}
+	if e.ResendAfter == 0 {
+		e.ResendAfter = ResendAfterDefault
 	}
 	if e.ParkAfter == 0 {
 		e.ParkAfter = ParkAfterDefault

@@ -95,6 +95,12 @@ type JobActor struct {
 	// waiting); parked is set once it has.
 	parkAt time.Time
 	parked bool
+	// resend: the dispatch may be repeated (the worker dedupes, see
+	// registry.LabelDedupe); resendAt is when, while DISPATCHED; resends
+	// counts the repeats made.
+	resend   bool
+	resendAt time.Time
+	resends  int
 
 	// opEpoch numbers the one outstanding asynchronous step (a store op or a
 	// router question); a reply with another epoch is dropped. While busy,
@@ -570,7 +576,7 @@ func (j *JobActor) recreate(c actor.Context) {
 	t := &store.Transition{Path: path, Due: j.deadline.UnixMilli(),
 		Fields: []string{"worker", j.worker, "subj", j.subject, "attempts", strconv.Itoa(j.attempts),
 			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
-			"tslot", slotFlag(j.admitted)}}
+			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend)}}
 	if j.deadline.IsZero() {
 		t.Due = 0
 	}
@@ -589,6 +595,7 @@ func (j *JobActor) adopt(f map[string]string) {
 	j.deadline = msTime(f["deadline"])
 	j.deadlineWhy = core.Reason(f["deadline_kind"])
 	j.admitted = f["tslot"] == "1"
+	j.resend = f["resend"] == "1"
 	if raw := f["req"]; raw != "" {
 		req := &capv1.JobRequest{}
 		if err := proto.Unmarshal([]byte(raw), req); err == nil {
@@ -837,9 +844,10 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 		Due: deadline.UnixMilli(),
 		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
 			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why),
-			"tslot", slotFlag(j.admitted)}}, nil,
+			"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend)}}, nil,
 		func(c actor.Context) {
 			j.worker, j.subject = p.WorkerID, p.Subject
+			j.resend, j.resends = p.Resend, 0
 			j.deadline, j.deadlineWhy = deadline, why
 			data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
 			if err == nil {
@@ -879,8 +887,8 @@ func (j *JobActor) deadlineFor(state core.State) (time.Time, core.Reason) {
 }
 
 // watchDeadline arms the deadline of a DISPATCHED or RUNNING job, or times
-// it out if the deadline has passed, or parks the job once it has waited
-// ParkAfter.
+// it out if the deadline has passed, repeats its dispatch when a resend is
+// due, or parks the job once it has waited ParkAfter.
 func (j *JobActor) watchDeadline(c actor.Context) {
 	if j.deadline.IsZero() {
 		j.deadline, j.deadlineWhy = j.deadlineFor(j.state)
@@ -891,7 +899,9 @@ func (j *JobActor) watchDeadline(c actor.Context) {
 		j.timeout(c)
 	case j.parkAt.IsZero():
 		j.waitWorker(c)
-	case !now.Before(j.parkAt):
+	case j.resendDue(now):
+		j.resendDispatch(c, now)
+	case !now.Before(j.parkAt) && !j.parkHeld():
 		j.park(c)
 	default:
 		j.armWait(c)
@@ -899,21 +909,85 @@ func (j *JobActor) watchDeadline(c actor.Context) {
 }
 
 // waitWorker starts the wait of a job that is with its worker: its one timer
-// fires at the deadline or, when parking is on and sooner, when it parks.
+// fires at the deadline or, when sooner, when its dispatch is to be repeated
+// or it parks.
 func (j *JobActor) waitWorker(c actor.Context) {
+	now := time.Now()
 	j.parkAt = time.Time{}
 	if j.env.ParkAfter > 0 {
-		j.parkAt = time.Now().Add(j.env.ParkAfter)
+		j.parkAt = now.Add(j.env.ParkAfter)
+	}
+	j.resendAt = time.Time{}
+	if j.resend && j.state == core.StateDispatched && j.env.ResendAfter > 0 && j.req != nil {
+		j.resendAt = now.Add(j.resendDelay())
 	}
 	j.armWait(c)
 }
 
 func (j *JobActor) armWait(c actor.Context) {
 	at := j.deadline
-	if !j.parkAt.IsZero() && j.parkAt.Before(at) {
+	if !j.parkAt.IsZero() && j.parkAt.Before(at) && !j.parkHeld() {
 		at = j.parkAt
 	}
+	if j.resendPending() && j.resendAt.Before(at) {
+		at = j.resendAt
+	}
 	j.arm(c, at)
+}
+
+// Resending a dispatch. A direct dispatch is one core NATS publish: it is
+// lost if the server restarts or the worker is reconnecting at that moment,
+// and nothing tells the node. A worker that dedupes by job id
+// (registry.LabelDedupe) lets the node repeat the publish while the job is
+// DISPATCHED with no sign of the worker; a worker that already holds the
+// job answers the repeat with a RUNNING progress, which ends the repeats.
+// Jobs that finish within ResendAfter never see one.
+
+func (j *JobActor) resendPending() bool {
+	return j.state == core.StateDispatched && !j.resendAt.IsZero()
+}
+
+func (j *JobActor) resendDue(now time.Time) bool {
+	return j.resendPending() && !now.Before(j.resendAt)
+}
+
+// parkHeld: a DISPATCHED job parks only once its resends are spent, since
+// a parked job is not resent.
+func (j *JobActor) parkHeld() bool {
+	return j.resendPending() && j.resends < ResendsBeforePark
+}
+
+// resendDelay is the wait before repeat number j.resends+1.
+func (j *JobActor) resendDelay() time.Duration {
+	d := ResendCap
+	if j.resends < 8 {
+		d = min(j.env.ResendAfter<<j.resends, ResendCap)
+	}
+	return d
+}
+
+// resendDispatch repeats the dispatch to the same subject, or, while the
+// node's NATS connection is down, waits a second for it to come back.
+func (j *JobActor) resendDispatch(c actor.Context, now time.Time) {
+	if j.env.Connected != nil && !j.env.Connected() {
+		j.resendAt = now.Add(time.Second)
+		j.armWait(c)
+		return
+	}
+	data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
+	if err == nil {
+		err = j.env.Publish(j.subject, data)
+	}
+	if err != nil {
+		j.env.Log.Warn("dispatch resend failed", "job_id", j.id, "trace_id", j.traceID, "subject", j.subject, "err", err)
+	} else {
+		j.env.Metrics.Resent.Inc()
+		j.env.Log.Debug("dispatch resent", "job_id", j.id, "trace_id", j.traceID, "subject", j.subject,
+			"resend", j.resends+1)
+	}
+	j.resends++
+	j.resendAt = now.Add(j.resendDelay())
+	j.armWait(c)
 }
 
 // park stops the actor of a job that waits for its worker, keeping the job

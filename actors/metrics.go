@@ -25,6 +25,7 @@ type Metrics struct {
 	OrphanReplayed  *prometheus.CounterVec // topic
 	Parked          prometheus.Counter
 	Unparked        prometheus.Counter
+	Resent          prometheus.Counter
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -68,11 +69,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Jobs parked while waiting for their worker: actor stopped, lock held through the node lease."}),
 		Unparked: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_unparked_total",
 			Help: "Parked jobs activated again (a result, cancel, progress, deadline, eviction or adoption)."}),
+		Resent: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_dispatch_resent_total",
+			Help: "Direct dispatches repeated to a deduping worker because the job showed no sign of arriving."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
-			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked)
+			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent)
 	}
 	return m
 }

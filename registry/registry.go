@@ -66,6 +66,15 @@ const (
 	LabelDispatch  = "troupe.dispatch"
 	DispatchDirect = "direct"
 
+	// LabelDedupe=DedupeJobID says the worker runs a job id at most once
+	// however often it is delivered, and answers a repeated delivery of a
+	// job it holds with a RUNNING JobProgress. The node may then repeat a
+	// direct dispatch that shows no sign of having arrived (a core NATS
+	// publish is lost when the server restarts or the worker reconnects);
+	// to other workers a job is dispatched once.
+	LabelDedupe = "troupe.dedupe"
+	DedupeJobID = "job_id"
+
 	// LabelHeartbeatInterval lets a worker announce its heartbeat interval
 	// (a Go duration such as "5s"). CAP's Heartbeat has no field for it. An
 	// announced interval wins over a learned one.
@@ -128,6 +137,7 @@ type Worker struct {
 	tie         uint32
 	placed      placement // the same in every index the worker is in
 	Direct      bool
+	Dedupe      bool  // LabelDedupe: repeated deliveries are safe
 	ActiveJobs  int32 // as last reported by the worker
 	MaxParallel int32
 	// Dispatched counts jobs this node sent the worker since its last
@@ -256,6 +266,7 @@ func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 	w.ActiveJobs, w.MaxParallel = max(hb.ActiveJobs, 0), hb.MaxParallelJobs
 	w.Capabilities, w.Labels = hb.Capabilities, hb.Labels
 	w.Direct = strings.EqualFold(hb.Labels[LabelDispatch], DispatchDirect)
+	w.Dedupe = strings.EqualFold(hb.Labels[LabelDedupe], DedupeJobID)
 	w.Dispatched = 0
 	r.learnInterval(w, now)
 	w.LastSeen, w.lastBeat = now, now

@@ -38,8 +38,12 @@ type PickReply struct {
 	Epoch    uint64
 	WorkerID string
 	Subject  string
-	Reason   core.Reason
-	Detail   string
+	// Resend: Subject reaches exactly the picked worker and that worker
+	// dedupes by job id (registry.LabelDedupe), so the dispatch may be
+	// repeated until the job shows it arrived.
+	Resend bool
+	Reason core.Reason
+	Detail string
 }
 
 // HeartbeatSeen delivers a worker heartbeat to the router.
@@ -223,6 +227,7 @@ func (r *Router) Receive(c actor.Context) {
 		reply := &PickReply{Epoch: m.Epoch, Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
 		if p.Worker != nil {
 			reply.WorkerID = p.Worker.ID
+			reply.Resend = p.Direct && p.Worker.Dedupe
 			if r.cfg.OnEvictJobs != nil && m.JobID != "" {
 				jobs := r.inflight[p.Worker.ID]
 				if jobs == nil {

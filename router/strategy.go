@@ -86,8 +86,10 @@ func carries(w *registry.Worker, labels map[string]string) bool {
 type Pick struct {
 	Worker  *registry.Worker
 	Subject string
-	Reason  core.Reason // empty on success
-	Detail  string
+	// Direct: Subject is the worker's own (worker.<id>.jobs), not the pool's.
+	Direct bool
+	Reason core.Reason // empty on success
+	Detail string
 }
 
 // route is a topic's resolved routing, built once per config.
@@ -331,5 +333,5 @@ func (s *Strategy) commit(w *registry.Worker, p *poolRoute, rt *route) Pick {
 	if w.DirectSubject == "" {
 		w.DirectSubject = s.subj(w.ID)
 	}
-	return Pick{Worker: w, Subject: w.DirectSubject}
+	return Pick{Worker: w, Subject: w.DirectSubject, Direct: true}
 }

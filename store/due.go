@@ -143,17 +143,31 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // are no longer DISPATCHED or RUNNING (a node died between finishing a job
 // and releasing its slot). Only slots older than minAge are considered, so
 // a job admitted a moment ago and not yet dispatched keeps its slot. At most
-// perKey slots per tenant are checked per call.
+// perKey slots per tenant are checked per call. The tenants are read from
+// Keys.Tenants (every admission records its tenant there), not by scanning
+// the keyspace, so the cost follows the number of tenants, not of keys.
 func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, perKey int64) (int, error) {
 	removed := 0
-	// Every master's keyspace (a Redis Cluster spreads tenants' keys over
-	// all of them; a plain SCAN would see one node's).
-	var found keyCollector
-	if err := ScanKeys(ctx, s.rdb, s.keys.TenantActivePattern(), found.add); err != nil {
-		return 0, fmt.Errorf("store: repair tenant slots: %w", err)
+	seen := map[string]bool{}
+	var tenantKeys []string
+	var cursor uint64
+	for {
+		keys, next, err := s.rdb.SScan(ctx, s.keys.Tenants(), cursor, "", 1000).Result()
+		if err != nil {
+			return 0, fmt.Errorf("store: repair tenant slots: %w", err)
+		}
+		for _, key := range keys { // SSCAN may return a member twice
+			if !seen[key] {
+				seen[key] = true
+				tenantKeys = append(tenantKeys, key)
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
 	}
 	cutoff := strconv.FormatInt(time.Now().Add(-minAge).UnixMilli(), 10)
-	for _, key := range found.keys {
+	for _, key := range tenantKeys {
 		ids, err := s.rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: cutoff, Count: perKey}).Result()
 		if err != nil || len(ids) == 0 {
 			continue

@@ -96,8 +96,9 @@ func (k *Keys) Idempotency(tenant, key string) string {
 // One key per tenant, shared by every replica: the limit is cluster-wide.
 func (k *Keys) TenantActive(tenant string) string { return k.prefix + "tenant:" + tenant + ":active" }
 
-// TenantActivePattern matches every TenantActive key (for repair scans).
-func (k *Keys) TenantActivePattern() string { return k.prefix + "tenant:*:active" }
+// Tenants is the set of every TenantActive key ever used, so the slot
+// repair reads a list instead of scanning the keyspace.
+func (k *Keys) Tenants() string { return k.prefix + "tenants" }
 
 // Index is the sorted set of shard's jobs in state.
 func (k *Keys) Index(shard int, state string) string { return k.tags[shard] + "idx:" + state }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"sync"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,9 @@ type Store struct {
 	rdb  redis.UniversalClient
 	keys *Keys
 	cfg  Config
+	// tenants holds the TenantActive keys this process has recorded in
+	// Keys.Tenants (written once per key and process, on first admission).
+	tenants sync.Map
 }
 
 // New returns a Store over rdb.

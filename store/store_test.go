@@ -266,3 +266,34 @@ func TestRenewerGivesUpAfterThreeFailedRenewals(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func TestTenantSlotRepairFindsTenantsByTheirAdmissions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	keys := b.s.Keys()
+	// Two tenants take slots through the writer, as job actors do; one job
+	// then ends without giving its slot back (its node died in between).
+	for _, tc := range []struct{ id, tenant string }{{"ta-1", "acme"}, {"ta-2", "acme"}, {"tb-1", "bolt"}} {
+		b.activate(t, tc.id, "a", true)
+		if r := b.do(t, &store.Op{Kind: store.OpAdmit, JobID: tc.id, TenantKey: keys.TenantActive(tc.tenant), Limit: 10}); !r.Admitted {
+			t.Fatalf("%s not admitted", tc.id)
+		}
+	}
+	members, err := b.s.Client().SMembers(ctx, keys.Tenants()).Result()
+	if err != nil || len(members) != 2 {
+		t.Fatalf("tenants set %v (%v), want acme's and bolt's keys once each", members, err)
+	}
+	// ta-1 and tb-1 are PENDING (not running): their slots are stale.
+	// ta-2 is RUNNING: its slot is in use and must stay.
+	if err := b.s.Client().HSet(ctx, keys.Job("ta-2"), "s", string(core.StateRunning)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.s.RepairTenantSlots(ctx, 0, 100)
+	if err != nil || n != 2 {
+		t.Fatalf("repair gave back %d slots (%v), want 2 (ta-1, tb-1)", n, err)
+	}
+	if left, _ := b.s.Client().ZRange(ctx, keys.TenantActive("acme"), 0, -1).Result(); len(left) != 1 || left[0] != "ta-2" {
+		t.Fatalf("acme's slots after repair %v, want [ta-2]", left)
+	}
+}

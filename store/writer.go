@@ -415,6 +415,9 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		op.cmds = append(op.cmds, claimScript.EvalSha(ctx, pipe, []string{op.IdemKey}, op.JobID, ttl))
 	case OpAdmit:
 		op.cmds = append(op.cmds, admitScript.EvalSha(ctx, pipe, []string{op.TenantKey}, op.JobID, op.Limit, now))
+		if _, known := s.tenants.Load(op.TenantKey); !known {
+			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
+		}
 	case OpDowngrade:
 		args := []interface{}{now, string(op.T.Path[0].Reason), op.Node, k.Tag(op.JobID), op.JobID}
 		for _, f := range op.T.Fields {
@@ -516,6 +519,9 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 	case OpAdmit:
 		n, _ := op.cmds[0].(*redis.Cmd).Int64()
 		r.Admitted = n == 1
+		if len(op.cmds) > 1 { // the tenant's key is in Keys.Tenants now
+			s.tenants.Store(op.TenantKey, struct{}{})
+		}
 	}
 	return r
 }

@@ -1,8 +1,10 @@
 // Package worker is a small CAP worker: it heartbeats, takes JobRequests from
 // its pool subject (queue group = subject, as CAP SDK workers do) and,
 // optionally, from its direct subject worker.<id>.jobs, runs a handler, and
-// publishes the JobResult on sys.job.result with a plain core publish. It is
-// what `troupe worker`, `troupe dev` and the tests run.
+// publishes the JobResult on sys.job.result as a request, retried until the
+// result stream acknowledges it; optionally it runs each job id once however
+// often it is delivered. It is what `troupe worker`, `troupe dev` and the
+// tests run.
 package worker
 
 import (
@@ -67,8 +69,19 @@ type Config struct {
 	// Progress sends a RUNNING JobProgress before running the handler.
 	Progress bool
 	// OnReceive, if set, sees every request as it arrives (tests count
-	// receipts with it).
+	// receipts with it); with Dedupe, only the first delivery of each job.
 	OnReceive func(subject string, req *capv1.JobRequest)
+
+	// Dedupe runs each job id at most once, however often it is delivered
+	// (of the last DedupeKeep job ids), and says so in the heartbeat
+	// (registry.LabelDedupe), which lets the node repeat a direct dispatch
+	// that may have been lost. A repeat of a job still running is answered
+	// with a RUNNING JobProgress; a repeat of a finished one is dropped (its
+	// result went to JetStream with an acknowledgement). OnDuplicate sees
+	// each repeat.
+	Dedupe      bool
+	DedupeKeep  int
+	OnDuplicate func(subject string, req *capv1.JobRequest)
 
 	// Signer, when set, signs every packet the worker sends (heartbeats,
 	// progress, results) under sender id ID.
@@ -94,7 +107,16 @@ type Worker struct {
 	enc    bus.Encoder
 
 	rejected atomic.Uint64
+
+	// Dedupe: job id → running; order is the FIFO that bounds it.
+	seenMu sync.Mutex
+	seen   map[string]bool
+	order  []string
+	next   int
 }
+
+// DedupeKeepDefault is how many job ids a deduping worker remembers.
+const DedupeKeepDefault = 100_000
 
 // Dial connects a worker to NATS as `troupe worker` does: with auth's
 // credentials and TLS (troupe.NATSAuth outside this module), named after
@@ -124,9 +146,19 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if cfg.Direct {
 		labels[registry.LabelDispatch] = registry.DispatchDirect
 	}
+	if cfg.Dedupe {
+		labels[registry.LabelDedupe] = registry.DedupeJobID
+		if cfg.DedupeKeep <= 0 {
+			cfg.DedupeKeep = DedupeKeepDefault
+		}
+	}
 	cfg.Labels = labels
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel)}
+	if cfg.Dedupe {
+		w.seen = make(map[string]bool)
+		w.order = make([]string, cfg.DedupeKeep)
+	}
 	if cfg.Signer != nil {
 		w.enc.Signer = cfg.Signer
 	}
@@ -203,6 +235,10 @@ func (w *Worker) onMsg(m *nats.Msg) {
 		}
 	}
 	req := pkt.GetJobRequest()
+	if w.cfg.Dedupe && !w.firstDelivery(req.JobId) {
+		w.duplicate(m.Subject, pkt.TraceId, req)
+		return
+	}
 	if w.cfg.OnReceive != nil {
 		w.cfg.OnReceive(m.Subject, req)
 	}
@@ -215,6 +251,9 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	w.wg.Add(1)
 	go func() {
 		defer func() {
+			if w.cfg.Dedupe {
+				w.markDone(req.JobId)
+			}
 			w.active.Add(-1)
 			<-w.sem
 			w.wg.Done()
@@ -223,12 +262,54 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	}()
 }
 
+// firstDelivery records jobID as running and reports whether it is new.
+func (w *Worker) firstDelivery(jobID string) bool {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if _, ok := w.seen[jobID]; ok {
+		return false
+	}
+	if old := w.order[w.next]; old != "" {
+		delete(w.seen, old)
+	}
+	w.order[w.next] = jobID
+	w.next = (w.next + 1) % len(w.order)
+	w.seen[jobID] = true
+	return true
+}
+
+func (w *Worker) markDone(jobID string) {
+	w.seenMu.Lock()
+	if _, ok := w.seen[jobID]; ok {
+		w.seen[jobID] = false
+	}
+	w.seenMu.Unlock()
+}
+
+// duplicate handles a repeated delivery: a job still running is confirmed
+// with a progress, so the node stops repeating it.
+func (w *Worker) duplicate(subject, trace string, req *capv1.JobRequest) {
+	w.seenMu.Lock()
+	running := w.seen[req.JobId]
+	w.seenMu.Unlock()
+	if w.cfg.OnDuplicate != nil {
+		w.cfg.OnDuplicate(subject, req)
+	}
+	if running {
+		w.progress(trace, req.JobId, "already running")
+	}
+}
+
+func (w *Worker) progress(trace, jobID, msg string) {
+	if data, err := w.enc.Progress(trace, w.cfg.ID, &capv1.JobProgress{JobId: jobID,
+		Status: capv1.JobStatus_JOB_STATUS_RUNNING, Message: msg}); err == nil {
+		_ = w.nc.Publish(w.cfg.Subjects.Progress, data)
+	}
+}
+
 func (w *Worker) run(trace string, req *capv1.JobRequest) {
 	if w.cfg.Progress {
-		if data, err := w.enc.Progress(trace, w.cfg.ID, &capv1.JobProgress{JobId: req.JobId,
-			Status: capv1.JobStatus_JOB_STATUS_RUNNING, Message: "started"}); err == nil {
-			_ = w.nc.Publish(w.cfg.Subjects.Progress, data)
-		}
+		w.progress(trace, req.JobId, "started")
 	}
 	start := time.Now()
 	res := w.cfg.Handler(w.ctx, req)

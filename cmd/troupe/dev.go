@@ -75,12 +75,13 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	defer nc.Close()
 	subj := node.Subjects()
-	// Two workers that take direct dispatch and one stock CAP worker that
-	// only listens on its pool subject.
+	// Two workers that take direct dispatch and dedupe (so lost dispatches
+	// are repeated to them) and one stock CAP worker that only listens on
+	// its pool subject.
 	for i, direct := range []bool{true, true, false} {
 		w, err := worker.Start(nc, worker.Config{ID: worker.Name("default", i+1), Pool: "default",
 			Topics: []string{"job.echo", "job.sleep"}, Direct: direct, Subjects: subj,
-			Handler: demoHandler, Progress: true})
+			Handler: demoHandler, Progress: true, Dedupe: direct})
 		if err != nil {
 			return err
 		}

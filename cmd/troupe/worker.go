@@ -26,7 +26,8 @@ func runWorker(ctx context.Context, args []string) error {
 	direct := fs.Bool("direct", true, "also take jobs on worker.<id>.jobs (announced with label troupe.dispatch=direct)")
 	hb := fs.Duration("heartbeat", worker.HeartbeatDefault, "heartbeat interval")
 	maxPar := fs.Int("max-parallel", 64, "jobs run at once")
-	receipts := fs.String("receipts", "", "append every received job id to this file, a line each (fault tests count double receipts)")
+	receipts := fs.String("receipts", "", "append every job id run to this file, a line each, and \"dup <id>\" for each repeated delivery deduped (fault tests count them)")
+	dedupe := fs.Bool("dedupe", true, "run each job id once however often it is delivered, and announce it (label troupe.dedupe=job_id) so the node may repeat a dispatch that seems lost")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "worker label key=value (repeatable)")
 	var sf signFlags
@@ -73,6 +74,11 @@ func runWorker(ctx context.Context, args []string) error {
 		OnReceive: func(subject string, req *capv1.JobRequest) {
 			log.Debug("job received", "job_id", req.JobId, "topic", req.Topic, "subject", subject)
 			logReceipt(req.JobId)
+		},
+		Dedupe: *dedupe,
+		OnDuplicate: func(subject string, req *capv1.JobRequest) {
+			log.Debug("repeated delivery deduped", "job_id", req.JobId, "subject", subject)
+			logReceipt("dup " + req.JobId)
 		},
 		Signer: signer, Verifier: verifier,
 		OnReject: func(subject string, err error) {

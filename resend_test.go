@@ -1,0 +1,171 @@
+package troupe_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
+	"github.com/troupe-run/troupe/worker"
+)
+
+func fastResend(c *troupe.Config) { c.ResendAfter = 150 * time.Millisecond }
+
+// lossyWorker is a hand-written CAP worker on raw NATS that announces direct
+// dispatch and dedupe, drops the first delivery of every job (as a NATS
+// restart would) and answers the next one.
+type lossyWorker struct {
+	mu         sync.Mutex
+	deliveries map[string][]time.Time
+}
+
+func startLossyWorker(t *testing.T, f *fixture, id string) *lossyWorker {
+	t.Helper()
+	lw := &lossyWorker{deliveries: map[string][]time.Time{}}
+	nc := f.env.NATS
+	sub, err := nc.Subscribe(f.subj.Worker(id), func(m *nats.Msg) {
+		pkt, err := bus.Decode(m.Data)
+		if err != nil || pkt.GetJobRequest() == nil {
+			return
+		}
+		req := pkt.GetJobRequest()
+		lw.mu.Lock()
+		lw.deliveries[req.JobId] = append(lw.deliveries[req.JobId], time.Now())
+		n := len(lw.deliveries[req.JobId])
+		lw.mu.Unlock()
+		if n != 2 {
+			return // the first is "lost"; later ones are repeats of a job it already answered
+		}
+		data, err := bus.EncodeResult(pkt.TraceId, id, &capv1.JobResult{JobId: req.JobId, WorkerId: id,
+			Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: req.ContextPtr})
+		if err == nil {
+			f.publishRaw(f.subj.Result, data)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	beat := func() {
+		data, _ := bus.EncodeHeartbeat(id, &capv1.Heartbeat{WorkerId: id, Pool: "echo", MaxParallelJobs: 64,
+			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+				registry.LabelDedupe: registry.DedupeJobID}})
+		_ = nc.Publish(f.subj.Heartbeat, data)
+	}
+	beat()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				beat()
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	f.waitWorkers(1)
+	return lw
+}
+
+func (lw *lossyWorker) times(id string) []time.Time {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return append([]time.Time(nil), lw.deliveries[id]...)
+}
+
+func TestLostDirectDispatchIsResentToADedupingWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, fastResend)
+	lw := startLossyWorker(t, f, "lossy")
+	ids := []string{"rs-1", "rs-2", "rs-3"}
+	for _, id := range ids {
+		f.submit(echoReq(id))
+	}
+	for _, id := range ids {
+		rec := f.waitState(id, core.StateSucceeded)
+		if rec.Attempts != 1 {
+			t.Errorf("%s: %d scheduling attempts, want 1 (a resend is the same dispatch)", id, rec.Attempts)
+		}
+		ts := lw.times(id)
+		if len(ts) < 2 {
+			t.Fatalf("%s: delivered %d times, want the lost dispatch repeated", id, len(ts))
+		}
+		if gap := ts[1].Sub(ts[0]); gap < 100*time.Millisecond {
+			t.Errorf("%s: repeated %v after the first delivery, before ResendAfter", id, gap)
+		}
+	}
+	if n := counter(t, f.node, "troupe_dispatch_resent_total", ""); n < float64(len(ids)) {
+		t.Errorf("troupe_dispatch_resent_total = %v, want ≥ %d", n, len(ids))
+	}
+}
+
+func TestResendStopsOnceTheDedupingWorkerConfirms(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, fastResend)
+	var runs, dups atomic.Int32
+	release := make(chan struct{})
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: "holder", Pool: "echo", Topics: []string{"job.echo"},
+		Direct: true, Dedupe: true, Subjects: f.subj, Heartbeat: time.Second,
+		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+			<-release
+			return worker.Echo(ctx, req)
+		},
+		OnReceive:   func(string, *capv1.JobRequest) { runs.Add(1) },
+		OnDuplicate: func(string, *capv1.JobRequest) { dups.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // runs before w.Stop, which waits for the handler
+	f.waitWorkers(1)
+	f.submit(echoReq("rs-held"))
+	// The worker never reports progress by itself: the job becomes RUNNING
+	// only through the worker's answer to a repeated dispatch.
+	rec := f.waitState("rs-held", core.StateRunning)
+	if dups.Load() < 1 {
+		t.Fatalf("RUNNING (%s) without a repeated delivery", reasons(rec.History))
+	}
+	atRunning := dups.Load()
+	// Repeats back off from 150 ms; had they gone on, 1.5 s would hold
+	// three or four more.
+	time.Sleep(1500 * time.Millisecond)
+	if d := dups.Load(); d != atRunning {
+		t.Errorf("dispatch repeated %d more times after the worker confirmed it", d-atRunning)
+	}
+	free()
+	f.waitState("rs-held", core.StateSucceeded)
+	if r := runs.Load(); r != 1 {
+		t.Errorf("handler ran %d times, want 1", r)
+	}
+}
+
+func TestNoResendToAWorkerThatDoesNotDedupe(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, fastResend)
+	rec := newReceipts()
+	f.startWorker("plain", true, rec, worker.Sleep(time.Second))
+	f.submit(echoReq("rs-plain"))
+	f.waitState("rs-plain", core.StateSucceeded)
+	if n := rec.count("rs-plain"); n != 1 {
+		t.Errorf("delivered %d times to a worker that does not dedupe, want 1", n)
+	}
+	if n := counter(t, f.node, "troupe_dispatch_resent_total", ""); n != 0 {
+		t.Errorf("troupe_dispatch_resent_total = %v, want 0", n)
+	}
+}
