@@ -1,12 +1,12 @@
 package store
 
 import (
-	"sync"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
