@@ -11,6 +11,7 @@ package faults_test
 
 import (
 	"bufio"
+	"net/http"
 
 	"context"
 	"fmt"
@@ -124,6 +125,7 @@ type rig struct {
 	kernelPort           int
 	redis, nats, kernel  *proc
 	nodes, workers       []*proc
+	adminPorts           []int // the nodes' admin servers (/metrics), by index
 	rdb                  *redis.Client
 	st                   *store.Store
 	nc                   *nats.Conn
@@ -144,6 +146,8 @@ type rigOptions struct {
 	kernel     bool // nodes ask a `troupe safety serve` process
 	redisAOF   bool // Redis keeps an append-only file (survives a restart)
 	workerHold time.Duration
+	// workerReconnect is the workers' NATS reconnect wait (0: nats.go's 2 s).
+	workerReconnect time.Duration
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -194,8 +198,10 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	natsURL, redisURL := r.natsURL(), "redis://127.0.0.1:"+strconv.Itoa(r.redisPort)
 	for i := 1; i <= suiteNodes; i++ {
 		id := fmt.Sprintf("n%d", i)
+		adminPort := freePort(t)
+		r.adminPorts = append(r.adminPorts, adminPort)
 		args := append([]string{"node", "--id", id, "--nats", natsURL, "--redis", redisURL, "--lock-ttl", suiteLockTTL.String(),
-			"--timeouts", timeouts, "--admin-listen", "", "--log-level", "warn"}, safetyArgs...)
+			"--timeouts", timeouts, "--admin-listen", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", "warn"}, safetyArgs...)
 		n := &proc{name: id, bin: bin, args: args, log: filepath.Join(r.dir, id+".log")}
 		n.start(t)
 		r.nodes = append(r.nodes, n)
@@ -210,6 +216,9 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			args: []string{"worker", "--id", id, "--nats", natsURL, "--topics", "job.echo", "--handler", "sleep",
 				"--sleep", hold.String(), "--max-parallel", "500", "--heartbeat", "500ms",
 				"--receipts", filepath.Join(r.dir, id+".receipts"), "--log-level", "warn"}}
+		if o.workerReconnect > 0 {
+			w.args = append(w.args, "--reconnect-wait", o.workerReconnect.String())
+		}
 		w.start(t)
 		r.workers = append(r.workers, w)
 	}
@@ -575,6 +584,8 @@ func runScenario(t *testing.T, o rigOptions, name string,
 	t.Logf("%s: throughput during the fault (%v) %.0f jobs/s, overall %.0f jobs/s, longest stall %v; %s",
 		name, fe.Sub(fs).Round(time.Millisecond), r.throughput(fs, fe), float64(r.jobs)/total.Seconds(),
 		r.longestStall().Round(100*time.Millisecond), note)
+	t.Logf("%s: dispatches repeated by the nodes still alive (troupe_dispatch_resent_total): %.0f", name,
+		r.sumCounter("troupe_dispatch_resent_total"))
 	if v.lost != 0 {
 		t.Errorf("%d jobs lost", v.lost)
 	}
@@ -624,9 +635,12 @@ func TestFaultSuiteRedisRestart(t *testing.T) {
 	v.requireSucceeded(t)
 }
 
-// (c) restart the NATS server (its JetStream store survives).
+// (c) restart the NATS server (its JetStream store survives). The workers
+// wait 4 s between reconnect attempts and the nodes 250 ms, so for a few
+// seconds the nodes dispatch to subjects nobody listens on: those
+// dispatches are lost and must be repeated.
 func TestFaultSuiteNATSRestart(t *testing.T) {
-	_, v := runScenario(t, rigOptions{}, "NATS restarted",
+	_, v := runScenario(t, rigOptions{workerReconnect: 4 * time.Second}, "NATS restarted",
 		func(r *rig) (time.Time, time.Time, string) {
 			r.nats.term()
 			down := time.Now()
@@ -634,6 +648,21 @@ func TestFaultSuiteNATSRestart(t *testing.T) {
 			r.nats.start(r.t)
 			waitPort(r.t, r.natsPort)
 			return down, time.Now(), "nats-server down (SIGTERM, restart) for " + time.Since(down).Round(time.Millisecond).String()
+		})
+	v.requireSucceeded(t)
+}
+
+// (c') kill -9 the NATS server: what it held in memory for subscribers is
+// gone, and the workers come back later than the nodes (as in (c)).
+func TestFaultSuiteNATSKill(t *testing.T) {
+	_, v := runScenario(t, rigOptions{workerReconnect: 4 * time.Second}, "NATS killed",
+		func(r *rig) (time.Time, time.Time, string) {
+			r.nats.kill()
+			down := time.Now()
+			time.Sleep(time.Second)
+			r.nats.start(r.t)
+			waitPort(r.t, r.natsPort)
+			return down, time.Now(), "nats-server down (kill -9, restart) for " + time.Since(down).Round(time.Millisecond).String()
 		})
 	v.requireSucceeded(t)
 }
@@ -680,6 +709,28 @@ func TestFaultSuiteKernelDown(t *testing.T) {
 			return down, time.Now(), "kernel down (kill -9, restart) for " + time.Since(down).Round(time.Millisecond).String()
 		})
 	v.requireSucceeded(t)
+}
+
+// sumCounter adds up an unlabelled counter over the nodes that answer on
+// their admin port (a killed node does not).
+func (r *rig) sumCounter(name string) float64 {
+	total := 0.0
+	client := &http.Client{Timeout: 2 * time.Second}
+	for _, port := range r.adminPorts {
+		resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/metrics")
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				total += f
+			}
+		}
+		resp.Body.Close()
+	}
+	return total
 }
 
 // inFlightOwnedBy lists the suite's non-terminal jobs whose record names

@@ -120,9 +120,9 @@ const DedupeKeepDefault = 100_000
 
 // Dial connects a worker to NATS as `troupe worker` does: with auth's
 // credentials and TLS (troupe.NATSAuth outside this module), named after
-// the worker, reconnecting for ever. The error never contains a secret.
-func Dial(url string, auth connect.NATS, id string) (*nats.Conn, error) {
-	return connect.DialNATS(url, auth, nats.Name("troupe-worker "+id), nats.MaxReconnects(-1))
+// the worker, reconnecting for ever; extra options come last. The error never contains a secret.
+func Dial(url string, auth connect.NATS, id string, extra ...nats.Option) (*nats.Conn, error) {
+	return connect.DialNATS(url, auth, append([]nats.Option{nats.Name("troupe-worker " + id), nats.MaxReconnects(-1)}, extra...)...)
 }
 
 // Start subscribes and starts heartbeating.

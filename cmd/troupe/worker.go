@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/nats-io/nats.go"
 	"os"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ func runWorker(ctx context.Context, args []string) error {
 	sleep := fs.Duration("sleep", time.Second, "how long the sleep handler takes")
 	direct := fs.Bool("direct", true, "also take jobs on worker.<id>.jobs (announced with label troupe.dispatch=direct)")
 	hb := fs.Duration("heartbeat", worker.HeartbeatDefault, "heartbeat interval")
+	reconnectWait := fs.Duration("reconnect-wait", nats.DefaultReconnectWait, "wait between attempts to reconnect to NATS")
 	maxPar := fs.Int("max-parallel", 64, "jobs run at once")
 	receipts := fs.String("receipts", "", "append every job id run to this file, a line each, and \"dup <id>\" for each repeated delivery deduped (fault tests count them)")
 	dedupe := fs.Bool("dedupe", true, "run each job id once however often it is delivered, and announce it (label troupe.dedupe=job_id) so the node may repeat a dispatch that seems lost")
@@ -63,7 +65,7 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := worker.Dial(conn.NATSURL, conn.NATS, *id)
+	nc, err := worker.Dial(conn.NATSURL, conn.NATS, *id, nats.ReconnectWait(*reconnectWait))
 	if err != nil {
 		return err
 	}
