@@ -1,10 +1,28 @@
 package troupe
 
-import "github.com/troupe-run/troupe/supervisor"
+import (
+	"time"
+
+	"github.com/troupe-run/troupe/supervisor"
+)
 
 // DeliverToJob sends msg to the live actor of jobID (tests inject faults
 // with it); nothing happens if the job has no live actor.
 func (n *Node) DeliverToJob(jobID string, msg interface{}) {
 	shard := n.shards[supervisor.ShardFor(jobID, len(n.shards))]
 	n.sys.Root.Send(shard, &supervisor.Deliver{JobID: jobID, Msg: msg})
+}
+
+// ParkedInMemory counts the parked DISPATCHED jobs the node's shards
+// remember.
+func (n *Node) ParkedInMemory() (int, error) {
+	total := 0
+	for _, pid := range n.shards {
+		res, err := n.sys.Root.RequestFuture(pid, &supervisor.CountParked{}, 5*time.Second).Result()
+		if err != nil {
+			return 0, err
+		}
+		total += res.(int)
+	}
+	return total, nil
 }

@@ -333,3 +333,46 @@ func TestGracefulStopHandsParkedJobsOver(t *testing.T) {
 		}
 	}
 }
+
+// A node restarted under the same id still holds the jobs its earlier run
+// parked (its lease is renewed under the same name); it must learn them
+// again, or their worker's progress would be dropped.
+func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		parkFast(c)
+		c.LockTTL = time.Hour
+	})
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	f.submit(echoReq("job-park-restart"))
+	<-rec.ch
+	waitParked(t, f.node, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.node.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := newNodeOn(t, f, "node-a", parkFast, func(c *troupe.Config) { c.LockTTL = time.Hour })
+	waitParked(t, again, 1)
+	// The new process learns its parked jobs in the background: wait until
+	// a shard remembers this one.
+	deadline := time.Now().Add(10 * time.Second)
+	for n, _ := again.ParkedInMemory(); n < 1; n, _ = again.ParkedInMemory() {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted node never remembered its parked job")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	data, err := bus.EncodeProgress("trace-job-park-restart", "w1",
+		&capv1.JobProgress{JobId: "job-park-restart", Status: capv1.JobStatus_JOB_STATUS_RUNNING})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("job-park-restart", core.StateRunning)
+	release.open("job-park-restart")
+	f.waitState("job-park-restart", core.StateSucceeded)
+}

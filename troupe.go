@@ -197,6 +197,7 @@ type (
 type Node struct {
 	cfg Config
 	log *slog.Logger
+	bg  sync.WaitGroup // background reads started by Start (rememberParked)
 
 	nc      *nats.Conn
 	ownNC   bool
@@ -523,6 +524,8 @@ func (n *Node) Start(ctx context.Context) error {
 
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
+	n.bg.Add(1)
+	go n.rememberParked(cctx)
 	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit); err != nil {
 		return err
 	}
@@ -551,6 +554,27 @@ func (n *Node) Start(ctx context.Context) error {
 	n.log.Info("node started", "nats", connect.RedactURLs(n.nc.ConnectedUrl()), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
+}
+
+// rememberParked reads the jobs an earlier process with this node id
+// parked in DISPATCHED, so their worker's progress or eviction wakes them
+// (the shards' memory of them died with that process). Until it is done,
+// such an event is missed: the job still ends through its result or its
+// deadline.
+func (n *Node) rememberParked(ctx context.Context) {
+	defer n.bg.Done()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	count := 0
+	err := n.store.ParkedDispatched(ctx, n.cfg.NodeID, func(ids []string) {
+		count += len(ids)
+		n.intake.RememberParked(ids)
+	})
+	if err != nil && ctx.Err() == nil {
+		n.log.Warn("reading this node's parked jobs failed; their progress and eviction are missed until their results or deadlines", "err", err)
+	} else if count > 0 {
+		n.log.Info("parked jobs of an earlier run of this node remembered", "count", count)
+	}
 }
 
 func (n *Node) connect(ctx context.Context) error {
@@ -600,6 +624,7 @@ func (n *Node) Stop(ctx context.Context) error {
 		if n.cancel != nil {
 			n.cancel()
 		}
+		n.bg.Wait()
 		for _, s := range n.subs {
 			_ = s.Unsubscribe()
 		}

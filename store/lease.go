@@ -1,6 +1,7 @@
 package store
 
 import (
+	"github.com/troupe-run/troupe/core"
 	"context"
 	"fmt"
 	"strconv"
@@ -75,6 +76,47 @@ func (s *Store) ForgetNode(ctx context.Context, node string, before time.Time) e
 	err := deadNodeScript.Run(ctx, s.rdb, []string{s.keys.Nodes()}, node, before.UnixMilli(), "forget").Err()
 	if err != nil {
 		return fmt.Errorf("store: forget node %s: %w", node, err)
+	}
+	return nil
+}
+
+// ParkedDispatched calls fn with pages of the jobs node has parked that are
+// still DISPATCHED (a node restarted under the same id learns them again:
+// their worker's progress and eviction must wake them). Each page is one
+// ZSCAN and one pipeline of HGETs.
+func (s *Store) ParkedDispatched(ctx context.Context, node string, fn func(ids []string)) error {
+	for shard := 0; shard < Shards; shard++ {
+		var cursor uint64
+		for {
+			kv, next, err := s.rdb.ZScan(ctx, s.keys.Parked(shard, node), cursor, "", 1000).Result()
+			if err != nil {
+				return fmt.Errorf("store: parked jobs of %s: %w", node, err)
+			}
+			ids := make([]string, 0, len(kv)/2)
+			for i := 0; i+1 < len(kv); i += 2 {
+				ids = append(ids, kv[i])
+			}
+			if len(ids) > 0 {
+				pipe := s.rdb.Pipeline()
+				states := make([]*redis.StringCmd, len(ids))
+				for i, id := range ids {
+					states[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+				}
+				_, _ = pipe.Exec(ctx)
+				kept := ids[:0]
+				for i, id := range ids {
+					if core.State(states[i].Val()) == core.StateDispatched {
+						kept = append(kept, id)
+					}
+				}
+				if len(kept) > 0 {
+					fn(kept)
+				}
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
 	}
 	return nil
 }

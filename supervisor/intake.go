@@ -221,6 +221,19 @@ func (in *Intake) Tell(jobID string, msg interface{}) { in.route(jobID, msg, fal
 // Wake asks the job's actor (spawning it) to activate the job.
 func (in *Intake) Wake(jobID string) { in.route(jobID, &actors.Wake{}, true) }
 
+// RememberParked hands each job id to its shard's memory of parked
+// DISPATCHED jobs (see JobShard).
+func (in *Intake) RememberParked(jobIDs []string) {
+	byShard := map[int][]string{}
+	for _, id := range jobIDs {
+		i := ShardFor(id, len(in.Shards))
+		byShard[i] = append(byShard[i], id)
+	}
+	for i, ids := range byShard {
+		in.Env.Root.Send(in.Shards[i], &RememberParked{JobIDs: ids})
+	}
+}
+
 // HeaderKind names what a forwarded packet is (actors.ForwardResult or
 // actors.ForwardCancel).
 const HeaderKind = "Troupe-Kind"

@@ -30,6 +30,10 @@ type Deliver struct {
 // CountLive asks a shard how many job actors it supervises; reply: int.
 type CountLive struct{}
 
+// RememberParked tells a shard that these jobs are parked on this node in
+// DISPATCHED (a node restarted under the same id reads them from Redis).
+type RememberParked struct{ JobIDs []string }
+
 // CountParked asks a shard how many jobs it remembers as parked in
 // DISPATCHED; reply: int.
 type CountParked struct{}
@@ -171,6 +175,13 @@ func (s *JobShard) Receive(c actor.Context) {
 		c.Respond(len(s.live))
 	case *CountParked:
 		c.Respond(len(s.parked))
+	case *RememberParked:
+		for _, id := range m.JobIDs {
+			if _, live := s.live[id]; !live {
+				s.parked[s.hash(id)] = struct{}{}
+			}
+		}
+		s.peak = max(s.peak, len(s.parked))
 	}
 }
 
