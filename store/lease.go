@@ -1,9 +1,9 @@
 package store
 
 import (
-	"github.com/troupe-run/troupe/core"
 	"context"
 	"fmt"
+	"github.com/troupe-run/troupe/core"
 	"strconv"
 	"time"
 
