@@ -473,7 +473,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter,
-		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected,
+		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: actors.NewSafetyWaiters(),
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)

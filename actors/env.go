@@ -86,6 +86,10 @@ type Env struct {
 	// worker is evicted before it starts them (nil: always).
 	Redispatch func(topic string) bool
 
+	// SafetyWaiters, when set, lets a successful policy check wake jobs
+	// waiting on an unavailable policy (see SafetyWaiters).
+	SafetyWaiters *SafetyWaiters
+
 	// ResendAfter: see ResendAfterDefault (negative: never resend).
 	ResendAfter time.Duration
 	// Connected reports whether the node's NATS connection is up (nil:

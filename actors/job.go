@@ -101,6 +101,9 @@ type JobActor struct {
 	resend   bool
 	resendAt time.Time
 	resends  int
+	// waitingPolicy: the job waits on its backoff to ask an unavailable
+	// input policy again, and is in env.SafetyWaiters.
+	waitingPolicy bool
 
 	// opEpoch numbers the one outstanding asynchronous step (a store op or a
 	// router question); a reply with another epoch is dropped. While busy,
@@ -151,6 +154,7 @@ func (j *JobActor) Receive(c actor.Context) {
 		// the same node, re-takes it with a new fence.
 		j.env.Metrics.LiveActors.Dec() // Started follows and counts it again
 		j.disarm()
+		j.stopWaitingPolicy()
 		if j.lockValue != "" {
 			j.env.Renewer.Forget(j.id, j.lockValue)
 		}
@@ -299,7 +303,22 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		}
 		j.onAbandon(c, m)
 	case *wake:
+		j.stopWaitingPolicy()
 		j.advance(c)
+	case *policyBack:
+		if j.waitingPolicy {
+			// Woken early: another job's check has just succeeded.
+			j.waitingPolicy = false
+			j.disarm()
+			j.advance(c)
+		}
+	}
+}
+
+func (j *JobActor) stopWaitingPolicy() {
+	if j.waitingPolicy {
+		j.waitingPolicy = false
+		j.env.SafetyWaiters.remove(j.id)
 	}
 }
 
@@ -703,7 +722,14 @@ func (j *JobActor) onDecision(c actor.Context, dec *capv1.PolicyCheckResponse, e
 	if err != nil || dec == nil {
 		// Unavailable (or an open circuit): never a denial, always a retry.
 		j.retryLater(c, core.ReasonSafetyUnavailable)
+		if j.activated && j.timer != nil && j.env.SafetyWaiters != nil {
+			j.waitingPolicy = true
+			j.env.SafetyWaiters.add(j.id, c.Self())
+		}
 		return
+	}
+	if j.env.SafetyWaiters != nil {
+		j.env.SafetyWaiters.wake(j.env.Root, SafetyWakeBatch)
 	}
 	if m := dec.GetConstraints().GetBudgets().GetMaxConcurrentJobs(); m > 0 {
 		j.policyLimit = int(m)
@@ -1532,6 +1558,7 @@ func (j *JobActor) release(c actor.Context, done bool) {
 // once instead of waiting for the lock to expire.
 func (j *JobActor) onStopping() {
 	j.disarm()
+	j.stopWaitingPolicy()
 	if j.lockValue != "" && !j.done {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 		j.env.Writer.Submit(&store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue,

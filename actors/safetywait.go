@@ -1,0 +1,75 @@
+package actors
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// SafetyWaiters are the job actors of a node that wait to ask an
+// unavailable input policy (the safety kernel down, its circuit open) again.
+// Each waits on its own backoff, up to 30 s; without this, jobs would find a
+// kernel that came back only at their next retry. Instead every successful
+// check on the node wakes up to SafetyWakeBatch waiters at once, so the
+// backlog follows the kernel's recovery at the pace the kernel answers, not
+// at the pace of the longest backoff and not all in one burst.
+type SafetyWaiters struct {
+	n    atomic.Int64 // len(pids), read without the lock on every check
+	mu   sync.Mutex
+	pids map[string]*actor.PID
+}
+
+// SafetyWakeBatch is how many waiters one successful check wakes.
+const SafetyWakeBatch = 64
+
+// NewSafetyWaiters returns an empty set.
+func NewSafetyWaiters() *SafetyWaiters { return &SafetyWaiters{pids: map[string]*actor.PID{}} }
+
+func (w *SafetyWaiters) add(jobID string, pid *actor.PID) {
+	w.mu.Lock()
+	if _, ok := w.pids[jobID]; !ok {
+		w.pids[jobID] = pid
+		w.n.Add(1)
+	}
+	w.mu.Unlock()
+}
+
+func (w *SafetyWaiters) remove(jobID string) {
+	if w.n.Load() == 0 {
+		return
+	}
+	w.mu.Lock()
+	if _, ok := w.pids[jobID]; ok {
+		delete(w.pids, jobID)
+		w.n.Add(-1)
+	}
+	w.mu.Unlock()
+}
+
+// Len returns how many jobs wait.
+func (w *SafetyWaiters) Len() int { return int(w.n.Load()) }
+
+// wake tells up to max waiters that the policy answers again.
+func (w *SafetyWaiters) wake(root *actor.RootContext, max int) {
+	if w.n.Load() == 0 {
+		return
+	}
+	var batch []*actor.PID
+	w.mu.Lock()
+	for id, pid := range w.pids {
+		if len(batch) == max {
+			break
+		}
+		batch = append(batch, pid)
+		delete(w.pids, id)
+		w.n.Add(-1)
+	}
+	w.mu.Unlock()
+	for _, pid := range batch {
+		root.Send(pid, &policyBack{})
+	}
+}
+
+// policyBack tells a job waiting on an unavailable policy to ask it again.
+type policyBack struct{}

@@ -1,0 +1,69 @@
+package troupe_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// downPolicy fails every check (a kernel that is down) until up is set.
+type downPolicy struct {
+	up     atomic.Bool
+	checks atomic.Int64
+}
+
+func (p *downPolicy) Check(context.Context, *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
+	p.checks.Add(1)
+	if !p.up.Load() {
+		return nil, errors.New("kernel unavailable")
+	}
+	return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}, nil
+}
+
+// Jobs that found the policy unavailable back off (here: an hour). When the
+// policy answers again, the first successful check wakes them, so they do not
+// wait out their backoff.
+func TestJobsWaitingOnAnUnavailablePolicyWakeWhenItAnswers(t *testing.T) {
+	t.Parallel()
+	pol := &downPolicy{}
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Policy = pol
+		c.Backoff = func(int) time.Duration { return time.Hour }
+	})
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
+		Direct: true, Subjects: f.subj, Heartbeat: time.Second, MaxParallel: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	f.waitWorkers(1)
+	const waiting = 150 // more than one wake batch
+	for i := 0; i < waiting; i++ {
+		f.submit(echoReq(fmt.Sprintf("pw-%d", i)))
+	}
+	// Every job asked once, was refused, and now sits on its backoff.
+	deadline := time.Now().Add(15 * time.Second)
+	for pol.checks.Load() < waiting {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d jobs asked the policy", pol.checks.Load(), waiting)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := 0; i < waiting; i += 37 {
+		f.waitState(fmt.Sprintf("pw-%d", i), core.StatePending)
+	}
+	pol.up.Store(true)
+	f.submit(echoReq("pw-after")) // the first check that succeeds
+	f.waitState("pw-after", core.StateSucceeded)
+	for i := 0; i < waiting; i++ {
+		f.waitStateWithin(fmt.Sprintf("pw-%d", i), core.StateSucceeded, 15*time.Second)
+	}
+}
