@@ -27,8 +27,12 @@ const (
 	StateRetryDelay = time.Second
 	// ThrottleDelay is the wait after a THROTTLE decision (CAP's 5 s).
 	ThrottleDelay = 5 * time.Second
-	// PolicyTimeout bounds one input policy check (CAP's 2 s).
+	// PolicyTimeout bounds one input policy check (CAP's 2 s), including
+	// the wait for one of PolicySlots.
 	PolicyTimeout = 2 * time.Second
+	// PolicyConcurrencyDefault is how many remote policy checks a node has
+	// outstanding at most.
+	PolicyConcurrencyDefault = 256
 	// PermanentGraceDefault is how long a job whose routing error is
 	// permanent (topic unmapped, ...) keeps retrying before it fails, to ride
 	// out a config rollout that lands after the first submits.
@@ -86,6 +90,9 @@ type Env struct {
 	// worker is evicted before it starts them (nil: always).
 	Redispatch func(topic string) bool
 
+	// PolicySlots bounds the remote (non-inline) policy checks in flight
+	// from this node (default PolicyConcurrencyDefault; see checkBounded).
+	PolicySlots chan struct{}
 	// SafetyWaiters, when set, lets a successful policy check wake jobs
 	// waiting on an unavailable policy (see SafetyWaiters).
 	SafetyWaiters *SafetyWaiters
@@ -113,6 +120,9 @@ func (e *Env) WithDefaults() *Env {
 	}
 	if e.PermanentGrace <= 0 {
 		e.PermanentGrace = PermanentGraceDefault
+	}
+	if e.PolicySlots == nil {
+		e.PolicySlots = make(chan struct{}, PolicyConcurrencyDefault)
 	}
 	if e.ResendAfter == 0 {
 		e.ResendAfter = ResendAfterDefault

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -708,13 +709,34 @@ func (j *JobActor) checkPolicy(c actor.Context) {
 	// message, so the mailbox never waits on the network.
 	j.opEpoch++
 	j.busy = true
-	ep, self, root, policy := j.opEpoch, c.Self(), j.env.Root, j.env.Policy
+	ep, self, root, policy, slots := j.opEpoch, c.Self(), j.env.Root, j.env.Policy, j.env.PolicySlots
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
-		dec, err := policy.Check(ctx, preq)
-		cancel()
+		defer cancel()
+		dec, err := checkBounded(ctx, policy, preq, slots)
 		root.Send(self, &policyDone{epoch: ep, dec: dec, err: err})
 	}()
+}
+
+// errPolicyBusy: every slot for remote checks stayed taken for the whole
+// PolicyTimeout. Like an unavailable policy, it means "retry later".
+var errPolicyBusy = errors.New("input policy: too many checks in flight on this node")
+
+// checkBounded asks policy while holding one of slots (nil: no bound), so a
+// node never has more than cap(slots) checks outstanding at a kernel: a
+// kernel that has just come back is not buried under every job that waited
+// for it. Waiting for a slot counts against ctx.
+func checkBounded(ctx context.Context, policy safety.InputPolicy, preq *capv1.PolicyCheckRequest,
+	slots chan struct{}) (*capv1.PolicyCheckResponse, error) {
+	if slots != nil {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+		case <-ctx.Done():
+			return nil, errPolicyBusy
+		}
+	}
+	return policy.Check(ctx, preq)
 }
 
 // onDecision acts on the input policy's answer.

@@ -11,17 +11,22 @@ import (
 // unavailable input policy (the safety kernel down, its circuit open) again.
 // Each waits on its own backoff, up to 30 s; without this, jobs would find a
 // kernel that came back only at their next retry. Instead every successful
-// check on the node wakes up to SafetyWakeBatch waiters at once, so the
-// backlog follows the kernel's recovery at the pace the kernel answers, not
-// at the pace of the longest backoff and not all in one burst.
+// check on the node wakes up to SafetyWakeBatch waiters, so the backlog
+// follows the kernel's recovery at the pace the kernel answers, not at the
+// pace of the longest backoff, and not all in one burst: a burst of every
+// waiting job at once (tried first, with 64 per success) timed out at the
+// kernel, opened its circuit again and made recovery four times slower.
 type SafetyWaiters struct {
 	n    atomic.Int64 // len(pids), read without the lock on every check
 	mu   sync.Mutex
 	pids map[string]*actor.PID
 }
 
-// SafetyWakeBatch is how many waiters one successful check wakes.
-const SafetyWakeBatch = 64
+// SafetyWakeBatch is how many waiters one successful check wakes. Each woken
+// job's own check, when it succeeds, wakes as many again, so the backlog
+// drains geometrically, paced by the kernel's answers and bounded by
+// Env.PolicySlots.
+const SafetyWakeBatch = 4
 
 // NewSafetyWaiters returns an empty set.
 func NewSafetyWaiters() *SafetyWaiters { return &SafetyWaiters{pids: map[string]*actor.PID{}} }
