@@ -245,6 +245,9 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	select {
 	case w.sem <- struct{}{}:
 	case <-w.ctx.Done():
+		if w.cfg.Dedupe {
+			w.forget(req.JobId) // never run: a later delivery may run it
+		}
 		return
 	}
 	w.active.Add(1)
@@ -276,6 +279,12 @@ func (w *Worker) firstDelivery(jobID string) bool {
 	w.next = (w.next + 1) % len(w.order)
 	w.seen[jobID] = true
 	return true
+}
+
+func (w *Worker) forget(jobID string) {
+	w.seenMu.Lock()
+	delete(w.seen, jobID) // its slot in order is reclaimed when reached
+	w.seenMu.Unlock()
 }
 
 func (w *Worker) markDone(jobID string) {

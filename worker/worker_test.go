@@ -1,0 +1,102 @@
+package worker_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// A deduping worker runs a job id once however often it arrives, answers a
+// repeat of a running job with a RUNNING progress, and says it dedupes in its
+// heartbeat.
+func TestDedupingWorkerRunsAJobOnceAndConfirmsRepeats(t *testing.T) {
+	env := testenv.New(t)
+	subj := bus.NewSubjects(env.Prefix)
+	var runs, dups atomic.Int32
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	progress := make(chan *capv1.JobProgress, 8)
+	beats := make(chan *capv1.Heartbeat, 8)
+	sub, err := env.NATS.Subscribe(subj.Progress, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobProgress() != nil {
+			progress <- p.GetJobProgress()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	hbSub, err := env.NATS.Subscribe(subj.Heartbeat, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetHeartbeat() != nil {
+			select {
+			case beats <- p.GetHeartbeat():
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hbSub.Unsubscribe() }()
+	_ = env.NATS.Flush()
+	w, err := worker.Start(env.NATS, worker.Config{ID: "dd", Pool: "p", Topics: []string{"job.dd"}, Direct: true,
+		Dedupe: true, Subjects: subj, Heartbeat: time.Hour,
+		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+			runs.Add(1)
+			started <- struct{}{}
+			<-release
+			return worker.Echo(ctx, req)
+		},
+		OnDuplicate: func(string, *capv1.JobRequest) { dups.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	defer close(release) // before Stop, which waits for the handler
+	select {
+	case hb := <-beats:
+		if hb.Labels[registry.LabelDedupe] != registry.DedupeJobID {
+			t.Fatalf("heartbeat labels %v: no %s=%s", hb.Labels, registry.LabelDedupe, registry.DedupeJobID)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no heartbeat")
+	}
+	data, err := bus.EncodeRequest("tr", "node", &capv1.JobRequest{JobId: "dd-1", Topic: "job.dd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := env.NATS.Publish(subj.Worker("dd"), data); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 { // the job runs before its repeats arrive
+			select {
+			case <-started:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the first delivery did not run")
+			}
+		}
+	}
+	for i := 0; i < 2; i++ { // one RUNNING progress per repeat
+		select {
+		case p := <-progress:
+			if p.JobId != "dd-1" || p.Status != capv1.JobStatus_JOB_STATUS_RUNNING {
+				t.Fatalf("progress %+v", p)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d progress answers to 2 repeats", i)
+		}
+	}
+	if r, d := runs.Load(), dups.Load(); r != 1 || d != 2 {
+		t.Fatalf("3 deliveries: %d runs and %d repeats seen, want 1 and 2", r, d)
+	}
+}
