@@ -430,7 +430,7 @@ func newNodeOn(t *testing.T, f *fixture, id string, mutate ...func(*troupe.Confi
 	return n
 }
 
-// counter reads a counter (or gauge) from the node's registry; label is the
+// counter reads a counter, a gauge or a histogram's sample count from the node's registry; label is the
 // value of its only label, or "" for none.
 func counter(t testing.TB, n *troupe.Node, name, label string) float64 {
 	t.Helper()
@@ -458,6 +458,9 @@ func value(m *dto.Metric) float64 {
 	}
 	if m.Gauge != nil {
 		return m.Gauge.GetValue()
+	}
+	if m.Histogram != nil {
+		return float64(m.Histogram.GetSampleCount())
 	}
 	return 0
 }

@@ -174,6 +174,9 @@ func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 	if got := counter(t, f.node, "troupe_orphan_replayed_total", "job.echo"); got < 1 {
 		t.Fatalf("adoption not counted: %v", got)
 	}
+	if got := counter(t, f.node, "troupe_adoption_latency_seconds", ""); got != 1 {
+		t.Fatalf("adoption latency observed %v times, want once", got)
+	}
 	// The worker's late result is applied by the adopter.
 	res, _ := bus.EncodeResult("orphan-1", "w-gone", &capv1.JobResult{JobId: "orphan-1", WorkerId: "w-gone",
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})

@@ -474,6 +474,11 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			}
 			if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.env.NodeID+"|")) {
 				j.env.Metrics.OrphanReplayed.WithLabelValues(j.req.GetTopic()).Inc()
+				if lapsed := msTime(r.Fields["_lapsed"]); !lapsed.IsZero() && r.Holder == "" {
+					// The owner's lock had expired (no holder): an orphan,
+					// not a wait that came due while its owner lived.
+					j.env.Metrics.AdoptionLatency.Observe(max(time.Since(lapsed), 0).Seconds())
+				}
 			}
 			j.ackAll()
 			j.advance(c)

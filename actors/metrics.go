@@ -26,6 +26,7 @@ type Metrics struct {
 	Parked          prometheus.Counter
 	Unparked        prometheus.Counter
 	Resent          prometheus.Counter
+	AdoptionLatency prometheus.Histogram
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -69,13 +70,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Jobs parked while waiting for their worker: actor stopped, lock held through the node lease."}),
 		Unparked: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_unparked_total",
 			Help: "Parked jobs activated again (a result, cancel, progress, deadline, eviction or adoption)."}),
+		AdoptionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "troupe_adoption_latency_seconds",
+			Help:    "From the moment a dead owner's lock lapsed to another activation adopting its job (orphans the due poller woke).",
+			Buckets: prometheus.ExponentialBuckets(0.1, 2, 14)}),
 		Resent: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_dispatch_resent_total",
 			Help: "Direct dispatches repeated to a deduping worker because the job showed no sign of arriving."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
-			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent)
+			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency)
 	}
 	return m
 }

@@ -39,7 +39,8 @@ import "github.com/redis/go-redis/v9"
 // Returns {status, state, fence, holder, field, value, ...} with status one of
 // CREATED (state = where the plan left it), ADOPTED (holder = the lock value
 // before, so the caller sees whether the job was parked; the record's fields
-// follow), BUSY (another node holds the lock), TERMINAL (no lock taken),
+// follow, and "_lapsed", when the job had a lease: when its previous owner's
+// lock lapsed, unix ms), BUSY (another node holds the lock), TERMINAL (no lock taken),
 // NOTFOUND. A job that is terminal or missing loses its due entry: nothing
 // will ever wait for it.
 var activateScript = redis.NewScript(`
@@ -123,10 +124,18 @@ end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'node', node)
 redis.call('SET', KEYS[3], node .. '|' .. fence, 'PX', ARGV[3])
+-- The lease being replaced was due 2 lock TTLs after its owner's last
+-- renewal, so the owner's lock lapsed one TTL before that: reported as
+-- "_lapsed" (unix ms) for the adoption latency.
+local was = redis.call('ZSCORE', tag .. 'leases', id)
 redis.call('ZADD', tag .. 'leases', tonumber(now) + 2 * tonumber(ARGV[3]), id)
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all do out[#out + 1] = all[i] end
+if was then
+  out[#out + 1] = '_lapsed'
+  out[#out + 1] = tostring(math.floor(tonumber(was) - tonumber(ARGV[3])))
+end
 return out
 `)
 
