@@ -430,8 +430,8 @@ func newNodeOn(t *testing.T, f *fixture, id string, mutate ...func(*troupe.Confi
 	return n
 }
 
-// counter reads a counter, a gauge or a histogram's sample count from the node's registry; label is the
-// value of its only label, or "" for none.
+// counter reads a counter, a gauge or a histogram's sample count from the
+// node's registry; label is the value of its only label, or "" for none.
 func counter(t testing.TB, n *troupe.Node, name, label string) float64 {
 	t.Helper()
 	mfs, err := n.Metrics().Gather()

@@ -601,7 +601,7 @@ func runScenario(t *testing.T, o rigOptions, name string,
 // (a) kill -9 one of three nodes mid-run.
 func TestFaultSuiteKillNode(t *testing.T) {
 	var owned []string
-	_, v := runScenario(t, rigOptions{workerHold: 200 * time.Millisecond}, "kill -9 a node",
+	r, v := runScenario(t, rigOptions{workerHold: 200 * time.Millisecond}, "kill -9 a node",
 		func(r *rig) (time.Time, time.Time, string) {
 			r.nodes[0].kill()
 			killed := time.Now()
@@ -616,6 +616,10 @@ func TestFaultSuiteKillNode(t *testing.T) {
 		})
 	if len(owned) == 0 {
 		t.Error("the killed node held no job in flight; the scenario proved nothing")
+	}
+	if n := r.sumCounter("troupe_adoption_latency_seconds_count"); n > 0 {
+		t.Logf("kill -9 a node: %.0f orphans adopted by the due pollers, %.2f s on average after their lock lapsed",
+			n, r.sumCounter("troupe_adoption_latency_seconds_sum")/n)
 	}
 	v.requireSucceeded(t)
 }
