@@ -452,6 +452,20 @@ func counter(t testing.TB, n *troupe.Node, name, label string) float64 {
 	return 0
 }
 
+// waitCounter waits (bounded) until counter reads at least min: a metric is
+// counted by the actor after Redis shows the change it counts.
+func waitCounter(t testing.TB, n *troupe.Node, name, label string, min float64) float64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := counter(t, n, name, label)
+		if got >= min || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func value(m *dto.Metric) float64 {
 	if m.Counter != nil {
 		return m.Counter.GetValue()

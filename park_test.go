@@ -278,7 +278,7 @@ func TestDeadNodesParkedJobsAreAdopted(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := counter(t, f.node, "troupe_orphan_replayed_total", "job.echo"); got < 1 {
+	if got := waitCounter(t, f.node, "troupe_orphan_replayed_total", "job.echo", 1); got < 1 {
 		t.Fatalf("adoption not counted: %v", got)
 	}
 	res, _ := bus.EncodeResult("parked-orphan", "w-gone", &capv1.JobResult{JobId: "parked-orphan", WorkerId: "w-gone",

@@ -171,10 +171,10 @@ func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := counter(t, f.node, "troupe_orphan_replayed_total", "job.echo"); got < 1 {
+	if got := waitCounter(t, f.node, "troupe_orphan_replayed_total", "job.echo", 1); got < 1 {
 		t.Fatalf("adoption not counted: %v", got)
 	}
-	if got := counter(t, f.node, "troupe_adoption_latency_seconds", ""); got != 1 {
+	if got := waitCounter(t, f.node, "troupe_adoption_latency_seconds", "", 1); got != 1 {
 		t.Fatalf("adoption latency observed %v times, want once", got)
 	}
 	// The worker's late result is applied by the adopter.
