@@ -2,6 +2,7 @@ package troupe_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -375,4 +376,81 @@ func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
 	f.waitState("job-park-restart", core.StateRunning)
 	release.open("job-park-restart")
 	f.waitState("job-park-restart", core.StateSucceeded)
+}
+
+// holdPark holds the pipeline that parks job id until proceed is closed,
+// after telling parking.
+type holdPark struct {
+	id      string
+	once    sync.Once
+	parking chan struct{}
+	proceed chan struct{}
+}
+
+func (h *holdPark) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holdPark) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdPark) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			args := c.Args()
+			if len(args) < 6 || args[0] != "evalsha" || !strings.HasSuffix(fmt.Sprint(args[3]), h.id) {
+				continue
+			}
+			parks := false
+			for _, a := range args[4:8] {
+				parks = parks || strings.Contains(fmt.Sprint(a), "parked:")
+			}
+			if parks {
+				h.once.Do(func() {
+					close(h.parking)
+					select {
+					case <-h.proceed:
+					case <-time.After(10 * time.Second):
+					}
+				})
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A progress that reaches the job's actor while it is parking the job is not
+// lost: the job's next actor records it.
+func TestProgressWhileParkingIsRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	_ = f.node.Stop(context.Background())
+	hook := &holdPark{id: "job-park-race", parking: make(chan struct{}), proceed: make(chan struct{})}
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(f.env.RedisURL, "redis://")})
+	rdb.AddHook(hook)
+	t.Cleanup(func() { _ = rdb.Close() })
+	n := newNodeOn(t, f, "node-p", parkFast, func(c *troupe.Config) { c.Redis = rdb })
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	f.submit(echoReq("job-park-race"))
+	<-rec.ch
+	select {
+	case <-hook.parking:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job never started parking")
+	}
+	data, err := bus.EncodeProgress("trace-job-park-race", "w1",
+		&capv1.JobProgress{JobId: "job-park-race", Status: capv1.JobStatus_JOB_STATUS_RUNNING})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
+		t.Fatal(err)
+	}
+	// The progress must be in the parking actor's mailbox before the park
+	// completes; nothing observable says so, so give it a moment.
+	time.Sleep(200 * time.Millisecond)
+	close(hook.proceed)
+	r := f.waitState("job-park-race", core.StateRunning)
+	if r.Reason != core.ReasonStarted {
+		t.Fatalf("RUNNING for %s", r.Reason)
+	}
+	waitParked(t, n, 1) // parked again, RUNNING
+	release.open("job-park-race")
+	f.waitState("job-park-race", core.StateSucceeded)
 }

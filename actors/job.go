@@ -1551,12 +1551,23 @@ func (j *JobActor) finish(c actor.Context) {
 	if j.state.Terminal() {
 		j.ackAfterDone = true
 	}
-	// Anything still deferred is absorbed by the done actor.
+	parkedDispatched := j.parked && j.state == core.StateDispatched
+	var again []interface{}
+	// Anything still deferred is absorbed by the done actor — except the
+	// progress and eviction of a job parked in DISPATCHED, which reached it
+	// while it was parking: they go to the job's next actor.
 	for _, m := range j.deferred {
+		switch m.(type) {
+		case *Progress, *WorkerLost:
+			if parkedDispatched {
+				again = append(again, m)
+				continue
+			}
+		}
 		j.absorb(m)
 	}
 	j.deferred = nil
-	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self(), Parked: j.parked && j.state == core.StateDispatched})
+	c.Send(c.Parent(), &Finished{JobID: j.id, PID: c.Self(), Parked: parkedDispatched, Redeliver: again})
 }
 
 func slotFlag(admitted bool) string {

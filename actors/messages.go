@@ -75,6 +75,9 @@ type Finished struct {
 	// or eviction — events that only the dispatching node acts on — spawn
 	// an actor for it again.
 	Parked bool
+	// Redeliver holds such events that reached the actor while it was
+	// parking the job: the shard hands them to the job's next actor.
+	Redeliver []interface{}
 }
 
 // storeDone carries a store.Writer outcome back into the actor.

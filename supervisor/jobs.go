@@ -147,6 +147,10 @@ func (s *JobShard) Receive(c actor.Context) {
 				s.parked[s.hash(m.JobID)] = struct{}{}
 				s.peak = max(s.peak, len(s.parked))
 			}
+			for _, msg := range m.Redeliver {
+				// Delivered once the actor has terminated, to a fresh one.
+				s.stopping[m.JobID] = append(s.stopping[m.JobID], &Deliver{JobID: m.JobID, Msg: msg})
+			}
 		}
 	case *actor.Stopping:
 		s.shuttingDown = true // children stop with the shard: not failures
