@@ -454,3 +454,36 @@ func TestProgressWhileParkingIsRecorded(t *testing.T) {
 	release.open("job-park-race")
 	f.waitState("job-park-race", core.StateSucceeded)
 }
+
+// Redis loses its data (here: every key of this test's prefix) while a job
+// is parked: the node sees the epoch key vanish, and the worker's result for
+// the job whose record is gone is dead-lettered as state_lost, not as an
+// unknown job.
+func TestResultOfAJobRedisLostIsDeadLetteredAsStateLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		parkFast(c)
+		c.LockTTL = 1500 * time.Millisecond // the lease, and the epoch check, every 0.5 s
+	})
+	rec := newReceipts()
+	release := f.holdingWorker("w1", rec)
+	f.submit(echoReq("job-redis-lost"))
+	<-rec.ch
+	waitParked(t, f.node, 1)
+	ctx := context.Background()
+	keys, err := f.env.Redis.Keys(ctx, f.env.KeyPrefix()+"*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys of the test: %v %v", keys, err)
+	}
+	for _, k := range keys { // one by one: they span hash slots
+		f.env.Redis.Del(ctx, k)
+	}
+	if got := waitCounter(t, f.node, "troupe_redis_data_loss_total", "", 1); got != 1 {
+		t.Fatalf("data loss seen %v times, want once", got)
+	}
+	release.open("job-redis-lost")
+	e := f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-redis-lost" })
+	if e.Reason != core.ReasonStateLost {
+		t.Fatalf("dead-lettered as %s (%s), want %s", e.Reason, e.Message, core.ReasonStateLost)
+	}
+}

@@ -103,6 +103,37 @@ func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
 	}
 }
 
+// The same loss with nothing happening to the job: its actor only renews
+// the lock, finds none, and writes the record back before any result comes.
+func TestLostRecordOfAnIdleJobIsRecreatedAtRenewal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.LockTTL = 1500 * time.Millisecond // renewed every 0.5 s
+		c.ParkAfter = -1
+	})
+	rec := newReceipts()
+	release := make(chan struct{})
+	f.startWorker("w1", true, rec, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return worker.Echo(ctx, req)
+	})
+	defer close(release)
+	f.submit(echoReq("job-lost-idle"))
+	<-rec.ch
+	f.waitState("job-lost-idle", core.StateDispatched)
+	keys := store.NewKeys(f.env.KeyPrefix())
+	ctx := context.Background()
+	f.env.Redis.Del(ctx, keys.Job("job-lost-idle"), keys.History("job-lost-idle"), keys.Lock("job-lost-idle"))
+	f.env.Redis.ZRem(ctx, keys.Due(store.Shard("job-lost-idle")), "job-lost-idle")
+	r := f.waitState("job-lost-idle", core.StateDispatched) // back, with no result yet
+	if !strings.Contains(reasons(r.History), "DISPATCHED:state_lost") || r.Worker != "w1" {
+		t.Fatalf("history %s, worker %s", reasons(r.History), r.Worker)
+	}
+}
+
 // A node stopped gracefully gives up the locks of its in-flight jobs, so
 // another replica takes over their results at once (no lock TTL to wait).
 func TestGracefulStopHandsJobsOver(t *testing.T) {

@@ -198,6 +198,8 @@ type Node struct {
 	cfg Config
 	log *slog.Logger
 	bg  sync.WaitGroup // background reads started by Start (rememberParked)
+	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
+	dataLostAt atomic.Int64
 
 	nc      *nats.Conn
 	ownNC   bool
@@ -413,6 +415,13 @@ func (n *Node) Start(ctx context.Context) error {
 	n.writer = n.store.NewWriter(0, 0, 0)
 	n.renewer = n.store.NewLockRenewer(n.log)
 	n.renewer.KeepNodeLease(n.cfg.NodeID)
+	dataLoss := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_redis_data_loss_total",
+		Help: "Times this node saw Redis lose its data (the epoch key vanished)."})
+	_ = n.cfg.Metrics.Register(dataLoss)
+	n.renewer.OnDataLoss(func() {
+		dataLoss.Inc()
+		n.dataLostAt.Store(time.Now().UnixMilli())
+	})
 	n.renewer.Start()
 	n.registerRenewMetrics()
 
@@ -474,6 +483,7 @@ func (n *Node) Start(ctx context.Context) error {
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: actors.NewSafetyWaiters(),
+		DataLost: n.dataLostRecently,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -554,6 +564,14 @@ func (n *Node) Start(ctx context.Context) error {
 	n.log.Info("node started", "nats", connect.RedactURLs(n.nc.ConnectedUrl()), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
+}
+
+// dataLostRecently reports whether Redis lost its data within the
+// retention of terminal records: an event for a job with no record is then
+// a job whose record was lost, not one that never existed.
+func (n *Node) dataLostRecently() bool {
+	at := n.dataLostAt.Load()
+	return at > 0 && time.Since(time.UnixMilli(at)) < max(n.store.Retention(), time.Hour)
 }
 
 // rememberParked reads the jobs an earlier process with this node id

@@ -93,6 +93,10 @@ type Env struct {
 	// PolicySlots bounds the remote (non-inline) policy checks in flight
 	// from this node (default PolicyConcurrencyDefault; see checkBounded).
 	PolicySlots chan struct{}
+	// DataLost reports whether Redis lost its data recently (nil: never):
+	// a result or cancel for a job with no record is then dead-lettered as
+	// state_lost rather than unknown_job.
+	DataLost func() bool
 	// SafetyWaiters, when set, lets a successful policy check wake jobs
 	// waiting on an unavailable policy (see SafetyWaiters).
 	SafetyWaiters *SafetyWaiters

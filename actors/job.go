@@ -199,11 +199,20 @@ func (j *JobActor) Receive(c actor.Context) {
 		j.timer = nil
 		j.event(c, m)
 	case *lockLost:
-		if m.lockValue == j.lockValue && !j.done {
-			j.env.Log.Warn("job lock lost; stopping without side effects", "job_id", j.id, "trace_id", j.traceID)
-			j.lockValue = ""
-			j.finish(c)
+		if m.lockValue != j.lockValue || j.done {
+			return
 		}
+		if m.vanished && j.activated && j.req != nil {
+			// Nobody holds the lock (it expired, or Redis lost its data):
+			// nothing else owns the job, so take it again — recreating
+			// its record if that vanished too — as a write that found no
+			// lock does.
+			j.event(c, m)
+			return
+		}
+		j.env.Log.Warn("job lock lost; stopping without side effects", "job_id", j.id, "trace_id", j.traceID)
+		j.lockValue = ""
+		j.finish(c)
 	default:
 		j.event(c, m)
 	}
@@ -306,6 +315,15 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 	case *wake:
 		j.stopWaitingPolicy()
 		j.advance(c)
+	case *lockLost:
+		// Handled here, in order with the job's other events: a renewal
+		// found no lock (see Receive).
+		if m.lockValue == j.lockValue && !j.done {
+			j.env.Log.Warn("job lock vanished at renewal; re-activating", "job_id", j.id,
+				"trace_id", j.traceID, "state", j.state)
+			j.disarm()
+			j.recover(c)
+		}
 	case *policyBack:
 		if j.waitingPolicy {
 			// Woken early: another job's check has just succeeded.
@@ -515,7 +533,9 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 func (j *JobActor) hold(c actor.Context, lockValue string) {
 	j.lockValue = lockValue
 	self, root := c.Self(), j.env.Root
-	j.env.Renewer.Hold(j.id, lockValue, func() { root.Send(self, &lockLost{lockValue: lockValue}) })
+	j.env.Renewer.Hold(j.id, lockValue, func(vanished bool) {
+		root.Send(self, &lockLost{lockValue: lockValue, vanished: vanished})
+	})
 }
 
 // forwardToOwner passes the results and cancels waiting here to the node
@@ -662,11 +682,15 @@ func (j *JobActor) unknownJob(c actor.Context) {
 		}
 		return
 	}
-	entry := &store.DLQEntry{JobID: j.id, Reason: core.ReasonUnknownJob, TraceID: j.traceID,
-		Message: "result or cancel for a job that has no record", Subject: j.env.Subjects.Result}
+	reason, msg := core.ReasonUnknownJob, "result or cancel for a job that has no record"
+	if j.env.DataLost != nil && j.env.DataLost() {
+		reason, msg = core.ReasonStateLost, "result or cancel for a job whose record Redis lost (it lost its data)"
+	}
+	entry := &store.DLQEntry{JobID: j.id, Reason: reason, TraceID: j.traceID, Message: msg,
+		Subject: j.env.Subjects.Result}
 	j.write(c, &store.Op{Kind: store.OpDLQ, JobID: j.id, DLQ: entry}, func(c actor.Context, r *store.Result) {
 		j.env.Log.Warn("event for unknown job dead-lettered", "job_id", j.id, "trace_id", j.traceID,
-			"reason", core.ReasonUnknownJob)
+			"reason", reason)
 		publishDLQ(j.env, entry)
 		j.ackAll()
 		if len(j.deferred) > 0 {

@@ -90,7 +90,10 @@ type storeDone struct {
 type wake struct{ epoch uint64 }
 
 // lockLost is sent by the lock renewer when the job's lock could not be kept.
-type lockLost struct{ lockValue string }
+type lockLost struct {
+	lockValue string
+	vanished  bool // nobody holds it any more (not: another holder has it)
+}
 
 // Crash makes the job actor panic. It exists for fault-injection tests of
 // supervision; nothing in a node sends it. A transient crash (the default)

@@ -96,6 +96,10 @@ func (k *Keys) Idempotency(tenant, key string) string {
 // One key per tenant, shared by every replica: the limit is cluster-wide.
 func (k *Keys) TenantActive(tenant string) string { return k.prefix + "tenant:" + tenant + ":active" }
 
+// Epoch is a key set once and never expired: its disappearance tells the
+// nodes that Redis lost its data (see LockRenewer.OnDataLoss).
+func (k *Keys) Epoch() string { return k.prefix + "epoch" }
+
 // Tenants is the set of every TenantActive key ever used, so the slot
 // repair reads a list instead of scanning the keyspace.
 func (k *Keys) Tenants() string { return k.prefix + "tenants" }

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +45,11 @@ type LockRenewer struct {
 	renewed, refused, failed, lostN atomic.Uint64
 	leaseRenewed, leaseFailed       atomic.Uint64
 	calls                           atomic.Uint64
+
+	// Data-loss detection (with the node lease): epoch is the value of
+	// Keys.Epoch last seen, onLoss what to call when it changed or vanished.
+	epoch  string
+	onLoss func()
 }
 
 // RenewStats counts renewal outcomes since start.
@@ -69,7 +76,7 @@ func (r *LockRenewer) Stats() RenewStats {
 type heldLock struct {
 	value    string
 	failures int
-	lost     func()
+	lost     func(vanished bool)
 }
 
 const (
@@ -94,6 +101,14 @@ func (s *Store) NewLockRenewer(log *slog.Logger) *LockRenewer {
 // KeepNodeLease makes the renewer keep node's lease, which holds the locks of
 // the jobs node parks. Call it before Start.
 func (r *LockRenewer) KeepNodeLease(node string) { r.node = node }
+
+// OnDataLoss makes the renewer, with each lease renewal, watch for Redis
+// losing its data (a restart without persistence, a flush): Keys.Epoch is
+// set once (SET NX GET) and never expires, so finding it gone, or holding a
+// value another node wrote after finding it gone, means everything else may
+// be gone too. onLoss is called once per loss seen. Call before Start; it
+// needs KeepNodeLease.
+func (r *LockRenewer) OnDataLoss(onLoss func()) { r.onLoss = onLoss }
 
 // Start renews once (so the node lease exists before any job parks) and
 // runs the renewal loop until Stop.
@@ -132,8 +147,10 @@ func (r *LockRenewer) stopNow() {
 }
 
 // Hold registers a lock; lost is called (once, from the renewer's goroutine)
-// if the lock cannot be kept.
-func (r *LockRenewer) Hold(jobID, value string, lost func()) {
+// if the lock cannot be kept: vanished when nobody holds it any more (it
+// expired while renewals failed, or Redis lost its data), not when another
+// holder has it.
+func (r *LockRenewer) Hold(jobID, value string, lost func(vanished bool)) {
 	r.mu.Lock()
 	r.locks[jobID] = &heldLock{value: value, lost: lost}
 	r.mu.Unlock()
@@ -178,13 +195,47 @@ func (r *LockRenewer) renewLease(ctx context.Context) error {
 	}
 	pipe.ZAdd(ctx, r.s.keys.Nodes(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: r.node})
 	r.calls.Add(Shards + 1)
+	var epoch *redis.StatusCmd
+	// A fresh value every time: one written after a loss must differ from
+	// every value written before it, whoever wrote them.
+	token := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + r.node
+	if r.onLoss != nil {
+		epoch = pipe.SetArgs(ctx, r.s.keys.Epoch(), token, redis.SetArgs{Mode: "NX", Get: true})
+		r.calls.Add(1)
+	}
 	_, err := pipe.Exec(ctx)
+	if errors.Is(err, redis.Nil) {
+		err = nil // the epoch's reply when it was absent
+	}
 	if err != nil {
 		r.leaseFailed.Add(1)
 		return err
 	}
 	r.leaseRenewed.Add(1)
+	if epoch != nil {
+		r.checkEpoch(epoch, token)
+	}
 	return nil
+}
+
+// checkEpoch compares the epoch found with the one seen before; token is
+// the value the renewal would have set.
+func (r *LockRenewer) checkEpoch(cmd *redis.StatusCmd, token string) {
+	found, err := cmd.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		found = token // it was absent: now it is this value
+	case err != nil:
+		return // unknown (a server without SET NX GET): no verdict
+	}
+	lost := r.epoch != "" && found != r.epoch
+	r.epoch = found
+	if lost {
+		if r.log != nil {
+			r.log.Error("Redis lost its data (the epoch key vanished): jobs whose records are gone are recreated by their live actors or dead-lettered as state_lost")
+		}
+		r.onLoss()
+	}
 }
 
 // RenewOnce renews the node lease and every registered lock now.
@@ -249,7 +300,11 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	}
 	cancel()
 
-	var lost []func()
+	type lostLock struct {
+		f        func(bool)
+		vanished bool
+	}
+	var lost []lostLock
 	r.mu.Lock()
 	for _, c := range calls {
 		res, err := c.cmd.Int64Slice()
@@ -266,16 +321,16 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 				r.renewed.Add(1)
 				it.h.failures = 0
 			case err == nil:
-				// Refused: the lock is gone or someone else's.
+				// Refused: the lock is gone (-1) or someone else's (0).
 				r.refused.Add(1)
 				delete(r.locks, it.id)
-				lost = append(lost, it.h.lost)
+				lost = append(lost, lostLock{it.h.lost, res[i] < 0})
 			default:
 				r.failed.Add(1)
 				it.h.failures++
 				if it.h.failures >= MaxRenewFailures {
 					delete(r.locks, it.id)
-					lost = append(lost, it.h.lost)
+					lost = append(lost, lostLock{it.h.lost, false})
 				}
 			}
 		}
@@ -285,8 +340,8 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	if len(lost) > 0 && r.log != nil {
 		r.log.Warn("job locks lost", "count", len(lost))
 	}
-	for _, f := range lost {
-		f()
+	for _, l := range lost {
+		l.f(l.vanished)
 	}
 }
 

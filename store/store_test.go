@@ -170,16 +170,31 @@ func TestRenewerKeepsLocksAndReportsLostOnes(t *testing.T) {
 	ctx := context.Background()
 	b.activate(t, "keep", "a", true)
 	b.activate(t, "steal", "a", true)
+	b.activate(t, "gone", "a", true)
 	rn := b.s.NewLockRenewer(nil)
-	lost := make(chan string, 2)
-	rn.Hold("keep", "a|1", func() { lost <- "keep" })
-	rn.Hold("steal", "a|1", func() { lost <- "steal" })
+	type loss struct {
+		id       string
+		vanished bool
+	}
+	lost := make(chan loss, 3)
+	for _, id := range []string{"keep", "steal", "gone"} {
+		rn.Hold(id, "a|1", func(vanished bool) { lost <- loss{id, vanished} })
+	}
 	rdb := b.s.Client()
 	rdb.PExpire(ctx, b.s.Keys().Lock("keep"), 2*time.Second)
 	rdb.Set(ctx, b.s.Keys().Lock("steal"), "b|9", time.Minute) // another owner took it
+	rdb.Del(ctx, b.s.Keys().Lock("gone"))                      // Redis lost it
 	rn.RenewOnce(ctx)
-	if got := <-lost; got != "steal" {
-		t.Fatalf("lost %s", got)
+	got := map[string]bool{}
+	for i := 0; i < 2; i++ {
+		l := <-lost
+		got[l.id] = l.vanished
+	}
+	if v, ok := got["steal"]; !ok || v {
+		t.Fatalf("losses %v: want steal lost to another holder (not vanished)", got)
+	}
+	if v, ok := got["gone"]; !ok || !v {
+		t.Fatalf("losses %v: want gone reported vanished", got)
 	}
 	if ttl := rdb.PTTL(ctx, b.s.Keys().Lock("keep")).Val(); ttl < 5*time.Second {
 		t.Fatalf("kept lock not renewed: ttl %v", ttl)
@@ -188,7 +203,7 @@ func TestRenewerKeepsLocksAndReportsLostOnes(t *testing.T) {
 		t.Fatalf("held %d", rn.Held())
 	}
 	st := rn.Stats()
-	if st.Renewed != 1 || st.Refused != 1 {
+	if st.Renewed != 1 || st.Refused != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -248,7 +263,7 @@ func TestRenewerGivesUpAfterThreeFailedRenewals(t *testing.T) {
 	s := store.New(dead, store.Config{Prefix: "x:"})
 	rn := s.NewLockRenewer(nil)
 	lost := make(chan struct{}, 1)
-	rn.Hold("j", "a|1", func() { lost <- struct{}{} })
+	rn.Hold("j", "a|1", func(bool) { lost <- struct{}{} })
 	for i := 1; i <= store.MaxRenewFailures; i++ {
 		select {
 		case <-lost:
@@ -295,5 +310,52 @@ func TestTenantSlotRepairFindsTenantsByTheirAdmissions(t *testing.T) {
 	}
 	if left, _ := b.s.Client().ZRange(ctx, keys.TenantActive("acme"), 0, -1).Result(); len(left) != 1 || left[0] != "ta-2" {
 		t.Fatalf("acme's slots after repair %v, want [ta-2]", left)
+	}
+}
+
+func TestRenewerSeesRedisLoseItsData(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	lost := 0
+	a := b.s.NewLockRenewer(nil)
+	a.KeepNodeLease("a")
+	a.OnDataLoss(func() { lost++ })
+	other := b.s.NewLockRenewer(nil)
+	other.KeepNodeLease("b")
+	otherLost := 0
+	other.OnDataLoss(func() { otherLost++ })
+	a.RenewOnce(ctx)
+	other.RenewOnce(ctx)
+	a.RenewOnce(ctx)
+	if lost != 0 || otherLost != 0 {
+		t.Fatalf("losses before any: %d %d", lost, otherLost)
+	}
+	if n := b.s.Client().Exists(ctx, b.s.Keys().Epoch()).Val(); n != 1 {
+		t.Fatal("no epoch key after a renewal")
+	}
+	b.s.Client().Del(ctx, b.s.Keys().Epoch())
+	// The first renewer after the loss sets a new epoch and sees the loss;
+	// the other sees a value it never saw before.
+	other.RenewOnce(ctx)
+	a.RenewOnce(ctx)
+	a.RenewOnce(ctx)
+	if lost != 1 || otherLost != 1 {
+		t.Fatalf("losses seen: a %d, b %d; want 1 each", lost, otherLost)
+	}
+	// Lost again; the renewer that sees it first must not take its own new
+	// write for the value it saw before.
+	b.s.Client().Del(ctx, b.s.Keys().Epoch())
+	a.RenewOnce(ctx)
+	other.RenewOnce(ctx)
+	if lost != 2 || otherLost != 2 {
+		t.Fatalf("second loss seen: a %d, b %d; want 2 each", lost, otherLost)
+	}
+	// a wrote the value that is now lost, and sees it first.
+	b.s.Client().Del(ctx, b.s.Keys().Epoch())
+	a.RenewOnce(ctx)
+	other.RenewOnce(ctx)
+	if lost != 3 || otherLost != 3 {
+		t.Fatalf("third loss seen: a %d, b %d; want 3 each", lost, otherLost)
 	}
 }
