@@ -90,6 +90,7 @@ type JobActor struct {
 	decision     []string          // the input policy's decision, as record fields, until written
 	lastReason   core.Reason       // the reason of the last state change (for tracing)
 	woken        bool              // activated by the due poller (an adoption)
+	lapsedAt     time.Time         // when a dead owner's lock lapsed (woken for its lease)
 	firstEvent   time.Time
 	idemChecked  bool
 	// parkAt is when a job waiting for its worker parks (zero: not
@@ -297,7 +298,7 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		}
 	case *Wake:
 		if !j.activated {
-			j.woken = true
+			j.woken, j.lapsedAt = true, m.LapsedAt
 			j.activate(c, false, nil, nil, nil)
 		}
 	case *WorkerLost:
@@ -492,10 +493,9 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			}
 			if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.env.NodeID+"|")) {
 				j.env.Metrics.OrphanReplayed.WithLabelValues(j.req.GetTopic()).Inc()
-				if lapsed := msTime(r.Fields["_lapsed"]); !lapsed.IsZero() && r.Holder == "" {
-					// The owner's lock had expired (no holder): an orphan,
-					// not a wait that came due while its owner lived.
-					j.env.Metrics.AdoptionLatency.Observe(max(time.Since(lapsed), 0).Seconds())
+				if !j.lapsedAt.IsZero() && r.Holder == "" {
+					// The owner's lock had expired (no holder): an orphan.
+					j.env.Metrics.AdoptionLatency.Observe(max(time.Since(j.lapsedAt), 0).Seconds())
 				}
 			}
 			j.ackAll()

@@ -62,7 +62,11 @@ const (
 // whose owner did not act (it died, or the job was passivated and an
 // approval arrived). The actor activates the job and does what its state
 // calls for.
-type Wake struct{}
+type Wake struct {
+	// LapsedAt, for a job woken because its owner stopped renewing its
+	// lease: when the owner's lock lapsed (for troupe_adoption_latency_seconds).
+	LapsedAt time.Time
+}
 
 // Finished tells the job's supervisor that the actor has nothing left to do
 // and may be stopped. The supervisor stops it with a poison pill, so anything

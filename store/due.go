@@ -19,12 +19,55 @@ func (s *Store) DueJobs(ctx context.Context, cutoff, next time.Time, perShard in
 	return s.popDue(ctx, s.keys.Due, cutoff, next, perShard)
 }
 
-// ExpiredLeases returns, over every shard, up to perShard job ids whose
-// owner stopped renewing their lease before cutoff (the owner died), and
-// moves each lease to next so a job is offered again only if nobody adopts
-// it. One pipeline for all shards.
-func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]string, error) {
-	return s.popDue(ctx, s.keys.Leases, cutoff, next, perShard)
+// Orphan is a job whose owner stopped renewing its lease, and when the
+// owner's lock lapsed: the lease's deadline minus one lock TTL, as leases run
+// two lock TTLs past each renewal. For a lease offered before (an adoption
+// that did not take), the deadline is the one the earlier offer set, and
+// LapsedAt comes out later than the real lapse.
+type Orphan struct {
+	JobID    string
+	LapsedAt time.Time
+}
+
+// ExpiredLeases returns, over every shard, up to perShard jobs whose owner
+// stopped renewing their lease before cutoff (the owner died), and moves
+// each lease to next so a job is offered again only if nobody adopts it.
+// One pipeline for all shards.
+func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]Orphan, error) {
+	run := func() ([]*redis.Cmd, error) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, Shards)
+		for i := 0; i < Shards; i++ {
+			cmds[i] = dueScoresScript.EvalSha(ctx, pipe, []string{s.keys.Leases(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := run()
+	if err != nil && noScriptCmds(cmds) {
+		if lerr := s.LoadScripts(ctx); lerr != nil {
+			return nil, lerr
+		}
+		cmds, _ = run()
+	}
+	var out []Orphan
+	for _, c := range cmds {
+		kv, err := c.StringSlice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("store: lease scan: %w", err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			o := Orphan{JobID: kv[i]}
+			if score, err := strconv.ParseFloat(kv[i+1], 64); err == nil && score > 0 {
+				lapsed := time.UnixMilli(int64(score)).Add(-s.cfg.LockTTL)
+				if lapsed.Before(cutoff) {
+					o.LapsedAt = lapsed
+				}
+			}
+			out = append(out, o)
+		}
+	}
+	return out, nil
 }
 
 // popDue runs dueScript over the sorted set key(shard) of every shard.

@@ -39,8 +39,7 @@ import "github.com/redis/go-redis/v9"
 // Returns {status, state, fence, holder, field, value, ...} with status one of
 // CREATED (state = where the plan left it), ADOPTED (holder = the lock value
 // before, so the caller sees whether the job was parked; the record's fields
-// follow, and "_lapsed", when the job had a lease: when its previous owner's
-// lock lapsed, unix ms), BUSY (another node holds the lock), TERMINAL (no lock taken),
+// follow), BUSY (another node holds the lock), TERMINAL (no lock taken),
 // NOTFOUND. A job that is terminal or missing loses its due entry: nothing
 // will ever wait for it.
 var activateScript = redis.NewScript(`
@@ -124,18 +123,10 @@ end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'node', node)
 redis.call('SET', KEYS[3], node .. '|' .. fence, 'PX', ARGV[3])
--- The lease being replaced was due 2 lock TTLs after its owner's last
--- renewal, so the owner's lock lapsed one TTL before that: reported as
--- "_lapsed" (unix ms) for the adoption latency.
-local was = redis.call('ZSCORE', tag .. 'leases', id)
 redis.call('ZADD', tag .. 'leases', tonumber(now) + 2 * tonumber(ARGV[3]), id)
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all do out[#out + 1] = all[i] end
-if was then
-  out[#out + 1] = '_lapsed'
-  out[#out + 1] = tostring(math.floor(tonumber(was) - tonumber(ARGV[3])))
-end
 return out
 `)
 
@@ -343,6 +334,17 @@ end
 return ids
 `)
 
+// dueScoresScript is dueScript returning id, score pairs: the score before
+// the move (for leases: when the owner should have renewed by).
+var dueScoresScript = redis.NewScript(`
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local later = tonumber(ARGV[3])
+for i = 1, #ids, 2 do
+  redis.call('ZADD', KEYS[1], 'XX', later, ids[i])
+end
+return ids
+`)
+
 // trimScript drops index entries older than ARGV[1] (unix ms) from the
 // terminal-state indexes KEYS (their records have expired). The due poller
 // runs it now and then, so transitions do not pay for it.
@@ -385,4 +387,4 @@ return {'OK', st}
 `)
 
 var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript, renewScript,
-	approveScript, claimScript, dueScript, trimScript, parkScript, renewManyScript, deadNodeScript}
+	approveScript, claimScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}

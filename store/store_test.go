@@ -359,3 +359,27 @@ func TestRenewerSeesRedisLoseItsData(t *testing.T) {
 		t.Fatalf("third loss seen: a %d, b %d; want 3 each", lost, otherLost)
 	}
 }
+
+func TestExpiredLeasesSayWhenTheOwnersLockLapsed(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // lock TTL 10 s
+	ctx := context.Background()
+	keys := b.s.Keys()
+	deadline := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	b.s.Client().ZAdd(ctx, keys.Leases(store.Shard("orph")), redis.Z{Score: float64(deadline.UnixMilli()), Member: "orph"})
+	b.s.Client().ZAdd(ctx, keys.Leases(store.Shard("alive")), redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "alive"})
+	next := time.Now().Add(5 * time.Second)
+	got, err := b.s.ExpiredLeases(ctx, time.Now(), next, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].JobID != "orph" || !got[0].LapsedAt.Equal(deadline.Add(-10*time.Second)) {
+		t.Fatalf("expired leases %+v, want orph lapsed at %v", got, deadline.Add(-10*time.Second))
+	}
+	if s := b.s.Client().ZScore(ctx, keys.Leases(store.Shard("orph")), "orph").Val(); int64(s) != next.UnixMilli() {
+		t.Fatalf("lease moved to %v, want %v", int64(s), next.UnixMilli())
+	}
+	if again, _ := b.s.ExpiredLeases(ctx, time.Now(), next, 10); len(again) != 0 {
+		t.Fatalf("offered again at once: %+v", again)
+	}
+}

@@ -152,10 +152,16 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if err != nil {
 		p.Log.Warn("lease poll failed", "err", err)
 	}
-	ids = append(ids, orphans...)
-	ids = append(ids, p.adoptDeadNodes(ctx, now)...)
 	for _, id := range ids {
 		p.Intake.Wake(id)
+	}
+	for _, o := range orphans {
+		p.Intake.WakeOrphan(o.JobID, o.LapsedAt)
+		ids = append(ids, o.JobID)
+	}
+	for _, id := range p.adoptDeadNodes(ctx, now) {
+		p.Intake.Wake(id)
+		ids = append(ids, id)
 	}
 	p.countStale(ctx, ids)
 	if len(ids) > 0 {

@@ -221,6 +221,12 @@ func (in *Intake) Tell(jobID string, msg interface{}) { in.route(jobID, msg, fal
 // Wake asks the job's actor (spawning it) to activate the job.
 func (in *Intake) Wake(jobID string) { in.route(jobID, &actors.Wake{}, true) }
 
+// WakeOrphan wakes a job whose owner's lock lapsed at lapsedAt (its lease
+// ran out), so the adoption latency can be measured.
+func (in *Intake) WakeOrphan(jobID string, lapsedAt time.Time) {
+	in.route(jobID, &actors.Wake{LapsedAt: lapsedAt}, true)
+}
+
 // RememberParked hands each job id to its shard's memory of parked
 // DISPATCHED jobs (see JobShard).
 func (in *Intake) RememberParked(jobIDs []string) {
