@@ -259,6 +259,15 @@ func (t *childTarget) roundTrip(line []byte, rep *childReply, timeout time.Durat
 		return err
 	case err := <-t.done:
 		t.done <- err
+		// A child may answer and then exit (stop does): its reply is in
+		// the pipe, which its exit closed, so the reader ends at once.
+		select {
+		case rerr := <-got:
+			if rerr == nil {
+				return nil
+			}
+		case <-time.After(time.Second):
+		}
 		return fmt.Errorf("child exited: %v", err)
 	case <-timer.C:
 		return fmt.Errorf("no answer within %s", timeout)
