@@ -29,10 +29,10 @@ func (p *downPolicy) Check(context.Context, *capv1.PolicyCheckRequest) (*capv1.P
 }
 
 // Jobs that found the policy unavailable back off (here: an hour). When the
-// policy answers again, the first successful check wakes them, so they do not
-// wait out their backoff.
-func TestJobsWaitingOnAnUnavailablePolicyWakeWhenItAnswers(t *testing.T) {
-	t.Parallel()
+// policy answers again, the first successful check — a new job's, or the
+// probe the node makes every second while jobs wait — wakes them, so they do
+// not wait out their backoff.
+func policyComesBack(t *testing.T, withNewJob bool) {
 	pol := &downPolicy{}
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = pol
@@ -61,9 +61,23 @@ func TestJobsWaitingOnAnUnavailablePolicyWakeWhenItAnswers(t *testing.T) {
 		f.waitState(fmt.Sprintf("pw-%d", i), core.StatePending)
 	}
 	pol.up.Store(true)
-	f.submit(echoReq("pw-after")) // the first check that succeeds
-	f.waitState("pw-after", core.StateSucceeded)
+	if withNewJob {
+		f.submit(echoReq("pw-after")) // its check is the first to succeed
+		f.waitState("pw-after", core.StateSucceeded)
+	}
+	// Otherwise the node's prober wakes one waiter a second; its success
+	// wakes the rest.
 	for i := 0; i < waiting; i++ {
 		f.waitStateWithin(fmt.Sprintf("pw-%d", i), core.StateSucceeded, 15*time.Second)
 	}
+}
+
+func TestJobsWaitingOnAnUnavailablePolicyWakeWhenItAnswers(t *testing.T) {
+	t.Parallel()
+	policyComesBack(t, true)
+}
+
+func TestJobsWaitingOnAnUnavailablePolicyFindItBackWithNoNewJob(t *testing.T) {
+	t.Parallel()
+	policyComesBack(t, false)
 }

@@ -195,9 +195,10 @@ type (
 
 // Node is one Troupe replica.
 type Node struct {
-	cfg Config
-	log *slog.Logger
-	bg  sync.WaitGroup // background reads started by Start (rememberParked)
+	cfg       Config
+	log       *slog.Logger
+	bg        sync.WaitGroup // background reads started by Start (rememberParked)
+	stopProbe chan struct{}  // ends the safety waiters' prober
 	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
 	dataLostAt atomic.Int64
 
@@ -302,7 +303,8 @@ func NewNode(cfg Config) (*Node, error) {
 	if v := os.Getenv("TROUPE_JOB_TRACE"); v == "on" || v == "1" || v == "true" {
 		cfg.JobTrace.Enabled = true
 	}
-	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile}, nil
+	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
+		stopProbe: make(chan struct{})}, nil
 }
 
 // registerRenewMetrics exports the lock renewer's outcome counters.
@@ -473,6 +475,12 @@ func (n *Node) Start(ctx context.Context) error {
 	if n.cfg.Output != nil {
 		n.scans = actors.NewScanPool(ScanWorkers, ScanQueue)
 	}
+	waiters := actors.NewSafetyWaiters()
+	n.bg.Add(1)
+	go func() {
+		defer n.bg.Done()
+		waiters.Probe(root, n.stopProbe)
+	}()
 	n.env = (&actors.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
@@ -482,7 +490,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter,
-		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: actors.NewSafetyWaiters(),
+		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
@@ -641,6 +649,9 @@ func (n *Node) Stop(ctx context.Context) error {
 	n.stopOnce.Do(func() {
 		if n.cancel != nil {
 			n.cancel()
+		}
+		if n.stopProbe != nil {
+			close(n.stopProbe)
 		}
 		n.bg.Wait()
 		for _, s := range n.subs {

@@ -3,6 +3,7 @@ package actors
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -21,6 +22,12 @@ type SafetyWaiters struct {
 	mu   sync.Mutex
 	pids map[string]*actor.PID
 }
+
+// SafetyProbeEvery: while jobs wait, one of them is woken this often to ask
+// again. Without it a recovery is noticed only when a new job's check, or a
+// waiter's own backoff (up to 30 s), happens to come along; with it, within
+// a second of the circuit letting calls through again.
+const SafetyProbeEvery = time.Second
 
 // SafetyWakeBatch is how many waiters one successful check wakes. Each woken
 // job's own check, when it succeeds, wakes as many again, so the backlog
@@ -50,6 +57,20 @@ func (w *SafetyWaiters) remove(jobID string) {
 		w.n.Add(-1)
 	}
 	w.mu.Unlock()
+}
+
+// Probe wakes one waiter every SafetyProbeEvery until stop is closed.
+func (w *SafetyWaiters) Probe(root *actor.RootContext, stop <-chan struct{}) {
+	t := time.NewTicker(SafetyProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			w.wake(root, 1)
+		}
+	}
 }
 
 // Len returns how many jobs wait.
