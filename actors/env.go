@@ -27,8 +27,8 @@ const (
 	StateRetryDelay = time.Second
 	// ThrottleDelay is the wait after a THROTTLE decision (CAP's 5 s).
 	ThrottleDelay = 5 * time.Second
-	// PolicyTimeout bounds one input policy check (CAP's 2 s), including
-	// the wait for one of PolicySlots.
+	// PolicyTimeout bounds one input policy check (CAP's 2 s), and
+	// separately the wait for one of PolicySlots.
 	PolicyTimeout = 2 * time.Second
 	// PolicyConcurrencyDefault is how many remote policy checks a node has
 	// outstanding at most.

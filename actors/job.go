@@ -740,9 +740,7 @@ func (j *JobActor) checkPolicy(c actor.Context) {
 	j.busy = true
 	ep, self, root, policy, slots := j.opEpoch, c.Self(), j.env.Root, j.env.Policy, j.env.PolicySlots
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
-		defer cancel()
-		dec, err := checkBounded(ctx, policy, preq, slots)
+		dec, err := checkBounded(policy, preq, slots)
 		root.Send(self, &policyDone{epoch: ep, dec: dec, err: err})
 	}()
 }
@@ -754,17 +752,23 @@ var errPolicyBusy = errors.New("input policy: too many checks in flight on this 
 // checkBounded asks policy while holding one of slots (nil: no bound), so a
 // node never has more than cap(slots) checks outstanding at a kernel: a
 // kernel that has just come back is not buried under every job that waited
-// for it. Waiting for a slot counts against ctx.
-func checkBounded(ctx context.Context, policy safety.InputPolicy, preq *capv1.PolicyCheckRequest,
+// for it. The wait for a slot and the check have a PolicyTimeout each: a
+// check that waited must not reach the kernel with its time nearly spent,
+// where its timeout would count against the kernel's circuit.
+func checkBounded(policy safety.InputPolicy, preq *capv1.PolicyCheckRequest,
 	slots chan struct{}) (*capv1.PolicyCheckResponse, error) {
 	if slots != nil {
+		wait := time.NewTimer(PolicyTimeout)
 		select {
 		case slots <- struct{}{}:
+			wait.Stop()
 			defer func() { <-slots }()
-		case <-ctx.Done():
+		case <-wait.C:
 			return nil, errPolicyBusy
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
+	defer cancel()
 	return policy.Check(ctx, preq)
 }
 
