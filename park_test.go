@@ -77,6 +77,20 @@ func (f *fixture) holdingWorker(id string, rec *receipts) *gates {
 	return g
 }
 
+// publishProgress publishes worker's RUNNING progress for job id, as a CAP
+// worker does when it starts the job.
+func (f *fixture) publishProgress(id, worker string) {
+	f.t.Helper()
+	data, err := bus.EncodeProgress("trace-"+id, worker,
+		&capv1.JobProgress{JobId: id, Status: capv1.JobStatus_JOB_STATUS_RUNNING})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // waitParked waits until node n has parked want jobs (its parked set in
 // Redis) and has no live job actor left.
 func waitParked(t *testing.T, n *troupe.Node, want int64) {
@@ -184,14 +198,7 @@ func TestParkedJobsProgressIsRecorded(t *testing.T) {
 	f.submit(echoReq("job-park-progress"))
 	<-rec.ch
 	waitParked(t, f.node, 1)
-	data, err := bus.EncodeProgress("trace-job-park-progress", "w1",
-		&capv1.JobProgress{JobId: "job-park-progress", Status: capv1.JobStatus_JOB_STATUS_RUNNING})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
-		t.Fatal(err)
-	}
+	f.publishProgress("job-park-progress", "w1")
 	r := f.waitState("job-park-progress", core.StateRunning)
 	if r.Reason != core.ReasonStarted || r.Fields["deadline_kind"] != string(core.ReasonRunningTimeout) {
 		t.Fatalf("reason %s deadline kind %s", r.Reason, r.Fields["deadline_kind"])
@@ -365,14 +372,7 @@ func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	data, err := bus.EncodeProgress("trace-job-park-restart", "w1",
-		&capv1.JobProgress{JobId: "job-park-restart", Status: capv1.JobStatus_JOB_STATUS_RUNNING})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
-		t.Fatal(err)
-	}
+	f.publishProgress("job-park-restart", "w1")
 	f.waitState("job-park-restart", core.StateRunning)
 	release.open("job-park-restart")
 	f.waitState("job-park-restart", core.StateSucceeded)
@@ -434,14 +434,7 @@ func TestProgressWhileParkingIsRecorded(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the job never started parking")
 	}
-	data, err := bus.EncodeProgress("trace-job-park-race", "w1",
-		&capv1.JobProgress{JobId: "job-park-race", Status: capv1.JobStatus_JOB_STATUS_RUNNING})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.env.NATS.Publish(f.subj.Progress, data); err != nil {
-		t.Fatal(err)
-	}
+	f.publishProgress("job-park-race", "w1")
 	// The progress must be in the parking actor's mailbox before the park
 	// completes; nothing observable says so, so give it a moment.
 	time.Sleep(200 * time.Millisecond)

@@ -89,10 +89,7 @@ func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
 	<-rec.ch
 	f.waitState("job-lost", core.StateDispatched)
 	// Everything Redis knew about the job is gone.
-	keys := store.NewKeys(f.env.KeyPrefix())
-	ctx := context.Background()
-	f.env.Redis.Del(ctx, keys.Job("job-lost"), keys.History("job-lost"), keys.Lock("job-lost"))
-	f.env.Redis.ZRem(ctx, keys.Due(store.Shard("job-lost")), "job-lost")
+	f.loseJob("job-lost")
 	close(release)
 	r := f.waitState("job-lost", core.StateSucceeded)
 	if !strings.Contains(reasons(r.History), "SCHEDULED:state_lost DISPATCHED:state_lost") || r.Worker != "w1" {
@@ -101,6 +98,15 @@ func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
 	if n := rec.count("job-lost"); n != 1 {
 		t.Fatalf("received %d times", n)
 	}
+}
+
+// loseJob deletes everything Redis knew about job id, as a Redis restart
+// without persistence would.
+func (f *fixture) loseJob(id string) {
+	keys := store.NewKeys(f.env.KeyPrefix())
+	ctx := context.Background()
+	f.env.Redis.Del(ctx, keys.Job(id), keys.History(id), keys.Lock(id))
+	f.env.Redis.ZRem(ctx, keys.Due(store.Shard(id)), id)
 }
 
 // The same loss with nothing happening to the job: its actor only renews
@@ -124,10 +130,7 @@ func TestLostRecordOfAnIdleJobIsRecreatedAtRenewal(t *testing.T) {
 	f.submit(echoReq("job-lost-idle"))
 	<-rec.ch
 	f.waitState("job-lost-idle", core.StateDispatched)
-	keys := store.NewKeys(f.env.KeyPrefix())
-	ctx := context.Background()
-	f.env.Redis.Del(ctx, keys.Job("job-lost-idle"), keys.History("job-lost-idle"), keys.Lock("job-lost-idle"))
-	f.env.Redis.ZRem(ctx, keys.Due(store.Shard("job-lost-idle")), "job-lost-idle")
+	f.loseJob("job-lost-idle")
 	r := f.waitState("job-lost-idle", core.StateDispatched) // back, with no result yet
 	if !strings.Contains(reasons(r.History), "DISPATCHED:state_lost") || r.Worker != "w1" {
 		t.Fatalf("history %s, worker %s", reasons(r.History), r.Worker)

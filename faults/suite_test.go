@@ -644,29 +644,26 @@ func TestFaultSuiteRedisRestart(t *testing.T) {
 // seconds the nodes dispatch to subjects nobody listens on: those
 // dispatches are lost and must be repeated.
 func TestFaultSuiteNATSRestart(t *testing.T) {
-	_, v := runScenario(t, rigOptions{workerReconnect: 4 * time.Second}, "NATS restarted",
-		func(r *rig) (time.Time, time.Time, string) {
-			r.nats.term()
-			down := time.Now()
-			time.Sleep(time.Second)
-			r.nats.start(r.t)
-			waitPort(r.t, r.natsPort)
-			return down, time.Now(), "nats-server down (SIGTERM, restart) for " + time.Since(down).Round(time.Millisecond).String()
-		})
-	v.requireSucceeded(t)
+	natsOutage(t, "NATS restarted", "SIGTERM", func(p *proc) { p.term() })
 }
 
 // (c') kill -9 the NATS server: what it held in memory for subscribers is
 // gone, and the workers come back later than the nodes (as in (c)).
 func TestFaultSuiteNATSKill(t *testing.T) {
-	_, v := runScenario(t, rigOptions{workerReconnect: 4 * time.Second}, "NATS killed",
+	natsOutage(t, "NATS killed", "kill -9", func(p *proc) { p.kill() })
+}
+
+// natsOutage stops the NATS server with stop, starts it again a second
+// later, and requires every job to succeed.
+func natsOutage(t *testing.T, name, how string, stop func(*proc)) {
+	_, v := runScenario(t, rigOptions{workerReconnect: 4 * time.Second}, name,
 		func(r *rig) (time.Time, time.Time, string) {
-			r.nats.kill()
+			stop(r.nats)
 			down := time.Now()
 			time.Sleep(time.Second)
 			r.nats.start(r.t)
 			waitPort(r.t, r.natsPort)
-			return down, time.Now(), "nats-server down (kill -9, restart) for " + time.Since(down).Round(time.Millisecond).String()
+			return down, time.Now(), "nats-server down (" + how + ", restart) for " + time.Since(down).Round(time.Millisecond).String()
 		})
 	v.requireSucceeded(t)
 }

@@ -34,21 +34,9 @@ type Orphan struct {
 // each lease to next so a job is offered again only if nobody adopts it.
 // One pipeline for all shards.
 func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]Orphan, error) {
-	run := func() ([]*redis.Cmd, error) {
-		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, Shards)
-		for i := 0; i < Shards; i++ {
-			cmds[i] = dueScoresScript.EvalSha(ctx, pipe, []string{s.keys.Leases(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
-		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
-	}
-	cmds, err := run()
-	if err != nil && noScriptCmds(cmds) {
-		if lerr := s.LoadScripts(ctx); lerr != nil {
-			return nil, lerr
-		}
-		cmds, _ = run()
+	cmds, err := s.runShards(ctx, dueScoresScript, s.keys.Leases, cutoff, next, perShard)
+	if err != nil {
+		return nil, err
 	}
 	var out []Orphan
 	for _, c := range cmds {
@@ -72,11 +60,31 @@ func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perSh
 
 // popDue runs dueScript over the sorted set key(shard) of every shard.
 func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, next time.Time, perShard int) ([]string, error) {
+	cmds, err := s.runShards(ctx, dueScript, key, cutoff, next, perShard)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, c := range cmds {
+		ids, err := c.StringSlice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("store: due scan: %w", err)
+		}
+		out = append(out, ids...)
+	}
+	return out, nil
+}
+
+// runShards runs a due script (dueScript or dueScoresScript) over the sorted
+// set key(shard) of every shard in one pipeline, loading the scripts if Redis
+// lost them.
+func (s *Store) runShards(ctx context.Context, script *redis.Script, key func(shard int) string,
+	cutoff, next time.Time, perShard int) ([]*redis.Cmd, error) {
 	run := func() ([]*redis.Cmd, error) {
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, Shards)
 		for i := 0; i < Shards; i++ {
-			cmds[i] = dueScript.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
+			cmds[i] = script.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
 		}
 		_, err := pipe.Exec(ctx)
 		return cmds, err
@@ -88,15 +96,7 @@ func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, 
 		}
 		cmds, _ = run()
 	}
-	var out []string
-	for _, c := range cmds {
-		ids, err := c.StringSlice()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("store: due scan: %w", err)
-		}
-		out = append(out, ids...)
-	}
-	return out, nil
+	return cmds, nil
 }
 
 // DueAt returns the due time of a job, or zero if it has none.
