@@ -241,6 +241,15 @@ func TestSagaRollbackResumesOnAnotherRunnerWithoutRedispatch(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no compensation dispatched")
 	}
+	// The worker can hold the compensation before runner a has read its
+	// publish acknowledgement; stopping a then would cancel that wait and
+	// a would not count the publish it made. Stop it once it has.
+	for deadline := time.Now().Add(10 * time.Second); sagaCounter(t, regA, "troupe_saga_compensation_dispatched_total") < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("runner a never counted its first compensation")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := a.Stop(ctx); err != nil {
