@@ -454,7 +454,8 @@ func (n *Node) Start(ctx context.Context) error {
 	var intake atomic.Pointer[supervisor.Intake]
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
-		Metrics: n.cfg.Metrics,
+		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID,
+		Gossip: func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
 		OnEvictJobs: func(workerID string, jobIDs []string) {
 			if in := intake.Load(); in != nil {
 				for _, id := range jobIDs {
@@ -535,7 +536,20 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe inbox: %w", err)
 	}
-	n.subs = append(n.subs, hb, pr, inbox)
+	routerPID, sysRoot := n.router, n.sys.Root
+	capSub, err := n.nc.Subscribe(n.subj.Capacity(), func(m *nats.Msg) {
+		pl, err := router.DecodePeerLoad(m.Data)
+		if err != nil {
+			n.log.Debug("capacity report dropped", "err", err)
+			return
+		}
+		pl.At = time.Now()
+		sysRoot.Send(routerPID, pl)
+	})
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe capacity reports: %w", err)
+	}
+	n.subs = append(n.subs, hb, pr, inbox, capSub)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}

@@ -33,6 +33,12 @@ const (
 	// PolicyConcurrencyDefault is how many remote policy checks a node has
 	// outstanding at most.
 	PolicyConcurrencyDefault = 256
+	// CapacityRecheck is how often a job waiting in the router's queue
+	// for room (pool_overloaded) asks again, in memory: the safety net for
+	// a lost wake (a router restart loses its queue). The wait itself ends
+	// the moment a slot frees.
+	CapacityRecheck = 10 * time.Second
+
 	// PermanentGraceDefault is how long a job whose routing error is
 	// permanent (topic unmapped, ...) keeps retrying before it fails, to ride
 	// out a config rollout that lands after the first submits.

@@ -106,6 +106,15 @@ type JobActor struct {
 	// waitingPolicy: the job waits on its backoff to ask an unavailable
 	// input policy again, and is in env.SafetyWaiters.
 	waitingPolicy bool
+	// queued: the job waits in the router's capacity queue under ticket
+	// (a new ticket per wait), for capReason; the router sends a
+	// *router.Placed when a slot frees.
+	queued    bool
+	ticket    uint64
+	capReason core.Reason
+	// picked is the worker of a pick not (yet) made a dispatch: the router
+	// counts the job on it until told otherwise (dropPick).
+	picked string
 
 	// opEpoch numbers the one outstanding asynchronous step (a store op or a
 	// router question); a reply with another epoch is dropped. While busy,
@@ -140,7 +149,7 @@ func (j *JobActor) Receive(c actor.Context) {
 		j.id = jobIDFromPID(c)
 		j.env.Metrics.LiveActors.Inc()
 	case *actor.Stopping:
-		j.onStopping()
+		j.onStopping(c)
 	case *actor.Stopped:
 		j.env.Metrics.LiveActors.Dec()
 		// protoactor's child set (PIDSet) keeps a stopped child's PID in
@@ -157,12 +166,23 @@ func (j *JobActor) Receive(c actor.Context) {
 		j.env.Metrics.LiveActors.Dec() // Started follows and counts it again
 		j.disarm()
 		j.stopWaitingPolicy()
+		j.withdraw(c)
+		j.dropPick(c)
 		if j.lockValue != "" {
 			j.env.Renewer.Forget(j.id, j.lockValue)
 		}
 		j.returnDeliveries()
 	case *Crash:
 		crash(m)
+	case *router.Placed:
+		// Answered at once, busy or not, so the router knows the slot is
+		// taken (or free again); acted on in order with other events.
+		used := j.queued && m.Ticket == j.ticket && !j.done
+		c.Send(j.env.Router, &router.Took{JobID: m.JobID, Ticket: m.Ticket, Used: used})
+		if used {
+			j.queued = false
+			j.event(c, m)
+		}
 	case *storeDone:
 		if m.epoch != j.opEpoch || !j.busy {
 			return
@@ -316,6 +336,8 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 	case *wake:
 		j.stopWaitingPolicy()
 		j.advance(c)
+	case *router.Placed:
+		j.onPlaced(c, m)
 	case *lockLost:
 		// Handled here, in order with the job's other events: a renewal
 		// found no lock (see Receive).
@@ -485,6 +507,13 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			j.lastReason = core.Reason(r.Fields["reason"])
 			j.hold(c, store.LockValue(j.env.NodeID, r.Fence))
 			j.adopt(r.Fields)
+			j.dropPick(c) // the plan's pick, if any, is not used
+			if (j.state == core.StateDispatched || j.state == core.StateRunning) && j.worker != "" {
+				// The job holds a slot on its worker; this router may not
+				// have placed it there (adopted, or this node restarted).
+				c.Send(j.env.Router, &router.Occupied{WorkerID: j.worker, JobID: j.id,
+					Started: j.state == core.StateRunning})
+			}
 			// r.Holder is the lock before this activation: a parked job's
 			// ("<node>|<fence>|p") is this node's own unless it was adopted.
 			wasParked := strings.HasSuffix(r.Holder, "|p")
@@ -868,17 +897,35 @@ func (j *JobActor) deny(c actor.Context, reason core.Reason, detail string, fiel
 }
 
 // askRouter asks for a worker; the answer arrives as a *router.PickReply.
+// With no room the router queues the job (see waitCapacity).
 func (j *JobActor) askRouter(c actor.Context) {
+	j.dropPick(c)
 	j.opEpoch++
 	j.busy = true
-	c.Request(j.env.Router, &router.PickRequest{JobID: j.id, Req: j.req, Epoch: j.opEpoch})
+	if !j.queued {
+		j.ticket++
+	}
+	submitted := j.created
+	if submitted.IsZero() {
+		submitted = j.firstEvent
+	}
+	c.Request(j.env.Router, &router.PickRequest{JobID: j.id, Req: j.req, Epoch: j.opEpoch,
+		Wait: true, Ticket: j.ticket, Submitted: submitted})
 }
 
 func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
+	if p.Queued {
+		j.waitCapacity(c, p)
+		return
+	}
+	if j.queued {
+		j.queued = false // placed (or refused) on a recheck: not queued any more
+	}
 	if p.Reason != "" {
 		j.placementFailed(c, p)
 		return
 	}
+	j.picked = p.WorkerID
 	limit := j.tenantLimit()
 	if limit <= 0 || j.admitted {
 		j.dispatchTo(c, p)
@@ -889,6 +936,7 @@ func (j *JobActor) onPick(c actor.Context, p *router.PickReply) {
 	op := &store.Op{Kind: store.OpAdmit, JobID: j.id, TenantKey: j.env.Keys.TenantActive(safety.TenantOf(j.req)), Limit: limit}
 	j.write(c, op, func(c actor.Context, r *store.Result) {
 		if !r.Admitted {
+			j.dropPick(c)
 			j.placementFailed(c, &router.PickReply{Reason: core.ReasonTenantLimit,
 				Detail: "tenant " + safety.TenantOf(j.req) + " has " + strconv.Itoa(limit) + " jobs running"})
 			return
@@ -928,6 +976,7 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 			"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend)}}, nil,
 		func(c actor.Context) {
 			j.worker, j.subject = p.WorkerID, p.Subject
+			j.picked = ""
 			j.resend, j.resends = p.Resend, 0
 			j.deadline, j.deadlineWhy = deadline, why
 			data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
@@ -1128,6 +1177,77 @@ func (j *JobActor) cancelWorker(reason string) {
 	}
 	if err != nil {
 		j.env.Log.Warn("cancel publish failed", "job_id", j.id, "trace_id", j.traceID, "err", err)
+	}
+}
+
+// waitCapacity keeps a job the router has queued for room. The wait costs
+// no Redis traffic: SCHEDULED with its reason is written when the wait
+// begins or its reason changes, with no due time (the lock, kept by the
+// node lease, covers the job; a graceful stop hands it on, see onStopping).
+// A recheck in memory every CapacityRecheck guards against a lost wake.
+// A pool with workers but no room is waited on for as long as it takes; a
+// pool with no live workers (no_workers, stale_worker) is rechecked on the
+// scheduling backoff and counts attempts, so a pool that never gets a
+// worker fails the job as before (max_scheduling_retries).
+func (j *JobActor) waitCapacity(c actor.Context, p *router.PickReply) {
+	again := j.queued
+	j.queued = true
+	changed := !again || j.capReason != p.Reason
+	j.capReason = p.Reason
+	recheck := CapacityRecheck
+	if p.Reason != core.ReasonPoolOverloaded {
+		if again {
+			j.attempts++
+		}
+		if j.attempts >= j.env.MaxSchedulingAttempts {
+			j.withdraw(c)
+			j.fail(c, core.ReasonMaxSchedulingRetries,
+				"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
+			return
+		}
+		recheck = j.env.Backoff(max(j.attempts, 1))
+		changed = changed || again
+	}
+	at := time.Now().Add(recheck)
+	if !changed && j.activated {
+		j.arm(c, at)
+		return
+	}
+	j.env.Metrics.CapacityWaits.WithLabelValues(string(p.Reason)).Inc()
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: p.Reason}}, Due: -1,
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
+		nil, func(c actor.Context) { j.arm(c, at) })
+}
+
+// onPlaced acts on a placement the router made for the queued job.
+func (j *JobActor) onPlaced(c actor.Context, m *router.Placed) {
+	j.disarm()
+	if j.state != core.StatePending && j.state != core.StateScheduled {
+		// Moved on meanwhile (cancelled, say): the slot goes back.
+		if m.Reply.WorkerID != "" {
+			c.Send(j.env.Router, &router.Released{WorkerID: m.Reply.WorkerID, JobID: j.id, Done: true})
+		}
+		return
+	}
+	j.onPick(c, m.Reply)
+}
+
+// dropPick tells the router that a pick this job was given will not be
+// dispatched (the job moved on, or asks again), so the slot it counted is
+// freed.
+func (j *JobActor) dropPick(c actor.Context) {
+	if j.picked != "" {
+		c.Send(j.env.Router, &router.Released{WorkerID: j.picked, JobID: j.id, Done: true})
+		j.picked = ""
+	}
+}
+
+// withdraw takes the job out of the router's queue.
+func (j *JobActor) withdraw(c actor.Context) {
+	if j.queued {
+		j.queued = false
+		c.Send(j.env.Router, &router.Withdraw{JobID: j.id, Ticket: j.ticket})
 	}
 }
 
@@ -1570,6 +1690,8 @@ func (j *JobActor) finish(c actor.Context) {
 	}
 	j.done = true
 	j.disarm()
+	j.withdraw(c)
+	j.dropPick(c)
 	if j.lockValue != "" {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 	}
@@ -1622,13 +1744,25 @@ func (j *JobActor) release(c actor.Context, done bool) {
 // onStopping releases the lock of a job still in flight when the actor is
 // stopped from outside (node shutdown), so another replica can adopt it at
 // once instead of waiting for the lock to expire.
-func (j *JobActor) onStopping() {
+//
+// A job waiting for capacity has no due time (see waitCapacity): it is
+// made due now as the lock goes, so the next replica's due poller places it.
+func (j *JobActor) onStopping(c actor.Context) {
 	j.disarm()
 	j.stopWaitingPolicy()
+	queued := j.queued
+	j.withdraw(c)
+	j.dropPick(c)
 	if j.lockValue != "" && !j.done {
 		j.env.Renewer.Forget(j.id, j.lockValue)
-		j.env.Writer.Submit(&store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue,
-			Done: func(*store.Result) {}})
+		op := &store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue, Done: func(*store.Result) {}}
+		if queued && j.state == core.StateScheduled {
+			op.Kind = store.OpTransition
+			op.T = &store.Transition{Expect: store.Expect(core.StateScheduled),
+				Path: []store.Hop{{To: core.StateScheduled, Reason: j.capReason}}, Due: time.Now().UnixMilli(),
+				Release: true, Op: newOpID()}
+		}
+		j.env.Writer.Submit(op)
 	}
 	j.returnDeliveries()
 }

@@ -27,6 +27,11 @@ type Metrics struct {
 	Unparked        prometheus.Counter
 	Resent          prometheus.Counter
 	AdoptionLatency prometheus.Histogram
+	// CapacityWaits counts the writes that put a job in SCHEDULED to wait
+	// for room in its pool (reason pool_overloaded or no_workers): one when
+	// it joins the router's wait queue, one per safety-net recheck of a
+	// no_workers wait. The bench reports it per job.
+	CapacityWaits *prometheus.CounterVec // reason
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -75,11 +80,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.1, 2, 14)}),
 		Resent: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_dispatch_resent_total",
 			Help: "Direct dispatches repeated to a deduping worker because the job showed no sign of arriving."}),
+		CapacityWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_capacity_waits_total",
+			Help: "Jobs written SCHEDULED to wait for room in their pool (pool_overloaded, no_workers)."}, []string{"reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
-			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency)
+			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits)
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,6 +57,17 @@ func TestBenchSmoke(t *testing.T) {
 			if !res.Redis.ClientMeasured || res.Redis.RoundTripsPerJob <= 0 {
 				t.Errorf("node round trips not counted: %+v", res.Redis)
 			}
+			// The workers state the default limit and count what they held;
+			// only a node reports capacity waits.
+			if res.Params.MaxParallel != MaxParallelDefault || res.MaxHeld < 1 {
+				t.Errorf("max_parallel %d, max_held %d; want %d and ≥ 1", res.Params.MaxParallel, res.MaxHeld, MaxParallelDefault)
+			}
+			if (res.CapacityWaitsPerJob != nil) != (target == TargetTroupe) {
+				t.Errorf("capacity_waits_per_job %v for target %s", res.CapacityWaitsPerJob, target)
+			}
+			var sum strings.Builder
+			FormatReport(&sum, res)
+			t.Log("\n" + sum.String())
 
 			// The run cleaned up after itself.
 			pfx := PrefixesFor(cfg.RunID)
@@ -142,6 +154,9 @@ func TestChildProtocol(t *testing.T) {
 	sn, has, err := ct.snap(ctx)
 	if err != nil || !has.CPU || sn.CPU <= 0 || sn.PeakRSS <= 0 || sn.Redis.Commands == 0 {
 		t.Errorf("snap = %+v, %+v, %v; want CPU, RSS and the node's Redis commands", sn, has, err)
+	}
+	if sn.CapacityWaits == nil {
+		t.Error("snap has no capacity waits: the child's node must report them in its reply")
 	}
 	if err := ct.stop(ctx); err != nil {
 		t.Fatal(err)
@@ -320,5 +335,56 @@ func TestBenchAdoptSmoke(t *testing.T) {
 	}
 	if j := res.Jobs; j.Succeeded != cfg.Jobs || j.Duplicates != 0 {
 		t.Fatalf("want %d SUCCEEDED exactly once; got %+v", cfg.Jobs, j)
+	}
+}
+
+// TestFleetCountsHeldJobs: a worker's held count, peak and overfills follow
+// receipts and answers as the worker sees them.
+func TestFleetCountsHeldJobs(t *testing.T) {
+	t.Parallel()
+	f := &fleet{maxPar: 2, active: make([]atomic.Int32, 2), peak: make([]atomic.Int32, 2)}
+	for range 3 {
+		f.take(0) // the third arrives with 2 held: an overfill
+	}
+	f.take(1)
+	f.active[0].Add(-1)
+	f.take(0) // 3 held again: another overfill, same peak
+	if held, over := f.capacity(); held != 3 || over != 2 {
+		t.Fatalf("max held %d, overfills %d; want 3 and 2", held, over)
+	}
+	f.resetCapacity()
+	if held, over := f.capacity(); held != 3 || over != 0 {
+		t.Fatalf("after reset: max held %d, overfills %d; want 3 (still held) and 0", held, over)
+	}
+	f.maxPar = 0
+	f.take(0)
+	if _, over := f.capacity(); over != 0 {
+		t.Fatalf("no stated limit counted %d overfills", over)
+	}
+}
+
+// TestMaxParallelDefaults: 64 unless asked otherwise; a hold run states no
+// limit unless asked, and refuses one that cannot hold all its jobs.
+func TestMaxParallelDefaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		hold    bool
+		set     int
+		want    int32
+		wantErr bool
+	}{
+		{set: 0, want: MaxParallelDefault},
+		{set: -1, want: 0},
+		{set: 8, want: 8},
+		{hold: true, set: 0, want: 0},
+		{hold: true, set: 1000, want: 1000},
+		{hold: true, set: 8, wantErr: true}, // 10 workers × 8 < 100 jobs
+	} {
+		c := Config{Jobs: 100, Workers: 10, Hold: tc.hold, MaxParallel: tc.set}
+		err := c.withDefaults()
+		if (err != nil) != tc.wantErr || (err == nil && c.announcedMaxParallel() != tc.want) {
+			t.Errorf("hold %v, max-parallel %d: got %d, %v; want %d (error %v)",
+				tc.hold, tc.set, c.announcedMaxParallel(), err, tc.want, tc.wantErr)
+		}
 	}
 }

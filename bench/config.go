@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/troupe-run/troupe/worker"
@@ -71,6 +72,10 @@ const (
 	NATSURLDefault      = "nats://127.0.0.1:4222"
 )
 
+// MaxParallelDefault is the max_parallel_jobs each simulated worker
+// announces: what an SDK worker states by default (worker.Config.MaxParallel).
+const MaxParallelDefault = 64
+
 // Config configures a run.
 type Config struct {
 	// Target is what to measure (default TargetTroupe).
@@ -83,6 +88,12 @@ type Config struct {
 	Rate float64
 	// Delay is how long a worker holds a job before answering (0: at once).
 	Delay time.Duration
+	// MaxParallel is the max_parallel_jobs each simulated worker announces
+	// in its heartbeats, and the limit its overfills are counted against.
+	// 0: MaxParallelDefault (no limit in a hold run, whose jobs must all be
+	// in flight at once); <0: no stated limit (announce 0, count no
+	// overfill).
+	MaxParallel int
 	// Timeout bounds the measured part of the run (default TimeoutDefault).
 	Timeout time.Duration
 	// Warmup jobs before measuring (default WarmupDefault; <0 for none).
@@ -238,6 +249,9 @@ func (c *Config) withDefaults() error {
 			return fmt.Errorf("%w: --adopt kills a node process: it needs --node child and the troupe target", ErrConfig)
 		}
 	}
+	if err := c.maxParallelDefaults(); err != nil {
+		return err
+	}
 	if c.Hold {
 		if c.Delay > 0 {
 			return fmt.Errorf("%w: --hold and --delay: pick one", ErrConfig)
@@ -251,3 +265,28 @@ func (c *Config) withDefaults() error {
 	}
 	return nil
 }
+
+// maxParallelDefaults fills MaxParallel (after Hold is settled). A hold run
+// needs every job with a worker at once, which a stated limit below
+// Jobs/Workers forbids: unset, it announces none; set too low, it is an
+// error rather than a run that waits for capacity until it times out.
+func (c *Config) maxParallelDefaults() error {
+	if c.MaxParallel == 0 {
+		c.MaxParallel = MaxParallelDefault
+		if c.Hold {
+			c.MaxParallel = -1
+		}
+	}
+	if c.MaxParallel > math.MaxInt32 {
+		return fmt.Errorf("%w: --max-parallel %d does not fit a heartbeat's int32", ErrConfig, c.MaxParallel)
+	}
+	if c.Hold && c.MaxParallel > 0 && c.MaxParallel*c.Workers < c.Jobs {
+		return fmt.Errorf("%w: --hold keeps all %d jobs with %d workers at once: it needs --max-parallel ≥ %d, or 0 (no limit)",
+			ErrConfig, c.Jobs, c.Workers, (c.Jobs+c.Workers-1)/c.Workers)
+	}
+	return nil
+}
+
+// announcedMaxParallel is the max_parallel_jobs the workers announce (0: no
+// stated limit).
+func (c *Config) announcedMaxParallel() int32 { return int32(max(c.MaxParallel, 0)) }

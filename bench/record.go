@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -112,6 +113,7 @@ func FormatReport(w io.Writer, res *Result) {
 	if len(res.PerWorker) > 0 {
 		fmt.Fprintf(w, "  per worker    min %d max %d receipts (warm-up included)\n", slices.Min(res.PerWorker), slices.Max(res.PerWorker))
 	}
+	fmt.Fprintf(w, "  capacity      %s\n", capacityText(res))
 	fmt.Fprintf(w, "  env           %s; redis %s; nats %s; git %s (shared machine: figures provisional)\n",
 		res.Env.Machine, res.Env.RedisVersion, res.Env.NATSVersion, orUnknown(res.Env.Git))
 	for _, note := range res.Notes {
@@ -124,6 +126,27 @@ func FormatReport(w io.Writer, res *Result) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// capacityText is the workers' stated limit, what they counted against it
+// over the measured run, and the node's capacity waits per job.
+func capacityText(res *Result) string {
+	s := fmt.Sprintf("workers state max_parallel %s: at most %d held at once by one worker", maxParText(res.Params.MaxParallel), res.MaxHeld)
+	if res.Params.MaxParallel > 0 {
+		s += fmt.Sprintf(", %d overfills (receipts at or past the limit)", res.Overfills)
+	}
+	if res.CapacityWaitsPerJob != nil {
+		s += fmt.Sprintf("; node %.3f capacity waits/job", *res.CapacityWaitsPerJob)
+	}
+	return s
+}
+
+// maxParText is an announced max_parallel_jobs, 0 being no limit.
+func maxParText(n int32) string {
+	if n <= 0 {
+		return "none"
+	}
+	return strconv.Itoa(int(n))
 }
 
 // stageText is a stage's p50/p99, or "n/a" when the target keeps no
@@ -181,6 +204,7 @@ func Row(res *Result, note string) string {
 	if p.DelayMs > 0 {
 		params += fmt.Sprintf(", delay %.0f ms", p.DelayMs)
 	}
+	params += ", max-par " + maxParText(p.MaxParallel)
 	cpu, rss := "–", "–"
 	if res.Node.Measured {
 		cpu = fmt.Sprintf("%.4f", res.Node.CPUSecPer1k)
@@ -204,6 +228,7 @@ func Row(res *Result, note string) string {
 	if res.Jobs.Duplicates > 0 {
 		status += fmt.Sprintf(", %d dup", res.Jobs.Duplicates)
 	}
+	status += "; " + capacityCell(res)
 	cells := []string{
 		res.Started.Format("2006-01-02 15:04"), orUnknown(res.Env.Git), string(res.Target), mode, params,
 		fmt.Sprintf("%.0f", res.JobsPerSec),
@@ -216,6 +241,19 @@ func Row(res *Result, note string) string {
 		cells[i] = strings.ReplaceAll(c, "|", "/")
 	}
 	return "| " + strings.Join(cells, " | ") + " |"
+}
+
+// capacityCell is the capacity figures for the row's result column (the
+// table keeps its columns): peak held, overfills, capacity waits per job.
+func capacityCell(res *Result) string {
+	s := fmt.Sprintf("held ≤%d", res.MaxHeld)
+	if res.Params.MaxParallel > 0 {
+		s += fmt.Sprintf(", %d overfills", res.Overfills)
+	}
+	if res.CapacityWaitsPerJob != nil {
+		s += fmt.Sprintf(", %.3f waits/job", *res.CapacityWaitsPerJob)
+	}
+	return s
 }
 
 // RowHeader is the runs table's header, matching Row.

@@ -47,6 +47,18 @@ type Result struct {
 	// PerWorker is how many requests each simulated worker received.
 	PerWorker []int64 `json:"per_worker"`
 
+	// MaxHeld is the most jobs any simulated worker held at once (received,
+	// not yet answered) over the measured run.
+	MaxHeld int32 `json:"max_held"`
+	// Overfills counts the receipts, over the measured run and all workers,
+	// that arrived while the worker already held Params.MaxParallel jobs or
+	// more (0 when the workers state no limit).
+	Overfills int64 `json:"overfills"`
+	// CapacityWaitsPerJob is the node's troupe_capacity_waits_total over
+	// the measured run per job: how often jobs were written SCHEDULED to
+	// wait for room in their pool. Absent when not read (floor, external).
+	CapacityWaitsPerJob *float64 `json:"capacity_waits_per_job,omitempty"`
+
 	Files Files `json:"files,omitempty"`
 }
 
@@ -60,6 +72,8 @@ type Params struct {
 	Topic     string  `json:"topic"`
 	Window    int     `json:"submit_window"`
 	Heartbeat string  `json:"heartbeat"`
+	// MaxParallel is the max_parallel_jobs the workers announce (0: none).
+	MaxParallel int32 `json:"max_parallel"`
 }
 
 // Env describes where the run happened.

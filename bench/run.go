@@ -125,7 +125,8 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	r.res = &Result{
 		Target: cfg.Target, NodeMode: cfg.Node, RunID: cfg.RunID, Started: time.Now().UTC(),
 		Params: Params{Jobs: cfg.Jobs, Workers: cfg.Workers, Rate: cfg.Rate, DelayMs: durMs(cfg.Delay),
-			Warmup: cfg.Warmup, Topic: cfg.Topic, Window: cfg.SubmitWindow, Heartbeat: cfg.Heartbeat.String()},
+			Warmup: cfg.Warmup, Topic: cfg.Topic, Window: cfg.SubmitWindow, Heartbeat: cfg.Heartbeat.String(),
+			MaxParallel: cfg.announcedMaxParallel()},
 		Env: Env{Machine: describeMachine(), RedisVersion: orUnknown(srv0.version),
 			NATSVersion: orUnknown(r.wconn.ConnectedServerVersion()), Git: gitDescribe()},
 	}
@@ -133,7 +134,8 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	r.tr = newTracker(cfg.RunID+"-", cfg.RunID+"w-", cfg.Jobs)
-	if r.fl, err = startFleet(r.wconn, r.subj, cfg.Workers, cfg.Pool, cfg.Topic, cfg.Delay, cfg.Heartbeat, r.tr); err != nil {
+	if r.fl, err = startFleet(r.wconn, r.subj, cfg.Workers, cfg.Pool, cfg.Topic, cfg.Delay, cfg.Heartbeat,
+		cfg.announcedMaxParallel(), r.tr); err != nil {
 		return nil, err
 	}
 	r.fl.hold.Store(cfg.Hold) // measured jobs only: the warm-up is answered
@@ -283,6 +285,7 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 		}
 		r.res.Hold.redisUsedBeforeRun, _ = usedMemory(ctx, r.rdb)
 	}
+	r.fl.resetCapacity()
 	before := r.snapshot(ctx, natsPID)
 	if cfg.CPUProfile != "" {
 		if err := r.tgt.startProfile(cfg.CPUProfile); err != nil {
@@ -430,6 +433,7 @@ func (r *runner) compute(recs []record, before, after snapshot) {
 	res.Jobs.Answered = int(tr.answered.Load())
 	res.Jobs.Duplicates, res.Jobs.NeverReceived = tr.duplicates()
 	res.PerWorker = r.fl.perWorker()
+	res.MaxHeld, res.Overfills = r.fl.capacity()
 
 	var firstSubmit int64 = math.MaxInt64
 	for i := 0; i < n; i++ {
@@ -541,6 +545,7 @@ func (r *runner) costs(before, after snapshot) {
 		res.Node.AllocBytesPerJob = math.Round(float64(after.node.AllocBytes-before.node.AllocBytes) / n)
 		res.Node.MallocsPerJob = math.Round(float64(after.node.Mallocs-before.node.Mallocs) / n)
 	}
+	res.CapacityWaitsPerJob = capacityWaitsPerJob(before.node.CapacityWaits, after.node.CapacityWaits, n)
 	if r.cfg.Node == NodeExternal && !has.CPU {
 		res.Notes = append(res.Notes, "node CPU and RSS not measured: pass --node-pid for an external node")
 	}
@@ -603,6 +608,22 @@ func (r *runner) costs(before, after snapshot) {
 	if r.cfg.Node == NodeInProcess {
 		res.Notes = append(res.Notes, "in-process node: node CPU and RSS include the harness (workers, submitter, polls)")
 	}
+}
+
+// capacityWaitsPerJob is the node's capacity waits between two readings per
+// job (nil when either reading has none). A counter that went down belongs
+// to a new process (an adoption's second node), which counted from zero
+// within the run: its reading is the whole of it.
+func capacityWaitsPerJob(before, after *float64, jobs float64) *float64 {
+	if before == nil || after == nil {
+		return nil
+	}
+	d := *after - *before
+	if d < 0 {
+		d = *after
+	}
+	v := math.Round(d/jobs*1000) / 1000
+	return &v
 }
 
 // teardown stops everything the run started and deletes its data.

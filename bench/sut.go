@@ -142,6 +142,9 @@ type Snap struct {
 	// parked (in flight with no actor).
 	LiveActors int   `json:"live_actors,omitempty"`
 	Parked     int64 `json:"parked,omitempty"`
+	// CapacityWaits is the node's troupe_capacity_waits_total summed over
+	// its reasons; nil when the sut is no node (the floor).
+	CapacityWaits *float64 `json:"capacity_waits,omitempty"`
 }
 
 // counters reads everything but CPU and RSS, which depend on where the sut
@@ -151,7 +154,33 @@ func (s *sut) counters() Snap {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return Snap{Redis: s.rc.snapshot(), NATSIn: st.InMsgs, NATSOut: st.OutMsgs,
-		GCs: ms.NumGC, AllocBytes: ms.TotalAlloc, Mallocs: ms.Mallocs, HeapAlloc: ms.HeapAlloc}
+		GCs: ms.NumGC, AllocBytes: ms.TotalAlloc, Mallocs: ms.Mallocs, HeapAlloc: ms.HeapAlloc,
+		CapacityWaits: s.capacityWaits()}
+}
+
+// capacityWaitsMetric is the node's counter of jobs written SCHEDULED to
+// wait for room in their pool (actors.Metrics.CapacityWaits).
+const capacityWaitsMetric = "troupe_capacity_waits_total"
+
+// capacityWaits sums the node's capacity-wait counter over its reasons (nil
+// with no node); 0 before any wait, since a counter vec with no label values
+// yet is not gathered. A Gather error still returns what it could read, and
+// one bad collector elsewhere must not hide this counter.
+func (s *sut) capacityWaits() *float64 {
+	if s.node == nil || s.node.Metrics() == nil {
+		return nil
+	}
+	mfs, _ := s.node.Metrics().Gather()
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != capacityWaitsMetric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return &sum
 }
 
 // inflight reads what a hold run samples: a GC first (so HeapAlloc is the

@@ -21,6 +21,13 @@ import (
 // work: it answers SUCCEEDED at once, or after delay. The shared connection
 // keeps the harness's own cost per job small, since it shares the CPU with the
 // node under test.
+//
+// Each worker announces maxPar as its max_parallel_jobs and counts, as a
+// real worker would see them, the jobs it holds (received, not yet
+// answered: what its heartbeat reports as active_jobs), its peak, and the
+// receipts that arrived while it already held maxPar or more (overfills).
+// It never refuses a job: the bench measures whether the node keeps to
+// the stated capacity, not what a worker does when it does not.
 type fleet struct {
 	// Immutable after startFleet.
 	nc      *nats.Conn
@@ -29,12 +36,15 @@ type fleet struct {
 	pool    string
 	topic   string
 	delay   time.Duration
+	maxPar  int32 // announced max_parallel_jobs; 0: no stated limit
 	tracker *tracker
 
 	// Shared and safe.
-	active  []atomic.Int32 // jobs a worker holds (received, not yet answered)
-	perWkr  []atomic.Int64 // receipts per worker
-	pubErrs atomic.Int64
+	active    []atomic.Int32 // jobs a worker holds (received, not yet answered)
+	peak      []atomic.Int32 // most jobs a worker held at once since resetCapacity
+	overfills atomic.Int64   // receipts while the worker held ≥ maxPar (maxPar > 0)
+	perWkr    []atomic.Int64 // receipts per worker
+	pubErrs   atomic.Int64
 
 	subs   []*nats.Subscription
 	stop   chan struct{}
@@ -66,10 +76,13 @@ func workerIDs(n int) []string {
 	return ids
 }
 
+// startFleet starts n simulated workers announcing maxPar (0: no limit) and
+// sends their first heartbeat.
 func startFleet(nc *nats.Conn, subj bus.Subjects, n int, pool, topic string, delay, heartbeat time.Duration,
-	tr *tracker) (*fleet, error) {
-	f := &fleet{nc: nc, subj: subj, ids: workerIDs(n), pool: pool, topic: topic, delay: delay, tracker: tr,
-		active: make([]atomic.Int32, n), perWkr: make([]atomic.Int64, n), stop: make(chan struct{})}
+	maxPar int32, tr *tracker) (*fleet, error) {
+	f := &fleet{nc: nc, subj: subj, ids: workerIDs(n), pool: pool, topic: topic, delay: delay, maxPar: maxPar,
+		tracker: tr, active: make([]atomic.Int32, n), peak: make([]atomic.Int32, n), perWkr: make([]atomic.Int64, n),
+		stop: make(chan struct{})}
 	poolSubj := subj.Pool(topic)
 	for w := range f.ids {
 		handler := func(m *nats.Msg) { f.onRequest(w, m) }
@@ -103,15 +116,14 @@ func startFleet(nc *nats.Conn, subj bus.Subjects, n int, pool, topic string, del
 	return f, nil
 }
 
-// beat publishes one heartbeat per worker. max_parallel_jobs is 0 (no stated
-// limit), so the router never marks a simulated worker overloaded: the bench
-// measures the scheduler, not the overload policy.
+// beat publishes one heartbeat per worker: its stated max_parallel_jobs
+// (as an SDK worker states its own, 64 by default) and the jobs it holds now.
 func (f *fleet) beat() {
 	for w, id := range f.ids {
 		data, err := bus.EncodeHeartbeat(id, &capv1.Heartbeat{
 			WorkerId: id, Pool: f.pool, Type: "troupe-bench", ActiveJobs: f.active[w].Load(),
-			Capabilities: []string{f.topic},
-			Labels:       map[string]string{registry.LabelDispatch: registry.DispatchDirect},
+			MaxParallelJobs: f.maxPar, Capabilities: []string{f.topic},
+			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect},
 		})
 		if err == nil {
 			_ = f.nc.Publish(f.subj.Heartbeat, data)
@@ -135,7 +147,8 @@ func (f *fleet) heartbeats(every time.Duration) {
 
 // onRequest is the hot path of a simulated worker: note the receipt time
 // first (before decoding, so the harness's own decode is not billed to the
-// node), then answer.
+// node), then answer. The job counts as held from its receipt until its
+// answer is published, instant answers included.
 func (f *fleet) onRequest(w int, m *nats.Msg) {
 	at := f.tracker.now()
 	pkt, err := bus.Decode(m.Data)
@@ -145,9 +158,9 @@ func (f *fleet) onRequest(w int, m *nats.Msg) {
 		return
 	}
 	f.perWkr[w].Add(1)
+	f.take(w)
 	i := f.tracker.markReceived(req.JobId, at)
 	if i >= 0 && f.hold.Load() {
-		f.active[w].Add(1)
 		f.heldMu.Lock()
 		f.held = append(f.held, heldJob{w: w, i: i, trace: pkt.TraceId, id: req.JobId})
 		f.heldMu.Unlock()
@@ -155,15 +168,48 @@ func (f *fleet) onRequest(w int, m *nats.Msg) {
 	}
 	if f.delay <= 0 {
 		f.answer(w, i, pkt.TraceId, req.JobId)
+		f.active[w].Add(-1)
 		return
 	}
-	f.active[w].Add(1)
 	f.timers.Add(1)
 	time.AfterFunc(f.delay, func() {
 		defer f.timers.Done()
-		f.active[w].Add(-1)
 		f.answer(w, i, pkt.TraceId, req.JobId)
+		f.active[w].Add(-1)
 	})
+}
+
+// take counts a receipt by worker w as a job it holds: an overfill when it
+// already held maxPar or more, and a new peak when it holds more than ever.
+func (f *fleet) take(w int) {
+	n := f.active[w].Add(1)
+	if f.maxPar > 0 && n-1 >= f.maxPar {
+		f.overfills.Add(1)
+	}
+	for {
+		p := f.peak[w].Load()
+		if n <= p || f.peak[w].CompareAndSwap(p, n) {
+			return
+		}
+	}
+}
+
+// resetCapacity starts the peak and overfill counts afresh (at the start of
+// the measured run: the warm-up is not counted).
+func (f *fleet) resetCapacity() {
+	for w := range f.peak {
+		f.peak[w].Store(f.active[w].Load())
+	}
+	f.overfills.Store(0)
+}
+
+// capacity returns the highest peak of any worker and the overfills of all,
+// since resetCapacity.
+func (f *fleet) capacity() (maxHeld int32, overfills int64) {
+	for w := range f.peak {
+		maxHeld = max(maxHeld, f.peak[w].Load())
+	}
+	return maxHeld, f.overfills.Load()
 }
 
 // answer publishes a SUCCEEDED JobResult, as a CAP worker does: core
@@ -193,8 +239,8 @@ func (f *fleet) releaseHeld() int {
 	f.held = nil
 	f.heldMu.Unlock()
 	for _, h := range held {
-		f.active[h.w].Add(-1)
 		f.answer(h.w, h.i, h.trace, h.id)
+		f.active[h.w].Add(-1)
 	}
 	_ = f.nc.Flush()
 	return len(held)

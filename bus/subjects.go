@@ -43,6 +43,10 @@ func (s Subjects) Worker(workerID string) string { return s.prefix + "worker." +
 // by other replicas for jobs it owns (core NATS request/reply).
 func (s Subjects) Inbox(nodeID string) string { return s.prefix + "troupe.node." + nodeID + ".inbox" }
 
+// Capacity is the subject on which replicas share how many jobs each has
+// in flight on each worker (core NATS; see router/gossip.go).
+func (s Subjects) Capacity() string { return s.prefix + "troupe.capacity" }
+
 // Pool is the subject a pool's stock CAP workers queue-subscribe to: the
 // job's topic itself (queue group = the subject).
 func (s Subjects) Pool(topic string) string { return s.prefix + topic }

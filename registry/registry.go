@@ -83,7 +83,10 @@ const (
 
 // Overload thresholds applied when a pool sets none (CAP's reference values).
 const (
-	ActiveRatioDefault = 0.9 // (active+dispatched)/max_parallel
+	// ActiveRatioDefault: a worker takes jobs until its in-flight count
+	// reaches max_parallel_jobs. The count is exact for what Troupe sent it
+	// (see Worker.InFlight), so no head room is kept for a stale figure.
+	ActiveRatioDefault = 1.0 // in flight / max_parallel
 	CPULoadMaxDefault  = 90  // percent
 	GPUUtilMaxDefault  = 90  // percent
 )
@@ -91,7 +94,7 @@ const (
 // Thresholds say when a pool's worker is overloaded: at or above any of
 // them. A zero field takes its default.
 type Thresholds struct {
-	// ActiveRatio bounds (active_jobs+dispatched)/max_parallel_jobs, checked
+	// ActiveRatio bounds InFlight/max_parallel_jobs, checked
 	// only for workers that report max_parallel_jobs > 0. In (0, 1].
 	ActiveRatio float64
 	// CPULoad and GPUUtil bound the reported percentages. In (0, 100].
@@ -140,11 +143,29 @@ type Worker struct {
 	Dedupe      bool  // LabelDedupe: repeated deliveries are safe
 	ActiveJobs  int32 // as last reported by the worker
 	MaxParallel int32
-	// Dispatched counts jobs this node sent the worker since its last
-	// heartbeat, so a burst between two heartbeats spreads over the pool.
+	// Dispatched counts this node's jobs on the worker: placed and not yet
+	// answered (a result, the job's end, or its return to be placed again).
+	// See InFlight for what placement counts.
 	Dispatched int32
-	CPULoad    float32
-	GPUUtil    float32
+	// Others is what the other replicas say they have in flight on the
+	// worker (SetOthers), Foreign the jobs the last heartbeat showed beyond
+	// every replica's count (another scheduler, or jobs adopted after a
+	// replica died).
+	Others  int32
+	Foreign int32
+	CPULoad float32
+	GPUUtil float32
+	// oldOwn counts this node's jobs placed a whole heartbeat interval or
+	// more before the worker's last heartbeat, which therefore should have
+	// counted them in active_jobs; oldCap is that heartbeat's active_jobs.
+	// When oldOwn > oldCap, the worker no longer holds some of them (it
+	// restarted, or their results were lost) and their slots are free.
+	oldOwn   int32
+	oldCap   int32
+	reported bool // the worker has reported active_jobs > 0 at least once
+	beats    uint32
+	young    [3]int32 // own jobs by beats%3 at placement, not yet old
+	jobs     map[string]uint32
 	// main is the worker's entry in its pool's index, sel its entries in
 	// the pool's label selectors.
 	main member
@@ -178,8 +199,29 @@ type Worker struct {
 
 // Load is the worker's score for least-loaded placement: lower is better.
 func (w *Worker) Load() float64 {
-	return float64(w.ActiveJobs+w.Dispatched) + float64(w.CPULoad)/100 + float64(w.GPUUtil)/100
+	return float64(w.InFlight()) + float64(w.CPULoad)/100 + float64(w.GPUUtil)/100
 }
+
+// InFlight is the number of jobs the worker holds as placement counts
+// them: this node's (Dispatched), less those its heartbeats show it no
+// longer holds, plus the other replicas' (Others) and the unexplained rest
+// of its last heartbeat (Foreign).
+//
+// This node's part is exact the moment a job is placed and the moment its
+// answer is seen: a slot frees on the result, not at the next heartbeat,
+// and jobs sent since the last heartbeat are never forgotten by it.
+func (w *Worker) InFlight() int32 {
+	own := w.Dispatched
+	if w.reported && w.oldOwn > w.oldCap {
+		own -= w.oldOwn - w.oldCap
+	}
+	return max(own, 0) + w.Others + w.Foreign
+}
+
+// jobStarted marks a job, in Worker.jobs, that has reported progress (it
+// is no longer waiting for the worker to take it); the rest of the value is
+// the worker's heartbeat count when the job was placed.
+const jobStarted = 1 << 31
 
 // Before orders workers for placement: lower score first, and between equal
 // scores the lower random key. Keys are redrawn whenever a score changes, so
@@ -196,7 +238,7 @@ func (w *Worker) Deadline() time.Time { return w.deadline }
 func (w *Worker) Overloaded() bool { return w.overloadedBy(Thresholds{}.WithDefaults()) }
 
 func (w *Worker) overloadedBy(t Thresholds) bool {
-	if w.MaxParallel > 0 && float64(w.ActiveJobs+w.Dispatched)/float64(w.MaxParallel) >= t.ActiveRatio {
+	if w.MaxParallel > 0 && float64(w.InFlight())/float64(w.MaxParallel) >= t.ActiveRatio-1e-9 {
 		return true
 	}
 	return w.CPULoad >= t.CPULoad || w.GPUUtil >= t.GPUUtil
@@ -245,9 +287,9 @@ func New(ttl time.Duration) *Registry {
 // TTL returns the configured liveness TTL (the bound for every worker).
 func (r *Registry) TTL() time.Duration { return r.ttl }
 
-// Observe records a heartbeat seen at now and returns the worker. A
-// heartbeat always wins over what the registry held: it resets the
-// dispatch count, refreshes liveness and puts a stale worker back in play.
+// Observe records a heartbeat seen at now and returns the worker. It
+// refreshes liveness, puts a stale worker back in play and reconciles the
+// in-flight count with the worker's active_jobs (see reconcile).
 func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 	w := r.workers[hb.WorkerId]
 	if w == nil {
@@ -267,7 +309,7 @@ func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 	w.Capabilities, w.Labels = hb.Capabilities, hb.Labels
 	w.Direct = strings.EqualFold(hb.Labels[LabelDispatch], DispatchDirect)
 	w.Dedupe = strings.EqualFold(hb.Labels[LabelDedupe], DedupeJobID)
-	w.Dispatched = 0
+	w.reconcile()
 	r.learnInterval(w, now)
 	w.LastSeen, w.lastBeat = now, now
 	w.deadline = now.Add(r.ttlFor(w))
@@ -282,6 +324,37 @@ func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 }
 
 func newWorker(id string) *Worker { return &Worker{ID: id} }
+
+// reconcile takes in a heartbeat's active_jobs (already in ActiveJobs).
+//
+// Jobs this node placed before the worker's previous heartbeat have had a
+// whole interval to arrive, so the worker should count them: they become
+// "old". If the worker reports fewer jobs than this node has old ones, the
+// difference is not there (the worker restarted, or results were lost) and
+// stops counting until those jobs end. The test is one-sided on purpose:
+// min(old, active_jobs) can only over-state what the worker holds of ours,
+// never under-state it, so reconciling never over-fills a worker.
+//
+// Foreign is the rest of active_jobs: what neither this node nor the other
+// replicas account for.
+//
+// A worker that has never reported active_jobs > 0 may simply not report
+// it; its own count is then trusted alone.
+func (w *Worker) reconcile() {
+	w.beats++
+	b := w.beats
+	if b >= 2 {
+		i := (b - 2) % 3
+		w.oldOwn += w.young[i]
+		w.young[i] = 0
+	}
+	if w.ActiveJobs > 0 {
+		w.reported = true
+	}
+	w.oldCap = w.ActiveJobs
+	own := w.InFlight() - w.Others - w.Foreign
+	w.Foreign = max(0, w.ActiveJobs-own-w.Others)
+}
 
 // percent clamps a reported percentage so a bad heartbeat (NaN, negative)
 // cannot break the heap order.
@@ -402,29 +475,100 @@ func (r *Registry) MarkStale(w *Worker) {
 	}
 }
 
-// CountDispatch records one job sent to w: it raises w's score so the next
-// pick prefers a less loaded worker, and may make w overloaded.
+// CountDispatch records one job sent to w without naming it: it raises w's
+// score so the next pick prefers a less loaded worker, and may make w
+// overloaded. CountDone takes it back. Jobs the node tracks by id go
+// through Occupy and Vacate instead.
 func (r *Registry) CountDispatch(w *Worker) {
 	w.Dispatched++
-	if w.pool == nil {
-		return
-	}
-	r.rekey(w)
-	if w.placed == placedStale {
-		return
-	}
-	r.place(w, r.wanted(w))
+	r.reload(w)
 }
 
-// CountDone records that a job counted by CountDispatch has left w (it
-// finished, or went back to be placed again) before w's next heartbeat,
-// which would otherwise be the first to say so: a worker of max_parallel 4
-// would look full for up to a heartbeat interval after four quick jobs.
+// CountDone takes back one CountDispatch.
 func (r *Registry) CountDone(w *Worker) {
 	if w.Dispatched <= 0 {
-		return // the heartbeat since has counted it in active_jobs
+		return
 	}
 	w.Dispatched--
+	r.reload(w)
+}
+
+// Occupy records that job holds a slot of w (it was placed there, or this
+// node adopted it there). It reports false, changing nothing, when the job
+// is already counted on w.
+func (r *Registry) Occupy(w *Worker, job string) bool {
+	if _, ok := w.jobs[job]; ok {
+		return false
+	}
+	if w.jobs == nil {
+		w.jobs = make(map[string]uint32)
+	}
+	w.jobs[job] = w.beats
+	w.young[w.beats%3]++
+	w.Dispatched++
+	r.reload(w)
+	return true
+}
+
+// Start marks an occupying job as started: it is running at the worker, so
+// the worker's eviction need not place it again (see Waiting).
+func (r *Registry) Start(w *Worker, job string) {
+	if m, ok := w.jobs[job]; ok {
+		w.jobs[job] = m | jobStarted
+	}
+}
+
+// Vacate frees job's slot on w: its answer was seen, or it ended or went
+// back to be placed again. It reports whether the job was counted on w.
+func (r *Registry) Vacate(w *Worker, job string) bool {
+	m, ok := w.jobs[job]
+	if !ok {
+		return false
+	}
+	delete(w.jobs, job)
+	if placed := m &^ jobStarted; placed+2 <= w.beats {
+		w.oldOwn--
+	} else {
+		w.young[placed%3]--
+	}
+	w.Dispatched--
+	r.reload(w)
+	return true
+}
+
+// Waiting returns the jobs occupying w that have not started (the ones
+// its eviction should place again).
+func (r *Registry) Waiting(w *Worker) []string {
+	var out []string
+	for id, m := range w.jobs {
+		if m&jobStarted == 0 {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// SetOthers sets what the other replicas have in flight on w.
+func (r *Registry) SetOthers(w *Worker, n int32) {
+	if n < 0 || n == w.Others {
+		return
+	}
+	// Jobs another replica now reports were, until its report, part of
+	// the heartbeat's unexplained rest; do not count them twice.
+	if d := n - w.Others; d > 0 {
+		w.Foreign = max(0, w.Foreign-d)
+	}
+	w.Others = n
+	r.reload(w)
+}
+
+// HasRoom reports whether w may take a job now: placed (neither overloaded
+// nor known stale). Liveness is the caller's check.
+func (r *Registry) HasRoom(w *Worker) bool { return w.pool != nil && w.placed == placedHeap }
+
+// reload re-sorts w after its count changed and moves it between the heap
+// and the overloaded set as its room says.
+func (r *Registry) reload(w *Worker) {
 	if w.pool == nil {
 		return
 	}

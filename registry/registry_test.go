@@ -151,12 +151,18 @@ func TestRegistryTopIsLeastLoadedAndDispatchReorders(t *testing.T) {
 	if top := r.Top("p"); top.ID != "w2" {
 		t.Fatalf("top after two dispatches to w1 = %s, want w2", top.ID)
 	}
-	// A heartbeat resets the dispatch count.
+	// A heartbeat does not forget what was sent since the last one: w1's
+	// two dispatches still count (active 0 + 2), until they are done.
 	hb := beat("w1", "p")
 	hb.ActiveJobs = 0
 	r.Observe(hb, t0.Add(time.Second))
-	if top := r.Top("p"); top.ID != "w1" || top.Dispatched != 0 {
-		t.Fatalf("top after w1's heartbeat = %s (dispatched %d), want w1 with 0", top.ID, top.Dispatched)
+	if top := r.Top("p"); top.ID != "w2" {
+		t.Fatalf("top after w1's heartbeat = %s, want w2 (w1 still holds 2)", top.ID)
+	}
+	r.CountDone(r.Get("w1"))
+	r.CountDone(r.Get("w1"))
+	if top := r.Top("p"); top.ID != "w1" || top.InFlight() != 0 {
+		t.Fatalf("top after w1's jobs ended = %s (in flight %d), want w1 with 0", top.ID, top.InFlight())
 	}
 	checkIndex(t, &r.pools["p"].index)
 }
@@ -165,8 +171,9 @@ func TestRegistryOverloadedWorkersLeaveTheHeap(t *testing.T) {
 	t.Parallel()
 	r := New(time.Minute)
 	hb := beat("busy", "p")
-	hb.ActiveJobs, hb.MaxParallelJobs = 9, 10 // 0.9
+	hb.ActiveJobs, hb.MaxParallelJobs = 9, 10
 	r.Observe(hb, t0)
+	r.SetThresholds(map[string]Thresholds{"p": {ActiveRatio: 0.9}})
 	hot := beat("hot", "p")
 	hot.CpuLoad = 90
 	r.Observe(hot, t0)

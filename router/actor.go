@@ -30,6 +30,15 @@ type PickRequest struct {
 	// Epoch is echoed in the reply so the job can drop answers to questions
 	// it no longer asks.
 	Epoch uint64
+	// Wait: when the job's pools have no room (Waitable reasons), queue the
+	// job and place it the moment they do; the reply says Queued, and the
+	// placement comes later as a *Placed sent to the asking actor, carrying
+	// Ticket. A job already queued keeps its place (the ask is a recheck).
+	Wait   bool
+	Ticket uint64
+	// Submitted orders a waiting job among its tenant's (oldest first):
+	// when the job was created, as its record says on every replica.
+	Submitted time.Time
 }
 
 // PickReply answers a PickRequest: WorkerID and Subject on success, or a
@@ -44,6 +53,60 @@ type PickReply struct {
 	Resend bool
 	Reason core.Reason
 	Detail string
+	// Queued: no room now; the job waits in its pools' queue (Position jobs
+	// ahead of it) and will get a *Placed.
+	Queued   bool
+	Position int
+}
+
+// Placed tells a queued job that it has a worker: Reply is what a pick
+// would have answered (its Epoch is meaningless). The job answers Took.
+// A Reply with a Reason means the job can no longer wait (its topic was
+// unmapped meanwhile, say).
+type Placed struct {
+	JobID  string
+	Ticket uint64
+	Reply  *PickReply
+}
+
+// Took answers a Placed: Used says the job takes the placement; otherwise
+// (it no longer waits, or the ticket is not its own) the slot is freed.
+type Took struct {
+	JobID  string
+	Ticket uint64
+	Used   bool
+}
+
+// Withdraw takes a job out of the wait queue (it was cancelled, or its
+// actor stops). A placement already sent to it is freed.
+type Withdraw struct {
+	JobID  string
+	Ticket uint64
+}
+
+// Occupied tells the router that a job of this node holds a slot on
+// WorkerID although this router did not place it there (the job was adopted
+// from another node, or this node restarted), so the slot counts until the
+// job's answer.
+type Occupied struct {
+	WorkerID string
+	JobID    string
+	Started  bool
+}
+
+// QueuePosition asks where a job waits; the reply is an int, -1 when it
+// does not wait in this router's queue.
+type QueuePosition struct{ JobID string }
+
+// Waitable reports whether a pick that failed for reason r should wait in
+// the queue for room rather than back off: no room now, but room comes
+// with a freed slot, a heartbeat or a new worker.
+func Waitable(r core.Reason) bool {
+	switch r {
+	case core.ReasonPoolOverloaded, core.ReasonNoWorkers, core.ReasonStaleWorker:
+		return true
+	}
+	return false
 }
 
 // HeartbeatSeen delivers a worker heartbeat to the router.
@@ -78,10 +141,16 @@ type Hydrated struct{ Added int }
 
 // WorkerInfo is a copy of one registry entry, safe to use outside the router.
 type WorkerInfo struct {
-	ID          string
-	Pool        string
-	ActiveJobs  int32
-	Dispatched  int32
+	ID         string
+	Pool       string
+	ActiveJobs int32
+	Dispatched int32 // this node's jobs on the worker
+	// InFlight is the count placement uses (registry.Worker.InFlight), of
+	// which Others are other replicas' jobs and Foreign the unexplained
+	// rest of the last heartbeat.
+	InFlight    int32
+	Others      int32
+	Foreign     int32
 	MaxParallel int32
 	CPULoad     float32
 	GPUUtil     float32
@@ -128,6 +197,12 @@ type Config struct {
 	// jobs this router dispatched to it that have not reported progress or
 	// finished since (see Released). Same rules as OnEvict.
 	OnEvictJobs func(workerID string, jobIDs []string)
+	// NodeID and Gossip share this node's in-flight counts with the other
+	// replicas (see gossip.go): Gossip publishes an encoded report, and the
+	// node hands the reports it hears to the router as *PeerLoad. Nil
+	// Gossip: a lone node, nothing is published.
+	NodeID string
+	Gossip func(data []byte)
 }
 
 // Released tells the router that a job it placed on WorkerID no longer
@@ -179,9 +254,25 @@ type Router struct {
 	log      *slog.Logger
 	stopTick chan struct{}
 	reported map[string]bool // pools with a troupe_live_workers series
-	// inflight: worker id → jobs placed on it and not yet Released. Only
-	// kept when Config.OnEvictJobs is set.
-	inflight map[string]map[string]struct{}
+
+	// The wait queue (waitq.go): one queue per pool, the waiting jobs by
+	// id, and the placements sent to queued jobs not yet answered by Took.
+	queues  map[string]*waitQueue
+	waiting map[string]*waiter
+	handed  map[string]handoff
+	seq     uint64
+	// Gossip state (gossip.go).
+	peers map[string]*peer
+	dirty map[*registry.Worker]struct{}
+	armed bool
+	quiet bool
+}
+
+// handoff is a placement sent to a queued job, until the job's Took.
+type handoff struct {
+	w      *registry.Worker
+	ticket uint64
+	at     time.Time
 }
 
 // Props returns the router actor's props.
@@ -206,7 +297,8 @@ func Props(cfg Config) *actor.Props {
 		}
 		return &Router{cfg: cfg, metrics: m, latest: latest, now: time.Now,
 			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
-			inflight: map[string]map[string]struct{}{}}
+			queues: map[string]*waitQueue{}, waiting: map[string]*waiter{}, handed: map[string]handoff{},
+			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}}
 	})
 }
 
@@ -221,38 +313,62 @@ func (r *Router) Receive(c actor.Context) {
 		if m.HB.GetWorkerId() == "" {
 			return
 		}
-		r.reg.Observe(m.HB, m.At)
-	case *PickRequest:
-		p := r.strategy.Pick(m.Req, r.now())
-		reply := &PickReply{Epoch: m.Epoch, Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
-		if p.Worker != nil {
-			reply.WorkerID = p.Worker.ID
-			reply.Resend = p.Direct && p.Worker.Dedupe
-			if r.cfg.OnEvictJobs != nil && m.JobID != "" {
-				jobs := r.inflight[p.Worker.ID]
-				if jobs == nil {
-					jobs = map[string]struct{}{}
-					r.inflight[p.Worker.ID] = jobs
-				}
-				jobs[m.JobID] = struct{}{}
-			}
+		known := r.reg.Get(m.HB.WorkerId) != nil
+		w := r.reg.Observe(m.HB, m.At)
+		if !known {
+			r.joined(w)
 		}
-		c.Respond(reply)
+		if r.reg.HasRoom(w) {
+			r.drain(c, w.Pool)
+		}
+	case *PickRequest:
+		r.pick(c, m)
+	case *Took:
+		h, ok := r.handed[m.JobID]
+		if !ok || h.ticket != m.Ticket {
+			return
+		}
+		delete(r.handed, m.JobID)
+		if !m.Used {
+			r.vacate(c, h.w, m.JobID)
+		}
+	case *Withdraw:
+		if w := r.waiting[m.JobID]; w != nil && w.ticket == m.Ticket {
+			r.unlink(w)
+			r.tidy(w.pools)
+		}
+		if h, ok := r.handed[m.JobID]; ok && h.ticket == m.Ticket {
+			delete(r.handed, m.JobID)
+			r.vacate(c, h.w, m.JobID)
+		}
 	case *Released:
-		if jobs := r.inflight[m.WorkerID]; jobs != nil {
-			delete(jobs, m.JobID)
-			if len(jobs) == 0 {
-				delete(r.inflight, m.WorkerID)
-			}
+		w := r.reg.Get(m.WorkerID)
+		if w == nil {
+			return
 		}
 		if m.Done {
-			if w := r.reg.Get(m.WorkerID); w != nil {
-				r.reg.CountDone(w)
+			r.vacate(c, w, m.JobID)
+		} else {
+			r.reg.Start(w, m.JobID)
+		}
+	case *Occupied:
+		if w := r.reg.Get(m.WorkerID); w != nil && r.reg.Occupy(w, m.JobID) {
+			r.changed(c, w)
+			if m.Started {
+				r.reg.Start(w, m.JobID)
 			}
 		}
+	case *QueuePosition:
+		c.Respond(r.position(m.JobID))
+	case *PeerLoad:
+		r.peerLoad(c, m)
+	case gossipTick:
+		r.armed = false
+		r.publish(false)
 	case *SetPools:
 		r.strategy.SetConfig(m.Config)
 		r.latest.Store(m.Config)
+		r.drainAll(c)
 	case *ListWorkers:
 		c.Respond(r.listWorkers())
 	case *SnapshotRequest:
@@ -261,11 +377,15 @@ func (r *Router) Receive(c actor.Context) {
 	case *Hydrate:
 		n := r.reg.Hydrate(m.Workers, r.now())
 		r.log.Info("registry hydrated from snapshot", "workers", n, "in_snapshot", len(m.Workers))
+		r.drainAll(c)
 		if c.Sender() != nil {
 			c.Respond(&Hydrated{Added: n})
 		}
 	case sweepTick:
 		r.sweep()
+		r.expirePeers(c)
+		r.expireHandoffs(c)
+		r.publish(true)
 	}
 }
 
@@ -279,14 +399,10 @@ func (r *Router) sweep() {
 		if r.cfg.OnEvict != nil {
 			r.cfg.OnEvict(w.ID)
 		}
-		if jobs := r.inflight[w.ID]; len(jobs) > 0 && r.cfg.OnEvictJobs != nil {
-			ids := make([]string, 0, len(jobs))
-			for id := range jobs {
-				ids = append(ids, id)
-			}
+		if ids := r.reg.Waiting(w); len(ids) > 0 && r.cfg.OnEvictJobs != nil {
 			r.cfg.OnEvictJobs(w.ID, ids)
 		}
-		delete(r.inflight, w.ID)
+		delete(r.dirty, w)
 	}
 	if r.metrics == nil {
 		return
@@ -321,7 +437,7 @@ func (r *Router) listWorkers() []WorkerInfo {
 				continue
 			}
 			out = append(out, WorkerInfo{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
-				MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
+				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
 				LastSeen: w.LastSeen, Labels: w.Labels})
 		}
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	live    *prometheus.GaugeVec
 	stale   *prometheus.CounterVec
 	evicted *prometheus.CounterVec
+	waiting prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -28,6 +29,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "troupe_workers_evicted_total",
 			Help: "Workers removed from the registry by the sweep, per pool.",
 		}, []string{"pool"}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "troupe_capacity_queue_jobs",
+			Help: "Jobs waiting in this node's router for room in their pools.",
+		}),
 	}
 	var err error
 	if m.live, err = metricsx.Register(reg, m.live); err != nil {
@@ -37,6 +42,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.evicted, err = metricsx.Register(reg, m.evicted); err != nil {
+		return nil, err
+	}
+	if m.waiting, err = metricsx.Register(reg, m.waiting); err != nil {
 		return nil, err
 	}
 	return m, nil

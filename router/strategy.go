@@ -176,7 +176,12 @@ func (s *Strategy) Config() *PoolConfig { return s.cfg }
 // labels; preferred_worker_id wins when live and not overloaded; otherwise
 // the lowest score, ties broken at random. A chosen worker past its
 // liveness deadline is pulled out and re-picked, at most staleRetries times.
-func (s *Strategy) Pick(req *capv1.JobRequest, now time.Time) Pick {
+func (s *Strategy) Pick(req *capv1.JobRequest, now time.Time) Pick { return s.PickFor("", req, now) }
+
+// PickFor is Pick for the job with id job: the slot it takes on the chosen
+// worker is counted under its id (registry.Occupy), so the job's answer
+// frees exactly that slot. An empty id counts the slot anonymously.
+func (s *Strategy) PickFor(job string, req *capv1.JobRequest, now time.Time) Pick {
 	topic := req.GetTopic()
 	rt := s.routes[topic]
 	if rt == nil {
@@ -224,7 +229,7 @@ func (s *Strategy) Pick(req *capv1.JobRequest, now time.Time) Pick {
 	}
 	for w != nil {
 		if s.reg.Live(w, now) {
-			return s.commit(w, p, rt)
+			return s.commit(job, w, p, rt)
 		}
 		// A stale pick: the worker stopped heartbeating but the sweep has
 		// not evicted it yet. Take it out of placement and pick again.
@@ -309,16 +314,23 @@ func (s *Strategy) noWorker(placed bool, stale int) Pick {
 	return Pick{Reason: core.ReasonNoWorkers, Detail: "no live worker in pools " + s.candNames()}
 }
 
-func (s *Strategy) candNames() string {
+func (s *Strategy) candNames() string { return strings.Join(s.Candidates(), ",") }
+
+// Candidates returns the names of the pools the last pick considered.
+func (s *Strategy) Candidates() []string {
 	names := make([]string, len(s.cand))
 	for i, p := range s.cand {
 		names[i] = p.name
 	}
-	return strings.Join(names, ",")
+	return names
 }
 
-func (s *Strategy) commit(w *registry.Worker, p *poolRoute, rt *route) Pick {
-	s.reg.CountDispatch(w)
+func (s *Strategy) commit(job string, w *registry.Worker, p *poolRoute, rt *route) Pick {
+	if job == "" {
+		s.reg.CountDispatch(w)
+	} else {
+		s.reg.Occupy(w, job)
+	}
 	direct := false
 	switch p.dispatch {
 	case DispatchDirect:

@@ -141,7 +141,7 @@ func TestPickPreferredWorker(t *testing.T) {
 	b := setupStrategy(t, twoPools)
 	b.beat("idle", "a")
 	b.beat("fav", "a", active(3))
-	b.beat("full", "a", func(hb *capv1.Heartbeat) { hb.ActiveJobs, hb.MaxParallelJobs = 9, 10 })
+	b.beat("full", "a", func(hb *capv1.Heartbeat) { hb.ActiveJobs, hb.MaxParallelJobs = 10, 10 })
 	b.beat("elsewhere", "b")
 
 	wantWorker(t, b.s.Pick(job("job.a", LabelPreferredWorker, "fav"), t0), "fav")
@@ -172,7 +172,7 @@ func TestPickLowestScore(t *testing.T) {
 func TestPickOverloadedPool(t *testing.T) {
 	t.Parallel()
 	b := setupStrategy(t, twoPools)
-	b.beat("ratio", "a", func(hb *capv1.Heartbeat) { hb.ActiveJobs, hb.MaxParallelJobs = 9, 10 })
+	b.beat("ratio", "a", func(hb *capv1.Heartbeat) { hb.ActiveJobs, hb.MaxParallelJobs = 10, 10 })
 	b.beat("cpu", "a", func(hb *capv1.Heartbeat) { hb.CpuLoad = 90 })
 	b.beat("gpu", "a", func(hb *capv1.Heartbeat) { hb.GpuUtilization = 90 })
 	wantReason(t, b.s.Pick(job("job.a"), t0), core.ReasonPoolOverloaded)

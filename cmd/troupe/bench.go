@@ -25,6 +25,8 @@ func runBench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Workers, "workers", bench.WorkersDefault, "simulated CAP workers")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "submit rate in jobs/s (0: full speed)")
 	fs.DurationVar(&cfg.Delay, "delay", 0, "how long a worker holds a job before answering (0: at once)")
+	maxPar := fs.Int("max-parallel", bench.MaxParallelDefault, "max_parallel_jobs each simulated worker announces "+
+		"(0: no limit; unset with --hold: no limit)")
 	fs.DurationVar(&cfg.Timeout, "timeout", bench.TimeoutDefault, "give up when jobs are still not terminal this long after the first submit")
 	fs.IntVar(&cfg.Warmup, "warmup", bench.WarmupDefault, "warm-up jobs before measuring (-1: none)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", bench.HeartbeatDefault, "worker heartbeat interval")
@@ -58,6 +60,7 @@ func runBench(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
 	}
+	cfg.MaxParallel = maxParallelFlag(fs, *maxPar)
 	cfg.Node = bench.NodeMode(*node)
 	if *external {
 		cfg.Node = bench.NodeExternal
@@ -98,6 +101,20 @@ func runBench(ctx context.Context, args []string) error {
 		errs = append(errs, recordRows(*record, bench.Row(res, *note)))
 	}
 	return errors.Join(append([]error{runErr}, errs...)...)
+}
+
+// maxParallelFlag maps --max-parallel onto Config.MaxParallel: unset leaves
+// the bench's default (which depends on --hold), 0 is no limit (-1 there).
+func maxParallelFlag(fs *flag.FlagSet, n int) int {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "max-parallel" })
+	switch {
+	case !set:
+		return 0
+	case n <= 0:
+		return -1
+	}
+	return n
 }
 
 func benchCompare(ctx context.Context, cfg bench.Config, out, record string, noRecord bool, note string) error {
