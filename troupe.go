@@ -30,6 +30,7 @@ import (
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
@@ -549,7 +550,14 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe capacity reports: %w", err)
 	}
-	n.subs = append(n.subs, hb, pr, inbox, capSub)
+	askSub, err := n.nc.Subscribe(n.subj.QueueAsk(n.cfg.NodeID), func(m *nats.Msg) {
+		pos := n.localQueuePosition(string(m.Data))
+		_ = m.Respond([]byte(strconv.Itoa(pos)))
+	})
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe queue questions: %w", err)
+	}
+	n.subs = append(n.subs, hb, pr, inbox, capSub, askSub)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}
@@ -775,6 +783,46 @@ func (n *Node) Workers() ([]router.WorkerInfo, error) {
 		return nil, err
 	}
 	return res.([]router.WorkerInfo), nil
+}
+
+// QueuePosition says how many jobs wait before jobID in its pool's
+// capacity queue, asking the node that owns the job (its lock holder) when
+// that is another node; -1 when the job does not wait for capacity.
+func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
+	rec, err := n.store.GetJob(ctx, jobID)
+	if err != nil {
+		return -1, err
+	}
+	if rec.State != core.StateScheduled {
+		return -1, nil
+	}
+	owner, _, _ := strings.Cut(rec.LockHolder, "|")
+	if owner == "" {
+		return -1, nil
+	}
+	if owner == n.cfg.NodeID {
+		return n.localQueuePosition(jobID), nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueAsk(owner), []byte(jobID))
+	if err != nil {
+		return -1, fmt.Errorf("troupe: ask node %s for the queue position of %s: %w", owner, jobID, err)
+	}
+	pos, err := strconv.Atoi(string(msg.Data))
+	if err != nil {
+		return -1, fmt.Errorf("troupe: node %s answered %q for a queue position", owner, msg.Data)
+	}
+	return pos, nil
+}
+
+func (n *Node) localQueuePosition(jobID string) int {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.QueuePosition{JobID: jobID}, 2*time.Second).Result()
+	if err != nil {
+		return -1
+	}
+	pos, _ := res.(int)
+	return pos
 }
 
 // LiveJobActors counts the job actors alive on this node.

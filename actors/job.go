@@ -1196,9 +1196,7 @@ func (j *JobActor) waitCapacity(c actor.Context, p *router.PickReply) {
 	j.capReason = p.Reason
 	recheck := CapacityRecheck
 	if p.Reason != core.ReasonPoolOverloaded {
-		if again {
-			j.attempts++
-		}
+		j.attempts++
 		if j.attempts >= j.env.MaxSchedulingAttempts {
 			j.withdraw(c)
 			j.fail(c, core.ReasonMaxSchedulingRetries,

@@ -87,7 +87,14 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request, p principal) err
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, jobView(rec, links))
+	v := jobView(rec, links)
+	if rec.State == core.StateScheduled {
+		// Best effort: the owner may be unreachable; the job is shown anyway.
+		if pos, err := s.cfg.Node.QueuePosition(r.Context(), rec.ID); err == nil && pos >= 0 {
+			v.QueuePosition = &pos
+		}
+	}
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 

@@ -80,6 +80,7 @@ type Node interface {
 
 	Workers() ([]router.WorkerInfo, error)
 	LiveJobActors() (int, error)
+	QueuePosition(ctx context.Context, jobID string) (int, error)
 	PoolConfig() *router.PoolConfig
 	Mappings() *router.MappingStore
 

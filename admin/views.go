@@ -22,22 +22,25 @@ import (
 // Job is GET /v1/jobs/{id}: the record, its history and the decisions
 // taken about it.
 type Job struct {
-	ID           string    `json:"id"`
-	State        string    `json:"state"`
-	Topic        string    `json:"topic"`
-	Tenant       string    `json:"tenant"`
-	TraceID      string    `json:"trace_id,omitempty"`
-	Node         string    `json:"node,omitempty"`
-	Worker       string    `json:"worker,omitempty"`
-	Subject      string    `json:"subject,omitempty"`
-	Reason       string    `json:"reason,omitempty"`
-	ResultPtr    string    `json:"result_ptr,omitempty"`
-	ErrorCode    string    `json:"error_code,omitempty"`
-	ErrorMessage string    `json:"error_message,omitempty"`
-	Attempts     int       `json:"attempts"`
-	Fence        int64     `json:"fence"`
-	Created      time.Time `json:"created"`
-	Updated      time.Time `json:"updated"`
+	ID           string `json:"id"`
+	State        string `json:"state"`
+	Topic        string `json:"topic"`
+	Tenant       string `json:"tenant"`
+	TraceID      string `json:"trace_id,omitempty"`
+	Node         string `json:"node,omitempty"`
+	Worker       string `json:"worker,omitempty"`
+	Subject      string `json:"subject,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+	ResultPtr    string `json:"result_ptr,omitempty"`
+	ErrorCode    string `json:"error_code,omitempty"`
+	ErrorMessage string `json:"error_message,omitempty"`
+	Attempts     int    `json:"attempts"`
+	// QueuePosition: the job waits for room in its pool (SCHEDULED
+	// pool_overloaded / no_workers) with this many jobs before it.
+	QueuePosition *int      `json:"queue_position,omitempty"`
+	Fence         int64     `json:"fence"`
+	Created       time.Time `json:"created"`
+	Updated       time.Time `json:"updated"`
 	// Owner is the lock holder ("<node>|<fence>"), empty when unlocked.
 	Owner     string          `json:"owner,omitempty"`
 	History   []HistoryEntry  `json:"history"`

@@ -43,6 +43,11 @@ func (s Subjects) Worker(workerID string) string { return s.prefix + "worker." +
 // by other replicas for jobs it owns (core NATS request/reply).
 func (s Subjects) Inbox(nodeID string) string { return s.prefix + "troupe.node." + nodeID + ".inbox" }
 
+// QueueAsk is the subject on which a node answers where a job it owns
+// waits in its capacity queue (core NATS request/reply: the job id in, the
+// position as a decimal out, -1 when the job does not wait there).
+func (s Subjects) QueueAsk(nodeID string) string { return s.prefix + "troupe.node." + nodeID + ".queue" }
+
 // Capacity is the subject on which replicas share how many jobs each has
 // in flight on each worker (core NATS; see router/gossip.go).
 func (s Subjects) Capacity() string { return s.prefix + "troupe.capacity" }

@@ -307,6 +307,7 @@ func (r *Router) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		r.startSweeper(c)
+		r.publish(true)
 	case *actor.Stopping, *actor.Restarting:
 		r.stopSweeper()
 	case *HeartbeatSeen:

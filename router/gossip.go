@@ -76,8 +76,9 @@ func (r *Router) changed(c actor.Context, w *registry.Worker) {
 }
 
 // publish sends the changed counts, or with full every non-zero count.
-// The full report goes out every sweep, empty or not, so that replicas
-// know each other; changes go out only while another replica is known.
+// The full report goes out every sweep, empty or not, when the router
+// starts, and in answer to a replica heard for the first time, so replicas
+// know each other at once.
 func (r *Router) publish(full bool) {
 	if r.cfg.Gossip == nil {
 		return
@@ -92,10 +93,6 @@ func (r *Router) publish(full bool) {
 			}
 		}
 	} else {
-		if len(r.peers) == 0 {
-			clear(r.dirty)
-			return
-		}
 		for w := range r.dirty {
 			counts[w.ID] = own(w)
 		}
@@ -119,6 +116,7 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 	if p == nil {
 		p = &peer{counts: map[string]int32{}}
 		r.peers[m.Node] = p
+		r.publish(true) // the newcomer learns this node's counts now
 	}
 	p.seen = m.At
 	if p.seen.IsZero() {

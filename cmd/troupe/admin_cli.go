@@ -323,6 +323,9 @@ func printAPIJob(w io.Writer, j admin.Job) {
 	}
 	printJob(w, rec)
 	fmt.Fprintf(w, "  tenant %s\n", orDash(j.Tenant))
+	if j.QueuePosition != nil {
+		fmt.Fprintf(w, "  waiting for capacity: %d jobs ahead in the queue\n", *j.QueuePosition)
+	}
 	for _, d := range j.Decisions {
 		if d.Kind == "policy" {
 			fmt.Fprintf(w, "  policy: %s (rule %s) %s\n", orDash(d.Decision), orDash(d.RuleID), d.Reason)

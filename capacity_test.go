@@ -1,0 +1,375 @@
+package troupe_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
+)
+
+// capWorker is what a stock CAP SDK worker looks like to Troupe: it takes
+// jobs on the pool subject (queue group = subject) — and, with direct, on
+// its own worker.<id>.jobs, labelled so Troupe uses it — announces
+// max_parallel_jobs and its active_jobs in heartbeats, sends no progress,
+// and answers with a JobResult. It counts, as the worker sees it, how many
+// jobs it holds at once and how many arrived while it was already full.
+type capWorker struct {
+	t      *testing.T
+	nc     *nats.Conn
+	subj   bus.Subjects
+	id     string
+	max    int32
+	direct bool
+	// answer decides when a job is answered: nil answers at once;
+	// otherwise it blocks until the job is to be answered, and returns
+	// false to drop the job unanswered.
+	answer func(jobID string) bool
+
+	held      atomic.Int32
+	maxHeld   atomic.Int32
+	overfills atomic.Int64
+	received  atomic.Int64
+	got       chan string
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	sub, dsub *nats.Subscription
+}
+
+func startCapWorker(t *testing.T, nc *nats.Conn, subj bus.Subjects, id string, maxParallel int32,
+	beat time.Duration, answer func(string) bool) *capWorker {
+	t.Helper()
+	return startCapWorkerMode(t, nc, subj, id, maxParallel, beat, answer, false)
+}
+
+func startCapWorkerMode(t *testing.T, nc *nats.Conn, subj bus.Subjects, id string, maxParallel int32,
+	beat time.Duration, answer func(string) bool, direct bool) *capWorker {
+	t.Helper()
+	w := &capWorker{t: t, nc: nc, subj: subj, id: id, max: maxParallel, answer: answer, direct: direct,
+		got: make(chan string, 100000), stop: make(chan struct{})}
+	var err error
+	topic := subj.Pool("job.echo")
+	if w.sub, err = nc.QueueSubscribe(topic, topic, w.onJob); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.sub.SetPendingLimits(-1, -1)
+	if w.direct {
+		if w.dsub, err = nc.Subscribe(subj.Worker(id), w.onJob); err != nil {
+			t.Fatal(err)
+		}
+		_ = w.dsub.SetPendingLimits(-1, -1)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w.heartbeat()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		tk := time.NewTicker(beat)
+		defer tk.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-tk.C:
+				w.heartbeat()
+			}
+		}
+	}()
+	t.Cleanup(w.close)
+	return w
+}
+
+func (w *capWorker) close() {
+	select {
+	case <-w.stop:
+		return
+	default:
+	}
+	close(w.stop)
+	_ = w.sub.Unsubscribe()
+	if w.dsub != nil {
+		_ = w.dsub.Unsubscribe()
+	}
+	w.wg.Wait()
+}
+
+func (w *capWorker) heartbeat() {
+	data, err := bus.EncodeHeartbeat(w.id, &capv1.Heartbeat{WorkerId: w.id, Pool: "echo",
+		ActiveJobs: w.held.Load(), MaxParallelJobs: w.max, Capabilities: []string{"job.echo"},
+		Labels: w.labels()})
+	if err == nil {
+		_ = w.nc.Publish(w.subj.Heartbeat, data)
+	}
+}
+
+func (w *capWorker) labels() map[string]string {
+	l := map[string]string{registry.LabelHeartbeatInterval: "5s"}
+	if w.direct {
+		l[registry.LabelDispatch] = registry.DispatchDirect
+	}
+	return l
+}
+
+func (w *capWorker) onJob(m *nats.Msg) {
+	pkt, err := bus.Decode(m.Data)
+	req := pkt.GetJobRequest()
+	if err != nil || req == nil {
+		return
+	}
+	n := w.held.Add(1)
+	if w.max > 0 && n > w.max {
+		w.overfills.Add(1)
+	}
+	for {
+		old := w.maxHeld.Load()
+		if n <= old || w.maxHeld.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	w.received.Add(1)
+	w.got <- req.JobId
+	if w.answer == nil {
+		w.reply(pkt.TraceId, req.JobId)
+		return
+	}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		if w.answer(req.JobId) {
+			w.reply(pkt.TraceId, req.JobId)
+		} else {
+			w.held.Add(-1)
+		}
+	}()
+}
+
+// reply publishes SUCCEEDED. The job stops counting as held before the
+// result goes out, as a worker frees its slot when its handler returns.
+func (w *capWorker) reply(trace, jobID string) {
+	w.held.Add(-1)
+	data, err := bus.EncodeResult(trace, w.id, &capv1.JobResult{JobId: jobID,
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: w.id})
+	if err == nil {
+		err = w.nc.Publish(w.subj.Result, data)
+	}
+	if err != nil {
+		w.t.Errorf("worker %s: result of %s: %v", w.id, jobID, err)
+	}
+}
+
+// waitGot waits (bounded) for the worker to receive a job, and returns its id.
+func (w *capWorker) waitGot(within time.Duration) string {
+	w.t.Helper()
+	select {
+	case id := <-w.got:
+		return id
+	case <-time.After(within):
+		w.t.Fatalf("worker %s received nothing in %v", w.id, within)
+		return ""
+	}
+}
+
+// jobGates holds jobs at a capWorker until the test opens their gate: true
+// answers the job, false drops it unanswered.
+type jobGates struct {
+	mu sync.Mutex
+	ch map[string]chan bool
+}
+
+func newJobGates() *jobGates { return &jobGates{ch: map[string]chan bool{}} }
+
+func (g *jobGates) gate(id string) chan bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.ch[id]
+	if c == nil {
+		c = make(chan bool, 1)
+		g.ch[id] = c
+	}
+	return c
+}
+
+// wait is a capWorker answer func: it blocks until the job's gate opens.
+func (g *jobGates) wait(id string) bool { return <-g.gate(id) }
+
+// open lets job id go: answered (true) or dropped.
+func (g *jobGates) open(id string, answer bool) { g.gate(id) <- answer }
+
+// noBackoff makes a backoff retry impossible to mistake for a wake: the
+// first retry would come after an hour.
+func noBackoff(c *troupe.Config) { c.Backoff = func(int) time.Duration { return time.Hour } }
+
+// TestCapacityBurstOnAWorkerOfMaxParallelOne: 200 instant jobs on one
+// stock worker that takes one job at a time all succeed within 2 s of the
+// last submit, and the worker never holds two.
+func TestCapacityBurstOnAWorkerOfMaxParallelOne(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	w := startCapWorker(t, f.env.NATS, f.subj, "solo", 1, 5*time.Second, nil)
+	f.waitWorkers(1)
+	const jobs = 200
+	for i := range jobs {
+		f.submit(echoReq("burst-" + strconv.Itoa(i)))
+	}
+	last := time.Now()
+	for i := range jobs {
+		f.waitStateWithin("burst-"+strconv.Itoa(i), core.StateSucceeded, 2*time.Second-time.Since(last)+time.Millisecond)
+	}
+	t.Logf("200 jobs on max_parallel 1: all SUCCEEDED %v after the last submit; worker held at most %d",
+		time.Since(last).Round(time.Millisecond), w.maxHeld.Load())
+	if got := w.maxHeld.Load(); got != 1 {
+		t.Fatalf("worker held %d jobs at once, want 1 (max_parallel 1)", got)
+	}
+	if n := counter(t, f.node, "troupe_scheduling_retries_total", string(core.ReasonPoolOverloaded)); n != 0 {
+		t.Fatalf("%v backoff retries for pool_overloaded, want 0 (jobs wait in the queue)", n)
+	}
+}
+
+// TestCapacitySlotFreesOnTheAnswer: a full worker's slot goes to the next
+// waiting job the moment a result is seen — not at the worker's next
+// heartbeat (an hour away here) nor on a backoff (also an hour).
+func TestCapacitySlotFreesOnTheAnswer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "pair", 2, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("cap-1"))
+	f.submit(echoReq("cap-2"))
+	first := map[string]bool{w.waitGot(5 * time.Second): true, w.waitGot(5 * time.Second): true}
+	f.submit(echoReq("cap-3"))
+	r := f.waitState("cap-3", core.StateScheduled)
+	if r.Reason != core.ReasonPoolOverloaded {
+		t.Fatalf("cap-3 reason %q, want %q", r.Reason, core.ReasonPoolOverloaded)
+	}
+	if pos, err := f.node.QueuePosition(context.Background(), "cap-3"); err != nil || pos != 0 {
+		t.Fatalf("queue position of cap-3 = %d, %v; want 0", pos, err)
+	}
+	for id := range first {
+		g.open(id, true)
+		break
+	}
+	if got := w.waitGot(5 * time.Second); got != "cap-3" {
+		t.Fatalf("worker got %s, want cap-3", got)
+	}
+	if w.maxHeld.Load() != 2 || w.overfills.Load() != 0 {
+		t.Fatalf("worker held at most %d (%d overfills), want 2 and 0", w.maxHeld.Load(), w.overfills.Load())
+	}
+	if pos, _ := f.node.QueuePosition(context.Background(), "cap-3"); pos != -1 {
+		t.Fatalf("queue position of a dispatched job = %d, want -1", pos)
+	}
+	for id := range first {
+		g.open(id, true)
+	}
+	g.open("cap-3", true)
+}
+
+// TestCapacityWaitingJobsWakeWhenAWorkerJoins: jobs with no worker wait
+// SCHEDULED no_workers and are placed the moment one heartbeats.
+func TestCapacityWaitingJobsWakeWhenAWorkerJoins(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	for i := range 5 {
+		f.submit(echoReq("late-" + strconv.Itoa(i)))
+	}
+	for i := range 5 {
+		if r := f.waitState("late-"+strconv.Itoa(i), core.StateScheduled); r.Reason != core.ReasonNoWorkers {
+			t.Fatalf("reason %q, want %q", r.Reason, core.ReasonNoWorkers)
+		}
+	}
+	startCapWorker(t, f.env.NATS, f.subj, "joiner", 4, time.Hour, nil)
+	for i := range 5 {
+		f.waitStateWithin("late-"+strconv.Itoa(i), core.StateSucceeded, 5*time.Second)
+	}
+}
+
+// TestCapacityWorkerRestartFreesItsSlots: a worker that lost its jobs
+// (restarted) says so in its heartbeats (active_jobs 0); after a whole
+// heartbeat interval the slots those jobs held are free again, long before
+// the jobs' dispatch timeout.
+func TestCapacityWorkerRestartFreesItsSlots(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "amnesiac", 1, 100*time.Millisecond, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("lost"))
+	w.waitGot(5 * time.Second)
+	// The node hears the worker hold it (active_jobs 1)…
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws, err := f.node.Workers()
+		if err == nil && len(ws) == 1 && ws[0].ActiveJobs == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the node never saw the worker hold its job")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// …then the worker restarts: the job is gone, never to be answered.
+	g.open("lost", false)
+	f.submit(echoReq("next"))
+	if got := w.waitGot(5 * time.Second); got != "next" {
+		t.Fatalf("got %s, want next", got)
+	}
+	g.open("next", true)
+	f.waitStateWithin("next", core.StateSucceeded, 5*time.Second)
+	if r := f.waitState("lost", core.StateDispatched); r.Reason != core.ReasonDispatched {
+		t.Fatalf("lost: %s %s", r.State, r.Reason)
+	}
+}
+
+// TestCapacityTwoReplicasShareWorkers: two nodes place jobs on the same
+// workers. Each knows the other's in-flight counts (gossip), so together
+// they fill the workers to about their max_parallel, not twice it, and
+// every job succeeds. The gossip leaves a race (both see one free slot in
+// the same few milliseconds): receipts over max_parallel must stay under
+// 5 % (BENCHMARKS.md has the measured figure).
+func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", noBackoff)
+	f.node = a
+	var ws []*capWorker
+	for i := range 4 {
+		ws = append(ws, startCapWorkerMode(t, f.env.NATS, f.subj, fmt.Sprintf("shared-%d", i), 2, 5*time.Second,
+			func(string) bool { time.Sleep(20 * time.Millisecond); return true }, true))
+	}
+	f.waitWorkers(4)
+	const jobs = 400
+	start := time.Now()
+	for i := range jobs {
+		f.submit(echoReq("two-" + strconv.Itoa(i)))
+	}
+	for i := range jobs {
+		f.waitStateWithin("two-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+	}
+	elapsed := time.Since(start)
+	var over int64
+	var maxHeld int32
+	for _, w := range ws {
+		over += w.overfills.Load()
+		maxHeld = max(maxHeld, w.maxHeld.Load())
+	}
+	t.Logf("400 jobs of 20 ms on 4 workers × 2 slots over two nodes: %v (capacity %v), max held %d, overfills %d, node-a waits %v, node-b waits %v",
+		elapsed.Round(time.Millisecond), (jobs/8*20*time.Millisecond).Round(time.Millisecond), maxHeld, over,
+		counter(t, a, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)),
+		counter(t, b, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)))
+	if over*20 >= jobs {
+		t.Fatalf("workers held up to %d jobs (%d of %d receipts over max_parallel 2)", maxHeld, over, jobs)
+	}
+}
