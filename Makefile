@@ -47,6 +47,7 @@ FUZZTIME ?= 20000x
 fuzz-short:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./supervisor/
 	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./router/
+	$(GO) test -run '^$$' -fuzz FuzzDecodePeerLoad -fuzztime $(FUZZTIME) ./router/
 	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./actors/
 	$(GO) test -run '^$$' -fuzz FuzzPolicyEngine -fuzztime $(FUZZTIME) ./safety/
 	$(GO) test -run '^$$' -fuzz FuzzRequestBodies -fuzztime $(FUZZTIME) ./admin/

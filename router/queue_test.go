@@ -1,0 +1,224 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+// probe stands in for job actors: it asks the router on their behalf (so
+// placements come back to it) and reports replies and placements. It
+// takes every placement (Took Used).
+type probe struct {
+	router  *actor.PID
+	replies chan *PickReply
+	placed  chan *Placed
+}
+
+func (p *probe) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *PickRequest:
+		c.Request(p.router, m)
+	case *PickReply:
+		p.replies <- m
+	case *Placed:
+		c.Send(p.router, &Took{JobID: m.JobID, Ticket: m.Ticket, Used: true})
+		p.placed <- m
+	}
+}
+
+func startProbe(b *routerBundle) (*actor.PID, *probe) {
+	p := &probe{router: b.pid, replies: make(chan *PickReply, 64), placed: make(chan *Placed, 64)}
+	return b.sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return p })), p
+}
+
+func (p *probe) reply(t *testing.T) *PickReply {
+	t.Helper()
+	select {
+	case r := <-p.replies:
+		return r
+	case <-time.After(5 * time.Second):
+		t.Fatal("no pick reply")
+		return nil
+	}
+}
+
+func (p *probe) next(t *testing.T) *Placed {
+	t.Helper()
+	select {
+	case m := <-p.placed:
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal("no placement")
+		return nil
+	}
+}
+
+// TestCapacityQueueOrder: with no room, jobs wait in order — higher
+// priority first; within a priority, tenants take turns; within a tenant,
+// the oldest submit first — and each freed slot goes to the head at once.
+func TestCapacityQueueOrder(t *testing.T) {
+	t.Parallel()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n")})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 1}, time.Now())
+	pid, p := startProbe(b)
+	t0 := time.Now()
+	ask := func(id, tenant string, prio capv1.JobPriority, submitted time.Duration) *PickReply {
+		b.sys.Root.Send(pid, &PickRequest{JobID: id, Wait: true, Ticket: 1, Submitted: t0.Add(submitted),
+			Req: &capv1.JobRequest{JobId: id, Topic: "job.a", TenantId: tenant, Priority: prio}})
+		return p.reply(t)
+	}
+	if r := ask("first", "x", 0, 0); r.WorkerID != "w1" {
+		t.Fatalf("first pick = %+v, want w1", r)
+	}
+	jobs := []struct {
+		id, tenant string
+		prio       capv1.JobPriority
+		submitted  time.Duration
+	}{
+		{"x-late", "x", 0, 2 * time.Millisecond},
+		{"x-early", "x", 0, time.Millisecond},
+		{"x-last", "x", 0, 3 * time.Millisecond},
+		{"y-one", "y", 0, 10 * time.Millisecond},
+		{"z-critical", "z", capv1.JobPriority_JOB_PRIORITY_CRITICAL, 20 * time.Millisecond},
+		{"y-batch", "y", capv1.JobPriority_JOB_PRIORITY_BATCH, 0},
+	}
+	for _, j := range jobs {
+		r := ask(j.id, j.tenant, j.prio, j.submitted)
+		if !r.Queued || r.Reason != core.ReasonPoolOverloaded {
+			t.Fatalf("%s: reply %+v, want queued pool_overloaded", j.id, r)
+		}
+	}
+	want := []string{"z-critical", "x-early", "y-one", "x-late", "x-last", "y-batch"}
+	for i, id := range want {
+		if pos := b.ask(t, &QueuePosition{JobID: id}).(int); pos != i {
+			t.Errorf("position of %s = %d, want %d", id, pos, i)
+		}
+	}
+	running := "first"
+	for _, id := range want {
+		b.sys.Root.Send(b.pid, &Released{WorkerID: "w1", JobID: running, Done: true})
+		m := p.next(t)
+		if m.JobID != id || m.Reply.WorkerID != "w1" {
+			t.Fatalf("placed %s on %q, want %s on w1", m.JobID, m.Reply.WorkerID, id)
+		}
+		running = id
+	}
+	if pos := b.ask(t, &QueuePosition{JobID: "y-batch"}).(int); pos != -1 {
+		t.Fatalf("placed job still has position %d", pos)
+	}
+}
+
+// TestCapacityQueueWakeSources: a waiting job is placed when a heartbeat
+// shows room, when a worker joins, and when another replica's report frees
+// a slot — and a withdrawn job is not placed.
+func TestCapacityQueueWakeSources(t *testing.T) {
+	t.Parallel()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), NodeID: "me",
+		Gossip: func([]byte) {}})
+	pid, p := startProbe(b)
+	ask := func(id string) *PickReply {
+		b.sys.Root.Send(pid, &PickRequest{JobID: id, Wait: true, Ticket: 1,
+			Req: &capv1.JobRequest{JobId: id, Topic: "job.a"}})
+		return p.reply(t)
+	}
+	// No worker: no_workers, queued; a worker joining places it.
+	if r := ask("j1"); !r.Queued || r.Reason != core.ReasonNoWorkers {
+		t.Fatalf("reply %+v, want queued no_workers", r)
+	}
+	now := time.Now()
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 2, ActiveJobs: 2}, now)
+	// The heartbeat says the worker is full (2 jobs this router does not
+	// know): j1 still waits.
+	if r := ask("j1"); !r.Queued || r.Reason != core.ReasonPoolOverloaded {
+		t.Fatalf("reply %+v, want queued pool_overloaded", r)
+	}
+	// The next heartbeat shows room.
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 2, ActiveJobs: 1}, now.Add(time.Second))
+	if m := p.next(t); m.JobID != "j1" {
+		t.Fatalf("placed %s, want j1", m.JobID)
+	}
+	// Now full with j1 and one foreign job; another replica says it holds
+	// one of them…
+	b.sys.Root.Send(b.pid, &PeerLoad{Node: "peer", Full: true, Counts: map[string]int32{"w1": 1}, At: time.Now()})
+	if r := ask("j2"); !r.Queued {
+		t.Fatalf("reply %+v, want queued", r)
+	}
+	if r := ask("j3"); !r.Queued {
+		t.Fatalf("reply %+v, want queued", r)
+	}
+	b.sys.Root.Send(b.pid, &Withdraw{JobID: "j2", Ticket: 1})
+	// …and then that it holds none: the slot goes to j3 (j2 withdrew).
+	b.sys.Root.Send(b.pid, &PeerLoad{Node: "peer", Full: true, Counts: map[string]int32{}, At: time.Now()})
+	if m := p.next(t); m.JobID != "j3" {
+		t.Fatalf("placed %s, want j3", m.JobID)
+	}
+	select {
+	case m := <-p.placed:
+		t.Fatalf("unexpected placement of %s", m.JobID)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// TestCapacityUnusedPlacementIsFreed: a placement the job does not take
+// (Took not used) frees the slot for the next waiting job.
+func TestCapacityUnusedPlacementIsFreed(t *testing.T) {
+	t.Parallel()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n")})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 1}, time.Now())
+	pid, p := startProbe(b)
+	ask := func(id string) *PickReply {
+		b.sys.Root.Send(pid, &PickRequest{JobID: id, Wait: true, Ticket: 1,
+			Req: &capv1.JobRequest{JobId: id, Topic: "job.a"}})
+		return p.reply(t)
+	}
+	ask("a")
+	ask("b")
+	ask("c")
+	b.sys.Root.Send(b.pid, &Released{WorkerID: "w1", JobID: "a", Done: true})
+	if m := p.next(t); m.JobID != "b" {
+		t.Fatalf("placed %s, want b", m.JobID)
+	}
+	// The probe took b; now b's job says it did not use it after all.
+	b.sys.Root.Send(b.pid, &Withdraw{JobID: "b", Ticket: 1}) // no effect: b was taken
+	b.sys.Root.Send(b.pid, &Released{WorkerID: "w1", JobID: "b", Done: true})
+	if m := p.next(t); m.JobID != "c" {
+		t.Fatalf("placed %s, want c", m.JobID)
+	}
+}
+
+// TestPeerLoadDecodeRejectsGarbage: a capacity report that is not one is
+// an error, never a panic, and a real one round-trips.
+func TestPeerLoadDecodeRejectsGarbage(t *testing.T) {
+	t.Parallel()
+	in := map[string]int32{"w1": 3, "w2": 0, "worker-with-a-long-id": 64}
+	m, err := DecodePeerLoad(EncodePeerLoad("node-a", true, in))
+	if err != nil || m.Node != "node-a" || !m.Full || len(m.Counts) != 3 || m.Counts["w1"] != 3 ||
+		m.Counts["worker-with-a-long-id"] != 64 {
+		t.Fatalf("round trip = %+v, %v", m, err)
+	}
+	good := EncodePeerLoad("n", false, map[string]int32{"w": 1})
+	for _, bad := range [][]byte{nil, {}, {9, 0}, good[:len(good)-1], append(append([]byte{}, good...), 0),
+		{1, 0, 0}, {1, 0, 1, 'n', 0xff, 0xff, 0xff, 0xff, 0x0f}} {
+		if _, err := DecodePeerLoad(bad); err == nil {
+			t.Errorf("decoded %v without error", bad)
+		}
+	}
+}
+
+// FuzzDecodePeerLoad: no input makes the decoder panic.
+func FuzzDecodePeerLoad(f *testing.F) {
+	f.Add(EncodePeerLoad("node", true, map[string]int32{"w1": 2}))
+	f.Add([]byte{1, 1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if m, err := DecodePeerLoad(b); err == nil {
+			if _, err := DecodePeerLoad(EncodePeerLoad(m.Node, m.Full, m.Counts)); err != nil {
+				t.Fatalf("re-encoded report does not decode: %v", err)
+			}
+		}
+	})
+}
