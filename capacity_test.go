@@ -373,3 +373,75 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 		t.Fatalf("workers held up to %d jobs (%d of %d receipts over max_parallel 2)", maxHeld, over, jobs)
 	}
 }
+
+// TestCapacityShortWaitWritesNothing: a new job that finds no room but is
+// placed within its grace is created and dispatched in one write — no
+// SCHEDULED pool_overloaded step in its history, no capacity wait counted.
+func TestCapacityShortWaitWritesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("short-1"))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("short-2"))
+	// short-2 waits in the router, unwritten: there is no record yet.
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, f.node, "troupe_capacity_queue_jobs", "") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("short-2 never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := f.node.Job(context.Background(), "short-2"); err == nil {
+		t.Fatal("short-2 has a record while it waits within its grace")
+	}
+	g.open("short-1", true)
+	if got := w.waitGot(5 * time.Second); got != "short-2" {
+		t.Fatalf("got %s, want short-2", got)
+	}
+	g.open("short-2", true)
+	r := f.waitState("short-2", core.StateSucceeded)
+	for _, h := range r.History {
+		if h.Reason == core.ReasonPoolOverloaded {
+			t.Fatalf("history has a pool_overloaded step: %+v", r.History)
+		}
+	}
+	if n := counter(t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
+		t.Fatalf("capacity waits = %v, want 0", n)
+	}
+}
+
+// TestCapacityCancelWithinTheGrace: a job cancelled while it waits,
+// unwritten, is created CANCELLED and never dispatched.
+func TestCapacityCancelWithinTheGrace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("busy"))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("doomed"))
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, f.node, "troupe_capacity_queue_jobs", "") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("doomed never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := f.node.Cancel(context.Background(), "doomed", "changed my mind", "test"); err != nil {
+		t.Fatal(err)
+	}
+	r := f.waitState("doomed", core.StateCancelled)
+	if r.Reason != core.ReasonCancelRequested {
+		t.Fatalf("reason %q", r.Reason)
+	}
+	g.open("busy", true)
+	f.submit(echoReq("after"))
+	if got := w.waitGot(5 * time.Second); got != "after" {
+		t.Fatalf("worker got %s after the cancel, want after (doomed must never be dispatched)", got)
+	}
+	g.open("after", true)
+}

@@ -117,6 +117,12 @@ type Config struct {
 	// job waits in Redis, held by this node through its node lease (default
 	// actors.ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
+	// CapacityGrace is how long a new job that finds no room in its pools
+	// waits before its record is written (SCHEDULED pool_overloaded /
+	// no_workers): until then its submit stays un-acked in JetStream
+	// (default actors.CapacityGraceDefault; negative: write at once). See
+	// README, "Routing and capacity".
+	CapacityGrace time.Duration
 	// ResendAfter is how long a job directly dispatched to a worker that
 	// dedupes by job id (heartbeat label troupe.dedupe=job_id) may stay
 	// DISPATCHED with no progress or result before the dispatch is
@@ -491,7 +497,7 @@ func (n *Node) Start(ctx context.Context) error {
 		TenantLimit: tenantLimit(n.cfg.TenantLimits),
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
-		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter,
+		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently,
 	}).WithDefaults()
@@ -566,13 +572,14 @@ func (n *Node) Start(ctx context.Context) error {
 	n.cancel = cancel
 	n.bg.Add(1)
 	go n.rememberParked(cctx)
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit); err != nil {
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit,
+		n.holdSubmits); err != nil {
 		return err
 	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult); err != nil {
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult, nil); err != nil {
 		return err
 	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel); err != nil {
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel, nil); err != nil {
 		return err
 	}
 	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",
@@ -784,6 +791,13 @@ func (n *Node) Workers() ([]router.WorkerInfo, error) {
 	}
 	return res.([]router.WorkerInfo), nil
 }
+
+// holdSubmits is the submit fetch loop's backpressure: while the node has
+// as many fresh jobs waiting for capacity within their grace as it may
+// (actors.Env.MaxUnwrittenWaits), it pulls no more submits. Other jobs are
+// not held up for long by it: a waiting job leaves that set when it is
+// placed or, at the latest, when its grace ends.
+func (n *Node) holdSubmits() bool { return n.env.Unwritten.Load() >= n.env.MaxUnwrittenWaits }
 
 // QueuePosition says how many jobs wait before jobID in its pool's
 // capacity queue, asking the node that owns the job (its lock holder) when

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -33,6 +34,20 @@ const (
 	// PolicyConcurrencyDefault is how many remote policy checks a node has
 	// outstanding at most.
 	PolicyConcurrencyDefault = 256
+	// CapacityGraceDefault is how long a newly submitted job that finds
+	// no room may wait for it before its record is written (SCHEDULED
+	// pool_overloaded / no_workers). Until then the submit stays un-acked
+	// in JetStream, which keeps it as durably as the record would, and a
+	// placement within the grace creates and dispatches the job in the one
+	// write a job with room costs. A burst larger than the pool's
+	// capacity is thus not charged an extra write per job for waits of a
+	// moment; a job that waits longer becomes visible as SCHEDULED.
+	CapacityGraceDefault = 2 * time.Second
+	// MaxUnwrittenWaitsDefault bounds the jobs of one node waiting within
+	// their grace (un-acked submits count against the consumer's
+	// MaxAckPending; past this bound a waiting job is written at once).
+	MaxUnwrittenWaitsDefault = 10000
+
 	// CapacityRecheck is how often a job waiting in the router's queue
 	// for room (pool_overloaded) asks again, in memory: the safety net for
 	// a lost wake (a router restart loses its queue). The wait itself ends
@@ -117,6 +132,13 @@ type Env struct {
 	// before it parks (default ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
 
+	// CapacityGrace: see CapacityGraceDefault (negative: write at once).
+	// Unwritten counts the jobs waiting within it (shared by the node's
+	// actors), at most MaxUnwrittenWaits.
+	CapacityGrace     time.Duration
+	MaxUnwrittenWaits int64
+	Unwritten         *atomic.Int64
+
 	MaxSchedulingAttempts int
 	PermanentGrace        time.Duration
 	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
@@ -142,6 +164,15 @@ func (e *Env) WithDefaults() *Env {
 	}
 	if e.Backoff == nil {
 		e.Backoff = Backoff
+	}
+	if e.CapacityGrace == 0 {
+		e.CapacityGrace = CapacityGraceDefault
+	}
+	if e.MaxUnwrittenWaits <= 0 {
+		e.MaxUnwrittenWaits = MaxUnwrittenWaitsDefault
+	}
+	if e.Unwritten == nil {
+		e.Unwritten = &atomic.Int64{}
 	}
 	if e.Log == nil {
 		e.Log = slog.Default()

@@ -112,6 +112,9 @@ type JobActor struct {
 	queued    bool
 	ticket    uint64
 	capReason core.Reason
+	// unwritten: a fresh job waiting within its CapacityGrace, not yet
+	// written (its submit un-acked).
+	unwritten bool
 	// picked is the worker of a pick not (yet) made a dispatch: the router
 	// counts the job on it until told otherwise (dropPick).
 	picked string
@@ -168,6 +171,7 @@ func (j *JobActor) Receive(c actor.Context) {
 		j.stopWaitingPolicy()
 		j.withdraw(c)
 		j.dropPick(c)
+		j.leaveGrace()
 		if j.lockValue != "" {
 			j.env.Renewer.Forget(j.id, j.lockValue)
 		}
@@ -178,7 +182,7 @@ func (j *JobActor) Receive(c actor.Context) {
 		// Answered at once, busy or not, so the router knows the slot is
 		// taken (or free again); acted on in order with other events.
 		used := j.queued && m.Ticket == j.ticket && !j.done
-		c.Send(j.env.Router, &router.Took{JobID: m.JobID, Ticket: m.Ticket, Used: used})
+		c.Send(j.env.Router, &router.Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
 		if used {
 			j.queued = false
 			j.event(c, m)
@@ -300,6 +304,12 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		}
 		j.onResult(c, m)
 	case *Cancel:
+		if !j.activated && j.unwritten {
+			// Waiting within its grace, not yet written: the job is
+			// created cancelled.
+			j.cancelUnwritten(c, m)
+			return
+		}
 		if !j.activated {
 			j.activateFor(c, m)
 			return
@@ -335,6 +345,15 @@ func (j *JobActor) handle(c actor.Context, m interface{}) {
 		j.onAbandon(c, m)
 	case *wake:
 		j.stopWaitingPolicy()
+		if j.unwritten && j.queued {
+			// The grace is over: the job still waits, now in Redis too.
+			recheck := CapacityRecheck
+			if j.capReason != core.ReasonPoolOverloaded {
+				recheck = j.env.Backoff(max(j.attempts, 1))
+			}
+			j.writeWait(c, time.Now().Add(recheck))
+			return
+		}
 		j.advance(c)
 	case *router.Placed:
 		j.onPlaced(c, m)
@@ -1211,16 +1230,42 @@ func (j *JobActor) waitCapacity(c actor.Context, p *router.PickReply) {
 		j.arm(c, at)
 		return
 	}
-	j.env.Metrics.CapacityWaits.WithLabelValues(string(p.Reason)).Inc()
+	if !j.activated && !j.unwritten && j.env.CapacityGrace > 0 &&
+		j.env.Unwritten.Add(1) <= j.env.MaxUnwrittenWaits {
+		// Within the grace: nothing is written yet (see CapacityGraceDefault).
+		j.unwritten = true
+		j.arm(c, time.Now().Add(j.env.CapacityGrace))
+		return
+	} else if !j.activated && !j.unwritten && j.env.CapacityGrace > 0 {
+		j.env.Unwritten.Add(-1)
+	}
+	j.writeWait(c, at)
+}
+
+// writeWait records that the job waits for capacity: SCHEDULED with the
+// reason, no due time, then the recheck at at.
+func (j *JobActor) writeWait(c actor.Context, at time.Time) {
+	j.leaveGrace()
+	p := j.capReason
+	j.env.Metrics.CapacityWaits.WithLabelValues(string(p)).Inc()
 	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled),
-		Path: []store.Hop{{To: core.StateScheduled, Reason: p.Reason}}, Due: -1,
-		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
+		Path: []store.Hop{{To: core.StateScheduled, Reason: p}}, Due: -1,
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p)}},
 		nil, func(c actor.Context) { j.arm(c, at) })
+}
+
+// leaveGrace ends a wait within the grace (written, placed or finished).
+func (j *JobActor) leaveGrace() {
+	if j.unwritten {
+		j.unwritten = false
+		j.env.Unwritten.Add(-1)
+	}
 }
 
 // onPlaced acts on a placement the router made for the queued job.
 func (j *JobActor) onPlaced(c actor.Context, m *router.Placed) {
 	j.disarm()
+	j.leaveGrace()
 	if j.state != core.StatePending && j.state != core.StateScheduled {
 		// Moved on meanwhile (cancelled, say): the slot goes back.
 		if m.Reply.WorkerID != "" {
@@ -1522,6 +1567,23 @@ func (j *JobActor) onWorkerLost(c actor.Context, m *WorkerLost) {
 		Fields: []string{"lost_worker", m.WorkerID}}, nil, func(c actor.Context) { j.askRouter(c) })
 }
 
+// cancelUnwritten cancels a fresh job waiting for capacity within its
+// grace: it leaves the queue and is created CANCELLED, in one write.
+func (j *JobActor) cancelUnwritten(c actor.Context, m *Cancel) {
+	j.disarm()
+	j.withdraw(c)
+	j.leaveGrace()
+	j.acks = append(j.acks, m.Delivery)
+	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: j.capReason},
+			{To: core.StateCancelled, Reason: core.ReasonCancelRequested}},
+		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
+		func(c actor.Context) {
+			j.env.Log.Info("job cancelled while waiting for capacity", "job_id", j.id, "trace_id", j.traceID,
+				"topic", j.req.GetTopic(), "by", m.C.GetRequestedBy())
+		})
+}
+
 // onCancel moves a live job to CANCELLED. Workers listen on sys.job.cancel
 // themselves, so a cancel that came from the bus has already reached the
 // worker; the node publishes one only for the cancels it decides itself
@@ -1690,6 +1752,7 @@ func (j *JobActor) finish(c actor.Context) {
 	j.disarm()
 	j.withdraw(c)
 	j.dropPick(c)
+	j.leaveGrace()
 	if j.lockValue != "" {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 	}
@@ -1751,6 +1814,7 @@ func (j *JobActor) onStopping(c actor.Context) {
 	queued := j.queued
 	j.withdraw(c)
 	j.dropPick(c)
+	j.leaveGrace()
 	if j.lockValue != "" && !j.done {
 		j.env.Renewer.Forget(j.id, j.lockValue)
 		op := &store.Op{Kind: store.OpRelease, JobID: j.id, LockValue: j.lockValue, Done: func(*store.Result) {}}

@@ -27,6 +27,8 @@ const (
 	StreamMaxAge = 72 * time.Hour
 	// FetchBatch is the pull size; DEPENDENCY-NOTES measured 256 as the knee.
 	FetchBatch = 256
+	// HoldPoll is how often a held fetch loop (see Consume) looks again.
+	HoldPoll = 5 * time.Millisecond
 	// MaxStreamReplicas is JetStream's largest replica count.
 	MaxStreamReplicas = 5
 )
@@ -109,8 +111,12 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 // every message until ctx ends. It uses Fetch in a loop rather than
 // Consume(): DEPENDENCY-NOTES records Consume() stalling for ~30 s in about
 // one run in ten, and a fetch loop cannot stall past its own max wait.
+//
+// hold, when set, is asked before every fetch: while it says true the loop
+// waits (checking every HoldPoll) instead of pulling more — the node's
+// backpressure when it holds as many waiting submits as it should.
 func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind StreamKind,
-	log *slog.Logger, handle func(jetstream.Msg)) error {
+	log *slog.Logger, handle func(jetstream.Msg), hold func() bool) error {
 	cons, err := js.Consumer(ctx, StreamName(prefix, kind), ConsumerName(kind))
 	if err != nil {
 		return fmt.Errorf("bus: consumer %s: %w", kind, err)
@@ -118,6 +124,10 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 	go func() {
 		backoff := 100 * time.Millisecond
 		for ctx.Err() == nil {
+			if hold != nil && hold() {
+				sleep(ctx, HoldPoll)
+				continue
+			}
 			batch, err := cons.Fetch(FetchBatch, jetstream.FetchMaxWait(time.Second))
 			if err != nil {
 				if ctx.Err() != nil {

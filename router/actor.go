@@ -53,10 +53,10 @@ type PickReply struct {
 	Resend bool
 	Reason core.Reason
 	Detail string
-	// Queued: no room now; the job waits in its pools' queue (Position jobs
-	// ahead of it) and will get a *Placed.
-	Queued   bool
-	Position int
+	// Queued: no room now; the job waits in its pools' queue and will get
+	// a *Placed (QueuePosition says where it stands: a walk of the queue,
+	// so it is not computed for every reply).
+	Queued bool
 }
 
 // Placed tells a queued job that it has a worker: Reply is what a pick
@@ -72,9 +72,10 @@ type Placed struct {
 // Took answers a Placed: Used says the job takes the placement; otherwise
 // (it no longer waits, or the ticket is not its own) the slot is freed.
 type Took struct {
-	JobID  string
-	Ticket uint64
-	Used   bool
+	JobID    string
+	WorkerID string
+	Ticket   uint64
+	Used     bool
 }
 
 // Withdraw takes a job out of the wait queue (it was cancelled, or its
@@ -327,6 +328,13 @@ func (r *Router) Receive(c actor.Context) {
 	case *Took:
 		h, ok := r.handed[m.JobID]
 		if !ok || h.ticket != m.Ticket {
+			if m.Used && m.WorkerID != "" {
+				// Taken after the handoff had expired and its slot was
+				// freed: the job dispatches there, so count it again.
+				if w := r.reg.Get(m.WorkerID); w != nil && r.reg.Occupy(w, m.JobID) {
+					r.changed(c, w)
+				}
+			}
 			return
 		}
 		delete(r.handed, m.JobID)

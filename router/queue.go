@@ -46,9 +46,8 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 		return
 	}
 	if m.Wait && m.JobID != "" && Waitable(p.Reason) && c.Sender() != nil {
-		w := r.enqueue(m, c.Sender())
+		r.enqueue(m, c.Sender())
 		reply.Queued = true
-		reply.Position = r.position(w.jobID)
 	} else if w := r.waiting[m.JobID]; w != nil {
 		r.unlink(w) // it can no longer wait (its topic was unmapped, say)
 		r.tidy(w.pools)

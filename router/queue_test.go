@@ -26,7 +26,7 @@ func (p *probe) Receive(c actor.Context) {
 	case *PickReply:
 		p.replies <- m
 	case *Placed:
-		c.Send(p.router, &Took{JobID: m.JobID, Ticket: m.Ticket, Used: true})
+		c.Send(p.router, &Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: true})
 		p.placed <- m
 	}
 }

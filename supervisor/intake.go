@@ -129,7 +129,24 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		return
 	}
 	res := pkt.GetJobResult()
+	if res.WorkerId != "" && terminalStatus(res.Status) {
+		// The worker has answered: its slot is free now, before the job's
+		// actor has written the outcome (the router ignores a job it does
+		// not count on that worker).
+		in.Env.Root.Send(in.Env.Router, &router.Released{WorkerID: res.WorkerId, JobID: res.JobId, Done: true})
+	}
 	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data()}, true)
+}
+
+// terminalStatus reports whether a result status ends the worker's run.
+func terminalStatus(s capv1.JobStatus) bool {
+	switch s {
+	case capv1.JobStatus_JOB_STATUS_SUCCEEDED, capv1.JobStatus_JOB_STATUS_FAILED,
+		capv1.JobStatus_JOB_STATUS_FAILED_FATAL, capv1.JobStatus_JOB_STATUS_CANCELLED,
+		capv1.JobStatus_JOB_STATUS_TIMEOUT, capv1.JobStatus_JOB_STATUS_DENIED:
+		return true
+	}
+	return false
 }
 
 // HandleProgress handles a core NATS progress message. Progress is advisory:
