@@ -366,7 +366,7 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 		maxHeld = max(maxHeld, w.maxHeld.Load())
 	}
 	t.Logf("400 jobs of 20 ms on 4 workers × 2 slots over two nodes: %v (capacity %v), max held %d, overfills %d, node-a waits %v, node-b waits %v",
-		elapsed.Round(time.Millisecond), (jobs/8*20*time.Millisecond).Round(time.Millisecond), maxHeld, over,
+		elapsed.Round(time.Millisecond), (jobs / 8 * 20 * time.Millisecond).Round(time.Millisecond), maxHeld, over,
 		counter(t, a, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)),
 		counter(t, b, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)))
 	if over*20 >= jobs {

@@ -46,7 +46,9 @@ func (s Subjects) Inbox(nodeID string) string { return s.prefix + "troupe.node."
 // QueueAsk is the subject on which a node answers where a job it owns
 // waits in its capacity queue (core NATS request/reply: the job id in, the
 // position as a decimal out, -1 when the job does not wait there).
-func (s Subjects) QueueAsk(nodeID string) string { return s.prefix + "troupe.node." + nodeID + ".queue" }
+func (s Subjects) QueueAsk(nodeID string) string {
+	return s.prefix + "troupe.node." + nodeID + ".queue"
+}
 
 // Capacity is the subject on which replicas share how many jobs each has
 // in flight on each worker (core NATS; see router/gossip.go).
