@@ -556,6 +556,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe capacity reports: %w", err)
 	}
+	sysRoot.Send(routerPID, &router.Announce{})
 	askSub, err := n.nc.Subscribe(n.subj.QueueAsk(n.cfg.NodeID), func(m *nats.Msg) {
 		pos := n.localQueuePosition(string(m.Data))
 		_ = m.Respond([]byte(strconv.Itoa(pos)))

@@ -18,6 +18,7 @@ type index struct {
 	free       []int32
 	overloaded int
 	stale      int
+	away       int
 }
 
 // slot is 16 bytes, four to a cache line. A 32-bit random tie is plenty to
@@ -79,6 +80,8 @@ func (x *index) enter(id int32, where placement) {
 		x.overloaded++
 	case placedStale:
 		x.stale++
+	case placedAway:
+		x.away++
 	}
 }
 
@@ -90,6 +93,8 @@ func (x *index) leave(id int32, from placement) {
 		x.overloaded--
 	case placedStale:
 		x.stale--
+	case placedAway:
+		x.away--
 	}
 }
 

@@ -123,6 +123,9 @@ const (
 	placedHeap
 	placedOverloaded
 	placedStale
+	// placedAway: another replica places jobs on the worker (see SetAway);
+	// neither in the heap nor counted.
+	placedAway
 )
 
 // Worker is one worker as the registry sees it. Exported fields are read-only
@@ -163,6 +166,7 @@ type Worker struct {
 	oldOwn   int32
 	oldCap   int32
 	reported bool // the worker has reported active_jobs > 0 at least once
+	away     bool // another replica owns placement on it (SetAway)
 	beats    uint32
 	young    [3]int32 // own jobs by beats%3 at placement, not yet old
 	jobs     map[string]uint32
@@ -457,6 +461,14 @@ func (r *Registry) OverloadedCount(pool string) int {
 	return 0
 }
 
+// AwayCount is how many of pool's workers another replica places jobs on.
+func (r *Registry) AwayCount(pool string) int {
+	if p := r.pools[pool]; p != nil {
+		return p.away
+	}
+	return 0
+}
+
 // StaleCount is how many of pool's workers were found stale at pick time
 // and wait for a heartbeat or the sweep.
 func (r *Registry) StaleCount(pool string) int {
@@ -562,6 +574,36 @@ func (r *Registry) SetOthers(w *Worker, n int32) {
 	r.reload(w)
 }
 
+// SetAway says whether another replica owns placement on w: an away
+// worker with a max_parallel leaves this registry's placement (Top never
+// returns it); one without a limit stays, since there is no count to keep.
+func (r *Registry) SetAway(w *Worker, away bool) {
+	if w.away == away {
+		return
+	}
+	w.away = away
+	if w.pool != nil && w.placed != placedStale {
+		r.place(w, r.wanted(w))
+	}
+}
+
+// Away reports whether another replica owns placement on w (with a limit).
+func (r *Registry) Away(w *Worker) bool { return w.away && w.MaxParallel > 0 }
+
+// Room is how many more jobs w may take by its count (0 when full; a
+// large number without a max_parallel).
+func (r *Registry) Room(w *Worker) int32 {
+	if w.MaxParallel <= 0 {
+		return 1 << 20
+	}
+	th := ActiveRatioDefault
+	if w.pool != nil {
+		th = w.pool.th.ActiveRatio
+	}
+	limit := int32(math.Ceil(th*float64(w.MaxParallel) - 1e-9))
+	return max(limit-w.InFlight(), 0)
+}
+
 // HasRoom reports whether w may take a job now: placed (neither overloaded
 // nor known stale). Liveness is the caller's check.
 func (r *Registry) HasRoom(w *Worker) bool { return w.pool != nil && w.placed == placedHeap }
@@ -625,6 +667,9 @@ func (r *Registry) LivePerPool(now time.Time) map[string]int {
 }
 
 func (r *Registry) wanted(w *Worker) placement {
+	if w.away && w.MaxParallel > 0 {
+		return placedAway
+	}
 	if w.overloadedBy(w.pool.th) {
 		return placedOverloaded
 	}

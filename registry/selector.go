@@ -55,6 +55,15 @@ func (s Selector) OverloadedCount() int {
 	return s.s.overloaded
 }
 
+// AwayCount is how many workers carrying the labels another replica
+// places jobs on.
+func (s Selector) AwayCount() int {
+	if s.s == nil {
+		return 0
+	}
+	return s.s.away
+}
+
 // StaleCount is how many workers carrying the labels were found stale at
 // pick time and wait for a heartbeat or the sweep.
 func (s Selector) StaleCount() int {

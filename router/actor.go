@@ -95,6 +95,11 @@ type Occupied struct {
 	Started  bool
 }
 
+// Announce makes the router publish a full capacity report now: the node
+// sends it once it listens for the other replicas' reports, so that they
+// answer with theirs and the replicas know each other at once.
+type Announce struct{}
+
 // QueuePosition asks where a job waits; the reply is an int, -1 when it
 // does not wait in this router's queue.
 type QueuePosition struct{ JobID string }
@@ -149,9 +154,11 @@ type WorkerInfo struct {
 	// InFlight is the count placement uses (registry.Worker.InFlight), of
 	// which Others are other replicas' jobs and Foreign the unexplained
 	// rest of the last heartbeat.
-	InFlight    int32
-	Others      int32
-	Foreign     int32
+	InFlight int32
+	Others   int32
+	Foreign  int32
+	// Owner is the replica that places jobs on the worker (router/owners.go).
+	Owner       string
 	MaxParallel int32
 	CPULoad     float32
 	GPUUtil     float32
@@ -266,7 +273,12 @@ type Router struct {
 	peers map[string]*peer
 	dirty map[*registry.Worker]struct{}
 	armed bool
-	quiet bool
+	full  bool // the next report is a full one
+	// Ownership and offers (owners.go).
+	offers    map[uint64]*offer
+	offerSeq  uint64
+	outOffers []Offer
+	outAcks   []OfferAck
 }
 
 // handoff is a placement sent to a queued job, until the job's Took.
@@ -299,7 +311,7 @@ func Props(cfg Config) *actor.Props {
 		return &Router{cfg: cfg, metrics: m, latest: latest, now: time.Now,
 			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
 			queues: map[string]*waitQueue{}, waiting: map[string]*waiter{}, handed: map[string]handoff{},
-			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}}
+			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}, offers: map[uint64]*offer{}}
 	})
 }
 
@@ -318,7 +330,7 @@ func (r *Router) Receive(c actor.Context) {
 		known := r.reg.Get(m.HB.WorkerId) != nil
 		w := r.reg.Observe(m.HB, m.At)
 		if !known {
-			r.joined(w)
+			r.joined(c, w)
 		}
 		if r.reg.HasRoom(w) {
 			r.drain(c, w.Pool)
@@ -374,6 +386,8 @@ func (r *Router) Receive(c actor.Context) {
 	case gossipTick:
 		r.armed = false
 		r.publish(false)
+	case *Announce:
+		r.publish(true)
 	case *SetPools:
 		r.strategy.SetConfig(m.Config)
 		r.latest.Store(m.Config)
@@ -394,6 +408,7 @@ func (r *Router) Receive(c actor.Context) {
 		r.sweep()
 		r.expirePeers(c)
 		r.expireHandoffs(c)
+		r.expireOffers(c)
 		r.publish(true)
 	}
 }
@@ -446,7 +461,8 @@ func (r *Router) listWorkers() []WorkerInfo {
 				continue
 			}
 			out = append(out, WorkerInfo{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
-				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
+				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, Owner: r.ownerOf(w.ID),
+				MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
 				LastSeen: w.LastSeen, Labels: w.Labels})
 		}
 	}

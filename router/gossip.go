@@ -37,7 +37,7 @@ const (
 	// (it publishes at least once a second while it has jobs in flight).
 	PeerTTL = 3 * time.Second
 	// gossipVersion leads every report.
-	gossipVersion = 1
+	gossipVersion = 2
 	// maxGossipEntries bounds one report, and what a report may make a
 	// receiver allocate.
 	maxGossipEntries = 1 << 16
@@ -50,13 +50,24 @@ type PeerLoad struct {
 	// does not name have none of its jobs. Otherwise only changed counts.
 	Full   bool
 	Counts map[string]int32
+	// Waiting is how many jobs wait in the replica's queue, per pool (all
+	// of them: a pool it does not name has none).
+	Waiting map[string]int32
+	// Offers and Acks are addressed to one replica each (see owners.go).
+	Offers []Offer
+	Acks   []OfferAck
 	At     time.Time
 }
 
 // peer is what one other replica last reported.
 type peer struct {
-	counts map[string]int32
-	seen   time.Time
+	counts  map[string]int32
+	waiting map[string]int32
+	seen    time.Time
+	// offered: slots this node has offered it per pool, not yet answered;
+	// declined: pools whose offers it could not use, until when.
+	offered  map[string]int32
+	declined map[string]time.Time
 }
 
 type gossipTick struct{}
@@ -67,7 +78,12 @@ func (r *Router) changed(c actor.Context, w *registry.Worker) {
 		return
 	}
 	r.dirty[w] = struct{}{}
-	if r.armed {
+	r.kick(c)
+}
+
+// kick makes the next report go out within GossipDelay.
+func (r *Router) kick(c actor.Context) {
+	if r.cfg.Gossip == nil || r.armed {
 		return
 	}
 	r.armed = true
@@ -75,33 +91,38 @@ func (r *Router) changed(c actor.Context, w *registry.Worker) {
 	time.AfterFunc(GossipDelay, func() { root.Send(self, gossipTick{}) })
 }
 
-// publish sends the changed counts, or with full every non-zero count.
-// The full report goes out every sweep, empty or not, when the router
-// starts, and in answer to a replica heard for the first time, so replicas
-// know each other at once.
+// publish sends a report: the changed counts (with full, every non-zero
+// one), the queue lengths, and the offers and acks waiting to go. A full
+// report goes out every sweep, empty or not, when the router starts, and
+// in answer to a replica heard for the first time, so replicas know each
+// other at once.
 func (r *Router) publish(full bool) {
 	if r.cfg.Gossip == nil {
 		return
 	}
-	counts := map[string]int32{}
+	full = full || r.full
+	if !full && len(r.peers) == 0 {
+		clear(r.dirty) // nobody to tell; the next full report says it all
+		return
+	}
+	m := &PeerLoad{Node: r.cfg.NodeID, Full: full, Counts: map[string]int32{}, Waiting: r.waitingPerPool(),
+		Offers: r.outOffers, Acks: r.outAcks}
 	if full {
 		for _, p := range r.reg.Pools() {
 			for _, w := range r.reg.Pool(p) {
 				if n := own(w); n > 0 {
-					counts[w.ID] = n
+					m.Counts[w.ID] = n
 				}
 			}
 		}
 	} else {
 		for w := range r.dirty {
-			counts[w.ID] = own(w)
-		}
-		if len(counts) == 0 {
-			return
+			m.Counts[w.ID] = own(w)
 		}
 	}
 	clear(r.dirty)
-	r.cfg.Gossip(EncodePeerLoad(r.cfg.NodeID, full, counts))
+	r.outOffers, r.outAcks, r.full = nil, nil, false
+	r.cfg.Gossip(EncodePeerLoad(m))
 }
 
 // own is this node's effective count on w (InFlight less the others').
@@ -114,9 +135,12 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 	}
 	p := r.peers[m.Node]
 	if p == nil {
-		p = &peer{counts: map[string]int32{}}
+		p = &peer{counts: map[string]int32{}, waiting: map[string]int32{}, offered: map[string]int32{},
+			declined: map[string]time.Time{}}
 		r.peers[m.Node] = p
-		r.publish(true) // the newcomer learns this node's counts now
+		r.reown(c)
+		r.full = true // the newcomer learns this node's counts at once
+		r.kick(c)
 	}
 	p.seen = m.At
 	if p.seen.IsZero() {
@@ -132,6 +156,7 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 	for id, n := range m.Counts {
 		r.peerCount(c, p, id, n)
 	}
+	r.peerOffers(c, m.Node, p, m)
 }
 
 // peerCount sets one replica's count on one worker.
@@ -167,85 +192,147 @@ func (r *Router) expirePeers(c actor.Context) {
 			r.peerCount(c, p, w, 0)
 		}
 		delete(r.peers, id)
+		r.reown(c)
 	}
 }
 
-// EncodePeerLoad encodes a report: version, flags, node id, then
-// (worker id, count) pairs, ids length-prefixed, numbers as uvarints, in
-// worker id order.
-func EncodePeerLoad(node string, full bool, counts map[string]int32) []byte {
-	ids := make([]string, 0, len(counts))
-	size := 4 + len(node)
-	for id := range counts {
+// EncodePeerLoad encodes a report: version, flags, node id, then four
+// sections — counts (worker id, count), waiting (pool, jobs), offers (to,
+// id, worker, slots) and acks (to, id, worker, used, count) — each a
+// uvarint length and its entries; strings are length-prefixed, numbers
+// uvarints, counts in worker id order.
+func EncodePeerLoad(m *PeerLoad) []byte {
+	ids := make([]string, 0, len(m.Counts))
+	size := 16 + len(m.Node) + 24*(len(m.Offers)+len(m.Acks))
+	for id := range m.Counts {
 		ids = append(ids, id)
 		size += len(id) + 8
 	}
 	sort.Strings(ids)
+	pools := make([]string, 0, len(m.Waiting))
+	for p := range m.Waiting {
+		pools = append(pools, p)
+		size += len(p) + 8
+	}
+	sort.Strings(pools)
 	b := make([]byte, 0, size)
 	flags := byte(0)
-	if full {
+	if m.Full {
 		flags = 1
 	}
 	b = append(b, gossipVersion, flags)
-	b = binary.AppendUvarint(b, uint64(len(node)))
-	b = append(b, node...)
+	b = appendString(b, m.Node)
 	b = binary.AppendUvarint(b, uint64(len(ids)))
 	for _, id := range ids {
-		b = binary.AppendUvarint(b, uint64(len(id)))
-		b = append(b, id...)
-		b = binary.AppendUvarint(b, uint64(max(counts[id], 0)))
+		b = appendString(b, id)
+		b = binary.AppendUvarint(b, uint64(max(m.Counts[id], 0)))
+	}
+	b = binary.AppendUvarint(b, uint64(len(pools)))
+	for _, p := range pools {
+		b = appendString(b, p)
+		b = binary.AppendUvarint(b, uint64(max(m.Waiting[p], 0)))
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Offers)))
+	for _, o := range m.Offers {
+		b = appendString(b, o.To)
+		b = binary.AppendUvarint(b, o.ID)
+		b = appendString(b, o.Worker)
+		b = binary.AppendUvarint(b, uint64(max(o.N, 0)))
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Acks)))
+	for _, a := range m.Acks {
+		b = appendString(b, a.To)
+		b = binary.AppendUvarint(b, a.ID)
+		b = appendString(b, a.Worker)
+		b = binary.AppendUvarint(b, uint64(max(a.Used, 0)))
+		b = binary.AppendUvarint(b, uint64(max(a.Count, 0)))
 	}
 	return b
 }
 
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
 var errBadPeerLoad = errors.New("router: malformed capacity report")
+
+// decoder reads EncodePeerLoad's fields; the first failure sticks.
+type decoder struct {
+	b  []byte
+	ok bool
+}
+
+func (d *decoder) num(limit uint64) uint64 {
+	if !d.ok {
+		return 0
+	}
+	n, k := binary.Uvarint(d.b)
+	if k <= 0 || n > limit {
+		d.ok = false
+		return 0
+	}
+	d.b = d.b[k:]
+	return n
+}
+
+func (d *decoder) str() string {
+	n := d.num(uint64(len(d.b)))
+	if !d.ok || n > uint64(len(d.b)) {
+		d.ok = false
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+// entries reads a section's length: at most maxGossipEntries, and no more
+// than the bytes left could hold (each entry takes two or more).
+func (d *decoder) entries() int {
+	return int(d.num(min(maxGossipEntries, uint64(len(d.b)))))
+}
 
 // DecodePeerLoad decodes EncodePeerLoad's output; anything else is an
 // error, never a panic.
 func DecodePeerLoad(b []byte) (*PeerLoad, error) {
-	if len(b) < 2 || b[0] != gossipVersion {
+	if len(b) < 2 || b[0] != gossipVersion || b[1]&^1 != 0 {
 		return nil, errBadPeerLoad
 	}
+	d := &decoder{b: b[2:], ok: true}
 	m := &PeerLoad{Full: b[1]&1 != 0}
-	b = b[2:]
-	str := func() (string, bool) {
-		n, k := binary.Uvarint(b)
-		if k <= 0 || n > uint64(len(b)-k) {
-			return "", false
-		}
-		s := string(b[k : k+int(n)])
-		b = b[k+int(n):]
-		return s, true
-	}
-	num := func() (uint64, bool) {
-		n, k := binary.Uvarint(b)
-		if k <= 0 {
-			return 0, false
-		}
-		b = b[k:]
-		return n, true
-	}
-	var ok bool
-	if m.Node, ok = str(); !ok || m.Node == "" {
+	if m.Node = d.str(); m.Node == "" {
 		return nil, errBadPeerLoad
 	}
-	n, ok := num()
-	if !ok || n > maxGossipEntries || n > uint64(len(b)) {
-		return nil, errBadPeerLoad
-	}
+	const maxCount = 1 << 30
+	n := d.entries()
 	m.Counts = make(map[string]int32, n)
 	for range n {
-		id, ok := str()
-		if !ok {
-			return nil, errBadPeerLoad
-		}
-		c, ok := num()
-		if !ok || c > 1<<30 {
-			return nil, errBadPeerLoad
-		}
-		m.Counts[id] = int32(c)
+		id := d.str()
+		m.Counts[id] = int32(d.num(maxCount))
 	}
-	if len(b) != 0 {
+	n = d.entries()
+	m.Waiting = make(map[string]int32, n)
+	for range n {
+		p := d.str()
+		m.Waiting[p] = int32(d.num(maxCount))
+	}
+	n = d.entries()
+	for range n {
+		o := Offer{To: d.str(), ID: d.num(1<<63 - 1)}
+		o.Worker = d.str()
+		o.N = int32(d.num(maxCount))
+		m.Offers = append(m.Offers, o)
+	}
+	n = d.entries()
+	for range n {
+		a := OfferAck{To: d.str(), ID: d.num(1<<63 - 1)}
+		a.Worker = d.str()
+		a.Used = int32(d.num(maxCount))
+		a.Count = int32(d.num(maxCount))
+		m.Acks = append(m.Acks, a)
+	}
+	if !d.ok || len(d.b) != 0 {
 		return nil, errBadPeerLoad
 	}
 	return m, nil

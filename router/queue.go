@@ -47,6 +47,7 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 	}
 	if m.Wait && m.JobID != "" && Waitable(p.Reason) && c.Sender() != nil {
 		r.enqueue(m, c.Sender())
+		r.kick(c)
 		reply.Queued = true
 	} else if w := r.waiting[m.JobID]; w != nil {
 		r.unlink(w) // it can no longer wait (its topic was unmapped, say)
@@ -119,6 +120,9 @@ func (r *Router) drainAll(c actor.Context) {
 func (r *Router) drain(c actor.Context, pool string) {
 	q := r.queues[pool]
 	if q == nil || q.live == 0 {
+		if r.reg.Top(pool) != nil {
+			r.offerRoom(c, pool)
+		}
 		return
 	}
 	now := r.now()
@@ -152,27 +156,38 @@ func (r *Router) drain(c actor.Context, pool string) {
 		q.live++
 	}
 	r.tidy([]string{pool})
+	r.kick(c)
+	if r.reg.Top(pool) != nil {
+		r.offerRoom(c, pool)
+	}
 }
 
-// vacate frees job's slot on w and gives it to the pool's queue.
+// vacate frees job's slot on w and gives it to the pool's queue — or, on
+// a worker another replica owns, to the next job here that fits it, if
+// that replica has none waiting (see refill).
 func (r *Router) vacate(c actor.Context, w *registry.Worker, job string) {
 	if !r.reg.Vacate(w, job) {
 		return
 	}
 	r.changed(c, w)
+	if r.reg.Away(w) {
+		r.refill(c, w)
+		return
+	}
 	if r.reg.HasRoom(w) {
 		r.drain(c, w.Pool)
 	}
 }
 
 // joined sets a worker seen for the first time up with what the other
-// replicas have said about it.
-func (r *Router) joined(w *registry.Worker) {
+// replicas have said about it, and with its owner.
+func (r *Router) joined(c actor.Context, w *registry.Worker) {
 	var n int32
 	for _, p := range r.peers {
 		n += p.counts[w.ID]
 	}
 	r.reg.SetOthers(w, n)
+	r.reg.SetAway(w, r.ownerOf(w.ID) != r.cfg.NodeID)
 }
 
 // position is how many jobs wait before job in its first pool's queue, or

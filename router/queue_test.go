@@ -195,15 +195,18 @@ func TestCapacityUnusedPlacementIsFreed(t *testing.T) {
 // an error, never a panic, and a real one round-trips.
 func TestPeerLoadDecodeRejectsGarbage(t *testing.T) {
 	t.Parallel()
-	in := map[string]int32{"w1": 3, "w2": 0, "worker-with-a-long-id": 64}
-	m, err := DecodePeerLoad(EncodePeerLoad("node-a", true, in))
+	in := &PeerLoad{Node: "node-a", Full: true, Counts: map[string]int32{"w1": 3, "w2": 0, "worker-with-a-long-id": 64},
+		Waiting: map[string]int32{"gpu": 7}, Offers: []Offer{{To: "node-b", ID: 9, Worker: "w1", N: 2}},
+		Acks: []OfferAck{{To: "node-c", ID: 4, Worker: "w2", Used: 1, Count: 5}}}
+	m, err := DecodePeerLoad(EncodePeerLoad(in))
 	if err != nil || m.Node != "node-a" || !m.Full || len(m.Counts) != 3 || m.Counts["w1"] != 3 ||
-		m.Counts["worker-with-a-long-id"] != 64 {
+		m.Counts["worker-with-a-long-id"] != 64 || m.Waiting["gpu"] != 7 || len(m.Offers) != 1 ||
+		m.Offers[0] != in.Offers[0] || len(m.Acks) != 1 || m.Acks[0] != in.Acks[0] {
 		t.Fatalf("round trip = %+v, %v", m, err)
 	}
-	good := EncodePeerLoad("n", false, map[string]int32{"w": 1})
+	good := EncodePeerLoad(&PeerLoad{Node: "n", Counts: map[string]int32{"w": 1}})
 	for _, bad := range [][]byte{nil, {}, {9, 0}, good[:len(good)-1], append(append([]byte{}, good...), 0),
-		{1, 0, 0}, {1, 0, 1, 'n', 0xff, 0xff, 0xff, 0xff, 0x0f}} {
+		{2, 0, 0}, {2, 2, 1, 'n', 0, 0, 0, 0}, {2, 0, 1, 'n', 0xff, 0xff, 0xff, 0xff, 0x0f}} {
 		if _, err := DecodePeerLoad(bad); err == nil {
 			t.Errorf("decoded %v without error", bad)
 		}
@@ -212,11 +215,12 @@ func TestPeerLoadDecodeRejectsGarbage(t *testing.T) {
 
 // FuzzDecodePeerLoad: no input makes the decoder panic.
 func FuzzDecodePeerLoad(f *testing.F) {
-	f.Add(EncodePeerLoad("node", true, map[string]int32{"w1": 2}))
-	f.Add([]byte{1, 1, 0})
+	f.Add(EncodePeerLoad(&PeerLoad{Node: "node", Full: true, Counts: map[string]int32{"w1": 2},
+		Waiting: map[string]int32{"p": 1}, Offers: []Offer{{To: "x", ID: 1, Worker: "w1", N: 1}}}))
+	f.Add([]byte{2, 1, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if m, err := DecodePeerLoad(b); err == nil {
-			if _, err := DecodePeerLoad(EncodePeerLoad(m.Node, m.Full, m.Counts)); err != nil {
+			if _, err := DecodePeerLoad(EncodePeerLoad(m)); err != nil {
 				t.Fatalf("re-encoded report does not decode: %v", err)
 			}
 		}

@@ -182,35 +182,11 @@ func (s *Strategy) Pick(req *capv1.JobRequest, now time.Time) Pick { return s.Pi
 // worker is counted under its id (registry.Occupy), so the job's answer
 // frees exactly that slot. An empty id counts the slot anonymously.
 func (s *Strategy) PickFor(job string, req *capv1.JobRequest, now time.Time) Pick {
-	topic := req.GetTopic()
-	rt := s.routes[topic]
+	rt, fail := s.route(req)
 	if rt == nil {
-		return Pick{Reason: core.ReasonTopicUnmapped, Detail: "no pool is mapped to topic " + topic}
+		return fail
 	}
-	labels := req.GetLabels()
-	pools := rt.pools
-	if pref := labels[LabelPreferredPool]; pref != "" {
-		i := 0
-		for i < len(pools) && pools[i].name != pref {
-			i++
-		}
-		if i == len(pools) {
-			return Pick{Reason: core.ReasonPreferredPoolUnmapped,
-				Detail: "preferred pool " + pref + " is not mapped to topic " + topic}
-		}
-		pools = pools[i : i+1]
-	}
-	requires := req.GetMeta().GetRequires()
-	s.cand = s.cand[:0]
-	for _, p := range pools {
-		if providesAll(p.requires, requires) {
-			s.cand = append(s.cand, p)
-		}
-	}
-	if len(s.cand) == 0 {
-		return Pick{Reason: core.ReasonRequiresUnsatisfied,
-			Detail: "no pool of topic " + topic + " provides " + strings.Join(requires, ",")}
-	}
+	topic, labels := req.GetTopic(), req.GetLabels()
 	placed := hasPlacement(labels)
 	s.sels = s.sels[:0]
 	if placed {
@@ -244,11 +220,64 @@ func (s *Strategy) PickFor(job string, req *capv1.JobRequest, now time.Time) Pic
 	return s.noWorker(placed, stale)
 }
 
+// route resolves req's candidate pools into s.cand: its topic's pools,
+// narrowed to the preferred pool, less those that do not provide
+// meta.requires. With none it returns nil and the failed pick.
+func (s *Strategy) route(req *capv1.JobRequest) (*route, Pick) {
+	topic := req.GetTopic()
+	rt := s.routes[topic]
+	if rt == nil {
+		return nil, Pick{Reason: core.ReasonTopicUnmapped, Detail: "no pool is mapped to topic " + topic}
+	}
+	labels := req.GetLabels()
+	pools := rt.pools
+	if pref := labels[LabelPreferredPool]; pref != "" {
+		i := 0
+		for i < len(pools) && pools[i].name != pref {
+			i++
+		}
+		if i == len(pools) {
+			return nil, Pick{Reason: core.ReasonPreferredPoolUnmapped,
+				Detail: "preferred pool " + pref + " is not mapped to topic " + topic}
+		}
+		pools = pools[i : i+1]
+	}
+	requires := req.GetMeta().GetRequires()
+	s.cand = s.cand[:0]
+	for _, p := range pools {
+		if providesAll(p.requires, requires) {
+			s.cand = append(s.cand, p)
+		}
+	}
+	if len(s.cand) == 0 {
+		return nil, Pick{Reason: core.ReasonRequiresUnsatisfied,
+			Detail: "no pool of topic " + topic + " provides " + strings.Join(requires, ",")}
+	}
+	return rt, Pick{}
+}
+
+// PickOn places job on w if w can take it — live, in one of its candidate
+// pools, carrying its placement labels — without asking whether w has
+// room: the caller owns the slot (it has just been freed by one of this
+// node's jobs, or another replica offered it). ok is false when w cannot.
+func (s *Strategy) PickOn(job string, w *registry.Worker, req *capv1.JobRequest, now time.Time) (Pick, bool) {
+	rt, _ := s.route(req)
+	if rt == nil || !s.reg.Live(w, now) || !carries(w, req.GetLabels()) {
+		return Pick{}, false
+	}
+	for _, p := range s.cand {
+		if p.name == w.Pool {
+			return s.commit(job, w, p, rt), true
+		}
+	}
+	return Pick{}, false
+}
+
 // preferred returns the preferred worker and its pool when it is a
 // candidate and not overloaded; liveness is the caller's check.
 func (s *Strategy) preferred(id string, labels map[string]string, placed bool) (*registry.Worker, *poolRoute) {
 	w := s.reg.Get(id)
-	if w == nil || s.reg.Overloaded(w) || (placed && !carries(w, labels)) {
+	if w == nil || s.reg.Overloaded(w) || s.reg.Away(w) || (placed && !carries(w, labels)) {
 		return nil, nil
 	}
 	for _, p := range s.cand {
@@ -293,19 +322,26 @@ func (s *Strategy) pulledStale(topic string, w *registry.Worker) {
 // or all known candidates went quiet (stale, not yet swept), or there are
 // none. stale counts the stale picks this pick made.
 func (s *Strategy) noWorker(placed bool, stale int) Pick {
-	overloaded := 0
+	overloaded, away := 0, 0
 	for i, p := range s.cand {
 		if placed {
 			overloaded += s.sels[i].OverloadedCount()
 			stale += s.sels[i].StaleCount()
+			away += s.sels[i].AwayCount()
 		} else {
 			overloaded += s.reg.OverloadedCount(p.name)
 			stale += s.reg.StaleCount(p.name)
+			away += s.reg.AwayCount(p.name)
 		}
 	}
 	switch {
 	case overloaded > 0:
 		return Pick{Reason: core.ReasonPoolOverloaded, Detail: "every live worker in pools " + s.candNames() + " is overloaded"}
+	case away > 0:
+		// Their slots are placed by another replica, which offers this
+		// node the room its own jobs leave.
+		return Pick{Reason: core.ReasonPoolOverloaded, Detail: "the workers of pools " + s.candNames() +
+			" with room are placed by another replica"}
 	case stale > 0:
 		return Pick{Reason: core.ReasonStaleWorker, Detail: "the workers of pools " + s.candNames() + " stopped heartbeating"}
 	case placed:
