@@ -1,6 +1,8 @@
 package router
 
 import (
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,20 +133,26 @@ func TestCapacityQueueWakeSources(t *testing.T) {
 		t.Fatalf("reply %+v, want queued no_workers", r)
 	}
 	now := time.Now()
-	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 2, ActiveJobs: 2}, now)
+	// A worker this router keeps placing on once "peer" is heard (it owns
+	// it by the rendezvous hash), so the peer's counts are what matter.
+	w1 := "w1"
+	for i := 2; ownerScore("peer", w1) > ownerScore("me", w1); i++ {
+		w1 = "w" + strconv.Itoa(i)
+	}
+	b.beat(&capv1.Heartbeat{WorkerId: w1, Pool: "a", MaxParallelJobs: 2, ActiveJobs: 2}, now)
 	// The heartbeat says the worker is full (2 jobs this router does not
 	// know): j1 still waits.
 	if r := ask("j1"); !r.Queued || r.Reason != core.ReasonPoolOverloaded {
 		t.Fatalf("reply %+v, want queued pool_overloaded", r)
 	}
 	// The next heartbeat shows room.
-	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 2, ActiveJobs: 1}, now.Add(time.Second))
+	b.beat(&capv1.Heartbeat{WorkerId: w1, Pool: "a", MaxParallelJobs: 2, ActiveJobs: 1}, now.Add(time.Second))
 	if m := p.next(t); m.JobID != "j1" {
 		t.Fatalf("placed %s, want j1", m.JobID)
 	}
 	// Now full with j1 and one foreign job; another replica says it holds
 	// one of them…
-	b.sys.Root.Send(b.pid, &PeerLoad{Node: "peer", Full: true, Counts: map[string]int32{"w1": 1}, At: time.Now()})
+	b.sys.Root.Send(b.pid, &PeerLoad{Node: "peer", Full: true, Counts: map[string]int32{w1: 1}, At: time.Now()})
 	if r := ask("j2"); !r.Queued {
 		t.Fatalf("reply %+v, want queued", r)
 	}
@@ -225,4 +233,122 @@ func FuzzDecodePeerLoad(f *testing.F) {
 			}
 		}
 	})
+}
+
+// linkedRouters are two routers whose capacity reports reach each other
+// (in memory, as NATS would carry them).
+type linkedRouters struct {
+	a, b *routerBundle
+}
+
+func linkRouters(t *testing.T, pools string) *linkedRouters {
+	t.Helper()
+	var l linkedRouters
+	var toA, toB atomic.Pointer[routerBundle]
+	deliver := func(to *atomic.Pointer[routerBundle]) func([]byte) {
+		return func(data []byte) {
+			m, err := DecodePeerLoad(data)
+			if err != nil {
+				t.Errorf("report does not decode: %v", err)
+				return
+			}
+			m.At = time.Now()
+			if b := to.Load(); b != nil {
+				b.sys.Root.Send(b.pid, m)
+			}
+		}
+	}
+	l.a = setupRouter(t, Config{Pools: mustPools(t, pools), NodeID: "node-a", Gossip: deliver(&toB)})
+	l.b = setupRouter(t, Config{Pools: mustPools(t, pools), NodeID: "node-b", Gossip: deliver(&toA)})
+	toA.Store(l.a)
+	toB.Store(l.b)
+	l.b.sys.Root.Send(l.b.pid, &Announce{})
+	l.a.sys.Root.Send(l.a.pid, &Announce{})
+	return &l
+}
+
+// TestCapacityOffersServeAReplicaThatOwnsNothing: every worker is placed by
+// node-a, and every job waits on node-b. node-a offers its idle room, so
+// node-b's jobs run on it — and the two never count more than the
+// workers' max_parallel between them.
+func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
+	t.Parallel()
+	l := linkRouters(t, "topics: {job.a: a}\n")
+	// Worker ids owned by node-a.
+	var ids []string
+	for i := 0; len(ids) < 3; i++ {
+		id := "w" + strconv.Itoa(i)
+		if ownerScore("node-a", id) > ownerScore("node-b", id) {
+			ids = append(ids, id)
+		}
+	}
+	now := time.Now()
+	for _, id := range ids {
+		hb := &capv1.Heartbeat{WorkerId: id, Pool: "a", MaxParallelJobs: 2}
+		l.a.beat(hb, now)
+		l.b.beat(hb, now)
+	}
+	// Both know each other and agree node-a owns the three.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws := l.b.workers(t)
+		if len(ws) == 3 && ws[0].Owner == "node-a" && ws[1].Owner == "node-a" && ws[2].Owner == "node-a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-b workers %+v", ws)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pid, p := startProbe(l.b)
+	const jobs = 20
+	for i := range jobs {
+		id := "job-" + strconv.Itoa(i)
+		l.b.sys.Root.Send(pid, &PickRequest{JobID: id, Wait: true, Ticket: 1,
+			Req: &capv1.JobRequest{JobId: id, Topic: "job.a"}})
+		if r := p.reply(t); !r.Queued || r.Reason != core.ReasonPoolOverloaded {
+			t.Fatalf("%s: %+v, want queued pool_overloaded (room belongs to node-a)", id, r)
+		}
+	}
+	// node-a offers its six slots; node-b places six jobs, no more.
+	held := map[string][]string{}
+	for range 6 {
+		m := p.next(t)
+		held[m.Reply.WorkerID] = append(held[m.Reply.WorkerID], m.JobID)
+	}
+	select {
+	case m := <-p.placed:
+		t.Fatalf("a seventh job was placed (%s on %s) on three workers of max_parallel 2", m.JobID, m.Reply.WorkerID)
+	case <-time.After(100 * time.Millisecond):
+	}
+	for w, js := range held {
+		if len(js) != 2 {
+			t.Fatalf("worker %s got %d jobs, want 2 (%v)", w, len(js), held)
+		}
+	}
+	// Each end frees a slot that node-b refills at once (node-a has no
+	// jobs waiting); every job runs, never more than two per worker.
+	done := 6
+	for done < jobs {
+		for w, js := range held {
+			if len(js) == 0 {
+				continue
+			}
+			l.b.sys.Root.Send(l.b.pid, &Released{WorkerID: w, JobID: js[0], Done: true})
+			held[w] = js[1:]
+			m := p.next(t)
+			held[m.Reply.WorkerID] = append(held[m.Reply.WorkerID], m.JobID)
+			if n := len(held[m.Reply.WorkerID]); n > 2 {
+				t.Fatalf("worker %s holds %d jobs", m.Reply.WorkerID, n)
+			}
+			done++
+			break
+		}
+	}
+	// node-a's own view: it holds none itself, node-b six.
+	for _, w := range l.a.workers(t) {
+		if w.Dispatched != 0 || w.InFlight > 2 {
+			t.Fatalf("node-a sees %+v", w)
+		}
+	}
 }
