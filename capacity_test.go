@@ -25,7 +25,7 @@ import (
 // and answers with a JobResult. It counts, as the worker sees it, how many
 // jobs it holds at once and how many arrived while it was already full.
 type capWorker struct {
-	t      *testing.T
+	t      testing.TB
 	nc     *nats.Conn
 	subj   bus.Subjects
 	id     string
@@ -46,13 +46,13 @@ type capWorker struct {
 	sub, dsub *nats.Subscription
 }
 
-func startCapWorker(t *testing.T, nc *nats.Conn, subj bus.Subjects, id string, maxParallel int32,
+func startCapWorker(t testing.TB, nc *nats.Conn, subj bus.Subjects, id string, maxParallel int32,
 	beat time.Duration, answer func(string) bool) *capWorker {
 	t.Helper()
 	return startCapWorkerMode(t, nc, subj, id, maxParallel, beat, answer, false)
 }
 
-func startCapWorkerMode(t *testing.T, nc *nats.Conn, subj bus.Subjects, id string, maxParallel int32,
+func startCapWorkerMode(t testing.TB, nc *nats.Conn, subj bus.Subjects, id string, maxParallel int32,
 	beat time.Duration, answer func(string) bool, direct bool) *capWorker {
 	t.Helper()
 	w := &capWorker{t: t, nc: nc, subj: subj, id: id, max: maxParallel, answer: answer, direct: direct,

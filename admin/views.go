@@ -204,13 +204,18 @@ type Worker struct {
 	Pool        string            `json:"pool"`
 	ActiveJobs  int32             `json:"active_jobs"`
 	Dispatched  int32             `json:"dispatched"`
+	InFlight    int32             `json:"in_flight"`
+	Owner       string            `json:"owner,omitempty"`
 	MaxParallel int32             `json:"max_parallel"`
 	CPULoad     float32           `json:"cpu_load"`
 	GPUUtil     float32           `json:"gpu_util"`
 	Direct      bool              `json:"direct"`
 	LastSeen    time.Time         `json:"last_seen"`
 	Labels      map[string]string `json:"labels,omitempty"`
-	// Load is (active + dispatched) / max_parallel, 0 when unbounded.
+	// InFlight is what placement counts (this node's jobs, the other
+	// replicas', and any the heartbeat shows beyond them); Dispatched is
+	// this node's part. Owner is the replica that places jobs on it.
+	// Load is in_flight / max_parallel, 0 when unbounded.
 	Load float64 `json:"load"`
 }
 
@@ -220,6 +225,7 @@ type PoolLoad struct {
 	Workers     int     `json:"workers"`
 	ActiveJobs  int32   `json:"active_jobs"`
 	Dispatched  int32   `json:"dispatched"`
+	InFlight    int32   `json:"in_flight"`
 	MaxParallel int32   `json:"max_parallel"`
 	Load        float64 `json:"load"`
 }
@@ -235,8 +241,9 @@ func workerList(ws []router.WorkerInfo) WorkerList {
 	pools := map[string]*PoolLoad{}
 	for _, w := range ws {
 		v := Worker{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
+			InFlight: w.InFlight, Owner: w.Owner,
 			MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
-			LastSeen: w.LastSeen, Labels: w.Labels, Load: load(w.ActiveJobs+w.Dispatched, w.MaxParallel)}
+			LastSeen: w.LastSeen, Labels: w.Labels, Load: load(w.InFlight, w.MaxParallel)}
 		out.Workers = append(out.Workers, v)
 		p := pools[w.Pool]
 		if p == nil {
@@ -246,6 +253,7 @@ func workerList(ws []router.WorkerInfo) WorkerList {
 		p.Workers++
 		p.ActiveJobs += w.ActiveJobs
 		p.Dispatched += w.Dispatched
+		p.InFlight += w.InFlight
 		p.MaxParallel += w.MaxParallel
 	}
 	sort.Slice(out.Workers, func(i, j int) bool {
@@ -253,7 +261,7 @@ func workerList(ws []router.WorkerInfo) WorkerList {
 		return a.Pool < b.Pool || a.Pool == b.Pool && a.ID < b.ID
 	})
 	for _, p := range pools {
-		p.Load = load(p.ActiveJobs+p.Dispatched, p.MaxParallel)
+		p.Load = load(p.InFlight, p.MaxParallel)
 		out.Pools = append(out.Pools, *p)
 	}
 	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Pool < out.Pools[j].Pool })

@@ -203,7 +203,7 @@ async function refreshWorkers() {
     const loadCell = el("td");
     loadCell.append(bar);
     tr.append(el("td", p.pool), el("td", p.workers),
-      el("td", (p.active_jobs + p.dispatched) + " / " + (p.max_parallel || "∞")), loadCell);
+      el("td", p.in_flight + " / " + (p.max_parallel || "∞")), loadCell);
     pools.append(tr);
   }
   if (w.pools.length === 0) pools.append(emptyRow(4, "no live workers"));
@@ -212,7 +212,7 @@ async function refreshWorkers() {
   for (const x of w.workers) {
     const tr = el("tr");
     tr.dataset.worker = x.id;
-    tr.append(el("td", x.id), el("td", x.pool), el("td", x.active_jobs), el("td", x.dispatched),
+    tr.append(el("td", x.id), el("td", x.pool), el("td", x.in_flight), el("td", x.active_jobs),
       el("td", x.max_parallel || "∞"), el("td", x.cpu_load ? x.cpu_load.toFixed(0) + "%" : ""), el("td", ago(x.last_seen)));
     workers.append(tr);
   }

@@ -529,20 +529,20 @@ func (e *ctlEnv) workers(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := e.table()
-	fmt.Fprintln(tw, "POOL\tWORKERS\tBUSY/CAPACITY\tLOAD")
+	fmt.Fprintln(tw, "POOL\tWORKERS\tIN FLIGHT/CAPACITY\tLOAD")
 	for _, p := range w.Pools {
-		fmt.Fprintf(tw, "%s\t%d\t%d/%s\t%s\n", p.Pool, p.Workers, p.ActiveJobs+p.Dispatched, capacity(p.MaxParallel),
+		fmt.Fprintf(tw, "%s\t%d\t%d/%s\t%s\n", p.Pool, p.Workers, p.InFlight, capacity(p.MaxParallel),
 			loadBar(p.Load))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "WORKER\tPOOL\tACTIVE\tDISPATCHED\tMAX\tCPU\tDISPATCH\tLAST SEEN")
+	fmt.Fprintln(tw, "WORKER\tPOOL\tIN FLIGHT\tREPORTED\tMAX\tCPU\tDISPATCH\tPLACED BY\tLAST SEEN")
 	for _, x := range w.Workers {
 		mode := "pool"
 		if x.Direct {
 			mode = "direct"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s ago\n", x.ID, x.Pool, x.ActiveJobs, x.Dispatched,
-			capacity(x.MaxParallel), x.CPULoad, mode, time.Since(x.LastSeen).Truncate(100*time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s\t%s ago\n", x.ID, x.Pool, x.InFlight, x.ActiveJobs,
+			capacity(x.MaxParallel), x.CPULoad, mode, orDash(x.Owner), time.Since(x.LastSeen).Truncate(100*time.Millisecond))
 	}
 	return tw.Flush()
 }

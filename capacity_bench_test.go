@@ -1,0 +1,126 @@
+package troupe_test
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/testenv"
+)
+
+// BenchmarkCapacityWaitingJobs measures what jobs waiting for capacity
+// cost: one worker of max_parallel 1 holds its job, and 10,000 more jobs
+// wait for it in the router's queue (each written SCHEDULED
+// pool_overloaded once its grace is over). Reported: the node's heap per
+// waiting job (after a GC), and the Redis commands the server runs per
+// second while they wait (the node's lease and pollers; nothing per job).
+// Run with
+//
+//	go test -run '^$' -bench CapacityWaitingJobs -benchtime 1x .
+func BenchmarkCapacityWaitingJobs(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		perJob, redisPerSec := waitingJobsOnce(b, 10000)
+		b.ReportMetric(perJob, "heap_B/waiting_job")
+		b.ReportMetric(redisPerSec, "redis_cmds/s_while_waiting")
+	}
+}
+
+func waitingJobsOnce(b *testing.B, waiting int) (perJob, redisPerSec float64) {
+	env := testenv.New(b)
+	pools, _ := parseTestPools()
+	node, err := troupe.NewNode(troupe.Config{NodeID: "bench-wait", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
+		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
+		Pools: pools, Logger: quietLogger(), CapacityGrace: 100 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := node.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer node.Stop(ctx)
+	g := newJobGates()
+	w := startCapWorker(b, env.NATS, node.Subjects(), "holder", 1, 5*time.Second, g.wait)
+	defer func() {
+		for i := 0; i <= waiting; i++ {
+			select {
+			case g.gate("wait-"+strconv.Itoa(i)) <- false:
+			default:
+			}
+		}
+	}()
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	submit := func(id string) {
+		data, err := bus.EncodeRequest("trace-"+id, "bench", echoReq(id))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.PublishAsync(node.Subjects().Submit, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if ws, _ := node.Workers(); len(ws) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("no worker")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	submit("wait-0")
+	w.waitGot(10 * time.Second)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := 1; i <= waiting; i++ {
+		submit("wait-" + strconv.Itoa(i))
+	}
+	<-js.PublishAsyncComplete()
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		if counter(b, node, "troupe_capacity_waits_total", "pool_overloaded") >= float64(waiting) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("only %v of %d jobs wait", counter(b, node, "troupe_capacity_waits_total", "pool_overloaded"), waiting)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // the last writes' replies
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perJob = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(waiting)
+	first := redisCommands(b, env)
+	const window = 10 * time.Second
+	time.Sleep(window)
+	redisPerSec = float64(redisCommands(b, env)-first) / window.Seconds()
+	b.Logf("%d jobs waiting: %.0f B of heap each, %.1f Redis commands/s while they wait (server-wide)",
+		waiting, perJob, redisPerSec)
+	return perJob, redisPerSec
+}
+
+// redisCommands reads the server's total_commands_processed.
+func redisCommands(b *testing.B, env *testenv.Env) int64 {
+	info, err := env.Redis.Info(context.Background(), "stats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	b.Fatal("no total_commands_processed in INFO stats")
+	return 0
+}
