@@ -18,17 +18,22 @@ import (
 // BenchmarkCapacityWaitingJobs measures what jobs waiting for capacity
 // cost: one worker of max_parallel 1 holds its job, and 10,000 more jobs
 // wait for it in the router's queue (each written SCHEDULED
-// pool_overloaded once its grace is over). Reported: the node's heap per
-// waiting job (after a GC), and the Redis commands the server runs per
-// second while they wait (the node's lease and pollers; nothing per job).
+// pool_overloaded once its grace is over); then 10 jobs, for comparison.
+// Reported: the node's heap per waiting job (after a GC), and the Redis
+// commands the server runs per second while they wait (the node's lease
+// and pollers; the same with 10 or 10,000 waiting if nothing is per job).
 // Run with
 //
 //	go test -run '^$' -bench CapacityWaitingJobs -benchtime 1x .
 func BenchmarkCapacityWaitingJobs(b *testing.B) {
-	for i := 0; i < b.N; i++ {
-		perJob, redisPerSec := waitingJobsOnce(b, 10000)
-		b.ReportMetric(perJob, "heap_B/waiting_job")
-		b.ReportMetric(redisPerSec, "redis_cmds/s_while_waiting")
+	for _, n := range []int{10, 10000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				perJob, redisPerSec := waitingJobsOnce(b, n)
+				b.ReportMetric(perJob, "heap_B/waiting_job")
+				b.ReportMetric(redisPerSec, "redis_cmds/s_while_waiting")
+			}
+		})
 	}
 }
 
