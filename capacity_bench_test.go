@@ -129,3 +129,98 @@ func redisCommands(b *testing.B, env *testenv.Env) int64 {
 	b.Fatal("no total_commands_processed in INFO stats")
 	return 0
 }
+
+// BenchmarkCapacityTwoReplicas: two nodes share ten workers that announce
+// max_parallel 4 and take 50 ms a job (capacity 800 jobs/s); 8,000 jobs
+// are submitted at once. Reported: throughput as a share of the workers'
+// capacity, receipts a worker took while already holding 4 (must be 0),
+// and capacity waits per job. Run with
+//
+//	go test -run '^$' -bench CapacityTwoReplicas -benchtime 1x .
+func BenchmarkCapacityTwoReplicas(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		twoReplicasOnce(b, 8000)
+	}
+}
+
+func twoReplicasOnce(b *testing.B, jobs int) {
+	env := testenv.New(b)
+	pools, _ := parseTestPools()
+	ctx := context.Background()
+	var nodes []*troupe.Node
+	for _, id := range []string{"rep-a", "rep-b"} {
+		n, err := troupe.NewNode(troupe.Config{NodeID: id, NATSURL: env.NATSURL, RedisURL: env.RedisURL,
+			KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
+			Pools: pools, Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := n.Start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		defer n.Stop(ctx)
+		nodes = append(nodes, n)
+	}
+	var ws []*capWorker
+	for i := range 10 {
+		ws = append(ws, startCapWorkerMode(b, env.NATS, nodes[0].Subjects(), "cap"+strconv.Itoa(i), 4, 5*time.Second,
+			func(string) bool { time.Sleep(50 * time.Millisecond); return true }, true))
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		wa, _ := nodes[0].Workers()
+		wb, _ := nodes[1].Workers()
+		if len(wa) == 10 && len(wb) == 10 && wa[0].Owner == wb[0].Owner && wa[9].Owner == wb[9].Owner {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("nodes never saw the workers")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	for i := range jobs {
+		id := "two-" + strconv.Itoa(i)
+		data, err := bus.EncodeRequest("trace-"+id, "bench", echoReq(id))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.PublishAsync(nodes[0].Subjects().Submit, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		done := counter(b, nodes[0], "troupe_jobs_completed_total", "SUCCEEDED") +
+			counter(b, nodes[1], "troupe_jobs_completed_total", "SUCCEEDED")
+		if done >= float64(jobs) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%v of %d jobs SUCCEEDED", done, jobs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	var over int64
+	var maxHeld int32
+	for _, w := range ws {
+		over += w.overfills.Load()
+		maxHeld = max(maxHeld, w.maxHeld.Load())
+	}
+	waits := counter(b, nodes[0], "troupe_capacity_waits_total", "pool_overloaded") +
+		counter(b, nodes[1], "troupe_capacity_waits_total", "pool_overloaded")
+	rate := float64(jobs) / elapsed.Seconds()
+	b.ReportMetric(rate, "jobs/s")
+	b.ReportMetric(100*rate/800, "%_of_capacity")
+	b.ReportMetric(float64(over), "overfills")
+	b.ReportMetric(waits/float64(jobs), "waits/job")
+	b.Logf("two replicas, 10 workers × 4 slots, 50 ms jobs: %d jobs in %v = %.0f jobs/s (%.1f %% of 800); max held %d, overfills %d, %.2f waits/job",
+		jobs, elapsed.Round(time.Millisecond), rate, 100*rate/800, maxHeld, over, waits/float64(jobs))
+	if over != 0 {
+		b.Errorf("%d receipts over max_parallel", over)
+	}
+}
