@@ -205,12 +205,7 @@ func twoReplicasOnce(b *testing.B, jobs int) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
-	var over int64
-	var maxHeld int32
-	for _, w := range ws {
-		over += w.overfills.Load()
-		maxHeld = max(maxHeld, w.maxHeld.Load())
-	}
+	over, maxHeld := fleetCounts(ws)
 	waits := counter(b, nodes[0], "troupe_capacity_waits_total", "pool_overloaded") +
 		counter(b, nodes[1], "troupe_capacity_waits_total", "pool_overloaded")
 	rate := float64(jobs) / elapsed.Seconds()

@@ -207,6 +207,28 @@ func (g *jobGates) wait(id string) bool { return <-g.gate(id) }
 // open lets job id go: answered (true) or dropped.
 func (g *jobGates) open(id string, answer bool) { g.gate(id) <- answer }
 
+// fleetCounts sums what the workers counted: receipts over their
+// max_parallel, and the most jobs any held at once.
+func fleetCounts(ws []*capWorker) (overfills int64, maxHeld int32) {
+	for _, w := range ws {
+		overfills += w.overfills.Load()
+		maxHeld = max(maxHeld, w.maxHeld.Load())
+	}
+	return overfills, maxHeld
+}
+
+// waitQueued waits (bounded) until n jobs wait in the node's capacity queue.
+func (f *fixture) waitQueued(n float64) {
+	f.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(f.t, f.node, "troupe_capacity_queue_jobs", "") != n {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%v jobs never waited in the queue", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // noBackoff makes a backoff retry impossible to mistake for a wake: the
 // first retry would come after an hour.
 func noBackoff(c *troupe.Config) { c.Backoff = func(int) time.Duration { return time.Hour } }
@@ -375,12 +397,7 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 		f.waitStateWithin("two-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
 	}
 	elapsed := time.Since(start)
-	var over int64
-	var maxHeld int32
-	for _, w := range ws {
-		over += w.overfills.Load()
-		maxHeld = max(maxHeld, w.maxHeld.Load())
-	}
+	over, maxHeld := fleetCounts(ws)
 	t.Logf("400 jobs of 20 ms on 4 workers × 2 slots over two nodes: %v (capacity %v), max held %d, overfills %d, node-a waits %v, node-b waits %v",
 		elapsed.Round(time.Millisecond), (jobs / 8 * 20 * time.Millisecond).Round(time.Millisecond), maxHeld, over,
 		counter(t, a, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)),
@@ -390,26 +407,29 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 	}
 }
 
+// oneJobWaiting starts a node with an hour's grace and a worker of
+// max_parallel 1, gives the worker job first (held at its gate), and
+// submits job second, which waits in the queue, unwritten.
+func oneJobWaiting(t *testing.T, first, second string) (*fixture, *jobGates, *capWorker) {
+	t.Helper()
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq(first))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq(second))
+	f.waitQueued(1)
+	return f, g, w
+}
+
 // TestCapacityShortWaitWritesNothing: a new job that finds no room but is
 // placed within its grace is created and dispatched in one write — no
 // SCHEDULED pool_overloaded step in its history, no capacity wait counted.
 func TestCapacityShortWaitWritesNothing(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
-	g := newJobGates()
-	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
-	f.waitWorkers(1)
-	f.submit(echoReq("short-1"))
-	w.waitGot(5 * time.Second)
-	f.submit(echoReq("short-2"))
+	f, g, w := oneJobWaiting(t, "short-1", "short-2")
 	// short-2 waits in the router, unwritten: there is no record yet.
-	deadline := time.Now().Add(5 * time.Second)
-	for counter(t, f.node, "troupe_capacity_queue_jobs", "") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("short-2 never queued")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	if _, err := f.node.Job(context.Background(), "short-2"); err == nil {
 		t.Fatal("short-2 has a record while it waits within its grace")
 	}
@@ -433,20 +453,7 @@ func TestCapacityShortWaitWritesNothing(t *testing.T) {
 // unwritten, is created CANCELLED and never dispatched.
 func TestCapacityCancelWithinTheGrace(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
-	g := newJobGates()
-	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
-	f.waitWorkers(1)
-	f.submit(echoReq("busy"))
-	w.waitGot(5 * time.Second)
-	f.submit(echoReq("doomed"))
-	deadline := time.Now().Add(5 * time.Second)
-	for counter(t, f.node, "troupe_capacity_queue_jobs", "") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("doomed never queued")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	f, g, w := oneJobWaiting(t, "busy", "doomed")
 	if err := f.node.Cancel(context.Background(), "doomed", "changed my mind", "test"); err != nil {
 		t.Fatal(err)
 	}
