@@ -56,7 +56,7 @@ func waitingJobsOnce(b *testing.B, waiting int) (perJob, redisPerSec float64) {
 	defer func() {
 		for i := 0; i <= waiting; i++ {
 			select {
-			case g.gate("wait-"+strconv.Itoa(i)) <- false:
+			case g.gate("wait-" + strconv.Itoa(i)) <- false:
 			default:
 			}
 		}
