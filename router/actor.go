@@ -205,6 +205,8 @@ type Config struct {
 	// jobs this router dispatched to it that have not reported progress or
 	// finished since (see Released). Same rules as OnEvict.
 	OnEvictJobs func(workerID string, jobIDs []string)
+	// Now is the router's clock (default time.Now; tests move it).
+	Now func() time.Time
 	// NodeID and Gossip share this node's in-flight counts with the other
 	// replicas (see gossip.go): Gossip publishes an encoded report, and the
 	// node hands the reports it hears to the router as *PeerLoad. Nil
@@ -274,6 +276,9 @@ type Router struct {
 	dirty map[*registry.Worker]struct{}
 	armed bool
 	full  bool // the next report is a full one
+	// lastSweep is when the last sweep ran: a much longer gap means this
+	// node was paused, and silence it did not hear proves nothing.
+	lastSweep time.Time
 	// Ownership and offers (owners.go).
 	offers    map[uint64]*offer
 	offerSeq  uint64
@@ -308,7 +313,11 @@ func Props(cfg Config) *actor.Props {
 		if m != nil {
 			st.onStale = m.countStale
 		}
-		return &Router{cfg: cfg, metrics: m, latest: latest, now: time.Now,
+		now := cfg.Now
+		if now == nil {
+			now = time.Now
+		}
+		return &Router{cfg: cfg, metrics: m, latest: latest, now: now,
 			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
 			queues: map[string]*waitQueue{}, waiting: map[string]*waiter{}, handed: map[string]handoff{},
 			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}, offers: map[uint64]*offer{}}
@@ -405,6 +414,18 @@ func (r *Router) Receive(c actor.Context) {
 			c.Respond(&Hydrated{Added: n})
 		}
 	case sweepTick:
+		now := r.now()
+		gap := now.Sub(r.lastSweep)
+		paused := !r.lastSweep.IsZero() && gap > 2*r.cfg.SweepEach+time.Second
+		r.lastSweep = now
+		if paused {
+			// This node did not run for a while (GC, SIGSTOP, a VM
+			// migration): the heartbeats and reports it missed are only now
+			// arriving, so silence proves nothing this round.
+			r.log.Warn("router resumed after a pause; no eviction or replica expiry this round", "gap", gap)
+			r.publish(true)
+			return
+		}
 		r.sweep()
 		r.expirePeers(c)
 		r.expireHandoffs(c)

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,5 +116,41 @@ func TestRouterMetricsShareARegisterer(t *testing.T) {
 	b.pick(t, "job.a")
 	if got := metricSum(t, reg, "troupe_stale_worker_retry_total", nil); got != 1 {
 		t.Fatalf("second router's metrics not registered: %v", got)
+	}
+}
+
+// TestRouterPauseEvictsNobody: a sweep that finds the router did not run
+// for a long while (the process was paused) evicts no worker and forgets
+// no replica — their heartbeats and reports are only now arriving — and
+// the next regular sweep does.
+func TestRouterPauseEvictsNobody(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	t0 := time.Now()
+	clock.Store(t0.UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	evicted := make(chan string, 4)
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 5 * time.Second,
+		SweepEach: 2 * time.Second, Now: now, OnEvict: func(id string) { evicted <- id }})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a"}, t0)
+	b.sys.Root.Send(b.pid, sweepTick{})
+	b.workers(t)                                     // the router has swept at t0
+	clock.Store(t0.Add(30 * time.Second).UnixNano()) // paused 30 s: w1 looks 25 s overdue
+	b.sys.Root.Send(b.pid, sweepTick{})
+	b.workers(t) // and has swept again
+	select {
+	case id := <-evicted:
+		t.Fatalf("%s evicted by the sweep right after a pause", id)
+	default:
+	}
+	clock.Store(t0.Add(31 * time.Second).UnixNano()) // a regular second later, still no heartbeat
+	b.sys.Root.Send(b.pid, sweepTick{})
+	select {
+	case id := <-evicted:
+		if id != "w1" {
+			t.Fatalf("evicted %s", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("w1 never evicted after the pause")
 	}
 }
