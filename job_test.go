@@ -20,6 +20,7 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -89,13 +90,53 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 		c.Timeouts = &actors.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
 	})
 	cancels := f.cancels()
-	f.startWorker("w1", true, nil, hang)
+	// A worker that says it reports starts, and never starts the job.
+	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
+		Direct: true, Subjects: f.subj, Handler: hang, Heartbeat: time.Second,
+		Labels: map[string]string{registry.LabelProgress: registry.ProgressStarted}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	f.waitWorkers(1)
 	f.submit(echoReq("job-dto"))
 	r := f.waitState("job-dto", core.StateTimeout)
 	if r.Reason != core.ReasonDispatchTimeout {
 		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
 	}
 	waitFor(t, cancels, "job-dto")
+}
+
+// TestStockWorkerLongJobIsBoundedByItsRun: a worker that sends no
+// progress (a stock CAP worker) runs a job longer than the dispatch
+// timeout; the job counts as started on delivery, so it SUCCEEDS, bounded
+// by the running timeout instead.
+func TestStockWorkerLongJobIsBoundedByItsRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Timeouts = &actors.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
+	})
+	f.startWorker("stock", false, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+		select {
+		case <-time.After(time.Second): // over three dispatch timeouts
+		case <-ctx.Done():
+		}
+		return worker.Echo(ctx, req)
+	})
+	f.submit(echoReq("job-long"))
+	r := f.waitState("job-long", core.StateSucceeded)
+	if r.Reason != core.ReasonCompleted {
+		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
+	}
+	// The same with the running timeout short: that is what bounds it.
+	g := newFixture(t, func(c *troupe.Config) {
+		c.Timeouts = &actors.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
+	})
+	g.startWorker("stock", false, nil, hang)
+	g.submit(echoReq("job-stuck"))
+	if r := g.waitState("job-stuck", core.StateTimeout); r.Reason != core.ReasonRunningTimeout {
+		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
+	}
 }
 
 func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {

@@ -988,6 +988,12 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 	path = append(path, store.Hop{To: core.StateDispatched, Reason: core.ReasonDispatched})
 	j.attempts++
 	deadline, why := j.deadlineFor(core.StateDispatched)
+	if p.StartsOnDelivery {
+		// The worker will not say when it starts (stock CAP workers send
+		// no progress): the job is bounded by its run, not by the wait
+		// for a start that never gets reported.
+		deadline, why = j.deadlineFor(core.StateRunning)
+	}
 	j.apply(c, &store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
 		Due: deadline.UnixMilli(),
 		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),

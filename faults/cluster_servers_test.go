@@ -186,20 +186,50 @@ func startNATSCluster(t *testing.T, n int) *natsCluster {
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if leader, _ := nc.metaLeader(); leader != "" {
+		if nc.metaReady(n) {
 			return nc
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the NATS cluster never elected a JetStream meta leader")
+			t.Fatal("the NATS cluster never elected a JetStream meta leader with every peer current")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
+// metaReady reports whether some server leads the JetStream meta group and
+// sees the n-1 others as current replicas.
+func (nc *natsCluster) metaReady(n int) bool {
+	client := &http.Client{Timeout: time.Second}
+	for _, s := range nc.servers {
+		resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(s.monitorPort) + "/jsz")
+		if err != nil {
+			continue
+		}
+		var j clusterJSZ
+		err = json.NewDecoder(resp.Body).Decode(&j)
+		_ = resp.Body.Close()
+		if err != nil || j.Meta == nil || j.Meta.Leader == "" || j.Meta.Leader != s.name {
+			continue
+		}
+		current := 0
+		for _, r := range j.Meta.Replicas {
+			if r.Current {
+				current++
+			}
+		}
+		return current >= n-1
+	}
+	return false
+}
+
 // clusterJSZ is the part of a server's /jsz monitoring answer the tests read.
 type clusterJSZ struct {
 	Meta *struct {
-		Leader string `json:"leader"`
+		Leader   string `json:"leader"`
+		Replicas []struct {
+			Name    string `json:"name"`
+			Current bool   `json:"current"`
+		} `json:"replicas"`
 	} `json:"meta_cluster"`
 }
 

@@ -79,6 +79,14 @@ const (
 	// (a Go duration such as "5s"). CAP's Heartbeat has no field for it. An
 	// announced interval wins over a learned one.
 	LabelHeartbeatInterval = "troupe.heartbeat_interval"
+
+	// LabelProgress=ProgressStarted says the worker sends a RUNNING
+	// JobProgress when it starts a job. A job at any other worker (stock
+	// CAP SDK workers send no progress) counts as started on delivery: its
+	// time bound is the run's (the running timeout), not the dispatch
+	// timeout, which would otherwise cut every long job short.
+	LabelProgress   = "troupe.progress"
+	ProgressStarted = "started"
 )
 
 // Overload thresholds applied when a pool sets none (CAP's reference values).
@@ -144,6 +152,7 @@ type Worker struct {
 	placed      placement // the same in every index the worker is in
 	Direct      bool
 	Dedupe      bool  // LabelDedupe: repeated deliveries are safe
+	Reports     bool  // LabelProgress: the worker says when it starts a job
 	ActiveJobs  int32 // as last reported by the worker
 	MaxParallel int32
 	// Dispatched counts this node's jobs on the worker: placed and not yet
@@ -313,6 +322,7 @@ func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 	w.Capabilities, w.Labels = hb.Capabilities, hb.Labels
 	w.Direct = strings.EqualFold(hb.Labels[LabelDispatch], DispatchDirect)
 	w.Dedupe = strings.EqualFold(hb.Labels[LabelDedupe], DedupeJobID)
+	w.Reports = strings.EqualFold(hb.Labels[LabelProgress], ProgressStarted)
 	w.reconcile()
 	r.learnInterval(w, now)
 	w.LastSeen, w.lastBeat = now, now

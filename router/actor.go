@@ -51,8 +51,12 @@ type PickReply struct {
 	// dedupes by job id (registry.LabelDedupe), so the dispatch may be
 	// repeated until the job shows it arrived.
 	Resend bool
-	Reason core.Reason
-	Detail string
+	// StartsOnDelivery: the worker sends no progress (registry.LabelProgress
+	// absent), so the job counts as started once delivered and is bounded
+	// by the run's timeout from dispatch.
+	StartsOnDelivery bool
+	Reason           core.Reason
+	Detail           string
 	// Queued: no room now; the job waits in its pools' queue and will get
 	// a *Placed (QueuePosition says where it stands: a walk of the queue,
 	// so it is not computed for every reply).

@@ -37,6 +37,7 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 	if p.Worker != nil {
 		reply.WorkerID = p.Worker.ID
 		reply.Resend = p.Direct && p.Worker.Dedupe
+		reply.StartsOnDelivery = !p.Worker.Reports
 		if w := r.waiting[m.JobID]; w != nil {
 			r.unlink(w)
 			r.tidy(w.pools)
@@ -146,6 +147,7 @@ func (r *Router) drain(c actor.Context, pool string) {
 		if p.Worker != nil {
 			reply.WorkerID = p.Worker.ID
 			reply.Resend = p.Direct && p.Worker.Dedupe
+			reply.StartsOnDelivery = !p.Worker.Reports
 			r.handed[w.jobID] = handoff{w: p.Worker, ticket: w.ticket, at: now}
 			r.changed(c, p.Worker)
 		}

@@ -146,6 +146,9 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if cfg.Direct {
 		labels[registry.LabelDispatch] = registry.DispatchDirect
 	}
+	if cfg.Progress {
+		labels[registry.LabelProgress] = registry.ProgressStarted
+	}
 	if cfg.Dedupe {
 		labels[registry.LabelDedupe] = registry.DedupeJobID
 		if cfg.DedupeKeep <= 0 {
