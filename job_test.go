@@ -18,9 +18,9 @@ import (
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 
