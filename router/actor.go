@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -280,6 +281,8 @@ type Router struct {
 	dirty map[*registry.Worker]struct{}
 	armed bool
 	full  bool // the next report is a full one
+	// warned: workers already warned about (checkPool).
+	warned map[string]bool
 	// lastSweep is when the last sweep ran: a much longer gap means this
 	// node was paused, and silence it did not hear proves nothing.
 	lastSweep time.Time
@@ -317,6 +320,15 @@ func Props(cfg Config) *actor.Props {
 		if m != nil {
 			st.onStale = m.countStale
 		}
+		warned := map[string]bool{}
+		st.onBlindDirect = func(w *registry.Worker, pool string) {
+			if !warned[w.ID] {
+				warned[w.ID] = true
+				cfg.Log.Warn("pool "+pool+" forces direct dispatch, but this worker does not announce "+
+					registry.LabelDispatch+"="+registry.DispatchDirect+"; stock CAP workers listen on the pool subject only, "+
+					"and would never receive these jobs", "worker_id", w.ID, "pool", pool)
+			}
+		}
 		now := cfg.Now
 		if now == nil {
 			now = time.Now
@@ -324,7 +336,8 @@ func Props(cfg Config) *actor.Props {
 		return &Router{cfg: cfg, metrics: m, latest: latest, now: now,
 			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
 			queues: map[string]*waitQueue{}, waiting: map[string]*waiter{}, handed: map[string]handoff{},
-			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}, offers: map[uint64]*offer{}}
+			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}, offers: map[uint64]*offer{},
+			warned: map[string]bool{}}
 	})
 }
 
@@ -344,6 +357,7 @@ func (r *Router) Receive(c actor.Context) {
 		w := r.reg.Observe(m.HB, m.At)
 		if !known {
 			r.joined(c, w)
+			r.checkPool(w)
 		}
 		if r.reg.HasRoom(w) {
 			r.drain(c, w.Pool)
@@ -436,6 +450,30 @@ func (r *Router) Receive(c actor.Context) {
 		r.expireOffers(c)
 		r.publish(true)
 	}
+}
+
+// checkPool warns, once per worker, about a heartbeat that no topic can
+// route to: its pool is named by no topic of the config. A common slip is
+// announcing the topic (job.echo) as the pool; its jobs would otherwise
+// wait no_workers with nothing saying why.
+func (r *Router) checkPool(w *registry.Worker) {
+	cfg := r.strategy.Config()
+	if cfg == nil || len(cfg.Topics) == 0 || r.warned[w.ID] {
+		return
+	}
+	for _, pools := range cfg.Topics {
+		if slices.Contains(pools, w.Pool) {
+			return
+		}
+	}
+	r.warned[w.ID] = true
+	hint := ""
+	if pools, ok := cfg.Topics[w.Pool]; ok {
+		hint = "; " + w.Pool + " is a topic, routed to pool(s) " + strings.Join(pools, ",") +
+			": the heartbeat's pool must be the pool's name"
+	}
+	r.log.Warn("worker heartbeats a pool no topic routes to; it will get no jobs"+hint,
+		"worker_id", w.ID, "pool", w.Pool)
 }
 
 func (r *Router) sweep() {

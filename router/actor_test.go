@@ -1,6 +1,10 @@
 package router
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,4 +157,55 @@ func TestRouterPauseEvictsNobody(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("w1 never evicted after the pause")
 	}
+}
+
+// TestRouterWarnsOfAPoolNoTopicRoutesTo: a worker that heartbeats the
+// topic's name as its pool gets a warning naming the real pool, once.
+func TestRouterWarnsOfAPoolNoTopicRoutesTo(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), Log: log})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "job.a"}, time.Now())
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "job.a"}, time.Now())
+	b.beat(&capv1.Heartbeat{WorkerId: "w2", Pool: "a"}, time.Now())
+	b.workers(t)
+	out := buf.String()
+	if n := strings.Count(out, "no topic routes to"); n != 1 || !strings.Contains(out, "worker_id=w1") ||
+		!strings.Contains(out, "routed to pool(s) a") {
+		t.Fatalf("log = %q, want one warning for w1 naming pool a", out)
+	}
+}
+
+// TestRouterWarnsOfBlindDirectDispatch: a pool forced to direct dispatch
+// warns, once, about a worker that does not listen on its direct subject.
+func TestRouterWarnsOfBlindDirectDispatch(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\npools: {a: {dispatch: direct}}\n"), Log: log})
+	b.beat(&capv1.Heartbeat{WorkerId: "stock", Pool: "a"}, time.Now())
+	b.pick(t, "job.a")
+	b.pick(t, "job.a")
+	if n := strings.Count(buf.String(), "forces direct dispatch"); n != 1 {
+		t.Fatalf("log = %q, want one warning", buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the router's goroutine and the test's.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -122,6 +122,10 @@ type Strategy struct {
 	staleRetries int
 	// onStale is told about every pick that landed on a stale worker.
 	onStale func(topic, workerID string)
+	// onBlindDirect is told about a direct dispatch, forced by the pool's
+	// `dispatch: direct`, to a worker that does not say it listens on its
+	// direct subject (stock CAP workers listen on the pool subject only).
+	onBlindDirect func(w *registry.Worker, pool string)
 
 	// Scratch reused across picks: the candidate pools and, for a pick with
 	// placement labels, their selectors (same order).
@@ -371,6 +375,9 @@ func (s *Strategy) commit(job string, w *registry.Worker, p *poolRoute, rt *rout
 	switch p.dispatch {
 	case DispatchDirect:
 		direct = true
+		if !w.Direct && s.onBlindDirect != nil {
+			s.onBlindDirect(w, p.name)
+		}
 	case DispatchPool:
 	default:
 		direct = w.Direct
