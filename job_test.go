@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -555,5 +556,89 @@ rules:
 	if r.Fields["policy_decision"] != "allow_with_constraints" || r.Fields["rule_id"] != "echo-constrained" ||
 		!strings.HasPrefix(r.Fields["policy_snapshot"], "t1:") {
 		t.Fatalf("decision not recorded: %v", r.Fields)
+	}
+}
+
+// results collects the JobResults on the result subject by job id, as a CAP
+// client waiting for its job sees them.
+func (f *fixture) results() func(id string) *capv1.JobResult {
+	var mu sync.Mutex
+	got := map[string]*capv1.JobResult{}
+	sub, err := f.env.NATS.Subscribe(f.subj.Result, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult() != nil {
+			mu.Lock()
+			got[p.GetJobResult().JobId] = p.GetJobResult()
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	_ = f.env.NATS.Flush()
+	return func(id string) *capv1.JobResult {
+		f.t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			mu.Lock()
+			r := got[id]
+			mu.Unlock()
+			if r != nil {
+				return r
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		f.t.Fatalf("no JobResult for %s on %s", id, f.subj.Result)
+		return nil
+	}
+}
+
+// TestClientsHearOutcomesTroupeDecides: a job Troupe denies, fails to
+// place, times out or cancels gets a JobResult on the result subject, with
+// the status and the reason as error_code — a CAP client waiting there
+// hears how its job ended even though no worker answered.
+func TestClientsHearOutcomesTroupeDecides(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Policy = labelPolicy{}
+		c.PermanentGrace = 100 * time.Millisecond
+		c.Timeouts = &actors.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
+	})
+	result := f.results()
+	f.startWorker("w1", true, nil, hang)
+	denied := echoReq("out-denied")
+	denied.Labels = map[string]string{"cordum.policy": "deny"}
+	f.submit(denied)
+	f.submit(&capv1.JobRequest{JobId: "out-unmapped", Topic: "job.nowhere"})
+	f.submit(echoReq("out-timeout"))
+	cases := []struct {
+		id     string
+		status capv1.JobStatus
+		code   core.Reason
+	}{
+		{"out-denied", capv1.JobStatus_JOB_STATUS_DENIED, core.ReasonSafetyDenied},
+		{"out-unmapped", capv1.JobStatus_JOB_STATUS_FAILED, core.ReasonTopicUnmapped},
+		{"out-timeout", capv1.JobStatus_JOB_STATUS_TIMEOUT, core.ReasonRunningTimeout},
+	}
+	for _, c := range cases {
+		r := result(c.id)
+		if r.Status != c.status || r.ErrorCode != string(c.code) || r.WorkerId != "" {
+			t.Errorf("%s: result %v %q (worker %q), want %v %q", c.id, r.Status, r.ErrorCode, r.WorkerId, c.status, c.code)
+		}
+	}
+	f.submit(echoReq("out-cancel"))
+	f.waitState("out-cancel", core.StateDispatched)
+	if err := f.node.Cancel(context.Background(), "out-cancel", "not needed", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if r := result("out-cancel"); r.Status != capv1.JobStatus_JOB_STATUS_CANCELLED ||
+		r.ErrorCode != string(core.ReasonCancelRequested) {
+		t.Errorf("out-cancel: result %v %q", r.Status, r.ErrorCode)
+	}
+	// Read back from the result stream, these change nothing.
+	for _, c := range cases {
+		if r := f.waitState(c.id, core.State(strings.TrimPrefix(c.status.String(), "JOB_STATUS_"))); r == nil {
+			t.Fatal(c.id)
+		}
 	}
 }

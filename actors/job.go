@@ -912,6 +912,7 @@ func (j *JobActor) deny(c actor.Context, reason core.Reason, detail string, fiel
 			j.env.Log.Info("job denied", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"reason", reason, "detail", detail)
 			publishDLQ(j.env, entry)
+			j.tellClient(capv1.JobStatus_JOB_STATUS_DENIED, reason, detail)
 		})
 }
 
@@ -1189,7 +1190,25 @@ func (j *JobActor) timeout(c actor.Context) {
 			j.env.Log.Info("job timed out", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"reason", why, "worker_id", j.worker)
 			j.cancelWorker(string(why))
+			j.tellClient(capv1.JobStatus_JOB_STATUS_TIMEOUT, why, "the job passed its "+string(why))
 		})
+}
+
+// tellClient publishes an outcome Troupe decided itself (cancelled, timed
+// out, denied, failed to schedule) as a JobResult on the result subject,
+// where CAP clients wait for their job's result: without it a client
+// waits for ever for a result no worker will send. It names no worker, so
+// no node takes it for a worker's answer; the node that reads it back from
+// the result stream finds the job terminal and absorbs it.
+func (j *JobActor) tellClient(status capv1.JobStatus, code core.Reason, msg string) {
+	data, err := bus.EncodeResult(j.traceID, j.env.NodeID, &capv1.JobResult{JobId: j.id, Status: status,
+		ErrorCode: string(code), ErrorMessage: msg})
+	if err == nil {
+		err = j.env.Publish(j.env.Subjects.Result, data)
+	}
+	if err != nil {
+		j.env.Log.Warn("outcome publish failed", "job_id", j.id, "trace_id", j.traceID, "err", err)
+	}
 }
 
 // cancelWorker publishes a JobCancel on sys.job.cancel, where CAP workers
@@ -1368,6 +1387,7 @@ func (j *JobActor) fail(c actor.Context, reason core.Reason, detail string, last
 			j.env.Log.Warn("job failed", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"reason", reason, "last_reason", last, "detail", detail)
 			publishDLQ(j.env, entry)
+			j.tellClient(capv1.JobStatus_JOB_STATUS_FAILED, reason, detail)
 		})
 }
 
@@ -1587,6 +1607,7 @@ func (j *JobActor) cancelUnwritten(c actor.Context, m *Cancel) {
 		func(c actor.Context) {
 			j.env.Log.Info("job cancelled while waiting for capacity", "job_id", j.id, "trace_id", j.traceID,
 				"topic", j.req.GetTopic(), "by", m.C.GetRequestedBy())
+			j.tellClient(capv1.JobStatus_JOB_STATUS_CANCELLED, core.ReasonCancelRequested, m.C.GetReason())
 		})
 }
 
@@ -1607,6 +1628,7 @@ func (j *JobActor) onCancel(c actor.Context, m *Cancel) {
 		func(c actor.Context) {
 			j.env.Log.Info("job cancelled", "job_id", j.id, "trace_id", j.traceID, "topic", j.req.GetTopic(),
 				"by", m.C.GetRequestedBy())
+			j.tellClient(capv1.JobStatus_JOB_STATUS_CANCELLED, core.ReasonCancelRequested, m.C.GetReason())
 		})
 }
 
