@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -20,7 +21,8 @@ import (
 )
 
 // A worker that takes a job and then dies (no more heartbeats, no result)
-// costs the job a re-dispatch to another worker, not a dispatch timeout.
+// before reporting its start costs the job a re-dispatch to another
+// worker, not a dispatch timeout.
 func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) { c.WorkerTTL = time.Second })
@@ -37,7 +39,8 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	defer sub.Unsubscribe()
 	beat := func() {
 		data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
-			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect}})
+			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+				registry.LabelProgress: registry.ProgressStarted}})
 		_ = nc.Publish(f.subj.Heartbeat, data)
 	}
 	stop := make(chan struct{})
@@ -67,6 +70,34 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	}
 	if r.Fields["lost_worker"] != "doomed" {
 		t.Fatalf("lost_worker %q", r.Fields["lost_worker"])
+	}
+}
+
+// A worker that sends no progress (a stock CAP worker) and dies holding a
+// job: the job counts as started on delivery, so it is not dispatched
+// again (it may have run — on a pool subject, maybe on another worker); it
+// ends by its running deadline, and no other worker ever receives it.
+func TestEvictedStockWorkersJobsAreNotDispatchedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.WorkerTTL = time.Second
+		c.Timeouts = &actors.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
+	})
+	dead := make(chan struct{})
+	doomed := startCapWorker(t, f.env.NATS, f.subj, "doomed", 4, 100*time.Millisecond,
+		func(string) bool { <-dead; return false })
+	f.waitWorkers(1)
+	f.submit(echoReq("job-stock"))
+	doomed.waitGot(5 * time.Second)
+	close(dead)    // it dies holding the job: no result, ever…
+	doomed.close() // …and no more heartbeats: it is evicted within a second
+	survivor := startCapWorker(t, f.env.NATS, f.subj, "survivor", 4, 100*time.Millisecond, nil)
+	r := f.waitState("job-stock", core.StateTimeout)
+	if r.Reason != core.ReasonRunningTimeout || strings.Contains(reasons(r.History), "worker_lost") {
+		t.Fatalf("history %s", reasons(r.History))
+	}
+	if n := survivor.received.Load(); n != 0 {
+		t.Fatalf("the survivor received %d jobs; job-stock must run at most once", n)
 	}
 }
 

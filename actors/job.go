@@ -103,6 +103,9 @@ type JobActor struct {
 	resend   bool
 	resendAt time.Time
 	resends  int
+	// startsOnDelivery: the worker sends no progress; the job counts as
+	// started once delivered (router.PickReply.StartsOnDelivery).
+	startsOnDelivery bool
 	// waitingPolicy: the job waits on its backoff to ask an unavailable
 	// input policy again, and is in env.SafetyWaiters.
 	waitingPolicy bool
@@ -531,7 +534,7 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 				// The job holds a slot on its worker; this router may not
 				// have placed it there (adopted, or this node restarted).
 				c.Send(j.env.Router, &router.Occupied{WorkerID: j.worker, JobID: j.id,
-					Started: j.state == core.StateRunning})
+					Started: j.state == core.StateRunning || j.startsOnDelivery})
 			}
 			// r.Holder is the lock before this activation: a parked job's
 			// ("<node>|<fence>|p") is this node's own unless it was adopted.
@@ -669,7 +672,7 @@ func (j *JobActor) recreate(c actor.Context) {
 	t := &store.Transition{Path: path, Due: j.deadline.UnixMilli(),
 		Fields: []string{"worker", j.worker, "subj", j.subject, "attempts", strconv.Itoa(j.attempts),
 			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
-			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend)}}
+			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend), "sod", slotFlag(j.startsOnDelivery)}}
 	if j.deadline.IsZero() {
 		t.Due = 0
 	}
@@ -689,6 +692,7 @@ func (j *JobActor) adopt(f map[string]string) {
 	j.deadlineWhy = core.Reason(f["deadline_kind"])
 	j.admitted = f["tslot"] == "1"
 	j.resend = f["resend"] == "1"
+	j.startsOnDelivery = f["sod"] == "1"
 	if raw := f["req"]; raw != "" {
 		req := &capv1.JobRequest{}
 		if err := proto.Unmarshal([]byte(raw), req); err == nil {
@@ -999,11 +1003,12 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 		Due: deadline.UnixMilli(),
 		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
 			"deadline", strconv.FormatInt(deadline.UnixMilli(), 10), "deadline_kind", string(why),
-			"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend)}}, nil,
+			"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend), "sod", slotFlag(p.StartsOnDelivery)}}, nil,
 		func(c actor.Context) {
 			j.worker, j.subject = p.WorkerID, p.Subject
 			j.picked = ""
 			j.resend, j.resends = p.Resend, 0
+			j.startsOnDelivery = p.StartsOnDelivery
 			j.deadline, j.deadlineWhy = deadline, why
 			data, err := bus.EncodeRequest(j.traceID, j.env.NodeID, j.req)
 			if err == nil {
@@ -1015,6 +1020,13 @@ func (j *JobActor) dispatchTo(c actor.Context, p *router.PickReply) {
 					Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonDispatchFailed}}, Due: -1}, nil,
 					func(c actor.Context) { j.retryLater(c, core.ReasonDispatchFailed) })
 				return
+			}
+			if j.startsOnDelivery {
+				// Started on delivery as far as anyone can tell: the
+				// worker's eviction must not place it again (it may be
+				// running, on that worker or — on a pool subject — on
+				// another); its run's deadline bounds it.
+				j.release(c, false)
 			}
 			j.env.Metrics.Dispatched.Inc()
 			j.env.Metrics.DispatchLatency.Observe(time.Since(j.firstEvent).Seconds())
@@ -1580,7 +1592,7 @@ func (j *JobActor) scanContent(oreq *capv1.OutputCheckRequest) {
 // onWorkerLost re-dispatches a job whose worker was evicted before it
 // started the job.
 func (j *JobActor) onWorkerLost(c actor.Context, m *WorkerLost) {
-	if !j.activated || j.state != core.StateDispatched || j.worker != m.WorkerID {
+	if !j.activated || j.state != core.StateDispatched || j.worker != m.WorkerID || j.startsOnDelivery {
 		return
 	}
 	if j.env.Redispatch != nil && !j.env.Redispatch(j.req.GetTopic()) {
