@@ -203,7 +203,8 @@ type Worker struct {
 	// registry learned; 0 while unknown.
 	Interval time.Duration
 
-	lastBeat time.Time // last real heartbeat; zero after hydration
+	lastBeat  time.Time // last real heartbeat (sent, or seen); zero after hydration
+	sentClock bool      // lastBeat is the sender's time
 	gaps     [gapWindow]time.Duration
 	nGaps    int
 	gapPos   int
@@ -304,6 +305,16 @@ func (r *Registry) TTL() time.Duration { return r.ttl }
 // refreshes liveness, puts a stale worker back in play and reconciles the
 // in-flight count with the worker's active_jobs (see reconcile).
 func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
+	return r.ObserveSent(hb, now, time.Time{})
+}
+
+// ObserveSent is Observe with the time the worker sent the heartbeat (its
+// packet's created_at; zero when unknown). The interval is then learned
+// from the sender's clock: heartbeats that queued while this node was
+// paused, and arrive in a burst, still show the worker's real interval
+// (learned from arrival times they would show a millisecond, and the
+// worker's liveness window would fall below its interval).
+func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker {
 	w := r.workers[hb.WorkerId]
 	if w == nil {
 		w = newWorker(hb.WorkerId)
@@ -324,8 +335,8 @@ func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 	w.Dedupe = strings.EqualFold(hb.Labels[LabelDedupe], DedupeJobID)
 	w.Reports = strings.EqualFold(hb.Labels[LabelProgress], ProgressStarted)
 	w.reconcile()
-	r.learnInterval(w, now)
-	w.LastSeen, w.lastBeat = now, now
+	r.learnInterval(w, now, sent)
+	w.LastSeen = now
 	w.deadline = now.Add(r.ttlFor(w))
 	if w.pool == nil {
 		r.attach(w)
@@ -379,17 +390,29 @@ func percent(v float32) float32 {
 	return float32(math.Min(float64(v), 100))
 }
 
-func (r *Registry) learnInterval(w *Worker, now time.Time) {
+func (r *Registry) learnInterval(w *Worker, now, sent time.Time) {
+	at := now
+	if !sent.IsZero() {
+		at = sent
+	}
+	last := w.lastBeat
+	w.lastBeat = at
+	if !sent.IsZero() != w.sentClock {
+		// The clock changed (the worker began or stopped stamping its
+		// packets): gaps across the change mean nothing.
+		w.sentClock = !sent.IsZero()
+		last = time.Time{}
+	}
 	if s := w.Labels[LabelHeartbeatInterval]; s != "" {
 		if d, err := time.ParseDuration(s); err == nil && d > 0 {
 			w.Interval = d
 			return
 		}
 	}
-	if w.lastBeat.IsZero() {
+	if last.IsZero() {
 		return
 	}
-	gap := now.Sub(w.lastBeat)
+	gap := at.Sub(last)
 	if gap <= 0 {
 		return
 	}

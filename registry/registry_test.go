@@ -356,3 +356,38 @@ func TestRegistryIndexesStayConsistent(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistryLearnsIntervalsFromSendTimes: heartbeats that queued while
+// the node was paused arrive a millisecond apart; learned from their send
+// times, the interval stays the worker's 5 s, and its liveness window stays
+// above it.
+func TestRegistryLearnsIntervalsFromSendTimes(t *testing.T) {
+	t.Parallel()
+	r := New(time.Minute)
+	sent := t0
+	for i := 0; i < 3; i++ { // regular beats, 5 s apart
+		r.ObserveSent(beat("w1", "p"), sent, sent)
+		sent = sent.Add(5 * time.Second)
+	}
+	arrive := sent.Add(40 * time.Second) // paused 40 s: eight beats queued
+	for i := 0; i < 8; i++ {
+		r.ObserveSent(beat("w1", "p"), arrive.Add(time.Duration(i)*time.Millisecond), sent)
+		sent = sent.Add(5 * time.Second)
+	}
+	w := r.Get("w1")
+	if w.Interval != 5*time.Second {
+		t.Fatalf("interval = %v, want 5s", w.Interval)
+	}
+	if ttl := w.Deadline().Sub(w.LastSeen); ttl <= 5*time.Second {
+		t.Fatalf("liveness window %v is not above the 5 s interval", ttl)
+	}
+	// Without send times the burst teaches a millisecond (what the send
+	// times are for).
+	r2 := New(time.Minute)
+	for i := 0; i < 8; i++ {
+		r2.Observe(beat("w1", "p"), arrive.Add(time.Duration(i)*time.Millisecond))
+	}
+	if got := r2.Get("w1").Interval; got > 10*time.Millisecond {
+		t.Fatalf("arrival-learned interval = %v; the test no longer shows the burst", got)
+	}
+}

@@ -124,6 +124,9 @@ func Waitable(r core.Reason) bool {
 type HeartbeatSeen struct {
 	HB *capv1.Heartbeat
 	At time.Time
+	// Sent is when the worker sent it (the packet's created_at; zero when
+	// unknown): the registry learns heartbeat intervals from it.
+	Sent time.Time
 }
 
 // SetPools swaps the pool routing config (the PoolsWatcher sends it).
@@ -354,7 +357,7 @@ func (r *Router) Receive(c actor.Context) {
 			return
 		}
 		known := r.reg.Get(m.HB.WorkerId) != nil
-		w := r.reg.Observe(m.HB, m.At)
+		w := r.reg.ObserveSent(m.HB, m.At, m.Sent)
 		if !known {
 			r.joined(c, w)
 			r.checkPool(w)

@@ -182,7 +182,11 @@ func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
 		in.Log.Warn("heartbeat ignored", "worker_id", hb.WorkerId, "err", err)
 		return
 	}
-	in.Env.Root.Send(in.Env.Router, &router.HeartbeatSeen{HB: hb, At: time.Now()})
+	seen := &router.HeartbeatSeen{HB: hb, At: time.Now()}
+	if ts := pkt.GetCreatedAt(); ts != nil && ts.IsValid() {
+		seen.Sent = ts.AsTime()
+	}
+	in.Env.Root.Send(in.Env.Router, seen)
 }
 
 // reject dead-letters a message that can never be processed, then acks it.
