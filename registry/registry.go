@@ -205,10 +205,10 @@ type Worker struct {
 
 	lastBeat  time.Time // last real heartbeat (sent, or seen); zero after hydration
 	sentClock bool      // lastBeat is the sender's time
-	gaps     [gapWindow]time.Duration
-	nGaps    int
-	gapPos   int
-	poolPos  int // index in its pool's members
+	gaps      [gapWindow]time.Duration
+	nGaps     int
+	gapPos    int
+	poolPos   int // index in its pool's members
 }
 
 // Load is the worker's score for least-loaded placement: lower is better.
