@@ -108,11 +108,11 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	waitFor(t, cancels, "job-dto")
 }
 
-// TestStockWorkerLongJobIsBoundedByItsRun: a worker that sends no
+// TestStockCAPLongJobIsBoundedByItsRun: a worker that sends no
 // progress (a stock CAP worker) runs a job longer than the dispatch
 // timeout; the job counts as started on delivery, so it SUCCEEDS, bounded
 // by the running timeout instead.
-func TestStockWorkerLongJobIsBoundedByItsRun(t *testing.T) {
+func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Timeouts = &actors.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
@@ -559,14 +559,18 @@ rules:
 	}
 }
 
-// results collects the JobResults on the result subject by job id, as a CAP
-// client waiting for its job sees them.
+// results collects the JobResults Troupe itself publishes on the result
+// subject (no worker_id), by job id, as a CAP client waiting for its job
+// sees them; the returned func waits (bounded) for one job's.
 func (f *fixture) results() func(id string) *capv1.JobResult {
 	var mu sync.Mutex
 	got := map[string]*capv1.JobResult{}
 	sub, err := f.env.NATS.Subscribe(f.subj.Result, func(m *nats.Msg) {
-		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult() != nil {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult() != nil && p.GetJobResult().WorkerId == "" {
 			mu.Lock()
+			if got[p.GetJobResult().JobId] != nil {
+				f.t.Errorf("two outcomes published for %s", p.GetJobResult().JobId)
+			}
 			got[p.GetJobResult().JobId] = p.GetJobResult()
 			mu.Unlock()
 		}
@@ -588,16 +592,16 @@ func (f *fixture) results() func(id string) *capv1.JobResult {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		f.t.Fatalf("no JobResult for %s on %s", id, f.subj.Result)
+		f.t.Fatalf("no JobResult from Troupe for %s on %s", id, f.subj.Result)
 		return nil
 	}
 }
 
-// TestClientsHearOutcomesTroupeDecides: a job Troupe denies, fails to
+// TestStockCAPClientsHearOutcomesTroupeDecides: a job Troupe denies, fails to
 // place, times out or cancels gets a JobResult on the result subject, with
 // the status and the reason as error_code — a CAP client waiting there
 // hears how its job ended even though no worker answered.
-func TestClientsHearOutcomesTroupeDecides(t *testing.T) {
+func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = labelPolicy{}

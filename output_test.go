@@ -25,6 +25,7 @@ func TestOutputPolicyPhases(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFixture(t, func(c *troupe.Config) { c.Output = policy })
+	result := f.results()
 	ctx := context.Background()
 	const awsKey = "AKIAIOSFODNN7EXAMPLE"
 	// Result contents live in Redis under res:<job_id> (CAP's convention).
@@ -46,6 +47,11 @@ func TestOutputPolicyPhases(t *testing.T) {
 		t.Fatalf("phase 1: %s %v", reasons(r.History), r.Fields)
 	}
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "out-meta" && e.Reason == core.ReasonOutputQuarantined })
+	// The client, which heard SUCCEEDED from the worker, hears the verdict.
+	if res := result("out-meta"); res.Status != capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED ||
+		res.ErrorCode != string(core.ReasonOutputQuarantined) {
+		t.Fatalf("outcome published: %v %q", res.Status, res.ErrorCode)
+	}
 
 	r = f.waitState("out-content", core.StateOutputQuarantined)
 	n := len(r.History)

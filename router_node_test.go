@@ -77,7 +77,7 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 // job: the job counts as started on delivery, so it is not dispatched
 // again (it may have run — on a pool subject, maybe on another worker); it
 // ends by its running deadline, and no other worker ever receives it.
-func TestEvictedStockWorkersJobsAreNotDispatchedAgain(t *testing.T) {
+func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.WorkerTTL = time.Second

@@ -1539,6 +1539,7 @@ func (j *JobActor) onOutput(c actor.Context, m *outputDone) {
 			j.env.Log.Warn("audit: output quarantined", "job_id", j.id, "trace_id", j.traceID,
 				"topic", j.req.GetTopic(), "phase", safety.PhaseMeta, "rule_id", o.RuleID, "reason", o.Reason)
 			publishDLQ(j.env, entry)
+			j.tellClient(capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED, core.ReasonOutputQuarantined, o.Reason)
 		})
 		return
 	}

@@ -328,8 +328,8 @@ func Props(cfg Config) *actor.Props {
 			if !warned[w.ID] {
 				warned[w.ID] = true
 				cfg.Log.Warn("pool "+pool+" forces direct dispatch, but this worker does not announce "+
-					registry.LabelDispatch+"="+registry.DispatchDirect+"; stock CAP workers listen on the pool subject only, "+
-					"and would never receive these jobs", "worker_id", w.ID, "pool", pool)
+					registry.LabelDispatch+"="+registry.DispatchDirect+" (stock CAP workers listen on the pool subject only); "+
+					"its jobs go to the pool subject", "worker_id", w.ID, "pool", pool)
 			}
 		}
 		now := cfg.Now

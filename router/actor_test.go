@@ -13,6 +13,7 @@ import (
 
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
 )
 
 func mustPools(t *testing.T, yaml string) *PoolConfig {
@@ -28,7 +29,8 @@ func TestRouterAnswersPicksFromHeartbeats(t *testing.T) {
 	t.Parallel()
 	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\npools: {a: {dispatch: direct}}\n"),
 		Direct: func(id string) string { return "p.worker." + id + ".jobs" }})
-	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a"}, time.Now())
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a",
+		Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect}}, time.Now())
 	r := b.pick(t, "job.a")
 	if r.Reason != "" || r.WorkerID != "w1" || r.Subject != "p.worker.w1.jobs" || r.Epoch != 7 {
 		t.Fatalf("reply = %+v", r)
@@ -159,9 +161,9 @@ func TestRouterPauseEvictsNobody(t *testing.T) {
 	}
 }
 
-// TestRouterWarnsOfAPoolNoTopicRoutesTo: a worker that heartbeats the
+// TestStockCAPUnknownPoolIsWarnedOf: a worker that heartbeats the
 // topic's name as its pool gets a warning naming the real pool, once.
-func TestRouterWarnsOfAPoolNoTopicRoutesTo(t *testing.T) {
+func TestStockCAPUnknownPoolIsWarnedOf(t *testing.T) {
 	t.Parallel()
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -177,16 +179,20 @@ func TestRouterWarnsOfAPoolNoTopicRoutesTo(t *testing.T) {
 	}
 }
 
-// TestRouterWarnsOfBlindDirectDispatch: a pool forced to direct dispatch
-// warns, once, about a worker that does not listen on its direct subject.
-func TestRouterWarnsOfBlindDirectDispatch(t *testing.T) {
+// TestStockCAPDirectPoolUsesThePoolSubject: a pool forced to direct
+// dispatch sends a worker that does not listen on its direct subject its
+// jobs on the pool subject, and warns once.
+func TestStockCAPDirectPoolUsesThePoolSubject(t *testing.T) {
 	t.Parallel()
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\npools: {a: {dispatch: direct}}\n"), Log: log})
 	b.beat(&capv1.Heartbeat{WorkerId: "stock", Pool: "a"}, time.Now())
-	b.pick(t, "job.a")
-	b.pick(t, "job.a")
+	for range 2 {
+		if r := b.pick(t, "job.a"); r.WorkerID != "stock" || r.Subject != "job.a" {
+			t.Fatalf("pick = %+v, want stock on the pool subject job.a", r)
+		}
+	}
 	if n := strings.Count(buf.String(), "forces direct dispatch"); n != 1 {
 		t.Fatalf("log = %q, want one warning", buf.String())
 	}

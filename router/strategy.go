@@ -122,9 +122,10 @@ type Strategy struct {
 	staleRetries int
 	// onStale is told about every pick that landed on a stale worker.
 	onStale func(topic, workerID string)
-	// onBlindDirect is told about a direct dispatch, forced by the pool's
-	// `dispatch: direct`, to a worker that does not say it listens on its
-	// direct subject (stock CAP workers listen on the pool subject only).
+	// onBlindDirect is told about a pick, in a pool forced to `dispatch:
+	// direct`, of a worker that does not say it listens on its direct
+	// subject (stock CAP workers listen on the pool subject only); the job
+	// goes to the pool subject instead.
 	onBlindDirect func(w *registry.Worker, pool string)
 
 	// Scratch reused across picks: the candidate pools and, for a pick with
@@ -374,7 +375,10 @@ func (s *Strategy) commit(job string, w *registry.Worker, p *poolRoute, rt *rout
 	direct := false
 	switch p.dispatch {
 	case DispatchDirect:
-		direct = true
+		// Forced direct, but never to a worker that has not said it
+		// listens there (stock CAP workers do not): it gets the pool
+		// subject, and the router warns once.
+		direct = w.Direct
 		if !w.Direct && s.onBlindDirect != nil {
 			s.onBlindDirect(w, p.name)
 		}

@@ -327,7 +327,7 @@ pools:
 `)
 	b.beat("d", "auto", labels(registry.LabelDispatch, registry.DispatchDirect))
 	b.beat("p", "pool", labels(registry.LabelDispatch, registry.DispatchDirect))
-	b.beat("x", "direct")
+	b.beat("x", "direct", labels(registry.LabelDispatch, registry.DispatchDirect))
 	if got := b.s.Pick(job("job.auto"), t0).Subject; got != "worker.d.jobs" {
 		t.Errorf("auto + direct worker: subject %q", got)
 	}
@@ -336,6 +336,12 @@ pools:
 	}
 	if got := b.s.Pick(job("job.direct"), t0).Subject; got != "worker.x.jobs" {
 		t.Errorf("direct mode: subject %q", got)
+	}
+	// Direct mode never sends to a worker that has not said it listens
+	// there (a stock CAP worker): it gets the pool subject.
+	b.reg.Observe(&capv1.Heartbeat{WorkerId: "x", Pool: "direct"}, t0)
+	if got := b.s.Pick(job("job.direct"), t0).Subject; got != "job.direct" {
+		t.Errorf("direct mode, worker without the label: subject %q", got)
 	}
 }
 
