@@ -237,7 +237,8 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 		defer tk.Stop()
 		for {
 			data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
-				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect}})
+				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+					registry.LabelProgress: registry.ProgressStarted}})
 			_ = nc.Publish(f.subj.Heartbeat, data)
 			select {
 			case <-stop:
