@@ -542,19 +542,31 @@ func TestNATSClusterR3(t *testing.T) {
 		conns[id] = nc
 		// Deadlines past JetStream's redelivery of a batch lost with a
 		// dead connection (AckWait, 30 s), so only a lost dispatch times out.
-		n, err := troupe.NewNode(troupe.Config{NodeID: id, NATS: nc, Redis: env.Client, StreamReplicas: 3,
-			Timeouts:  &actors.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second},
-			KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-			Backoff: func(int) time.Duration { return 100 * time.Millisecond },
-			Logger:  clusterLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		err = n.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("start %s: %v", id, err)
+		// A young cluster under a loaded CI machine sometimes takes long to
+		// place a replicated stream or consumer: a start that times out is
+		// tried again (creating streams and consumers is idempotent).
+		var n *troupe.Node
+		for attempt := 1; ; attempt++ {
+			var err error
+			n, err = troupe.NewNode(troupe.Config{NodeID: id, NATS: nc, Redis: env.Client, StreamReplicas: 3,
+				Timeouts:  &actors.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second},
+				KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
+				Backoff: func(int) time.Duration { return 100 * time.Millisecond },
+				Logger:  clusterLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err = n.Start(ctx)
+			cancel()
+			if err == nil {
+				break
+			}
+			_ = n.Stop(context.Background())
+			if attempt == 3 {
+				t.Fatalf("start %s: %v (3 attempts)", id, err)
+			}
+			t.Logf("start %s, attempt %d: %v; trying again", id, attempt, err)
 		}
 		t.Cleanup(func() { _ = n.Stop(context.Background()) })
 		nodes = append(nodes, n)
