@@ -200,12 +200,14 @@ func dlqView(e store.DLQEntry, tenant, retriedAs string) DLQEntry {
 
 // Worker is one live worker.
 type Worker struct {
-	ID          string            `json:"id"`
-	Pool        string            `json:"pool"`
-	ActiveJobs  int32             `json:"active_jobs"`
-	Dispatched  int32             `json:"dispatched"`
-	InFlight    int32             `json:"in_flight"`
-	Owner       string            `json:"owner,omitempty"`
+	ID         string `json:"id"`
+	Pool       string `json:"pool"`
+	ActiveJobs int32  `json:"active_jobs"`
+	Dispatched int32  `json:"dispatched"`
+	InFlight   int32  `json:"in_flight"`
+	Owner      string `json:"owner,omitempty"`
+	// Unrouted: no topic routes to the worker's pool, so it gets no jobs.
+	Unrouted    bool              `json:"unrouted,omitempty"`
 	MaxParallel int32             `json:"max_parallel"`
 	CPULoad     float32           `json:"cpu_load"`
 	GPUUtil     float32           `json:"gpu_util"`
@@ -241,7 +243,7 @@ func workerList(ws []router.WorkerInfo) WorkerList {
 	pools := map[string]*PoolLoad{}
 	for _, w := range ws {
 		v := Worker{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
-			InFlight: w.InFlight, Owner: w.Owner,
+			InFlight: w.InFlight, Owner: w.Owner, Unrouted: !w.Routed,
 			MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
 			LastSeen: w.LastSeen, Labels: w.Labels, Load: load(w.InFlight, w.MaxParallel)}
 		out.Workers = append(out.Workers, v)

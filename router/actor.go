@@ -166,7 +166,10 @@ type WorkerInfo struct {
 	Others   int32
 	Foreign  int32
 	// Owner is the replica that places jobs on the worker (router/owners.go).
-	Owner       string
+	Owner string
+	// Routed: some topic routes to the worker's pool (otherwise it gets no
+	// jobs; see Strategy.Routed).
+	Routed      bool
 	MaxParallel int32
 	CPULoad     float32
 	GPUUtil     float32
@@ -461,13 +464,8 @@ func (r *Router) Receive(c actor.Context) {
 // wait no_workers with nothing saying why.
 func (r *Router) checkPool(w *registry.Worker) {
 	cfg := r.strategy.Config()
-	if cfg == nil || len(cfg.Topics) == 0 || r.warned[w.ID] {
+	if cfg == nil || len(cfg.Topics) == 0 || r.warned[w.ID] || r.strategy.Routed(w.Pool) {
 		return
-	}
-	for _, pools := range cfg.Topics {
-		if slices.Contains(pools, w.Pool) {
-			return
-		}
 	}
 	r.warned[w.ID] = true
 	hint := ""
@@ -498,6 +496,13 @@ func (r *Router) sweep() {
 		return
 	}
 	live := r.reg.LivePerPool(now)
+	unrouted := 0
+	for p, n := range live {
+		if !r.strategy.Routed(p) {
+			unrouted += n
+		}
+	}
+	r.metrics.unrouted.Set(float64(unrouted))
 	// Pools that lost their last worker, and configured pools with none,
 	// report 0 rather than vanish, so an empty pool is visible.
 	for p := range r.reported {
@@ -528,6 +533,7 @@ func (r *Router) listWorkers() []WorkerInfo {
 			}
 			out = append(out, WorkerInfo{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
 				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, Owner: r.ownerOf(w.ID),
+				Routed:      r.strategy.Routed(w.Pool),
 				MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
 				LastSeen: w.LastSeen, Labels: w.Labels})
 		}

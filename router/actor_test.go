@@ -161,21 +161,34 @@ func TestRouterPauseEvictsNobody(t *testing.T) {
 	}
 }
 
-// TestStockCAPUnknownPoolIsWarnedOf: a worker that heartbeats the
-// topic's name as its pool gets a warning naming the real pool, once.
+// TestStockCAPUnknownPoolIsWarnedOf: a worker that heartbeats the topic's
+// name as its pool gets one warning naming the real pool, is counted
+// (troupe_workers_unrouted) and shown as unrouted, and a job that waits
+// no_workers says why in its detail.
 func TestStockCAPUnknownPoolIsWarnedOf(t *testing.T) {
 	t.Parallel()
 	var buf syncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), Log: log})
+	reg := prometheus.NewRegistry()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a, job.b: b}\n"), Log: log, Metrics: reg})
 	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "job.a"}, time.Now())
 	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "job.a"}, time.Now())
 	b.beat(&capv1.Heartbeat{WorkerId: "w2", Pool: "a"}, time.Now())
-	b.workers(t)
+	b.sys.Root.Send(b.pid, sweepTick{})
+	ws := b.workers(t)
 	out := buf.String()
 	if n := strings.Count(out, "no topic routes to"); n != 1 || !strings.Contains(out, "worker_id=w1") ||
 		!strings.Contains(out, "routed to pool(s) a") {
 		t.Fatalf("log = %q, want one warning for w1 naming pool a", out)
+	}
+	if len(ws) != 2 || ws[0].ID != "w2" || !ws[0].Routed || ws[1].ID != "w1" || ws[1].Routed {
+		t.Fatalf("workers = %+v, want w2 routed and w1 not", ws)
+	}
+	if got := metricSum(t, reg, "troupe_workers_unrouted", nil); got != 1 {
+		t.Fatalf("troupe_workers_unrouted = %v, want 1", got)
+	}
+	if r := b.pick(t, "job.b"); r.Reason != core.ReasonNoWorkers || !strings.Contains(r.Detail, "job.a") {
+		t.Fatalf("pick for job.b = %+v, want no_workers naming the stray pool job.a", r)
 	}
 }
 

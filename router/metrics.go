@@ -9,10 +9,11 @@ import (
 // metrics are the router's Prometheus series. The vectors are safe for
 // concurrent use; everything else is owned by the router actor.
 type metrics struct {
-	live    *prometheus.GaugeVec
-	stale   *prometheus.CounterVec
-	evicted *prometheus.CounterVec
-	waiting prometheus.Gauge
+	live     *prometheus.GaugeVec
+	stale    *prometheus.CounterVec
+	evicted  *prometheus.CounterVec
+	waiting  prometheus.Gauge
+	unrouted prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,6 +34,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "troupe_capacity_queue_jobs",
 			Help: "Jobs waiting in this node's router for room in their pools.",
 		}),
+		unrouted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "troupe_workers_unrouted",
+			Help: "Live workers whose heartbeat names a pool no topic routes to (they get no jobs).",
+		}),
 	}
 	var err error
 	if m.live, err = metricsx.Register(reg, m.live); err != nil {
@@ -45,6 +50,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.waiting, err = metricsx.Register(reg, m.waiting); err != nil {
+		return nil, err
+	}
+	if m.unrouted, err = metricsx.Register(reg, m.unrouted); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -115,6 +115,8 @@ type poolRoute struct {
 type Strategy struct {
 	cfg    *PoolConfig
 	routes map[string]*route
+	// routed: the pools some topic routes to.
+	routed map[string]bool
 	reg    *registry.Registry
 	subj   func(workerID string) string
 	pool   func(topic string) string
@@ -157,6 +159,12 @@ func (s *Strategy) SetConfig(cfg *PoolConfig) {
 	}
 	s.cfg = cfg
 	s.routes = make(map[string]*route, len(cfg.Topics))
+	s.routed = map[string]bool{}
+	for _, names := range cfg.Topics {
+		for _, n := range names {
+			s.routed[n] = true
+		}
+	}
 	for topic, names := range cfg.Topics {
 		rt := &route{subject: s.pool(topic), pools: make([]*poolRoute, 0, len(names))}
 		for _, name := range names {
@@ -169,6 +177,21 @@ func (s *Strategy) SetConfig(cfg *PoolConfig) {
 		s.routes[topic] = rt
 	}
 	s.reg.SetThresholds(cfg.thresholds())
+}
+
+// Routed reports whether some topic routes to pool. A worker of any other
+// pool gets no jobs (often its heartbeat names a topic instead of a pool).
+func (s *Strategy) Routed(pool string) bool { return s.routed[pool] }
+
+// unroutedPools names the pools with workers that no topic routes to.
+func (s *Strategy) unroutedPools() []string {
+	var out []string
+	for _, p := range s.reg.Pools() {
+		if !s.routed[p] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Config returns the pool config in use.
@@ -352,7 +375,12 @@ func (s *Strategy) noWorker(placed bool, stale int) Pick {
 	case placed:
 		return Pick{Reason: core.ReasonNoWorkers, Detail: "no live worker in pools " + s.candNames() + " carries the placement labels"}
 	}
-	return Pick{Reason: core.ReasonNoWorkers, Detail: "no live worker in pools " + s.candNames()}
+	detail := "no live worker in pools " + s.candNames()
+	if stray := s.unroutedPools(); len(stray) > 0 {
+		detail += "; workers heartbeat pools no topic routes to (" + strings.Join(stray, ",") +
+			"): a heartbeat's pool must be a pool name from pools.yaml, not a topic"
+	}
+	return Pick{Reason: core.ReasonNoWorkers, Detail: detail}
 }
 
 func (s *Strategy) candNames() string { return strings.Join(s.Candidates(), ",") }

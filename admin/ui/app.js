@@ -212,7 +212,7 @@ async function refreshWorkers() {
   for (const x of w.workers) {
     const tr = el("tr");
     tr.dataset.worker = x.id;
-    tr.append(el("td", x.id), el("td", x.pool), el("td", x.in_flight), el("td", x.active_jobs),
+    tr.append(el("td", x.id), el("td", x.unrouted ? x.pool + " (no topic routes here)" : x.pool), el("td", x.in_flight), el("td", x.active_jobs),
       el("td", x.max_parallel || "∞"), el("td", x.cpu_load ? x.cpu_load.toFixed(0) + "%" : ""), el("td", ago(x.last_seen)));
     workers.append(tr);
   }

@@ -541,7 +541,11 @@ func (e *ctlEnv) workers(ctx context.Context, args []string) error {
 		if x.Direct {
 			mode = "direct"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s\t%s ago\n", x.ID, x.Pool, x.InFlight, x.ActiveJobs,
+		pool := x.Pool
+		if x.Unrouted {
+			pool += " (no topic routes here)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s\t%s ago\n", x.ID, pool, x.InFlight, x.ActiveJobs,
 			capacity(x.MaxParallel), x.CPULoad, mode, orDash(x.Owner), time.Since(x.LastSeen).Truncate(100*time.Millisecond))
 	}
 	return tw.Flush()
