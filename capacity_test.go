@@ -468,3 +468,44 @@ func TestCapacityCancelWithinTheGrace(t *testing.T) {
 	}
 	g.open("after", true)
 }
+
+// TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo: a stock worker
+// hears no cancel, so a job cancelled while it runs there keeps running;
+// its slot stays counted until the worker answers, and the next job waits
+// for it rather than over-filling the worker.
+func TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "deaf", 1, 100*time.Millisecond, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("to-cancel"))
+	w.waitGot(5 * time.Second)
+	// Its heartbeats report the job (so the node trusts its counts).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws, err := f.node.Workers()
+		if err == nil && len(ws) == 1 && ws[0].ActiveJobs == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the node never saw the worker hold its job")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := f.node.Cancel(context.Background(), "to-cancel", "stop", "test"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("to-cancel", core.StateCancelled)
+	f.submit(echoReq("next"))
+	f.waitQueued(1) // waits: the worker still runs the cancelled job
+	g.open("to-cancel", true)
+	if got := w.waitGot(5 * time.Second); got != "next" {
+		t.Fatalf("got %s, want next", got)
+	}
+	g.open("next", true)
+	f.waitState("next", core.StateSucceeded)
+	if w.overfills.Load() != 0 || w.maxHeld.Load() != 1 {
+		t.Fatalf("worker held up to %d (%d overfills)", w.maxHeld.Load(), w.overfills.Load())
+	}
+}

@@ -1677,7 +1677,13 @@ func (j *JobActor) transition(c actor.Context, t *store.Transition, dlq *store.D
 			if freesSlot {
 				j.admitted = false
 			}
-			if active(j.state) && !active(t.Final()) {
+			if active(j.state) && (t.Final() == core.StateCancelled || t.Final() == core.StateTimeout) {
+				// Ended here, but the worker may still be running it (a
+				// stock worker hears no cancel): its slot stays counted
+				// until the worker's own answer or its heartbeats show the
+				// job gone (router.Released.Linger).
+				c.Send(j.env.Router, &router.Released{WorkerID: j.worker, JobID: j.id, Done: true, Linger: true})
+			} else if active(j.state) && !active(t.Final()) {
 				j.release(c, true) // the worker is done with it
 			} else if j.state == core.StateDispatched && t.Final() == core.StateRunning {
 				j.release(c, false) // started: no longer waiting on the worker to take it

@@ -179,6 +179,7 @@ type Worker struct {
 	beats    uint32
 	young    [3]int32 // own jobs by beats%3 at placement, not yet old
 	jobs     map[string]uint32
+	linger   map[string]time.Time // jobs ended without the worker's answer (Linger)
 	// main is the worker's entry in its pool's index, sel its entries in
 	// the pool's label selectors.
 	main member
@@ -335,6 +336,11 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 	w.Dedupe = strings.EqualFold(hb.Labels[LabelDedupe], DedupeJobID)
 	w.Reports = strings.EqualFold(hb.Labels[LabelProgress], ProgressStarted)
 	w.reconcile()
+	for job, until := range w.linger {
+		if now.After(until) {
+			r.Vacate(w, job)
+		}
+	}
 	r.learnInterval(w, now, sent)
 	w.LastSeen = now
 	w.deadline = now.Add(r.ttlFor(w))
@@ -571,6 +577,7 @@ func (r *Registry) Vacate(w *Worker, job string) bool {
 		return false
 	}
 	delete(w.jobs, job)
+	delete(w.linger, job)
 	if placed := m &^ jobStarted; placed+2 <= w.beats {
 		w.oldOwn--
 	} else {
@@ -580,6 +587,30 @@ func (r *Registry) Vacate(w *Worker, job string) bool {
 	r.reload(w)
 	return true
 }
+
+// LingerFor bounds how long a job that ended without its worker's answer
+// stays in the worker's job set (Linger). Its slot is counted right well
+// before that — the worker's heartbeats stop counting it within two
+// intervals — so this only bounds the memory of jobs never answered.
+const LingerFor = 5 * time.Minute
+
+// Linger keeps job counted on w as started until the worker answers for it
+// (Vacate) or until, at a heartbeat after until, it is dropped.
+func (r *Registry) Linger(w *Worker, job string, until time.Time) {
+	if _, ok := w.jobs[job]; !ok {
+		return
+	}
+	r.Start(w, job)
+	if w.linger == nil {
+		w.linger = map[string]time.Time{}
+	}
+	w.linger[job] = until
+}
+
+// Reconciles reports whether w's heartbeats reconcile this node's count
+// (it has reported active_jobs > 0): a job of ours it no longer holds
+// stops counting within two heartbeats.
+func (r *Registry) Reconciles(w *Worker) bool { return w.reported }
 
 // Waiting returns the jobs occupying w that have not started (the ones
 // its eviction should place again).

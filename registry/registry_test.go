@@ -391,3 +391,36 @@ func TestRegistryLearnsIntervalsFromSendTimes(t *testing.T) {
 		t.Fatalf("arrival-learned interval = %v; the test no longer shows the burst", got)
 	}
 }
+
+// TestRegistryLingeringJobs: a job that ended without its worker's answer
+// keeps its slot until the worker's heartbeats stop counting it, and is
+// forgotten after LingerFor.
+func TestRegistryLingeringJobs(t *testing.T) {
+	t.Parallel()
+	r := New(time.Hour)
+	hb := beat("w1", "p")
+	hb.MaxParallelJobs, hb.ActiveJobs = 1, 1
+	w := r.Observe(hb, t0.Add(-2*time.Second)) // reports active_jobs: its counts reconcile
+	hb.ActiveJobs = 0
+	r.Observe(hb, t0.Add(-time.Second))
+	r.Occupy(w, "cancelled")
+	r.Linger(w, "cancelled", t0.Add(LingerFor))
+	if w.InFlight() != 1 || r.HasRoom(w) {
+		t.Fatalf("in flight %d right after the cancel, want 1 (the worker may still run it)", w.InFlight())
+	}
+	hb.ActiveJobs = 1 // still running it
+	r.Observe(hb, t0.Add(time.Second))
+	r.Observe(hb, t0.Add(2*time.Second))
+	if w.InFlight() != 1 {
+		t.Fatalf("in flight %d while the worker reports it, want 1", w.InFlight())
+	}
+	hb.ActiveJobs = 0 // the worker let it go
+	r.Observe(hb, t0.Add(3*time.Second))
+	if w.InFlight() != 0 || !r.HasRoom(w) {
+		t.Fatalf("in flight %d once the worker reports none, want 0", w.InFlight())
+	}
+	r.Observe(hb, t0.Add(LingerFor+time.Minute))
+	if len(w.jobs) != 0 || w.Dispatched != 0 {
+		t.Fatalf("jobs %v dispatched %d after LingerFor, want none", w.jobs, w.Dispatched)
+	}
+}

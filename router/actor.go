@@ -235,6 +235,12 @@ type Released struct {
 	// Done: the job no longer occupies the worker (it ended, or goes to be
 	// placed again); its dispatch stops counting against the worker's load.
 	Done bool
+	// Linger (with Done): the job ended without the worker's answer
+	// (cancelled, timed out), so the worker may still be running it. Its
+	// slot stays counted until the worker answers after all (the result
+	// frees it when seen) or its heartbeats show it gone — for workers
+	// that report active_jobs; for others it is freed now.
+	Linger bool
 }
 
 func (c Config) withDefaults() Config {
@@ -400,9 +406,12 @@ func (r *Router) Receive(c actor.Context) {
 		if w == nil {
 			return
 		}
-		if m.Done {
+		switch {
+		case m.Done && m.Linger && r.reg.Reconciles(w):
+			r.reg.Linger(w, m.JobID, r.now().Add(registry.LingerFor))
+		case m.Done:
 			r.vacate(c, w, m.JobID)
-		} else {
+		default:
 			r.reg.Start(w, m.JobID)
 		}
 	case *Occupied:
