@@ -533,8 +533,11 @@ func (j *JobActor) activate(c actor.Context, create bool, plan *store.Transition
 			if (j.state == core.StateDispatched || j.state == core.StateRunning) && j.worker != "" {
 				// The job holds a slot on its worker; this router may not
 				// have placed it there (adopted, or this node restarted).
-				c.Send(j.env.Router, &router.Occupied{WorkerID: j.worker, JobID: j.id,
-					Started: j.state == core.StateRunning || j.startsOnDelivery})
+				// Counted as started: an adopter cannot tell whether the
+				// worker got it, so the worker's eviction does not place
+				// it again (its deadline decides, as before adoption
+				// counted slots).
+				c.Send(j.env.Router, &router.Occupied{WorkerID: j.worker, JobID: j.id, Started: true})
 			}
 			// r.Holder is the lock before this activation: a parked job's
 			// ("<node>|<fence>|p") is this node's own unless it was adopted.
