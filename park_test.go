@@ -257,7 +257,7 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
 	r := f.waitState("job-park-evict", core.StateSucceeded)
-	if !strings.Contains(reasons(r.History), "SCHEDULED:worker_lost DISPATCHED:dispatched") || r.Worker != "survivor" {
+	if !redispatched.MatchString(reasons(r.History)) || r.Worker != "survivor" {
 		t.Fatalf("history %s worker %s", reasons(r.History), r.Worker)
 	}
 }
