@@ -217,6 +217,23 @@ func fleetCounts(ws []*capWorker) (overfills int64, maxHeld int32) {
 	return overfills, maxHeld
 }
 
+// waitReportedActive waits (bounded) until the node's only worker has
+// reported n active jobs in a heartbeat.
+func (f *fixture) waitReportedActive(n int32) {
+	f.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws, err := f.node.Workers()
+		if err == nil && len(ws) == 1 && ws[0].ActiveJobs == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("the node never saw its worker report %d active jobs", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // waitQueued waits (bounded) until n jobs wait in the node's capacity queue.
 func (f *fixture) waitQueued(n float64) {
 	f.t.Helper()
@@ -330,17 +347,7 @@ func TestCapacityWorkerRestartFreesItsSlots(t *testing.T) {
 	f.submit(echoReq("lost"))
 	w.waitGot(5 * time.Second)
 	// The node hears the worker hold it (active_jobs 1)…
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ws, err := f.node.Workers()
-		if err == nil && len(ws) == 1 && ws[0].ActiveJobs == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the node never saw the worker hold its job")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	f.waitReportedActive(1)
 	// …then the worker restarts: the job is gone, never to be answered.
 	g.open("lost", false)
 	f.submit(echoReq("next"))
@@ -482,17 +489,7 @@ func TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo(t *testing.T) {
 	f.submit(echoReq("to-cancel"))
 	w.waitGot(5 * time.Second)
 	// Its heartbeats report the job (so the node trusts its counts).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ws, err := f.node.Workers()
-		if err == nil && len(ws) == 1 && ws[0].ActiveJobs == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the node never saw the worker hold its job")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	f.waitReportedActive(1)
 	if err := f.node.Cancel(context.Background(), "to-cancel", "stop", "test"); err != nil {
 		t.Fatal(err)
 	}

@@ -1270,14 +1270,14 @@ func (j *JobActor) waitCapacity(c actor.Context, p *router.PickReply) {
 		j.arm(c, at)
 		return
 	}
-	if !j.activated && !j.unwritten && j.env.CapacityGrace > 0 &&
-		j.env.Unwritten.Add(1) <= j.env.MaxUnwrittenWaits {
-		// Within the grace: nothing is written yet (see CapacityGraceDefault).
-		j.unwritten = true
-		j.arm(c, time.Now().Add(j.env.CapacityGrace))
-		return
-	} else if !j.activated && !j.unwritten && j.env.CapacityGrace > 0 {
-		j.env.Unwritten.Add(-1)
+	if !j.activated && !j.unwritten && j.env.CapacityGrace > 0 {
+		if j.env.Unwritten.Add(1) <= j.env.MaxUnwrittenWaits {
+			// Within the grace: nothing is written yet (see CapacityGraceDefault).
+			j.unwritten = true
+			j.arm(c, time.Now().Add(j.env.CapacityGrace))
+			return
+		}
+		j.env.Unwritten.Add(-1) // the node holds as many as it may: write now
 	}
 	j.writeWait(c, at)
 }

@@ -119,9 +119,7 @@ func (r *Router) refill(c actor.Context, w *registry.Worker) {
 	if o := r.peers[r.ownerOf(w.ID)]; o != nil && o.waiting[w.Pool] > 0 {
 		return
 	}
-	if r.placeOn(c, w, 1) == 0 {
-		return
-	}
+	r.placeOn(c, w, 1)
 }
 
 // placeOn places up to n of the pool's waiting jobs on w (slots this node

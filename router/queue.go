@@ -1,7 +1,6 @@
 package router
 
 import (
-	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -226,15 +225,4 @@ func (r *Router) queueGauge() {
 	if r.metrics != nil {
 		r.metrics.waiting.Set(float64(len(r.waiting)))
 	}
-}
-
-// queuedPools names the pools with waiting jobs (for logs and tests).
-func (r *Router) queuedPools() string {
-	names := make([]string, 0, len(r.queues))
-	for p, q := range r.queues {
-		if q.live > 0 {
-			names = append(names, p)
-		}
-	}
-	return strings.Join(names, ",")
 }
