@@ -79,6 +79,7 @@ type JobActor struct {
 	worker       string
 	subject      string
 	attempts     int
+	policyTries  int // checks an unavailable input policy refused (backoff only)
 	firstFail    time.Time // first permanent routing error, for the grace window
 	created      time.Time
 	deadline     time.Time
@@ -830,8 +831,9 @@ func checkBounded(policy safety.InputPolicy, preq *capv1.PolicyCheckRequest,
 // onDecision acts on the input policy's answer.
 func (j *JobActor) onDecision(c actor.Context, dec *capv1.PolicyCheckResponse, err error) {
 	if err != nil || dec == nil {
-		// Unavailable (or an open circuit): never a denial, always a retry.
-		j.retryLater(c, core.ReasonSafetyUnavailable)
+		// Unavailable (or an open circuit): never a denial, never a
+		// failure, always a retry — not counted as a scheduling attempt.
+		j.waitForPolicy(c)
 		if j.activated && j.timer != nil && j.env.SafetyWaiters != nil {
 			j.waitingPolicy = true
 			j.env.SafetyWaiters.add(j.id, c.Self())
@@ -895,7 +897,13 @@ func (j *JobActor) resumeApproval(c actor.Context) {
 	case store.DecisionRejected:
 		j.deny(c, core.ReasonApprovalRejected, f["approval_reason"], by)
 	default:
-		// Woken without a decision: wait again with no actor.
+		// Woken without a decision: wait again with no actor — unless a
+		// cancel reached the job meanwhile: it is applied first (drain).
+		for _, m := range j.deferred {
+			if _, ok := m.(*Cancel); ok {
+				return
+			}
+		}
 		j.passivate(c)
 	}
 }
@@ -1369,6 +1377,19 @@ func (j *JobActor) retryIn(c actor.Context, why core.Reason, d time.Duration) {
 	}
 	j.env.Metrics.Retries.WithLabelValues(string(why)).Inc()
 	j.arm(c, time.Now().Add(d))
+}
+
+// waitForPolicy waits on the backoff to ask an unavailable input policy
+// again. The wait never ends the job: an outage of the kernel, however
+// long, is not the job's failure (policyTries only shapes the backoff).
+func (j *JobActor) waitForPolicy(c actor.Context) {
+	if !j.activated {
+		j.activate(c, true, nil, nil, nil) // advance() then asks again
+		return
+	}
+	j.policyTries++
+	j.env.Metrics.Retries.WithLabelValues(string(core.ReasonSafetyUnavailable)).Inc()
+	j.arm(c, time.Now().Add(j.env.Backoff(j.policyTries)))
 }
 
 // retryLater waits and advances again without a state change. A submitted

@@ -1,0 +1,64 @@
+package troupe_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// A kernel outage never fails a job, however long it lasts: a check the
+// policy could not answer is not a scheduling attempt. Here the job is
+// refused checks many times more than MaxSchedulingAttempts and stays
+// PENDING, then runs once the kernel answers.
+func TestKernelOutageNeverFailsALoneJob(t *testing.T) {
+	t.Parallel()
+	pol := &downPolicy{}
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Policy = pol
+		c.MaxSchedulingAttempts = 3
+		c.Backoff = func(int) time.Duration { return 20 * time.Millisecond }
+	})
+	f.startWorker("w1", true, newReceipts(), worker.Echo)
+	f.waitWorkers(1)
+	f.submit(echoReq("lone-outage"))
+	deadline := time.Now().Add(20 * time.Second)
+	for pol.checks.Load() < 12 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d checks in 20 s", pol.checks.Load())
+		}
+		r, err := f.node.Job(context.Background(), "lone-outage")
+		if err == nil && r.State.Terminal() {
+			t.Fatalf("job %s (%s) after %d refused checks with the kernel down", r.State, r.Reason, pol.checks.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r, err := f.node.Job(context.Background(), "lone-outage")
+	if err != nil || r.State != core.StatePending {
+		t.Fatalf("after %d refused checks: %v %v", pol.checks.Load(), r, err)
+	}
+	pol.up.Store(true)
+	f.waitState("lone-outage", core.StateSucceeded)
+}
+
+// A job waiting for a human can be cancelled: the cancel is applied (the
+// job is CANCELLED), not handed back to JetStream by a passivating actor
+// until it is dead-lettered.
+func TestCancelOfJobAwaitingApproval(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { c.Policy = labelPolicy{} })
+	req := echoReq("approve-then-cancel")
+	req.Labels = map[string]string{"cordum.policy": "approve"}
+	f.submit(req)
+	f.waitState("approve-then-cancel", core.StateApprovalRequired)
+	if err := f.node.Cancel(context.Background(), "approve-then-cancel", "no longer needed", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	r := f.waitStateWithin("approve-then-cancel", core.StateCancelled, 10*time.Second)
+	if r.Fields["cancelled_by"] != "carol" {
+		t.Fatalf("cancelled record %v", r.Fields)
+	}
+}
