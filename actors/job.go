@@ -79,7 +79,7 @@ type JobActor struct {
 	worker       string
 	subject      string
 	attempts     int
-	policyTries  int // checks an unavailable input policy refused (backoff only)
+	policyTries  int       // checks an unavailable input policy refused (backoff only)
 	firstFail    time.Time // first permanent routing error, for the grace window
 	created      time.Time
 	deadline     time.Time
