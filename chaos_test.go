@@ -10,6 +10,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/actors/lifecycle"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -149,7 +150,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 				t.Errorf("%s changed after a terminal state: %s", id, reasons(r.History))
 				break
 			}
-			if i > 0 && !actors.Legal(r.History[i-1].To, h.To) {
+			if i > 0 && !lifecycle.Legal(r.History[i-1].To, h.To) {
 				t.Errorf("%s: illegal step %s → %s", id, r.History[i-1].To, h.To)
 			}
 			seenTerminal = h.To.Terminal()

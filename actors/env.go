@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/troupe-run/troupe/actors/lifecycle"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
@@ -23,11 +25,9 @@ const (
 	// min(BackoffBase·2^attempt + jitter[0,500ms), BackoffCap).
 	BackoffBase = time.Second
 	BackoffCap  = 30 * time.Second
-	// StateRetryDelay is the wait before retrying after Redis could not be
-	// read or written: the job does nothing while its state is unknown.
-	StateRetryDelay = time.Second
-	// ThrottleDelay is the wait after a THROTTLE decision (CAP's 5 s).
-	ThrottleDelay = 5 * time.Second
+	// StateRetryDelay and ThrottleDelay: see package lifecycle.
+	StateRetryDelay = lifecycle.StateRetryDelay
+	ThrottleDelay   = lifecycle.ThrottleDelay
 	// PolicyTimeout bounds one input policy check (CAP's 2 s), and
 	// separately the wait for one of PolicySlots.
 	PolicyTimeout = 2 * time.Second
@@ -48,11 +48,8 @@ const (
 	// MaxAckPending; past this bound a waiting job is written at once).
 	MaxUnwrittenWaitsDefault = 10000
 
-	// CapacityRecheck is how often a job waiting in the router's queue
-	// for room (pool_overloaded) asks again, in memory: the safety net for
-	// a lost wake (a router restart loses its queue). The wait itself ends
-	// the moment a slot frees.
-	CapacityRecheck = 10 * time.Second
+	// CapacityRecheck: see package lifecycle.
+	CapacityRecheck = lifecycle.CapacityRecheck
 
 	// PermanentGraceDefault is how long a job whose routing error is
 	// permanent (topic unmapped, ...) keeps retrying before it fails, to ride
@@ -69,11 +66,8 @@ const (
 	// worker before the dispatch is repeated; later repeats back off
 	// (×2, capped at ResendCap). A job ending in a few seconds never pays.
 	ResendAfterDefault = 5 * time.Second
-	ResendCap          = 30 * time.Second
-	// ResendsBeforePark: a DISPATCHED job that may be resent parks only
-	// after this many repeats (5+10+20+30 s), since a parked job is not
-	// resent.
-	ResendsBeforePark = 4
+	ResendCap          = lifecycle.ResendCap
+	ResendsBeforePark  = lifecycle.ResendsBeforePark
 )
 
 // Env is what every job actor of a node shares. It is immutable after the
@@ -143,6 +137,9 @@ type Env struct {
 	PermanentGrace        time.Duration
 	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
 	Backoff func(attempt int) time.Duration
+
+	// core is what the job's decision core knows of the node (WithDefaults).
+	core *lifecycle.Config
 }
 
 // WithDefaults fills zero fields.
@@ -183,7 +180,26 @@ func (e *Env) WithDefaults() *Env {
 	if e.Timeouts == nil {
 		e.Timeouts = DefaultTimeouts()
 	}
+	e.core = e.coreConfig()
 	return e
+}
+
+// coreConfig is the decision core's view of the node.
+func (e *Env) coreConfig() *lifecycle.Config {
+	cfg := &lifecycle.Config{
+		NodeID:        e.NodeID,
+		SubmitSubject: e.Subjects.Submit, ResultSubject: e.Subjects.Result,
+		Dispatch: e.Timeouts.Dispatch, RunningFor: e.Timeouts.RunningFor,
+		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch,
+		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
+		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
+		Output: e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
+		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug),
+	}
+	if e.Keys != nil {
+		cfg.IdemKey, cfg.TenantKey = e.Keys.Idempotency, e.Keys.TenantActive
+	}
+	return cfg
 }
 
 // Backoff is the scheduling retry delay: min(1 s·2^attempt + jitter, 30 s),

@@ -4,69 +4,30 @@
 package actors
 
 import (
-	"time"
-
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/actors/lifecycle"
 )
 
-// Delivery is the JetStream message an event came in, as the job actor sees
-// it. The actor acks only once the event's effect is durable in Redis.
-type Delivery interface {
-	Ack() error
-	NakWithDelay(delay time.Duration) error
-	InProgress() error
-}
-
-// Submit is a JobRequest taken from sys.job.submit.
-type Submit struct {
-	Req      *capv1.JobRequest
-	TraceID  string
-	Delivery Delivery
-}
-
-// Result is a JobResult taken from sys.job.result.
-type Result struct {
-	Res      *capv1.JobResult
-	TraceID  string
-	Delivery Delivery
-	// Raw is the packet as received, for forwarding to the owning node.
-	Raw []byte
-	// Forwarded marks a result another node passed to this one (the owner);
-	// it is never forwarded again.
-	Forwarded bool
-}
-
-// Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
-type Progress struct{ P *capv1.JobProgress }
-
-// Cancel is a JobCancel taken from sys.job.cancel.
-type Cancel struct {
-	C         *capv1.JobCancel
-	TraceID   string
-	Delivery  Delivery
-	Raw       []byte
-	Forwarded bool
-}
+// The job's events and the delivery they came in are the decision core's
+// (package lifecycle); these aliases keep their old names for intake, the
+// due poller and the router's callers.
+type (
+	Delivery   = lifecycle.Delivery
+	Submit     = lifecycle.Submit
+	Result     = lifecycle.Result
+	Progress   = lifecycle.Progress
+	Cancel     = lifecycle.Cancel
+	Wake       = lifecycle.Wake
+	WorkerLost = lifecycle.WorkerLost
+	Abandon    = lifecycle.Abandon
+)
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.
 const (
-	ForwardResult = "result"
-	ForwardCancel = "cancel"
+	ForwardResult = lifecycle.ForwardResult
+	ForwardCancel = lifecycle.ForwardCancel
 )
-
-// Wake is sent by the due poller to a job whose due time has passed and
-// whose owner did not act (it died, or the job was passivated and an
-// approval arrived). The actor activates the job and does what its state
-// calls for.
-type Wake struct {
-	// LapsedAt, for a job woken because its owner stopped renewing its
-	// lease: when the owner's lock lapsed (for troupe_adoption_latency_seconds).
-	LapsedAt time.Time
-}
 
 // Finished tells the job's supervisor that the actor has nothing left to do
 // and may be stopped. The supervisor stops it with a poison pill, so anything
@@ -84,19 +45,12 @@ type Finished struct {
 	Redeliver []interface{}
 }
 
-// storeDone carries a store.Writer outcome back into the actor.
-type storeDone struct {
-	epoch uint64
-	res   *store.Result
-}
-
-// wake is the job's wheel timer firing (a retry, a deadline).
-type wake struct{ epoch uint64 }
-
-// lockLost is sent by the lock renewer when the job's lock could not be kept.
-type lockLost struct {
-	lockValue string
-	vanished  bool // nobody holds it any more (not: another holder has it)
+// Redeliver hands the shard events that reached a job's actor after it
+// parked the job (the worker's first progress, its eviction): they go to
+// the job's next actor.
+type Redeliver struct {
+	JobID string
+	Msgs  []interface{}
 }
 
 // Crash makes the job actor panic. It exists for fault-injection tests of
@@ -104,23 +58,3 @@ type lockLost struct {
 // is restarted: the fresh actor has empty memory and recovers from Redis. A
 // Fatal one is stopped, and its supervisor marks the job FAILED.
 type Crash struct{ Fatal bool }
-
-// WorkerLost tells a job that the worker it was dispatched to has been
-// evicted (no heartbeat within its liveness window). A job still waiting
-// for that worker to start it is dispatched elsewhere.
-type WorkerLost struct{ WorkerID string }
-
-// policyDone carries a remote input policy's answer back into the actor.
-type policyDone struct {
-	epoch uint64
-	dec   *capv1.PolicyCheckResponse
-	err   error
-}
-
-// outputDone carries the output policy's phase-1 outcome back into the actor.
-type outputDone struct {
-	epoch   uint64
-	outcome safety.OutputOutcome
-	res     *Result
-	path    []store.Hop
-}

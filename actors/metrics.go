@@ -2,6 +2,9 @@ package actors
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/troupe-run/troupe/actors/lifecycle"
+	"github.com/troupe-run/troupe/safety"
 )
 
 // Metrics are the job actors' counters. They are plain atomics behind
@@ -89,4 +92,54 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits)
 	}
 	return m
+}
+
+// count adds one to the counter the core names.
+func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
+	switch c.M {
+	case lifecycle.MAbsorbed:
+		m.Absorbed.WithLabelValues(c.Label).Inc()
+	case lifecycle.MIdemDuplicates:
+		m.IdemDuplicates.Inc()
+	case lifecycle.MReceived:
+		m.Received.Inc()
+	case lifecycle.MCompleted:
+		m.Completed.WithLabelValues(c.Label).Inc()
+	case lifecycle.MUnparked:
+		m.Unparked.Inc()
+	case lifecycle.MOrphanReplayed:
+		m.OrphanReplayed.WithLabelValues(c.Label).Inc()
+	case lifecycle.MRetries:
+		m.Retries.WithLabelValues(c.Label).Inc()
+	case lifecycle.MDispatched:
+		m.Dispatched.Inc()
+	case lifecycle.MResent:
+		m.Resent.Inc()
+	case lifecycle.MParked:
+		m.Parked.Inc()
+	case lifecycle.MTimeouts:
+		m.Timeouts.WithLabelValues(c.Label).Inc()
+	case lifecycle.MCapacityWaits:
+		m.CapacityWaits.WithLabelValues(c.Label).Inc()
+	case lifecycle.MFenced:
+		m.Fenced.Inc()
+	case lifecycle.MFailClosed:
+		m.FailClosed.WithLabelValues(c.Label).Inc()
+	case lifecycle.MQuarantined:
+		if output != nil {
+			output.Metrics.Quarantined(c.Label)
+		}
+	}
+}
+
+// observe records a value in the histogram the core names.
+func (m *Metrics) observe(o lifecycle.Observe) {
+	switch o.M {
+	case lifecycle.MActivationDelay:
+		m.ActivationDelay.Observe(o.Value)
+	case lifecycle.MDispatchLatency:
+		m.DispatchLatency.Observe(o.Value)
+	case lifecycle.MAdoptionLatency:
+		m.AdoptionLatency.Observe(o.Value)
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/actors/lifecycle"
 )
 
 // SafetyWaiters are the job actors of a node that wait to ask an
@@ -93,9 +95,6 @@ func (w *SafetyWaiters) wake(root *actor.RootContext, max int) {
 	}
 	w.mu.Unlock()
 	for _, pid := range batch {
-		root.Send(pid, &policyBack{})
+		root.Send(pid, &lifecycle.PolicyBack{})
 	}
 }
-
-// policyBack tells a job waiting on an unavailable policy to ask it again.
-type policyBack struct{}

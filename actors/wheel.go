@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/actors/lifecycle"
 )
 
 // Wheel is the node's one timer for all job actors: a hashed timing wheel.
@@ -15,7 +17,7 @@ import (
 //
 // Slots are WheelTick apart; an entry further away than one rotation waits
 // its remaining rounds in its slot. When an entry is due, the wheel sends
-// &wake{epoch} to the job; the job drops wakes whose epoch it no longer
+// &lifecycle.Timer{Epoch} to the job; the job drops wakes whose epoch it no longer
 // waits for, so a late or cancelled entry is harmless. Cancel removes the
 // entry so long deadlines of finished jobs do not pile up.
 type Wheel struct {
@@ -58,7 +60,7 @@ func NewWheel(root *actor.RootContext) *Wheel {
 	return w
 }
 
-// Schedule sends &wake{epoch} to pid after d.
+// Schedule sends &lifecycle.Timer{Epoch} to pid after d.
 func (w *Wheel) Schedule(d time.Duration, pid *actor.PID, epoch uint64) TimerRef {
 	// The next tick may come at any moment of the current period, so one
 	// tick more than d needs: an entry never fires early, at most one tick
@@ -144,7 +146,7 @@ func (w *Wheel) run() {
 		}
 		w.mu.Unlock()
 		for i, e := range due {
-			w.root.Send(e.pid, &wake{epoch: e.epoch})
+			w.root.Send(e.pid, &lifecycle.Timer{Epoch: e.epoch})
 			due[i] = nil
 		}
 		due = due[:0]

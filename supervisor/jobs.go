@@ -152,6 +152,13 @@ func (s *JobShard) Receive(c actor.Context) {
 				s.stopping[m.JobID] = append(s.stopping[m.JobID], &Deliver{JobID: m.JobID, Msg: msg})
 			}
 		}
+	case *actors.Redeliver:
+		// Events that reached a job's actor after it parked the job: they
+		// follow its Finished, so the job is stopping or parked here, and
+		// they go to its next actor.
+		for _, msg := range m.Msgs {
+			s.deliver(c, &Deliver{JobID: m.JobID, Msg: msg})
+		}
 	case *actor.Stopping:
 		s.shuttingDown = true // children stop with the shard: not failures
 	case *actor.Terminated:

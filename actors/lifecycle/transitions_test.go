@@ -1,17 +1,17 @@
-package actors_test
+package lifecycle_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/actors/lifecycle"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/store"
 )
 
-// The job state machine, written out independently of actors.legal: a test
+// The job state machine, written out independently of lifecycle.legal: a test
 // that fails here means the table changed without this list changing too.
 var wantLegal = map[core.State][]core.State{
 	core.StatePending:          {"PENDING", "SCHEDULED", "APPROVAL_REQUIRED", "DENIED", "CANCELLED", "FAILED", "TIMEOUT"},
@@ -63,14 +63,14 @@ func TestEveryTransition(t *testing.T) {
 	legalCount := 0
 	for _, from := range core.AllStates {
 		for _, to := range core.AllStates {
-			if got, want := actors.Legal(from, to), wanted(from, to); got != want {
+			if got, want := lifecycle.Legal(from, to), wanted(from, to); got != want {
 				t.Errorf("Legal(%s, %s) = %v, want %v", from, to, got, want)
 				continue
 			}
-			if from.Terminal() && actors.Legal(from, to) && !(from == core.StateSucceeded && to == core.StateOutputQuarantined) {
+			if from.Terminal() && lifecycle.Legal(from, to) && !(from == core.StateSucceeded && to == core.StateOutputQuarantined) {
 				t.Errorf("terminal %s may leave to %s", from, to)
 			}
-			if !actors.Legal(from, to) {
+			if !lifecycle.Legal(from, to) {
 				continue
 			}
 			legalCount++

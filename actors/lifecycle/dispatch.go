@@ -1,0 +1,385 @@
+package lifecycle
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Dispatch: asking the router for a worker, waiting for capacity, the
+// tenant's concurrency slot, the dispatch itself and its resends, the wait
+// for the worker (deadlines, parking), its start, and its loss.
+
+// askRouter asks for a worker; the answer arrives as a *router.PickReply.
+// With no room the router queues the job (see waitCapacity).
+func (j *Job) askRouter() {
+	j.dropPick()
+	j.opEpoch++
+	j.busy = true
+	if !j.queued {
+		j.ticket++
+	}
+	submitted := j.created
+	if submitted.IsZero() {
+		submitted = j.firstEvent
+	}
+	j.emit(AskRouter{Req: &router.PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
+		Wait: true, Ticket: j.ticket, Submitted: submitted}})
+}
+
+func (j *Job) onPick(p *router.PickReply) {
+	if p.Queued {
+		j.waitCapacity(p)
+		return
+	}
+	j.queued = false // placed (or refused) on a recheck: not queued any more
+	if p.Reason != "" {
+		j.placementFailed(p)
+		return
+	}
+	j.picked = p.WorkerID
+	limit := j.tenantLimit()
+	if limit <= 0 || j.admitted {
+		j.dispatchTo(p)
+		return
+	}
+	// The tenant has a concurrency limit: take a slot (shared by every
+	// replica) before dispatching, or wait like any transient failure.
+	j.write(&pending{kind: wAdmit, pick: p, op: &store.Op{Kind: store.OpAdmit, JobID: j.ID,
+		TenantKey: j.cfg.TenantKey(safety.TenantOf(j.Req)), Limit: limit}})
+}
+
+func (j *Job) admittedTo(p *pending, r *store.Result) {
+	if !r.Admitted {
+		j.dropPick()
+		j.placementFailed(&router.PickReply{Reason: core.ReasonTenantLimit,
+			Detail: "tenant " + safety.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
+		return
+	}
+	j.admitted = true
+	j.dispatchTo(p.pick)
+}
+
+// tenantLimit is the job's tenant concurrency limit (0: none): the node's
+// per-tenant setting, lowered by the policy's max_concurrent_jobs.
+func (j *Job) tenantLimit() int {
+	limit := 0
+	if j.cfg.TenantLimit != nil {
+		limit = j.cfg.TenantLimit(safety.TenantOf(j.Req))
+	}
+	if j.policyLimit > 0 && (limit == 0 || j.policyLimit < limit) {
+		limit = j.policyLimit
+	}
+	return limit
+}
+
+// dispatchTo records the job as dispatched to the picked worker; the
+// request is published once that is durable (dispatched).
+func (j *Job) dispatchTo(p *router.PickReply) {
+	path := make([]store.Hop, 0, 2)
+	if j.State == core.StatePending {
+		path = append(path, store.Hop{To: core.StateScheduled, Reason: core.ReasonAllowed})
+	}
+	path = append(path, store.Hop{To: core.StateDispatched, Reason: core.ReasonDispatched})
+	j.attempts++
+	dl := j.deadlineFor(core.StateDispatched)
+	if p.StartsOnDelivery {
+		// The worker will not say when it starts (stock CAP workers send
+		// no progress): the job is bounded by its run, not by the wait for
+		// a start that never gets reported.
+		dl = j.deadlineFor(core.StateRunning)
+	}
+	j.apply(&store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
+		Due: dl.at.UnixMilli(),
+		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
+			"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why),
+			"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend), "sod", slotFlag(p.StartsOnDelivery)}},
+		nil, &pending{then: nDispatched, pick: p, dl: dl})
+}
+
+// dispatched: DISPATCHED is durable; publish the request.
+func (j *Job) dispatched(p *pending) {
+	j.Worker, j.Subject = p.pick.WorkerID, p.pick.Subject
+	j.picked = ""
+	j.resend, j.resends = p.pick.Resend, 0
+	j.startsOnDelivery = p.pick.StartsOnDelivery
+	j.deadline, j.deadlineWhy = p.dl.at, p.dl.why
+	j.emit(PublishRequest{Subject: j.Subject})
+	if j.startsOnDelivery {
+		// Started on delivery as far as anyone can tell: the worker's
+		// eviction must not place it again (it may be running, on that
+		// worker or — on a pool subject — on another); its run's deadline
+		// bounds it.
+		j.release(false)
+	}
+	j.count(MDispatched, "")
+	j.observe(MDispatchLatency, j.firstEvent)
+	j.waitWorker()
+}
+
+// onPublishFailed: the dispatch just recorded could not be published; the
+// job goes back to SCHEDULED and retries.
+func (j *Job) onPublishFailed(m *PublishFailed) {
+	if j.done || j.busy || j.State != core.StateDispatched {
+		return
+	}
+	j.log(warn, "dispatch publish failed", "subject", j.Subject, "err", m.Err)
+	j.disarm()
+	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonDispatchFailed}}, Due: -1}, nil,
+		&pending{then: nRetryLater})
+}
+
+// deadlineFor returns when a job entering state times out, and why: the
+// state's own timeout or the job's budget deadline, whichever is first.
+func (j *Job) deadlineFor(state core.State) deadline {
+	now := j.now()
+	d := deadline{now.Add(j.cfg.Dispatch), core.ReasonDispatchTimeout}
+	if state == core.StateRunning {
+		d = deadline{now.Add(j.cfg.RunningFor(j.topic())), core.ReasonRunningTimeout}
+	}
+	created := j.created
+	if created.IsZero() {
+		created = now // not yet written: it is being created now
+	}
+	if ms := j.Req.GetBudget().GetDeadlineMs(); ms > 0 {
+		if b := created.Add(time.Duration(ms) * time.Millisecond); b.Before(d.at) {
+			d = deadline{b, core.ReasonDeadlineExceeded}
+		}
+	}
+	return d
+}
+
+// watchDeadline arms the deadline of a DISPATCHED or RUNNING job, or times
+// it out if the deadline has passed, repeats its dispatch when a resend is
+// due, or parks the job once it has waited ParkAfter.
+func (j *Job) watchDeadline() {
+	if j.deadline.IsZero() {
+		d := j.deadlineFor(j.State)
+		j.deadline, j.deadlineWhy = d.at, d.why
+	}
+	now := j.now()
+	switch {
+	case !now.Before(j.deadline):
+		j.timeout()
+	case j.parkAt.IsZero():
+		j.waitWorker()
+	case j.resendDue(now):
+		j.resendDispatch(now)
+	case !now.Before(j.parkAt) && !j.parkHeld():
+		j.park()
+	default:
+		j.armWait()
+	}
+}
+
+// waitWorker starts the wait of a job that is with its worker: its one
+// timer fires at the deadline or, when sooner, when its dispatch is to be
+// repeated or it parks.
+func (j *Job) waitWorker() {
+	now := j.now()
+	j.parkAt = time.Time{}
+	if j.cfg.ParkAfter > 0 {
+		j.parkAt = now.Add(j.cfg.ParkAfter)
+	}
+	j.resendAt = time.Time{}
+	if j.resend && j.State == core.StateDispatched && j.cfg.ResendAfter > 0 && j.Req != nil {
+		j.resendAt = now.Add(j.resendDelay())
+	}
+	j.armWait()
+}
+
+func (j *Job) armWait() {
+	at := j.deadline
+	if !j.parkAt.IsZero() && j.parkAt.Before(at) && !j.parkHeld() {
+		at = j.parkAt
+	}
+	if j.resendPending() && j.resendAt.Before(at) {
+		at = j.resendAt
+	}
+	j.arm(at)
+}
+
+// Resending a dispatch. A direct dispatch is one core NATS publish: it is
+// lost if the server restarts or the worker is reconnecting at that moment,
+// and nothing tells the node. A worker that dedupes by job id lets the node
+// repeat the publish while the job is DISPATCHED with no sign of the
+// worker; a worker that already holds the job answers the repeat with a
+// RUNNING progress, which ends the repeats.
+
+func (j *Job) resendPending() bool { return j.State == core.StateDispatched && !j.resendAt.IsZero() }
+
+func (j *Job) resendDue(now time.Time) bool { return j.resendPending() && !now.Before(j.resendAt) }
+
+// parkHeld: a DISPATCHED job parks only once its resends are spent.
+func (j *Job) parkHeld() bool { return j.resendPending() && j.resends < ResendsBeforePark }
+
+// resendDelay is the wait before repeat number resends+1.
+func (j *Job) resendDelay() time.Duration {
+	d := ResendCap
+	if j.resends < 8 {
+		d = min(j.cfg.ResendAfter<<j.resends, ResendCap)
+	}
+	return d
+}
+
+// resendDispatch repeats the dispatch to the same subject, or, while the
+// node's NATS connection is down, waits a second for it to come back.
+func (j *Job) resendDispatch(now time.Time) {
+	if !j.in.Connected {
+		j.resendAt = now.Add(time.Second)
+		j.armWait()
+		return
+	}
+	j.emit(PublishRequest{Subject: j.Subject, Resend: true})
+	j.count(MResent, "")
+	j.resends++
+	j.resendAt = now.Add(j.resendDelay())
+	j.armWait()
+}
+
+// waitCapacity keeps a job the router has queued for room. The wait costs
+// no Redis traffic: SCHEDULED with its reason is written when the wait
+// begins or its reason changes, with no due time (the lock, kept by the
+// node lease, covers the job; a graceful stop hands it on). A recheck in
+// memory every CapacityRecheck guards against a lost wake. A pool with
+// workers but no room is waited on for as long as it takes; a pool with no
+// live workers is rechecked on the scheduling backoff and counts attempts,
+// so a pool that never gets a worker fails the job (max_scheduling_retries).
+func (j *Job) waitCapacity(p *router.PickReply) {
+	again := j.queued
+	j.queued = true
+	changed := !again || j.capReason != p.Reason
+	j.capReason = p.Reason
+	recheck := CapacityRecheck
+	if p.Reason != core.ReasonPoolOverloaded {
+		j.attempts++
+		if j.attempts >= j.cfg.MaxSchedulingAttempts {
+			j.withdraw()
+			j.fail(core.ReasonMaxSchedulingRetries,
+				"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
+			return
+		}
+		recheck = j.cfg.Backoff(max(j.attempts, 1))
+		changed = changed || again
+	}
+	at := j.now().Add(recheck)
+	if !changed && j.activated {
+		j.arm(at)
+		return
+	}
+	if !j.activated && !j.unwritten && j.cfg.CapacityGrace > 0 && j.in.GraceRoom {
+		// Within the grace: nothing is written yet; the submit stays
+		// un-acked in JetStream, which keeps it as durably.
+		j.unwritten = true
+		j.emit(Grace{Delta: 1})
+		j.arm(j.now().Add(j.cfg.CapacityGrace))
+		return
+	}
+	j.writeWait(at)
+}
+
+// writeWait records that the job waits for capacity: SCHEDULED with the
+// reason, no due time, then the recheck at at.
+func (j *Job) writeWait(at time.Time) {
+	j.leaveGrace()
+	j.count(MCapacityWaits, string(j.capReason))
+	j.apply(&store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: j.capReason}}, Due: -1,
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(j.capReason)}},
+		nil, &pending{then: nArm, at: at})
+}
+
+// leaveGrace ends a wait within the grace (written, placed or finished).
+func (j *Job) leaveGrace() {
+	if j.unwritten {
+		j.unwritten = false
+		j.emit(Grace{Delta: -1})
+	}
+}
+
+// onPlaced acts on a placement the router made for the queued job.
+func (j *Job) onPlaced(m *router.Placed) {
+	j.disarm()
+	j.leaveGrace()
+	if j.State != core.StatePending && j.State != core.StateScheduled {
+		// Moved on meanwhile (cancelled, say): the slot goes back.
+		if m.Reply.WorkerID != "" {
+			j.toRouter(&router.Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
+		}
+		return
+	}
+	j.onPick(m.Reply)
+}
+
+// dropPick tells the router that a pick this job was given will not be
+// dispatched, so the slot it counted is freed.
+func (j *Job) dropPick() {
+	if j.picked != "" {
+		j.toRouter(&router.Released{WorkerID: j.picked, JobID: j.ID, Done: true})
+		j.picked = ""
+	}
+}
+
+// withdraw takes the job out of the router's queue.
+func (j *Job) withdraw() {
+	if j.queued {
+		j.queued = false
+		j.toRouter(&router.Withdraw{JobID: j.ID, Ticket: j.ticket})
+	}
+}
+
+func (j *Job) placementFailed(p *router.PickReply) {
+	if router.Permanent(p.Reason) {
+		if j.firstFail.IsZero() {
+			j.firstFail = j.now()
+		}
+		if j.now().Sub(j.firstFail) >= j.cfg.PermanentGrace {
+			j.fail(p.Reason, p.Detail, "")
+			return
+		}
+	}
+	j.attempts++
+	if j.attempts >= j.cfg.MaxSchedulingAttempts {
+		j.fail(core.ReasonMaxSchedulingRetries,
+			"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
+		return
+	}
+	j.count(MRetries, string(p.Reason))
+	// Record the attempt, its reason and when the job wakes (PENDING →
+	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
+	at := j.now().Add(j.cfg.Backoff(j.attempts))
+	j.apply(&store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
+		nil, &pending{then: nArm, at: at})
+}
+
+// markRunning records DISPATCHED → RUNNING and moves the deadline to the
+// running timeout.
+func (j *Job) markRunning() {
+	dl := j.deadlineFor(core.StateRunning)
+	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched),
+		Path: []store.Hop{{To: core.StateRunning, Reason: core.ReasonStarted}}, Due: dl.at.UnixMilli(),
+		Fields: []string{"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why)}},
+		nil, &pending{then: nRunning, dl: dl})
+}
+
+// onWorkerLost dispatches elsewhere a job whose worker was evicted before
+// it started the job.
+func (j *Job) onWorkerLost(m *WorkerLost) {
+	if j.State != core.StateDispatched || j.Worker != m.WorkerID || j.startsOnDelivery {
+		return
+	}
+	if j.cfg.Redispatch != nil && !j.cfg.Redispatch(j.topic()) {
+		return
+	}
+	j.log(info, "worker lost; dispatching elsewhere", "topic", j.topic(), "worker_id", m.WorkerID)
+	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonWorkerLost}}, Due: -1,
+		Fields: []string{"lost_worker", m.WorkerID}}, nil, &pending{then: nAskRouter})
+}

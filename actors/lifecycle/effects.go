@@ -1,0 +1,191 @@
+package lifecycle
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Effect is one thing the shell must do for the job, in order. The core
+// never does any of them itself: it only returns them from Step.
+type Effect interface{ effect() }
+
+// Write hands Op to the store writer; its outcome comes back as a
+// WriteDone with Epoch.
+type Write struct {
+	Epoch uint64
+	Op    *store.Op
+}
+
+// RetryWrite: the write failed (Redis unavailable); send RetryNow with
+// Epoch after After.
+type RetryWrite struct {
+	Epoch uint64
+	After time.Duration
+}
+
+// AskRouter sends Req to the router; the answer (a *router.PickReply with
+// Req.Epoch) comes back as an event.
+type AskRouter struct{ Req any }
+
+// ToRouter sends Msg to the router (Released, Took, Occupied, Withdraw).
+type ToRouter struct{ Msg any }
+
+// AskPolicy asks the input policy about Req; the answer comes back as a
+// PolicyDone with Epoch.
+type AskPolicy struct {
+	Epoch uint64
+	Req   *capv1.JobRequest
+}
+
+// WakePolicyWaiters: a check succeeded; wake jobs waiting on the policy.
+type WakePolicyWaiters struct{}
+
+// WaitPolicy adds (On) or removes the job from the node's policy waiters.
+type WaitPolicy struct{ On bool }
+
+// AskOutput runs the output policy's phase 1 on Res; the outcome comes
+// back as an OutputDone with Epoch, Res and Path.
+type AskOutput struct {
+	Epoch uint64
+	Res   *Result
+	Path  []store.Hop
+}
+
+// ScanContent queues the output policy's phase 2 for a SUCCEEDED job.
+type ScanContent struct{ Req *capv1.OutputCheckRequest }
+
+// PublishRequest publishes the job's request to Subject. A failure of a
+// first dispatch (not Resend) comes back as PublishFailed.
+type PublishRequest struct {
+	Subject string
+	Resend  bool
+}
+
+// TellClient publishes an outcome Troupe decided as a JobResult on the
+// result subject, where CAP clients wait for it.
+type TellClient struct {
+	Status capv1.JobStatus
+	Code   core.Reason
+	Msg    string
+}
+
+// CancelWorker publishes a JobCancel on sys.job.cancel.
+type CancelWorker struct{ Reason string }
+
+// PublishDLQ announces a DLQ entry on sys.job.dlq.
+type PublishDLQ struct{ Entry *store.DLQEntry }
+
+// Arm sets the job's one timer to fire Timer{Epoch} at At, replacing any
+// other; Disarm cancels it.
+type Arm struct {
+	At    time.Time
+	Epoch uint64
+}
+type Disarm struct{}
+
+// Ack, Nak and Touch (in progress) answer a JetStream delivery.
+type Ack struct{ D Delivery }
+type Nak struct {
+	D     Delivery
+	Delay time.Duration
+}
+type Touch struct{ D Delivery }
+
+// Hold registers LockValue with the lock renewer; Forget unregisters it.
+type Hold struct{ LockValue string }
+type Forget struct{ LockValue string }
+
+// Forward hands a result or cancel to the node that owns the job; the
+// delivery is acked if the owner takes it, handed back otherwise.
+type Forward struct {
+	Owner, Kind string
+	Raw         []byte
+	D           Delivery
+}
+
+// Finish tells the supervisor the actor has nothing left to do.
+type Finish struct {
+	Parked    bool
+	Redeliver []any
+}
+
+// Redeliver hands events that reached a job after it parked back to the
+// supervisor, for the job's next actor.
+type Redeliver struct{ Msgs []any }
+
+// Grace changes the node's count of jobs waiting unwritten within their
+// capacity grace by Delta.
+type Grace struct{ Delta int64 }
+
+// Log is a log line about the job.
+type Log struct {
+	Level slog.Level
+	Msg   string
+	Args  []any
+}
+
+// Metric names the counters and histograms the core reports.
+type Metric int
+
+const (
+	MAbsorbed Metric = iota // label: submit, result, cancel
+	MIdemDuplicates
+	MActivationDelay // seconds
+	MReceived
+	MCompleted // label: state
+	MUnparked
+	MOrphanReplayed  // label: topic
+	MAdoptionLatency // seconds
+	MRetries         // label: reason
+	MDispatched
+	MDispatchLatency // seconds
+	MResent
+	MParked
+	MTimeouts      // label: reason
+	MCapacityWaits // label: reason
+	MFenced
+	MFailClosed // label: topic
+	MQuarantined
+)
+
+// Count adds one to a counter; Observe records a value in a histogram.
+type Count struct {
+	M     Metric
+	Label string
+}
+type Observe struct {
+	M     Metric
+	Value float64
+}
+
+func (Write) effect()             {}
+func (RetryWrite) effect()        {}
+func (AskRouter) effect()         {}
+func (ToRouter) effect()          {}
+func (AskPolicy) effect()         {}
+func (WakePolicyWaiters) effect() {}
+func (WaitPolicy) effect()        {}
+func (AskOutput) effect()         {}
+func (ScanContent) effect()       {}
+func (PublishRequest) effect()    {}
+func (TellClient) effect()        {}
+func (CancelWorker) effect()      {}
+func (PublishDLQ) effect()        {}
+func (Arm) effect()               {}
+func (Disarm) effect()            {}
+func (Ack) effect()               {}
+func (Nak) effect()               {}
+func (Touch) effect()             {}
+func (Hold) effect()              {}
+func (Forget) effect()            {}
+func (Forward) effect()           {}
+func (Finish) effect()            {}
+func (Redeliver) effect()         {}
+func (Grace) effect()             {}
+func (Log) effect()               {}
+func (Count) effect()             {}
+func (Observe) effect()           {}

@@ -1,0 +1,623 @@
+// Package lifecycle is a job's life as one pure decision core: every rule of
+// a job — admission, routing and capacity waits, dispatch and resends,
+// progress, results and output checks, cancel, deadlines, worker loss,
+// adoption, parking, and what a fenced or failed write means — in one place,
+// with no Redis, NATS, actor context or wall clock.
+//
+// The job actor (package actors) is a thin shell around it: it feeds each
+// message in as an event, with the facts of the moment (Inputs: the time, a
+// fresh write id, ...), and carries out the effects Step returns, in order:
+// writes, publishes, router messages, timers, acks. The answers to the
+// shell's asynchronous steps (a write's outcome, the router's pick, the
+// policy's decision) come back as events too. Because the core is pure, a
+// deterministic simulator (sim_test.go) drives thousands of jobs through
+// random interleavings and faults and checks the invariants after every step.
+//
+// What the core promises:
+//   - It is the only writer of its job's state while it holds the job's
+//     lock, and every write is a fenced compare-and-set (store
+//     transitionScript): once another owner has taken the lock, the write is
+//     refused and the job stops without side effects — the effects a write
+//     was for (publishes, DLQ announcements, client outcomes) are emitted
+//     only when its reply says it applied.
+//   - Nothing is published for a job whose state could not be read: a write
+//     error means "unknown", and the job does nothing but try again after
+//     StateRetryDelay, keeping its deliveries.
+//   - A request is published to a worker only after DISPATCHED is durable,
+//     so a stale owner can never dispatch a job a second time.
+//   - A delivery is acked only after its effect is durable; redelivery is
+//     harmless (duplicate submits, results and cancels for finished jobs are
+//     absorbed; a terminal job never leaves its state).
+//   - Every wait has a wake source: a timer, a due entry in Redis, the
+//     router's capacity queue, or a recorded approval request.
+//   - An unavailable input policy never denies or fails a job.
+package lifecycle
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+)
+
+// Durations the core uses.
+const (
+	// StateRetryDelay is the wait before retrying after Redis could not be
+	// read or written: the job does nothing while its state is unknown.
+	StateRetryDelay = time.Second
+	// ThrottleDelay is the wait after a THROTTLE decision (CAP's 5 s).
+	ThrottleDelay = 5 * time.Second
+	// CapacityRecheck is how often a job waiting in the router's queue for
+	// room (pool_overloaded) asks again, in memory: the safety net for a lost
+	// wake (a router restart loses its queue). The wait itself ends the
+	// moment a slot frees.
+	CapacityRecheck = 10 * time.Second
+	// ResendCap bounds the wait between repeats of a dispatch.
+	ResendCap = 30 * time.Second
+	// ResendsBeforePark: a DISPATCHED job that may be resent parks only
+	// after this many repeats (5+10+20+30 s), since a parked job is not
+	// resent.
+	ResendsBeforePark = 4
+)
+
+// Config is what the core knows of its node: immutable values and pure
+// functions of them.
+type Config struct {
+	NodeID string
+	// IdemKey and TenantKey name the Redis keys of an idempotency claim and
+	// of a tenant's concurrency slots.
+	IdemKey   func(tenant, key string) string
+	TenantKey func(tenant string) string
+	// SubmitSubject and ResultSubject name DLQ entries' origins.
+	SubmitSubject, ResultSubject string
+	// Dispatch is the DISPATCHED timeout; RunningFor a topic's RUNNING one.
+	Dispatch   time.Duration
+	RunningFor func(topic string) time.Duration
+	// TenantLimit is a tenant's concurrency limit (0: none).
+	TenantLimit func(tenant string) int
+	// Redispatch reports whether jobs of topic are dispatched again when
+	// their worker is lost before starting them (nil: always).
+	Redispatch func(topic string) bool
+	// Backoff is the delay before scheduling attempt n (n ≥ 1).
+	Backoff               func(attempt int) time.Duration
+	MaxSchedulingAttempts int
+	PermanentGrace        time.Duration
+	// ParkAfter (≤ 0: never), ResendAfter (≤ 0: never) and CapacityGrace
+	// (≤ 0: none): see package actors.
+	ParkAfter, ResendAfter, CapacityGrace time.Duration
+	// Output: results pass the output policy before SUCCEEDED.
+	Output bool
+	// PolicyWaiters: the node keeps waiters on an unavailable policy.
+	PolicyWaiters bool
+	// Forward: results and cancels for a job another node owns may be
+	// forwarded to it.
+	Forward bool
+	// Debug: emit the debug log lines (each costs its arguments).
+	Debug bool
+}
+
+// Inputs are the facts of the moment an event is handled, read by the shell.
+type Inputs struct {
+	Now time.Time
+	// OpID is a fresh random number: the id of a write this step may make
+	// (a retried write recognises itself by it).
+	OpID uint64
+	// GraceRoom: the node may hold one more job waiting unwritten.
+	GraceRoom bool
+	// DataLost: Redis lost its data recently.
+	DataLost bool
+	// Connected: the node's NATS connection is up.
+	Connected bool
+}
+
+// Job is one job's state as its owner knows it, and the core's bookkeeping
+// of the one step it waits for. Step is its only mutator.
+type Job struct {
+	cfg *Config
+
+	ID        string
+	activated bool
+	done      bool
+	// ackAfterDone: events reaching the finished job are acked (it is
+	// terminal, or the submit was an idempotent duplicate) rather than handed
+	// back to JetStream for the node that owns the job.
+	ackAfterDone bool
+	State        core.State
+	LockValue    string
+	Fence        int64
+	Req          *capv1.JobRequest
+	TraceID      string
+	Worker       string
+	Subject      string
+	LastReason   core.Reason // the reason of the last state change
+
+	attempts    int
+	policyTries int       // checks an unavailable policy refused (backoff only)
+	firstFail   time.Time // first permanent routing error, for the grace window
+	created     time.Time
+	deadline    time.Time
+	deadlineWhy core.Reason
+	record      map[string]string // the record as read at adoption
+	policyLimit int               // max_concurrent_jobs from the policy's constraints
+	admitted    bool              // the job holds one of its tenant's slots
+	lost        core.State        // the state known when the lock vanished
+	decision    []string          // the policy's decision as fields, until written
+	woken       bool              // activated by the due poller
+	lapsedAt    time.Time         // when a dead owner's lock lapsed
+	firstEvent  time.Time
+	idemChecked bool
+	// parkAt is when a job waiting for its worker parks (zero: not
+	// waiting); parked is set once it has.
+	parkAt time.Time
+	parked bool
+	// resend: the dispatch may be repeated (the worker dedupes); resendAt
+	// is when, while DISPATCHED; resends counts the repeats made.
+	resend   bool
+	resendAt time.Time
+	resends  int
+	// startsOnDelivery: the worker sends no progress; the job counts as
+	// started once delivered.
+	startsOnDelivery bool
+	waitingPolicy    bool
+	// queued: the job waits in the router's capacity queue under ticket
+	// (a new ticket per wait), for capReason.
+	queued    bool
+	ticket    uint64
+	capReason core.Reason
+	// unwritten: a fresh job waiting within its grace, not yet written.
+	unwritten bool
+	// picked is the worker of a pick not (yet) made a dispatch.
+	picked string
+
+	// The one outstanding asynchronous step: its epoch (answers with
+	// another are dropped) and, for a write, what the write is for. While
+	// busy, other events wait in deferred, in order.
+	opEpoch  uint64
+	busy     bool
+	pending  *pending
+	deferred []any
+	// acks are deliveries to acknowledge once the current write is durable.
+	acks []Delivery
+
+	timerEpoch uint64
+	timerAt    time.Time // zero: no timer
+
+	in Inputs
+	fx []Effect
+}
+
+// New returns the core of job id.
+func New(cfg *Config, id string) *Job { return &Job{cfg: cfg, ID: id} }
+
+// Done reports whether the job's actor has nothing left to do.
+func (j *Job) Done() bool { return j.done }
+
+// Step handles one event and returns the effects to carry out, in order.
+// The returned slice is valid until the next Step.
+func (j *Job) Step(ev any, in Inputs) []Effect {
+	j.in = in
+	j.fx = j.fx[:0]
+	j.receive(ev)
+	return j.fx
+}
+
+func (j *Job) emit(e Effect) { j.fx = append(j.fx, e) }
+
+func (j *Job) now() time.Time { return j.in.Now }
+
+// receive is the job's mailbox: replies to its own steps first, then input
+// events, handled now or deferred while a step is outstanding.
+func (j *Job) receive(ev any) {
+	switch m := ev.(type) {
+	case *Restarting:
+		j.onRestarting()
+	case *Stopping:
+		j.onStopping()
+	case *WriteDone:
+		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {
+			return
+		}
+		p := j.pending
+		j.busy, j.pending = false, nil
+		j.written(p, m.Res)
+		j.drain()
+	case *RetryNow:
+		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {
+			return
+		}
+		j.busy = false
+		p := j.pending
+		j.pending = nil
+		j.write(p)
+	case *PolicyDone:
+		if m.Epoch != j.opEpoch || !j.busy {
+			return
+		}
+		j.busy = false
+		j.onDecision(m.Dec, m.Err)
+		j.drain()
+	case *OutputDone:
+		if m.Epoch != j.opEpoch || !j.busy {
+			return
+		}
+		j.busy = false
+		j.onOutput(m)
+		j.drain()
+	case *PublishFailed:
+		j.onPublishFailed(m)
+		j.drain()
+	case *Timer:
+		if m.Epoch != j.timerEpoch {
+			return
+		}
+		j.timerAt = time.Time{}
+		j.event(m)
+	case *LockLost:
+		if m.LockValue != j.LockValue || j.done {
+			return
+		}
+		if m.Vanished && j.activated && j.Req != nil {
+			// Nobody holds the lock (it expired, or Redis lost its data):
+			// nothing else owns the job, so take it again, in order with
+			// the job's other events.
+			j.event(m)
+			return
+		}
+		j.log(warn, "job lock lost; stopping without side effects")
+		j.LockValue = ""
+		j.finish()
+	case *router.Placed:
+		// Answered at once, busy or not, so the router knows the slot is
+		// taken (or free again); acted on in order with other events.
+		used := j.queued && m.Ticket == j.ticket && !j.done
+		j.toRouter(&router.Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
+		if used {
+			j.queued = false
+			j.event(m)
+		}
+	case *router.PickReply:
+		if m.Epoch != j.opEpoch || !j.busy {
+			// An answer to a question no longer asked: the worker it names
+			// is not going to get this job, so its slot is freed.
+			if m.WorkerID != "" && !m.Queued {
+				j.toRouter(&router.Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
+			}
+			return
+		}
+		j.busy = false
+		j.onPick(m)
+		j.drain()
+	default:
+		j.event(ev)
+	}
+}
+
+// event handles an input event now, or later if a step is outstanding.
+func (j *Job) event(m any) {
+	if j.busy {
+		j.deferred = append(j.deferred, m)
+		return
+	}
+	j.handle(m)
+}
+
+// drain handles deferred events until one of them starts a step.
+func (j *Job) drain() {
+	for !j.busy && len(j.deferred) > 0 {
+		m := j.deferred[0]
+		j.deferred[0] = nil
+		j.deferred = j.deferred[1:]
+		j.handle(m)
+	}
+	if len(j.deferred) == 0 {
+		j.deferred = nil
+	}
+}
+
+// handle processes one input event.
+func (j *Job) handle(m any) {
+	if j.done {
+		j.absorb(m)
+		return
+	}
+	if j.firstEvent.IsZero() {
+		j.firstEvent = j.now()
+	}
+	switch m := m.(type) {
+	case *Submit:
+		j.onSubmit(m)
+	case *Result:
+		if j.TraceID == "" {
+			j.TraceID = m.TraceID
+		}
+		if !j.activated {
+			j.activateFor(m)
+			return
+		}
+		j.onResult(m)
+	case *Cancel:
+		if !j.activated && j.unwritten {
+			// Waiting within its grace, not yet written: the job is
+			// created cancelled.
+			j.cancelUnwritten(m)
+			return
+		}
+		if !j.activated {
+			j.activateFor(m)
+			return
+		}
+		j.onCancel(m)
+	case *Progress:
+		if !j.activated {
+			// Spawned for a job parked on this node: its first progress is
+			// recorded, so the job is activated first.
+			j.activateFor(m)
+			return
+		}
+		if j.State == core.StateDispatched {
+			j.markRunning()
+		}
+	case *Wake:
+		if !j.activated {
+			j.woken, j.lapsedAt = true, m.LapsedAt
+			j.activate(false, nil)
+		}
+	case *WorkerLost:
+		if !j.activated {
+			j.activateFor(m) // a parked job whose worker was evicted
+			return
+		}
+		j.onWorkerLost(m)
+	case *Abandon:
+		if !j.activated {
+			j.activateFor(m)
+			return
+		}
+		j.onAbandon(m)
+	case *Timer:
+		j.onTimer()
+	case *router.Placed:
+		j.onPlaced(m)
+	case *LockLost:
+		// A renewal found no lock (see receive).
+		if m.LockValue == j.LockValue && !j.done {
+			j.log(warn, "job lock vanished at renewal; re-activating", "state", j.State)
+			j.disarm()
+			j.recover()
+		}
+	case *PolicyBack:
+		if j.waitingPolicy {
+			// Woken early: another job's check has just succeeded.
+			j.waitingPolicy = false
+			j.disarm()
+			j.advance()
+		}
+	}
+}
+
+// activateFor activates an existing job for an event that must not create
+// one; the event is handled once the job's state is known.
+func (j *Job) activateFor(m any) {
+	j.deferred = append([]any{m}, j.deferred...)
+	j.activate(false, nil)
+}
+
+// absorb handles an event that reaches the job after its actor finished.
+func (j *Job) absorb(m any) {
+	var d Delivery
+	kind := "submit"
+	switch m := m.(type) {
+	case *Submit:
+		d = m.Delivery
+	case *Result:
+		d, kind = m.Delivery, "result"
+	case *Cancel:
+		d, kind = m.Delivery, "cancel"
+	case *Progress, *WorkerLost:
+		if j.parked && j.State == core.StateDispatched {
+			// The job parked a moment ago: its worker's first progress or
+			// eviction is for the job's next actor, which the supervisor
+			// spawns for it (a parked DISPATCHED job is remembered).
+			j.emit(Redeliver{Msgs: []any{m}})
+		}
+		return
+	default:
+		return
+	}
+	if j.ackAfterDone || j.State.Terminal() {
+		j.count(MAbsorbed, kind)
+		j.ack(d)
+		return
+	}
+	// The job lives elsewhere (another node owns it, or it was passivated a
+	// moment ago): let JetStream offer the message again.
+	j.nak(d, time.Second)
+}
+
+// advance does the next thing the job's state calls for.
+func (j *Job) advance() {
+	switch j.State {
+	case core.StatePending:
+		j.checkPolicy()
+	case core.StateScheduled:
+		j.askRouter()
+	case core.StateApprovalRequired:
+		j.resumeApproval()
+	case core.StateDispatched, core.StateRunning:
+		j.watchDeadline()
+	default:
+		if j.State.Terminal() {
+			j.finish()
+		}
+	}
+}
+
+// onTimer: the job's timer fired — a retry, a deadline, a resend, parking,
+// or the end of a capacity grace.
+func (j *Job) onTimer() {
+	j.stopWaitingPolicy()
+	if j.unwritten && j.queued {
+		// The grace is over: the job still waits, now in Redis too.
+		recheck := CapacityRecheck
+		if j.capReason != core.ReasonPoolOverloaded {
+			recheck = j.cfg.Backoff(max(j.attempts, 1))
+		}
+		j.writeWait(j.now().Add(recheck))
+		return
+	}
+	j.advance()
+}
+
+func (j *Job) stopWaitingPolicy() {
+	if j.waitingPolicy {
+		j.waitingPolicy = false
+		j.emit(WaitPolicy{On: false})
+	}
+}
+
+// arm sets the job's one timer to at (replacing any other).
+func (j *Job) arm(at time.Time) {
+	j.timerEpoch++
+	j.timerAt = at
+	j.emit(Arm{At: at, Epoch: j.timerEpoch})
+}
+
+func (j *Job) disarm() {
+	if !j.timerAt.IsZero() {
+		j.emit(Disarm{})
+		j.timerAt = time.Time{}
+	}
+	j.timerEpoch++
+}
+
+// finish ends the actor's work: its supervisor will stop it.
+func (j *Job) finish() {
+	if j.done {
+		return
+	}
+	j.done = true
+	j.disarm()
+	j.stopWaitingPolicy()
+	j.withdraw()
+	j.dropPick()
+	j.leaveGrace()
+	if j.LockValue != "" {
+		j.emit(Forget{LockValue: j.LockValue})
+	}
+	if j.State == core.StateDispatched && !j.parked {
+		j.release(false)
+	}
+	if j.State.Terminal() {
+		j.ackAfterDone = true
+	}
+	parkedDispatched := j.parked && j.State == core.StateDispatched
+	var again []any
+	// Anything still deferred is absorbed — except the progress and
+	// eviction of a job parked in DISPATCHED, which go to its next actor.
+	for _, m := range j.deferred {
+		switch m.(type) {
+		case *Progress, *WorkerLost:
+			if parkedDispatched {
+				again = append(again, m)
+				continue
+			}
+		}
+		j.absorb(m)
+	}
+	j.deferred = nil
+	j.emit(Finish{Parked: parkedDispatched, Redeliver: again})
+}
+
+// onRestarting: a fresh actor replaces this one and recovers from Redis;
+// what this one held goes back to JetStream at once. The lock stays: the
+// new instance, on the same node, re-takes it with a new fence.
+func (j *Job) onRestarting() {
+	j.disarm()
+	j.stopWaitingPolicy()
+	j.withdraw()
+	j.dropPick()
+	j.leaveGrace()
+	if j.LockValue != "" {
+		j.emit(Forget{LockValue: j.LockValue})
+	}
+	j.returnDeliveries()
+}
+
+func (j *Job) returnDeliveries() {
+	for _, d := range j.acks {
+		j.nak(d, 0)
+	}
+	j.acks = nil
+	for _, m := range j.deferred {
+		switch m := m.(type) {
+		case *Submit:
+			j.nak(m.Delivery, 0)
+		case *Result:
+			j.nak(m.Delivery, 0)
+		case *Cancel:
+			j.nak(m.Delivery, 0)
+		}
+	}
+	j.deferred = nil
+}
+
+func (j *Job) ackAll() {
+	for _, d := range j.acks {
+		j.ack(d)
+	}
+	j.acks = j.acks[:0]
+}
+
+func (j *Job) nakAll(delay time.Duration) {
+	for _, d := range j.acks {
+		j.nak(d, delay)
+	}
+	j.acks = j.acks[:0]
+}
+
+func (j *Job) ack(d Delivery) {
+	if d != nil {
+		j.emit(Ack{D: d})
+	}
+}
+
+func (j *Job) nak(d Delivery, delay time.Duration) {
+	if d != nil {
+		j.emit(Nak{D: d, Delay: delay})
+	}
+}
+
+func (j *Job) toRouter(m any) { j.emit(ToRouter{Msg: m}) }
+
+func (j *Job) count(m Metric, label string) { j.emit(Count{M: m, Label: label}) }
+
+func (j *Job) observe(m Metric, since time.Time) {
+	j.emit(Observe{M: m, Value: max(j.now().Sub(since), 0).Seconds()})
+}
+
+const (
+	debug = slog.LevelDebug
+	info  = slog.LevelInfo
+	warn  = slog.LevelWarn
+	errL  = slog.LevelError
+)
+
+// log emits a log line about the job, with its id and trace id.
+func (j *Job) log(level slog.Level, msg string, args ...any) {
+	if level == debug && !j.cfg.Debug {
+		return
+	}
+	j.emit(Log{Level: level, Msg: msg, Args: append([]any{"job_id", j.ID, "trace_id", j.TraceID}, args...)})
+}
+
+// opID names a write (store.Transition.Op).
+func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID, 36) }
+
+// topic is the job's topic, for logs and metrics.
+func (j *Job) topic() string { return j.Req.GetTopic() }
+
+// TraceState is the job's state and the reason of its last change.
+func (j *Job) TraceState() (string, string) { return string(j.State), string(j.LastReason) }

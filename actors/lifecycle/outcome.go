@@ -1,0 +1,221 @@
+package lifecycle
+
+import (
+	"strconv"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/saga"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Outcome: a worker's result (and the output policy's check of it), a
+// cancel, a deadline, the failure of the job's actor, and a workflow step's
+// saga bookkeeping.
+
+func (j *Job) onResult(m *Result) {
+	res := m.Res
+	if !active(j.State) {
+		j.log(info, "result ignored: job is not running", "state", j.State, "status", res.Status)
+		j.count(MAbsorbed, "result")
+		j.ack(m.Delivery)
+		return
+	}
+	var to core.State
+	var reason core.Reason
+	switch res.Status {
+	case capv1.JobStatus_JOB_STATUS_SUCCEEDED:
+		to, reason = core.StateSucceeded, core.ReasonCompleted
+	case capv1.JobStatus_JOB_STATUS_FAILED, capv1.JobStatus_JOB_STATUS_DENIED:
+		to, reason = core.StateFailed, core.ReasonWorkerFailed
+	case capv1.JobStatus_JOB_STATUS_FAILED_FATAL:
+		to, reason = core.StateFailed, core.ReasonWorkerFailedFatal
+	case capv1.JobStatus_JOB_STATUS_CANCELLED:
+		to, reason = core.StateCancelled, core.ReasonWorkerCancelled
+	case capv1.JobStatus_JOB_STATUS_TIMEOUT:
+		to, reason = core.StateTimeout, core.ReasonWorkerTimeout
+	default:
+		// A non-terminal status is progress.
+		j.acks = append(j.acks, m.Delivery)
+		if j.State == core.StateRunning {
+			j.ackAll()
+			return
+		}
+		j.markRunning()
+		return
+	}
+	path := make([]store.Hop, 0, 2)
+	if j.State == core.StateDispatched && to == core.StateSucceeded {
+		// The worker ran it: record RUNNING even if no progress was sent.
+		path = append(path, store.Hop{To: core.StateRunning, Reason: core.ReasonStarted})
+	}
+	j.acks = append(j.acks, m.Delivery)
+	if to == core.StateSucceeded && j.cfg.Output {
+		// The output policy's phase 1 runs before the result is called
+		// SUCCEEDED (it may ask a remote checker or store a redacted copy).
+		j.opEpoch++
+		j.busy = true
+		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path})
+		return
+	}
+	path = append(path, store.Hop{To: to, Reason: reason})
+	t := &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning), Path: path,
+		Fields: resultFields(res, res.ResultPtr)}
+	j.sagaRecord(t, to, reason)
+	p := &pending{}
+	if j.cfg.Debug {
+		p.applied = []Effect{j.logFx(debug, "job finished", "topic", j.topic(), "state", to)}
+	}
+	j.transition(t, nil, p)
+}
+
+func resultFields(res *capv1.JobResult, ptr string) []string {
+	f := []string{"result_ptr", ptr, "worker", res.WorkerId, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10)}
+	if res.ErrorCode != "" || res.ErrorMessage != "" {
+		f = append(f, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
+	}
+	return f
+}
+
+// sagaRecord adds a workflow step's saga bookkeeping to its terminal write,
+// in the same atomic step: a succeeded step with a compensation records its
+// template and joins its workflow's stack; a step failed fatally triggers
+// the workflow's rollback.
+func (j *Job) sagaRecord(t *store.Transition, to core.State, reason core.Reason) {
+	wf := j.Req.GetWorkflowId()
+	if wf == "" || j.Req.GetLabels()[saga.LabelIsCompensation] == "true" {
+		// A compensation is not a step of its workflow: it records nothing
+		// and, failing, does not roll the workflow back again.
+		return
+	}
+	now := j.now().UnixMilli()
+	switch {
+	case to == core.StateSucceeded:
+		tmpl := saga.Template(j.Req)
+		if tmpl == nil {
+			return
+		}
+		raw, err := proto.Marshal(tmpl)
+		if err != nil {
+			return
+		}
+		t.Fields = append(t.Fields, saga.TemplateField, string(raw))
+		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.StackPrefix + wf, Score: now, Member: j.ID})
+	case reason == core.ReasonWorkerFailedFatal:
+		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.Triggers, Score: now, Member: wf})
+	}
+}
+
+// onOutput writes what phase 1 decided: OUTPUT_QUARANTINED (with a DLQ
+// entry and an audit line), or SUCCEEDED with the (possibly redacted)
+// result pointer — and then hands the content scan to the scan pool.
+func (j *Job) onOutput(m *OutputDone) {
+	o := m.Outcome
+	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields()...)
+	expect := store.Expect(core.StateDispatched, core.StateRunning)
+	if o.Quarantine {
+		entry := j.dlqEntry(core.ReasonOutputQuarantined, o.Reason, "")
+		path := append(m.Path, store.Hop{To: core.StateOutputQuarantined, Reason: core.ReasonOutputQuarantined})
+		j.transition(&store.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: []Effect{
+			Count{M: MQuarantined, Label: safety.PhaseMeta},
+			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", safety.PhaseMeta,
+				"rule_id", o.RuleID, "reason", o.Reason),
+			PublishDLQ{Entry: entry},
+			TellClient{Status: capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED, Code: core.ReasonOutputQuarantined, Msg: o.Reason},
+		}})
+		return
+	}
+	reason := core.ReasonCompleted
+	if o.Redacted {
+		reason = core.ReasonOutputRedacted
+	}
+	path := append(m.Path, store.Hop{To: core.StateSucceeded, Reason: reason})
+	t := &store.Transition{Expect: expect, Path: path, Fields: fields}
+	j.sagaRecord(t, core.StateSucceeded, reason)
+	p := &pending{}
+	if !o.ContentChecked {
+		res := m.Res.Res
+		p.applied = []Effect{ScanContent{Req: safety.OutputRequest(j.Req, &capv1.JobResult{JobId: j.ID,
+			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs})}}
+	}
+	j.transition(t, nil, p)
+}
+
+// cancelUnwritten cancels a fresh job waiting for capacity within its
+// grace: it leaves the queue and is created CANCELLED, in one write.
+func (j *Job) cancelUnwritten(m *Cancel) {
+	j.disarm()
+	j.withdraw()
+	j.leaveGrace()
+	j.acks = append(j.acks, m.Delivery)
+	j.apply(&store.Transition{Expect: store.Expect(core.StatePending),
+		Path: []store.Hop{{To: core.StateScheduled, Reason: j.capReason},
+			{To: core.StateCancelled, Reason: core.ReasonCancelRequested}},
+		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
+		&pending{applied: []Effect{
+			j.logFx(info, "job cancelled while waiting for capacity", "topic", j.topic(), "by", m.C.GetRequestedBy()),
+			TellClient{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, Code: core.ReasonCancelRequested, Msg: m.C.GetReason()},
+		}})
+}
+
+// onCancel moves a live job to CANCELLED. Workers listen on sys.job.cancel
+// themselves, so a cancel from the bus has already reached the worker; the
+// node publishes one only for the cancels it decides itself (timeouts).
+func (j *Job) onCancel(m *Cancel) {
+	if j.State.Terminal() {
+		j.count(MAbsorbed, "cancel")
+		j.ack(m.Delivery)
+		return
+	}
+	j.disarm()
+	j.stopWaitingPolicy()
+	j.withdraw()
+	j.acks = append(j.acks, m.Delivery)
+	j.transition(&store.Transition{Expect: store.Expect(j.State),
+		Path:   []store.Hop{{To: core.StateCancelled, Reason: core.ReasonCancelRequested}},
+		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
+		&pending{applied: []Effect{
+			j.logFx(info, "job cancelled", "topic", j.topic(), "by", m.C.GetRequestedBy()),
+			TellClient{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, Code: core.ReasonCancelRequested, Msg: m.C.GetReason()},
+		}})
+}
+
+// timeout moves a DISPATCHED or RUNNING job to TIMEOUT and tells its worker.
+func (j *Job) timeout() {
+	why := j.deadlineWhy
+	if why == "" {
+		why = core.ReasonDispatchTimeout
+	}
+	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning),
+		Path: []store.Hop{{To: core.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
+		&pending{applied: []Effect{
+			Count{M: MTimeouts, Label: string(why)},
+			j.logFx(info, "job timed out", "topic", j.topic(), "reason", why, "worker_id", j.Worker),
+			CancelWorker{Reason: string(why)},
+			TellClient{Status: capv1.JobStatus_JOB_STATUS_TIMEOUT, Code: why, Msg: "the job passed its " + string(why)},
+		}})
+}
+
+// onAbandon: the job's previous actor failed for good; the job is FAILED
+// actor_failed, dead-lettered, and its worker told to cancel.
+func (j *Job) onAbandon(m *Abandon) {
+	if j.State.Terminal() {
+		j.finish()
+		return
+	}
+	entry := j.dlqEntry(core.ReasonActorFailed, m.Detail, j.LastReason)
+	fx := []Effect{
+		j.logFx(errL, "job failed: its actor failed", "topic", j.topic(), "detail", m.Detail),
+		PublishDLQ{Entry: entry},
+	}
+	if active(j.State) {
+		fx = append(fx, CancelWorker{Reason: string(core.ReasonActorFailed)})
+	}
+	j.transition(&store.Transition{Expect: store.Expect(j.State),
+		Path:   []store.Hop{{To: core.StateFailed, Reason: core.ReasonActorFailed}},
+		Fields: []string{"error_code", string(core.ReasonActorFailed), "error_message", m.Detail}}, entry,
+		&pending{applied: fx})
+}
