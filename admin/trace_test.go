@@ -58,7 +58,7 @@ func TestTraceOfAJobFromSubmitToSucceeded(t *testing.T) {
 					states = append(states, e.After)
 				}
 			}
-			if tr.Entries[0].Type != "*actor.Started" || !strings.Contains(strings.Join(got, " "), "*actors.Submit") ||
+			if tr.Entries[0].Type != "*actor.Started" || !strings.Contains(strings.Join(got, " "), "*lifecycle.Submit") ||
 				states[len(states)-1] != "SUCCEEDED" || !strings.Contains(strings.Join(states, " "), "DISPATCHED") {
 				t.Fatalf("trace types %v, states %v", got, states)
 			}
