@@ -128,6 +128,11 @@ type Env struct {
 	// always). A resend due while it is down waits for it.
 	Connected func() bool
 
+	// SagaRetention is how long a workflow step's saga record (its
+	// compensation template and stack entry, or its rollback trigger) is
+	// kept after the step ends (saga.RetentionDefault when not positive).
+	SagaRetention time.Duration
+
 	// ParkAfter is how long a job waiting for its worker keeps a live actor
 	// before it parks (default ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration

@@ -1476,8 +1476,10 @@ func (j *JobActor) onResult(c actor.Context, m *Result) {
 
 // sagaRecord adds a workflow step's saga bookkeeping to its terminal write,
 // in the same atomic step: a succeeded step with a compensation records its
-// template and joins its workflow's stack; a step failed fatally triggers
-// the workflow's rollback.
+// template next to its workflow's stack and joins the stack; a step failed
+// fatally triggers the workflow's rollback. The keys expire
+// env.SagaRetention after the write (see saga.RecordStep), not with the
+// step's record.
 func (j *JobActor) sagaRecord(t *store.Transition, to core.State, reason core.Reason) {
 	wf := j.req.GetWorkflowId()
 	if wf == "" || j.req.GetLabels()[saga.LabelIsCompensation] == "true" {
@@ -1496,10 +1498,9 @@ func (j *JobActor) sagaRecord(t *store.Transition, to core.State, reason core.Re
 		if err != nil {
 			return
 		}
-		t.Fields = append(t.Fields, saga.TemplateField, string(raw))
-		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.StackPrefix + wf, Score: now, Member: j.id})
+		saga.RecordStep(t, wf, j.id, j.req.GetTopic(), raw, now, j.env.SagaRetention)
 	case reason == core.ReasonWorkerFailedFatal:
-		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.Triggers, Score: now, Member: wf})
+		saga.RecordTrigger(t, wf, now, j.env.SagaRetention)
 	}
 }
 
