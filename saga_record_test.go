@@ -37,23 +37,28 @@ func TestSagaRecordingIsPartOfTheTerminalWrite(t *testing.T) {
 		return r
 	}
 	f.submit(step("wf1-s1", 1))
-	rec := f.waitState("wf1-s1", core.StateSucceeded)
+	f.waitState("wf1-s1", core.StateSucceeded)
+	keys := store.NewKeys(f.env.KeyPrefix())
+	ctx := context.Background()
+	raw, err := f.env.Redis.HGet(ctx, saga.TemplatesKey(keys, store.Shard("wf1-s1"), "wf-1"),
+		saga.StepTemplateField("wf1-s1")).Bytes()
+	if err != nil {
+		t.Fatalf("template not recorded: %v", err)
+	}
 	tmpl := &capv1.JobRequest{}
-	if err := proto.Unmarshal([]byte(rec.Fields[saga.TemplateField]), tmpl); err != nil {
+	if err := proto.Unmarshal(raw, tmpl); err != nil {
 		t.Fatalf("template: %v", err)
 	}
 	if tmpl.Priority != capv1.JobPriority_JOB_PRIORITY_CRITICAL || tmpl.Env["UNDO"] != "wf1-s1" ||
 		tmpl.Meta.GetCapability() != "undo" || len(tmpl.Meta.GetIdempotencyKey()) != 64 || tmpl.Compensation != nil {
 		t.Fatalf("template %v", tmpl)
 	}
-	keys := store.NewKeys(f.env.KeyPrefix())
-	ctx := context.Background()
 	stack := keys.Tag("wf1-s1") + saga.StackPrefix + "wf-1"
 	if n, _ := f.env.Redis.ZScore(ctx, stack, "wf1-s1").Result(); n == 0 {
 		t.Fatalf("step not on its workflow's stack %s", stack)
 	}
 	f.submit(step("wf1-s2", 2))
-	rec = f.waitState("wf1-s2", core.StateFailed)
+	rec := f.waitState("wf1-s2", core.StateFailed)
 	if rec.Reason != core.ReasonWorkerFailedFatal {
 		t.Fatalf("reason %s", rec.Reason)
 	}

@@ -313,8 +313,8 @@ func TestSagaCorruptTemplateIsDeadLetteredAndRollbackContinues(t *testing.T) {
 	const wf = "wf-corrupt"
 	w.runSteps([]*capv1.JobRequest{step(wf, 1, "job.echo"), step(wf, 2, "job.echo")}, 3)
 	// Not a protobuf: 0xff starts a field tag that never ends.
-	if err := w.env.Redis.HSet(context.Background(), w.node.Store().Keys().Job(wf+"-s2"),
-		saga.TemplateField, string([]byte{0xff, 0xff, 0xff, 0xff}),
+	if err := w.env.Redis.HSet(context.Background(), saga.TemplatesKey(w.node.Store().Keys(), store.Shard(wf+"-s2"), wf),
+		saga.StepTemplateField(wf+"-s2"), string([]byte{0xff, 0xff, 0xff, 0xff}),
 	).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -174,6 +174,12 @@ type Config struct {
 	// poller's interval (default saga.PollDefault).
 	SagaStepBudget time.Duration
 	SagaPoll       time.Duration
+	// SagaRetention is how long a workflow's saga records (compensation
+	// templates, stacks, triggers, rollback progress) are kept after its
+	// last step recorded in them or its rollback's last run (default
+	// saga.RetentionDefault): a step's compensation can run only that long
+	// after the step. Every replica should use the same.
+	SagaRetention time.Duration
 	// NoSagas leaves rollbacks to other replicas (or to a saga.Start of the
 	// embedder's own): this node records saga steps but runs no rollback.
 	NoSagas bool
@@ -499,7 +505,7 @@ func (n *Node) Start(ctx context.Context) error {
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
-		DataLost: n.dataLostRecently,
+		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -594,7 +600,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if !n.cfg.NoSagas {
 		n.sagas, err = saga.Start(saga.Config{System: n.sys, Store: n.store, JS: n.js, Subjects: n.subj,
 			Policy: n.cfg.Policy, NodeID: n.cfg.NodeID, Metrics: n.cfg.Metrics, Log: n.log,
-			StepBudget: n.cfg.SagaStepBudget, Poll: n.cfg.SagaPoll})
+			StepBudget: n.cfg.SagaStepBudget, Poll: n.cfg.SagaPoll, Retention: n.cfg.SagaRetention})
 		if err != nil {
 			return fmt.Errorf("troupe: %w", err)
 		}

@@ -122,6 +122,11 @@ type Env struct {
 	// always). A resend due while it is down waits for it.
 	Connected func() bool
 
+	// SagaRetention is how long a workflow step's saga record (its
+	// compensation template and stack entry, or its rollback trigger) is
+	// kept after the step ends (saga.RetentionDefault when not positive).
+	SagaRetention time.Duration
+
 	// ParkAfter is how long a job waiting for its worker keeps a live actor
 	// before it parks (default ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
@@ -193,7 +198,8 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch,
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
 		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
-		Output: e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
+		SagaRetention: e.SagaRetention,
+		Output:        e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
 		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug),
 	}
 	if e.Keys != nil {

@@ -42,6 +42,12 @@ func StackKey(k *store.Keys, shard int, workflowID string) string {
 	return k.ShardTag(shard) + StackPrefix + workflowID
 }
 
+// TemplatesKey is the hash of compensation templates of the workflow's
+// steps on one shard's stack (same shard tag: one step's write records both).
+func TemplatesKey(k *store.Keys, shard int, workflowID string) string {
+	return k.ShardTag(shard) + TemplatesPrefix + workflowID
+}
+
 // TriggersKey is one shard's set of workflows to roll back.
 func TriggersKey(k *store.Keys, shard int) string { return k.ShardTag(shard) + Triggers }
 
@@ -66,7 +72,7 @@ type Step struct {
 	// Index is the step's step_index (from its template; -1 when the
 	// template did not decode).
 	Index int32
-	// Topic is the step's own topic (from its record).
+	// Topic is the step's own topic (recorded with its template).
 	Topic string
 	// Raw is the template as recorded; Template is it decoded, or nil with
 	// DecodeErr set.
@@ -75,12 +81,15 @@ type Step struct {
 	DecodeErr error
 }
 
-// errNoTemplate: a step is on the stack but its record holds no template
-// (the record expired, or was edited by hand).
-var errNoTemplate = errors.New("no compensation template on the step's record")
+// errNoTemplate: a step is on the stack but no template was found for it,
+// neither in its workflow's templates hash nor (as nodes of earlier
+// versions recorded it) on its record: the key was edited by hand, or its
+// expiry was changed.
+var errNoTemplate = errors.New("no compensation template recorded for the step")
 
 // LoadStack reads a workflow's stack over every shard, newest first (the
 // order a rollback runs in), with each step's template: two round trips.
+// A stack key and its templates hash expire together (see RecordStep).
 func LoadStack(ctx context.Context, st *store.Store, workflowID string) ([]Step, error) {
 	rdb, keys := st.Client(), st.Keys()
 	pipe := rdb.Pipeline()
@@ -103,17 +112,24 @@ func LoadStack(ctx context.Context, st *store.Store, workflowID string) ([]Step,
 	}
 	pipe = rdb.Pipeline()
 	hs := make([]*redis.SliceCmd, len(steps))
+	legacy := make([]*redis.SliceCmd, len(steps))
 	for i := range steps {
-		hs[i] = pipe.HMGet(ctx, keys.Job(steps[i].JobID), TemplateField, "topic")
+		id := steps[i].JobID
+		hs[i] = pipe.HMGet(ctx, TemplatesKey(keys, store.Shard(id), workflowID), StepTemplateField(id), stepTopicField(id))
+		legacy[i] = pipe.HMGet(ctx, keys.Job(id), TemplateField, "topic")
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("saga: read templates of %s: %w", workflowID, err)
 	}
 	for i := range steps {
 		s := &steps[i]
-		v := hs[i].Val()
+		v, old := hs[i].Val(), legacy[i].Val()
 		raw, _ := v[0].(string)
 		s.Topic, _ = v[1].(string)
+		if raw == "" { // recorded by a node of an earlier version: on the step's record
+			raw, _ = old[0].(string)
+			s.Topic, _ = old[1].(string)
+		}
 		s.Raw = []byte(raw)
 		if raw == "" {
 			s.DecodeErr = errNoTemplate

@@ -81,11 +81,17 @@ func (r *rollback) run(ctx context.Context) (Status, error) {
 	pipe.HSet(ctx, pkey, fieldStatus, string(StatusRunning), fieldNode, cfg.NodeID,
 		fieldStarted, started.UnixMilli())
 	pipe.HIncrBy(ctx, pkey, fieldRuns, 1)
+	pipe.PExpire(ctx, pkey, cfg.Retention)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return "", fmt.Errorf("saga: record start of %s: %w", r.wf, err)
 	}
 	steps, err := LoadStack(ctx, cfg.Store, r.wf)
 	if err != nil {
+		return "", err
+	}
+	// The stack must outlive this run, however long after its last step
+	// the workflow failed.
+	if err := r.keep(ctx, steps); err != nil {
 		return "", err
 	}
 	r.log.Info("saga: rollback started", "steps", len(steps), "run", prog.Runs+1)
@@ -112,8 +118,13 @@ func (r *rollback) run(ctx context.Context) (Status, error) {
 	pipe = rdb.TxPipeline()
 	pipe.HSet(ctx, pkey, fieldStatus, string(status), fieldFinished, fin.UnixMilli(),
 		fieldDurationMs, fin.Sub(started).Milliseconds())
+	pipe.PExpire(ctx, pkey, cfg.Retention)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return "", fmt.Errorf("saga: record outcome of %s: %w", r.wf, err)
+	}
+	if err := r.keep(ctx, steps); err != nil {
+		// They expire Retention after this run's start instead.
+		r.log.Warn("saga: refreshing retention failed", "err", err)
 	}
 	r.rt.m.duration.Observe(fin.Sub(started).Seconds())
 	if err := r.dropTriggers(ctx); err != nil {
@@ -121,6 +132,34 @@ func (r *rollback) run(ctx context.Context) (Status, error) {
 		r.log.Warn("saga: clearing triggers failed", "err", err)
 	}
 	return status, nil
+}
+
+// keep sets the stack and templates hash of every shard the workflow's
+// steps are on to expire Retention from now (the progress hash gets it with
+// each write).
+func (r *rollback) keep(ctx context.Context, steps []Step) error {
+	cfg := r.rt.cfg
+	keys := cfg.Store.Keys()
+	pipe := cfg.Store.Client().Pipeline()
+	seen := map[int]bool{}
+	for _, s := range steps {
+		sh := store.Shard(s.JobID)
+		if seen[sh] {
+			continue
+		}
+		seen[sh] = true
+		pipe.PExpire(ctx, StackKey(keys, sh, r.wf), cfg.Retention)
+		pipe.PExpire(ctx, TemplatesKey(keys, sh, r.wf), cfg.Retention)
+	}
+	if len(seen) == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, redisTimeout)
+	defer cancel()
+	if _, err := pipe.Exec(wctx); err != nil {
+		return fmt.Errorf("saga: refresh retention of %s: %w", r.wf, err)
+	}
+	return nil
 }
 
 // keepLock renews the workflow lock every third of its TTL until ctx ends,
@@ -366,7 +405,10 @@ func (r *rollback) record(ctx context.Context, stepJobID string, sp StepProgress
 	wctx, cancel := context.WithTimeout(ctx, redisTimeout)
 	defer cancel()
 	key := ProgressKey(r.rt.cfg.Store.Keys(), r.wf)
-	if err := r.rt.cfg.Store.Client().HSet(wctx, key, stepFieldPrefix+stepJobID, b).Err(); err != nil {
+	pipe := r.rt.cfg.Store.Client().TxPipeline()
+	pipe.HSet(wctx, key, stepFieldPrefix+stepJobID, b)
+	pipe.PExpire(wctx, key, r.rt.cfg.Retention)
+	if _, err := pipe.Exec(wctx); err != nil {
 		return sp, fmt.Errorf("saga: record progress of %s/%s: %w", r.wf, stepJobID, err)
 	}
 	return sp, nil

@@ -35,8 +35,10 @@ func setup(t *testing.T) *bundle {
 }
 
 // recordStep writes what a succeeded step's terminal write leaves behind:
-// the template on its record and the step on its shard's stack.
-func (b *bundle) recordStep(t *testing.T, wf, jobID string, index int32, completedMs int64, raw []byte) {
+// the template in its workflow's templates hash and the step on its shard's
+// stack (legacy: the template on the step's record, as nodes of earlier
+// versions wrote it).
+func (b *bundle) recordStep(t *testing.T, wf, jobID string, index int32, completedMs int64, raw []byte, legacy ...bool) {
 	t.Helper()
 	ctx := context.Background()
 	keys := b.st.Keys()
@@ -47,7 +49,14 @@ func (b *bundle) recordStep(t *testing.T, wf, jobID string, index int32, complet
 			t.Fatal(err)
 		}
 	}
-	if err := b.env.Redis.HSet(ctx, keys.Job(jobID), TemplateField, raw, "topic", "job.do").Err(); err != nil {
+	var err error
+	if len(legacy) > 0 && legacy[0] {
+		err = b.env.Redis.HSet(ctx, keys.Job(jobID), TemplateField, raw, "topic", "job.do").Err()
+	} else {
+		err = b.env.Redis.HSet(ctx, TemplatesKey(keys, store.Shard(jobID), wf),
+			StepTemplateField(jobID), raw, stepTopicField(jobID), "job.do").Err()
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	stack := keys.Tag(jobID) + StackPrefix + wf
@@ -63,7 +72,7 @@ func TestLoadStackIsNewestFirstOverEveryShard(t *testing.T) {
 	// same millisecond, so their step index orders them.
 	b.recordStep(t, "wf", "s1", 1, 1000, nil)
 	b.recordStep(t, "wf", "s2", 2, 2000, nil)
-	b.recordStep(t, "wf", "s3", 3, 3000, nil)
+	b.recordStep(t, "wf", "s3", 3, 3000, nil, true) // recorded by an earlier version
 	b.recordStep(t, "wf", "s4", 4, 3000, nil)
 	b.recordStep(t, "wf", "bad", 5, 500, []byte{0xff, 0xff})
 	b.recordStep(t, "other", "x1", 1, 9000, nil)
@@ -80,6 +89,9 @@ func TestLoadStackIsNewestFirstOverEveryShard(t *testing.T) {
 	}
 	if steps[0].Template.GetStepIndex() != 4 || steps[0].Topic != "job.do" || steps[0].DecodeErr != nil {
 		t.Fatalf("step %+v", steps[0])
+	}
+	if steps[1].Template.GetStepIndex() != 3 || steps[1].Topic != "job.do" || steps[1].DecodeErr != nil {
+		t.Fatalf("legacy step %+v", steps[1])
 	}
 	if bad := steps[4]; bad.DecodeErr == nil || bad.Template != nil || bad.Index != -1 || len(bad.Raw) != 2 {
 		t.Fatalf("corrupt step %+v", bad)

@@ -38,6 +38,13 @@ const (
 	// PerShardDefault bounds the workflows read from one shard's trigger
 	// set per poll, so a burst of failures is started at a bounded rate.
 	PerShardDefault = 100
+	// RetentionDefault is how long a workflow's saga keys (stacks,
+	// compensation templates, trigger entries, rollback progress) are kept
+	// after the workflow's last recorded step on the key's shard, or after
+	// its rollback's last run. It bounds how long after a step its
+	// compensation can still run, and so should exceed the longest a
+	// workflow runs.
+	RetentionDefault = 7 * 24 * time.Hour
 )
 
 const (
@@ -84,6 +91,10 @@ type Config struct {
 	PolicyTimeout time.Duration
 	// PerShard bounds workflows started per shard per poll (default PerShardDefault).
 	PerShard int
+	// Retention is how long a rollback keeps its workflow's saga keys
+	// after it ran (default RetentionDefault); the nodes that record steps
+	// should use the same (troupe.Config.SagaRetention).
+	Retention time.Duration
 }
 
 func (c *Config) validate() error {
@@ -124,6 +135,7 @@ func (c *Config) applyDefaults() {
 	if c.PerShard <= 0 {
 		c.PerShard = PerShardDefault
 	}
+	c.Retention = retentionOr(c.Retention)
 }
 
 // runtime is what every saga actor and rollback shares. Immutable after

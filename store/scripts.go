@@ -11,6 +11,41 @@ import "github.com/redis/go-redis/v9"
 //
 // History entries are "unix_ms|from|to|reason|node".
 
+// shardWritesLua defines shardWrites, which activateScript and
+// transitionScript use to apply a Transition's Adds and Sets: from ARGV[a]
+// on, m, then m × (key suffix under the shard tag, score, member,
+// trim_below, ttl_ms) to ZADD, then h, then h × (key suffix, field, value,
+// ttl_ms) to HSET. trim_below > 0 first drops the sorted set's entries
+// scored below it; ttl_ms > 0 then sets the key's expiry. It returns the
+// index of the first ARGV after them.
+const shardWritesLua = `
+local function shardWrites(tag, a)
+  local m = tonumber(ARGV[a])
+  for i = 0, m - 1 do
+    local b = a + 1 + 5 * i
+    local k = tag .. ARGV[b]
+    if tonumber(ARGV[b + 3]) > 0 then
+      redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. ARGV[b + 3])
+    end
+    redis.call('ZADD', k, ARGV[b + 1], ARGV[b + 2])
+    if tonumber(ARGV[b + 4]) > 0 then
+      redis.call('PEXPIRE', k, ARGV[b + 4])
+    end
+  end
+  a = a + 1 + 5 * m
+  local h = tonumber(ARGV[a])
+  for i = 0, h - 1 do
+    local b = a + 1 + 4 * i
+    local k = tag .. ARGV[b]
+    redis.call('HSET', k, ARGV[b + 1], ARGV[b + 2])
+    if tonumber(ARGV[b + 3]) > 0 then
+      redis.call('PEXPIRE', k, ARGV[b + 3])
+    end
+  end
+  return a + 1 + 4 * h
+end
+`
+
 // activateScript takes a job's lock and reports its state. When the job does
 // not exist and the caller asks for it, the script creates it and applies the
 // caller's plan — the first decision about the job (for example PENDING →
@@ -22,8 +57,8 @@ import "github.com/redis/go-redis/v9"
 //
 //	tenant, trace_id, request(bytes), rescue_at_ms, lock_after
 //	(keep|release|terminal), due_ms (0 = rescue_at, -1 none, >0 set),
-//	retention_s, n, then n pairs (to, reason), m, then m triples (key
-//	suffix under the shard tag, score, member) to ZADD, then field, value, ...
+//	retention_s, n, then n pairs (to, reason), then the shard writes
+//	(see shardWritesLua), then field, value, ...
 //
 // A created job with no due time of its own is due at rescue_at: every live
 // job has a due entry from its first moment, so a job whose actor or node
@@ -42,7 +77,7 @@ import "github.com/redis/go-redis/v9"
 // follow), BUSY (another node holds the lock), TERMINAL (no lock taken),
 // NOTFOUND. A job that is terminal or missing loses its due entry: nothing
 // will ever wait for it.
-var activateScript = redis.NewScript(`
+var activateScript = redis.NewScript(shardWritesLua + `
 local node = ARGV[1]
 local now = ARGV[2]
 local tag = ARGV[5]
@@ -90,14 +125,10 @@ if not st then
     hist[#hist + 1] = now .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
     prev = to
   end
-  local m = tonumber(ARGV[16 + 2 * n])
-  for i = 0, m - 1 do
-    local a = 17 + 2 * n + 3 * i
-    redis.call('ZADD', tag .. ARGV[a], ARGV[a + 1], ARGV[a + 2])
-  end
+  local first = shardWrites(tag, 16 + 2 * n)
   local f = {'s', prev, 'fence', 1, 'topic', ARGV[7], 'tenant', ARGV[8], 'trace', ARGV[9], 'req', ARGV[10],
     'created', now, 'updated', now, 'node', node, 'reason', reason, 'attempts', 0}
-  for i = 17 + 2 * n + 3 * m, #ARGV do f[#f + 1] = ARGV[i] end
+  for i = first, #ARGV do f[#f + 1] = ARGV[i] end
   redis.call('HSET', KEYS[1], unpack(f))
   redis.call('RPUSH', KEYS[2], unpack(hist))
   redis.call('ZADD', tag .. 'idx:' .. prev, now, id)
@@ -138,15 +169,15 @@ return out
 // ARGV: lock_value, node, expected (comma-separated states), now_ms,
 //
 //	shard_tag, job_id, lock_after (keep|release|terminal), retention_s,
-//	due_ms (0 keep, -1 clear, >0 set), n, then n pairs (to, reason), m,
-//	then m triples (key suffix under the shard tag, score, member) to ZADD
-//	in the same step (saga records and triggers), then field, value, ...
+//	due_ms (0 keep, -1 clear, >0 set), n, then n pairs (to, reason), then
+//	the shard writes made in the same step (saga records and triggers; see
+//	shardWritesLua), then field, value, ...
 //
 // Returns {status, state_before} with status OK, FENCED (lock value differs:
 // this owner is stale), NOTFOUND or CONFLICT (state not expected; then a
 // third element: the record's "op" field, the identity of the write that
 // put it there — see Transition.Op).
-var transitionScript = redis.NewScript(`
+var transitionScript = redis.NewScript(shardWritesLua + `
 local cur = redis.call('GET', KEYS[3])
 if cur ~= ARGV[1] then
   return {'FENCED', cur or ''}
@@ -172,13 +203,9 @@ for i = 1, n do
   hist[#hist + 1] = now .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. ARGV[2]
   prev = to
 end
-local m = tonumber(ARGV[11 + 2 * n])
-for i = 0, m - 1 do
-  local a = 12 + 2 * n + 3 * i
-  redis.call('ZADD', tag .. ARGV[a], ARGV[a + 1], ARGV[a + 2])
-end
+local first = shardWrites(tag, 11 + 2 * n)
 local f = {'s', prev, 'updated', now, 'reason', reason}
-for i = 12 + 2 * n + 3 * m, #ARGV do f[#f + 1] = ARGV[i] end
+for i = first, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('RPUSH', KEYS[2], unpack(hist))
 if st ~= prev then

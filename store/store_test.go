@@ -383,3 +383,40 @@ func TestExpiredLeasesSayWhenTheOwnersLockLapsed(t *testing.T) {
 		t.Fatalf("offered again at once: %+v", again)
 	}
 }
+
+// A transition's shard writes (a saga step's stack entry and template, a
+// saga trigger) land in the job's shard in the same step, with their TTL;
+// TrimBelow drops older entries first.
+func TestSagaShardWritesOfATransitionExpire(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, rdb, keys := context.Background(), b.s.Client(), b.s.Keys()
+	b.activate(t, "sw", "a", true)
+	tag := keys.Tag("sw")
+	if err := rdb.ZAdd(ctx, tag+"trig", redis.Z{Score: 5, Member: "old"}, redis.Z{Score: 50, Member: "kept"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "sw", Node: "a", LockValue: "a|1", T: &store.Transition{
+		Expect: store.Expect(core.StatePending), Path: []store.Hop{{To: core.StateSucceeded, Reason: "done"}},
+		Adds: []store.ShardZAdd{{Suffix: "stack", Score: 100, Member: "sw", TTL: time.Hour},
+			{Suffix: "trig", Score: 100, Member: "new", TrimBelow: 10, TTL: 2 * time.Hour}},
+		Sets:   []store.ShardHSet{{Suffix: "tmpl", Field: "c:sw", Value: "raw", TTL: time.Hour}},
+		Fields: []string{"worker", "w1"}}})
+	if !r.OK() {
+		t.Fatalf("transition: %+v", r)
+	}
+	if v, _ := rdb.HGet(ctx, tag+"tmpl", "c:sw").Result(); v != "raw" {
+		t.Fatalf("hash field %q", v)
+	}
+	if m, _ := rdb.ZRange(ctx, tag+"trig", 0, -1).Result(); fmt.Sprint(m) != "[kept new]" {
+		t.Fatalf("trimmed set %v", m)
+	}
+	for k, max := range map[string]time.Duration{"stack": time.Hour, "tmpl": time.Hour, "trig": 2 * time.Hour} {
+		if ttl := rdb.PTTL(ctx, tag+k).Val(); ttl <= max-time.Minute || ttl > max {
+			t.Errorf("%s: ttl %v, want about %v", k, ttl, max)
+		}
+	}
+	if rec, _ := b.s.GetJob(ctx, "sw"); rec.Worker != "w1" || rec.State != core.StateSucceeded {
+		t.Fatalf("record %+v", rec)
+	}
+}

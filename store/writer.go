@@ -102,9 +102,11 @@ type Transition struct {
 	// event with no live actor). A terminal end always releases the lock and
 	// starts the retention clock.
 	Release bool
-	// Adds are sorted-set entries written in the same atomic step, in keys
-	// of the job's shard (so a Redis Cluster runs it on one node).
+	// Adds are sorted-set entries, and Sets hash fields, written in the
+	// same atomic step, in keys of the job's shard (so a Redis Cluster runs
+	// it on one node). Adds are written before Sets, each in order.
 	Adds []ShardZAdd
+	Sets []ShardHSet
 	// Op, when set, identifies this write: it is stored as the record's
 	// "op" field. A write whose reply was lost (a Redis timeout) may still
 	// have landed; when the caller retries it and finds the job already
@@ -114,11 +116,27 @@ type Transition struct {
 }
 
 // ShardZAdd is one ZADD into a key of the job's shard: the key is the
-// shard's tag followed by Suffix (for example "saga:<workflow_id>").
+// shard's tag followed by Suffix (for example "saga:stack:<workflow_id>").
 type ShardZAdd struct {
 	Suffix string
 	Score  int64
 	Member string
+	// TrimBelow, when positive, first removes the key's entries scored
+	// below it, so entries scored by time live a bounded while.
+	TrimBelow int64
+	// TTL, when positive, sets the key to expire TTL after this write (a
+	// key each write refreshes lives TTL past its last write). Zero leaves
+	// the key's expiry as it is.
+	TTL time.Duration
+}
+
+// ShardHSet is one HSET of Field into a key of the job's shard (the
+// shard's tag followed by Suffix), with TTL as in ShardZAdd.
+type ShardHSet struct {
+	Suffix string
+	Field  string
+	Value  string
+	TTL    time.Duration
 }
 
 // Final is the state the transition ends in.
@@ -442,16 +460,17 @@ func due(t *Transition) int64 {
 
 func pathArgs(t *Transition) int {
 	if t == nil {
-		return 2
+		return 3
 	}
-	return 4 + 2*len(t.Path) + 3*len(t.Adds) + len(t.Fields)
+	return 5 + 2*len(t.Path) + 5*len(t.Adds) + 4*len(t.Sets) + len(t.Fields)
 }
 
-// appendPath adds "n, (to, reason)×n, m, (suffix, score, member)×m,
-// fields..." to args.
+// appendPath adds "n, (to, reason)×n, m, (suffix, score, member,
+// trim_below, ttl_ms)×m, h, (suffix, field, value, ttl_ms)×h, fields..."
+// to args.
 func appendPath(args []interface{}, t *Transition) []interface{} {
 	if t == nil {
-		return append(args, 0, 0)
+		return append(args, 0, 0, 0)
 	}
 	args = append(args, len(t.Path))
 	for _, h := range t.Path {
@@ -459,7 +478,11 @@ func appendPath(args []interface{}, t *Transition) []interface{} {
 	}
 	args = append(args, len(t.Adds))
 	for _, a := range t.Adds {
-		args = append(args, a.Suffix, a.Score, a.Member)
+		args = append(args, a.Suffix, a.Score, a.Member, a.TrimBelow, a.TTL.Milliseconds())
+	}
+	args = append(args, len(t.Sets))
+	for _, h := range t.Sets {
+		args = append(args, h.Suffix, h.Field, h.Value, h.TTL.Milliseconds())
 	}
 	for _, f := range t.Fields {
 		args = append(args, f)

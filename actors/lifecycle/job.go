@@ -95,6 +95,9 @@ type Config struct {
 	// Forward: results and cancels for a job another node owns may be
 	// forwarded to it.
 	Forward bool
+	// SagaRetention: how long a workflow step's saga records are kept
+	// (saga.RetentionDefault when not positive).
+	SagaRetention time.Duration
 	// Debug: emit the debug log lines (each costs its arguments).
 	Debug bool
 }

@@ -82,8 +82,10 @@ func resultFields(res *capv1.JobResult, ptr string) []string {
 
 // sagaRecord adds a workflow step's saga bookkeeping to its terminal write,
 // in the same atomic step: a succeeded step with a compensation records its
-// template and joins its workflow's stack; a step failed fatally triggers
-// the workflow's rollback.
+// template next to its workflow's stack and joins the stack; a step failed
+// fatally triggers the workflow's rollback. The keys expire
+// Config.SagaRetention after the write (see saga.RecordStep), not with the
+// step's record.
 func (j *Job) sagaRecord(t *store.Transition, to core.State, reason core.Reason) {
 	wf := j.Req.GetWorkflowId()
 	if wf == "" || j.Req.GetLabels()[saga.LabelIsCompensation] == "true" {
@@ -102,10 +104,9 @@ func (j *Job) sagaRecord(t *store.Transition, to core.State, reason core.Reason)
 		if err != nil {
 			return
 		}
-		t.Fields = append(t.Fields, saga.TemplateField, string(raw))
-		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.StackPrefix + wf, Score: now, Member: j.ID})
+		saga.RecordStep(t, wf, j.ID, j.topic(), raw, now, j.cfg.SagaRetention)
 	case reason == core.ReasonWorkerFailedFatal:
-		t.Adds = append(t.Adds, store.ShardZAdd{Suffix: saga.Triggers, Score: now, Member: wf})
+		saga.RecordTrigger(t, wf, now, j.cfg.SagaRetention)
 	}
 }
 
