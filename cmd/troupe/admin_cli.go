@@ -161,7 +161,7 @@ func (e *ctlEnv) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(e.errOut)
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"time"
@@ -20,7 +19,7 @@ import (
 )
 
 func runDev(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dev", flag.ExitOnError)
+	fs := newFlags("dev")
 	var c common
 	c.register(fs, false, false)
 	jobs := fs.Int("jobs", 5, "demo jobs to submit")
@@ -28,7 +27,9 @@ func runDev(ctx context.Context, args []string) error {
 	poolsFile := fs.String("pools", "", "pools.yaml (default: the built-in demo routing)")
 	var af adminFlags
 	af.register(fs)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if c.logLevel == "info" {
 		c.logLevel = "warn" // the demo prints job paths; keep the log quiet
 	}
