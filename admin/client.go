@@ -24,7 +24,7 @@ const clientTimeoutDefault = 30 * time.Second
 
 // Client calls the admin API (the troupe CLI uses it).
 type Client struct {
-	// Base is the server's URL, e.g. "http://127.0.0.1:7070".
+	// Base is the server's URL, e.g. URLDefault.
 	Base string
 	// Key is the API key ("" when the server has none).
 	Key  string

@@ -38,9 +38,6 @@ import (
 // TROUPE_API_KEY) and --json (print the API's JSON instead of a table).
 // `troupe trace` and `troupe workers` are the same as their ctl forms.
 
-// ctlAPIDefault is where `troupe ctl` looks for the admin API by default.
-const ctlAPIDefault = "http://127.0.0.1:7070"
-
 // ctlWaitPoll is how often `job submit --wait` reads the job.
 const ctlWaitPoll = 200 * time.Millisecond
 
@@ -56,7 +53,7 @@ type ctlEnv struct {
 }
 
 func (e *ctlEnv) register(fs *flag.FlagSet) {
-	fs.StringVar(&e.api, "api", envOr("TROUPE_API_URL", ctlAPIDefault), "admin API URL (env TROUPE_API_URL)")
+	fs.StringVar(&e.api, "api", envOr("TROUPE_API_URL", admin.URLDefault), "admin API URL (env TROUPE_API_URL)")
 	fs.StringVar(&e.key, "key", os.Getenv("TROUPE_API_KEY"), "API key (env TROUPE_API_KEY)")
 	fs.BoolVar(&e.asJSON, "json", false, "print JSON instead of a table")
 }
@@ -95,7 +92,7 @@ const ctlUsage = `usage: troupe ctl <command> [flags]
   trace <job_id>                                 a job's mailbox trace
   stats | ready                                  node counters, readiness
 
-Flags of every command: --api URL (env TROUPE_API_URL, default ` + ctlAPIDefault + `),
+Flags of every command: --api URL (env TROUPE_API_URL, default ` + admin.URLDefault + `),
 --key KEY (env TROUPE_API_KEY), --json.`
 
 func (e *ctlEnv) run(ctx context.Context, args []string) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"regexp"
@@ -196,5 +197,22 @@ func TestCtlDrivesTheAdminAPI(t *testing.T) {
 	if err := e.run(context.Background(), []string{"workers", "--api", api, "--key", "wrong-key-0123456789"}); err == nil ||
 		!strings.Contains(err.Error(), "401") {
 		t.Fatalf("wrong key: %v", err)
+	}
+}
+
+// The CLI's API commands look where a node serves its API by default, so
+// `troupe ctl`, `troupe workers` and `troupe trace` need no --api.
+func TestCtlDefaultAPIIsTheNodesListenAddress(t *testing.T) {
+	t.Setenv("TROUPE_API_URL", "")
+	t.Setenv("TROUPE_ADMIN_LISTEN", "")
+	var e ctlEnv
+	e.register(flag.NewFlagSet("ctl", flag.ContinueOnError))
+	var af adminFlags
+	af.register(flag.NewFlagSet("node", flag.ContinueOnError))
+	if e.api != "http://"+af.listen {
+		t.Fatalf("ctl --api defaults to %q, the node's --admin-listen to %q", e.api, af.listen)
+	}
+	if !strings.Contains(ctlUsage, e.api) {
+		t.Fatalf("ctl usage does not name the default %s:\n%s", e.api, ctlUsage)
 	}
 }
