@@ -115,9 +115,13 @@ func (c *Client) Job(ctx context.Context, id string) (Job, error) {
 	return out, err
 }
 
-// ListJobs lists a state's jobs; tenant narrows an all-tenant key's view.
+// ListJobs lists a state's jobs, or with state "" the newest jobs of every
+// state; tenant narrows an all-tenant key's view.
 func (c *Client) ListJobs(ctx context.Context, state string, limit int, cursor, tenant string) (JobList, error) {
-	q := url.Values{"state": {state}}
+	q := url.Values{}
+	if state != "" {
+		q.Set("state", state)
+	}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}

@@ -23,7 +23,7 @@ import (
 //
 //	troupe ctl job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--wait [--timeout D]]
 //	troupe ctl job status <job_id>
-//	troupe ctl job list --state S [--limit N] [--cursor C] [--tenant T] [--all]
+//	troupe ctl job list [--state S] [--limit N] [--cursor C] [--tenant T] [--all]
 //	troupe ctl job approve|reject <job_id> [--reason R] [--by WHO] [--hash H]
 //	troupe ctl job cancel <job_id> [--reason R] [--by WHO]
 //	troupe ctl dlq list [--limit N]
@@ -338,7 +338,7 @@ func printAPIJob(w io.Writer, j admin.Job) {
 
 func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 	fs := e.flags("ctl job list")
-	state := fs.String("state", "", "state to list (PENDING, RUNNING, SUCCEEDED, ...)")
+	state := fs.String("state", "", "state to list (PENDING, RUNNING, SUCCEEDED, ...; default: every state)")
 	limit := fs.Int("limit", 50, "jobs per page")
 	cursor := fs.String("cursor", "", "continue after a previous page")
 	tenant := fs.String("tenant", "", "only this tenant (an all-tenant key)")
@@ -351,8 +351,8 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 		*state = pos[0]
 	}
 	*state = strings.ToUpper(*state)
-	if !core.State(*state).Valid() {
-		return fmt.Errorf("--state must be one of %v", core.AllStates)
+	if *state != "" && !core.State(*state).Valid() {
+		return fmt.Errorf("--state must be one of %v (or none for every state)", core.AllStates)
 	}
 	c := e.client()
 	var jobs []admin.JobSummary
@@ -372,7 +372,11 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 		return e.printJSON(admin.JobList{State: *state, Jobs: jobs, Next: next})
 	}
 	if len(jobs) == 0 {
-		fmt.Fprintf(e.out, "no %s jobs\n", *state)
+		if *state == "" {
+			fmt.Fprintln(e.out, "no jobs")
+		} else {
+			fmt.Fprintf(e.out, "no %s jobs\n", *state)
+		}
 		return nil
 	}
 	tw := e.table()

@@ -123,6 +123,11 @@ func TestCtlDrivesTheAdminAPI(t *testing.T) {
 		!regexp.MustCompile(`(?m)^job-cli-1\s+SUCCEEDED\s+job\.echo\s+acme\s+worker_completed\s+w1`).MatchString(out) {
 		t.Fatalf("list: %v\n%s", err, out)
 	}
+	// Without a state: the newest jobs of every state.
+	out, _, err = ctl(t, api, "job", "list")
+	if err != nil || !regexp.MustCompile(`(?m)^job-cli-1\s+SUCCEEDED\s+job\.echo\s+acme`).MatchString(out) {
+		t.Fatalf("list without --state: %v\n%s", err, out)
+	}
 
 	// A job that fails reaches the DLQ; the CLI lists and retries it.
 	if _, _, err := ctl(t, api, "job", "submit", "--id", "job-cli-lost", "--topic", "job.nowhere", "--wait",
