@@ -89,6 +89,9 @@ func StartNATSAt(addr string) (*NATS, error) {
 // URL is the server's client URL.
 func (n *NATS) URL() string { return n.srv.ClientURL() }
 
+// Addr is the server's host:port.
+func (n *NATS) Addr() string { return n.srv.Addr().String() }
+
 // Stop shuts the server down and removes its store.
 func (n *NATS) Stop() {
 	n.srv.Shutdown()

@@ -56,8 +56,8 @@ func TestServersStartOnTheAddressGiven(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Stop()
-	if want := "nats://127.0.0.1:" + strconv.Itoa(np); ns.URL() != want {
-		t.Fatalf("nats at %s, want %s", ns.URL(), want)
+	if want := "nats://127.0.0.1:" + strconv.Itoa(np); ns.URL() != want || ns.Addr() != want[len("nats://"):] {
+		t.Fatalf("nats at %s (%s), want %s", ns.URL(), ns.Addr(), want)
 	}
 	rs, err := embedded.StartRedisAt(net.JoinHostPort("127.0.0.1", strconv.Itoa(rp)))
 	if err != nil {
