@@ -32,8 +32,12 @@ import (
 // ErrNotStarted is returned by Ready before Start.
 var ErrNotStarted = errors.New("troupe: node not started")
 
-// ListJobs returns one page of the jobs in a state, newest update first.
+// ListJobs returns one page of the jobs in q.State, newest update first;
+// with no state, of the newest jobs of every state (store.ListRecent).
 func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
+	if q.State == "" {
+		return n.store.ListRecent(ctx, q)
+	}
 	return n.store.ListJobs(ctx, q)
 }
 

@@ -489,3 +489,58 @@ func TestRequestLimitsAndBrowserGuards(t *testing.T) {
 		t.Fatalf("non-loopback Host: %d, want 403", res.StatusCode)
 	}
 }
+
+// GET /v1/jobs without a state lists the newest jobs of every state,
+// paging like a one-state listing; a tenant key still sees its own only.
+func TestListJobsWithoutAStateListsEveryState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{keys: testKeys, node: func(c *troupe.Config) { c.Policy = labelPolicy{} }})
+	ctx := context.Background()
+	all, ca := b.client(keyAll), b.client(keyA)
+	b.startWorker("w1", worker.Echo)
+	// Oldest update first; each reaches its state before the next is sent.
+	for _, j := range []struct{ id, tenant, policy, state string }{
+		{"ls-ok-1", "a", "", "SUCCEEDED"},
+		{"ls-denied", "b", "deny", "DENIED"},
+		{"ls-waits", "a", "approve", "APPROVAL_REQUIRED"},
+		{"ls-ok-2", "b", "", "SUCCEEDED"},
+	} {
+		req := echoReq(j.id, j.tenant)
+		req.Labels = map[string]string{"cordum.policy": j.policy}
+		if _, err := all.Submit(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		b.waitState(all, j.id, j.state)
+	}
+	list := func(c *admin.Client, limit int) (ids, states []string) {
+		t.Helper()
+		cursor := ""
+		for page := 0; page < 10; page++ {
+			l, err := c.ListJobs(ctx, "", limit, cursor, "")
+			if err != nil {
+				t.Fatalf("list without a state: %v", err)
+			}
+			if len(l.Jobs) > limit {
+				t.Fatalf("page of %d with limit %d", len(l.Jobs), limit)
+			}
+			for _, s := range l.Jobs {
+				ids, states = append(ids, s.ID), append(states, s.State)
+			}
+			if cursor = l.Next; cursor == "" {
+				return ids, states
+			}
+		}
+		t.Fatal("listing never ended")
+		return nil, nil
+	}
+	ids, states := list(all, 3)
+	if want := []string{"ls-ok-2", "ls-waits", "ls-denied", "ls-ok-1"}; !slices.Equal(ids, want) {
+		t.Fatalf("listed %v, want %v newest first", ids, want)
+	}
+	if want := []string{"SUCCEEDED", "APPROVAL_REQUIRED", "DENIED", "SUCCEEDED"}; !slices.Equal(states, want) {
+		t.Fatalf("states %v, want %v", states, want)
+	}
+	if ids, _ := list(ca, 1); !slices.Equal(ids, []string{"ls-waits", "ls-ok-1"}) {
+		t.Fatalf("tenant a listed %v", ids)
+	}
+}

@@ -24,7 +24,7 @@ const clientTimeoutDefault = 30 * time.Second
 
 // Client calls the admin API (the troupe CLI uses it).
 type Client struct {
-	// Base is the server's URL, e.g. "http://127.0.0.1:7070".
+	// Base is the server's URL, e.g. URLDefault.
 	Base string
 	// Key is the API key ("" when the server has none).
 	Key  string
@@ -115,9 +115,13 @@ func (c *Client) Job(ctx context.Context, id string) (Job, error) {
 	return out, err
 }
 
-// ListJobs lists a state's jobs; tenant narrows an all-tenant key's view.
+// ListJobs lists a state's jobs, or with state "" the newest jobs of every
+// state; tenant narrows an all-tenant key's view.
 func (c *Client) ListJobs(ctx context.Context, state string, limit int, cursor, tenant string) (JobList, error) {
-	q := url.Values{"state": {state}}
+	q := url.Values{}
+	if state != "" {
+		q.Set("state", state)
+	}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}

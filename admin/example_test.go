@@ -24,7 +24,7 @@ func ExampleNewServer() {
 	srv, err := admin.NewServer(admin.Config{
 		Node:     node,
 		Registry: node.Metrics(),
-		Listen:   ":7070",
+		Listen:   ":8080", // every interface: API keys required
 		APIKeys: map[string]string{
 			"3f1c0d2e9a8b7c6d5e4f3a2b1c0d9e8f": admin.AllTenants, // operators
 			"9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b": "acme",           // one tenant's automation

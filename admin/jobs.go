@@ -98,12 +98,13 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request, p principal) err
 	return nil
 }
 
-// listJobs lists one state's jobs: ?state=RUNNING&limit=50&cursor=...; an
-// all-tenant key may narrow with &tenant=.
+// listJobs lists jobs newest first: ?state=RUNNING&limit=50&cursor=...
+// lists one state's, no state the newest of every state; an all-tenant key
+// may narrow with &tenant=.
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) error {
 	q := r.URL.Query()
 	state := core.State(q.Get("state"))
-	if !state.Valid() {
+	if state != "" && !state.Valid() {
 		return errBadRequest("state must be one of the job states (PENDING, RUNNING, SUCCEEDED, ...)")
 	}
 	lq := store.ListQuery{State: state, Cursor: q.Get("cursor"), Tenant: q.Get("tenant")}

@@ -9,7 +9,7 @@
 // Without any key configured the server serves everyone as "*", so it
 // refuses, at construction, to listen anywhere but on loopback.
 //
-//	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:7070"})
+//	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: admin.ListenDefault})
 //	if err != nil { ... }
 //	if err := srv.Start(); err != nil { ... }
 //	defer srv.Stop(context.Background())
@@ -54,6 +54,14 @@ const (
 	shutdownGrace = 5 * time.Second
 )
 
+// Where the API is by default: a node serves it on ListenDefault (loopback,
+// the only place it may listen without API keys) and the troupe CLI's API
+// commands (ctl, workers, trace) call URLDefault.
+const (
+	ListenDefault = "127.0.0.1:8080"
+	URLDefault    = "http://" + ListenDefault
+)
+
 // AllTenants, as a key's tenant, lets the key see and act on every tenant
 // and on cluster-wide settings.
 const AllTenants = "*"
@@ -95,7 +103,8 @@ type Config struct {
 	Node Node
 	// Registry is served at /metrics (required: the node's, Node.Metrics()).
 	Registry *prometheus.Registry
-	// Listen is the address, host:port ("127.0.0.1:0" picks a free port).
+	// Listen is the address, host:port (ListenDefault is the usual one;
+	// "127.0.0.1:0" picks a free port).
 	Listen string
 	// APIKeys maps each API key to its tenant (AllTenants for every
 	// tenant). Empty: no authentication, loopback only.

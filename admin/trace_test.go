@@ -25,13 +25,12 @@ func TestTraceEndpointWithTracingOff(t *testing.T) {
 }
 
 // TestTraceOfAJobFromSubmitToSucceeded runs against a node whose job actors
-// are traced. The node turns tracing on from TROUPE_JOB_TRACE (see the
-// wiring notes in node_admin.go); until that wiring exists the test skips.
+// are traced: TROUPE_JOB_TRACE=on turns tracing on, as README says.
 func TestTraceOfAJobFromSubmitToSucceeded(t *testing.T) {
 	t.Setenv("TROUPE_JOB_TRACE", "on")
 	b := setup(t, options{})
 	if !b.node.JobTraceEnabled() {
-		t.Skip("job tracing is not wired into troupe.Node yet (Config.JobTrace / TROUPE_JOB_TRACE): nothing to trace")
+		t.Fatal("TROUPE_JOB_TRACE=on: the node does not trace its job actors")
 	}
 	ctx := context.Background()
 	c := b.client("")

@@ -145,6 +145,7 @@ type JobSummary struct {
 
 // JobList is GET /v1/jobs.
 type JobList struct {
+	// State is the state listed; "" lists every state.
 	State string       `json:"state"`
 	Jobs  []JobSummary `json:"jobs"`
 	// Next is the cursor of the following page ("" after the last).

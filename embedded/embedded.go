@@ -13,7 +13,9 @@ package embedded
 
 import (
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -26,16 +28,46 @@ type NATS struct {
 	dir string
 }
 
+// Port returns preferred when host:preferred is free to listen on now, and
+// otherwise (or for preferred 0) a free port the system picks. The port is
+// free when Port returns; a server started on it moments later normally
+// gets it.
+func Port(host string, preferred int) (int, error) {
+	if preferred > 0 {
+		if ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(preferred))); err == nil {
+			_ = ln.Close()
+			return preferred, nil
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
 // StartNATS starts a NATS server with JetStream on a free loopback port,
 // storing streams in a fresh temporary directory.
-func StartNATS() (*NATS, error) {
+func StartNATS() (*NATS, error) { return StartNATSAt("127.0.0.1:0") }
+
+// StartNATSAt is StartNATS listening on addr, host:port (port 0: a free
+// port).
+func StartNATSAt(addr string) (*NATS, error) {
+	host, port, err := splitAddr(addr)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT // to the server, 0 means 4222
+	}
 	dir, err := os.MkdirTemp("", "troupe-nats-")
 	if err != nil {
 		return nil, err
 	}
 	opts := &server.Options{
-		Host:      "127.0.0.1",
-		Port:      server.RANDOM_PORT,
+		Host:      host,
+		Port:      port,
 		JetStream: true,
 		StoreDir:  dir,
 		NoLog:     true,
@@ -48,13 +80,17 @@ func StartNATS() (*NATS, error) {
 	srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		return nil, fmt.Errorf("embedded nats: not ready after 10s")
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("embedded nats: not listening on %s after 10s", addr)
 	}
 	return &NATS{srv: srv, dir: dir}, nil
 }
 
 // URL is the server's client URL.
 func (n *NATS) URL() string { return n.srv.ClientURL() }
+
+// Addr is the server's host:port.
+func (n *NATS) Addr() string { return n.srv.Addr().String() }
 
 // Stop shuts the server down and removes its store.
 func (n *NATS) Stop() {
@@ -71,9 +107,13 @@ type Redis struct {
 
 // StartRedis starts miniredis on a free loopback port and keeps its TTL
 // clock moving with the wall clock.
-func StartRedis() (*Redis, error) {
+func StartRedis() (*Redis, error) { return StartRedisAt("127.0.0.1:0") }
+
+// StartRedisAt is StartRedis listening on addr, host:port (port 0: a free
+// port).
+func StartRedisAt(addr string) (*Redis, error) {
 	m := miniredis.NewMiniRedis()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+	if err := m.StartAddr(addr); err != nil {
 		return nil, fmt.Errorf("embedded redis: %w", err)
 	}
 	r := &Redis{m: m, stop: make(chan struct{})}
@@ -106,4 +146,16 @@ func (r *Redis) URL() string { return "redis://" + r.m.Addr() }
 func (r *Redis) Stop() {
 	close(r.stop)
 	r.m.Close()
+}
+
+func splitAddr(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", addr)
+	}
+	return host, port, nil
 }

@@ -329,3 +329,107 @@ func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string
 	}
 	return out, nil
 }
+
+// ListRecent returns one page of the newest jobs whatever their state
+// (q.State is ignored): ListJobs over every state's index at once, in the
+// same order, with the same cursors, tenant filter and scan budget. A page
+// reads the indexes of every state, so its size is capped at
+// ListLimitMax/len(core.AllStates) to keep a page's reads within a
+// one-state page's bound.
+func (s *Store) ListRecent(ctx context.Context, q ListQuery) (JobPage, error) {
+	limit := q.Limit
+	if limit <= 0 {
+		limit = ListLimitDefault
+	}
+	limit = min(limit, ListLimitMax/len(core.AllStates))
+	var cur *cursor
+	if q.Cursor != "" {
+		c, err := parseCursor(q.Cursor)
+		if err != nil {
+			return JobPage{}, err
+		}
+		cur = &c
+	}
+	var out []JobSummary
+	for page := 0; page < listScanPages; page++ {
+		entries, more, err := s.statesIndexPage(ctx, core.AllStates, cur, limit)
+		if err != nil {
+			return JobPage{}, err
+		}
+		if len(entries) == 0 {
+			return JobPage{Jobs: out}, nil
+		}
+		sums, err := s.summaries(ctx, entries)
+		if err != nil {
+			return JobPage{}, err
+		}
+		for i, sum := range sums {
+			if sum == nil || (q.Tenant != "" && sum.Tenant != q.Tenant) {
+				continue
+			}
+			out = append(out, *sum)
+			if len(out) == limit {
+				c := cursorAt(entries[:i+1], cur)
+				return JobPage{Jobs: out, Next: nextIf(c, more || i+1 < len(entries))}, nil
+			}
+		}
+		c := cursorAt(entries, cur)
+		cur = &c
+		if !more {
+			return JobPage{Jobs: out}, nil
+		}
+	}
+	return JobPage{Jobs: out, Next: cur.String()}, nil
+}
+
+// statesIndexPage is indexPage over the indexes of several states, in one
+// pipeline. A job is in one state's index at a time, but the pipeline is
+// not a snapshot: a job that moved while it ran may be read in both
+// indexes, and only its newer entry is kept.
+func (s *Store) statesIndexPage(ctx context.Context, states []core.State, cur *cursor, limit int) ([]indexEntry, bool, error) {
+	hi, fetch := "+inf", int64(limit)
+	if cur != nil {
+		hi = strconv.FormatInt(cur.score, 10)
+		if cur.ties == 0 {
+			hi = "(" + hi
+		}
+		fetch += int64(cur.ties)
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.ZSliceCmd, 0, len(states)*Shards)
+	for _, st := range states {
+		for i := 0; i < Shards; i++ {
+			cmds = append(cmds, pipe.ZRevRangeByScoreWithScores(ctx, s.keys.Index(i, string(st)),
+				&redis.ZRangeBy{Max: hi, Min: "-inf", Count: fetch}))
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, false, fmt.Errorf("store: list every state: %w", err)
+	}
+	var all []indexEntry
+	more := false
+	for _, c := range cmds {
+		zs := c.Val()
+		if int64(len(zs)) == fetch {
+			more = true // this index may hold more past what was fetched
+		}
+		for _, z := range zs {
+			id, _ := z.Member.(string)
+			e := indexEntry{id: id, score: int64(z.Score)}
+			if cur == nil || cur.after(e.score, e.id) {
+				all = append(all, e)
+			}
+		}
+	}
+	sortEntries(all)
+	seen := make(map[string]bool, len(all))
+	all = slices.DeleteFunc(all, func(e indexEntry) bool {
+		dup := seen[e.id]
+		seen[e.id] = true
+		return dup
+	})
+	if len(all) > limit {
+		all, more = all[:limit], true
+	}
+	return all, more, nil
+}

@@ -23,7 +23,7 @@ import (
 //
 //	troupe ctl job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--wait [--timeout D]]
 //	troupe ctl job status <job_id>
-//	troupe ctl job list --state S [--limit N] [--cursor C] [--tenant T] [--all]
+//	troupe ctl job list [--state S] [--limit N] [--cursor C] [--tenant T] [--all]
 //	troupe ctl job approve|reject <job_id> [--reason R] [--by WHO] [--hash H]
 //	troupe ctl job cancel <job_id> [--reason R] [--by WHO]
 //	troupe ctl dlq list [--limit N]
@@ -37,9 +37,6 @@ import (
 // Every command takes --api URL (env TROUPE_API_URL), --key KEY (env
 // TROUPE_API_KEY) and --json (print the API's JSON instead of a table).
 // `troupe trace` and `troupe workers` are the same as their ctl forms.
-
-// ctlAPIDefault is where `troupe ctl` looks for the admin API by default.
-const ctlAPIDefault = "http://127.0.0.1:7070"
 
 // ctlWaitPoll is how often `job submit --wait` reads the job.
 const ctlWaitPoll = 200 * time.Millisecond
@@ -56,7 +53,7 @@ type ctlEnv struct {
 }
 
 func (e *ctlEnv) register(fs *flag.FlagSet) {
-	fs.StringVar(&e.api, "api", envOr("TROUPE_API_URL", ctlAPIDefault), "admin API URL (env TROUPE_API_URL)")
+	fs.StringVar(&e.api, "api", envOr("TROUPE_API_URL", admin.URLDefault), "admin API URL (env TROUPE_API_URL)")
 	fs.StringVar(&e.key, "key", os.Getenv("TROUPE_API_KEY"), "API key (env TROUPE_API_KEY)")
 	fs.BoolVar(&e.asJSON, "json", false, "print JSON instead of a table")
 }
@@ -95,7 +92,7 @@ const ctlUsage = `usage: troupe ctl <command> [flags]
   trace <job_id>                                 a job's mailbox trace
   stats | ready                                  node counters, readiness
 
-Flags of every command: --api URL (env TROUPE_API_URL, default ` + ctlAPIDefault + `),
+Flags of every command: --api URL (env TROUPE_API_URL, default ` + admin.URLDefault + `),
 --key KEY (env TROUPE_API_KEY), --json.`
 
 func (e *ctlEnv) run(ctx context.Context, args []string) error {
@@ -161,7 +158,7 @@ func (e *ctlEnv) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(e.errOut)
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {
@@ -341,7 +338,7 @@ func printAPIJob(w io.Writer, j admin.Job) {
 
 func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 	fs := e.flags("ctl job list")
-	state := fs.String("state", "", "state to list (PENDING, RUNNING, SUCCEEDED, ...)")
+	state := fs.String("state", "", "state to list (PENDING, RUNNING, SUCCEEDED, ...; default: every state)")
 	limit := fs.Int("limit", 50, "jobs per page")
 	cursor := fs.String("cursor", "", "continue after a previous page")
 	tenant := fs.String("tenant", "", "only this tenant (an all-tenant key)")
@@ -354,8 +351,8 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 		*state = pos[0]
 	}
 	*state = strings.ToUpper(*state)
-	if !core.State(*state).Valid() {
-		return fmt.Errorf("--state must be one of %v", core.AllStates)
+	if *state != "" && !core.State(*state).Valid() {
+		return fmt.Errorf("--state must be one of %v (or none for every state)", core.AllStates)
 	}
 	c := e.client()
 	var jobs []admin.JobSummary
@@ -375,7 +372,11 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 		return e.printJSON(admin.JobList{State: *state, Jobs: jobs, Next: next})
 	}
 	if len(jobs) == 0 {
-		fmt.Fprintf(e.out, "no %s jobs\n", *state)
+		if *state == "" {
+			fmt.Fprintln(e.out, "no jobs")
+		} else {
+			fmt.Fprintf(e.out, "no %s jobs\n", *state)
+		}
 		return nil
 	}
 	tw := e.table()

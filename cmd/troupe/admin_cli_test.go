@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"regexp"
@@ -122,6 +123,11 @@ func TestCtlDrivesTheAdminAPI(t *testing.T) {
 		!regexp.MustCompile(`(?m)^job-cli-1\s+SUCCEEDED\s+job\.echo\s+acme\s+worker_completed\s+w1`).MatchString(out) {
 		t.Fatalf("list: %v\n%s", err, out)
 	}
+	// Without a state: the newest jobs of every state.
+	out, _, err = ctl(t, api, "job", "list")
+	if err != nil || !regexp.MustCompile(`(?m)^job-cli-1\s+SUCCEEDED\s+job\.echo\s+acme`).MatchString(out) {
+		t.Fatalf("list without --state: %v\n%s", err, out)
+	}
 
 	// A job that fails reaches the DLQ; the CLI lists and retries it.
 	if _, _, err := ctl(t, api, "job", "submit", "--id", "job-cli-lost", "--topic", "job.nowhere", "--wait",
@@ -196,5 +202,22 @@ func TestCtlDrivesTheAdminAPI(t *testing.T) {
 	if err := e.run(context.Background(), []string{"workers", "--api", api, "--key", "wrong-key-0123456789"}); err == nil ||
 		!strings.Contains(err.Error(), "401") {
 		t.Fatalf("wrong key: %v", err)
+	}
+}
+
+// The CLI's API commands look where a node serves its API by default, so
+// `troupe ctl`, `troupe workers` and `troupe trace` need no --api.
+func TestCtlDefaultAPIIsTheNodesListenAddress(t *testing.T) {
+	t.Setenv("TROUPE_API_URL", "")
+	t.Setenv("TROUPE_ADMIN_LISTEN", "")
+	var e ctlEnv
+	e.register(flag.NewFlagSet("ctl", flag.ContinueOnError))
+	var af adminFlags
+	af.register(flag.NewFlagSet("node", flag.ContinueOnError))
+	if e.api != "http://"+af.listen {
+		t.Fatalf("ctl --api defaults to %q, the node's --admin-listen to %q", e.api, af.listen)
+	}
+	if !strings.Contains(ctlUsage, e.api) {
+		t.Fatalf("ctl usage does not name the default %s:\n%s", e.api, ctlUsage)
 	}
 }

@@ -20,12 +20,8 @@ type adminFlags struct {
 	keysFile string
 }
 
-// AdminListenDefault keeps the admin API on loopback unless told otherwise
-// (and it refuses anything else without API keys).
-const AdminListenDefault = "127.0.0.1:8080"
-
 func (a *adminFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&a.listen, "admin-listen", envOr("TROUPE_ADMIN_LISTEN", AdminListenDefault),
+	fs.StringVar(&a.listen, "admin-listen", envOr("TROUPE_ADMIN_LISTEN", admin.ListenDefault),
 		`admin HTTP address ("" turns it off); anything but loopback needs API keys`)
 	fs.StringVar(&a.keysFile, "api-keys-file", os.Getenv("TROUPE_API_KEYS_FILE"),
 		`file of "key=tenant" entries ("*" = every tenant); also TROUPE_API_KEYS`)

@@ -19,7 +19,7 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == benchServeArg {
 		return bench.ServeChild(ctx, os.Stdin, os.Stdout, os.Stderr)
 	}
-	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	fs := newFlags("bench")
 	var cfg bench.Config
 	fs.IntVar(&cfg.Jobs, "jobs", bench.JobsDefault, "jobs to submit and measure")
 	fs.IntVar(&cfg.Workers, "workers", bench.WorkersDefault, "simulated CAP workers")
@@ -56,7 +56,9 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.LockTTL, "lock-ttl", 0, "the node's job lock TTL (0: its default, 60s)")
 	fs.Int64Var(&cfg.NodeMemoryLimit, "node-memory-limit", 0, "the node's Go soft memory limit in bytes (what GOMEMLIMIT sets; 0: none)")
 	fs.StringVar(&cfg.HeapProfile, "heapprofile", "", "with --hold: write the node's heap profile at the end of the hold to this file")
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
 	}

@@ -2,17 +2,23 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/embedded"
+	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
@@ -20,7 +26,7 @@ import (
 )
 
 func runDev(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dev", flag.ExitOnError)
+	fs := newFlags("dev")
 	var c common
 	c.register(fs, false, false)
 	jobs := fs.Int("jobs", 5, "demo jobs to submit")
@@ -28,30 +34,40 @@ func runDev(ctx context.Context, args []string) error {
 	poolsFile := fs.String("pools", "", "pools.yaml (default: the built-in demo routing)")
 	var af adminFlags
 	af.register(fs)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if c.logLevel == "info" {
 		c.logLevel = "warn" // the demo prints job paths; keep the log quiet
 	}
 	log := c.logger()
 
 	fmt.Println("troupe dev: starting embedded NATS (JetStream) and an embedded Redis-protocol store…")
-	ns, err := embedded.StartNATS()
+	ns, err := devStart(devNATSAddr, embedded.StartNATSAt)
 	if err != nil {
 		return err
 	}
 	defer ns.Stop()
-	rs, err := embedded.StartRedis()
+	rs, err := devStart(devRedisAddr, embedded.StartRedisAt)
 	if err != nil {
 		return err
 	}
 	defer rs.Stop()
+	if af.listen == admin.ListenDefault {
+		if af.listen, err = devListen(af.listen); err != nil {
+			return err
+		}
+	}
 
 	pools, err := loadPools(*poolsFile)
 	if err != nil {
 		return err
 	}
+	// Mailbox tracing costs little here and makes `troupe trace` show
+	// something; TROUPE_JOB_TRACE=off turns it off.
 	node, err := troupe.NewNode(troupe.Config{NodeID: "dev-node", NATSURL: ns.URL(), RedisURL: rs.URL(),
-		Pools: pools, Policy: safety.AllowAll{}, Logger: log})
+		Pools: pools, Policy: safety.AllowAll{}, Logger: log,
+		JobTrace: jobtrace.Config{Enabled: os.Getenv("TROUPE_JOB_TRACE") == ""}})
 	if err != nil {
 		return err
 	}
@@ -59,13 +75,14 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	defer node.Stop(context.Background())
+	apiURL := ""
 	if stopAdmin, err := af.start(node, log); err != nil {
 		// The demo does not need the dashboard (the port may be taken).
 		fmt.Printf("dashboard not started: %v\n", err)
 	} else {
 		defer stopAdmin()
 		if af.listen != "" {
-			fmt.Printf("dashboard http://%s/ui  metrics http://%s/metrics\n", af.listen, af.listen)
+			apiURL = "http://" + af.listen
 		}
 	}
 
@@ -87,8 +104,12 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		defer w.Stop()
 	}
-	fmt.Printf("nats %s  redis %s  node %s  workers default-w1, default-w2 (direct), default-w3 (pool subject)\n\n",
-		ns.URL(), rs.URL(), node.ID())
+	fmt.Printf("nats  %s%s\nredis %s%s\n", ns.URL(), devTaken(devNATSAddr, ns.Addr()), rs.URL(), devTaken(devRedisAddr, rs.Addr()))
+	if apiURL != "" {
+		fmt.Printf("api   %s  (dashboard %s/ui, metrics %s/metrics)%s\n", apiURL, apiURL, apiURL,
+			devTaken(admin.ListenDefault, af.listen))
+	}
+	fmt.Printf("node  %s  workers default-w1, default-w2 (direct), default-w3 (pool subject)\n\n", node.ID())
 	waitWorkers(ctx, node, 3)
 
 	ids := make([]string, 0, *jobs)
@@ -127,11 +148,93 @@ func runDev(ctx context.Context, args []string) error {
 	if *exit {
 		return nil
 	}
-	fmt.Printf("\nThe node keeps running. Try, in another shell:\n"+
-		"  go run ./cmd/troupe submit --nats %s --topic job.echo --wait --redis %s\n"+
-		"Press Ctrl-C to stop.\n", ns.URL(), rs.URL())
+	fmt.Printf("\nThe node keeps running. %sPress Ctrl-C to stop.\n", devTryHint(ns.URL(), rs.URL(), apiURL))
 	<-ctx.Done()
 	return nil
+}
+
+// Where `troupe dev` starts its servers when the ports are free: where
+// every other command looks by default.
+var (
+	devNATSAddr  = hostPort(connect.NATSURLDefault)
+	devRedisAddr = hostPort(connect.RedisURLDefault)
+)
+
+func hostPort(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		panic(err)
+	}
+	return u.Host
+}
+
+// devListen returns std (host:port) when its port is free to listen on,
+// and otherwise the same host with a free port.
+func devListen(std string) (string, error) {
+	host, p, err := net.SplitHostPort(std)
+	if err != nil {
+		return "", err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", err
+	}
+	got, err := embedded.Port(host, port)
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(host, strconv.Itoa(got)), nil
+}
+
+// devStart starts an embedded server on std when its port is free and on
+// another port otherwise (also when the port was taken between the check
+// and the start).
+func devStart[S any](std string, start func(addr string) (S, error)) (S, error) {
+	addr, err := devListen(std)
+	if err != nil {
+		var zero S
+		return zero, err
+	}
+	s, err := start(addr)
+	if err != nil && addr == std {
+		host, _, _ := net.SplitHostPort(std)
+		s, err = start(net.JoinHostPort(host, "0"))
+	}
+	return s, err
+}
+
+// devTaken notes a server that could not have its standard address.
+func devTaken(std, addr string) string {
+	if addr == std {
+		return ""
+	}
+	return fmt.Sprintf("  (%s is taken: other commands need this address)", std)
+}
+
+// devTryHint is what `troupe dev` suggests trying against itself. A
+// command needs an address flag only for a server that is not where it
+// looks by default (its standard port was taken); apiURL "" is no API.
+func devTryHint(natsURL, redisURL, apiURL string) string {
+	submit := ""
+	if natsURL != connect.NATSURLDefault {
+		submit += " --nats " + natsURL
+	}
+	if redisURL != connect.RedisURLDefault {
+		submit += " --redis " + redisURL
+	}
+	var b strings.Builder
+	b.WriteString("Try, in another shell:\n")
+	fmt.Fprintf(&b, "  go run ./cmd/troupe submit --topic job.echo --wait%s\n", submit)
+	if apiURL != "" {
+		api := ""
+		if apiURL != admin.URLDefault {
+			api = " --api " + apiURL
+		}
+		for _, c := range []string{"ctl job list", "workers", "trace <job_id>"} {
+			fmt.Fprintf(&b, "  go run ./cmd/troupe %s%s\n", c, api)
+		}
+	}
+	return b.String()
 }
 
 func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"time"
@@ -30,14 +29,16 @@ func runJob(ctx context.Context, args []string) error {
 			return runCtl(ctx, append([]string{"job"}, args...))
 		}
 	}
-	fs := flag.NewFlagSet("job", flag.ExitOnError)
+	fs := newFlags("job")
 	var c common
 	c.register(fs, false, true)
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: troupe job [flags] <job_id>\n       troupe job approve|reject [--reason R] [--by WHO] <job_id>\n       troupe job cancel [--reason R] <job_id>")
 		fs.PrintDefaults()
 	}
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if fs.NArg() != 1 {
 		fs.Usage()
 		return errors.New("need exactly one job id")
@@ -59,11 +60,13 @@ func runJob(ctx context.Context, args []string) error {
 }
 
 func runDLQ(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("dlq", flag.ExitOnError)
+	fs := newFlags("dlq")
 	var c common
 	c.register(fs, false, true)
 	n := fs.Int64("n", 50, "entries to show, newest first")
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	st, closeFn, err := openStore(c)
 	if err != nil {
 		return err
@@ -90,13 +93,15 @@ func runDLQ(ctx context.Context, args []string) error {
 
 // runDecide records an approval or rejection of a job in APPROVAL_REQUIRED.
 func runDecide(ctx context.Context, args []string, d store.Decision) error {
-	fs := flag.NewFlagSet("job "+string(d), flag.ExitOnError)
+	fs := newFlags("job " + string(d))
 	var c common
 	c.register(fs, false, true)
 	reason := fs.String("reason", "", "why (recorded on the job)")
 	by := fs.String("by", envOr("USER", "operator"), "who decides (recorded on the job)")
 	hash := fs.String("hash", "", "the job hash you reviewed (default: the one recorded on the job)")
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if fs.NArg() != 1 {
 		return errors.New("need exactly one job id")
 	}
@@ -123,14 +128,16 @@ func runDecide(ctx context.Context, args []string, d store.Decision) error {
 
 // runCancel publishes a JobCancel on sys.job.cancel.
 func runCancel(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("job cancel", flag.ExitOnError)
+	fs := newFlags("job cancel")
 	var c common
 	c.register(fs, true, false)
 	reason := fs.String("reason", "cancelled by operator", "why")
 	by := fs.String("by", envOr("USER", "operator"), "who cancels")
 	var sf signFlags
 	sf.registerCLI(fs)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	enc, err := sf.encoder()
 	if err != nil {
 		return err

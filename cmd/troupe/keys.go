@@ -16,13 +16,20 @@ import (
 // runKeys handles `troupe keys gen`: a P-256 key pair for one sender, and
 // the key set line that trusts it.
 func runKeys(_ context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "gen" {
-		return errors.New("usage: troupe keys gen --out DIR --sender NAME")
+	const usage = "usage: troupe keys gen --out DIR --sender NAME"
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprintln(os.Stderr, usage)
+		return flag.ErrHelp
 	}
-	fs := flag.NewFlagSet("keys gen", flag.ExitOnError)
+	if len(args) == 0 || args[0] != "gen" {
+		return errors.New(usage)
+	}
+	fs := newFlags("keys gen")
 	out := fs.String("out", ".", "directory to write <sender>.key (private, mode 0600) and <sender>.pub into")
 	sender := fs.String("sender", "", "the sender id the key signs as (a node id, worker id, troupe-cli, ...)")
-	_ = fs.Parse(args[1:])
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
 	if *sender == "" {
 		return errors.New("--sender is required")
 	}

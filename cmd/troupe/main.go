@@ -14,8 +14,10 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -56,10 +58,6 @@ var commands = []command{
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
-		os.Exit(2)
-	}
 	// A node allocates a little per message and keeps little: collecting
 	// less often trades memory for CPU (DEPENDENCY-NOTES measured GC at
 	// ~4 ms per 1k jobs). GOGC in the environment still wins.
@@ -67,27 +65,75 @@ func main() {
 		debug.SetGCPercent(GCPercentDefault)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	for _, c := range commands {
-		if c.name == os.Args[1] {
-			if err := c.run(ctx, os.Args[2:]); err != nil {
-				fmt.Fprintf(os.Stderr, "troupe %s: %v\n", c.name, err)
-				os.Exit(1)
-			}
-			return
-		}
-	}
-	fmt.Fprintf(os.Stderr, "troupe: unknown command %q\n\n", os.Args[1])
-	usage()
-	os.Exit(2)
+	code := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: troupe <command> [flags]\n\ncommands:")
-	for _, c := range commands {
-		fmt.Fprintf(os.Stderr, "  %-8s %s\n", c.name, c.usage)
+// run runs one command line (without the program name) and returns the
+// exit status: 0, 1 when the command fails, 2 for a usage error. Asking
+// for help (-h, --help, help) is not an error: it prints the usage and
+// returns 0.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
 	}
-	fmt.Fprintln(os.Stderr, "\nRun 'troupe <command> -h' for a command's flags.")
+	if isHelp(args[0]) {
+		usage(stderr)
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:])
+		var ue usageError
+		switch {
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, &ue):
+			// The flag package has printed the error and the flags.
+			return 2
+		}
+		fmt.Fprintf(stderr, "troupe %s: %v\n", c.name, err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "troupe: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: troupe <command> [flags]\n\ncommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
+	}
+	fmt.Fprintln(w, "\nRun 'troupe <command> -h' for a command's flags.")
+}
+
+// usageError is a command line the flag package rejected (and explained).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// newFlags returns a command's flag set. Its errors come back from
+// parseFlags rather than exiting, so run decides the exit status.
+func newFlags(name string) *flag.FlagSet { return flag.NewFlagSet(name, flag.ContinueOnError) }
+
+// parseFlags parses a command's flags: -h is flag.ErrHelp (run exits 0
+// after the flag package printed the flags), a bad flag a usageError.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usageError{err}
 }
 
 // common holds the flags several commands share.

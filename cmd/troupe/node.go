@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"os"
 	"os/signal"
 	"syscall"
@@ -15,7 +14,7 @@ import (
 )
 
 func runNode(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("node", flag.ExitOnError)
+	fs := newFlags("node")
 	var c common
 	c.register(fs, true, true)
 	id := fs.String("id", envOr("TROUPE_NODE_ID", ""), "node id (default hostname-pid)")
@@ -32,7 +31,9 @@ func runNode(ctx context.Context, args []string) error {
 	af.register(fs)
 	var sf signFlags
 	sf.register(fs, true, true)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	log := c.logger()
 	reg := prometheus.NewRegistry()
 	conn, err := c.conns()

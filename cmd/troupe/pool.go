@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"sort"
 	"strings"
@@ -18,10 +17,12 @@ import (
 //	troupe pool map <topic> <pool>[,<pool>...]
 //	troupe pool unmap <topic>
 func runPool(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("pool", flag.ExitOnError)
+	fs := newFlags("pool")
 	var c common
 	c.register(fs, false, true)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	rdb, err := c.dialRedis(ctx)
 	if err != nil {
 		return err

@@ -31,10 +31,14 @@ import (
 //	troupe safety check    [--addr ADDR] --topic T [--tenant T] [--label k=v ...] [--rpc check|explain|simulate|evaluate|snapshots]
 //	troupe safety validate FILE
 func runSafety(ctx context.Context, args []string) error {
+	const usage = "usage: troupe safety serve|check|validate [flags] (troupe safety <sub> -h for flags)"
 	if len(args) == 0 {
-		return errors.New("usage: troupe safety serve|check|validate [flags] (troupe safety <sub> -h for flags)")
+		return errors.New(usage)
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(os.Stderr, usage)
+		return flag.ErrHelp
 	case "serve":
 		return runSafetyServe(ctx, args[1:])
 	case "check":
@@ -58,7 +62,7 @@ type safetyServeOpts struct {
 }
 
 func runSafetyServe(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("safety serve", flag.ExitOnError)
+	fs := newFlags("safety serve")
 	var c common
 	c.register(fs, false, false)
 	var o safetyServeOpts
@@ -76,7 +80,9 @@ func runSafetyServe(ctx context.Context, args []string) error {
 	// --redis: where the OutputPolicy service reads result content from
 	// (phase 2) and stores redacted copies; none without the flag.
 	c.conn.Register(fs, connect.Want{OptionalRedis: true})
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	o.log = c.logger()
 	conn, err := c.conns()
 	if err != nil {
@@ -191,7 +197,7 @@ func isLoopbackListen(addr string) bool {
 }
 
 func runSafetyCheck(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("safety check", flag.ExitOnError)
+	fs := newFlags("safety check")
 	addr := fs.String("addr", envOr(safety.EnvKernelAddr, "127.0.0.1:50051"), "kernel address (env SAFETY_KERNEL_ADDR)")
 	ca := fs.String("tls-ca", os.Getenv(safety.EnvKernelTLSCA), "verify the kernel with this CA (env SAFETY_KERNEL_TLS_CA)")
 	tlsReq := fs.Bool("tls-required", false, "use TLS with the system roots")
@@ -213,7 +219,9 @@ func runSafetyCheck(ctx context.Context, args []string) error {
 	fs.Var(&riskTags, "risk-tag", "meta.risk_tags entry (repeatable)")
 	fs.Var(&requires, "requires", "meta.requires entry (repeatable)")
 	fs.Var(labelsFlag(req.Labels), "label", "label k=v (repeatable; mcp.server=..., secrets_present=true)")
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	req.Meta.RiskTags, req.Meta.Requires = riskTags, requires
 	switch strings.ToLower(*actorType) {
 	case "":
@@ -259,8 +267,13 @@ func runSafetyCheck(ctx context.Context, args []string) error {
 }
 
 func runSafetyValidate(args []string) error {
+	const usage = "usage: troupe safety validate FILE"
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprintln(os.Stderr, usage)
+		return flag.ErrHelp
+	}
 	if len(args) != 1 {
-		return errors.New("usage: troupe safety validate FILE")
+		return errors.New(usage)
 	}
 	data, err := os.ReadFile(args[0])
 	if err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,14 +15,16 @@ import (
 // the order a rollback runs in), the rollback's progress and each
 // compensation's job id and state.
 func runSaga(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("saga", flag.ExitOnError)
+	fs := newFlags("saga")
 	var c common
 	c.register(fs, false, true)
 	fs.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: troupe saga [flags] <workflow_id>")
 		fs.PrintDefaults()
 	}
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if fs.NArg() != 1 {
 		fs.Usage()
 		return errors.New("need exactly one workflow id")

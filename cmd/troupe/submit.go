@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"time"
@@ -15,7 +14,7 @@ import (
 )
 
 func runSubmit(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("submit", flag.ExitOnError)
+	fs := newFlags("submit")
 	var c common
 	c.register(fs, true, true)
 	topic := fs.String("topic", "job.echo", "job topic")
@@ -28,7 +27,9 @@ func runSubmit(ctx context.Context, args []string) error {
 	fs.Var(labels, "label", "job label key=value (repeatable)")
 	var sf signFlags
 	sf.registerCLI(fs)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	enc, err := sf.encoder()
 	if err != nil {
 		return err

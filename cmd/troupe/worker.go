@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"github.com/nats-io/nats.go"
 	"os"
@@ -16,7 +15,7 @@ import (
 )
 
 func runWorker(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("worker", flag.ExitOnError)
+	fs := newFlags("worker")
 	var c common
 	c.register(fs, true, false)
 	id := fs.String("id", "", "worker id (default worker-<random>)")
@@ -34,7 +33,9 @@ func runWorker(ctx context.Context, args []string) error {
 	fs.Var(labels, "label", "worker label key=value (repeatable)")
 	var sf signFlags
 	sf.register(fs, true, true)
-	_ = fs.Parse(args)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	log := c.logger()
 	if *id == "" {
 		*id = newID("worker-")
