@@ -304,15 +304,16 @@ func (j *Job) leaveGrace() {
 
 // onPlaced acts on a placement the router made for the queued job.
 func (j *Job) onPlaced(m *router.Placed) {
-	j.disarm()
-	j.leaveGrace()
 	if j.State != core.StatePending && j.State != core.StateScheduled {
-		// Moved on meanwhile (cancelled, say): the slot goes back.
+		// Moved on meanwhile (dispatched on a recheck, cancelled): the
+		// slot goes back, and the job's own wait (its timer) stays.
 		if m.Reply.WorkerID != "" {
 			j.toRouter(&router.Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
 		}
 		return
 	}
+	j.disarm()
+	j.leaveGrace()
 	j.onPick(m.Reply)
 }
 

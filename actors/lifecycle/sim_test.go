@@ -1,0 +1,1304 @@
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/store"
+)
+
+// The simulator drives the decision core through the shell's contract with
+// a model of everything around it — Redis (fenced scripts, locks with TTLs,
+// leases, due and parked sets), JetStream deliveries (acks, naks,
+// redelivery), the router (picks, a capacity queue, placements, evictions),
+// the input policy (with outages), workers (direct and pool subjects,
+// stock workers that send no progress, deduping workers) and nodes (death,
+// restart, pauses) — in random interleavings, seeded and reproducible, and
+// checks the invariants after every step. A failure prints the seed;
+// TROUPE_SIM_SEED=<seed> replays it, TROUPE_SIM_SEEDS and TROUPE_SIM_STEPS
+// make a longer soak (README, "The job's decision core").
+
+const (
+	simLockTTL   = 30 * time.Second
+	simAckWait   = 30 * time.Second
+	simRescue    = 60 * time.Second
+	simRunning   = 10 * time.Minute
+	simDispatch  = 5 * time.Minute
+	simTick      = time.Second
+	simMaxSteps  = 6000 // per seed, before the calm phase
+	simCalmSteps = 60000
+)
+
+// simRec is a job's record, lock and wait entries as the store holds them.
+type simRec struct {
+	state    core.State
+	fence    int64
+	lock     string // "" none; "<node>|<fence>" or "<node>|<fence>|p"
+	lockExp  time.Time
+	parkedBy string
+	fields   map[string]string
+	op       string
+	due      int64 // unix ms; 0 none
+	lease    bool
+}
+
+type simDelivery struct {
+	s      *sim
+	ev     any // *Submit, *Result or *Cancel
+	job    string
+	done   bool // acked
+	holder *simNode
+	heldAt time.Time
+}
+
+func (d *simDelivery) Ack() error { d.done, d.holder = true, nil; return nil }
+func (d *simDelivery) NakWithDelay(delay time.Duration) error {
+	if d.done {
+		return nil
+	}
+	d.holder = nil
+	d.s.send(&simMsg{anyNode: true, job: d.job, ev: d.ev, spawn: true, at: d.s.now.Add(max(delay, time.Millisecond))})
+	return nil
+}
+func (d *simDelivery) InProgress() error { d.heldAt = d.s.now; return nil }
+
+type simActor struct {
+	j          *Job
+	timerAt    time.Time
+	timerEpoch uint64
+}
+
+type simNode struct {
+	id          string
+	alive       bool
+	pausedUntil time.Time
+	live        map[string]*simActor
+	parked      map[string]bool
+	held        map[string]string // renewer: job → lock value
+	queue       map[string]uint64 // router wait queue: job → ticket
+	picks       map[string]string // router in-flight: job → worker
+}
+
+type simWorker struct {
+	id      string
+	alive   bool
+	stock   bool // no progress, no cancels
+	dedupe  bool
+	pool    bool // reached on the pool subject
+	running map[string]bool
+	done    map[string]bool
+}
+
+// simMsg is something in flight: an event for a job on a node (anyNode: on
+// whichever live node takes it), or a reply for one actor.
+type simMsg struct {
+	node    *simNode
+	anyNode bool
+	actor   *simActor // replies: only this actor takes it
+	job     string
+	ev      any
+	spawn   bool
+	at      time.Time
+	seq     int
+	fn      func() // a model action instead of an event (ticks, workers)
+}
+
+type sim struct {
+	t       testing.TB
+	seed    uint64
+	rng     *rand.Rand
+	now     time.Time
+	cfg     Config
+	recs    map[string]*simRec
+	idem    map[string]string
+	tenant  map[string]bool // job ids holding a tenant slot
+	dlq     int
+	nodes   []*simNode
+	workers []*simWorker
+	net     []*simMsg
+	seq     int
+	jobs    []string
+	subs    map[string][]*simDelivery
+
+	kernelDownUntil time.Time
+	dataLostAt      time.Time
+	faults          bool
+	steps           int
+
+	// What the invariants compare against.
+	dispatchHops map[string]int
+	published    map[string]int
+	lostSent     map[string]map[string]bool
+	pubFailed    map[string]bool
+	denies       map[string]bool
+	terminal     map[string]core.State
+	failures     []string
+	trace        []string
+}
+
+func newSim(t testing.TB, seed uint64) *sim {
+	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), recs: map[string]*simRec{}, idem: map[string]string{},
+		tenant: map[string]bool{}, subs: map[string][]*simDelivery{}, dispatchHops: map[string]int{},
+		published: map[string]int{}, lostSent: map[string]map[string]bool{}, pubFailed: map[string]bool{},
+		denies: map[string]bool{}, terminal: map[string]core.State{}, faults: true}
+	s.cfg = Config{NodeID: "", IdemKey: func(tenant, key string) string { return tenant + "/" + key },
+		TenantKey: func(tenant string) string { return "tenant:" + tenant }, SubmitSubject: "sys.job.submit",
+		ResultSubject: "sys.job.result", Dispatch: simDispatch,
+		RunningFor: func(string) time.Duration { return simRunning },
+		TenantLimit: func(tenant string) int {
+			if tenant == "limited" {
+				return 2
+			}
+			return 0
+		},
+		Backoff: func(n int) time.Duration {
+			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
+		},
+		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
+		ResendAfter: 5 * time.Second, CapacityGrace: 2 * time.Second, PolicyWaiters: false, Forward: false}
+	for i := 0; i < 3; i++ {
+		s.nodes = append(s.nodes, s.newNode(fmt.Sprintf("n%d", i)))
+	}
+	for i := 0; i < 4; i++ {
+		s.workers = append(s.workers, &simWorker{id: fmt.Sprintf("w%d", i), alive: true, stock: i == 3,
+			dedupe: i == 1 || i == 2, pool: i >= 2, running: map[string]bool{}, done: map[string]bool{}})
+	}
+	for _, n := range s.nodes {
+		s.tick(n)
+	}
+	s.dueTick()
+	return s
+}
+
+func (s *sim) newNode(id string) *simNode {
+	return &simNode{id: id, alive: true, live: map[string]*simActor{}, parked: map[string]bool{},
+		held: map[string]string{}, queue: map[string]uint64{}, picks: map[string]string{}}
+}
+
+func (s *sim) fail(format string, args ...any) {
+	s.failures = append(s.failures, fmt.Sprintf("t+%s step %d: ", s.now.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), s.steps)+
+		fmt.Sprintf(format, args...))
+}
+
+func (s *sim) logf(format string, args ...any) {
+	if len(s.trace) >= 200 {
+		s.trace = s.trace[1:]
+	}
+	s.trace = append(s.trace, fmt.Sprintf("%d %s ", s.steps, s.now.Format("15:04:05.000"))+fmt.Sprintf(format, args...))
+}
+
+func (s *sim) send(m *simMsg) {
+	s.seq++
+	m.seq = s.seq
+	s.net = append(s.net, m)
+}
+
+func (s *sim) after(d time.Duration, fn func()) {
+	s.send(&simMsg{at: s.now.Add(d), fn: fn})
+}
+
+func (s *sim) latency() time.Duration { return time.Duration(1+s.rng.IntN(20)) * time.Millisecond }
+
+func (s *sim) aliveNodes() []*simNode {
+	var out []*simNode
+	for _, n := range s.nodes {
+		if n.alive {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// lockHeld reports whether rec's lock is held by someone now.
+func (s *sim) lockHeld(r *simRec) bool {
+	if r.lock == "" {
+		return false
+	}
+	if r.parkedBy != "" {
+		return s.node(r.parkedBy).alive
+	}
+	return s.now.Before(r.lockExp)
+}
+
+func (s *sim) node(id string) *simNode {
+	for _, n := range s.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// submit publishes a new job (sometimes with an idempotency key shared
+// with an earlier one, sometimes twice).
+func (s *sim) submit() {
+	id := fmt.Sprintf("job-%d", len(s.jobs))
+	s.jobs = append(s.jobs, id)
+	req := &capv1.JobRequest{JobId: id, Topic: "job.sim", Labels: map[string]string{}}
+	switch h := hash(id) % 20; {
+	case h == 0:
+		req.Labels["policy"] = "deny"
+	case h == 1:
+		req.Labels["policy"] = "approve"
+	case h == 2:
+		req.Labels["policy"] = "throttle"
+	case h == 3:
+		req.Meta = &capv1.JobMetadata{IdempotencyKey: "k" + strconv.Itoa(len(s.jobs)%3)}
+	case h == 4:
+		req.TenantId = "limited"
+	case h == 5:
+		req.Budget = &capv1.Budget{DeadlineMs: 90_000}
+	}
+	s.deliverNew(id, &Submit{Req: req, TraceID: "tr-" + id})
+	if s.rng.IntN(10) == 0 {
+		s.deliverNew(id, &Submit{Req: req, TraceID: "tr-" + id}) // a duplicate publish
+	}
+}
+
+// deliverNew puts a JetStream message for job on the wire.
+func (s *sim) deliverNew(job string, ev any) {
+	d := &simDelivery{s: s, ev: ev, job: job}
+	switch e := ev.(type) {
+	case *Submit:
+		e.Delivery = d
+		s.subs[job] = append(s.subs[job], d)
+	case *Result:
+		e.Delivery = d
+	case *Cancel:
+		e.Delivery = d
+	}
+	s.send(&simMsg{anyNode: true, job: job, ev: ev, spawn: true, at: s.now.Add(s.latency())})
+}
+
+func hash(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
+}
+
+// deliver hands ev to job's actor on n, spawning one when spawn allows it
+// (or the job is parked there and ev is its worker's progress or loss).
+func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
+	a := n.live[job]
+	if a == nil {
+		_, wl := ev.(*WorkerLost)
+		_, pr := ev.(*Progress)
+		if !spawn && !(n.parked[job] && (wl || pr)) {
+			return
+		}
+		delete(n.parked, job)
+		a = &simActor{j: New(s.nodeCfg(n), job)}
+		n.live[job] = a
+	}
+	if d, ok := deliveryOf(ev); ok && d != nil {
+		d.holder, d.heldAt = n, s.now
+	}
+	s.step(n, a, ev)
+}
+
+func deliveryOf(ev any) (*simDelivery, bool) {
+	switch e := ev.(type) {
+	case *Submit:
+		d, ok := e.Delivery.(*simDelivery)
+		return d, ok
+	case *Result:
+		d, ok := e.Delivery.(*simDelivery)
+		return d, ok
+	case *Cancel:
+		d, ok := e.Delivery.(*simDelivery)
+		return d, ok
+	}
+	return nil, false
+}
+
+func (s *sim) nodeCfg(n *simNode) *Config {
+	c := s.cfg
+	c.NodeID = n.id
+	return &c
+}
+
+// step feeds one event to an actor and carries out its effects.
+func (s *sim) step(n *simNode, a *simActor, ev any) {
+	for ev != nil {
+		in := Inputs{Now: s.now, OpID: s.rng.Uint64(), GraceRoom: true, Connected: true,
+			DataLost: !s.dataLostAt.IsZero() && s.now.Sub(s.dataLostAt) < time.Minute}
+		wd, isWrite := ev.(*WriteDone)
+		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == store.StepFenced
+		s.logf("%s %s <- %T %s", n.id, a.j.ID, ev, describe(ev))
+		fx := slices.Clone(a.j.Step(ev, in))
+		if simWatch != "" && a.j.ID == simWatch {
+			var names []string
+			for _, e := range fx {
+				names = append(names, fmt.Sprintf("%T%v", e, e))
+			}
+			s.logf("   %s fx: %s", n.id, strings.Join(names, " "))
+		}
+		ev = nil
+		for _, e := range fx {
+			if fenced {
+				switch e.(type) {
+				case PublishRequest, TellClient, PublishDLQ, CancelWorker, ScanContent, Ack:
+					s.fail("%s: effect %T after a fenced write", a.j.ID, e)
+				}
+			}
+			if next := s.do(n, a, e); next != nil {
+				ev = next
+			}
+		}
+	}
+}
+
+// simWatch (TROUPE_SIM_JOB) logs every effect of one job's steps.
+var simWatch = os.Getenv("TROUPE_SIM_JOB")
+
+func describe(ev any) string {
+	switch e := ev.(type) {
+	case *WriteDone:
+		r := e.Res
+		if r.Err != nil {
+			return "err"
+		}
+		return fmt.Sprintf("%s%s %s", r.Status, r.Step, r.State)
+	case *router.PickReply:
+		return fmt.Sprintf("w=%s q=%v %s", e.WorkerID, e.Queued, e.Reason)
+	}
+	return ""
+}
+
+// do carries out one effect as the shell would, against the models.
+func (s *sim) do(n *simNode, a *simActor, e Effect) any {
+	j := a.j
+	switch e := e.(type) {
+	case Write:
+		op := e.Op
+		if e.Epoch == 0 {
+			s.after(s.latency(), func() { s.apply(n, op) })
+			return nil
+		}
+		ep := e.Epoch
+		s.after(s.latency(), func() {
+			r := s.writeFault(n, op)
+			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: r}, at: s.now.Add(s.latency())})
+		})
+	case RetryWrite:
+		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})
+	case AskRouter:
+		s.pick(n, a, e.Req.(*router.PickRequest))
+	case ToRouter:
+		switch m := e.Msg.(type) {
+		case *router.Withdraw:
+			if n.queue[m.JobID] == m.Ticket {
+				delete(n.queue, m.JobID)
+			}
+		case *router.Released:
+			if m.Done && n.picks[m.JobID] == m.WorkerID {
+				delete(n.picks, m.JobID)
+			}
+		case *router.Occupied:
+			n.picks[m.JobID] = m.WorkerID
+		case *router.Took:
+		}
+	case AskPolicy:
+		ep, req := e.Epoch, e.Req
+		s.send(&simMsg{node: n, actor: a, job: j.ID, at: s.now.Add(s.latency()), ev: s.policy(j.ID, req, ep)})
+	case PublishRequest:
+		if !e.Resend {
+			s.published[j.ID]++
+			if s.published[j.ID] > s.dispatchHops[j.ID] {
+				s.fail("%s: %d dispatches published for %d DISPATCHED writes", j.ID, s.published[j.ID], s.dispatchHops[j.ID])
+			}
+			if s.faults && s.rng.IntN(50) == 0 {
+				s.pubFailed[j.ID] = true
+				return &PublishFailed{Err: errors.New("nats: connection closed")}
+			}
+		}
+		s.reach(j.ID, j.Worker, e.Subject)
+	case CancelWorker:
+		for _, w := range s.workers {
+			if !w.stock && w.running[j.ID] {
+				delete(w.running, j.ID)
+			}
+		}
+	case Arm:
+		a.timerAt, a.timerEpoch = e.At, e.Epoch
+	case Disarm:
+		a.timerAt = time.Time{}
+	case Ack:
+		_ = e.D.Ack()
+	case Nak:
+		_ = e.D.NakWithDelay(e.Delay)
+	case Touch:
+		_ = e.D.InProgress()
+	case Hold:
+		n.held[j.ID] = e.LockValue
+	case Forget:
+		if n.held[j.ID] == e.LockValue {
+			delete(n.held, j.ID)
+		}
+	case Finish:
+		if n.live[j.ID] == a {
+			delete(n.live, j.ID)
+			if e.Parked {
+				n.parked[j.ID] = true
+			}
+			for _, m := range e.Redeliver {
+				s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
+			}
+		}
+	case Redeliver:
+		for _, m := range e.Msgs {
+			s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
+		}
+	case PublishDLQ, TellClient, Log, Count, Observe, Grace, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+	}
+	return nil
+}
+
+// policy answers a check: down during an outage; else by the job's label.
+func (s *sim) policy(id string, req *capv1.JobRequest, ep uint64) *PolicyDone {
+	if s.now.Before(s.kernelDownUntil) {
+		return &PolicyDone{Epoch: ep, Err: errors.New("kernel unavailable")}
+	}
+	dec := &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}
+	switch req.GetLabels()["policy"] {
+	case "deny":
+		s.denies[id] = true
+		dec.Decision = capv1.DecisionType_DECISION_TYPE_DENY
+	case "approve":
+		dec.Decision = capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN
+	case "throttle":
+		if s.rng.IntN(2) == 0 {
+			dec.Decision = capv1.DecisionType_DECISION_TYPE_THROTTLE
+		}
+	}
+	return &PolicyDone{Epoch: ep, Dec: dec}
+}
+
+// pick answers a PickRequest: a worker, a wait in the queue, or a refusal.
+func (s *sim) pick(n *simNode, a *simActor, req *router.PickRequest) {
+	reply := &router.PickReply{Epoch: req.Epoch}
+	var live []*simWorker
+	for _, w := range s.workers {
+		if w.alive {
+			live = append(live, w)
+		}
+	}
+	switch r := s.rng.IntN(100); {
+	case len(live) == 0 || r < 8:
+		reply.Queued, reply.Reason = true, core.ReasonNoWorkers
+	case r < 25:
+		reply.Queued, reply.Reason = true, core.ReasonPoolOverloaded
+	case r < 28:
+		reply.Reason, reply.Detail = core.ReasonTopicUnmapped, "no route yet"
+	default:
+		w := live[s.rng.IntN(len(live))]
+		reply.WorkerID, reply.Subject = w.id, "worker."+w.id+".jobs"
+		if w.pool {
+			reply.Subject = "job.sim"
+		}
+		reply.Resend = w.dedupe && !w.pool
+		reply.StartsOnDelivery = w.stock
+		n.picks[req.JobID] = w.id
+	}
+	if reply.Queued {
+		n.queue[req.JobID] = req.Ticket
+		ticket, job := req.Ticket, req.JobID
+		s.after(time.Duration(50+s.rng.IntN(3000))*time.Millisecond, func() { s.place(n, job, ticket) })
+	}
+	s.send(&simMsg{node: n, actor: a, job: req.JobID, ev: reply, at: s.now.Add(s.latency())})
+}
+
+// place: a slot freed for a queued job.
+func (s *sim) place(n *simNode, job string, ticket uint64) {
+	if !n.alive || n.queue[job] != ticket {
+		return
+	}
+	for _, w := range s.workers {
+		if w.alive {
+			delete(n.queue, job)
+			n.picks[job] = w.id
+			subj := "worker." + w.id + ".jobs"
+			if w.pool {
+				subj = "job.sim"
+			}
+			s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()), ev: &router.Placed{JobID: job, Ticket: ticket,
+				Reply: &router.PickReply{WorkerID: w.id, Subject: subj, Resend: w.dedupe && !w.pool, StartsOnDelivery: w.stock}}})
+			return
+		}
+	}
+	s.after(time.Second, func() { s.place(n, job, ticket) })
+}
+
+// reach delivers a published request: to the named worker, or on a pool
+// subject to whichever pool worker NATS chooses; sometimes it is lost.
+func (s *sim) reach(job, worker, subject string) {
+	if s.faults && s.rng.IntN(40) == 0 {
+		return // lost on the wire
+	}
+	var w *simWorker
+	if subject == "job.sim" {
+		var pool []*simWorker
+		for _, x := range s.workers {
+			if x.pool && x.alive {
+				pool = append(pool, x)
+			}
+		}
+		if len(pool) == 0 {
+			return
+		}
+		w = pool[s.rng.IntN(len(pool))]
+	} else {
+		for _, x := range s.workers {
+			if x.id == worker && x.alive {
+				w = x
+			}
+		}
+	}
+	if w == nil {
+		return
+	}
+	if w.dedupe && (w.running[job] || w.done[job]) {
+		if w.running[job] {
+			s.progress(job, w)
+		}
+		return
+	}
+	w.running[job] = true
+	if !w.stock {
+		s.after(time.Duration(10+s.rng.IntN(500))*time.Millisecond, func() {
+			if w.alive && w.running[job] {
+				s.progress(job, w)
+			}
+		})
+	}
+	run := time.Duration(100+s.rng.IntN(20_000)) * time.Millisecond
+	if s.rng.IntN(20) == 0 {
+		run = time.Duration(s.rng.IntN(15)) * time.Minute
+	}
+	s.after(run, func() {
+		if !w.alive || !w.running[job] {
+			return
+		}
+		delete(w.running, job)
+		w.done[job] = true
+		st := capv1.JobStatus_JOB_STATUS_SUCCEEDED
+		if s.rng.IntN(10) == 0 {
+			st = capv1.JobStatus_JOB_STATUS_FAILED
+		}
+		s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
+	})
+}
+
+func (s *sim) progress(job string, w *simWorker) {
+	for _, n := range s.aliveNodes() {
+		s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()),
+			ev: &Progress{P: &capv1.JobProgress{JobId: job, Status: capv1.JobStatus_JOB_STATUS_RUNNING}}})
+	}
+}
+
+// writeFault runs op against the store model, with the faults a real
+// Redis brings: unavailable (nothing applied) or a reply lost after the
+// write applied — both seen as an error.
+func (s *sim) writeFault(n *simNode, op *store.Op) *store.Result {
+	if s.faults {
+		switch s.rng.IntN(60) {
+		case 0:
+			return &store.Result{Err: errors.New("redis: connection refused")}
+		case 1:
+			s.apply(n, op)
+			return &store.Result{Err: errors.New("redis: i/o timeout")}
+		}
+	}
+	return s.apply(n, op)
+}
+
+// apply is the store's scripts, as a model.
+func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
+	r := s.recs[op.JobID]
+	switch op.Kind {
+	case store.OpClaim:
+		h, ok := s.idem[op.IdemKey]
+		if !ok {
+			s.idem[op.IdemKey], h = op.JobID, op.JobID
+		}
+		return &store.Result{Holder: h}
+	case store.OpAdmit:
+		used := 0
+		for _, v := range s.tenant {
+			if v {
+				used++
+			}
+		}
+		if s.tenant[op.JobID] || used < op.Limit {
+			s.tenant[op.JobID] = true
+			return &store.Result{Admitted: true}
+		}
+		return &store.Result{}
+	case store.OpDLQ:
+		s.dlq++
+		return &store.Result{}
+	case store.OpRelease:
+		if r != nil && r.lock == op.LockValue {
+			r.lock, r.lease = "", false
+			return &store.Result{Released: true}
+		}
+		return &store.Result{}
+	case store.OpPark:
+		if r == nil || r.lock != op.LockValue || !s.now.Before(r.lockExp) {
+			return &store.Result{}
+		}
+		r.lock, r.parkedBy, r.lease, r.due = op.LockValue+"|p", n.id, false, 0
+		r.fields["park_due"] = strconv.FormatInt(op.ParkDue, 10)
+		return &store.Result{Parked: true}
+	case store.OpActivate:
+		return s.activate(n, op, r)
+	case store.OpTransition:
+		if r == nil || (r.lock != op.LockValue || (r.parkedBy == "" && !s.now.Before(r.lockExp))) {
+			before := ""
+			if r != nil && s.lockHeld(r) {
+				before = r.lock
+			}
+			return &store.Result{Step: store.StepFenced, Before: core.State(before)}
+		}
+		if !slices.Contains(strings.Split(op.T.Expect, ","), string(r.state)) {
+			return &store.Result{Step: store.StepConflict, Before: r.state, LastOp: r.op}
+		}
+		if op.TenantRelease != "" {
+			delete(s.tenant, op.JobID)
+		}
+		if op.DLQ != nil {
+			s.dlq++
+		}
+		s.path(op.JobID, r, op.T)
+		return &store.Result{Step: store.StepOK, Before: r.state}
+	}
+	return &store.Result{}
+}
+
+func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
+	if r != nil && s.lockHeld(r) {
+		owner, _, _ := strings.Cut(r.lock, "|")
+		if owner != n.id {
+			return &store.Result{Status: store.ActivateBusy, State: r.state, Holder: r.lock}
+		}
+	}
+	holder := ""
+	if r != nil {
+		holder = r.lock
+		if !s.lockHeld(r) && r.parkedBy == "" {
+			holder = ""
+		}
+		if r.parkedBy != "" {
+			r.parkedBy = ""
+			if d, _ := strconv.ParseInt(r.fields["deadline"], 10, 64); d > 0 && !r.state.Terminal() {
+				r.due = d
+			}
+		}
+	}
+	if r == nil {
+		if !op.Create {
+			return &store.Result{Status: store.ActivateNotFound}
+		}
+		r = &simRec{state: core.StatePending, fence: 1, fields: map[string]string{"req": string(op.Request)}}
+		s.recs[op.JobID] = r
+		r.due = s.now.Add(simRescue).UnixMilli()
+		t := op.T
+		if t != nil {
+			s.path(op.JobID, r, t)
+		}
+		if t == nil || t.LockKept() {
+			r.lock, r.lockExp, r.lease = store.LockValue(n.id, 1), s.now.Add(simLockTTL), true
+		} else {
+			r.lock, r.lease = "", false
+		}
+		if op.DLQ != nil {
+			s.dlq++
+		}
+		return &store.Result{Status: store.ActivateCreated, State: r.state, Fence: 1}
+	}
+	if r.state.Terminal() {
+		r.due, r.lease = 0, false
+		return &store.Result{Status: store.ActivateTerminal, State: r.state, Holder: holder}
+	}
+	r.fence++
+	r.lock, r.lockExp, r.lease = store.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
+	f := map[string]string{"reason": r.fields["reason"], "op": r.op}
+	for k, v := range r.fields {
+		f[k] = v
+	}
+	return &store.Result{Status: store.ActivateAdopted, State: r.state, Fence: r.fence, Holder: holder, Fields: f}
+}
+
+// path applies a transition's hops to a record and checks the hop rules.
+func (s *sim) path(id string, r *simRec, t *store.Transition) {
+	if prev, ok := s.terminal[id]; ok {
+		s.fail("%s: terminal %s changed by %v", id, prev, t.Path)
+	}
+	from := r.state
+	for _, h := range t.Path {
+		if h.Reason == "" {
+			s.fail("%s: hop %s → %s has no reason", id, from, h.To)
+		}
+		if h.To == core.StateDispatched {
+			s.dispatchHops[id]++
+		}
+		if from == core.StateDispatched && h.To == core.StateScheduled {
+			switch h.Reason {
+			case core.ReasonWorkerLost:
+				if !s.lostSent[id][r.fields["worker"]] {
+					s.fail("%s: worker_lost for %s, which nobody reported lost", id, r.fields["worker"])
+				}
+			case core.ReasonDispatchFailed:
+				if !s.pubFailed[id] {
+					s.fail("%s: dispatch_failed with no failed publish", id)
+				}
+			case core.ReasonStateLost:
+			default:
+				s.fail("%s: DISPATCHED → SCHEDULED for %s", id, h.Reason)
+			}
+		}
+		from = h.To
+	}
+	for i := 0; i+1 < len(t.Fields); i += 2 {
+		r.fields[t.Fields[i]] = t.Fields[i+1]
+	}
+	r.state = t.Final()
+	r.fields["reason"] = string(t.Path[len(t.Path)-1].Reason)
+	r.op = t.Op
+	switch {
+	case r.state.Terminal():
+		r.due, r.lock, r.lease = 0, "", false
+		s.terminal[id] = r.state
+		last := r.fields["last_reason"]
+		if r.state == core.StateFailed && last == string(core.ReasonSafetyUnavailable) {
+			s.fail("%s: FAILED because the input policy was unavailable", id)
+		}
+		if r.state == core.StateDenied && !s.denies[id] && !strings.HasPrefix(r.fields["reason"], "approval") {
+			s.fail("%s: DENIED (%s) though the policy never denied it", id, r.fields["reason"])
+		}
+	case t.Due == -1:
+		r.due = 0
+	case t.Due > 0:
+		r.due = t.Due
+	}
+	if t.Release && !r.state.Terminal() {
+		r.lock, r.lease = "", false
+	}
+}
+
+// tick is a node's periodic work: lock renewal (and loss reports), the
+// parked poll.
+func (s *sim) tick(n *simNode) {
+	s.after(simTick*5, func() { s.tick(n) })
+	if !n.alive || s.now.Before(n.pausedUntil) {
+		return
+	}
+	ids := make([]string, 0, len(n.held))
+	for id := range n.held {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		lv := n.held[id]
+		r := s.recs[id]
+		switch {
+		case r != nil && r.lock == lv && s.now.Before(r.lockExp):
+			r.lockExp = s.now.Add(simLockTTL)
+		case n.live[id] != nil:
+			vanished := r == nil || !s.lockHeld(r)
+			delete(n.held, id)
+			s.send(&simMsg{node: n, job: id, at: s.now, ev: &LockLost{LockValue: lv, Vanished: vanished}})
+		default:
+			delete(n.held, id)
+		}
+	}
+}
+
+// dueTick is every node's due poller and the dead-node adoption: jobs due,
+// jobs whose lease lapsed, parked jobs due or of a dead node are woken.
+func (s *sim) dueTick() {
+	s.after(simTick, s.dueTick)
+	alive := s.aliveNodes()
+	if len(alive) == 0 {
+		return
+	}
+	ids := make([]string, 0, len(s.recs))
+	for id := range s.recs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		r := s.recs[id]
+		if r.state.Terminal() {
+			continue
+		}
+		wake := false
+		var to *simNode
+		switch {
+		case r.parkedBy != "":
+			pn := s.node(r.parkedBy)
+			d, _ := strconv.ParseInt(r.fields["park_due"], 10, 64)
+			if !pn.alive {
+				wake = true
+			} else if d > 0 && s.now.UnixMilli() >= d && !s.now.Before(pn.pausedUntil) {
+				wake, to = true, pn
+			}
+		case s.lockHeld(r):
+		case r.due > 0 && s.now.UnixMilli() >= r.due:
+			wake = true
+		case r.lease && r.lock != "":
+			wake = true // the owner stopped renewing: its lease lapsed
+		}
+		if !wake {
+			continue
+		}
+		if to == nil {
+			to = alive[s.rng.IntN(len(alive))]
+		}
+		s.send(&simMsg{node: to, job: id, spawn: true, at: s.now.Add(s.latency()), ev: &Wake{}})
+	}
+}
+
+// fault injects one fault at random.
+func (s *sim) fault() {
+	switch s.rng.IntN(14) {
+	case 0: // a node dies
+		n := s.nodes[s.rng.IntN(len(s.nodes))]
+		if !n.alive || len(s.aliveNodes()) == 1 {
+			return
+		}
+		s.logf("fault: %s dies", n.id)
+		n.alive = false
+		n.live, n.held, n.queue, n.picks, n.parked = map[string]*simActor{}, map[string]string{}, map[string]uint64{},
+			map[string]string{}, map[string]bool{}
+		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() {
+			s.logf("fault: %s restarts", n.id)
+			n.alive = true
+			for id, r := range s.recs {
+				if r.parkedBy == n.id && r.state == core.StateDispatched {
+					n.parked[id] = true
+				}
+			}
+		})
+	case 1: // a node pauses (SIGSTOP) past the lock TTL, sometimes
+		n := s.nodes[s.rng.IntN(len(s.nodes))]
+		if n.alive {
+			n.pausedUntil = s.now.Add(time.Duration(s.rng.IntN(45)) * time.Second)
+			s.logf("fault: %s paused until %s", n.id, n.pausedUntil.Format("15:04:05"))
+		}
+	case 2: // an actor crashes and is restarted
+		n := s.nodes[s.rng.IntN(len(s.nodes))]
+		for _, id := range sortedKeys(n.live) {
+			a := n.live[id]
+			s.logf("fault: actor %s on %s restarts", id, n.id)
+			s.step(n, a, &Restarting{})
+			n.live[id] = &simActor{j: New(s.nodeCfg(n), id)}
+			break
+		}
+	case 3: // a lock expires under its owner
+		for _, id := range sortedKeys(s.recs) {
+			r := s.recs[id]
+			if r.lock != "" && r.parkedBy == "" && s.rng.IntN(4) == 0 {
+				s.logf("fault: lock of %s expires", id)
+				r.lock = ""
+				break
+			}
+		}
+	case 4: // Redis loses its data
+		if s.rng.IntN(5) == 0 {
+			s.logf("fault: redis loses its data")
+			s.recs, s.idem, s.tenant, s.terminal = map[string]*simRec{}, map[string]string{}, map[string]bool{},
+				map[string]core.State{}
+			s.dataLostAt = s.now
+		}
+	case 5: // a worker dies; every node's router evicts it
+		w := s.workers[s.rng.IntN(len(s.workers))]
+		if !w.alive {
+			return
+		}
+		s.logf("fault: worker %s dies", w.id)
+		w.alive, w.running = false, map[string]bool{}
+		s.evict(w)
+		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() { w.alive, w.done = true, map[string]bool{} })
+	case 6: // a worker is evicted although alive (its node or itself paused)
+		w := s.workers[s.rng.IntN(len(s.workers))]
+		if w.alive {
+			s.logf("fault: worker %s evicted while alive", w.id)
+			s.evict(w)
+		}
+	case 7: // the kernel goes down, for a moment or for long
+		d := time.Duration(s.rng.IntN(600)) * time.Second
+		s.kernelDownUntil = s.now.Add(d)
+		s.logf("fault: kernel down for %s", d)
+	case 8: // the clock jumps
+		s.now = s.now.Add(time.Duration(s.rng.IntN(120)) * time.Second)
+		s.logf("fault: clock jumps")
+	case 9, 10: // a client cancels a job
+		if len(s.jobs) > 0 {
+			id := s.jobs[s.rng.IntN(len(s.jobs))]
+			s.deliverNew(id, &Cancel{C: &capv1.JobCancel{JobId: id, Reason: "sim", RequestedBy: "client"}, TraceID: "tr-" + id})
+		}
+	case 11: // JetStream redelivers an acked message
+		if len(s.jobs) > 0 {
+			id := s.jobs[s.rng.IntN(len(s.jobs))]
+			if subs := s.subs[id]; len(subs) > 0 {
+				d := subs[0]
+				s.send(&simMsg{anyNode: true, job: id, ev: d.ev, spawn: true, at: s.now.Add(s.latency())})
+			}
+		}
+	default: // a human decides an approval
+		s.decideApprovals(s.rng.IntN(2) == 0)
+	}
+}
+
+func (s *sim) decideApprovals(approve bool) {
+	for _, id := range sortedKeys(s.recs) {
+		r := s.recs[id]
+		if r.state != core.StateApprovalRequired || r.fields["approval_decision"] != "" {
+			continue
+		}
+		dec := store.DecisionRejected
+		if approve {
+			dec = store.DecisionApproved
+			r.fields["approval_hash"] = r.fields["job_hash"]
+		}
+		r.fields["approval_decision"], r.fields["approval_by"] = string(dec), "sim"
+		r.due = s.now.UnixMilli()
+		return
+	}
+}
+
+func (s *sim) evict(w *simWorker) {
+	for _, n := range s.aliveNodes() {
+		for _, id := range sortedKeys(n.picks) {
+			if n.picks[id] != w.id {
+				continue
+			}
+			delete(n.picks, id)
+			if s.lostSent[id] == nil {
+				s.lostSent[id] = map[string]bool{}
+			}
+			s.lostSent[id][w.id] = true
+			s.send(&simMsg{node: n, job: id, at: s.now.Add(s.latency()), ev: &WorkerLost{WorkerID: w.id}})
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// next takes the message to handle: a random one of those due now, or
+// (time passing) the earliest timer or message.
+func (s *sim) next() bool {
+	var ready []int
+	for i, m := range s.net {
+		if !m.at.After(s.now) {
+			ready = append(ready, i)
+		}
+	}
+	if len(ready) > 0 {
+		i := ready[s.rng.IntN(len(ready))]
+		m := s.net[i]
+		s.net[i] = s.net[len(s.net)-1]
+		s.net = s.net[:len(s.net)-1]
+		s.handle(m)
+		return true
+	}
+	// Nothing due: time passes to the next message or timer.
+	var nextMsg, nextTimer time.Time
+	for _, m := range s.net {
+		if nextMsg.IsZero() || m.at.Before(nextMsg) {
+			nextMsg = m.at
+		}
+	}
+	var fire *simActor
+	var fireNode *simNode
+	for _, n := range s.nodes {
+		if !n.alive {
+			continue
+		}
+		for _, id := range sortedKeys(n.live) {
+			a := n.live[id]
+			at := a.timerAt
+			if at.IsZero() {
+				continue
+			}
+			if at.Before(n.pausedUntil) {
+				at = n.pausedUntil
+			}
+			if nextTimer.IsZero() || at.Before(nextTimer) {
+				nextTimer, fire, fireNode = at, a, n
+			}
+		}
+	}
+	switch {
+	case fire != nil && (nextMsg.IsZero() || !nextTimer.After(nextMsg)):
+		if nextTimer.After(s.now) {
+			s.now = nextTimer
+		}
+		s.steps++
+		ep := fire.timerEpoch
+		fire.timerAt = time.Time{}
+		s.step(fireNode, fire, &Timer{Epoch: ep})
+		return true
+	case !nextMsg.IsZero():
+		s.now = nextMsg
+		return true
+	}
+	return false
+}
+
+func (s *sim) hasReady() bool {
+	for _, m := range s.net {
+		if !m.at.After(s.now) {
+			return true
+		}
+	}
+	return false
+}
+
+// handle runs one message: a model action, or an event for a job's actor.
+func (s *sim) handle(m *simMsg) {
+	s.steps++
+	if m.fn != nil {
+		m.fn()
+		return
+	}
+	n := m.node
+	if m.anyNode {
+		alive := s.aliveNodes()
+		if len(alive) == 0 {
+			m.at = s.now.Add(time.Second)
+			s.send(m)
+			return
+		}
+		n = alive[s.rng.IntN(len(alive))]
+	}
+	if !n.alive {
+		if d, ok := deliveryOf(m.ev); ok && !d.done {
+			_ = d.NakWithDelay(simAckWait) // JetStream offers it again after the ack wait
+		}
+		return
+	}
+	if s.now.Before(n.pausedUntil) {
+		m.at = n.pausedUntil
+		s.send(m)
+		return
+	}
+	if m.actor != nil {
+		if n.live[m.job] != m.actor {
+			return // the actor that asked is gone: its answer is dropped
+		}
+		s.step(n, m.actor, m.ev)
+		return
+	}
+	s.deliver(n, m.job, m.ev, m.spawn)
+}
+
+// redeliverStale offers again the deliveries a node has held un-acked for
+// longer than the ack wait, as JetStream does.
+func (s *sim) redeliverStale() {
+	for _, id := range s.jobs {
+		for _, d := range s.subs[id] {
+			if !d.done && d.holder != nil && s.now.Sub(d.heldAt) > simAckWait {
+				d.holder = nil
+				s.send(&simMsg{anyNode: true, job: id, ev: d.ev, spawn: true, at: s.now})
+			}
+		}
+	}
+}
+
+// check verifies the invariants that hold at every step.
+func (s *sim) check() {
+	for _, id := range s.jobs {
+		r := s.recs[id]
+		if r == nil {
+			// Not created yet: its submit must still be on its way.
+			owed := false
+			for _, d := range s.subs[id] {
+				if !d.done {
+					owed = true
+				}
+			}
+			if !owed && !s.dataLostAt.IsZero() {
+				owed = true // a lost record whose submit was acked: lost with Redis
+			}
+			if !owed && s.idemDuplicate(id) {
+				owed = true
+			}
+			if !owed {
+				s.fail("%s: no record and no submit outstanding", id)
+			}
+			continue
+		}
+		if r.state.Terminal() {
+			continue
+		}
+		if !s.hasWakeSource(id, r) {
+			s.fail("%s: %s (%s) has no wake source", id, r.state, r.fields["reason"])
+		}
+	}
+}
+
+func (s *sim) idemDuplicate(id string) bool {
+	for _, d := range s.subs[id] {
+		if sub, ok := d.ev.(*Submit); ok && sub.Req.GetMeta().GetIdempotencyKey() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// hasWakeSource: a live actor with a step outstanding, a timer, a queue
+// place or an event on its way; else a due entry, a lapsing lease, a parked
+// entry, an approval wait, or an event on its way that spawns an actor.
+func (s *sim) hasWakeSource(id string, r *simRec) bool {
+	for _, n := range s.nodes {
+		if !n.alive {
+			continue
+		}
+		if a := n.live[id]; a != nil && (a.j.activated || a.j.busy) {
+			if a.j.busy || !a.timerAt.IsZero() || n.queue[id] != 0 && a.j.queued {
+				return true
+			}
+			for _, m := range s.net {
+				if m.job == id && (m.node == n || m.anyNode) {
+					return true
+				}
+			}
+			if a.j.State == core.StateApprovalRequired && a.j.done {
+				return true
+			}
+			return false
+		}
+	}
+	switch {
+	case r.due > 0, r.parkedBy != "", r.lease && r.lock != "", r.state == core.StateApprovalRequired:
+		return true
+	}
+	for _, m := range s.net {
+		if m.job == id && (m.spawn || m.fn != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// run plays one seed: faults and submits for steps, then calm (no new
+// faults, every node and worker back, approvals decided) until every job
+// is terminal.
+func (s *sim) run(steps int) {
+	for i := 0; i < 6; i++ {
+		s.submit()
+	}
+	for s.steps < steps && len(s.failures) == 0 {
+		switch r := s.rng.IntN(100); {
+		case r < 2 && len(s.jobs) < 40:
+			s.submit()
+		case r < 4 && s.faults:
+			s.fault()
+		}
+		if !s.next() {
+			break
+		}
+		if s.steps%50 == 0 {
+			s.redeliverStale()
+		}
+		s.check()
+	}
+	// Calm: the system must finish every job.
+	s.faults = false
+	s.kernelDownUntil = time.Time{}
+	for _, n := range s.nodes {
+		n.pausedUntil = time.Time{}
+	}
+	for _, w := range s.workers {
+		w.alive = true
+	}
+	end := s.steps + simCalmSteps
+	for s.steps < end && len(s.failures) == 0 {
+		s.decideApprovals(true)
+		if !s.next() {
+			break
+		}
+		if s.steps%50 == 0 {
+			s.redeliverStale()
+		}
+		s.check()
+		if s.steps%500 == 0 && s.allTerminal() {
+			break
+		}
+	}
+	if len(s.failures) == 0 && !s.allTerminal() {
+		for _, id := range s.jobs {
+			if r := s.recs[id]; r != nil && !r.state.Terminal() {
+				s.fail("%s: still %s (%s) after the calm", id, r.state, r.fields["reason"])
+			}
+		}
+	}
+}
+
+func (s *sim) allTerminal() bool {
+	for _, id := range s.jobs {
+		r := s.recs[id]
+		if r == nil {
+			if s.dataLostAt.IsZero() && !s.idemDuplicate(id) {
+				return false
+			}
+			continue
+		}
+		if !r.state.Terminal() {
+			return false
+		}
+	}
+	return true
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// TestSimJobLifecycle runs the simulator over many seeds (≥ 1,000,000
+// steps in all by default); TROUPE_SIM_SEED replays one.
+func TestSimJobLifecycle(t *testing.T) {
+	seeds, steps := envInt("TROUPE_SIM_SEEDS", 170), envInt("TROUPE_SIM_STEPS", simMaxSteps)
+	first := uint64(envInt("TROUPE_SIM_FIRST", 1))
+	if v := os.Getenv("TROUPE_SIM_SEED"); v != "" {
+		seed, _ := strconv.ParseUint(v, 10, 64)
+		first, seeds = seed, 1
+	}
+	total := 0
+	for seed := first; seed < first+uint64(seeds); seed++ {
+		s := newSim(t, seed)
+		s.run(steps)
+		total += s.steps
+		if len(s.failures) > 0 {
+			t.Errorf("seed %d (replay: TROUPE_SIM_SEED=%d go test -run TestSimJobLifecycle ./actors/lifecycle/):\n  %s\nlast events:\n  %s",
+				seed, seed, strings.Join(s.failures[:min(len(s.failures), 5)], "\n  "),
+				strings.Join(s.trace[max(0, len(s.trace)-envInt("TROUPE_SIM_TRACE", 40)):], "\n  "))
+			return
+		}
+	}
+	t.Logf("%d seeds, %d steps", seeds, total)
+}
