@@ -135,6 +135,8 @@ type sim struct {
 	dataLostAt      time.Time
 	faults          bool
 	steps           int
+	redelivered     int
+	deliveries      []*simDelivery
 
 	// What the invariants compare against.
 	dispatchHops map[string]int
@@ -270,6 +272,7 @@ func (s *sim) submit() {
 // deliverNew puts a JetStream message for job on the wire.
 func (s *sim) deliverNew(job string, ev any) {
 	d := &simDelivery{s: s, ev: ev, job: job}
+	s.deliveries = append(s.deliveries, d)
 	switch e := ev.(type) {
 	case *Submit:
 		e.Delivery = d
@@ -305,7 +308,14 @@ func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
 	if d, ok := deliveryOf(ev); ok && d != nil {
 		d.holder, d.heldAt = n, s.now
 	}
+	_, wl := ev.(*WorkerLost)
+	_, pr := ev.(*Progress)
+	passOn := a.j.done && a.j.parked && a.j.State == core.StateDispatched && (wl || pr)
+	redelivered := s.redelivered
 	s.step(n, a, ev)
+	if passOn && s.redelivered == redelivered {
+		s.fail("%s: %T reached the actor that had just parked the job, and was dropped", job, ev)
+	}
 }
 
 func deliveryOf(ev any) (*simDelivery, bool) {
@@ -448,16 +458,23 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			delete(n.held, j.ID)
 		}
 	case Finish:
-		if n.live[j.ID] == a {
+		// The shard handles the Finished message a moment later; events
+		// for the job meanwhile still reach the finished actor.
+		fin := e
+		s.send(&simMsg{node: n, at: s.now.Add(s.latency()), job: j.ID, fn: func() {
+			if n.live[j.ID] != a {
+				return
+			}
 			delete(n.live, j.ID)
-			if e.Parked {
+			if fin.Parked {
 				n.parked[j.ID] = true
 			}
-			for _, m := range e.Redeliver {
+			for _, m := range fin.Redeliver {
 				s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
 			}
-		}
+		}})
 	case Redeliver:
+		s.redelivered++
 		for _, m := range e.Msgs {
 			s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
 		}
@@ -858,7 +875,7 @@ func (s *sim) dueTick() {
 		case s.lockHeld(r):
 		case r.due > 0 && s.now.UnixMilli() >= r.due:
 			wake = true
-		case r.lease && r.lock != "":
+		case r.lease:
 			wake = true // the owner stopped renewing: its lease lapsed
 		}
 		if !wake {
@@ -1191,7 +1208,7 @@ func (s *sim) hasWakeSource(id string, r *simRec) bool {
 		}
 	}
 	switch {
-	case r.due > 0, r.parkedBy != "", r.lease && r.lock != "", r.state == core.StateApprovalRequired:
+	case r.due > 0, r.parkedBy != "", r.lease, r.state == core.StateApprovalRequired:
 		return true
 	}
 	for _, m := range s.net {
@@ -1245,6 +1262,16 @@ func (s *sim) run(steps int) {
 		s.check()
 		if s.steps%500 == 0 && s.allTerminal() {
 			break
+		}
+	}
+	if len(s.failures) == 0 {
+		// Every message was answered in the end: none is handed back for
+		// ever (a cancel the job never applies, say).
+		for _, d := range s.deliveries {
+			if !d.done && s.recs[d.job] != nil {
+				s.fail("%s: a %T was never acked", d.job, d.ev)
+				break
+			}
 		}
 	}
 	if len(s.failures) == 0 && !s.allTerminal() {
