@@ -72,6 +72,9 @@ const (
 	// TenantSlotGrace: a tenant slot is only repaired once it is this old,
 	// so a job admitted but not yet dispatched keeps it.
 	TenantSlotGrace = time.Minute
+	// DLQOutboxGrace: a DLQ entry is flushed from its job's outbox only
+	// once it is this old, so the writer that wrote it moves it first.
+	DLQOutboxGrace = 10 * time.Second
 )
 
 // Start runs the poller until Stop.
@@ -135,7 +138,7 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if !p.holdLock(ctx) {
 		return len(own)
 	}
-	if p.ticks++; p.ticks%TrimEvery == 0 && p.Store.Retention() > 0 {
+	if p.ticks++; p.ticks%TrimEvery == 0 {
 		// Housekeeping after this tick's wakes, on its own budget: the
 		// tenant slot repair scans the keyspace, which with millions of
 		// jobs takes longer than a tick.
@@ -219,14 +222,22 @@ func (p *DuePoller) adoptDeadNodes(ctx context.Context, now time.Time) []string 
 	return out
 }
 
-// HousekeepTimeout bounds the index trim and tenant slot repair.
+// HousekeepTimeout bounds the index trim, the DLQ outbox flush and the
+// tenant slot repair.
 const HousekeepTimeout = 30 * time.Second
 
 func (p *DuePoller) housekeep(now time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), HousekeepTimeout)
 	defer cancel()
-	if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
-		p.Log.Warn("index trim failed", "err", err)
+	if p.Store.Retention() > 0 { // kept forever: nothing to trim
+		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
+			p.Log.Warn("index trim failed", "err", err)
+		}
+	}
+	if n, err := p.Store.FlushDLQOutbox(ctx, DLQOutboxGrace, 500); err != nil {
+		p.Log.Warn("dlq outbox flush failed", "err", err, "moved", n)
+	} else if n > 0 {
+		p.Log.Info("dlq entries moved from outboxes (their writer stopped before it moved them)", "count", n)
 	}
 	if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
 		p.Log.Warn("tenant slot repair failed", "err", err)
