@@ -240,7 +240,7 @@ func (p *DuePoller) housekeep(now time.Time) {
 		p.Log.Info("dlq entries moved from outboxes (their writer stopped before it moved them)", "count", n)
 	}
 	if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
-		p.Log.Warn("tenant slot repair failed", "err", err)
+		p.Log.Warn("tenant slot repair failed", "err", err, "given_back", n)
 	} else if n > 0 {
 		p.Log.Info("tenant slots given back", "count", n)
 	}
