@@ -108,10 +108,8 @@ func (p *DuePoller) loop() {
 		select {
 		case <-p.stop:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			rdb := p.Store.Client()
-			if v, _ := rdb.Get(ctx, p.lockKey()).Result(); v == p.NodeID {
-				rdb.Del(ctx, p.lockKey())
-			}
+			// Only if still ours: a lapsed lock may be another's now.
+			_, _ = store.ReleaseLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID)
 			cancel()
 			return
 		case <-t.C:
@@ -273,21 +271,14 @@ func (p *DuePoller) countStale(ctx context.Context, ids []string) {
 	}
 }
 
-// holdLock takes or extends the poller lock for three poll intervals.
+// holdLock takes or extends the poller lock for three poll intervals, in
+// one owner-checked step (store.TakeLease): a poller whose lock lapsed and
+// went to another replica never extends that replica's lock.
 func (p *DuePoller) holdLock(ctx context.Context) bool {
-	rdb := p.Store.Client()
-	ttl := 3 * p.Every
-	ok, err := rdb.SetNX(ctx, p.lockKey(), p.NodeID, ttl).Result()
-	if err == nil && ok {
-		return true
-	}
-	v, err := rdb.Get(ctx, p.lockKey()).Result()
-	if err != nil && err != redis.Nil {
+	ok, err := store.TakeLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID, 3*p.Every)
+	if err != nil {
+		p.Log.Warn("due poller lock not taken", "err", err)
 		return false
 	}
-	if v == p.NodeID {
-		rdb.PExpire(ctx, p.lockKey(), ttl)
-		return true
-	}
-	return false
+	return ok
 }
