@@ -468,7 +468,10 @@ func (n *Node) Start(ctx context.Context) error {
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
 		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID,
-		Gossip: func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
+		// A pick its job has neither started on nor given back a minute
+		// after the dispatch timeout was never dispatched (router/picks.go).
+		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
+		Gossip:  func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
 		OnEvictJobs: func(workerID string, jobIDs []string) {
 			if in := intake.Load(); in != nil {
 				for _, id := range jobIDs {

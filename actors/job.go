@@ -67,7 +67,7 @@ func (a *JobActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.id = jobIDFromPID(c)
-		a.job = lifecycle.New(a.env.core, a.id)
+		a.job = lifecycle.New(a.env.core, a.id, rand.Uint64())
 		a.env.Metrics.LiveActors.Inc()
 	case *actor.Stopping:
 		a.step(c, &lifecycle.Stopping{})

@@ -561,6 +561,13 @@ func (r *Registry) Occupy(w *Worker, job string) bool {
 	return true
 }
 
+// Unstarted reports whether job occupies a slot of w and has not started
+// (it is one of Waiting's).
+func (r *Registry) Unstarted(w *Worker, job string) bool {
+	m, ok := w.jobs[job]
+	return ok && m&jobStarted == 0
+}
+
 // Start marks an occupying job as started: it is running at the worker, so
 // the worker's eviction need not place it again (see Waiting).
 func (r *Registry) Start(w *Worker, job string) {

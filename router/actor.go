@@ -224,6 +224,14 @@ type Config struct {
 	// Gossip: a lone node, nothing is published.
 	NodeID string
 	Gossip func(data []byte)
+	// PickTTL frees the slot of a job's pick (or queued placement it took)
+	// that the job neither started nor gave back within it: its actor
+	// stopped or restarted before acting on the reply, or dropped the reply
+	// as stale, and the slot would otherwise stay counted — and be reported
+	// lost at the worker's eviction — for the worker's lifetime. It must
+	// exceed the dispatch timeout, by which a dispatched job has started or
+	// given its slot back (default PickTTLDefault; negative: never).
+	PickTTL time.Duration
 }
 
 // Released tells the router that a job it placed on WorkerID no longer
@@ -258,6 +266,9 @@ func (c Config) withDefaults() Config {
 		c.StaleRetries = StaleRetriesDefault
 	case c.StaleRetries < 0:
 		c.StaleRetries = 0
+	}
+	if c.PickTTL == 0 {
+		c.PickTTL = PickTTLDefault
 	}
 	return c
 }
@@ -298,6 +309,9 @@ type Router struct {
 	// lastSweep is when the last sweep ran: a much longer gap means this
 	// node was paused, and silence it did not hear proves nothing.
 	lastSweep time.Time
+	// picks: slots counted for jobs that have not started on them nor
+	// given them back (picks.go).
+	picks map[string]pickRec
 	// Ownership and offers (owners.go).
 	offers    map[uint64]*offer
 	offerSeq  uint64
@@ -349,7 +363,7 @@ func Props(cfg Config) *actor.Props {
 			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
 			queues: map[string]*waitQueue{}, waiting: map[string]*waiter{}, handed: map[string]handoff{},
 			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}, offers: map[uint64]*offer{},
-			warned: map[string]bool{}}
+			warned: map[string]bool{}, picks: map[string]pickRec{}}
 	})
 }
 
@@ -384,6 +398,7 @@ func (r *Router) Receive(c actor.Context) {
 				// freed: the job dispatches there, so count it again.
 				if w := r.reg.Get(m.WorkerID); w != nil && r.reg.Occupy(w, m.JobID) {
 					r.changed(c, w)
+					r.track(m.JobID, w)
 				}
 			}
 			return
@@ -391,6 +406,8 @@ func (r *Router) Receive(c actor.Context) {
 		delete(r.handed, m.JobID)
 		if !m.Used {
 			r.vacate(c, h.w, m.JobID)
+		} else {
+			r.track(m.JobID, h.w)
 		}
 	case *Withdraw:
 		if w := r.waiting[m.JobID]; w != nil && w.ticket == m.Ticket {
@@ -402,6 +419,7 @@ func (r *Router) Receive(c actor.Context) {
 			r.vacate(c, h.w, m.JobID)
 		}
 	case *Released:
+		r.confirmPick(m.JobID, m.WorkerID)
 		w := r.reg.Get(m.WorkerID)
 		if w == nil {
 			return
@@ -415,10 +433,15 @@ func (r *Router) Receive(c actor.Context) {
 			r.reg.Start(w, m.JobID)
 		}
 	case *Occupied:
+		if m.Started {
+			r.confirmPick(m.JobID, m.WorkerID)
+		}
 		if w := r.reg.Get(m.WorkerID); w != nil && r.reg.Occupy(w, m.JobID) {
 			r.changed(c, w)
 			if m.Started {
 				r.reg.Start(w, m.JobID)
+			} else {
+				r.track(m.JobID, w)
 			}
 		}
 	case *QueuePosition:
@@ -462,6 +485,7 @@ func (r *Router) Receive(c actor.Context) {
 		r.sweep()
 		r.expirePeers(c)
 		r.expireHandoffs(c)
+		r.expirePicks(c)
 		r.expireOffers(c)
 		r.publish(true)
 	}

@@ -30,6 +30,10 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 			delete(r.handed, m.JobID)
 			r.vacate(c, h.w, m.JobID)
 		}
+		// Nor dispatching on an earlier pick it never started on or gave
+		// back (it dropped the reply as stale, or restarted before acting
+		// on it).
+		r.dropEarlierPick(c, m.JobID)
 	}
 	p := r.strategy.PickFor(m.JobID, m.Req, r.now())
 	reply := &PickReply{Epoch: m.Epoch, Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
@@ -42,6 +46,7 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 			r.tidy(w.pools)
 		}
 		r.changed(c, p.Worker)
+		r.track(m.JobID, p.Worker)
 		c.Respond(reply)
 		return
 	}

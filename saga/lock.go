@@ -7,22 +7,16 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/store"
 )
 
-// Owner-checked lock scripts: a holder only ever extends or deletes a lock
-// whose value is still its own token, so a holder that stalled past its TTL
-// cannot extend or free the lock a successor took meanwhile.
+// Workflow and poller locks are owner-checked leases (store.TakeLease and
+// friends): a holder only ever extends or deletes a lock whose value is
+// still its own token, so a holder that stalled past its TTL cannot extend
+// or free the lock a successor took meanwhile.
+
 var (
-	renewLockScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0`)
-	releaseLockScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0`)
 	// dropTriggerScript removes a workflow from one shard's trigger set
 	// only if it was triggered no later than ARGV[2] (unix ms): a step that
 	// failed fatally while the rollback ran triggers it again, and that
@@ -47,16 +41,11 @@ func lockToken(nodeID string) string {
 // takeLock sets key to token for ttl if nobody holds it, or extends it if
 // token already holds it.
 func takeLock(ctx context.Context, rdb redis.UniversalClient, key, token string, ttl time.Duration) (bool, error) {
-	ok, err := rdb.SetNX(ctx, key, token, ttl).Result()
-	if err != nil || ok {
-		return ok, err
-	}
-	return renewLock(ctx, rdb, key, token, ttl)
+	return store.TakeLease(ctx, rdb, key, token, ttl)
 }
 
 func renewLock(ctx context.Context, rdb redis.UniversalClient, key, token string, ttl time.Duration) (bool, error) {
-	n, err := renewLockScript.Run(ctx, rdb, []string{key}, token, ttl.Milliseconds()).Int()
-	return n == 1, err
+	return store.RenewLease(ctx, rdb, key, token, ttl)
 }
 
 func releaseLock(rdb redis.UniversalClient, key, token string) {
@@ -64,5 +53,5 @@ func releaseLock(rdb redis.UniversalClient, key, token string) {
 	// cancelled, and a lock left behind only costs its TTL.
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	_ = releaseLockScript.Run(ctx, rdb, []string{key}, token).Err()
+	_, _ = store.ReleaseLease(ctx, rdb, key, token)
 }

@@ -189,6 +189,9 @@ func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 // perKey slots per tenant are checked per call. The tenants are read from
 // Keys.Tenants (every admission records its tenant there), not by scanning
 // the keyspace, so the cost follows the number of tenants, not of keys.
+// A tenant whose slots or job states cannot all be read (a Redis timeout)
+// keeps every slot: the repair goes on with the next tenant and returns the
+// read error at the end, with the slots it did give back.
 func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, perKey int64) (int, error) {
 	removed := 0
 	seen := map[string]bool{}
@@ -210,23 +213,22 @@ func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, per
 		}
 	}
 	cutoff := strconv.FormatInt(time.Now().Add(-minAge).UnixMilli(), 10)
+	var readErr error
 	for _, key := range tenantKeys {
 		ids, err := s.rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: cutoff, Count: perKey}).Result()
-		if err != nil || len(ids) == 0 {
+		if err != nil {
+			readErr = err
 			continue
 		}
-		pipe := s.rdb.Pipeline()
-		states := make([]*redis.StringCmd, len(ids))
-		for i, id := range ids {
-			states[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+		if len(ids) == 0 {
+			continue
 		}
-		_, _ = pipe.Exec(ctx)
-		var stale []interface{}
-		for i, id := range ids {
-			st := core.State(states[i].Val())
-			if st != core.StateDispatched && st != core.StateRunning {
-				stale = append(stale, id)
-			}
+		stale, err := s.staleSlots(ctx, ids)
+		if err != nil {
+			// A state not read is not "not running": this key is left
+			// as it is (the next repair looks again).
+			readErr = err
+			continue
 		}
 		if len(stale) > 0 {
 			if err := s.rdb.ZRem(ctx, key, stale...).Err(); err != nil {
@@ -235,5 +237,33 @@ func (s *Store) RepairTenantSlots(ctx context.Context, minAge time.Duration, per
 			removed += len(stale)
 		}
 	}
+	if readErr != nil {
+		return removed, fmt.Errorf("store: repair tenant slots: a read failed, its tenant's slots kept: %w", readErr)
+	}
 	return removed, nil
+}
+
+// staleSlots returns those of ids whose job is not DISPATCHED or RUNNING
+// (a job with no record any more included), or an error if any state could
+// not be read.
+func (s *Store) staleSlots(ctx context.Context, ids []string) ([]interface{}, error) {
+	pipe := s.rdb.Pipeline()
+	states := make([]*redis.StringCmd, len(ids))
+	for i, id := range ids {
+		states[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	var stale []interface{}
+	for i, id := range ids {
+		st, err := states[i].Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if state := core.State(st); state != core.StateDispatched && state != core.StateRunning {
+			stale = append(stale, id)
+		}
+	}
+	return stale, nil
 }

@@ -11,6 +11,7 @@ package store
 import (
 	"hash/fnv"
 	"strconv"
+	"strings"
 )
 
 // Shards is the number of hash-tag shards job keys are spread over. 64 spreads
@@ -109,3 +110,37 @@ func (k *Keys) Index(shard int, state string) string { return k.tags[shard] + "i
 
 // DLQ is the stream of dead-lettered inputs and jobs.
 func (k *Keys) DLQ() string { return k.prefix + "dlq" }
+
+// DLQOutbox is the sorted set of shard's DLQ entries whose write applied
+// but which may not be in the DLQ stream yet (member = the encoded entry,
+// score = when it was written, unix ms). A job script adds the entry in the
+// same atomic step as the state change it dead-letters, so the entry exists
+// exactly when the change applied; the writer then appends it to the DLQ
+// stream, which lives in another slot (see dlqAppendScript), and the due
+// poller flushes whatever a crash left behind (Store.FlushDLQOutbox).
+func (k *Keys) DLQOutbox(shard int) string { return k.tags[shard] + dlqOutboxSuffix }
+
+const dlqOutboxSuffix = "dlqout"
+
+// DLQMark records that the outbox entry id reached the DLQ stream, so a
+// repeated append (a retried op, a flush after a crash) adds nothing. It
+// shares the stream's hash slot, so one script checks it and appends: the
+// stream's name carries no hash tag, so its slot is that of its whole name,
+// which is what the tag {<name>} selects.
+func (k *Keys) DLQMark(id string) string {
+	if hasHashTag(k.DLQ()) {
+		return k.DLQ() + ":op:" + id // the same (first) tag
+	}
+	return k.prefix + "{" + k.DLQ() + "}:op:" + id
+}
+
+// hasHashTag reports whether Redis Cluster hashes key by a tag: a "{"
+// followed, later, by a "}" with at least one character between.
+func hasHashTag(key string) bool {
+	i := strings.IndexByte(key, '{')
+	if i < 0 {
+		return false
+	}
+	j := strings.IndexByte(key[i+1:], '}')
+	return j > 0
+}

@@ -174,13 +174,17 @@ return out
 //	shardWritesLua), then field, value, ...
 //
 // Returns {status, state_before} with status OK, FENCED (lock value differs:
-// this owner is stale), NOTFOUND or CONFLICT (state not expected; then a
-// third element: the record's "op" field, the identity of the write that
-// put it there — see Transition.Op).
+// this owner is stale; then state_before is the lock's value, and the
+// record's "op" field and state follow), NOTFOUND or CONFLICT (state not
+// expected; then a third element: the record's "op" field, the identity of
+// the write that put it there — see Transition.Op). The "op" field tells a
+// retried write whether its first try applied: a write that released the
+// lock (a terminal one) is FENCED when tried again.
 var transitionScript = redis.NewScript(shardWritesLua + `
 local cur = redis.call('GET', KEYS[3])
 if cur ~= ARGV[1] then
-  return {'FENCED', cur or ''}
+  local rec = redis.call('HMGET', KEYS[1], 'op', 's')
+  return {'FENCED', cur or '', rec[1] or '', rec[2] or ''}
 end
 local st = redis.call('HGET', KEYS[1], 's')
 if not st then
@@ -415,3 +419,15 @@ return {'OK', st}
 
 var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript, renewScript,
 	approveScript, claimScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}
+
+// dlqAppendScript appends one DLQ entry to the stream unless its mark says
+// it is there already: a DLQ entry leaves its job's outbox (Keys.DLQOutbox)
+// at least once, and reaches the stream once. KEYS: dlq stream, mark (the
+// stream's slot, see Keys.DLQMark). ARGV: mark_ttl_s, maxlen, field,
+// value, ... Returns 1 if appended, 0 if it was there. Sent with EVAL (a
+// DLQ entry is rare), so no NOSCRIPT reply needs handling.
+var dlqAppendScript = redis.NewScript(`
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+return 1
+`)

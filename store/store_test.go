@@ -420,3 +420,41 @@ func TestSagaShardWritesOfATransitionExpire(t *testing.T) {
 		t.Fatalf("record %+v", rec)
 	}
 }
+
+// TestRepairTenantSlotsKeepsSlotsOnReadError: when the job states the
+// repair reads do not come back (a Redis timeout), it removes nothing — an
+// unread state is not "not running" — and says so.
+func TestRepairTenantSlotsKeepsSlotsOnReadError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	keys := b.s.Keys()
+	for _, id := range []string{"run-1", "run-2"} {
+		b.activate(t, id, "a", true)
+		if r := b.do(t, &store.Op{Kind: store.OpAdmit, JobID: id, TenantKey: keys.TenantActive("acme"), Limit: 10}); !r.Admitted {
+			t.Fatalf("%s not admitted", id)
+		}
+		if err := b.s.Client().HSet(ctx, keys.Job(id), "s", string(core.StateRunning)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The state reads time out.
+	hook := &faultHook{match: func(c redis.Cmder) bool { return isCmd(c, "hget", "job:run-") }}
+	hook.on.Store(true)
+	b.s.Client().AddHook(hook)
+	n, err := b.s.RepairTenantSlots(ctx, 0, 100)
+	if hook.hits.Load() == 0 {
+		t.Fatal("no state read failed: the test injected nothing")
+	}
+	if left, _ := b.s.Client().ZCard(ctx, keys.TenantActive("acme")).Result(); left != 2 || n != 0 {
+		t.Fatalf("repair with failed reads removed %d slots (%d left of 2)", n, left)
+	}
+	if err == nil {
+		t.Fatal("repair with failed reads reported no error")
+	}
+	// Once Redis answers again the running jobs still keep their slots.
+	hook.on.Store(false)
+	if n, err := b.s.RepairTenantSlots(ctx, 0, 100); err != nil || n != 0 {
+		t.Fatalf("repair removed %d (%v), want 0", n, err)
+	}
+}

@@ -194,20 +194,84 @@ type Op struct {
 	// OpAdmit: the tenant's active set and its limit.
 	TenantKey string
 	Limit     int
-	// TenantRelease, when set, gives the job's slot in this tenant set back
-	// (in the same pipeline as the op).
+	// TenantRelease, when set on an OpTransition, gives the job's slot in
+	// this tenant set back — only if the transition applies: a fenced or
+	// conflicting write leaves the slot to whoever owns the job now. The
+	// set is a global key, in another Redis Cluster slot than the job, so
+	// the slot goes back right after the script's reply says it applied
+	// (a retried op whose first try applied gives it back too). A node
+	// that dies in between leaves the slot to the due poller's repair
+	// (Store.RepairTenantSlots), as before.
 	TenantRelease string
 
 	// OpPark: when the parked job is due (its deadline, unix ms; ≤ 0: never).
 	ParkDue int64
 
-	// OpDLQ (may accompany any kind; written in the same pipeline).
+	// DLQ is the entry an OpDLQ appends. With an OpTransition or an
+	// OpActivate that creates the job (Create and T set) it is written
+	// exactly when the change applies, in the same atomic step, through the
+	// job's DLQ outbox (see Keys.DLQOutbox and FlushDLQOutbox): a fenced
+	// write, or the activation of a job that exists already, writes none.
 	DLQ *DLQEntry
 
 	// Done receives the outcome on a Writer goroutine. It must not block.
 	Done func(*Result)
 
 	cmds []redis.Cmder
+	// outbox is DLQ as its outbox holds it, encoded once so a retry of the
+	// op writes (and moves) the same entry.
+	outbox     string
+	outboxItem *outboxEntry
+}
+
+// validate refuses side effects an op kind cannot make conditional on its
+// change.
+func (op *Op) validate() error {
+	switch op.Kind {
+	case OpTransition:
+		if op.T == nil {
+			return fmt.Errorf("store: transition %s without a transition", op.JobID)
+		}
+		return nil
+	case OpActivate:
+		if op.DLQ != nil && (op.T == nil || !op.Create) {
+			return fmt.Errorf("store: activation %s: a DLQ entry needs a plan to apply", op.JobID)
+		}
+		if op.TenantRelease != "" {
+			return fmt.Errorf("store: activation %s: no tenant slot to release", op.JobID)
+		}
+		return nil
+	case OpDLQ:
+		if op.DLQ == nil {
+			return fmt.Errorf("store: dlq op %s without an entry", op.JobID)
+		}
+	}
+	if op.TenantRelease != "" || (op.DLQ != nil && op.Kind != OpDLQ) {
+		return fmt.Errorf("store: op kind %d of %s cannot carry a tenant release or DLQ entry", op.Kind, op.JobID)
+	}
+	return nil
+}
+
+// applied reports whether r says op's change applied — by this try, or by
+// an earlier try of the same op whose reply was lost (Transition.Op) — so
+// its side effects are owed.
+func (op *Op) applied(r *Result) bool {
+	if r == nil || r.Err != nil || op.T == nil {
+		return false
+	}
+	own := op.T.Op != ""
+	switch op.Kind {
+	case OpTransition:
+		return r.Step == StepOK ||
+			(own && r.Step == StepConflict && r.LastOp == op.T.Op && r.Before == op.T.Final()) ||
+			// It released the lock (a terminal write, say), and nobody
+			// has taken it since.
+			(own && r.Step == StepFenced && r.Before == "" && r.LastOp == op.T.Op && r.State == op.T.Final())
+	case OpActivate:
+		return r.Status == ActivateCreated ||
+			(own && r.Status == ActivateAdopted && r.Fields["op"] == op.T.Op && r.State == op.T.Final())
+	}
+	return false
 }
 
 // ActivateStatus is the outcome of an activation.
@@ -248,7 +312,8 @@ type Result struct {
 
 	// OpTransition: the outcome, and the state the job was in (for FENCED,
 	// the current lock value). LastOp is the "op" field of the record on a
-	// CONFLICT: the identity of the write that moved the job last.
+	// CONFLICT or FENCED: the identity of the write that moved the job
+	// last; on a FENCED, State is the record's state.
 	Step   StepStatus
 	Before core.State
 	LastOp string
@@ -292,6 +357,10 @@ var ErrWriterClosed = errors.New("store: writer closed")
 
 // Submit queues op. It waits while the queue is full.
 func (w *Writer) Submit(op *Op) {
+	if err := op.validate(); err != nil {
+		op.Done(&Result{Err: err})
+		return
+	}
 	w.stopMu.RLock()
 	if w.closed {
 		w.stopMu.RUnlock()
@@ -365,6 +434,7 @@ func (w *Writer) exec(batch []*Op) {
 		}
 		pending = retry
 	}
+	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
 		op.cmds = nil
 		op.Done(results[i])
@@ -399,6 +469,14 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 	if s.cfg.Retention < 0 {
 		retention = 0
 	}
+	var outbox *ShardZAdd
+	if op.DLQ != nil && op.Kind != OpDLQ {
+		if op.outbox == "" {
+			op.outbox = encodeOutbox(op.DLQ)
+			op.outboxItem, _ = decodeOutbox(op.outbox)
+		}
+		outbox = &ShardZAdd{Suffix: dlqOutboxSuffix, Score: now, Member: op.outbox}
+	}
 	switch op.Kind {
 	case OpActivate:
 		create := "0"
@@ -409,13 +487,13 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		args = append(args, op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.Tag(op.JobID), op.JobID,
 			op.Topic, op.Tenant, op.TraceID, op.Request, time.Now().Add(s.cfg.RescueAfter).UnixMilli(),
 			op.T.lockAfter(), due(op.T), retention)
-		args = appendPath(args, op.T)
+		args = appendPath(args, op.T, outbox)
 		op.cmds = append(op.cmds, activateScript.EvalSha(ctx, pipe, keys, args...))
 	case OpTransition:
 		args := make([]interface{}, 0, 10+pathArgs(op.T))
 		args = append(args, op.LockValue, op.Node, op.T.Expect, now, k.Tag(op.JobID), op.JobID,
 			op.T.lockAfter(), retention, due(op.T))
-		args = appendPath(args, op.T)
+		args = appendPath(args, op.T, outbox)
 		op.cmds = append(op.cmds, transitionScript.EvalSha(ctx, pipe, keys, args...))
 	case OpRelease:
 		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe,
@@ -442,12 +520,71 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			args = append(args, f)
 		}
 		op.cmds = append(op.cmds, downgradeScript.EvalSha(ctx, pipe, keys[:2], args...))
-	}
-	if op.TenantRelease != "" {
-		op.cmds = append(op.cmds, pipe.ZRem(ctx, op.TenantRelease, op.JobID))
-	}
-	if op.DLQ != nil {
+	case OpDLQ:
 		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
+	}
+}
+
+// effects carries out the side effects of the ops in batch whose change
+// applied (Op.TenantRelease, and moving Op.DLQ from the job's outbox to the
+// DLQ stream), in one pipeline after the scripts' replies: the tenant set
+// and the stream are global keys, in other Redis Cluster slots than the
+// job. Both are idempotent. An op whose effect failed gets the error as its
+// Result, so its owner tries the op again, finds its own earlier write
+// (Op.applied) and its effects are made again.
+func (s *Store) effects(ctx context.Context, batch []*Op, results []*Result) {
+	type effect struct {
+		i       int
+		release *redis.IntCmd
+		dlq     *redis.Cmd
+	}
+	var todo []effect
+	var pipe redis.Pipeliner
+	for i, op := range batch {
+		if (op.TenantRelease == "" && op.outboxItem == nil) || !op.applied(results[i]) {
+			continue
+		}
+		if pipe == nil {
+			pipe = s.rdb.Pipeline()
+		}
+		e := effect{i: i}
+		if op.TenantRelease != "" {
+			e.release = pipe.ZRem(ctx, op.TenantRelease, op.JobID)
+		}
+		if op.outboxItem != nil {
+			e.dlq = s.appendOutboxed(ctx, pipe, op.outboxItem)
+		}
+		todo = append(todo, e)
+	}
+	if pipe == nil {
+		return
+	}
+	_, _ = pipe.Exec(ctx)
+	var clear redis.Pipeliner
+	for _, e := range todo {
+		op := batch[e.i]
+		var err error
+		if e.dlq != nil {
+			if err = e.dlq.Err(); err == nil {
+				if clear == nil {
+					clear = s.rdb.Pipeline()
+				}
+				clear.ZRem(ctx, s.keys.DLQOutbox(Shard(op.JobID)), op.outbox)
+			} else {
+				err = fmt.Errorf("store: dlq append %s: %w", op.JobID, err)
+			}
+		}
+		if e.release != nil && e.release.Err() != nil && err == nil {
+			err = fmt.Errorf("store: tenant slot release %s: %w", op.JobID, e.release.Err())
+		}
+		if err != nil {
+			results[e.i] = &Result{Err: err}
+		}
+	}
+	if clear != nil {
+		// An entry left in its outbox is in the stream already; the flush
+		// removes it later (its mark keeps it from being appended twice).
+		_, _ = clear.Exec(ctx)
 	}
 }
 
@@ -462,13 +599,14 @@ func pathArgs(t *Transition) int {
 	if t == nil {
 		return 3
 	}
-	return 5 + 2*len(t.Path) + 5*len(t.Adds) + 4*len(t.Sets) + len(t.Fields)
+	return 10 + 2*len(t.Path) + 5*len(t.Adds) + 4*len(t.Sets) + len(t.Fields)
 }
 
 // appendPath adds "n, (to, reason)×n, m, (suffix, score, member,
 // trim_below, ttl_ms)×m, h, (suffix, field, value, ttl_ms)×h, fields..."
-// to args.
-func appendPath(args []interface{}, t *Transition) []interface{} {
+// to args; extra, when set, is one more sorted-set entry (the DLQ
+// outbox's) after t's own.
+func appendPath(args []interface{}, t *Transition, extra *ShardZAdd) []interface{} {
 	if t == nil {
 		return append(args, 0, 0, 0)
 	}
@@ -476,9 +614,16 @@ func appendPath(args []interface{}, t *Transition) []interface{} {
 	for _, h := range t.Path {
 		args = append(args, string(h.To), string(h.Reason))
 	}
-	args = append(args, len(t.Adds))
+	adds := len(t.Adds)
+	if extra != nil {
+		adds++
+	}
+	args = append(args, adds)
 	for _, a := range t.Adds {
 		args = append(args, a.Suffix, a.Score, a.Member, a.TrimBelow, a.TTL.Milliseconds())
+	}
+	if extra != nil {
+		args = append(args, extra.Suffix, extra.Score, extra.Member, extra.TrimBelow, extra.TTL.Milliseconds())
 	}
 	args = append(args, len(t.Sets))
 	for _, h := range t.Sets {
@@ -530,6 +675,9 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 		r.Step, r.Before = StepStatus(v[0]), core.State(v[1])
 		if len(v) > 2 {
 			r.LastOp = v[2]
+		}
+		if len(v) > 3 {
+			r.State = core.State(v[3])
 		}
 	case OpRelease:
 		n, _ := op.cmds[0].(*redis.Cmd).Int64()

@@ -72,6 +72,9 @@ const (
 	// TenantSlotGrace: a tenant slot is only repaired once it is this old,
 	// so a job admitted but not yet dispatched keeps it.
 	TenantSlotGrace = time.Minute
+	// DLQOutboxGrace: a DLQ entry is flushed from its job's outbox only
+	// once it is this old, so the writer that wrote it moves it first.
+	DLQOutboxGrace = 10 * time.Second
 )
 
 // Start runs the poller until Stop.
@@ -105,10 +108,8 @@ func (p *DuePoller) loop() {
 		select {
 		case <-p.stop:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			rdb := p.Store.Client()
-			if v, _ := rdb.Get(ctx, p.lockKey()).Result(); v == p.NodeID {
-				rdb.Del(ctx, p.lockKey())
-			}
+			// Only if still ours: a lapsed lock may be another's now.
+			_, _ = store.ReleaseLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID)
 			cancel()
 			return
 		case <-t.C:
@@ -135,7 +136,7 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if !p.holdLock(ctx) {
 		return len(own)
 	}
-	if p.ticks++; p.ticks%TrimEvery == 0 && p.Store.Retention() > 0 {
+	if p.ticks++; p.ticks%TrimEvery == 0 {
 		// Housekeeping after this tick's wakes, on its own budget: the
 		// tenant slot repair scans the keyspace, which with millions of
 		// jobs takes longer than a tick.
@@ -219,17 +220,25 @@ func (p *DuePoller) adoptDeadNodes(ctx context.Context, now time.Time) []string 
 	return out
 }
 
-// HousekeepTimeout bounds the index trim and tenant slot repair.
+// HousekeepTimeout bounds the index trim, the DLQ outbox flush and the
+// tenant slot repair.
 const HousekeepTimeout = 30 * time.Second
 
 func (p *DuePoller) housekeep(now time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), HousekeepTimeout)
 	defer cancel()
-	if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
-		p.Log.Warn("index trim failed", "err", err)
+	if p.Store.Retention() > 0 { // kept forever: nothing to trim
+		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
+			p.Log.Warn("index trim failed", "err", err)
+		}
+	}
+	if n, err := p.Store.FlushDLQOutbox(ctx, DLQOutboxGrace, 500); err != nil {
+		p.Log.Warn("dlq outbox flush failed", "err", err, "moved", n)
+	} else if n > 0 {
+		p.Log.Info("dlq entries moved from outboxes (their writer stopped before it moved them)", "count", n)
 	}
 	if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
-		p.Log.Warn("tenant slot repair failed", "err", err)
+		p.Log.Warn("tenant slot repair failed", "err", err, "given_back", n)
 	} else if n > 0 {
 		p.Log.Info("tenant slots given back", "count", n)
 	}
@@ -262,21 +271,14 @@ func (p *DuePoller) countStale(ctx context.Context, ids []string) {
 	}
 }
 
-// holdLock takes or extends the poller lock for three poll intervals.
+// holdLock takes or extends the poller lock for three poll intervals, in
+// one owner-checked step (store.TakeLease): a poller whose lock lapsed and
+// went to another replica never extends that replica's lock.
 func (p *DuePoller) holdLock(ctx context.Context) bool {
-	rdb := p.Store.Client()
-	ttl := 3 * p.Every
-	ok, err := rdb.SetNX(ctx, p.lockKey(), p.NodeID, ttl).Result()
-	if err == nil && ok {
-		return true
-	}
-	v, err := rdb.Get(ctx, p.lockKey()).Result()
-	if err != nil && err != redis.Nil {
+	ok, err := store.TakeLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID, 3*p.Every)
+	if err != nil {
+		p.Log.Warn("due poller lock not taken", "err", err)
 		return false
 	}
-	if v == p.NodeID {
-		rdb.PExpire(ctx, p.lockKey(), ttl)
-		return true
-	}
-	return false
+	return ok
 }

@@ -192,8 +192,14 @@ type Job struct {
 	fx []Effect
 }
 
-// New returns the core of job id.
-func New(cfg *Config, id string) *Job { return &Job{cfg: cfg, ID: id} }
+// New returns the core of job id. Seed starts its epochs: a fresh actor of
+// the job (after a restart, or a new spawn under the same name) must not
+// take answers meant for an earlier one as its own, so the shell passes a
+// random seed.
+func New(cfg *Config, id string, seed uint64) *Job {
+	seed >>= 2 // room to count up
+	return &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed}
+}
 
 // Done reports whether the job's actor has nothing left to do.
 func (j *Job) Done() bool { return j.done }
@@ -285,7 +291,7 @@ func (j *Job) receive(ev any) {
 		if m.Epoch != j.opEpoch || !j.busy {
 			// An answer to a question no longer asked: the worker it names
 			// is not going to get this job, so its slot is freed.
-			if m.WorkerID != "" && !m.Queued {
+			if m.WorkerID != "" && !m.Queued && m.WorkerID != j.Worker && m.WorkerID != j.picked {
 				j.toRouter(&router.Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
 			}
 			return

@@ -195,6 +195,12 @@ func (s *sim) fail(format string, args ...any) {
 }
 
 func (s *sim) logf(format string, args ...any) {
+	if simWatch != "" && os.Getenv("TROUPE_SIM_PRINT") != "" {
+		line := fmt.Sprintf(format, args...)
+		if strings.Contains(line, simWatch) || strings.HasPrefix(line, "   ") || strings.HasPrefix(line, "fault") {
+			fmt.Printf("%d %s %s\n", s.steps, s.now.Format("15:04:05.000"), line)
+		}
+	}
 	if len(s.trace) >= 200 {
 		s.trace = s.trace[1:]
 	}
@@ -302,7 +308,7 @@ func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
 			return
 		}
 		delete(n.parked, job)
-		a = &simActor{j: New(s.nodeCfg(n), job)}
+		a = &simActor{j: New(s.nodeCfg(n), job, s.rng.Uint64())}
 		n.live[job] = a
 	}
 	if d, ok := deliveryOf(ev); ok && d != nil {
@@ -346,6 +352,9 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 			DataLost: !s.dataLostAt.IsZero() && s.now.Sub(s.dataLostAt) < time.Minute}
 		wd, isWrite := ev.(*WriteDone)
 		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == store.StepFenced
+		if p := a.j.pending; fenced && p != nil && p.t != nil && wd.Res.Before == "" && wd.Res.LastOp == p.t.Op {
+			fenced = false // its own earlier try applied: not a refusal
+		}
 		s.logf("%s %s <- %T %s", n.id, a.j.ID, ev, describe(ev))
 		fx := slices.Clone(a.j.Step(ev, in))
 		if simWatch != "" && a.j.ID == simWatch {
@@ -683,11 +692,14 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 		return s.activate(n, op, r)
 	case store.OpTransition:
 		if r == nil || (r.lock != op.LockValue || (r.parkedBy == "" && !s.now.Before(r.lockExp))) {
-			before := ""
-			if r != nil && s.lockHeld(r) {
-				before = r.lock
+			res := &store.Result{Step: store.StepFenced}
+			if r != nil {
+				if s.lockHeld(r) {
+					res.Before = core.State(r.lock)
+				}
+				res.LastOp, res.State = r.op, r.state
 			}
-			return &store.Result{Step: store.StepFenced, Before: core.State(before)}
+			return res
 		}
 		if !slices.Contains(strings.Split(op.T.Expect, ","), string(r.state)) {
 			return &store.Result{Step: store.StepConflict, Before: r.state, LastOp: r.op}
@@ -921,7 +933,7 @@ func (s *sim) fault() {
 			a := n.live[id]
 			s.logf("fault: actor %s on %s restarts", id, n.id)
 			s.step(n, a, &Restarting{})
-			n.live[id] = &simActor{j: New(s.nodeCfg(n), id)}
+			n.live[id] = &simActor{j: New(s.nodeCfg(n), id, s.rng.Uint64())}
 			break
 		}
 	case 3: // a lock expires under its owner
@@ -1133,12 +1145,10 @@ func (s *sim) handle(m *simMsg) {
 // redeliverStale offers again the deliveries a node has held un-acked for
 // longer than the ack wait, as JetStream does.
 func (s *sim) redeliverStale() {
-	for _, id := range s.jobs {
-		for _, d := range s.subs[id] {
-			if !d.done && d.holder != nil && s.now.Sub(d.heldAt) > simAckWait {
-				d.holder = nil
-				s.send(&simMsg{anyNode: true, job: id, ev: d.ev, spawn: true, at: s.now})
-			}
+	for _, d := range s.deliveries {
+		if !d.done && d.holder != nil && s.now.Sub(d.heldAt) > simAckWait {
+			d.holder = nil
+			s.send(&simMsg{anyNode: true, job: d.job, ev: d.ev, spawn: true, at: s.now})
 		}
 	}
 }
@@ -1260,7 +1270,7 @@ func (s *sim) run(steps int) {
 			s.redeliverStale()
 		}
 		s.check()
-		if s.steps%500 == 0 && s.allTerminal() {
+		if s.steps%500 == 0 && s.allTerminal() && s.allAnswered() {
 			break
 		}
 	}
@@ -1269,7 +1279,11 @@ func (s *sim) run(steps int) {
 		// ever (a cancel the job never applies, say).
 		for _, d := range s.deliveries {
 			if !d.done && s.recs[d.job] != nil {
-				s.fail("%s: a %T was never acked", d.job, d.ev)
+				held := "on its way again"
+				if d.holder != nil {
+					held = "held by " + d.holder.id
+				}
+				s.fail("%s: a %T was never acked (%s)", d.job, d.ev, held)
 				break
 			}
 		}
@@ -1281,6 +1295,15 @@ func (s *sim) run(steps int) {
 			}
 		}
 	}
+}
+
+func (s *sim) allAnswered() bool {
+	for _, d := range s.deliveries {
+		if !d.done && s.recs[d.job] != nil {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *sim) allTerminal() bool {

@@ -170,9 +170,11 @@ func (j *Job) transition(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 
 func (j *Job) transitioned(p *pending, r *store.Result) {
 	t := p.t
-	if r.Step == store.StepConflict && r.Before == t.Final() && r.LastOp == t.Op {
-		// An earlier try of this write landed (its reply was lost): carry
-		// on as if this one had.
+	if r.Step == store.StepConflict && r.Before == t.Final() && r.LastOp == t.Op ||
+		r.Step == store.StepFenced && r.Before == "" && r.LastOp == t.Op && r.State == t.Final() {
+		// An earlier try of this write landed (its reply was lost; a write
+		// that gave the lock up finds no lock when tried again): carry on
+		// as if this one had.
 		r.Step = store.StepOK
 	}
 	switch r.Step {
