@@ -1,0 +1,127 @@
+package lifecycle
+
+import (
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/store"
+)
+
+// driver feeds a job scripted events and keeps what it needs to answer
+// them: the epoch of its outstanding step and of its timer.
+type driver struct {
+	t     *testing.T
+	j     *Job
+	now   time.Time
+	fx    []Effect
+	step  uint64 // epoch of the last Write / AskPolicy / AskRouter
+	timer uint64
+}
+
+func newDriver(t *testing.T) *driver {
+	cfg := &Config{NodeID: "n1", IdemKey: func(a, b string) string { return a + b },
+		TenantKey: func(t string) string { return t }, Dispatch: 5 * time.Minute,
+		RunningFor: func(string) time.Duration { return time.Hour },
+		Backoff:    func(int) time.Duration { return time.Second }, MaxSchedulingAttempts: 5,
+		ParkAfter: 10 * time.Second, ResendAfter: -1}
+	return &driver{t: t, j: New(cfg, "job-1", 0), now: time.Unix(1_000_000, 0)}
+}
+
+func (d *driver) feed(ev any) []Effect {
+	d.fx = append(d.fx[:0], d.j.Step(ev, Inputs{Now: d.now, OpID: 7, GraceRoom: true, Connected: true})...)
+	for _, e := range d.fx {
+		switch e := e.(type) {
+		case Write:
+			d.step = e.Epoch
+		case AskPolicy:
+			d.step = e.Epoch
+		case AskRouter:
+			d.step = e.Req.(*router.PickRequest).Epoch
+		case Arm:
+			d.timer = e.Epoch
+		}
+	}
+	return d.fx
+}
+
+func find[T Effect](fx []Effect) (T, bool) {
+	for _, e := range fx {
+		if v, ok := e.(T); ok {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+// dispatch takes a fresh job to DISPATCHED on worker w1.
+func (d *driver) dispatch() {
+	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
+	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+	d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: core.StateDispatched, Fence: 1}})
+	if _, ok := find[PublishRequest](fx); !ok || d.j.State != core.StateDispatched {
+		d.t.Fatalf("not dispatched: %s %v", d.j.State, fx)
+	}
+}
+
+// A job's worker's first progress (or its eviction) that reaches the actor
+// after it parked the job — before the supervisor stopped it — is passed on
+// to the job's next actor, not dropped (issue 16, defect 5).
+func TestParkedJobPassesOnLateProgress(t *testing.T) {
+	d := newDriver(t)
+	d.dispatch()
+	d.now = d.now.Add(10 * time.Second)
+	fx := d.feed(&Timer{Epoch: d.timer})
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != store.OpPark {
+		t.Fatalf("no park after ParkAfter: %v", fx)
+	}
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Parked: true}})
+	if f, ok := find[Finish](fx); !ok || !f.Parked {
+		t.Fatalf("parked job did not finish parked: %v", fx)
+	}
+	for _, ev := range []any{&Progress{P: &capv1.JobProgress{JobId: "job-1"}}, &WorkerLost{WorkerID: "w1"}} {
+		fx = d.feed(ev)
+		r, ok := find[Redeliver](fx)
+		if !ok || len(r.Msgs) != 1 || r.Msgs[0] != ev {
+			t.Fatalf("%T after parking: effects %v, want it passed on", ev, fx)
+		}
+	}
+}
+
+// A pick answered after the job stopped waiting for it (a stale epoch)
+// frees the slot the router counted for it — unless it names the worker
+// the job is dispatched to, whose slot is the job's (issue 16, defect 7).
+func TestStalePickReplyFreesItsSlot(t *testing.T) {
+	d := newDriver(t)
+	d.dispatch()
+	fx := d.feed(&router.PickReply{Epoch: d.step - 1, WorkerID: "w9", Subject: "worker.w9.jobs"})
+	if m, ok := find[ToRouter](fx); !ok || m.Msg.(*router.Released).WorkerID != "w9" || !m.Msg.(*router.Released).Done {
+		t.Fatalf("stale pick of w9: %v, want its slot released", fx)
+	}
+	fx = d.feed(&router.PickReply{Epoch: d.step - 1, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	if _, ok := find[ToRouter](fx); ok {
+		t.Fatalf("stale pick naming the job's own worker released its slot: %v", fx)
+	}
+}
+
+// A write refused as fenced emits none of the effects it was for (issue
+// 16, defect 3, the core's half): the job stops.
+func TestFencedWriteEmitsNoEffects(t *testing.T) {
+	d := newDriver(t)
+	d.dispatch()
+	d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1", Reason: "stop"}})
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepFenced, Before: "n2|7"}})
+	for _, e := range fx {
+		switch e.(type) {
+		case TellClient, PublishDLQ, CancelWorker, PublishRequest, Ack:
+			t.Fatalf("fenced cancel emitted %T: %v", e, fx)
+		}
+	}
+	if _, ok := find[Finish](fx); !ok {
+		t.Fatalf("fenced job did not stop: %v", fx)
+	}
+}
