@@ -424,4 +424,3 @@ func (s *sim) path(id string, r *simRec, t *store.Transition) {
 		r.lock, r.lease = "", false
 	}
 }
-
