@@ -210,4 +210,3 @@ func (s *sim) evict(w *simWorker) {
 		}
 	}
 }
-
