@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +124,46 @@ func TestFencedWriteEmitsNoEffects(t *testing.T) {
 	}
 	if _, ok := find[Finish](fx); !ok {
 		t.Fatalf("fenced job did not stop: %v", fx)
+	}
+}
+
+// A worker evicted while it was in fact running the job answers after the
+// job went back to SCHEDULED, or after it was dispatched again elsewhere:
+// the answer ends the job (recorded as the result of an earlier dispatch),
+// and a later dispatch is cancelled at its worker — the job does not run to
+// the end twice, nor wait for a worker that already finished it (issue 20,
+// item 1).
+func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
+	for _, redispatched := range []bool{false, true} {
+		d := newDriver(t)
+		d.dispatch()
+		d.feed(&WorkerLost{WorkerID: "w1"})
+		fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+		if d.j.State != core.StateScheduled {
+			t.Fatalf("after worker_lost: %s %v", d.j.State, fx)
+		}
+		if redispatched {
+			d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
+			d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+			if d.j.State != core.StateDispatched || d.j.Worker != "w2" {
+				t.Fatalf("not dispatched again: %s on %s", d.j.State, d.j.Worker)
+			}
+		} else {
+			d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
+			d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+		}
+		fx = d.feed(&Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
+		w, ok := find[Write](fx)
+		if !ok || w.Op.T == nil || w.Op.T.Final() != core.StateSucceeded {
+			t.Fatalf("redispatched=%v: the earlier dispatch's result was not applied: %v", redispatched, fx)
+		}
+		if !strings.Contains(strings.Join(w.Op.T.Fields, " "), "result_of earlier_dispatch") {
+			t.Fatalf("not recorded as an earlier dispatch's result: %v", w.Op.T.Fields)
+		}
+		fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+		_, cancelled := find[CancelWorker](fx)
+		if d.j.State != core.StateSucceeded || cancelled != redispatched {
+			t.Fatalf("redispatched=%v: state %s, later dispatch cancelled %v: %v", redispatched, d.j.State, cancelled, fx)
+		}
 	}
 }

@@ -380,7 +380,12 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 		return
 	}
 	j.log(info, "worker lost; dispatching elsewhere", "topic", j.topic(), "worker_id", m.WorkerID)
+	lost := m.WorkerID
+	if j.lostWorkers != "" {
+		lost = j.lostWorkers + "," + m.WorkerID
+	}
+	j.lostWorkers = lost
 	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched),
 		Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonWorkerLost}}, Due: -1,
-		Fields: []string{"lost_worker", m.WorkerID}}, nil, &pending{then: nAskRouter})
+		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
 }

@@ -50,9 +50,10 @@ type WaitPolicy struct{ On bool }
 // AskOutput runs the output policy's phase 1 on Res; the outcome comes
 // back as an OutputDone with Epoch, Res and Path.
 type AskOutput struct {
-	Epoch uint64
-	Res   *Result
-	Path  []store.Hop
+	Epoch   uint64
+	Res     *Result
+	Path    []store.Hop
+	Applied []Effect // handed back in OutputDone
 }
 
 // ScanContent queues the output policy's phase 2 for a SUCCEEDED job.

@@ -102,6 +102,8 @@ type OutputDone struct {
 	Outcome safety.OutputOutcome
 	Res     *Result
 	Path    []store.Hop
+	// Applied: effects owed once the outcome is written (AskOutput's).
+	Applied []Effect
 }
 
 // PublishFailed: the dispatch the job asked for (a PublishRequest effect

@@ -174,6 +174,9 @@ type Job struct {
 	unwritten bool
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
+	// lostWorkers lists the workers of earlier dispatches given up when
+	// their worker was evicted (comma-separated, as recorded).
+	lostWorkers string
 
 	// The one outstanding asynchronous step: its epoch (answers with
 	// another are dropped) and, for a write, what the write is for. While

@@ -18,7 +18,13 @@ import (
 
 func (j *Job) onResult(m *Result) {
 	res := m.Res
-	if !active(j.State) {
+	// A job sent back to SCHEDULED because its worker was evicted may have
+	// been running there after all (the worker was alive): its result ends
+	// the job rather than the job running a second time. Any worker's
+	// result counts (on a pool subject NATS chose the receiver), but not one
+	// naming no worker (the outcomes nodes publish for clients).
+	earlier := j.State == core.StateScheduled && j.lostWorkers != "" && res.WorkerId != ""
+	if !active(j.State) && !earlier {
 		j.log(info, "result ignored: job is not running", "state", j.State, "status", res.Status)
 		j.count(MAbsorbed, "result")
 		j.ack(m.Delivery)
@@ -39,6 +45,10 @@ func (j *Job) onResult(m *Result) {
 		to, reason = core.StateTimeout, core.ReasonWorkerTimeout
 	default:
 		// A non-terminal status is progress.
+		if earlier {
+			j.ack(m.Delivery) // of a dispatch the job no longer waits for
+			return
+		}
 		j.acks = append(j.acks, m.Delivery)
 		if j.State == core.StateRunning {
 			j.ackAll()
@@ -53,23 +63,35 @@ func (j *Job) onResult(m *Result) {
 		path = append(path, store.Hop{To: core.StateRunning, Reason: core.ReasonStarted})
 	}
 	j.acks = append(j.acks, m.Delivery)
+	fields := resultFields(res, res.ResultPtr)
+	var fx []Effect
+	if earlier || active(j.State) && j.lostWorkers != "" && res.WorkerId != "" && res.WorkerId != j.Worker {
+		// The result of a dispatch before the current one: it ends the
+		// job, and the later dispatch is cancelled at its worker.
+		fields = append(fields, "result_of", "earlier_dispatch")
+		fx = append(fx, j.logFx(warn, "result of an earlier dispatch ends the job", "worker_id", res.WorkerId,
+			"state", j.State, "current_worker", j.Worker))
+		if active(j.State) {
+			fx = append(fx, CancelWorker{Reason: "result_of_earlier_dispatch"})
+		}
+	}
+	j.withdraw()
+	j.dropPick()
 	if to == core.StateSucceeded && j.cfg.Output {
 		// The output policy's phase 1 runs before the result is called
 		// SUCCEEDED (it may ask a remote checker or store a redacted copy).
 		j.opEpoch++
 		j.busy = true
-		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path})
+		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path, Applied: fx})
 		return
 	}
 	path = append(path, store.Hop{To: to, Reason: reason})
-	t := &store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning), Path: path,
-		Fields: resultFields(res, res.ResultPtr)}
+	t := &store.Transition{Expect: store.Expect(j.State), Path: path, Fields: fields}
 	j.sagaRecord(t, to, reason)
-	p := &pending{}
 	if j.cfg.Debug {
-		p.applied = []Effect{j.logFx(debug, "job finished", "topic", j.topic(), "state", to)}
+		fx = append(fx, j.logFx(debug, "job finished", "topic", j.topic(), "state", to))
 	}
-	j.transition(t, nil, p)
+	j.transition(t, nil, &pending{applied: fx})
 }
 
 func resultFields(res *capv1.JobResult, ptr string) []string {
@@ -116,17 +138,17 @@ func (j *Job) sagaRecord(t *store.Transition, to core.State, reason core.Reason)
 func (j *Job) onOutput(m *OutputDone) {
 	o := m.Outcome
 	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields()...)
-	expect := store.Expect(core.StateDispatched, core.StateRunning)
+	expect := store.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(core.ReasonOutputQuarantined, o.Reason, "")
 		path := append(m.Path, store.Hop{To: core.StateOutputQuarantined, Reason: core.ReasonOutputQuarantined})
-		j.transition(&store.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: []Effect{
+		j.transition(&store.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
 			Count{M: MQuarantined, Label: safety.PhaseMeta},
 			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", safety.PhaseMeta,
 				"rule_id", o.RuleID, "reason", o.Reason),
 			PublishDLQ{Entry: entry},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED, Code: core.ReasonOutputQuarantined, Msg: o.Reason},
-		}})
+		)})
 		return
 	}
 	reason := core.ReasonCompleted
@@ -136,11 +158,11 @@ func (j *Job) onOutput(m *OutputDone) {
 	path := append(m.Path, store.Hop{To: core.StateSucceeded, Reason: reason})
 	t := &store.Transition{Expect: expect, Path: path, Fields: fields}
 	j.sagaRecord(t, core.StateSucceeded, reason)
-	p := &pending{}
+	p := &pending{applied: m.Applied}
 	if !o.ContentChecked {
 		res := m.Res.Res
-		p.applied = []Effect{ScanContent{Req: safety.OutputRequest(j.Req, &capv1.JobResult{JobId: j.ID,
-			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs})}}
+		p.applied = append(p.applied, ScanContent{Req: safety.OutputRequest(j.Req, &capv1.JobResult{JobId: j.ID,
+			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs})})
 	}
 	j.transition(t, nil, p)
 }

@@ -246,6 +246,7 @@ func (j *Job) adopt(f map[string]string) {
 	j.admitted = f["tslot"] == "1"
 	j.resend = f["resend"] == "1"
 	j.startsOnDelivery = f["sod"] == "1"
+	j.lostWorkers = f["lost_workers"]
 	if raw := f["req"]; raw != "" {
 		req := &capv1.JobRequest{}
 		if err := proto.Unmarshal([]byte(raw), req); err == nil {

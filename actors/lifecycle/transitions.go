@@ -11,6 +11,10 @@ import (
 // before it is written, and the write itself is a compare-and-set in Redis on
 // the from state, so memory and Redis agree on the same table.
 //
+// SCHEDULED → SUCCEEDED (or another outcome) is a result of an earlier
+// dispatch arriving after the job went back to SCHEDULED because its worker
+// was evicted: the worker was alive after all, and its answer ends the job.
+//
 // Self-loops on PENDING and SCHEDULED record a retry (a new attempt with its
 // reason) without a state change. SUCCEEDED → OUTPUT_QUARANTINED is the one
 // exit from a terminal state: the asynchronous output scan may downgrade a
@@ -21,7 +25,7 @@ var legal = map[core.State][]core.State{
 	core.StateApprovalRequired: {core.StatePending, core.StateScheduled, core.StateDenied, core.StateCancelled,
 		core.StateTimeout, core.StateFailed},
 	core.StateScheduled: {core.StateScheduled, core.StateDispatched, core.StateDenied, core.StateCancelled,
-		core.StateFailed, core.StateTimeout},
+		core.StateFailed, core.StateTimeout, core.StateSucceeded, core.StateOutputQuarantined},
 	core.StateDispatched: {core.StateRunning, core.StateScheduled, core.StateSucceeded, core.StateFailed,
 		core.StateCancelled, core.StateTimeout, core.StateOutputQuarantined},
 	core.StateRunning: {core.StateSucceeded, core.StateFailed, core.StateCancelled, core.StateTimeout,

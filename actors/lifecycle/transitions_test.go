@@ -16,7 +16,7 @@ import (
 var wantLegal = map[core.State][]core.State{
 	core.StatePending:          {"PENDING", "SCHEDULED", "APPROVAL_REQUIRED", "DENIED", "CANCELLED", "FAILED", "TIMEOUT"},
 	core.StateApprovalRequired: {"PENDING", "SCHEDULED", "DENIED", "CANCELLED", "TIMEOUT", "FAILED"},
-	core.StateScheduled:        {"SCHEDULED", "DISPATCHED", "DENIED", "CANCELLED", "FAILED", "TIMEOUT"},
+	core.StateScheduled:        {"SCHEDULED", "DISPATCHED", "DENIED", "CANCELLED", "FAILED", "TIMEOUT", "SUCCEEDED", "OUTPUT_QUARANTINED"},
 	core.StateDispatched:       {"RUNNING", "SCHEDULED", "SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT", "OUTPUT_QUARANTINED"},
 	core.StateRunning:          {"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT", "OUTPUT_QUARANTINED", "SCHEDULED"},
 	core.StateSucceeded:        {"OUTPUT_QUARANTINED"},
@@ -101,7 +101,7 @@ func TestEveryTransition(t *testing.T) {
 			}
 		}
 	}
-	if legalCount != 33 {
-		t.Fatalf("%d legal transitions, want 33", legalCount)
+	if legalCount != 35 {
+		t.Fatalf("%d legal transitions, want 35", legalCount)
 	}
 }
