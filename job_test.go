@@ -242,7 +242,9 @@ func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
 
 func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	// A result for a job with no record is dead-lettered at once here (see
+	// TestResultForAMissingRecordIsHeld for the hold).
+	f := newFixture(t, func(c *troupe.Config) { c.UnknownHold = -1 })
 	ctx := context.Background()
 	// Before dispatch: no worker yet.
 	f.submit(echoReq("job-c1"))

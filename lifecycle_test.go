@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -61,4 +63,36 @@ func TestCancelOfJobAwaitingApproval(t *testing.T) {
 	if r.Fields["cancelled_by"] != "carol" {
 		t.Fatalf("cancelled record %v", r.Fields)
 	}
+}
+
+// A result for a job with no record is not dead-lettered at once: a
+// replica that lost the record with Redis recreates it a moment later, and
+// the result must still find it. Here the result comes first and the job's
+// submit within the hold: the result is handed back meanwhile (no DLQ entry)
+// and, once the job exists, is not lost: the job runs and its own result
+// ends it; the early result is never dead-lettered as unknown_job.
+func TestResultForAMissingRecordIsHeld(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { c.UnknownHold = time.Minute })
+	res, _ := bus.EncodeResult("", "w-early", &capv1.JobResult{JobId: "held-result", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED,
+		WorkerId: "w-early"})
+	f.publishRaw(f.subj.Result, res)
+	f.startWorker("w1", true, newReceipts(), worker.Echo)
+	f.waitWorkers(1)
+	// The result has been offered and handed back at least once.
+	deadline := time.Now().Add(15 * time.Second)
+	for counter(t, f.node, "troupe_unknown_job_events_held_total", "") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the early result was never held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	es, _ := f.node.Store().ListDLQ(context.Background(), 100)
+	for _, e := range es {
+		if e.JobID == "held-result" {
+			t.Fatalf("dead-lettered within the hold: %+v", e)
+		}
+	}
+	f.submit(echoReq("held-result"))
+	f.waitState("held-result", core.StateSucceeded)
 }

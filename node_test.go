@@ -185,7 +185,12 @@ func (f *fixture) waitStateWithin(id string, want core.State, within time.Durati
 // waitDLQ polls the DLQ until an entry matches (bounded).
 func (f *fixture) waitDLQ(match func(store.DLQEntry) bool) store.DLQEntry {
 	f.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	return f.waitDLQWithin(match, 15*time.Second)
+}
+
+func (f *fixture) waitDLQWithin(match func(store.DLQEntry) bool, within time.Duration) store.DLQEntry {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		es, err := f.node.Store().ListDLQ(context.Background(), 100)
 		if err == nil {
@@ -373,7 +378,7 @@ func TestMaxSchedulingRetriesKeepsTheLastReason(t *testing.T) {
 
 func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	f := newFixture(t, func(c *troupe.Config) { c.UnknownHold = -1 })
 	dlqSub, err := f.env.NATS.SubscribeSync(f.subj.DLQ)
 	if err != nil {
 		t.Fatal(err)

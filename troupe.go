@@ -174,6 +174,11 @@ type Config struct {
 	// poller's interval (default saga.PollDefault).
 	SagaStepBudget time.Duration
 	SagaPoll       time.Duration
+	// UnknownHold is how long a result or cancel for a job with no record
+	// is handed back to JetStream, waiting for a replica that lost the
+	// record with Redis to recreate it, before it is dead-lettered
+	// (default actors.UnknownHoldDefault, 30 s; negative: at once).
+	UnknownHold time.Duration
 	// SagaRetention is how long a workflow's saga records (compensation
 	// templates, stacks, triggers, rollback progress) are kept after its
 	// last step recorded in them or its rollback's last run (default
@@ -508,7 +513,7 @@ func (n *Node) Start(ctx context.Context) error {
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
-		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention,
+		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)

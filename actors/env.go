@@ -51,6 +51,12 @@ const (
 	// CapacityRecheck: see package lifecycle.
 	CapacityRecheck = lifecycle.CapacityRecheck
 
+	// UnknownHoldDefault is how long a result or cancel for a job with no
+	// record waits for the record to appear (a replica that lost it with
+	// Redis recreates it when its lock renewal, every LockTTL/3, notices)
+	// before it is dead-lettered.
+	UnknownHoldDefault = 30 * time.Second
+
 	// PermanentGraceDefault is how long a job whose routing error is
 	// permanent (topic unmapped, ...) keeps retrying before it fails, to ride
 	// out a config rollout that lands after the first submits.
@@ -122,6 +128,11 @@ type Env struct {
 	// always). A resend due while it is down waits for it.
 	Connected func() bool
 
+	// UnknownHold: how long a result or cancel for a job with no record is
+	// handed back to JetStream before it is dead-lettered (default
+	// UnknownHoldDefault; negative: not at all). See lifecycle.Job.unknownJob.
+	UnknownHold time.Duration
+
 	// SagaRetention is how long a workflow step's saga record (its
 	// compensation template and stack entry, or its rollback trigger) is
 	// kept after the step ends (saga.RetentionDefault when not positive).
@@ -167,6 +178,9 @@ func (e *Env) WithDefaults() *Env {
 	if e.Backoff == nil {
 		e.Backoff = Backoff
 	}
+	if e.UnknownHold == 0 {
+		e.UnknownHold = UnknownHoldDefault
+	}
 	if e.CapacityGrace == 0 {
 		e.CapacityGrace = CapacityGraceDefault
 	}
@@ -198,8 +212,8 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch,
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
 		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
-		SagaRetention: e.SagaRetention,
-		Output:        e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
+		SagaRetention: e.SagaRetention, UnknownHold: max(e.UnknownHold, 0),
+		Output: e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
 		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug),
 	}
 	if e.Keys != nil {

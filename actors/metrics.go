@@ -30,6 +30,7 @@ type Metrics struct {
 	Unparked        prometheus.Counter
 	Resent          prometheus.Counter
 	AdoptionLatency prometheus.Histogram
+	Held            prometheus.Counter
 	// CapacityWaits counts the writes that put a job in SCHEDULED to wait
 	// for room in its pool (reason pool_overloaded or no_workers): one when
 	// it joins the router's wait queue, one per safety-net recheck of a
@@ -85,11 +86,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Direct dispatches repeated to a deduping worker because the job showed no sign of arriving."}),
 		CapacityWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_capacity_waits_total",
 			Help: "Jobs written SCHEDULED to wait for room in their pool (pool_overloaded, no_workers)."}, []string{"reason"}),
+		Held: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_unknown_job_events_held_total",
+			Help: "Results and cancels for a job with no record handed back to JetStream to wait for the record (a replica that lost it with Redis recreates it)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
-			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits)
+			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits,
+			m.Held)
 	}
 	return m
 }
@@ -125,6 +129,8 @@ func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
 		m.Fenced.Inc()
 	case lifecycle.MFailClosed:
 		m.FailClosed.WithLabelValues(c.Label).Inc()
+	case lifecycle.MHeld:
+		m.Held.Inc()
 	case lifecycle.MQuarantined:
 		if output != nil {
 			output.Metrics.Quarantined(c.Label)

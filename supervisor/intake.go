@@ -57,6 +57,14 @@ func (in *Intake) lastOffer(msg jetstream.Msg) bool {
 	return true
 }
 
+// publishedAt is when msg entered its stream (zero if unknown).
+func publishedAt(msg jetstream.Msg) time.Time {
+	if md, err := msg.Metadata(); err == nil {
+		return md.Timestamp
+	}
+	return time.Time{}
+}
+
 // take decodes a stream message and checks that it carries the payload its
 // stream is for (payload returns the packet's job id and whether it does)
 // and that validate accepts it. Anything else is dead-lettered with its
@@ -135,7 +143,8 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		// not count on that worker).
 		in.Env.Root.Send(in.Env.Router, &router.Released{WorkerID: res.WorkerId, JobID: res.JobId, Done: true})
 	}
-	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data()}, true)
+	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
+		Published: publishedAt(msg)}, true)
 }
 
 // terminalStatus reports whether a result status ends the worker's run.
@@ -233,7 +242,8 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 		return
 	}
 	cn := pkt.GetJobCancel()
-	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data()}, true)
+	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
+		Published: publishedAt(msg)}, true)
 }
 
 // Tell delivers msg to the job's actor if it is live on this node.

@@ -151,6 +151,7 @@ const (
 	MFenced
 	MFailClosed // label: topic
 	MQuarantined
+	MHeld // a result or cancel for a job with no record, handed back
 )
 
 // Count adds one to a counter; Observe records a value in a histogram.

@@ -37,6 +37,8 @@ type Result struct {
 	// Forwarded marks a result another node passed to this one (the owner);
 	// it is never forwarded again.
 	Forwarded bool
+	// Published is when the message entered its stream (zero: unknown).
+	Published time.Time
 }
 
 // Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
@@ -49,6 +51,7 @@ type Cancel struct {
 	Delivery  Delivery
 	Raw       []byte
 	Forwarded bool
+	Published time.Time
 }
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.

@@ -61,6 +61,10 @@ const (
 	// after this many repeats (5+10+20+30 s), since a parked job is not
 	// resent.
 	ResendsBeforePark = 4
+	// UnknownHoldDelay: a result or cancel for a job with no record is
+	// handed back this far apart while younger than Config.UnknownHold
+	// (see unknownJob).
+	UnknownHoldDelay = 3 * time.Second
 )
 
 // Config is what the core knows of its node: immutable values and pure
@@ -95,6 +99,9 @@ type Config struct {
 	// Forward: results and cancels for a job another node owns may be
 	// forwarded to it.
 	Forward bool
+	// UnknownHold: how long a result or cancel for a job with no record is
+	// handed back before it is dead-lettered (0: not at all).
+	UnknownHold time.Duration
 	// SagaRetention: how long a workflow step's saga records are kept
 	// (saga.RetentionDefault when not positive).
 	SagaRetention time.Duration

@@ -265,15 +265,36 @@ func msTime(s string) time.Time {
 
 // unknownJob dead-letters the results and cancels that arrived for a job
 // with no record.
+//
+// Not at once: with several nodes, a node that lost the record with Redis
+// (FLUSHALL, a restart without persistence) recreates it when it notices,
+// seconds later — a result reaching another node first must not be
+// dead-lettered and lost meanwhile. So a result or cancel younger than
+// Config.UnknownHold is handed back to JetStream (UnknownHoldDelay), unless
+// Redis is known to have lost its data, and dead-lettered only after.
 func (j *Job) unknownJob() {
 	var keep []any
 	found := false
+	hold := func(published time.Time, d Delivery) bool {
+		if j.in.DataLost || published.IsZero() || j.now().Sub(published) >= j.cfg.UnknownHold {
+			return false
+		}
+		j.nak(d, UnknownHoldDelay)
+		j.count(MHeld, "")
+		return true
+	}
 	for _, m := range j.deferred {
 		switch m := m.(type) {
 		case *Result:
+			if hold(m.Published, m.Delivery) {
+				continue
+			}
 			j.acks = append(j.acks, m.Delivery)
 			found = true
 		case *Cancel:
+			if hold(m.Published, m.Delivery) {
+				continue
+			}
 			j.acks = append(j.acks, m.Delivery)
 			found = true
 		case *Submit:

@@ -95,7 +95,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
 		},
 		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
-		ResendAfter: 5 * time.Second, CapacityGrace: 2 * time.Second, PolicyWaiters: false, Forward: false}
+		ResendAfter: 5 * time.Second, CapacityGrace: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false}
 	for i := 0; i < 3; i++ {
 		s.nodes = append(s.nodes, s.newNode(fmt.Sprintf("n%d", i)))
 	}
@@ -210,9 +210,9 @@ func (s *sim) deliverNew(job string, ev any) {
 		e.Delivery = d
 		s.subs[job] = append(s.subs[job], d)
 	case *Result:
-		e.Delivery = d
+		e.Delivery, e.Published = d, s.now
 	case *Cancel:
-		e.Delivery = d
+		e.Delivery, e.Published = d, s.now
 	}
 	s.send(&simMsg{anyNode: true, job: job, ev: ev, spawn: true, at: s.now.Add(s.latency())})
 }
