@@ -218,3 +218,75 @@ func TestFinishedJobsFreeTheirWorkerBeforeTheNextHeartbeat(t *testing.T) {
 		t.Fatalf("ten quick jobs took %v: the worker stayed full until its heartbeat", el)
 	}
 }
+
+// A worker dies while running a job it reported started (a direct dispatch,
+// so Troupe knows where the job runs): the job is not run again (it may
+// have run), and does not wait for its running deadline (hours) either: it
+// ends FAILED worker_lost once WorkerLostGrace has passed since the
+// worker's eviction, and its history says so (issue 20, item 7).
+func TestStartedJobOfALostWorkerFailsAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	t.Run("live", func(t *testing.T) { t.Parallel(); startedJobOfALostWorker(t, false) })
+	// Parked in RUNNING (no actor): the eviction wakes it all the same.
+	t.Run("parked", func(t *testing.T) { t.Parallel(); startedJobOfALostWorker(t, true) })
+}
+
+func startedJobOfALostWorker(t *testing.T, park bool) {
+	f := newFixture(t, func(c *troupe.Config) {
+		c.WorkerTTL = time.Second
+		c.WorkerLostGrace = time.Second
+		if park {
+			c.ParkAfter = 100 * time.Millisecond
+		} else {
+			c.ParkAfter = -1
+		}
+	})
+	nc := f.env.NATS
+	got := make(chan string, 1)
+	sub, err := nc.Subscribe(f.subj.Worker("doomed"), func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
+			got <- p.GetJobRequest().JobId
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
+				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+					registry.LabelProgress: registry.ProgressStarted}})
+			_ = nc.Publish(f.subj.Heartbeat, data)
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	f.waitWorkers(1)
+	f.submit(echoReq("job-lost-running"))
+	if id := <-got; id != "job-lost-running" {
+		t.Fatalf("doomed worker got %s", id)
+	}
+	f.publishProgress("job-lost-running", "doomed")
+	f.waitState("job-lost-running", core.StateRunning)
+	if park {
+		waitParked(t, f.node, 1)
+	}
+	rec := newReceipts()
+	f.startWorker("survivor", true, rec, worker.Echo)
+	close(stop) // the worker dies while running the job
+	r := f.waitStateWithin("job-lost-running", core.StateFailed, 20*time.Second)
+	if r.Reason != core.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
+		t.Fatalf("reason %s, history %s", r.Reason, reasons(r.History))
+	}
+	if rec.count("job-lost-running") != 0 {
+		t.Fatal("the started job was run again on the survivor")
+	}
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-lost-running" && e.Reason == core.ReasonWorkerLost })
+}

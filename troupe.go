@@ -174,6 +174,11 @@ type Config struct {
 	// poller's interval (default saga.PollDefault).
 	SagaStepBudget time.Duration
 	SagaPoll       time.Duration
+	// WorkerLostGrace: a job running on a worker (directly dispatched) that
+	// is then evicted ends FAILED worker_lost this long after, unless the
+	// worker's result or progress comes first (default 60 s; negative: it
+	// waits for its running deadline).
+	WorkerLostGrace time.Duration
 	// UnknownHold is how long a result or cancel for a job with no record
 	// is handed back to JetStream, waiting for a replica that lost the
 	// record with Redis to recreate it, before it is dead-lettered
@@ -514,6 +519,7 @@ func (n *Node) Start(ctx context.Context) error {
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
+		WorkerLostGrace: n.cfg.WorkerLostGrace,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)

@@ -51,6 +51,9 @@ const (
 	// CapacityRecheck: see package lifecycle.
 	CapacityRecheck = lifecycle.CapacityRecheck
 
+	// WorkerLostGraceDefault: see Env.WorkerLostGrace.
+	WorkerLostGraceDefault = time.Minute
+
 	// UnknownHoldDefault is how long a result or cancel for a job with no
 	// record waits for the record to appear (a replica that lost it with
 	// Redis recreates it when its lock renewal, every LockTTL/3, notices)
@@ -128,6 +131,11 @@ type Env struct {
 	// always). A resend due while it is down waits for it.
 	Connected func() bool
 
+	// WorkerLostGrace: a job started on a worker that is then evicted ends
+	// FAILED worker_lost this long after unless the worker answers
+	// (default WorkerLostGraceDefault; negative: it waits for its deadline).
+	WorkerLostGrace time.Duration
+
 	// UnknownHold: how long a result or cancel for a job with no record is
 	// handed back to JetStream before it is dead-lettered (default
 	// UnknownHoldDefault; negative: not at all). See lifecycle.Job.unknownJob.
@@ -178,6 +186,9 @@ func (e *Env) WithDefaults() *Env {
 	if e.Backoff == nil {
 		e.Backoff = Backoff
 	}
+	if e.WorkerLostGrace == 0 {
+		e.WorkerLostGrace = WorkerLostGraceDefault
+	}
 	if e.UnknownHold == 0 {
 		e.UnknownHold = UnknownHoldDefault
 	}
@@ -213,7 +224,9 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
 		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
 		SagaRetention: e.SagaRetention, UnknownHold: max(e.UnknownHold, 0),
-		Output: e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
+		WorkerLostGrace: max(e.WorkerLostGrace, 0),
+		Direct:          func(subject, worker string) bool { return subject == e.Subjects.Worker(worker) },
+		Output:          e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
 		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug),
 	}
 	if e.Keys != nil {

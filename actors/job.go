@@ -196,7 +196,8 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.Forward:
 		a.forward(e)
 	case lifecycle.Finish:
-		c.Send(c.Parent(), &Finished{JobID: a.id, PID: c.Self(), Parked: e.Parked, Redeliver: e.Redeliver})
+		c.Send(c.Parent(), &Finished{JobID: a.id, PID: c.Self(), Parked: e.Parked, Running: e.Running,
+			Redeliver: e.Redeliver})
 	case lifecycle.Redeliver:
 		c.Send(c.Parent(), &Redeliver{JobID: a.id, Msgs: e.Msgs})
 	case lifecycle.Grace:

@@ -35,11 +35,14 @@ const (
 type Finished struct {
 	JobID string
 	PID   *actor.PID
-	// Parked: the job stays DISPATCHED on this node with no live actor (see
-	// JobActor.park). The shard remembers it, so that the worker's progress
+	// Parked: the job stays DISPATCHED or RUNNING on this node with no live
+	// actor (see lifecycle.Job.park). The shard remembers it, so that the worker's progress
 	// or eviction — events that only the dispatching node acts on — spawn
 	// an actor for it again.
 	Parked bool
+	// Running (with Parked): the job parked in RUNNING, so only its
+	// worker's eviction wakes it.
+	Running bool
 	// Redeliver holds such events that reached the actor while it was
 	// parking the job: the shard hands them to the job's next actor.
 	Redeliver []interface{}

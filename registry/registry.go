@@ -631,6 +631,15 @@ func (r *Registry) Waiting(w *Worker) []string {
 	return out
 }
 
+// Jobs lists every job of this node that occupies w, waiting or started.
+func (r *Registry) Jobs(w *Worker) []string {
+	out := make([]string, 0, len(w.jobs))
+	for id := range w.jobs {
+		out = append(out, id)
+	}
+	return out
+}
+
 // SetOthers sets what the other replicas have in flight on w.
 func (r *Registry) SetOthers(w *Worker, n int32) {
 	if n < 0 || n == w.Others {

@@ -213,8 +213,9 @@ type Config struct {
 	// I/O) and must not call back into the router synchronously.
 	OnEvict func(workerID string)
 	// OnEvictJobs, when set, is called with an evicted worker's id and the
-	// jobs this router dispatched to it that have not reported progress or
-	// finished since (see Released). Same rules as OnEvict.
+	// jobs of this node that occupy it — waiting for it to start them, or
+	// started (a job decides what the loss means for it). Same rules as
+	// OnEvict.
 	OnEvictJobs func(workerID string, jobIDs []string)
 	// Now is the router's clock (default time.Now; tests move it).
 	Now func() time.Time
@@ -520,7 +521,7 @@ func (r *Router) sweep() {
 		if r.cfg.OnEvict != nil {
 			r.cfg.OnEvict(w.ID)
 		}
-		if ids := r.reg.Waiting(w); len(ids) > 0 && r.cfg.OnEvictJobs != nil {
+		if ids := r.reg.Jobs(w); len(ids) > 0 && r.cfg.OnEvictJobs != nil {
 			r.cfg.OnEvictJobs(w.ID, ids)
 		}
 		delete(r.dirty, w)

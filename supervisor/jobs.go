@@ -64,7 +64,7 @@ type JobShard struct {
 	// abandoning it; past one, the shard leaves the job to its lease.
 	abandoned    map[string]int
 	shuttingDown bool
-	parked       map[uint64]struct{}
+	parked       map[uint64]bool // true: parked DISPATCHED (else RUNNING)
 	peak         int // most entries parked has held since it was last rebuilt
 	seed         maphash.Seed
 }
@@ -129,7 +129,7 @@ func ShardProps(jobProps *actor.Props, log *slog.Logger, opts ...actor.PropsOpti
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &JobShard{props: jobProps, strategy: strategy, log: log, live: map[string]*actor.PID{},
 			stopping: map[string][]*Deliver{}, abandoned: map[string]int{},
-			parked: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
+			parked: map[uint64]bool{}, seed: maphash.MakeSeed()}
 	}, append(opts, actor.WithSupervisor(strategy))...)
 }
 
@@ -144,7 +144,7 @@ func (s *JobShard) Receive(c actor.Context) {
 			s.stopping[m.JobID] = nil
 			c.Poison(m.PID)
 			if m.Parked {
-				s.parked[s.hash(m.JobID)] = struct{}{}
+				s.parked[s.hash(m.JobID)] = !m.Running
 				s.peak = max(s.peak, len(s.parked))
 			}
 			for _, msg := range m.Redeliver {
@@ -189,7 +189,7 @@ func (s *JobShard) Receive(c actor.Context) {
 	case *RememberParked:
 		for _, id := range m.JobIDs {
 			if _, live := s.live[id]; !live {
-				s.parked[s.hash(id)] = struct{}{}
+				s.parked[s.hash(id)] = true
 			}
 		}
 		s.peak = max(s.peak, len(s.parked))
@@ -202,18 +202,22 @@ func (s *JobShard) shrinkParked() {
 	if s.peak < parkedShrinkAt || len(s.parked) > s.peak/4 {
 		return
 	}
-	m := make(map[uint64]struct{}, len(s.parked))
-	for h := range s.parked {
-		m[h] = struct{}{}
+	m := make(map[uint64]bool, len(s.parked))
+	for h, v := range s.parked {
+		m[h] = v
 	}
 	s.parked, s.peak = m, len(m)
 }
 
 // wakesParked reports whether msg, for a job with no live actor, must spawn
-// one because the job is parked here.
-func wakesParked(msg interface{}) bool {
+// one because the job is parked here (dispatched: in DISPATCHED, else
+// RUNNING). Only the dispatching node acts on a worker's first progress or
+// its eviction; a RUNNING job's further progress changes nothing.
+func wakesParked(msg interface{}, dispatched bool) bool {
 	switch msg.(type) {
-	case *actors.Progress, *actors.WorkerLost:
+	case *actors.Progress:
+		return dispatched
+	case *actors.WorkerLost:
 		return true
 	}
 	return false
@@ -243,8 +247,8 @@ func (s *JobShard) deliver(c actor.Context, m *Deliver) {
 	pid, ok := s.live[m.JobID]
 	if !ok {
 		h := s.hash(m.JobID)
-		_, parked := s.parked[h]
-		if !m.Spawn && !(parked && wakesParked(m.Msg)) {
+		dispatched, parked := s.parked[h]
+		if !m.Spawn && !(parked && wakesParked(m.Msg, dispatched)) {
 			return
 		}
 		if parked {

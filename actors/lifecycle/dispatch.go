@@ -360,11 +360,12 @@ func (j *Job) placementFailed(p *router.PickReply) {
 		nil, &pending{then: nArm, at: at})
 }
 
-// markRunning records DISPATCHED → RUNNING and moves the deadline to the
-// running timeout.
+// markRunning records DISPATCHED → RUNNING (or, after its worker was
+// reported lost, RUNNING → RUNNING: it answered after all) and moves the
+// deadline to the running timeout.
 func (j *Job) markRunning() {
 	dl := j.deadlineFor(core.StateRunning)
-	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched),
+	j.transition(&store.Transition{Expect: store.Expect(j.State),
 		Path: []store.Hop{{To: core.StateRunning, Reason: core.ReasonStarted}}, Due: dl.at.UnixMilli(),
 		Fields: []string{"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why)}},
 		nil, &pending{then: nRunning, dl: dl})
@@ -373,7 +374,11 @@ func (j *Job) markRunning() {
 // onWorkerLost dispatches elsewhere a job whose worker was evicted before
 // it started the job.
 func (j *Job) onWorkerLost(m *WorkerLost) {
-	if j.State != core.StateDispatched || j.Worker != m.WorkerID || j.startsOnDelivery {
+	if !active(j.State) || j.Worker != m.WorkerID {
+		return
+	}
+	if j.State == core.StateRunning || j.startsOnDelivery {
+		j.lostWhileRunning(m.WorkerID)
 		return
 	}
 	if j.cfg.Redispatch != nil && !j.cfg.Redispatch(j.topic()) {
@@ -388,4 +393,28 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched),
 		Path: []store.Hop{{To: core.StateScheduled, Reason: core.ReasonWorkerLost}}, Due: -1,
 		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
+}
+
+// lostWhileRunning: the worker of a started job was evicted. Running it
+// again is not safe (it may have run, or still run); waiting for the job's
+// own deadline (hours) is not useful either: the job ends FAILED
+// worker_lost after WorkerLostGrace unless the worker's result or progress
+// comes first. Only for a direct dispatch: on a pool subject the job may be
+// running on another worker than the one Troupe picked.
+func (j *Job) lostWhileRunning(worker string) {
+	grace := j.cfg.WorkerLostGrace
+	if grace <= 0 || j.cfg.Direct == nil || !j.cfg.Direct(j.Subject, worker) || j.deadlineWhy == core.ReasonWorkerLost {
+		return
+	}
+	at := j.now().Add(grace)
+	if !j.deadline.IsZero() && j.deadline.Before(at) {
+		return // its own deadline comes first
+	}
+	j.log(warn, "worker of a started job lost; failing it unless the worker answers", "worker_id", worker,
+		"grace", grace)
+	j.transition(&store.Transition{Expect: store.Expect(j.State),
+		Path: []store.Hop{{To: j.State, Reason: core.ReasonWorkerLost}}, Due: at.UnixMilli(),
+		Fields: []string{"lost_worker", worker, "deadline", strconv.FormatInt(at.UnixMilli(), 10),
+			"deadline_kind", string(core.ReasonWorkerLost)}},
+		nil, &pending{then: nDeadline, dl: deadline{at, core.ReasonWorkerLost}})
 }

@@ -110,7 +110,8 @@ type Forward struct {
 
 // Finish tells the supervisor the actor has nothing left to do.
 type Finish struct {
-	Parked    bool
+	Parked    bool // DISPATCHED or RUNNING, with no actor
+	Running   bool // parked in RUNNING
 	Redeliver []any
 }
 

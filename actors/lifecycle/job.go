@@ -105,6 +105,13 @@ type Config struct {
 	// SagaRetention: how long a workflow step's saga records are kept
 	// (saga.RetentionDefault when not positive).
 	SagaRetention time.Duration
+	// WorkerLostGrace: a job started on a worker that is then evicted ends
+	// FAILED worker_lost this long after, unless its result or progress
+	// comes first (≤ 0: it waits for its own deadline).
+	WorkerLostGrace time.Duration
+	// Direct reports whether subject reaches exactly worker (a direct
+	// dispatch; on a pool subject NATS chose the receiver). Nil: never.
+	Direct func(subject, worker string) bool
 	// Debug: emit the debug log lines (each costs its arguments).
 	Debug bool
 }
@@ -376,7 +383,7 @@ func (j *Job) handle(m any) {
 			j.activateFor(m)
 			return
 		}
-		if j.State == core.StateDispatched {
+		if j.State == core.StateDispatched || j.State == core.StateRunning && j.deadlineWhy == core.ReasonWorkerLost {
 			j.markRunning()
 		}
 	case *Wake:
@@ -436,7 +443,8 @@ func (j *Job) absorb(m any) {
 	case *Cancel:
 		d, kind = m.Delivery, "cancel"
 	case *Progress, *WorkerLost:
-		if j.parked && j.State == core.StateDispatched {
+		_, lost := m.(*WorkerLost)
+		if j.parked && (j.State == core.StateDispatched || lost && j.State == core.StateRunning) {
 			// The job parked a moment ago: its worker's first progress or
 			// eviction is for the job's next actor, which the supervisor
 			// spawns for it (a parked DISPATCHED job is remembered).
@@ -535,11 +543,16 @@ func (j *Job) finish() {
 	parkedDispatched := j.parked && j.State == core.StateDispatched
 	var again []any
 	// Anything still deferred is absorbed — except the progress and
-	// eviction of a job parked in DISPATCHED, which go to its next actor.
+	// eviction of a parked job, which go to its next actor.
 	for _, m := range j.deferred {
 		switch m.(type) {
-		case *Progress, *WorkerLost:
+		case *Progress:
 			if parkedDispatched {
+				again = append(again, m)
+				continue
+			}
+		case *WorkerLost:
+			if j.parked && active(j.State) {
 				again = append(again, m)
 				continue
 			}
@@ -547,7 +560,8 @@ func (j *Job) finish() {
 		j.absorb(m)
 	}
 	j.deferred = nil
-	j.emit(Finish{Parked: parkedDispatched, Redeliver: again})
+	parked := j.parked && active(j.State)
+	j.emit(Finish{Parked: parked, Running: parked && j.State == core.StateRunning, Redeliver: again})
 }
 
 // onRestarting: a fresh actor replaces this one and recovers from Redis;

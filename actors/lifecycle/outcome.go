@@ -212,6 +212,20 @@ func (j *Job) timeout() {
 	if why == "" {
 		why = core.ReasonDispatchTimeout
 	}
+	if why == core.ReasonWorkerLost {
+		// Its worker was evicted and never answered within the grace.
+		detail := "worker " + j.Worker + " was lost while running the job and did not come back"
+		entry := j.dlqEntry(core.ReasonWorkerLost, detail, "")
+		j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning),
+			Path:   []store.Hop{{To: core.StateFailed, Reason: core.ReasonWorkerLost}},
+			Fields: []string{"error_code", string(why), "error_message", detail}}, entry,
+			&pending{applied: []Effect{
+				j.logFx(warn, "job failed: its worker was lost", "topic", j.topic(), "worker_id", j.Worker),
+				PublishDLQ{Entry: entry},
+				TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: why, Msg: detail},
+			}})
+		return
+	}
 	j.transition(&store.Transition{Expect: store.Expect(core.StateDispatched, core.StateRunning),
 		Path: []store.Hop{{To: core.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
 		&pending{applied: []Effect{

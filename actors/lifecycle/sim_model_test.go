@@ -408,9 +408,13 @@ func (s *sim) path(id string, r *simRec, t *store.Transition) {
 	case r.state.Terminal():
 		r.due, r.lock, r.lease = 0, "", false
 		s.terminal[id] = r.state
+		s.outcomes[string(r.state)+":"+r.fields["reason"]]++
 		last := r.fields["last_reason"]
 		if r.state == core.StateFailed && last == string(core.ReasonSafetyUnavailable) {
 			s.fail("%s: FAILED because the input policy was unavailable", id)
+		}
+		if r.state == core.StateFailed && r.fields["reason"] == string(core.ReasonWorkerLost) && !s.lostSent[id][r.fields["worker"]] {
+			s.fail("%s: FAILED worker_lost, but nobody reported %s lost", id, r.fields["worker"])
 		}
 		if r.state == core.StateDenied && !s.denies[id] && !strings.HasPrefix(r.fields["reason"], "approval") {
 			s.fail("%s: DENIED (%s) though the policy never denied it", id, r.fields["reason"])

@@ -73,6 +73,7 @@ type sim struct {
 	terminal     map[string]core.State
 	failures     []string
 	trace        []string
+	outcomes     map[string]int // final state:reason → jobs
 }
 
 func newSim(t testing.TB, seed uint64) *sim {
@@ -80,7 +81,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), recs: map[string]*simRec{}, idem: map[string]string{},
 		tenant: map[string]bool{}, subs: map[string][]*simDelivery{}, dispatchHops: map[string]int{},
 		published: map[string]int{}, lostSent: map[string]map[string]bool{}, pubFailed: map[string]bool{},
-		denies: map[string]bool{}, terminal: map[string]core.State{}, faults: true}
+		denies: map[string]bool{}, terminal: map[string]core.State{}, faults: true, outcomes: map[string]int{}}
 	s.cfg = Config{NodeID: "", IdemKey: func(tenant, key string) string { return tenant + "/" + key },
 		TenantKey: func(tenant string) string { return "tenant:" + tenant }, SubmitSubject: "sys.job.submit",
 		ResultSubject: "sys.job.result", Dispatch: simDispatch,
@@ -95,7 +96,8 @@ func newSim(t testing.TB, seed uint64) *sim {
 			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
 		},
 		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
-		ResendAfter: 5 * time.Second, CapacityGrace: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false}
+		ResendAfter: 5 * time.Second, CapacityGrace: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
+		WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" }}
 	for i := 0; i < 3; i++ {
 		s.nodes = append(s.nodes, s.newNode(fmt.Sprintf("n%d", i)))
 	}
@@ -732,10 +734,14 @@ func TestSimJobLifecycle(t *testing.T) {
 		first, seeds = seed, 1
 	}
 	total := 0
+	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
 		s.run(steps)
 		total += s.steps
+		for k, v := range s.outcomes {
+			outcomes[k] += v
+		}
 		if len(s.failures) > 0 {
 			t.Errorf("seed %d (replay: TROUPE_SIM_SEED=%d go test -run TestSimJobLifecycle ./actors/lifecycle/):\n  %s\nlast events:\n  %s",
 				seed, seed, strings.Join(s.failures[:min(len(s.failures), 5)], "\n  "),
@@ -743,5 +749,10 @@ func TestSimJobLifecycle(t *testing.T) {
 			return
 		}
 	}
-	t.Logf("%d seeds, %d steps", seeds, total)
+	keys := sortedKeys(outcomes)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
+	}
+	t.Logf("%d seeds, %d steps; outcomes: %s", seeds, total, strings.Join(parts, ", "))
 }

@@ -15,6 +15,10 @@ import (
 // dispatch arriving after the job went back to SCHEDULED because its worker
 // was evicted: the worker was alive after all, and its answer ends the job.
 //
+// Self-loops on DISPATCHED and RUNNING record that the job's worker was
+// lost (worker_lost: it fails after a grace unless the worker answers) or
+// answered after all (worker_started).
+//
 // Self-loops on PENDING and SCHEDULED record a retry (a new attempt with its
 // reason) without a state change. SUCCEEDED → OUTPUT_QUARANTINED is the one
 // exit from a terminal state: the asynchronous output scan may downgrade a
@@ -27,9 +31,9 @@ var legal = map[core.State][]core.State{
 	core.StateScheduled: {core.StateScheduled, core.StateDispatched, core.StateDenied, core.StateCancelled,
 		core.StateFailed, core.StateTimeout, core.StateSucceeded, core.StateOutputQuarantined},
 	core.StateDispatched: {core.StateRunning, core.StateScheduled, core.StateSucceeded, core.StateFailed,
-		core.StateCancelled, core.StateTimeout, core.StateOutputQuarantined},
+		core.StateCancelled, core.StateTimeout, core.StateOutputQuarantined, core.StateDispatched},
 	core.StateRunning: {core.StateSucceeded, core.StateFailed, core.StateCancelled, core.StateTimeout,
-		core.StateOutputQuarantined, core.StateScheduled},
+		core.StateOutputQuarantined, core.StateScheduled, core.StateRunning},
 	core.StateSucceeded: {core.StateOutputQuarantined},
 }
 

@@ -32,6 +32,7 @@ const (
 	nArm             // wait until pending.at
 	nDispatched      // publish the dispatch (pending.pick, deadline)
 	nRunning         // RUNNING recorded: new deadline, wait for the worker
+	nDeadline        // a new deadline recorded (worker lost): wait for the worker
 	nRetryLater      // a failed dispatch went back to SCHEDULED: retry
 )
 
@@ -117,7 +118,7 @@ func (j *Job) then(p *pending) {
 		j.arm(p.at)
 	case nDispatched:
 		j.dispatched(p)
-	case nRunning:
+	case nRunning, nDeadline:
 		j.deadline, j.deadlineWhy = p.dl.at, p.dl.why
 		j.waitWorker()
 	case nRetryLater:
