@@ -65,7 +65,7 @@ type JobShard struct {
 	abandoned    map[string]int
 	shuttingDown bool
 	parked       map[uint64]bool // true: parked DISPATCHED (else RUNNING)
-	peak         int // most entries parked has held since it was last rebuilt
+	peak         int             // most entries parked has held since it was last rebuilt
 	seed         maphash.Seed
 }
 
