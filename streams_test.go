@@ -79,3 +79,51 @@ func TestGuardSurvivesARecreatedStream(t *testing.T) {
 		t.Fatalf("the guard skipped %v redelivered results of the recreated stream", got)
 	}
 }
+
+// A running node recreates its RESULT and SUBMIT streams when they are
+// deleted under it (an operator's mistake, a lost JetStream store): it
+// counts each, and jobs submitted afterwards run to the end.
+func TestFaultStreamDeletedWhileRunning(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	f.startWorker("w1", true, nil, worker.Echo)
+	ctx := context.Background()
+	f.submit(echoReq("before"))
+	f.waitState("before", core.StateSucceeded)
+
+	names := map[bus.StreamKind]string{}
+	for _, kind := range []bus.StreamKind{bus.StreamResult, bus.StreamSubmit} {
+		names[kind] = bus.StreamName(f.env.StreamPrefix(), kind)
+		if err := f.js.DeleteStream(ctx, names[kind]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The node finds both missing (a fetch fails, or its periodic check)
+	// and recreates them.
+	deadline := time.Now().Add(3 * bus.StreamCheckEvery)
+	for _, name := range names {
+		for counter(t, f.node, "troupe_streams_recreated_total", name) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("stream %s not recreated within %v", name, 3*bus.StreamCheckEvery)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if err := f.node.Ready(ctx); err != nil {
+		t.Fatalf("not ready after the streams were recreated: %v", err)
+	}
+
+	const n = 50
+	for i := 0; i < n; i++ {
+		f.submit(echoReq(fmt.Sprintf("after-%d", i)))
+	}
+	for i := 0; i < n; i++ {
+		f.waitStateWithin(fmt.Sprintf("after-%d", i), core.StateSucceeded, 20*time.Second)
+	}
+	for kind, name := range names {
+		if got := counter(t, f.node, "troupe_streams_recreated_total", name); got != 1 {
+			t.Fatalf("%s recreated %v times, want 1", name, got)
+		}
+		waitNoPending(t, f.js, name, bus.ConsumerName(kind))
+	}
+}
