@@ -143,6 +143,11 @@ type Config struct {
 	// poller wakes it (default store.RescueAfterDefault).
 	RescueAfter time.Duration
 
+	// DLQMaxBytes is the DLQ's byte budget, shared by every replica: past
+	// it the oldest entries go (default store.DLQMaxBytesDefault). A bad
+	// packet is kept as its first store.DLQRawPrefix bytes, size and hash.
+	DLQMaxBytes int64
+
 	// StreamCheck is how often the node looks for input streams and
 	// consumers that went missing while it runs, and recreates them; a
 	// failed fetch makes it look at once (default bus.StreamCheckEvery;
@@ -426,7 +431,8 @@ func (n *Node) Start(ctx context.Context) error {
 		n.unsign = append(n.unsign, bus.SignAs(n.cfg.NodeID, n.cfg.Signer),
 			bus.SignAs("troupe-saga/"+n.cfg.NodeID, n.cfg.Signer))
 	}
-	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter})
+	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter,
+		DLQMaxBytes: n.cfg.DLQMaxBytes})
 	if err := n.store.LoadScripts(ctx); err != nil {
 		return err
 	}
@@ -535,7 +541,8 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
-	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs}
+	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
+		DLQFailures: n.dlqMetrics()}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = supervisor.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()
@@ -624,6 +631,28 @@ func (n *Node) Start(ctx context.Context) error {
 	n.log.Info("node started", "nats", connect.RedactURLs(n.nc.ConnectedUrl()), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
+}
+
+// dlqMetrics registers troupe_dlq_bytes (read from Redis at each scrape)
+// and returns troupe_dlq_write_failures_total{reason}.
+func (n *Node) dlqMetrics() *prometheus.CounterVec {
+	failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_dlq_write_failures_total",
+		Help: "Bad inputs dropped because their DLQ entry could not be written (logged at ERROR with size and hash)."},
+		[]string{"reason"})
+	_ = n.cfg.Metrics.Register(failures)
+	st := n.store
+	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_dlq_bytes",
+		Help: "Bytes the DLQ's entries hold (bounded by the DLQ byte budget; -1: Redis did not answer)."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			b, err := st.DLQBytes(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(b)
+		}))
+	return failures
 }
 
 // streamKeeper returns the keeper that recreates the node's streams and
