@@ -179,11 +179,11 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 			}
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
 				!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {
-				if n == 0 {
-					failed(err)
-					continue
+				if n > 0 {
+					backoff = 100 * time.Millisecond // it did deliver: retry soon
 				}
-				log.Debug("fetch ended", "stream", kind, "err", err)
+				failed(err)
+				continue
 			}
 			backoff = 100 * time.Millisecond
 		}

@@ -67,4 +67,6 @@ func TestDLQByteBudgetTrimsOldest(t *testing.T) {
 	if got < held/2 || got > held*2 {
 		t.Fatalf("DLQBytes %d; Redis holds about %d", got, held)
 	}
+	t.Logf("%d entries of ~4 KiB under a %d-byte budget: the newest %d kept, %d bytes held (DLQBytes %d)",
+		n, budget, len(jobs), held, got)
 }
