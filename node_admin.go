@@ -195,7 +195,8 @@ func (e *NotReadyError) FailedChecks() map[string]string {
 }
 
 // Ready reports whether the node can do its work: NATS connected, the three
-// JetStream streams present, Redis answering, and the worker registry (the
+// JetStream streams and their consumers present (a running node recreates
+// missing ones within bus.StreamCheckEvery), Redis answering, and the worker registry (the
 // router actor) answering after its warm start. It returns nil or a
 // *NotReadyError; the checks run concurrently, each bounded by ctx.
 func (n *Node) Ready(ctx context.Context) error {
@@ -214,6 +215,9 @@ func (n *Node) Ready(ctx context.Context) error {
 				name := bus.StreamName(n.cfg.StreamPrefix, k)
 				if _, err := n.js.Stream(ctx, name); err != nil {
 					return fmt.Errorf("stream %s: %w", name, err)
+				}
+				if _, err := n.js.Consumer(ctx, name, bus.ConsumerName(k)); err != nil {
+					return fmt.Errorf("stream %s, consumer %s: %w", name, bus.ConsumerName(k), err)
 				}
 			}
 			return nil

@@ -20,17 +20,21 @@ import (
 )
 
 // adminNode builds a node for the operators' methods (node_admin.go); it is
-// not started.
-func adminNode(t *testing.T) (*troupe.Node, *testenv.Env) {
+// not started. mutate, when given, adjusts its config.
+func adminNode(t *testing.T, mutate ...func(*troupe.Config)) (*troupe.Node, *testenv.Env) {
 	t.Helper()
 	env := testenv.New(t)
 	pools, err := router.ParsePools([]byte("topics:\n  job.echo: echo\npools:\n  echo: {requires: []}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := troupe.NewNode(troupe.Config{NodeID: "node-adm", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
+	cfg := troupe.Config{NodeID: "node-adm", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	node, err := troupe.NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +43,9 @@ func adminNode(t *testing.T) (*troupe.Node, *testenv.Env) {
 
 func TestReadyNamesEveryCheckThatFails(t *testing.T) {
 	t.Parallel()
-	node, env := adminNode(t)
+	// The node does not recreate the stream this test deletes
+	// (TestFaultStreamDeletedWhileRunning shows it does by default).
+	node, env := adminNode(t, func(c *troupe.Config) { c.StreamCheck = -1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := node.Ready(ctx); !errors.Is(err, troupe.ErrNotStarted) {

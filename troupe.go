@@ -143,6 +143,17 @@ type Config struct {
 	// poller wakes it (default store.RescueAfterDefault).
 	RescueAfter time.Duration
 
+	// DLQMaxBytes is the DLQ's byte budget, shared by every replica: past
+	// it the oldest entries go (default store.DLQMaxBytesDefault). A bad
+	// packet is kept as its first store.DLQRawPrefix bytes, size and hash.
+	DLQMaxBytes int64
+
+	// StreamCheck is how often the node looks for input streams and
+	// consumers that went missing while it runs, and recreates them; a
+	// failed fetch makes it look at once (default bus.StreamCheckEvery;
+	// negative: never, a missing stream then waits for a restart).
+	StreamCheck time.Duration
+
 	// Metrics is where the node registers its Prometheus metrics (default:
 	// a fresh registry, see Node.Metrics).
 	Metrics *prometheus.Registry
@@ -430,7 +441,8 @@ func (n *Node) Start(ctx context.Context) error {
 		n.unsign = append(n.unsign, bus.SignAs(n.cfg.NodeID, n.cfg.Signer),
 			bus.SignAs("troupe-saga/"+n.cfg.NodeID, n.cfg.Signer))
 	}
-	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter})
+	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter,
+		DLQMaxBytes: n.cfg.DLQMaxBytes})
 	if err := n.store.LoadScripts(ctx); err != nil {
 		return err
 	}
@@ -543,7 +555,8 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
-	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs}
+	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
+		DLQFailures: n.dlqMetrics()}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = supervisor.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()
@@ -593,14 +606,24 @@ func (n *Node) Start(ctx context.Context) error {
 	n.cancel = cancel
 	n.bg.Add(1)
 	go n.rememberParked(cctx)
+	kick := bus.OnFetchError(func(error) {})
+	if n.cfg.StreamCheck >= 0 {
+		keeper := n.streamKeeper()
+		n.bg.Add(1)
+		go func() {
+			defer n.bg.Done()
+			keeper.Run(cctx)
+		}()
+		kick = bus.OnFetchError(func(error) { keeper.Kick() })
+	}
 	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit,
-		n.holdSubmits); err != nil {
+		n.holdSubmits, kick); err != nil {
 		return err
 	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult, nil); err != nil {
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult, nil, kick); err != nil {
 		return err
 	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel, nil); err != nil {
+	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel, nil, kick); err != nil {
 		return err
 	}
 	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",
@@ -622,6 +645,54 @@ func (n *Node) Start(ctx context.Context) error {
 	n.log.Info("node started", "nats", connect.RedactURLs(n.nc.ConnectedUrl()), "subjects", n.subj.Prefix()+"sys.*",
 		"streams", n.cfg.StreamPrefix)
 	return nil
+}
+
+// dlqMetrics registers troupe_dlq_bytes (read from Redis at each scrape)
+// and returns troupe_dlq_write_failures_total{reason}.
+func (n *Node) dlqMetrics() *prometheus.CounterVec {
+	failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_dlq_write_failures_total",
+		Help: "Bad inputs dropped because their DLQ entry could not be written (logged at ERROR with size and hash)."},
+		[]string{"reason"})
+	_ = n.cfg.Metrics.Register(failures)
+	st := n.store
+	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_dlq_bytes",
+		Help: "Bytes the DLQ's entries hold (bounded by the DLQ byte budget; -1: Redis did not answer)."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			b, err := st.DLQBytes(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(b)
+		}))
+	return failures
+}
+
+// streamKeeper returns the keeper that recreates the node's streams and
+// consumers when they go missing while it runs, counted in
+// troupe_streams_recreated_total{stream} and
+// troupe_stream_consumers_recreated_total{stream}. Until a missing one is
+// back, Ready reports the streams not ready.
+func (n *Node) streamKeeper() *bus.StreamKeeper {
+	streams := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_streams_recreated_total",
+		Help: "Input streams this node found missing while running and recreated (the messages they held are lost)."},
+		[]string{"stream"})
+	consumers := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_stream_consumers_recreated_total",
+		Help: "Durable consumers of the input streams this node found missing while running and recreated."},
+		[]string{"stream"})
+	_ = n.cfg.Metrics.Register(streams)
+	_ = n.cfg.Metrics.Register(consumers)
+	k := bus.NewStreamKeeper(n.js, n.cfg.StreamPrefix, n.subj, n.cfg.StreamReplicas, n.log)
+	k.Every = n.cfg.StreamCheck
+	k.OnRecreated = func(_ bus.StreamKind, name, part string) {
+		if part == bus.PartStream {
+			streams.WithLabelValues(name).Inc()
+		} else {
+			consumers.WithLabelValues(name).Inc()
+		}
+	}
+	return k
 }
 
 // dataLostRecently reports whether Redis lost its data within the

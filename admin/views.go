@@ -184,8 +184,11 @@ type DLQEntry struct {
 	Message    string    `json:"message,omitempty"`
 	Subject    string    `json:"subject,omitempty"`
 	TraceID    string    `json:"trace_id,omitempty"`
-	RawBytes   int       `json:"raw_bytes,omitempty"`
-	RetriedAs  string    `json:"retried_as,omitempty"`
+	// RawBytes and RawSHA256 are the size and hash of the whole packet
+	// (the DLQ keeps only its first store.DLQRawPrefix bytes).
+	RawBytes  int    `json:"raw_bytes,omitempty"`
+	RawSHA256 string `json:"raw_sha256,omitempty"`
+	RetriedAs string `json:"retried_as,omitempty"`
 }
 
 // DLQList is GET /v1/dlq.
@@ -196,7 +199,7 @@ type DLQList struct {
 func dlqView(e store.DLQEntry, tenant, retriedAs string) DLQEntry {
 	return DLQEntry{ID: e.ID, At: e.At, JobID: e.JobID, Tenant: tenant, Topic: e.Topic, Reason: string(e.Reason),
 		LastReason: string(e.LastReason), Message: e.Message, Subject: e.Subject, TraceID: e.TraceID,
-		RawBytes: len(e.Raw), RetriedAs: retriedAs}
+		RawBytes: int(e.RawSize), RawSHA256: e.RawSHA256, RetriedAs: retriedAs}
 }
 
 // Worker is one live worker.

@@ -75,36 +75,55 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 	if replicas < 1 || replicas > MaxStreamReplicas {
 		return fmt.Errorf("bus: stream replicas %d: want 1..%d", replicas, MaxStreamReplicas)
 	}
-	for kind, subject := range map[StreamKind]string{
-		StreamSubmit: subj.Submit, StreamResult: subj.Result, StreamCancel: subj.Cancel,
-	} {
+	for kind, subject := range streamSubjects(subj) {
 		name := StreamName(prefix, kind)
-		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-			Name:      name,
-			Subjects:  []string{subject},
-			Retention: jetstream.WorkQueuePolicy,
-			Storage:   jetstream.FileStorage,
-			MaxAge:    StreamMaxAge,
-			Discard:   jetstream.DiscardOld,
-			Replicas:  replicas,
-		})
-		if err != nil {
+		if _, err := js.CreateOrUpdateStream(ctx, streamConfig(name, subject, replicas)); err != nil {
 			return fmt.Errorf("bus: stream %s: %w", name, err)
 		}
-		_, err = js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-			Durable:       ConsumerName(kind),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       AckWaitDefault,
-			MaxDeliver:    MaxDeliverDefault,
-			BackOff:       RedeliveryBackoff,
-			MaxAckPending: MaxAckPendingDefault,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if err != nil {
+		if _, err := js.CreateOrUpdateConsumer(ctx, name, consumerConfig(kind)); err != nil {
 			return fmt.Errorf("bus: consumer %s/%s: %w", name, ConsumerName(kind), err)
 		}
 	}
 	return nil
+}
+
+func streamSubjects(subj Subjects) map[StreamKind]string {
+	return map[StreamKind]string{StreamSubmit: subj.Submit, StreamResult: subj.Result, StreamCancel: subj.Cancel}
+}
+
+func streamConfig(name, subject string, replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:      name,
+		Subjects:  []string{subject},
+		Retention: jetstream.WorkQueuePolicy,
+		Storage:   jetstream.FileStorage,
+		MaxAge:    StreamMaxAge,
+		Discard:   jetstream.DiscardOld,
+		Replicas:  replicas,
+	}
+}
+
+func consumerConfig(kind StreamKind) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       ConsumerName(kind),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       AckWaitDefault,
+		MaxDeliver:    MaxDeliverDefault,
+		BackOff:       RedeliveryBackoff,
+		MaxAckPending: MaxAckPendingDefault,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
+// ConsumeOption adjusts Consume.
+type ConsumeOption func(*consumeOpts)
+
+type consumeOpts struct{ onFetchError func(error) }
+
+// OnFetchError has Consume call f (on its fetch goroutine, so f must not
+// block) whenever a fetch fails: a StreamKeeper's Kick.
+func OnFetchError(f func(error)) ConsumeOption {
+	return func(o *consumeOpts) { o.onFetchError = f }
 }
 
 // Consume pulls from the durable consumer kind in batches and calls handle for
@@ -115,14 +134,31 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 // hold, when set, is asked before every fetch: while it says true the loop
 // waits (checking every HoldPoll) instead of pulling more — the node's
 // backpressure when it holds as many waiting submits as it should.
+//
+// A failed fetch (the consumer or its stream deleted, JetStream gone) is
+// logged at WARN, reported to OnFetchError, and retried after a backoff
+// (100 ms doubling to 5 s). The loop fetches by the consumer's name, so it
+// resumes by itself once the consumer exists again.
 func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind StreamKind,
-	log *slog.Logger, handle func(jetstream.Msg), hold func() bool) error {
+	log *slog.Logger, handle func(jetstream.Msg), hold func() bool, opts ...ConsumeOption) error {
+	var o consumeOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cons, err := js.Consumer(ctx, StreamName(prefix, kind), ConsumerName(kind))
 	if err != nil {
 		return fmt.Errorf("bus: consumer %s: %w", kind, err)
 	}
 	go func() {
 		backoff := 100 * time.Millisecond
+		failed := func(err error) {
+			log.Warn("fetch failed", "stream", StreamName(prefix, kind), "err", err)
+			if o.onFetchError != nil {
+				o.onFetchError(err)
+			}
+			sleep(ctx, backoff)
+			backoff = min(backoff*2, 5*time.Second)
+		}
 		for ctx.Err() == nil {
 			if hold != nil && hold() {
 				sleep(ctx, HoldPoll)
@@ -133,19 +169,23 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 				if ctx.Err() != nil {
 					return
 				}
-				log.Warn("fetch failed", "stream", kind, "err", err)
-				sleep(ctx, backoff)
-				backoff = min(backoff*2, 5*time.Second)
+				failed(err)
 				continue
 			}
-			backoff = 100 * time.Millisecond
+			n := 0
 			for msg := range batch.Messages() {
 				handle(msg)
+				n++
 			}
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
 				!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {
-				log.Debug("fetch ended", "stream", kind, "err", err)
+				if n > 0 {
+					backoff = 100 * time.Millisecond // it did deliver: retry soon
+				}
+				failed(err)
+				continue
 			}
+			backoff = 100 * time.Millisecond
 		}
 	}()
 	return nil

@@ -3,15 +3,35 @@ package store
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/core"
+)
+
+// DLQ bounds. An entry keeps at most DLQRawPrefix bytes of a bad packet
+// (with the whole packet's size and SHA-256) and DLQFieldMax bytes of each
+// text field, so one entry costs Redis at most a few KiB whatever arrived;
+// the stream as a whole holds at most Config.DLQMaxBytes of entries (and
+// Config.DLQMaxLen of them), the oldest going first.
+//
+// No DLQ reader needs a whole packet: a retry (Node.RetryDLQ) re-submits
+// the request recorded with the job, and a packet that never became a job
+// cannot be retried; the prefix is there for an operator to see what came.
+const (
+	DLQRawPrefix = 4 << 10
+	DLQFieldMax  = 1 << 10
+	// DLQMaxBytesDefault is the DLQ's byte budget: 16,000 entries of the
+	// largest kind, far more of the usual (a few hundred bytes each).
+	DLQMaxBytesDefault = 64 << 20
 )
 
 // DLQEntry is one dead-lettered input or job.
@@ -27,27 +47,122 @@ type DLQEntry struct {
 	LastReason core.Reason
 	Subject    string
 	TraceID    string
-	// Raw is the packet as received, when it could not be decoded or used.
+	// Raw is the packet as received, when it could not be decoded or used;
+	// stored (and read back) as its first DLQRawPrefix bytes.
 	Raw []byte
-	At  time.Time
+	// RawSize and RawSHA256 are the size and the hex SHA-256 of the whole
+	// packet (set when read back; computed from Raw when written).
+	RawSize   int64
+	RawSHA256 string
+	At        time.Time
 }
 
-func (e *DLQEntry) values() []interface{} {
+// clip cuts s to at most n bytes, on a UTF-8 boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}
+
+// values returns the entry's fields as stored and their size in bytes.
+func (e *DLQEntry) values() ([]interface{}, int64) {
 	at := e.At
 	if at.IsZero() {
 		at = time.Now()
 	}
-	return []interface{}{
-		"job_id", e.JobID, "topic", e.Topic, "reason", string(e.Reason), "message", e.Message,
-		"last_reason", string(e.LastReason), "subject", e.Subject, "trace_id", e.TraceID,
-		"raw", e.Raw, "at", at.UnixMilli(),
+	raw, size, hash := e.Raw, int64(len(e.Raw)), ""
+	if len(raw) > 0 {
+		sum := sha256.Sum256(raw)
+		hash = hex.EncodeToString(sum[:])
+		if len(raw) > DLQRawPrefix {
+			raw = raw[:DLQRawPrefix]
+		}
 	}
+	vs := []interface{}{
+		"job_id", clip(e.JobID, DLQFieldMax), "topic", clip(e.Topic, DLQFieldMax),
+		"reason", clip(string(e.Reason), DLQFieldMax), "message", clip(e.Message, DLQFieldMax),
+		"last_reason", clip(string(e.LastReason), DLQFieldMax), "subject", clip(e.Subject, DLQFieldMax),
+		"trace_id", clip(e.TraceID, DLQFieldMax), "raw", raw,
+		"raw_size", size, "raw_sha256", hash, "at", at.UnixMilli(),
+	}
+	// The script adds "bytes" and "cum" (two numbers) and the stream id.
+	n := int64(len("bytes") + len("cum") + 3*20)
+	for _, v := range vs {
+		switch v := v.(type) {
+		case string:
+			n += int64(len(v))
+		case []byte:
+			n += int64(len(v))
+		default:
+			n += 20
+		}
+	}
+	return vs, n
 }
 
-func (s *Store) addDLQ(ctx context.Context, c redis.Cmdable, e *DLQEntry) *redis.StringCmd {
-	return c.XAdd(ctx, &redis.XAddArgs{
-		Stream: s.keys.DLQ(), MaxLen: s.cfg.DLQMaxLen, Approx: true, Values: e.values(),
-	})
+// dlqAddScript appends an entry to the DLQ stream and keeps the stream
+// within its byte budget. Every entry records its own size ("bytes") and
+// the running total of sizes up to and including it ("cum", carried from
+// the newest entry), so the bytes held from any entry to the newest are a
+// subtraction: the script drops (XTRIM MINID) the oldest entries until
+// what is left, newest included, fits the budget. One key, so it runs on a
+// Redis Cluster; an entry without "cum" (written before the budget
+// existed) counts as 0 and goes first once the budget is spent. Each call
+// looks at no more than 1,000 of the oldest entries: a lowered budget is
+// reached over a few calls, not in one long one.
+//
+// KEYS: dlq. ARGV: max entries, byte budget, entry bytes, then field,
+// value pairs. Returns the entry's id.
+var dlqAddScript = redis.NewScript("local A = ARGV\n" + dlqAddLua)
+
+// dlqAddLua is dlqAddScript's body over A (its arguments), shared with
+// dlqAppendScript.
+const dlqAddLua = `
+local function num(e, name)
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == name then return tonumber(f[i+1]) or 0 end
+  end
+  return 0
+end
+local size = tonumber(A[3])
+local cum = size
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last > 0 then cum = cum + num(last[1], 'cum') end
+local add = {'XADD', KEYS[1], 'MAXLEN', '~', A[1], '*'}
+for i = 4, #A do add[#add+1] = A[i] end
+add[#add+1] = 'bytes'
+add[#add+1] = string.format('%d', size)
+add[#add+1] = 'cum'
+add[#add+1] = string.format('%d', cum)
+local id = redis.call(unpack(add))
+local floor = cum - tonumber(A[2])
+if floor <= 0 then return id end
+-- Keep the oldest entry whose running total exceeds floor, and all after it.
+local start = '-'
+for round = 1, 10 do
+  local es = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 100)
+  for i, e in ipairs(es) do
+    if num(e, 'cum') > floor then
+      redis.call('XTRIM', KEYS[1], 'MINID', e[1])
+      return id
+    end
+  end
+  if #es < 100 then break end
+  start = es[#es][1]
+end
+if start ~= '-' then redis.call('XTRIM', KEYS[1], 'MINID', start) end
+return id
+`
+
+func (s *Store) addDLQ(ctx context.Context, c redis.Scripter, e *DLQEntry) redis.Cmder {
+	vs, n := e.values()
+	args := append([]interface{}{s.cfg.DLQMaxLen, s.cfg.DLQMaxBytes, n}, vs...)
+	// Eval, not EvalSha: the entry may go in a writer's pipeline, where a
+	// NOSCRIPT could not be retried; the script is short and DLQ writes
+	// are rare.
+	return dlqAddScript.Eval(ctx, c, []string{s.keys.DLQ()}, args...)
 }
 
 // AddDLQ records e in the DLQ stream.
@@ -58,6 +173,34 @@ func (s *Store) AddDLQ(ctx context.Context, e *DLQEntry) error {
 	return nil
 }
 
+// IsOOM reports whether err is Redis refusing a write for want of memory
+// (maxmemory reached with noeviction).
+func IsOOM(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "OOM ")
+}
+
+// DLQBytes returns the bytes the DLQ's entries hold (as AddDLQ counts them;
+// entries written before the budget existed are not counted).
+func (s *Store) DLQBytes(ctx context.Context) (int64, error) {
+	pipe := s.rdb.Pipeline()
+	first := pipe.XRangeN(ctx, s.keys.DLQ(), "-", "+", 1)
+	last := pipe.XRevRangeN(ctx, s.keys.DLQ(), "+", "-", 1)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: dlq bytes: %w", err)
+	}
+	if len(first.Val()) == 0 || len(last.Val()) == 0 {
+		return 0, nil
+	}
+	num := func(m redis.XMessage, k string) int64 {
+		v, _ := m.Values[k].(string)
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	f, l := first.Val()[0], last.Val()[0]
+	return num(l, "cum") - num(f, "cum") + num(f, "bytes"), nil
+}
+
 // ListDLQ returns up to n entries, newest first.
 func (s *Store) ListDLQ(ctx context.Context, n int64) ([]DLQEntry, error) {
 	msgs, err := s.rdb.XRevRangeN(ctx, s.keys.DLQ(), "+", "-", n).Result()
@@ -66,11 +209,7 @@ func (s *Store) ListDLQ(ctx context.Context, n int64) ([]DLQEntry, error) {
 	}
 	out := make([]DLQEntry, 0, len(msgs))
 	for _, m := range msgs {
-		str := func(k string) string { v, _ := m.Values[k].(string); return v }
-		e := DLQEntry{ID: m.ID, JobID: str("job_id"), Topic: str("topic"), Reason: core.Reason(str("reason")),
-			Message: str("message"), LastReason: core.Reason(str("last_reason")), Subject: str("subject"),
-			TraceID: str("trace_id"), Raw: []byte(str("raw")), At: parseMillis(str("at"))}
-		out = append(out, e)
+		out = append(out, dlqEntryOf(m))
 	}
 	return out, nil
 }
@@ -125,7 +264,8 @@ func decodeOutbox(member string) (*outboxEntry, error) {
 // appendOutboxed queues the idempotent append of an outboxed entry to the
 // DLQ stream.
 func (s *Store) appendOutboxed(ctx context.Context, pipe redis.Pipeliner, o *outboxEntry) *redis.Cmd {
-	args := append([]interface{}{int64(DLQMarkTTL / time.Second), s.cfg.DLQMaxLen}, o.E.values()...)
+	vs, n := o.E.values()
+	args := append([]interface{}{int64(DLQMarkTTL / time.Second), s.cfg.DLQMaxLen, s.cfg.DLQMaxBytes, n}, vs...)
 	return dlqAppendScript.Eval(ctx, pipe, []string{s.keys.DLQ(), s.keys.DLQMark(o.ID)}, args...)
 }
 

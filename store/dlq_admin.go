@@ -50,9 +50,14 @@ func (s *Store) DLQEntryByID(ctx context.Context, entryID string) (*DLQEntry, er
 
 func dlqEntryOf(m redis.XMessage) DLQEntry {
 	str := func(k string) string { v, _ := m.Values[k].(string); return v }
-	return DLQEntry{ID: m.ID, JobID: str("job_id"), Topic: str("topic"), Reason: core.Reason(str("reason")),
+	e := DLQEntry{ID: m.ID, JobID: str("job_id"), Topic: str("topic"), Reason: core.Reason(str("reason")),
 		Message: str("message"), LastReason: core.Reason(str("last_reason")), Subject: str("subject"),
-		TraceID: str("trace_id"), Raw: []byte(str("raw")), At: parseMillis(str("at"))}
+		TraceID: str("trace_id"), Raw: []byte(str("raw")), RawSHA256: str("raw_sha256"), At: parseMillis(str("at"))}
+	e.RawSize, _ = strconv.ParseInt(str("raw_size"), 10, 64)
+	if e.RawSize == 0 {
+		e.RawSize = int64(len(e.Raw)) // written before raw_size existed: whole
+	}
+	return e
 }
 
 // DeleteDLQ removes a DLQ entry (and its retry mark).

@@ -422,12 +422,13 @@ var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, t
 
 // dlqAppendScript appends one DLQ entry to the stream unless its mark says
 // it is there already: a DLQ entry leaves its job's outbox (Keys.DLQOutbox)
-// at least once, and reaches the stream once. KEYS: dlq stream, mark (the
-// stream's slot, see Keys.DLQMark). ARGV: mark_ttl_s, maxlen, field,
-// value, ... Returns 1 if appended, 0 if it was there. Sent with EVAL (a
-// DLQ entry is rare), so no NOSCRIPT reply needs handling.
+// at least once, and reaches the stream once; the stream's byte budget
+// holds as for any entry (dlqAddScript). KEYS: dlq stream, mark (the
+// stream's slot, see Keys.DLQMark). ARGV: mark_ttl_s, then dlqAddScript's
+// (max entries, byte budget, entry bytes, field, value, ...). Returns 0 if
+// the entry was there already. Sent with EVAL (a DLQ entry is rare), so no
+// NOSCRIPT reply needs handling.
 var dlqAppendScript = redis.NewScript(`
 if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then return 0 end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
-return 1
-`)
+local A = {unpack(ARGV, 2)}
+` + dlqAddLua)

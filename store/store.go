@@ -41,6 +41,9 @@ type Config struct {
 	Retention time.Duration
 	// DLQMaxLen bounds the DLQ stream (default DLQMaxLenDefault).
 	DLQMaxLen int64
+	// DLQMaxBytes bounds the bytes of the DLQ stream's entries (default
+	// DLQMaxBytesDefault); the oldest entries go first.
+	DLQMaxBytes int64
 	// RescueAfter is when a new job is due if nothing else sets its due
 	// time first (default RescueAfterDefault).
 	RescueAfter time.Duration
@@ -69,6 +72,9 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	}
 	if cfg.DLQMaxLen <= 0 {
 		cfg.DLQMaxLen = DLQMaxLenDefault
+	}
+	if cfg.DLQMaxBytes <= 0 {
+		cfg.DLQMaxBytes = DLQMaxBytesDefault
 	}
 	if cfg.RescueAfter <= 0 {
 		cfg.RescueAfter = RescueAfterDefault

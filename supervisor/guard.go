@@ -18,8 +18,16 @@ import (
 // message and acking it are two steps; a node that dies between them leaves
 // a message JetStream will offer again although its effect is durable. The
 // guard closes that gap: before a message is acked, a Redis key named by its
-// stream and stream sequence is set (TTL GuardTTL), and a redelivered message
-// whose key exists is acked without being handled again.
+// stream, stream sequence and the time JetStream stored it is set (TTL
+// GuardTTL), and a redelivered message whose key exists is acked without
+// being handled again.
+//
+// The sequence alone would not do: a stream deleted and recreated (by an
+// operator, by a node that found it missing, or a JetStream store lost)
+// numbers its messages from 1 again, and a new message would find the mark
+// of an old one. The stored time is part of the message (every redelivery
+// carries the same one) and differs between two lives of a stream, so the
+// pair cannot repeat; no lookup of the stream's creation time is needed.
 //
 // Handling a message twice is harmless by design (a duplicate submit of a
 // live job changes nothing, a result for a finished job is absorbed), so the
@@ -95,9 +103,11 @@ func (g *Guard) Stop() {
 	<-g.done
 }
 
-// key names the guard of one message: prefix + "seen:<stream>:<seq>".
-func (g *Guard) key(stream string, seq uint64) string {
-	return g.prefix + "seen:" + stream + ":" + strconv.FormatUint(seq, 10)
+// key names the guard of one message: prefix +
+// "seen:<stream>:<seq>:<stored unix ns>".
+func (g *Guard) key(md *jetstream.MsgMetadata) string {
+	return g.prefix + "seen:" + md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10) + ":" +
+		strconv.FormatInt(md.Timestamp.UnixNano(), 10)
 }
 
 // Seen reports whether msg was handled before: only for a redelivery, and
@@ -109,7 +119,7 @@ func (g *Guard) Seen(msg jetstream.Msg) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	n, err := g.rdb.Exists(ctx, g.key(md.Stream, md.Sequence.Stream)).Result()
+	n, err := g.rdb.Exists(ctx, g.key(md)).Result()
 	if err != nil || n == 0 {
 		return false
 	}
@@ -138,7 +148,7 @@ func (m *GuardedMsg) Ack() error {
 	if m.g.closed {
 		return m.Msg.Ack()
 	}
-	m.g.marks <- guardMark{key: m.g.key(md.Stream, md.Sequence.Stream), msg: m.Msg}
+	m.g.marks <- guardMark{key: m.g.key(md), msg: m.Msg}
 	return nil
 }
 

@@ -73,7 +73,7 @@ func TestGuardRecognisesAMessageHandledButNotAcked(t *testing.T) {
 		t.Fatal(err)
 	}
 	md, _ := first.Metadata()
-	key := g.key(md.Stream, md.Sequence.Stream)
+	key := g.key(md)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if n, _ := env.Redis.Exists(ctx, key).Result(); n == 1 {
 			break

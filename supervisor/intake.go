@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
@@ -34,11 +37,10 @@ type Intake struct {
 	// Guard, when set, skips redelivered messages that were handled but
 	// not acked, and marks every handled message before its ack.
 	Guard *Guard
+	// DLQFailures, when set, counts bad inputs whose DLQ entry could not
+	// be written, by reason (label "reason").
+	DLQFailures *prometheus.CounterVec
 }
-
-// DLQWriteRetry is the delay before JetStream offers a bad message again when
-// its DLQ entry could not be written (the message is never dropped unrecorded).
-const DLQWriteRetry = 5 * time.Second
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
 	shard := in.Shards[ShardFor(jobID, len(in.Shards))]
@@ -198,7 +200,8 @@ func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
 	in.Env.Root.Send(in.Env.Router, seen)
 }
 
-// reject dead-letters a message that can never be processed, then acks it.
+// reject dead-letters a message that can never be processed, then acks it
+// (terms it when the DLQ cannot take it).
 func (in *Intake) reject(msg jetstream.Msg, jobID, traceID string, reason core.Reason, detail string) {
 	in.Log.Warn("bad input rejected", "subject", msg.Subject(), "job_id", jobID, "trace_id", traceID,
 		"reason", reason, "detail", detail)
@@ -207,8 +210,18 @@ func (in *Intake) reject(msg jetstream.Msg, jobID, traceID string, reason core.R
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := in.Store.AddDLQ(ctx, entry); err != nil {
-		in.Log.Error("dlq write failed; message will be offered again", "reason", reason, "err", err)
-		_ = msg.NakWithDelay(DLQWriteRetry)
+		// Bad input is never offered again for the DLQ's sake: a flood of
+		// it, with Redis out of memory or away, would come back twenty
+		// times each and compete with the jobs for Redis. This line (with
+		// the packet's size and hash) and the counter are its record.
+		sum := sha256.Sum256(msg.Data())
+		in.Log.Error("dlq write failed; bad input dropped", "subject", msg.Subject(), "job_id", jobID,
+			"reason", reason, "bytes", len(msg.Data()), "sha256", hex.EncodeToString(sum[:]), "err", err)
+		if in.DLQFailures != nil {
+			in.DLQFailures.WithLabelValues(string(reason)).Inc()
+		}
+		actors.PublishDLQ(in.Env, entry)
+		_ = msg.Term()
 		return
 	}
 	actors.PublishDLQ(in.Env, entry)
