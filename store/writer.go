@@ -529,9 +529,10 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 // applied (Op.TenantRelease, and moving Op.DLQ from the job's outbox to the
 // DLQ stream), in one pipeline after the scripts' replies: the tenant set
 // and the stream are global keys, in other Redis Cluster slots than the
-// job. Both are idempotent. An op whose effect failed gets the error as its
-// Result, so its owner tries the op again, finds its own earlier write
-// (Op.applied) and its effects are made again.
+// job. Both are idempotent. An op whose slot release failed gets the error
+// as its Result, so its owner tries the op again, finds its own earlier
+// write (Op.applied) and its effects are made again; a DLQ entry that could
+// not be moved stays in its outbox for the flush (FlushDLQOutbox).
 func (s *Store) effects(ctx context.Context, batch []*Op, results []*Result) {
 	type effect struct {
 		i       int
@@ -565,14 +566,15 @@ func (s *Store) effects(ctx context.Context, batch []*Op, results []*Result) {
 		op := batch[e.i]
 		var err error
 		if e.dlq != nil {
-			if err = e.dlq.Err(); err == nil {
+			if e.dlq.Err() == nil {
 				if clear == nil {
 					clear = s.rdb.Pipeline()
 				}
 				clear.ZRem(ctx, s.keys.DLQOutbox(Shard(op.JobID)), op.outbox)
-			} else {
-				err = fmt.Errorf("store: dlq append %s: %w", op.JobID, err)
 			}
+			// Otherwise (Redis out of memory, say) the entry waits in its
+			// outbox, durable, for the due poller's flush: the job's own
+			// write applied and is not tried again for it.
 		}
 		if e.release != nil && e.release.Err() != nil && err == nil {
 			err = fmt.Errorf("store: tenant slot release %s: %w", op.JobID, e.release.Err())
