@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 
@@ -220,40 +219,14 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 		parkFast(c)
 		c.WorkerTTL = time.Second
 	})
-	nc := f.env.NATS
-	got := make(chan string, 1)
-	sub, err := nc.Subscribe(f.subj.Worker("doomed"), func(m *nats.Msg) {
-		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
-			got <- p.GetJobRequest().JobId
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	stop := make(chan struct{})
-	go func() {
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
-				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
-					registry.LabelProgress: registry.ProgressStarted}})
-			_ = nc.Publish(f.subj.Heartbeat, data)
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-		}
-	}()
+	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
 	f.submit(echoReq("job-park-evict"))
 	if id := <-got; id != "job-park-evict" {
 		t.Fatalf("doomed worker got %s", id)
 	}
 	waitParked(t, f.node, 1)
-	close(stop) // the worker dies holding the parked job
+	die() // the worker dies holding the parked job
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
 	r := f.waitState("job-park-evict", core.StateSucceeded)

@@ -31,42 +31,13 @@ var redispatched = regexp.MustCompile(`SCHEDULED:worker_lost (SCHEDULED:[a-z_]+ 
 func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) { c.WorkerTTL = time.Second })
-	nc := f.env.NATS
-	got := make(chan string, 1)
-	sub, err := nc.Subscribe(f.subj.Worker("doomed"), func(m *nats.Msg) {
-		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
-			got <- p.GetJobRequest().JobId
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	beat := func() {
-		data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
-			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
-				registry.LabelProgress: registry.ProgressStarted}})
-		_ = nc.Publish(f.subj.Heartbeat, data)
-	}
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			beat()
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-		}
-	}()
+	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
 	f.submit(echoReq("job-orphan"))
 	if id := <-got; id != "job-orphan" {
 		t.Fatalf("doomed worker got %s", id)
 	}
-	close(stop) // the worker dies holding the job
+	die() // the worker dies holding the job
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
 	r := f.waitState("job-orphan", core.StateSucceeded)
@@ -241,33 +212,7 @@ func startedJobOfALostWorker(t *testing.T, park bool) {
 			c.ParkAfter = -1
 		}
 	})
-	nc := f.env.NATS
-	got := make(chan string, 1)
-	sub, err := nc.Subscribe(f.subj.Worker("doomed"), func(m *nats.Msg) {
-		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
-			got <- p.GetJobRequest().JobId
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	stop := make(chan struct{})
-	go func() {
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			data, _ := bus.EncodeHeartbeat("doomed", &capv1.Heartbeat{WorkerId: "doomed", Pool: "echo", MaxParallelJobs: 10,
-				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
-					registry.LabelProgress: registry.ProgressStarted}})
-			_ = nc.Publish(f.subj.Heartbeat, data)
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-		}
-	}()
+	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
 	f.submit(echoReq("job-lost-running"))
 	if id := <-got; id != "job-lost-running" {
@@ -280,7 +225,7 @@ func startedJobOfALostWorker(t *testing.T, park bool) {
 	}
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
-	close(stop) // the worker dies while running the job
+	die() // the worker dies while running the job
 	r := f.waitStateWithin("job-lost-running", core.StateFailed, 20*time.Second)
 	if r.Reason != core.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
 		t.Fatalf("reason %s, history %s", r.Reason, reasons(r.History))
@@ -289,4 +234,42 @@ func startedJobOfALostWorker(t *testing.T, park bool) {
 		t.Fatal("the started job was run again on the survivor")
 	}
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-lost-running" && e.Reason == core.ReasonWorkerLost })
+}
+
+// doomedWorker is a direct-dispatch worker that reports progress: it
+// heartbeats every 100 ms and passes the ids of the jobs it is sent to got;
+// die stops its heartbeats (it holds whatever it got).
+func (f *fixture) doomedWorker(id string) (got <-chan string, die func()) {
+	f.t.Helper()
+	nc := f.env.NATS
+	jobs := make(chan string, 16)
+	sub, err := nc.Subscribe(f.subj.Worker(id), func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
+			jobs <- p.GetJobRequest().JobId
+		}
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			data, _ := bus.EncodeHeartbeat(id, &capv1.Heartbeat{WorkerId: id, Pool: "echo", MaxParallelJobs: 10,
+				Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+					registry.LabelProgress: registry.ProgressStarted}})
+			_ = nc.Publish(f.subj.Heartbeat, data)
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	var once sync.Once
+	die = func() { once.Do(func() { close(stop) }) }
+	f.t.Cleanup(die)
+	return jobs, die
 }

@@ -116,7 +116,16 @@ func (s *Store) ListJobs(ctx context.Context, q ListQuery) (JobPage, error) {
 	if limit <= 0 {
 		limit = ListLimitDefault
 	}
-	limit = min(limit, ListLimitMax)
+	return s.listPages(ctx, q, min(limit, ListLimitMax), func(cur *cursor, limit int) ([]indexEntry, bool, error) {
+		return s.indexPage(ctx, q.State, cur, limit)
+	})
+}
+
+// listPages fills one page of up to limit jobs from the index pages page
+// reads, from q.Cursor on, skipping expired records and other tenants'
+// jobs, within the scan budget (listScanPages).
+func (s *Store) listPages(ctx context.Context, q ListQuery, limit int,
+	page func(cur *cursor, limit int) ([]indexEntry, bool, error)) (JobPage, error) {
 	var cur *cursor
 	if q.Cursor != "" {
 		c, err := parseCursor(q.Cursor)
@@ -126,8 +135,8 @@ func (s *Store) ListJobs(ctx context.Context, q ListQuery) (JobPage, error) {
 		cur = &c
 	}
 	var out []JobSummary
-	for page := 0; page < listScanPages; page++ {
-		entries, more, err := s.indexPage(ctx, q.State, cur, limit)
+	for n := 0; n < listScanPages; n++ {
+		entries, more, err := page(cur, limit)
 		if err != nil {
 			return JobPage{}, err
 		}
@@ -341,45 +350,9 @@ func (s *Store) ListRecent(ctx context.Context, q ListQuery) (JobPage, error) {
 	if limit <= 0 {
 		limit = ListLimitDefault
 	}
-	limit = min(limit, ListLimitMax/len(core.AllStates))
-	var cur *cursor
-	if q.Cursor != "" {
-		c, err := parseCursor(q.Cursor)
-		if err != nil {
-			return JobPage{}, err
-		}
-		cur = &c
-	}
-	var out []JobSummary
-	for page := 0; page < listScanPages; page++ {
-		entries, more, err := s.statesIndexPage(ctx, core.AllStates, cur, limit)
-		if err != nil {
-			return JobPage{}, err
-		}
-		if len(entries) == 0 {
-			return JobPage{Jobs: out}, nil
-		}
-		sums, err := s.summaries(ctx, entries)
-		if err != nil {
-			return JobPage{}, err
-		}
-		for i, sum := range sums {
-			if sum == nil || (q.Tenant != "" && sum.Tenant != q.Tenant) {
-				continue
-			}
-			out = append(out, *sum)
-			if len(out) == limit {
-				c := cursorAt(entries[:i+1], cur)
-				return JobPage{Jobs: out, Next: nextIf(c, more || i+1 < len(entries))}, nil
-			}
-		}
-		c := cursorAt(entries, cur)
-		cur = &c
-		if !more {
-			return JobPage{Jobs: out}, nil
-		}
-	}
-	return JobPage{Jobs: out, Next: cur.String()}, nil
+	return s.listPages(ctx, q, min(limit, ListLimitMax/len(core.AllStates)), func(cur *cursor, limit int) ([]indexEntry, bool, error) {
+		return s.statesIndexPage(ctx, core.AllStates, cur, limit)
+	})
 }
 
 // statesIndexPage is indexPage over the indexes of several states, in one
