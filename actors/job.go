@@ -97,7 +97,7 @@ func (a *JobActor) step(c actor.Context, ev any) {
 	}
 	for ev != nil {
 		var next any
-		for _, e := range a.job.Step(ev, a.inputs()) {
+		for _, e := range a.job.Step(ev, a) {
 			if n := a.do(c, e); n != nil {
 				next = n
 			}
@@ -106,16 +106,19 @@ func (a *JobActor) step(c actor.Context, ev any) {
 	}
 }
 
-func (a *JobActor) inputs() lifecycle.Inputs {
-	in := lifecycle.Inputs{Now: time.Now(), OpID: rand.Uint64(), Connected: true,
-		GraceRoom: a.env.Unwritten.Load() < a.env.MaxUnwrittenWaits}
-	if a.env.Connected != nil {
-		in.Connected = a.env.Connected()
-	}
-	if a.env.DataLost != nil {
-		in.DataLost = a.env.DataLost()
-	}
-	return in
+// The shell is the core's Inputs: the facts of the moment, read only when
+// a decision needs them.
+
+func (a *JobActor) Now() time.Time  { return time.Now() }
+func (a *JobActor) OpID() uint64    { return rand.Uint64() }
+func (a *JobActor) GraceRoom() bool { return a.env.Unwritten.Load() < a.env.MaxUnwrittenWaits }
+func (a *JobActor) DataLost() bool  { return a.env.DataLost != nil && a.env.DataLost() }
+func (a *JobActor) Connected() bool { return a.env.Connected == nil || a.env.Connected() }
+func (a *JobActor) Count(m lifecycle.Metric, label string) {
+	a.env.Metrics.count(lifecycle.Count{M: m, Label: label}, a.env.Output)
+}
+func (a *JobActor) Observe(m lifecycle.Metric, v float64) {
+	a.env.Metrics.observe(lifecycle.Observe{M: m, Value: v})
 }
 
 // do carries out one effect; it returns an event to feed back at once, if any.

@@ -31,8 +31,17 @@ func newDriver(t *testing.T) *driver {
 	return &driver{t: t, j: New(cfg, "job-1", 0), now: time.Unix(1_000_000, 0)}
 }
 
+// driver is the core's Inputs: a fixed clock, a fixed write id.
+func (d *driver) Now() time.Time          { return d.now }
+func (d *driver) OpID() uint64            { return 7 }
+func (d *driver) GraceRoom() bool         { return true }
+func (d *driver) DataLost() bool          { return false }
+func (d *driver) Connected() bool         { return true }
+func (d *driver) Count(Metric, string)    {}
+func (d *driver) Observe(Metric, float64) {}
+
 func (d *driver) feed(ev any) []Effect {
-	d.fx = append(d.fx[:0], d.j.Step(ev, Inputs{Now: d.now, OpID: 7, GraceRoom: true, Connected: true})...)
+	d.fx = append(d.fx[:0], d.j.Step(ev, d)...)
 	for _, e := range d.fx {
 		switch e := e.(type) {
 		case Write:

@@ -230,7 +230,7 @@ func (j *Job) resendDelay() time.Duration {
 // resendDispatch repeats the dispatch to the same subject, or, while the
 // node's NATS connection is down, waits a second for it to come back.
 func (j *Job) resendDispatch(now time.Time) {
-	if !j.in.Connected {
+	if !j.in.Connected() {
 		j.resendAt = now.Add(time.Second)
 		j.armWait()
 		return
@@ -272,7 +272,7 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		j.arm(at)
 		return
 	}
-	if !j.activated && !j.unwritten && j.cfg.CapacityGrace > 0 && j.in.GraceRoom {
+	if !j.activated && !j.unwritten && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
 		// Within the grace: nothing is written yet; the submit stays
 		// un-acked in JetStream, which keeps it as durably.
 		j.unwritten = true

@@ -116,18 +116,25 @@ type Config struct {
 	Debug bool
 }
 
-// Inputs are the facts of the moment an event is handled, read by the shell.
-type Inputs struct {
-	Now time.Time
-	// OpID is a fresh random number: the id of a write this step may make
-	// (a retried write recognises itself by it).
-	OpID uint64
+// Inputs are the facts of the moment an event is handled, and the node's
+// counters, as the shell provides them: the core asks only for what a
+// decision needs (reading the clock costs, and most steps need no write
+// id). Within one Step, Now is read at most once.
+type Inputs interface {
+	Now() time.Time
+	// OpID is a fresh random number: the id of a write (a retried write
+	// recognises itself by it).
+	OpID() uint64
 	// GraceRoom: the node may hold one more job waiting unwritten.
-	GraceRoom bool
+	GraceRoom() bool
 	// DataLost: Redis lost its data recently.
-	DataLost bool
+	DataLost() bool
 	// Connected: the node's NATS connection is up.
-	Connected bool
+	Connected() bool
+	// Count adds one to a counter; Observe records a histogram value.
+	// (Observations only: nothing the core decides depends on them.)
+	Count(m Metric, label string)
+	Observe(m Metric, value float64)
 }
 
 // Job is one job's state as its owner knows it, and the core's bookkeeping
@@ -205,8 +212,9 @@ type Job struct {
 	timerEpoch uint64
 	timerAt    time.Time // zero: no timer
 
-	in Inputs
-	fx []Effect
+	in    Inputs
+	nowAt time.Time // Now, once read in this step
+	fx    []Effect
 }
 
 // New returns the core of job id. Seed starts its epochs: a fresh actor of
@@ -224,7 +232,7 @@ func (j *Job) Done() bool { return j.done }
 // Step handles one event and returns the effects to carry out, in order.
 // The returned slice is valid until the next Step.
 func (j *Job) Step(ev any, in Inputs) []Effect {
-	j.in = in
+	j.in, j.nowAt = in, time.Time{}
 	j.fx = j.fx[:0]
 	j.receive(ev)
 	return j.fx
@@ -232,7 +240,12 @@ func (j *Job) Step(ev any, in Inputs) []Effect {
 
 func (j *Job) emit(e Effect) { j.fx = append(j.fx, e) }
 
-func (j *Job) now() time.Time { return j.in.Now }
+func (j *Job) now() time.Time {
+	if j.nowAt.IsZero() {
+		j.nowAt = j.in.Now()
+	}
+	return j.nowAt
+}
 
 // receive is the job's mailbox: replies to its own steps first, then input
 // events, handled now or deferred while a step is outstanding.
@@ -625,10 +638,10 @@ func (j *Job) nak(d Delivery, delay time.Duration) {
 
 func (j *Job) toRouter(m any) { j.emit(ToRouter{Msg: m}) }
 
-func (j *Job) count(m Metric, label string) { j.emit(Count{M: m, Label: label}) }
+func (j *Job) count(m Metric, label string) { j.in.Count(m, label) }
 
 func (j *Job) observe(m Metric, since time.Time) {
-	j.emit(Observe{M: m, Value: max(j.now().Sub(since), 0).Seconds()})
+	j.in.Observe(m, max(j.now().Sub(since), 0).Seconds())
 }
 
 const (
@@ -647,7 +660,7 @@ func (j *Job) log(level slog.Level, msg string, args ...any) {
 }
 
 // opID names a write (store.Transition.Op).
-func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID, 36) }
+func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID(), 36) }
 
 // topic is the job's topic, for logs and metrics.
 func (j *Job) topic() string { return j.Req.GetTopic() }

@@ -276,7 +276,7 @@ func (j *Job) unknownJob() {
 	var keep []any
 	found := false
 	hold := func(published time.Time, d Delivery) bool {
-		if j.in.DataLost || published.IsZero() || j.now().Sub(published) >= j.cfg.UnknownHold {
+		if j.in.DataLost() || published.IsZero() || j.now().Sub(published) >= j.cfg.UnknownHold {
 			return false
 		}
 		j.nak(d, UnknownHoldDelay)
@@ -310,7 +310,7 @@ func (j *Job) unknownJob() {
 		return
 	}
 	reason, msg := core.ReasonUnknownJob, "result or cancel for a job that has no record"
-	if j.in.DataLost {
+	if j.in.DataLost() {
 		reason, msg = core.ReasonStateLost, "result or cancel for a job whose record Redis lost (it lost its data)"
 	}
 	entry := &store.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,

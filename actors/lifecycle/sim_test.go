@@ -276,8 +276,7 @@ func (s *sim) nodeCfg(n *simNode) *Config {
 // step feeds one event to an actor and carries out its effects.
 func (s *sim) step(n *simNode, a *simActor, ev any) {
 	for ev != nil {
-		in := Inputs{Now: s.now, OpID: s.rng.Uint64(), GraceRoom: true, Connected: true,
-			DataLost: !s.dataLostAt.IsZero() && s.now.Sub(s.dataLostAt) < time.Minute}
+		in := (*simInputs)(s)
 		wd, isWrite := ev.(*WriteDone)
 		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == store.StepFenced
 		if p := a.j.pending; fenced && p != nil && p.t != nil && wd.Res.Before == "" && wd.Res.LastOp == p.t.Op {
@@ -305,6 +304,20 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 			}
 		}
 	}
+}
+
+// simInputs is the core's Inputs in the simulation: the simulated clock,
+// the seeded generator.
+type simInputs sim
+
+func (i *simInputs) Now() time.Time          { return i.now }
+func (i *simInputs) OpID() uint64            { return i.rng.Uint64() }
+func (i *simInputs) GraceRoom() bool         { return true }
+func (i *simInputs) Connected() bool         { return true }
+func (i *simInputs) Count(Metric, string)    {}
+func (i *simInputs) Observe(Metric, float64) {}
+func (i *simInputs) DataLost() bool {
+	return !i.dataLostAt.IsZero() && i.now.Sub(i.dataLostAt) < time.Minute
 }
 
 // simWatch (TROUPE_SIM_JOB) logs every effect of one job's steps.
