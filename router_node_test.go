@@ -54,7 +54,8 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 // A worker that sends no progress (a stock CAP worker) and dies holding a
 // job: the job counts as started on delivery, so it is not dispatched
 // again (it may have run — on a pool subject, maybe on another worker); it
-// ends by its running deadline, and no other worker ever receives it.
+// ends by its running deadline, no other worker ever receives it, and its
+// history says why (worker_lost_runner_unknown).
 func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
@@ -71,8 +72,12 @@ func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	doomed.close() // …and no more heartbeats: it is evicted within a second
 	survivor := startCapWorker(t, f.env.NATS, f.subj, "survivor", 4, 100*time.Millisecond, nil)
 	r := f.waitState("job-stock", core.StateTimeout)
-	if r.Reason != core.ReasonRunningTimeout || strings.Contains(reasons(r.History), "worker_lost") {
-		t.Fatalf("history %s", reasons(r.History))
+	// The history names what happened: the picked worker was lost, but no
+	// worker had spoken for the job, so its deadline decided.
+	h := reasons(r.History)
+	if r.Reason != core.ReasonRunningTimeout || strings.Contains(h, "SCHEDULED:worker_lost") ||
+		!strings.Contains(h, "DISPATCHED:worker_lost_runner_unknown") {
+		t.Fatalf("history %s", h)
 	}
 	if n := survivor.received.Load(); n != 0 {
 		t.Fatalf("the survivor received %d jobs; job-stock must run at most once", n)
@@ -272,4 +277,78 @@ func (f *fixture) doomedWorker(id string) (got <-chan string, die func()) {
 	die = func() { once.Do(func() { close(stop) }) }
 	f.t.Cleanup(die)
 	return jobs, die
+}
+
+// On a pool subject NATS, not Troupe, chooses the receiver. The worker that
+// speaks for the job (its progress names it as sender) is the job's worker
+// from then on: the loss of the worker Troupe picked does not touch the
+// job, the loss of the one running it does — FAILED worker_lost after the
+// grace (issue 15, item 2).
+func TestPoolSubjectJobIsChargedToTheWorkerThatSpoke(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		c.WorkerTTL = time.Second
+		c.WorkerLostGrace = time.Second
+		c.ParkAfter = -1
+	})
+	nc := f.env.NATS
+	beating := func(id string) (stop func()) {
+		done := make(chan struct{})
+		go func() {
+			tk := time.NewTicker(100 * time.Millisecond)
+			defer tk.Stop()
+			for {
+				data, _ := bus.EncodeHeartbeat(id, &capv1.Heartbeat{WorkerId: id, Pool: "echo", MaxParallelJobs: 10,
+					Labels: map[string]string{registry.LabelProgress: registry.ProgressStarted}})
+				_ = nc.Publish(f.subj.Heartbeat, data)
+				select {
+				case <-done:
+					return
+				case <-tk.C:
+				}
+			}
+		}()
+		var once sync.Once
+		stop = func() { once.Do(func() { close(done) }) }
+		t.Cleanup(stop)
+		return stop
+	}
+	// "picked" heartbeats but takes nothing from the pool subject; "runner"
+	// takes the jobs there and heartbeats only once it has one.
+	stopPicked := beating("picked")
+	f.waitWorkers(1)
+	got := make(chan string, 1)
+	sub, err := nc.QueueSubscribe(f.subj.Pool("job.echo"), "echo", func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobRequest() != nil {
+			got <- p.GetJobRequest().JobId
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	f.submit(echoReq("job-spoken-for"))
+	if id := <-got; id != "job-spoken-for" {
+		t.Fatalf("runner got %s", id)
+	}
+	stopRunner := beating("runner")
+	f.waitWorkers(2)
+	f.publishProgress("job-spoken-for", "runner")
+	r := f.waitState("job-spoken-for", core.StateRunning)
+	if r.Worker != "runner" {
+		t.Fatalf("job's worker %q after the runner spoke, want runner", r.Worker)
+	}
+	// The picked worker dies: nothing happens to the job.
+	stopPicked()
+	f.waitWorkers(1)
+	r, err = f.node.Job(context.Background(), "job-spoken-for")
+	if err != nil || r.State != core.StateRunning || strings.Contains(reasons(r.History), "worker_lost") {
+		t.Fatalf("after the picked worker's loss: %v %s %v", r.State, reasons(r.History), err)
+	}
+	// The runner dies: the job is lost with it.
+	stopRunner()
+	r = f.waitStateWithin("job-spoken-for", core.StateFailed, 20*time.Second)
+	if r.Reason != core.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
+		t.Fatalf("reason %s, history %s", r.Reason, reasons(r.History))
+	}
 }

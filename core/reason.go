@@ -36,9 +36,16 @@ const (
 	ReasonStaleWorker           Reason = "stale_worker"
 	ReasonTenantLimit           Reason = "tenant_limit"
 	ReasonDispatchFailed        Reason = "dispatch_failed"
-	// ReasonWorkerLost: the worker a job was dispatched to was evicted
-	// before it reported progress; the job is dispatched elsewhere.
+	// ReasonWorkerLost: the worker a job was dispatched to was evicted.
+	// Before it reported progress: the job is dispatched elsewhere
+	// (DISPATCHED → SCHEDULED). After, on the worker known to run it: the
+	// job fails after a grace unless the worker answers (→ itself, then
+	// → FAILED).
 	ReasonWorkerLost Reason = "worker_lost"
+	// ReasonWorkerLostRunnerUnknown: the worker Troupe picked for a started
+	// job on a pool subject was evicted, but no worker has spoken for the
+	// job, so NATS may have given it to another: the job's deadline decides.
+	ReasonWorkerLostRunnerUnknown Reason = "worker_lost_runner_unknown"
 
 	// Policy.
 	ReasonSafetyDenied      Reason = "safety_denied"

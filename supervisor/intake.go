@@ -174,7 +174,7 @@ func (in *Intake) HandleProgress(msg *nats.Msg) {
 		return
 	}
 	p := pkt.GetJobProgress()
-	in.route(p.JobId, &actors.Progress{P: p}, false)
+	in.route(p.JobId, &actors.Progress{P: p, From: pkt.SenderId}, false)
 }
 
 // HandleHeartbeat handles a core NATS heartbeat.

@@ -363,12 +363,28 @@ func (j *Job) placementFailed(p *router.PickReply) {
 // markRunning records DISPATCHED → RUNNING (or, after its worker was
 // reported lost, RUNNING → RUNNING: it answered after all) and moves the
 // deadline to the running timeout.
-func (j *Job) markRunning() {
+//
+// from is the worker that spoke (the progress's sender; "" unknown). On a
+// pool subject NATS chose the receiver: a worker other than the one picked
+// speaking for the job runs it, so the job counts on that worker from now
+// on — its loss, not the picked worker's, is the job's.
+func (j *Job) markRunning(from string) {
 	dl := j.deadlineFor(core.StateRunning)
+	fields := []string{"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why)}
+	if from != "" {
+		if from != j.Worker {
+			if j.Worker != "" {
+				j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
+			}
+			j.toRouter(&router.Occupied{WorkerID: from, JobID: j.ID, Started: true})
+			j.Worker = from
+		}
+		j.spoke = true
+		fields = append(fields, "worker", from, "runner", from)
+	}
 	j.transition(&store.Transition{Expect: store.Expect(j.State),
 		Path: []store.Hop{{To: core.StateRunning, Reason: core.ReasonStarted}}, Due: dl.at.UnixMilli(),
-		Fields: []string{"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why)}},
-		nil, &pending{then: nRunning, dl: dl})
+		Fields: fields}, nil, &pending{then: nRunning, dl: dl})
 }
 
 // onWorkerLost dispatches elsewhere a job whose worker was evicted before
@@ -402,8 +418,23 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 // comes first. Only for a direct dispatch: on a pool subject the job may be
 // running on another worker than the one Troupe picked.
 func (j *Job) lostWhileRunning(worker string) {
+	known := j.spoke || j.cfg.Direct != nil && j.cfg.Direct(j.Subject, worker)
+	if !known {
+		// Picked, but maybe not the one running it: the deadline decides;
+		// the history says so, once.
+		if j.lostNoted {
+			return
+		}
+		j.lostNoted = true
+		j.log(info, "worker picked for a started job lost; another may run it, so its deadline decides",
+			"worker_id", worker)
+		j.transition(&store.Transition{Expect: store.Expect(j.State),
+			Path:   []store.Hop{{To: j.State, Reason: core.ReasonWorkerLostRunnerUnknown}},
+			Fields: []string{"lost_worker", worker}}, nil, &pending{then: nWatch})
+		return
+	}
 	grace := j.cfg.WorkerLostGrace
-	if grace <= 0 || j.cfg.Direct == nil || !j.cfg.Direct(j.Subject, worker) || j.deadlineWhy == core.ReasonWorkerLost {
+	if grace <= 0 || j.deadlineWhy == core.ReasonWorkerLost {
 		return
 	}
 	at := j.now().Add(grace)

@@ -42,7 +42,11 @@ type Result struct {
 }
 
 // Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
-type Progress struct{ P *capv1.JobProgress }
+// From is the packet's sender: the worker speaking for the job.
+type Progress struct {
+	P    *capv1.JobProgress
+	From string
+}
 
 // Cancel is a JobCancel taken from sys.job.cancel.
 type Cancel struct {

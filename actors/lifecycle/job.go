@@ -195,6 +195,11 @@ type Job struct {
 	unwritten bool
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
+	// spoke: the job's worker is the one that runs it — it spoke for the
+	// job (progress), or was dispatched to directly.
+	spoke bool
+	// lostNoted: a loss of a worker that may not run the job is recorded.
+	lostNoted bool
 	// lostWorkers lists the workers of earlier dispatches given up when
 	// their worker was evicted (comma-separated, as recorded).
 	lostWorkers string
@@ -396,8 +401,11 @@ func (j *Job) handle(m any) {
 			j.activateFor(m)
 			return
 		}
-		if j.State == core.StateDispatched || j.State == core.StateRunning && j.deadlineWhy == core.ReasonWorkerLost {
-			j.markRunning()
+		if j.State == core.StateDispatched || j.State == core.StateRunning &&
+			(j.deadlineWhy == core.ReasonWorkerLost || m.From != "" && m.From != j.Worker) {
+			j.markRunning(m.From)
+		} else if m.From != "" && m.From == j.Worker {
+			j.spoke = true
 		}
 	case *Wake:
 		if !j.activated {

@@ -54,7 +54,7 @@ func (j *Job) onResult(m *Result) {
 			j.ackAll()
 			return
 		}
-		j.markRunning()
+		j.markRunning(res.WorkerId)
 		return
 	}
 	path := make([]store.Hop, 0, 2)

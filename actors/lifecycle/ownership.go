@@ -247,6 +247,8 @@ func (j *Job) adopt(f map[string]string) {
 	j.resend = f["resend"] == "1"
 	j.startsOnDelivery = f["sod"] == "1"
 	j.lostWorkers = f["lost_workers"]
+	j.spoke = f["runner"] != "" && f["runner"] == j.Worker
+	j.lostNoted = f["reason"] == string(core.ReasonWorkerLostRunnerUnknown)
 	if raw := f["req"]; raw != "" {
 		req := &capv1.JobRequest{}
 		if err := proto.Unmarshal([]byte(raw), req); err == nil {

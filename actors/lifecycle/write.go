@@ -33,6 +33,7 @@ const (
 	nDispatched      // publish the dispatch (pending.pick, deadline)
 	nRunning         // RUNNING recorded: new deadline, wait for the worker
 	nDeadline        // a new deadline recorded (worker lost): wait for the worker
+	nWatch           // keep waiting for the worker, deadline unchanged
 	nRetryLater      // a failed dispatch went back to SCHEDULED: retry
 )
 
@@ -121,6 +122,8 @@ func (j *Job) then(p *pending) {
 	case nRunning, nDeadline:
 		j.deadline, j.deadlineWhy = p.dl.at, p.dl.why
 		j.waitWorker()
+	case nWatch:
+		j.watchDeadline()
 	case nRetryLater:
 		j.retryLater(core.ReasonDispatchFailed)
 	}
