@@ -228,7 +228,7 @@ func (s *sim) reach(job, worker, subject string) {
 func (s *sim) progress(job string, w *simWorker) {
 	for _, n := range s.aliveNodes() {
 		s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()),
-			ev: &Progress{P: &capv1.JobProgress{JobId: job, Status: capv1.JobStatus_JOB_STATUS_RUNNING}}})
+			ev: &Progress{P: &capv1.JobProgress{JobId: job, Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: w.id}})
 	}
 }
 
