@@ -641,10 +641,16 @@ func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 		r.ErrorCode != string(core.ReasonCancelRequested) {
 		t.Errorf("out-cancel: result %v %q", r.Status, r.ErrorCode)
 	}
-	// Read back from the result stream, these change nothing.
+	// Read back from the result stream, these change nothing, and the node
+	// does not take its own outcomes for workers' results: it skips them
+	// without activating the jobs.
 	for _, c := range cases {
 		if r := f.waitState(c.id, core.State(strings.TrimPrefix(c.status.String(), "JOB_STATUS_"))); r == nil {
 			t.Fatal(c.id)
 		}
+	}
+	waitCounter(t, f.node, "troupe_own_outcomes_skipped_total", "", float64(len(cases)+1))
+	if n := counter(t, f.node, "troupe_duplicates_absorbed_total", "result"); n != 0 {
+		t.Fatalf("%v of the node's own outcomes were handled as results", n)
 	}
 }

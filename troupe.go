@@ -555,8 +555,11 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
+	own := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_own_outcomes_skipped_total",
+		Help: "Outcomes this node decided and told clients on the result subject, read back from the result stream and skipped."})
+	_ = n.cfg.Metrics.Register(own)
 	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
-		DLQFailures: n.dlqMetrics()}
+		DLQFailures: n.dlqMetrics(), OwnOutcomes: own}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = supervisor.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()

@@ -37,6 +37,9 @@ type Intake struct {
 	// Guard, when set, skips redelivered messages that were handled but
 	// not acked, and marks every handled message before its ack.
 	Guard *Guard
+	// OwnOutcomes, when set, counts this node's own told outcomes read
+	// back from the result stream and skipped.
+	OwnOutcomes prometheus.Counter
 	// DLQFailures, when set, counts bad inputs whose DLQ entry could not
 	// be written, by reason (label "reason").
 	DLQFailures *prometheus.CounterVec
@@ -139,6 +142,16 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		return
 	}
 	res := pkt.GetJobResult()
+	if res.WorkerId == "" && pkt.SenderId == in.Env.NodeID {
+		// An outcome this node decided and told the job's client: the job
+		// is terminal already; reading it back would only cost an
+		// activation to absorb it.
+		if in.OwnOutcomes != nil {
+			in.OwnOutcomes.Inc()
+		}
+		_ = msg.Ack()
+		return
+	}
 	if res.WorkerId != "" && terminalStatus(res.Status) {
 		// The worker has answered: its slot is free now, before the job's
 		// actor has written the outcome (the router ignores a job it does
