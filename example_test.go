@@ -43,17 +43,15 @@ func Example() {
 	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: "default", Topics: []string{"job.echo"},
 		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo})
 	defer w.Stop()
-	for ws, _ := node.Workers(); len(ws) == 0; ws, _ = node.Workers() {
-		time.Sleep(10 * time.Millisecond)
+	if err := node.WaitForWorkers(ctx, "default", 1); err != nil {
+		panic(err)
 	}
 
 	_ = node.Submit(ctx, &capv1.JobRequest{JobId: "hello-1", Topic: "job.echo"})
-	for i := 0; i < 500; i++ {
-		if rec, err := node.Job(ctx, "hello-1"); err == nil && rec.State.Terminal() {
-			fmt.Println(rec.State, len(rec.History), "transitions")
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if rec, err := node.Wait(wctx, "hello-1"); err == nil {
+		fmt.Println(rec.State, len(rec.History), "transitions")
 	}
 	// Output: SUCCEEDED 5 transitions
 }

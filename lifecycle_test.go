@@ -9,6 +9,7 @@ import (
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -95,4 +96,45 @@ func TestResultForAMissingRecordIsHeld(t *testing.T) {
 	}
 	f.submit(echoReq("held-result"))
 	f.waitState("held-result", core.StateSucceeded)
+}
+
+// Node.Wait returns a job's record once it is terminal — at once for a job
+// that ends on this node, within WaitPoll for one that ends on another
+// replica — and ctx's error while it is not.
+func TestWaitReturnsTheTerminalRecord(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	other := newNodeOn(t, f, "node-b")
+	rec := newReceipts()
+	f.startWorker("w1", true, rec, worker.Echo)
+	if err := f.node.WaitForWorkers(context.Background(), "echo", 1); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.node.Wait(short, "wait-never-submitted"); err != context.DeadlineExceeded {
+		t.Fatalf("wait for a job that never ends: %v", err)
+	}
+	ctx, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel2()
+	for _, n := range []*troupe.Node{f.node, other} {
+		done := make(chan *store.JobRecord, 2)
+		for _, waiter := range []*troupe.Node{f.node, other} {
+			go func() {
+				r, err := waiter.Wait(ctx, "wait-"+n.ID())
+				if err != nil {
+					t.Error(err)
+				}
+				done <- r
+			}()
+		}
+		if err := n.Submit(ctx, echoReq("wait-"+n.ID())); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ {
+			if r := <-done; r == nil || r.State != core.StateSucceeded {
+				t.Fatalf("waited record %+v", r)
+			}
+		}
+	}
 }

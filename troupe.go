@@ -232,7 +232,8 @@ type Node struct {
 	cfg       Config
 	log       *slog.Logger
 	bg        sync.WaitGroup // background reads started by Start (rememberParked)
-	stopProbe chan struct{}  // ends the safety waiters' prober
+	stopProbe chan struct{}  // ends the safety waiters' prober (and the Wait poller)
+	waiters   *waiters       // callers of Wait
 	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
 	dataLostAt atomic.Int64
 
@@ -338,7 +339,7 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg.JobTrace.Enabled = true
 	}
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
-		stopProbe: make(chan struct{})}, nil
+		stopProbe: make(chan struct{}), waiters: newWaiters()}, nil
 }
 
 // registerRenewMetrics exports the lock renewer's outcome counters.
@@ -515,10 +516,14 @@ func (n *Node) Start(ctx context.Context) error {
 		n.scans = actors.NewScanPool(ScanWorkers, ScanQueue)
 	}
 	waiters := actors.NewSafetyWaiters()
-	n.bg.Add(1)
+	n.bg.Add(2)
 	go func() {
 		defer n.bg.Done()
 		waiters.Probe(root, n.stopProbe)
+	}()
+	go func() {
+		defer n.bg.Done()
+		n.waiters.poll(n.stopProbe, n.store)
 	}()
 	n.env = (&actors.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
@@ -531,7 +536,7 @@ func (n *Node) Start(ctx context.Context) error {
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
-		WorkerLostGrace: n.cfg.WorkerLostGrace,
+		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)

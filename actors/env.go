@@ -131,6 +131,10 @@ type Env struct {
 	// always). A resend due while it is down waits for it.
 	Connected func() bool
 
+	// OnTerminal, when set, is told the id of every job whose terminal
+	// state this node writes (Node.Wait's waiters). It must not block.
+	OnTerminal func(jobID string)
+
 	// WorkerLostGrace: a job started on a worker that is then evicted ends
 	// FAILED worker_lost this long after unless the worker answers
 	// (default WorkerLostGraceDefault; negative: it waits for its deadline).

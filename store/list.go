@@ -316,6 +316,29 @@ func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core
 	return out, nil
 }
 
+// States returns the state recorded for each job that has a record, in one
+// pipeline (jobs without a record are left out).
+func (s *Store) States(ctx context.Context, jobIDs []string) (map[string]core.State, error) {
+	out := make(map[string]core.State, len(jobIDs))
+	if len(jobIDs) == 0 {
+		return out, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(jobIDs))
+	for i, id := range jobIDs {
+		cmds[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: states: %w", err)
+	}
+	for i, c := range cmds {
+		if v, err := c.Result(); err == nil {
+			out[jobIDs[i]] = core.State(v)
+		}
+	}
+	return out, nil
+}
+
 // Tenants returns the tenant recorded on each job that has a record, in
 // one pipeline (jobs without a record are left out).
 func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
