@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -63,6 +64,17 @@ func startClusterProc(t *testing.T, name, bin string, args ...string) *clusterPr
 	return p
 }
 
+// listening reports whether something accepts connections on port within d.
+func listening(port int, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 100*time.Millisecond); err == nil {
+			c.Close()
+			return true
+		}
+	}
+	return false
+}
+
 // kill9 kills the process with SIGKILL and reaps it.
 func (p *clusterProc) kill9() {
 	_ = p.cmd.Process.Kill()
@@ -87,14 +99,25 @@ func startRedisCluster(t *testing.T) *redisCluster {
 	dir := t.TempDir()
 	rc := &redisCluster{}
 	for i := 0; i < 3; i++ {
-		port, busPort := freePort(t), freePort(t)
-		p := strconv.Itoa(port)
-		rc.procs = append(rc.procs, startClusterProc(t, "redis-"+p, "redis-server", "--port", p, "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(busPort),
-			"--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"), "--cluster-node-timeout", "5000",
-			"--save", "", "--appendonly", "no", "--dir", dir))
-		rc.addrs = append(rc.addrs, "127.0.0.1:"+p)
-		waitPort(t, port)
+		// A free port may be taken by another process before the server
+		// binds it (tests run side by side): try fresh ports, a few times.
+		for attempt := 1; ; attempt++ {
+			port, busPort := freePort(t), freePort(t)
+			p := strconv.Itoa(port)
+			proc := startClusterProc(t, "redis-"+p, "redis-server", "--port", p, "--bind", "127.0.0.1",
+				"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(busPort),
+				"--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"), "--cluster-node-timeout", "5000",
+				"--save", "", "--appendonly", "no", "--dir", dir)
+			if listening(port, 5*time.Second) {
+				rc.procs = append(rc.procs, proc)
+				rc.addrs = append(rc.addrs, "127.0.0.1:"+p)
+				break
+			}
+			proc.kill9()
+			if attempt == 5 {
+				t.Fatalf("redis-server never listened on a free port in %d attempts", attempt)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
