@@ -203,43 +203,7 @@ func cursorAt(entries []indexEntry, prev *cursor) cursor {
 // indexPage returns the next (up to) limit index entries after cur in the
 // global order, merged from every shard, and whether more may follow.
 func (s *Store) indexPage(ctx context.Context, state core.State, cur *cursor, limit int) ([]indexEntry, bool, error) {
-	hi, fetch := "+inf", int64(limit)
-	if cur != nil {
-		hi = strconv.FormatInt(cur.score, 10)
-		if cur.ties == 0 {
-			hi = "(" + hi
-		}
-		fetch += int64(cur.ties)
-	}
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.ZSliceCmd, Shards)
-	for i := 0; i < Shards; i++ {
-		cmds[i] = pipe.ZRevRangeByScoreWithScores(ctx, s.keys.Index(i, string(state)),
-			&redis.ZRangeBy{Max: hi, Min: "-inf", Count: fetch})
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, false, fmt.Errorf("store: list %s: %w", state, err)
-	}
-	var all []indexEntry
-	more := false
-	for _, c := range cmds {
-		zs := c.Val()
-		if int64(len(zs)) == fetch {
-			more = true // this shard may hold more past what was fetched
-		}
-		for _, z := range zs {
-			id, _ := z.Member.(string)
-			e := indexEntry{id: id, score: int64(z.Score)}
-			if cur == nil || cur.after(e.score, e.id) {
-				all = append(all, e)
-			}
-		}
-	}
-	sortEntries(all)
-	if len(all) > limit {
-		all, more = all[:limit], true
-	}
-	return all, more, nil
+	return s.statesIndexPage(ctx, []core.State{state}, cur, limit)
 }
 
 // sortEntries orders entries by score, then id, both descending.
