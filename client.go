@@ -1,0 +1,127 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
+)
+
+// Submit publishes req on the submit subject, as any CAP client would.
+func (n *Node) Submit(ctx context.Context, req *capv1.JobRequest) error {
+	data, err := bus.EncodeRequest(req.JobId, n.apiSender("troupe-api"), req)
+	if err != nil {
+		return err
+	}
+	_, err = n.js.Publish(ctx, n.subj.Submit, data)
+	return err
+}
+
+// Cancel publishes a JobCancel for jobID on the cancel subject (JetStream,
+// so the node takes it even if it arrives before the job does).
+func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
+	data, err := bus.EncodeCancel(jobID, n.apiSender(by), &capv1.JobCancel{JobId: jobID, Reason: reason, RequestedBy: by})
+	if err != nil {
+		return err
+	}
+	_, err = n.js.Publish(ctx, n.subj.Cancel, data)
+	return err
+}
+
+// Decide records a human decision on a job waiting for approval; the job
+// resumes (or is denied) on whichever replica wakes it. hash, when set, must
+// match the job hash recorded when approval was requested.
+func (n *Node) Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error {
+	return n.store.Decide(ctx, jobID, d, by, reason, hash)
+}
+
+// Job reads a job's record and history from Redis.
+func (n *Node) Job(ctx context.Context, jobID string) (*store.JobRecord, error) {
+	return n.store.GetJob(ctx, jobID)
+}
+
+// Workers lists the live workers the router knows.
+func (n *Node) Workers() ([]router.WorkerInfo, error) {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.ListWorkers{}, 5*time.Second).Result()
+	if err != nil {
+		return nil, err
+	}
+	return res.([]router.WorkerInfo), nil
+}
+
+// holdSubmits is the submit fetch loop's backpressure: while the node has
+// as many fresh jobs waiting for capacity within their grace as it may
+// (actors.Env.MaxUnwrittenWaits), it pulls no more submits. Other jobs are
+// not held up for long by it: a waiting job leaves that set when it is
+// placed or, at the latest, when its grace ends.
+func (n *Node) holdSubmits() bool { return n.env.Unwritten.Load() >= n.env.MaxUnwrittenWaits }
+
+// QueuePosition says how many jobs wait before jobID in its pool's
+// capacity queue, asking the node that owns the job (its lock holder) when
+// that is another node; -1 when the job does not wait for capacity.
+func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
+	rec, err := n.store.GetJob(ctx, jobID)
+	if err != nil {
+		return -1, err
+	}
+	if rec.State != core.StateScheduled {
+		return -1, nil
+	}
+	owner, _, _ := strings.Cut(rec.LockHolder, "|")
+	if owner == "" {
+		return -1, nil
+	}
+	if owner == n.cfg.NodeID {
+		return n.localQueuePosition(jobID), nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueAsk(owner), []byte(jobID))
+	if err != nil {
+		return -1, fmt.Errorf("troupe: ask node %s for the queue position of %s: %w", owner, jobID, err)
+	}
+	pos, err := strconv.Atoi(string(msg.Data))
+	if err != nil {
+		return -1, fmt.Errorf("troupe: node %s answered %q for a queue position", owner, msg.Data)
+	}
+	return pos, nil
+}
+
+func (n *Node) localQueuePosition(jobID string) int {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.QueuePosition{JobID: jobID}, 2*time.Second).Result()
+	if err != nil {
+		return -1
+	}
+	pos, _ := res.(int)
+	return pos
+}
+
+// LiveJobActors counts the job actors alive on this node.
+func (n *Node) LiveJobActors() (int, error) {
+	total := 0
+	for _, pid := range n.shards {
+		res, err := n.sys.Root.RequestFuture(pid, &supervisor.CountLive{}, 5*time.Second).Result()
+		if err != nil {
+			return 0, err
+		}
+		total += res.(int)
+	}
+	return total, nil
+}
+
+// apiSender is the sender id of a packet the node publishes for its API:
+// with a Signer, the node's own id (the one it signs as), else sender.
+func (n *Node) apiSender(sender string) string {
+	if n.cfg.Signer != nil {
+		return n.cfg.NodeID
+	}
+	return sender
+}

@@ -1,0 +1,203 @@
+package troupe
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/signing"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// JobShardsDefault job supervisor shards spread spawn and routing work
+	// over several mailboxes.
+	JobShardsDefault = 16
+	// StreamPrefixDefault names the JetStream streams (TROUPE_SUBMIT, ...).
+	StreamPrefixDefault = "TROUPE"
+	// KeyPrefixDefault starts every Redis key.
+	KeyPrefixDefault = "troupe:"
+)
+
+// Config configures a node. Only the two addresses (or clients) are needed.
+type Config struct {
+	// NodeID names this replica in locks and history (default: hostname-pid).
+	NodeID string
+
+	// NATSURL is the NATS server, or several separated by commas (default
+	// TROUPE_NATS_URL, then nats://127.0.0.1:4222).
+	NATSURL string
+	// NATSAuth are the credentials and TLS settings used to dial NATSURL
+	// (zero: only what the URL carries).
+	NATSAuth NATSAuth
+	// NATS, when set, is used instead of dialing NATSURL (the caller closes it).
+	NATS *nats.Conn
+
+	// RedisURL is the Redis server (default TROUPE_REDIS_URL, then
+	// redis://127.0.0.1:6379; rediss:// for TLS); several addresses
+	// separated by commas are the seeds of a Redis Cluster.
+	RedisURL string
+	// RedisAuth are the ACL credentials and TLS settings used to dial
+	// RedisURL (zero: only what the URL carries).
+	RedisAuth RedisAuth
+	// Redis, when set, is used instead of dialing RedisURL (the caller closes it).
+	Redis redis.UniversalClient
+
+	// KeyPrefix starts every Redis key (default KeyPrefixDefault).
+	KeyPrefix string
+	// SubjectPrefix is put before every CAP subject ("" = the standard names).
+	SubjectPrefix string
+	// StreamPrefix names the JetStream streams (default StreamPrefixDefault).
+	StreamPrefix string
+	// StreamReplicas is how many JetStream servers keep a copy of each
+	// stream (default 1; 3 on a three-server cluster survives the loss of
+	// one; at most bus.MaxStreamReplicas). A single server accepts only 1.
+	StreamReplicas int
+
+	// Pools is the routing config; PoolsFile is read when Pools is nil, and
+	// then re-read on change and on ReloadPools (SIGHUP in `troupe node`).
+	// Runtime topic mappings in Redis (router.MappingStore) override both.
+	Pools     *router.PoolConfig
+	PoolsFile string
+
+	// Policy is the input policy (default safety.AllowAll).
+	Policy safety.InputPolicy
+	// Output, when set, checks every result before it is called SUCCEEDED
+	// (metadata) and scans its content after (safety.NewOutputChecker).
+	Output safety.OutputChecker
+
+	// LockTTL is the job lock TTL (default store.LockTTLDefault).
+	LockTTL time.Duration
+	// WorkerTTL is the worker liveness TTL (default registry.TTLDefault).
+	WorkerTTL time.Duration
+	// JobShards is the number of job supervisor shards (default JobShardsDefault).
+	JobShards int
+	// MaxSchedulingAttempts before a job fails (default actors.MaxSchedulingAttemptsDefault).
+	MaxSchedulingAttempts int
+	// Backoff overrides the scheduling retry delay (tests).
+	Backoff func(attempt int) time.Duration
+	// PermanentGrace is how long permanent routing errors are retried
+	// before the job fails (default actors.PermanentGraceDefault).
+	PermanentGrace time.Duration
+	// ParkAfter is how long a job waiting for its worker (DISPATCHED or
+	// RUNNING) keeps a live actor before it parks: the actor stops, and the
+	// job waits in Redis, held by this node through its node lease (default
+	// actors.ParkAfterDefault; negative: never park).
+	ParkAfter time.Duration
+	// CapacityGrace is how long a new job that finds no room in its pools
+	// waits before its record is written (SCHEDULED pool_overloaded /
+	// no_workers): until then its submit stays un-acked in JetStream
+	// (default actors.CapacityGraceDefault; negative: write at once). See
+	// README, "Routing and capacity".
+	CapacityGrace time.Duration
+	// ResendAfter is how long a job directly dispatched to a worker that
+	// dedupes by job id (heartbeat label troupe.dedupe=job_id) may stay
+	// DISPATCHED with no progress or result before the dispatch is
+	// repeated, then 2×, 4×… capped at 30 s (default
+	// actors.ResendAfterDefault; negative: never).
+	ResendAfter time.Duration
+
+	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
+	// when Timeouts is nil (default actors.DefaultTimeouts()).
+	Timeouts     *actors.Timeouts
+	TimeoutsFile string
+	// DuePoll is the due poller's interval (default supervisor.DuePollDefault);
+	// DueSlack how long past due a job must be before the poller, rather
+	// than its owner, wakes it (default supervisor.DueSlackDefault).
+	DuePoll  time.Duration
+	DueSlack time.Duration
+	// RescueAfter is how long a new job may sit in PENDING before the due
+	// poller wakes it (default store.RescueAfterDefault).
+	RescueAfter time.Duration
+
+	// DLQMaxBytes is the DLQ's byte budget, shared by every replica: past
+	// it the oldest entries go (default store.DLQMaxBytesDefault). A bad
+	// packet is kept as its first store.DLQRawPrefix bytes, size and hash.
+	DLQMaxBytes int64
+
+	// StreamCheck is how often the node looks for input streams and
+	// consumers that went missing while it runs, and recreates them; a
+	// failed fetch makes it look at once (default bus.StreamCheckEvery;
+	// negative: never, a missing stream then waits for a restart).
+	StreamCheck time.Duration
+
+	// Metrics is where the node registers its Prometheus metrics (default:
+	// a fresh registry, see Node.Metrics).
+	Metrics *prometheus.Registry
+
+	// Signer, when set, signs every packet the node publishes (CAP field
+	// 14): dispatches, cancels, sys.job.dlq events and saga submits (sender
+	// ids <NodeID> and troupe-saga/<NodeID>), and Submit and Cancel, which
+	// then go out under the node id. Give the node a stable NodeID and list
+	// it in the key sets of whoever verifies. See SECURITY.md.
+	Signer *signing.Signer
+	// Verifier, when set, checks the signature of every submit, result,
+	// cancel, heartbeat and progress before the node acts on it; see
+	// supervisor.Signatures for what happens to a rejected packet.
+	Verifier *signing.Verifier
+
+	// TenantLimits caps each tenant's DISPATCHED + RUNNING jobs across all
+	// replicas (a missing tenant has no cap; a policy's max_concurrent_jobs
+	// constraint can lower it per job). A job over the cap waits and retries
+	// with reason tenant_limit.
+	TenantLimits map[string]int
+
+	// NoRedispatchTopics lists topics whose jobs are not re-dispatched when
+	// their worker is evicted before starting them (the default is to
+	// re-dispatch: a dead worker costs a re-dispatch, not a timeout).
+	NoRedispatchTopics []string
+
+	// SagaStepBudget is how long a rollback waits for one compensation
+	// (default saga.StepBudgetDefault); SagaPoll is the saga trigger
+	// poller's interval (default saga.PollDefault).
+	SagaStepBudget time.Duration
+	SagaPoll       time.Duration
+	// WorkerLostGrace: a job running on a worker (directly dispatched) that
+	// is then evicted ends FAILED worker_lost this long after, unless the
+	// worker's result or progress comes first (default 60 s; negative: it
+	// waits for its running deadline).
+	WorkerLostGrace time.Duration
+	// UnknownHold is how long a result or cancel for a job with no record
+	// is handed back to JetStream, waiting for a replica that lost the
+	// record with Redis to recreate it, before it is dead-lettered
+	// (default actors.UnknownHoldDefault, 30 s; negative: at once).
+	UnknownHold time.Duration
+	// SagaRetention is how long a workflow's saga records (compensation
+	// templates, stacks, triggers, rollback progress) are kept after its
+	// last step recorded in them or its rollback's last run (default
+	// saga.RetentionDefault): a step's compensation can run only that long
+	// after the step. Every replica should use the same.
+	SagaRetention time.Duration
+	// NoSagas leaves rollbacks to other replicas (or to a saga.Start of the
+	// embedder's own): this node records saga steps but runs no rollback.
+	NoSagas bool
+	// NoProcessedGuard turns off the processed-message guard (a Redis key
+	// per handled JetStream message, so one handled but not acked before a
+	// crash is not handled again; see supervisor.Guard). Handling twice is
+	// harmless, so this trades accounting for one SET per message.
+	NoProcessedGuard bool
+
+	// JobTrace records every job actor's mailbox (jobtrace). Off unless
+	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
+	// Retention, Log, Metrics and Origin. Off installs no middleware at all.
+	JobTrace jobtrace.Config
+
+	// Logger receives the node's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Connection settings of Config.NATSAuth and Config.RedisAuth (the flags
+// of `troupe node` fill them; see SECURITY.md).
+type (
+	NATSAuth    = connect.NATS
+	RedisAuth   = connect.Redis
+	TLSSettings = connect.TLS
+)
