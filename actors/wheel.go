@@ -11,7 +11,7 @@ import (
 
 // Wheel is the node's one timer for all job actors: a hashed timing wheel.
 // A job waiting for a retry or a deadline costs one small entry here instead
-// of a runtime timer of its own (PROTOACTOR-NOTES §4: one timer per actor is
+// of a runtime timer of its own (one timer per actor is
 // what a million in-flight jobs cannot afford, and protoactor's receive
 // timeouts are one-shot and reset by every message).
 //

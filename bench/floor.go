@@ -19,7 +19,7 @@ import (
 
 // floor moves the NATS and Redis traffic of one job with no scheduling logic:
 // the limit of what the dependencies allow on this machine, to hold Troupe's
-// figures against (DEPENDENCY-NOTES, "the floor").
+// figures against (BENCHMARKS.md, "What is measured, and how").
 //
 // Per job: the submit is consumed from the same JetStream work-queue stream
 // Troupe uses (same stream and consumer settings, bus.EnsureStreams), in
@@ -99,8 +99,8 @@ func startFloor(ctx context.Context, nc *nats.Conn, rdb redis.UniversalClient, s
 	return f, nil
 }
 
-// fetch pulls in batches (a fetch loop, not Consume(): DEPENDENCY-NOTES
-// records Consume() stalling; a fetch cannot outlive its max wait).
+// fetch pulls in batches (a fetch loop, not Consume(), which was seen
+// stalling; a fetch cannot outlive its max wait).
 func (f *floor) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.Msg) {
 	defer f.wg.Done()
 	for ctx.Err() == nil {

@@ -6,7 +6,7 @@
 // miniredis is not Redis: it is single-threaded behind one lock, builds a new
 // Lua state per script call, and keeps nothing on disk. It runs Troupe's Lua
 // scripts, pipelines and streams correctly, which is what the embedded mode
-// needs; it is far too slow for benchmarks (see DEPENDENCY-NOTES). Its key
+// needs; it is far too slow for benchmarks (BENCHMARKS.md). Its key
 // TTLs do not follow the wall clock by themselves, so StartRedis advances its
 // clock once a second to make lock expiry behave as on a real server.
 package embedded

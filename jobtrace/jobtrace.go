@@ -8,7 +8,7 @@
 // when tracing is on. Off means no middleware at all — not a middleware that
 // checks a flag — because any receiver middleware makes protoactor wrap
 // every message in an envelope and build each actor's context extras
-// (PROTOACTOR-NOTES, middleware section). A nil *Tracer is tracing off: its
+// (protoactor's receive middleware). A nil *Tracer is tracing off: its
 // PropsOptions are empty and its other methods are no-ops.
 //
 // Wiring (the node does it):

@@ -77,7 +77,7 @@ const parkedShrinkAt = 1 << 16
 // Restart budget of one job actor: a transient failure restarts it (the
 // fresh instance reloads the job from Redis on its next message) at most
 // RestartBudget times per RestartWindow. Small on purpose: restart statistics
-// cost O(failures) (PROTOACTOR-NOTES §2.7), and a job that keeps failing
+// cost O(failures) (protoactor keeps every failure time), and a job that keeps failing
 // needs a human, not a loop.
 const (
 	RestartBudget = 3

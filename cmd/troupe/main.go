@@ -59,7 +59,7 @@ var commands = []command{
 
 func main() {
 	// A node allocates a little per message and keeps little: collecting
-	// less often trades memory for CPU (DEPENDENCY-NOTES measured GC at
+	// less often trades memory for CPU (GC was measured at
 	// ~4 ms per 1k jobs). GOGC in the environment still wins.
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(GCPercentDefault)
