@@ -347,7 +347,7 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 
 func noScriptCmds(cmds []*redis.Cmd) bool {
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && len(err.Error()) >= 8 && err.Error()[:8] == "NOSCRIPT" {
+		if isNoScript(c.Err()) {
 			return true
 		}
 	}

@@ -452,12 +452,17 @@ func indexOf(batch []*Op, op *Op) int {
 
 func noScript(cmds []redis.Cmder) bool {
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if isNoScript(c.Err()) {
 			return true
 		}
 	}
 	return false
 }
+
+// isNoScript reports whether err is Redis's NOSCRIPT: an EVALSHA of a
+// script its cache lost (a restart, SCRIPT FLUSH); LoadScripts and a retry
+// fix it.
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // queue adds op's commands to pipe.
 func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
