@@ -362,8 +362,13 @@ func (j *Job) park() {
 
 func (j *Job) parkedAt(r *store.Result) {
 	if !r.Parked {
-		j.log(warn, "job lock lost before parking; stopping without side effects")
-		j.finish()
+		// The lock is not the job's any more: another node took it, or it
+		// vanished (it expired, or Redis lost its data — then the record
+		// may be gone too). Activating again tells which: another owner
+		// means stopping without side effects (BUSY); no record means
+		// writing it back from what this job knows (recover → recreate).
+		j.log(warn, "job lock lost before parking; activating again to see who holds the job")
+		j.recover()
 		return
 	}
 	j.parked = true
