@@ -108,6 +108,11 @@ type Worker struct {
 
 	rejected atomic.Uint64
 
+	// running: job id → the cancel of its handler's context, so a JobCancel
+	// on sys.job.cancel stops the job here.
+	runMu   sync.Mutex
+	running map[string]context.CancelFunc
+
 	// Dedupe: job id → running; order is the FIFO that bounds it.
 	seenMu sync.Mutex
 	seen   map[string]bool
@@ -157,7 +162,8 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	cfg.Labels = labels
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel)}
+	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel),
+		running: map[string]context.CancelFunc{}}
 	if cfg.Dedupe {
 		w.seen = make(map[string]bool)
 		w.order = make([]string, cfg.DedupeKeep)
@@ -182,6 +188,14 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 		}
 		w.subs = append(w.subs, s)
 	}
+	// Cancels: CAP publishes them on sys.job.cancel, for every worker to
+	// hear; the one running the job stops it.
+	cs, err := nc.Subscribe(cfg.Subjects.Cancel, w.onCancel)
+	if err != nil {
+		w.Stop()
+		return nil, fmt.Errorf("worker: subscribe cancel: %w", err)
+	}
+	w.subs = append(w.subs, cs)
 	if err := nc.Flush(); err != nil {
 		w.Stop()
 		return nil, err
@@ -319,12 +333,37 @@ func (w *Worker) progress(trace, jobID, msg string) {
 	}
 }
 
+// onCancel stops the job a JobCancel names, if it runs here: its handler's
+// context is cancelled (the handler answers, typically CANCELLED).
+func (w *Worker) onCancel(m *nats.Msg) {
+	pkt, err := bus.Decode(m.Data)
+	if err != nil || pkt.GetJobCancel() == nil {
+		return
+	}
+	w.runMu.Lock()
+	stop := w.running[pkt.GetJobCancel().GetJobId()]
+	w.runMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
 func (w *Worker) run(trace string, req *capv1.JobRequest) {
 	if w.cfg.Progress {
 		w.progress(trace, req.JobId, "started")
 	}
+	ctx, stop := context.WithCancel(w.ctx)
+	w.runMu.Lock()
+	w.running[req.JobId] = stop
+	w.runMu.Unlock()
+	defer func() {
+		w.runMu.Lock()
+		delete(w.running, req.JobId)
+		w.runMu.Unlock()
+		stop()
+	}()
 	start := time.Now()
-	res := w.cfg.Handler(w.ctx, req)
+	res := w.cfg.Handler(ctx, req)
 	res.JobId, res.WorkerId = req.JobId, w.cfg.ID
 	if res.ExecutionMs == 0 {
 		res.ExecutionMs = time.Since(start).Milliseconds()

@@ -100,3 +100,57 @@ func TestDedupingWorkerRunsAJobOnceAndConfirmsRepeats(t *testing.T) {
 		t.Fatalf("3 deliveries: %d runs and %d repeats seen, want 1 and 2", r, d)
 	}
 }
+
+// A JobCancel on sys.job.cancel stops the job where it runs: its handler's
+// context ends, and the worker answers with what the handler returns
+// (worker.Sleep: CANCELLED). Other workers' jobs are not touched.
+func TestWorkerStopsAJobOnItsCancel(t *testing.T) {
+	env := testenv.New(t)
+	subj := bus.NewSubjects(env.Prefix)
+	results := make(chan *capv1.JobResult, 4)
+	sub, err := env.NATS.Subscribe(subj.Result, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult() != nil {
+			results <- p.GetJobResult()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	w, err := worker.Start(env.NATS, worker.Config{ID: "cw", Pool: "p", Topics: []string{"job.cw"}, Direct: true,
+		Subjects: subj, Heartbeat: time.Hour, Handler: worker.Sleep(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for _, id := range []string{"cw-1", "cw-2"} {
+		data, _ := bus.EncodeRequest("tr", "node", &capv1.JobRequest{JobId: id, Topic: "job.cw"})
+		if err := env.NATS.Publish(subj.Worker("cw"), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = env.NATS.Flush()
+	cancel, _ := bus.EncodeCancel("tr", "node", &capv1.JobCancel{JobId: "cw-1", Reason: "stop"})
+	// The jobs start asynchronously: repeat the cancel until it lands.
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-results:
+			if r.JobId != "cw-1" || r.Status != capv1.JobStatus_JOB_STATUS_CANCELLED || r.WorkerId != "cw" {
+				t.Fatalf("result %v", r)
+			}
+			select {
+			case r := <-results:
+				t.Fatalf("another job answered too: %v", r)
+			case <-time.After(100 * time.Millisecond):
+			}
+			return
+		case <-tick.C:
+			_ = env.NATS.Publish(subj.Cancel, cancel)
+		case <-deadline:
+			t.Fatal("the cancelled job never answered")
+		}
+	}
+}
