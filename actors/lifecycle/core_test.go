@@ -143,7 +143,8 @@ func TestFencedWriteEmitsNoEffects(t *testing.T) {
 // the end twice, nor wait for a worker that already finished it (issue 20,
 // item 1).
 func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
-	for _, redispatched := range []bool{false, true} {
+	for _, c := range []struct{ redispatched, progressFirst bool }{{false, false}, {true, false}, {true, true}} {
+		redispatched := c.redispatched
 		d := newDriver(t)
 		d.dispatch()
 		d.feed(&WorkerLost{WorkerID: "w1"})
@@ -156,6 +157,15 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 			d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
 			if d.j.State != core.StateDispatched || d.j.Worker != "w2" {
 				t.Fatalf("not dispatched again: %s on %s", d.j.State, d.j.Worker)
+			}
+			if c.progressFirst {
+				// The evicted worker, alive after all, reports it runs the
+				// job: the job's worker stays the later dispatch's.
+				d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w1"})
+				d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+				if d.j.Worker != "w2" {
+					t.Fatalf("progress of the earlier dispatch's worker took the job to %s", d.j.Worker)
+				}
 			}
 		} else {
 			d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})

@@ -418,7 +418,7 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 // comes first. Only for a direct dispatch: on a pool subject the job may be
 // running on another worker than the one Troupe picked.
 func (j *Job) lostWhileRunning(worker string) {
-	known := j.spoke || j.cfg.Direct != nil && j.cfg.Direct(j.Subject, worker)
+	known := j.spoke || j.direct()
 	if !known {
 		// Picked, but maybe not the one running it: the deadline decides;
 		// the history says so, once.

@@ -36,6 +36,7 @@ package lifecycle
 import (
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/troupe-run/troupe/core"
@@ -401,10 +402,17 @@ func (j *Job) handle(m any) {
 			j.activateFor(m)
 			return
 		}
+		from := m.From
+		if from != "" && from != j.Worker && (j.lostWorker(from) || j.direct()) {
+			// A worker of an earlier dispatch still running the job (its
+			// result will end it, see onResult), or a stray: the job's
+			// worker stays the one it is dispatched to.
+			from = ""
+		}
 		if j.State == core.StateDispatched || j.State == core.StateRunning &&
-			(j.deadlineWhy == core.ReasonWorkerLost || m.From != "" && m.From != j.Worker) {
-			j.markRunning(m.From)
-		} else if m.From != "" && m.From == j.Worker {
+			(j.deadlineWhy == core.ReasonWorkerLost || from != "" && from != j.Worker) {
+			j.markRunning(from)
+		} else if from != "" && from == j.Worker {
 			j.spoke = true
 		}
 	case *Wake:
@@ -666,6 +674,21 @@ func (j *Job) log(level slog.Level, msg string, args ...any) {
 	}
 	j.emit(Log{Level: level, Msg: msg, Args: append([]any{"job_id", j.ID, "trace_id", j.TraceID}, args...)})
 }
+
+// lostWorker reports whether worker had an earlier dispatch of the job,
+// given up when it was evicted.
+func (j *Job) lostWorker(worker string) bool {
+	for w := range strings.SplitSeq(j.lostWorkers, ",") {
+		if w == worker {
+			return true
+		}
+	}
+	return false
+}
+
+// direct reports whether the job's dispatch went to its worker's own
+// subject (so the worker running it is known).
+func (j *Job) direct() bool { return j.cfg.Direct != nil && j.cfg.Direct(j.Subject, j.Worker) }
 
 // opID names a write (store.Transition.Op).
 func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID(), 36) }
