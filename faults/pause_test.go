@@ -157,7 +157,7 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 					t.Errorf("%s: ended by an earlier dispatch's result while dispatched again, but no cancel was published: %s", id, hops(rec))
 				}
 				if runs[id]["w2"] > 0 {
-					bothAfterCancel++ // `troupe worker` hears no cancels
+					bothAfterCancel++ // w2 had it too (it stops on the cancel)
 				}
 			} else {
 				earlierQueued++
@@ -180,8 +180,8 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 	t.Logf("the paused worker had received %d jobs at SIGSTOP (%d in all); %d jobs it had started were kept for it (worker_lost grace) "+
 		"and ended by its results; %d jobs dispatched again after the eviction; %d recorded RUNNING then dispatched again",
 		len(beforePause), len(w1IDs), keptForW1, redisp, startedAgain)
-	t.Logf("result_of=earlier_dispatch: %d (%d while the later dispatch was with w2: %d cancels published, %d of those w2 ran anyway "+
-		"— troupe worker hears no cancels; %d while still waiting to be placed)",
+	t.Logf("result_of=earlier_dispatch: %d (%d while the later dispatch was with w2: %d cancels published, %d of those w2 had "+
+		"received — troupe worker stops a job on its cancel; %d while still waiting to be placed)",
 		earlier, earlierActive, cancelled, bothAfterCancel, earlierQueued)
 	t.Logf("run by both workers: %d (%d delivered to the paused worker from its socket after SIGCONT, after the nodes had dispatched "+
 		"them to w2; %d it had received before SIGSTOP without the nodes hearing it start); run twice by one worker: %d; "+
