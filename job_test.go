@@ -256,11 +256,17 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 	if r.Reason != core.ReasonCancelRequested || r.Fields["cancelled_by"] != "tester" {
 		t.Fatalf("%s %v", r.Reason, r.Fields)
 	}
-	// While the worker holds it; the worker's late SUCCEEDED is ignored.
+	// While the worker holds it; a late SUCCEEDED (a worker that hears no
+	// cancel, as stock CAP workers) is ignored. (troupe worker stops the
+	// job on the cancel and sends nothing; the late result is sent here.)
 	rec := newReceipts()
 	release := make(chan struct{})
+	defer close(release)
 	f.startWorker("w1", true, rec, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
-		<-release
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
 		return worker.Echo(ctx, req)
 	})
 	f.submit(echoReq("job-c2"))
@@ -271,7 +277,9 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 	}
 	f.waitState("job-c2", core.StateCancelled)
 	before := counter(t, f.node, "troupe_duplicates_absorbed_total", "result")
-	close(release)
+	late, _ := bus.EncodeResult("trace-job-c2", "w1", &capv1.JobResult{JobId: "job-c2",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"})
+	f.publishRaw(f.subj.Result, late)
 	deadline := time.Now().Add(10 * time.Second)
 	for counter(t, f.node, "troupe_duplicates_absorbed_total", "result") == before {
 		if time.Now().After(deadline) {

@@ -52,7 +52,12 @@ func quietLogger() *slog.Logger {
 
 func newFixture(t *testing.T, mutate func(*troupe.Config)) *fixture {
 	t.Helper()
-	env := testenv.New(t)
+	return newFixtureIn(t, testenv.New(t), mutate)
+}
+
+// newFixtureIn is newFixture in env (say, one with a private NATS server).
+func newFixtureIn(t *testing.T, env *testenv.Env, mutate func(*troupe.Config)) *fixture {
+	t.Helper()
 	pools, err := parseTestPools()
 	if err != nil {
 		t.Fatal(err)

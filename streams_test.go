@@ -11,6 +11,7 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -25,7 +26,7 @@ func TestGuardSurvivesARecreatedStream(t *testing.T) {
 	t.Parallel()
 	// The test recreates the stream itself (as an operator would); the
 	// node's own recreation is TestFaultStreamDeletedWhileRunning's.
-	f := newFixture(t, func(c *troupe.Config) { c.StreamCheck = -1 })
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.StreamCheck = -1 })
 	f.startWorker("w1", true, nil, worker.Echo)
 	ctx := context.Background()
 	resultStream := bus.StreamName(f.env.StreamPrefix(), bus.StreamResult)
@@ -88,7 +89,7 @@ func TestGuardSurvivesARecreatedStream(t *testing.T) {
 // counts each, and jobs submitted afterwards run to the end.
 func TestFaultStreamDeletedWhileRunning(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, nil)
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), nil)
 	f.startWorker("w1", true, nil, worker.Echo)
 	ctx := context.Background()
 	f.submit(echoReq("before"))

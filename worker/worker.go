@@ -10,6 +10,7 @@ package worker
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -111,7 +112,7 @@ type Worker struct {
 	// running: job id → the cancel of its handler's context, so a JobCancel
 	// on sys.job.cancel stops the job here.
 	runMu   sync.Mutex
-	running map[string]context.CancelFunc
+	running map[string]context.CancelCauseFunc
 
 	// Dedupe: job id → running; order is the FIFO that bounds it.
 	seenMu sync.Mutex
@@ -163,7 +164,7 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	cfg.Labels = labels
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel),
-		running: map[string]context.CancelFunc{}}
+		running: map[string]context.CancelCauseFunc{}}
 	if cfg.Dedupe {
 		w.seen = make(map[string]bool)
 		w.order = make([]string, cfg.DedupeKeep)
@@ -334,25 +335,41 @@ func (w *Worker) progress(trace, jobID, msg string) {
 }
 
 // onCancel stops the job a JobCancel names, if it runs here: its handler's
-// context is cancelled (the handler answers, typically CANCELLED).
+// context is cancelled and its answer is not sent — whoever cancelled has
+// decided the job's outcome already (an operator, the node's timeout, a
+// result of an earlier dispatch), and an answer racing the cancel to the
+// node would be recorded instead of it. With a Verifier, only a cancel
+// whose signature verifies counts.
 func (w *Worker) onCancel(m *nats.Msg) {
 	pkt, err := bus.Decode(m.Data)
 	if err != nil || pkt.GetJobCancel() == nil {
 		return
 	}
+	if w.cfg.Verifier != nil {
+		if err := w.cfg.Verifier.VerifyRaw(pkt, m.Data); err != nil {
+			w.rejected.Add(1)
+			if w.cfg.OnReject != nil {
+				w.cfg.OnReject(m.Subject, err)
+			}
+			return
+		}
+	}
 	w.runMu.Lock()
 	stop := w.running[pkt.GetJobCancel().GetJobId()]
 	w.runMu.Unlock()
 	if stop != nil {
-		stop()
+		stop(errCancelled)
 	}
 }
+
+// errCancelled is the cause of a job's context when a JobCancel stopped it.
+var errCancelled = errors.New("worker: job cancelled (sys.job.cancel)")
 
 func (w *Worker) run(trace string, req *capv1.JobRequest) {
 	if w.cfg.Progress {
 		w.progress(trace, req.JobId, "started")
 	}
-	ctx, stop := context.WithCancel(w.ctx)
+	ctx, stop := context.WithCancelCause(w.ctx)
 	w.runMu.Lock()
 	w.running[req.JobId] = stop
 	w.runMu.Unlock()
@@ -360,10 +377,13 @@ func (w *Worker) run(trace string, req *capv1.JobRequest) {
 		w.runMu.Lock()
 		delete(w.running, req.JobId)
 		w.runMu.Unlock()
-		stop()
+		stop(nil)
 	}()
 	start := time.Now()
 	res := w.cfg.Handler(ctx, req)
+	if errors.Is(context.Cause(ctx), errCancelled) {
+		return // stopped by its cancel: no answer (see onCancel)
+	}
 	res.JobId, res.WorkerId = req.JobId, w.cfg.ID
 	if res.ExecutionMs == 0 {
 		res.ExecutionMs = time.Since(start).Milliseconds()

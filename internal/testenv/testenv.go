@@ -119,6 +119,29 @@ func New(t testing.TB) *Env {
 	t.Helper()
 	once.Do(setup)
 	t.Logf("testenv: %s", kinds)
+	return newEnv(t, natsURL)
+}
+
+// NewWithPrivateNATS is New with a NATS server of the test's own: an
+// in-process nats-server with JetStream, its store in a temporary directory,
+// stopped at test end. For tests that delete and recreate streams: the
+// nats-server 2.9 binary's file store, shared with tests doing the same at
+// once, was seen to refuse a recreated stream ("error opening msg block
+// file ... no such file or directory").
+func NewWithPrivateNATS(t testing.TB) *Env {
+	t.Helper()
+	once.Do(setup)
+	ns, err := embedded.StartNATS()
+	if err != nil {
+		t.Fatalf("testenv: private nats: %v", err)
+	}
+	t.Cleanup(ns.Stop)
+	t.Logf("testenv: %s; a private in-process NATS server", kinds)
+	return newEnv(t, ns.URL())
+}
+
+func newEnv(t testing.TB, natsURL string) *Env {
+	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	prefix := "t" + hex.EncodeToString(b[:])
