@@ -49,11 +49,12 @@ func (r *procRig) waitEvicted(within time.Duration) (first, last time.Time, ok b
 	}
 }
 
-// dispatchedAt is when the record last went to DISPATCHED.
+// dispatchedAt is when the record last went to DISPATCHED from another
+// state (a DISPATCHED → DISPATCHED hop records a loss, not a dispatch).
 func dispatchedAt(rec *store.JobRecord) time.Time {
 	var at time.Time
 	for _, h := range rec.History {
-		if h.To == core.StateDispatched {
+		if h.To == core.StateDispatched && h.From != core.StateDispatched {
 			at = h.At
 		}
 	}
