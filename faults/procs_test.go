@@ -28,7 +28,6 @@ import (
 
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/store"
 )
 
@@ -288,17 +287,9 @@ func logCount(p *proc, s string) int {
 // submit publishes one job on the submit stream, retrying as a client
 // would (a duplicate submit changes nothing).
 func (r *procRig) submit(id string) {
-	data, _ := bus.EncodeRequest(id, "proc-faults", &capv1.JobRequest{JobId: id, Topic: "job.echo"})
-	for try := 0; try < 100; try++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := r.js.Publish(ctx, r.subj.Submit, data)
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := submitRetrying(r.js, r.subj.Submit, "proc-faults", id, 100); err != nil {
+		r.t.Error(err)
 	}
-	r.t.Errorf("could not submit %s for 10 s", id)
 }
 
 // submitAt submits n jobs named prefix-<i> at rate per second from a

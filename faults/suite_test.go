@@ -313,17 +313,25 @@ func (r *rig) jobID(i int) string { return "fs-" + strconv.Itoa(i) }
 // publish submits one job, retrying while NATS is unreachable as a real
 // client would (a duplicate submit changes nothing).
 func (r *rig) publish(id string) {
-	data, _ := bus.EncodeRequest(id, "fault-suite", &capv1.JobRequest{JobId: id, Topic: "job.echo"})
-	for try := 0; try < 300; try++ {
+	if err := submitRetrying(r.js, r.subj.Submit, "fault-suite", id, 300); err != nil {
+		r.t.Error(err)
+	}
+}
+
+// submitRetrying publishes a job request for id on subject, retrying every
+// 100 ms up to tries times while JetStream does not take it.
+func submitRetrying(js jetstream.JetStream, subject, sender, id string, tries int) error {
+	data, _ := bus.EncodeRequest(id, sender, &capv1.JobRequest{JobId: id, Topic: "job.echo"})
+	for try := 0; try < tries; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := r.js.Publish(ctx, r.subj.Submit, data)
+		_, err := js.Publish(ctx, subject, data)
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	r.t.Errorf("could not submit %s for 30 s", id)
+	return fmt.Errorf("could not submit %s in %d tries", id, tries)
 }
 
 // submitAll submits r.jobs jobs at r.rate per second in the background.

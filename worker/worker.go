@@ -243,14 +243,8 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	if err != nil || pkt.GetJobRequest() == nil {
 		return
 	}
-	if w.cfg.Verifier != nil {
-		if err := w.cfg.Verifier.VerifyRaw(pkt, m.Data); err != nil {
-			w.rejected.Add(1)
-			if w.cfg.OnReject != nil {
-				w.cfg.OnReject(m.Subject, err)
-			}
-			return
-		}
+	if !w.verified(pkt, m) {
+		return
 	}
 	req := pkt.GetJobRequest()
 	if w.cfg.Dedupe && !w.firstDelivery(req.JobId) {
@@ -281,6 +275,22 @@ func (w *Worker) onMsg(m *nats.Msg) {
 		}()
 		w.run(pkt.TraceId, req)
 	}()
+}
+
+// verified reports whether pkt's signature verifies (always, with no
+// Verifier); a packet that does not is counted and reported.
+func (w *Worker) verified(pkt *capv1.BusPacket, m *nats.Msg) bool {
+	if w.cfg.Verifier == nil {
+		return true
+	}
+	if err := w.cfg.Verifier.VerifyRaw(pkt, m.Data); err != nil {
+		w.rejected.Add(1)
+		if w.cfg.OnReject != nil {
+			w.cfg.OnReject(m.Subject, err)
+		}
+		return false
+	}
+	return true
 }
 
 // firstDelivery records jobID as running and reports whether it is new.
@@ -345,14 +355,8 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	if err != nil || pkt.GetJobCancel() == nil {
 		return
 	}
-	if w.cfg.Verifier != nil {
-		if err := w.cfg.Verifier.VerifyRaw(pkt, m.Data); err != nil {
-			w.rejected.Add(1)
-			if w.cfg.OnReject != nil {
-				w.cfg.OnReject(m.Subject, err)
-			}
-			return
-		}
+	if !w.verified(pkt, m) {
+		return
 	}
 	w.runMu.Lock()
 	stop := w.running[pkt.GetJobCancel().GetJobId()]
