@@ -116,9 +116,6 @@ func (a *JobActor) DataLost() bool  { return a.env.DataLost != nil && a.env.Data
 func (a *JobActor) Connected() bool { return a.env.Connected == nil || a.env.Connected() }
 func (a *JobActor) Count(m lifecycle.Metric, label string) {
 	a.env.Metrics.count(lifecycle.Count{M: m, Label: label}, a.env.Output)
-	if m == lifecycle.MCompleted && a.env.OnTerminal != nil {
-		a.env.OnTerminal(a.id) // the job's terminal state is durable
-	}
 }
 func (a *JobActor) Observe(m lifecycle.Metric, v float64) {
 	a.env.Metrics.observe(lifecycle.Observe{M: m, Value: v})
@@ -206,6 +203,10 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			Redeliver: e.Redeliver})
 	case lifecycle.Redeliver:
 		c.Send(c.Parent(), &Redeliver{JobID: a.id, Msgs: e.Msgs})
+	case lifecycle.Terminal:
+		if env.OnTerminal != nil {
+			env.OnTerminal(a.id)
+		}
 	case lifecycle.Grace:
 		env.Unwritten.Add(e.Delta)
 	case lifecycle.Log:

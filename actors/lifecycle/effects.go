@@ -115,6 +115,9 @@ type Finish struct {
 	Redeliver []any
 }
 
+// Terminal: the job's terminal state is durable (waiters may be told).
+type Terminal struct{}
+
 // Redeliver hands events that reached a job after it parked back to the
 // supervisor, for the job's next actor.
 type Redeliver struct{ Msgs []any }
@@ -188,6 +191,7 @@ func (Forget) effect()            {}
 func (Forward) effect()           {}
 func (Finish) effect()            {}
 func (Redeliver) effect()         {}
+func (Terminal) effect()          {}
 func (Grace) effect()             {}
 func (Log) effect()               {}
 func (Count) effect()             {}

@@ -371,37 +371,30 @@ func (j *Job) handle(m any) {
 	if j.firstEvent.IsZero() {
 		j.firstEvent = j.now()
 	}
+	if r, ok := m.(*Result); ok && j.TraceID == "" {
+		j.TraceID = r.TraceID
+	}
+	if !j.activated && needsRecord(m) {
+		if c, ok := m.(*Cancel); ok && j.unwritten {
+			// Waiting within its grace, not yet written: the job is
+			// created cancelled.
+			j.cancelUnwritten(c)
+			return
+		}
+		// Known only from its record (an event for a job parked here, or
+		// owned elsewhere): the job is activated first, then the event
+		// handled.
+		j.activateFor(m)
+		return
+	}
 	switch m := m.(type) {
 	case *Submit:
 		j.onSubmit(m)
 	case *Result:
-		if j.TraceID == "" {
-			j.TraceID = m.TraceID
-		}
-		if !j.activated {
-			j.activateFor(m)
-			return
-		}
 		j.onResult(m)
 	case *Cancel:
-		if !j.activated && j.unwritten {
-			// Waiting within its grace, not yet written: the job is
-			// created cancelled.
-			j.cancelUnwritten(m)
-			return
-		}
-		if !j.activated {
-			j.activateFor(m)
-			return
-		}
 		j.onCancel(m)
 	case *Progress:
-		if !j.activated {
-			// Spawned for a job parked on this node: its first progress is
-			// recorded, so the job is activated first.
-			j.activateFor(m)
-			return
-		}
 		from := m.From
 		if from != "" && from != j.Worker && (j.lostWorker(from) || j.direct()) {
 			// A worker of an earlier dispatch still running the job (its
@@ -421,16 +414,8 @@ func (j *Job) handle(m any) {
 			j.activate(false, nil)
 		}
 	case *WorkerLost:
-		if !j.activated {
-			j.activateFor(m) // a parked job whose worker was evicted
-			return
-		}
 		j.onWorkerLost(m)
 	case *Abandon:
-		if !j.activated {
-			j.activateFor(m)
-			return
-		}
 		j.onAbandon(m)
 	case *Timer:
 		j.onTimer()
@@ -451,6 +436,16 @@ func (j *Job) handle(m any) {
 			j.advance()
 		}
 	}
+}
+
+// needsRecord reports whether m is about a job that must exist already (it
+// must not create one): it needs the job's state from its record.
+func needsRecord(m any) bool {
+	switch m.(type) {
+	case *Result, *Cancel, *Progress, *WorkerLost, *Abandon:
+		return true
+	}
+	return false
 }
 
 // activateFor activates an existing job for an event that must not create
@@ -655,6 +650,12 @@ func (j *Job) nak(d Delivery, delay time.Duration) {
 func (j *Job) toRouter(m any) { j.emit(ToRouter{Msg: m}) }
 
 func (j *Job) count(m Metric, label string) { j.in.Count(m, label) }
+
+// ended: the job's terminal state is durable.
+func (j *Job) ended() {
+	j.count(MCompleted, string(j.State))
+	j.emit(Terminal{})
+}
 
 func (j *Job) observe(m Metric, since time.Time) {
 	j.in.Observe(m, max(j.now().Sub(since), 0).Seconds())

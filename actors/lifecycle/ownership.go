@@ -72,7 +72,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
 		}
 		if j.State.Terminal() {
-			j.count(MCompleted, string(j.State))
+			j.ended()
 		}
 		j.ackAll()
 		if plan == nil {

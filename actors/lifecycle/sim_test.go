@@ -428,7 +428,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		for _, m := range e.Msgs {
 			s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
 		}
-	case PublishDLQ, TellClient, Log, Count, Observe, Grace, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+	case PublishDLQ, TellClient, Log, Count, Observe, Grace, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
 	}
 	return nil
 }

@@ -232,7 +232,7 @@ func (j *Job) transitioned(p *pending, r *store.Result) {
 		j.LockValue = ""
 	}
 	if j.State.Terminal() {
-		j.count(MCompleted, string(j.State))
+		j.ended()
 	}
 	j.ackAll()
 	j.then(p)
