@@ -3,15 +3,19 @@ package troupe_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -133,4 +137,162 @@ func TestFaultStreamDeletedWhileRunning(t *testing.T) {
 		waitNoPending(t, f.js, name, bus.ConsumerName(kind))
 	}
 	t.Logf("both streams recreated %v after their deletion; %d jobs submitted then all SUCCEEDED", recreated.Round(time.Millisecond), n)
+}
+
+// streamLossWorker is a hand-written CAP worker on raw NATS that announces
+// direct dispatch and dedupe: on a job's first delivery it says RUNNING and
+// finishes the job, but its result is "lost with the result stream" (never
+// published); on a repeat of a finished job it sends the result, as
+// `troupe worker --dedupe` does.
+type streamLossWorker struct {
+	mu         sync.Mutex
+	deliveries map[string]int
+}
+
+func startStreamLossWorker(t *testing.T, f *fixture, id string) *streamLossWorker {
+	t.Helper()
+	sw := &streamLossWorker{deliveries: map[string]int{}}
+	nc := f.env.NATS
+	sub, err := nc.Subscribe(f.subj.Worker(id), func(m *nats.Msg) {
+		pkt, err := bus.Decode(m.Data)
+		if err != nil || pkt.GetJobRequest() == nil {
+			return
+		}
+		req := pkt.GetJobRequest()
+		sw.mu.Lock()
+		sw.deliveries[req.JobId]++
+		first := sw.deliveries[req.JobId] == 1
+		sw.mu.Unlock()
+		if first {
+			if data, err := bus.EncodeProgress(pkt.TraceId, id, &capv1.JobProgress{JobId: req.JobId,
+				Status: capv1.JobStatus_JOB_STATUS_RUNNING}); err == nil {
+				_ = nc.Publish(f.subj.Progress, data)
+			}
+			return
+		}
+		data, err := bus.EncodeResult(pkt.TraceId, id, &capv1.JobResult{JobId: req.JobId, WorkerId: id,
+			Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: req.ContextPtr})
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, _ = f.js.Publish(ctx, f.subj.Result, data)
+			cancel()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	beat := func() {
+		data, _ := bus.EncodeHeartbeat(id, &capv1.Heartbeat{WorkerId: id, Pool: "echo", MaxParallelJobs: 64,
+			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+				registry.LabelDedupe: registry.DedupeJobID, registry.LabelProgress: registry.ProgressStarted}})
+		_ = nc.Publish(f.subj.Heartbeat, data)
+	}
+	beat()
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				beat()
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	f.waitWorkers(1)
+	return sw
+}
+
+func (sw *streamLossWorker) delivered(id string) int {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	return sw.deliveries[id]
+}
+
+// A result stream that is deleted (or lost with a JetStream store) takes
+// the results it held with it. The node that finds the new stream tells
+// every job it owns that is with its worker — live, or parked here — and
+// those on deduping workers repeat their dispatch; the worker answers a
+// repeat of a finished job with its result again. Both jobs end SUCCEEDED
+// long before their running deadline (issue 20, item 5).
+func TestResultStreamLossAsksDedupingWorkersAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) {
+		fastResend(c)
+		c.ParkAfter = 2 * time.Second
+		c.StreamCheck = 200 * time.Millisecond
+	})
+	sw := startStreamLossWorker(t, f, "forgetful")
+	f.submit(echoReq("sl-parked"))
+	f.waitState("sl-parked", core.StateRunning)
+	waitParked(t, f.node, 1)
+	f.submit(echoReq("sl-live"))
+	f.waitState("sl-live", core.StateRunning)
+
+	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamResult)
+	if err := f.js.DeleteStream(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"sl-parked", "sl-live"} {
+		rec := f.waitStateWithin(id, core.StateSucceeded, 20*time.Second)
+		if n := sw.delivered(id); n < 2 {
+			t.Fatalf("%s: delivered %d times, want its dispatch repeated after the stream loss", id, n)
+		}
+		if rec.Attempts != 1 {
+			t.Errorf("%s: %d scheduling attempts, want 1 (a repeat is the same dispatch)", id, rec.Attempts)
+		}
+	}
+	if got := counter(t, f.node, "troupe_stream_resets_total", name); got != 1 {
+		t.Fatalf("troupe_stream_resets_total{%s} = %v, want 1", name, got)
+	}
+}
+
+// A keeper learns each stream's creation time and reports a stream that is
+// a new one since its previous check — recreated by itself or by anyone
+// else (another replica, an operator) — exactly once.
+func TestStreamKeeperReportsAStreamRecreatedElsewhere(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewWithPrivateNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	k := bus.NewStreamKeeper(js, prefix, subj, 1, quietLogger())
+	var resets []string
+	k.OnReset = func(_ bus.StreamKind, name string) { resets = append(resets, name) }
+	check := func() {
+		t.Helper()
+		if err := k.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check() // learns the creation times
+	check()
+	if len(resets) != 0 {
+		t.Fatalf("resets %v with no stream recreated", resets)
+	}
+	name := bus.StreamName(prefix, bus.StreamResult)
+	if err := js.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	// Recreated by "another replica" before this keeper looked.
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	check()
+	check()
+	if len(resets) != 1 || resets[0] != name {
+		t.Fatalf("resets %v, want [%s] once", resets, name)
+	}
 }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/jobtrace"
@@ -511,7 +512,43 @@ func (n *Node) streamKeeper() *bus.StreamKeeper {
 			consumers.WithLabelValues(name).Inc()
 		}
 	}
+	resets := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_stream_resets_total",
+		Help: "Input streams found to be new ones (recreated here or elsewhere): the messages the old ones held are lost."},
+		[]string{"stream"})
+	_ = n.cfg.Metrics.Register(resets)
+	k.OnReset = func(kind bus.StreamKind, name string) {
+		resets.WithLabelValues(name).Inc()
+		if kind == bus.StreamResult {
+			n.bg.Add(1)
+			go n.resultsLost(name)
+		}
+	}
 	return k
+}
+
+// resultsLost tells every job this node owns that is with its worker —
+// live, or parked here — that the result stream is a new one: a result its
+// worker sent to the old one may be gone. Jobs on workers that dedupe ask
+// them again (lifecycle.Job.onResultsLost); the others wait as before.
+func (n *Node) resultsLost(stream string) {
+	defer n.bg.Done()
+	n.intake.TellLive(&actors.ResultsLost{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	count := 0
+	err := n.store.ParkedIn(ctx, n.cfg.NodeID, func(ids []string) {
+		count += len(ids)
+		for _, id := range ids {
+			n.intake.TellSpawn(id, &actors.ResultsLost{})
+		}
+	}, core.StateDispatched, core.StateRunning)
+	if err != nil {
+		n.log.Warn("reading this node's parked jobs after a result stream reset failed; they wait for their results or deadlines",
+			"stream", stream, "err", err)
+		return
+	}
+	n.log.Warn("result stream reset: jobs with their workers told (deduping workers are asked again)",
+		"stream", stream, "parked", count)
 }
 
 // dataLostRecently reports whether Redis lost its data within the

@@ -13,14 +13,15 @@ import (
 // (package lifecycle); these aliases keep their old names for intake, the
 // due poller and the router's callers.
 type (
-	Delivery   = lifecycle.Delivery
-	Submit     = lifecycle.Submit
-	Result     = lifecycle.Result
-	Progress   = lifecycle.Progress
-	Cancel     = lifecycle.Cancel
-	Wake       = lifecycle.Wake
-	WorkerLost = lifecycle.WorkerLost
-	Abandon    = lifecycle.Abandon
+	Delivery    = lifecycle.Delivery
+	Submit      = lifecycle.Submit
+	Result      = lifecycle.Result
+	Progress    = lifecycle.Progress
+	Cancel      = lifecycle.Cancel
+	Wake        = lifecycle.Wake
+	WorkerLost  = lifecycle.WorkerLost
+	ResultsLost = lifecycle.ResultsLost
+	Abandon     = lifecycle.Abandon
 )
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,17 +42,26 @@ type StreamKeeper struct {
 	// keeper recreated (part is PartStream or PartConsumer), after its WARN
 	// line.
 	OnRecreated func(kind StreamKind, name, part string)
+	// OnReset, when set, is called once for each stream found to be a new
+	// one since the keeper's previous check — recreated by this keeper or
+	// by anyone else (another replica's keeper, an operator, a NATS server
+	// that lost its JetStream store): the messages the old one held are
+	// gone. A stream's creation time tells one stream from the next.
+	OnReset func(kind StreamKind, name string)
 	// Every is the periodic check's interval (default StreamCheckEvery).
 	Every time.Duration
 
 	kick chan struct{}
+
+	mu      sync.Mutex
+	created map[StreamKind]time.Time // each stream's creation time, as last seen
 }
 
 // NewStreamKeeper returns a keeper of the streams EnsureReplicatedStreams
 // makes with the same arguments; Run it.
 func NewStreamKeeper(js jetstream.JetStream, prefix string, subj Subjects, replicas int, log *slog.Logger) *StreamKeeper {
 	return &StreamKeeper{js: js, prefix: prefix, subj: subj, replicas: replicas, log: log,
-		kick: make(chan struct{}, 1)}
+		kick: make(chan struct{}, 1), created: map[StreamKind]time.Time{}}
 }
 
 // Kick asks for a check soon (a fetch failed); it never blocks.
@@ -62,7 +72,8 @@ func (k *StreamKeeper) Kick() {
 	}
 }
 
-// Run checks every Every, and when kicked, until ctx ends.
+// Run checks at once (learning the streams' creation times), then every
+// Every and when kicked, until ctx ends.
 func (k *StreamKeeper) Run(ctx context.Context) {
 	every := k.Every
 	if every <= 0 {
@@ -70,12 +81,14 @@ func (k *StreamKeeper) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-k.kick:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-k.kick:
+			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := k.Check(cctx); err != nil && ctx.Err() == nil {
@@ -102,10 +115,10 @@ func (k *StreamKeeper) Check(ctx context.Context) error {
 
 func (k *StreamKeeper) check(ctx context.Context, kind StreamKind, subject string) error {
 	name := StreamName(k.prefix, kind)
-	_, err := k.js.Stream(ctx, name)
+	st, err := k.js.Stream(ctx, name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		_, err = k.js.CreateStream(ctx, streamConfig(name, subject, k.replicas))
+		st, err = k.js.CreateStream(ctx, streamConfig(name, subject, k.replicas))
 		mine := err == nil
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			k.log.Error("stream missing and not recreated; its inputs are refused", "stream", name, "err", err)
@@ -117,11 +130,13 @@ func (k *StreamKeeper) check(ctx context.Context, kind StreamKind, subject strin
 		}
 		if mine {
 			k.recreated(kind, name, PartStream)
+			k.seen(kind, name, st.CachedInfo().Created, true)
 		}
 		return nil
 	case err != nil:
 		return err
 	}
+	k.seen(kind, name, st.CachedInfo().Created, false)
 	_, err = k.js.Consumer(ctx, name, ConsumerName(kind))
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
@@ -138,6 +153,25 @@ func (k *StreamKeeper) check(ctx context.Context, kind StreamKind, subject strin
 		return err
 	}
 	return nil
+}
+
+// seen records the stream's creation time and reports a new stream (logged
+// unless quiet: this keeper has just said it recreated it).
+func (k *StreamKeeper) seen(kind StreamKind, name string, created time.Time, quiet bool) {
+	k.mu.Lock()
+	prev, known := k.created[kind]
+	k.created[kind] = created
+	k.mu.Unlock()
+	if !known || prev.IsZero() || prev.Equal(created) {
+		return
+	}
+	if !quiet {
+		k.log.Warn("stream is a new one since the last check (recreated elsewhere); the messages the old one held are lost",
+			"stream", name, "created", created)
+	}
+	if k.OnReset != nil {
+		k.OnReset(kind, name)
+	}
 }
 
 func (k *StreamKeeper) recreated(kind StreamKind, name, part string) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/troupe-run/troupe/core"
+	"slices"
 	"strconv"
 	"time"
 
@@ -82,9 +83,14 @@ func (s *Store) ForgetNode(ctx context.Context, node string, before time.Time) e
 
 // ParkedDispatched calls fn with pages of the jobs node has parked that are
 // still DISPATCHED (a node restarted under the same id learns them again:
-// their worker's progress and eviction must wake them). Each page is one
-// ZSCAN and one pipeline of HGETs.
+// their worker's progress and eviction must wake them).
 func (s *Store) ParkedDispatched(ctx context.Context, node string, fn func(ids []string)) error {
+	return s.ParkedIn(ctx, node, fn, core.StateDispatched)
+}
+
+// ParkedIn calls fn with pages of the jobs node has parked whose state is
+// one of states. Each page is one ZSCAN and one pipeline of HGETs.
+func (s *Store) ParkedIn(ctx context.Context, node string, fn func(ids []string), states ...core.State) error {
 	for shard := 0; shard < Shards; shard++ {
 		var cursor uint64
 		for {
@@ -98,14 +104,14 @@ func (s *Store) ParkedDispatched(ctx context.Context, node string, fn func(ids [
 			}
 			if len(ids) > 0 {
 				pipe := s.rdb.Pipeline()
-				states := make([]*redis.StringCmd, len(ids))
+				got := make([]*redis.StringCmd, len(ids))
 				for i, id := range ids {
-					states[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+					got[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
 				}
 				_, _ = pipe.Exec(ctx)
 				kept := ids[:0]
 				for i, id := range ids {
-					if core.State(states[i].Val()) == core.StateDispatched {
+					if slices.Contains(states, core.State(got[i].Val())) {
 						kept = append(kept, id)
 					}
 				}

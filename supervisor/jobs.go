@@ -34,6 +34,10 @@ type CountLive struct{}
 // DISPATCHED (a node restarted under the same id reads them from Redis).
 type RememberParked struct{ JobIDs []string }
 
+// TellLive hands Msg to every job actor live in the shard (a message for
+// all the jobs this node runs, such as actors.ResultsLost).
+type TellLive struct{ Msg interface{} }
+
 // CountParked asks a shard how many jobs it remembers as parked in
 // DISPATCHED; reply: int.
 type CountParked struct{}
@@ -184,6 +188,10 @@ func (s *JobShard) Receive(c actor.Context) {
 		}
 	case *CountLive:
 		c.Respond(len(s.live))
+	case *TellLive:
+		for id := range s.live {
+			s.deliver(c, &Deliver{JobID: id, Msg: m.Msg})
+		}
 	case *CountParked:
 		c.Respond(len(s.parked))
 	case *RememberParked:
@@ -217,7 +225,7 @@ func wakesParked(msg interface{}, dispatched bool) bool {
 	switch msg.(type) {
 	case *actors.Progress:
 		return dispatched
-	case *actors.WorkerLost:
+	case *actors.WorkerLost, *actors.ResultsLost:
 		return true
 	}
 	return false

@@ -77,11 +77,13 @@ type Config struct {
 	// (of the last DedupeKeep job ids), and says so in the heartbeat
 	// (registry.LabelDedupe), which lets the node repeat a direct dispatch
 	// that may have been lost. A repeat of a job still running is answered
-	// with a RUNNING JobProgress; a repeat of a finished one is dropped (its
-	// result went to JetStream with an acknowledgement). OnDuplicate sees
-	// each repeat.
+	// with a RUNNING JobProgress; a repeat of a finished one with its result
+	// again, if it is among the last ResultKeep results (the node repeats a
+	// dispatch after it, or its result stream, lost a result), else
+	// dropped. OnDuplicate sees each repeat.
 	Dedupe      bool
 	DedupeKeep  int
+	ResultKeep  int
 	OnDuplicate func(subject string, req *capv1.JobRequest)
 
 	// Signer, when set, signs every packet the worker sends (heartbeats,
@@ -119,10 +121,20 @@ type Worker struct {
 	seen   map[string]bool
 	order  []string
 	next   int
+	// Dedupe: the encoded results of the last ResultKeep finished jobs
+	// (resOrder bounds them), and the jobs whose result is being sent again.
+	results   map[string][]byte
+	resOrder  []string
+	resNext   int
+	resending map[string]bool
 }
 
-// DedupeKeepDefault is how many job ids a deduping worker remembers.
-const DedupeKeepDefault = 100_000
+// DedupeKeepDefault is how many job ids a deduping worker remembers;
+// ResultKeepDefault how many results it keeps to send again.
+const (
+	DedupeKeepDefault = 100_000
+	ResultKeepDefault = 10_000
+)
 
 // Dial connects a worker to NATS as `troupe worker` does: with auth's
 // credentials and TLS (troupe.NATSAuth outside this module), named after
@@ -160,6 +172,9 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 		if cfg.DedupeKeep <= 0 {
 			cfg.DedupeKeep = DedupeKeepDefault
 		}
+		if cfg.ResultKeep <= 0 {
+			cfg.ResultKeep = ResultKeepDefault
+		}
 	}
 	cfg.Labels = labels
 	ctx, cancel := context.WithCancel(context.Background())
@@ -168,6 +183,8 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if cfg.Dedupe {
 		w.seen = make(map[string]bool)
 		w.order = make([]string, cfg.DedupeKeep)
+		w.results, w.resending = make(map[string][]byte), make(map[string]bool)
+		w.resOrder = make([]string, cfg.ResultKeep)
 	}
 	if cfg.Signer != nil {
 		w.enc.Signer = cfg.Signer
@@ -324,17 +341,51 @@ func (w *Worker) markDone(jobID string) {
 }
 
 // duplicate handles a repeated delivery: a job still running is confirmed
-// with a progress, so the node stops repeating it.
+// with a progress, so the node stops repeating it; a finished one's kept
+// result is sent again (once at a time per job).
 func (w *Worker) duplicate(subject, trace string, req *capv1.JobRequest) {
 	w.seenMu.Lock()
 	running := w.seen[req.JobId]
+	result := w.results[req.JobId]
+	again := !running && result != nil && !w.resending[req.JobId]
+	if again {
+		w.resending[req.JobId] = true
+	}
 	w.seenMu.Unlock()
 	if w.cfg.OnDuplicate != nil {
 		w.cfg.OnDuplicate(subject, req)
 	}
-	if running {
+	switch {
+	case running:
 		w.progress(trace, req.JobId, "already running")
+	case again:
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.publishResult(req.JobId, result)
+			w.seenMu.Lock()
+			delete(w.resending, req.JobId)
+			w.seenMu.Unlock()
+		}()
 	}
+}
+
+// keepResult keeps a finished job's encoded result to send again, and
+// marks the job finished and its result being sent (by run, which calls
+// sent when it is done).
+func (w *Worker) keepResult(jobID string, data []byte) {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if _, ok := w.seen[jobID]; ok {
+		w.seen[jobID] = false
+	}
+	w.resending[jobID] = true
+	if old := w.resOrder[w.resNext]; old != "" {
+		delete(w.results, old)
+	}
+	w.resOrder[w.resNext] = jobID
+	w.resNext = (w.resNext + 1) % len(w.resOrder)
+	w.results[jobID] = data
 }
 
 func (w *Worker) progress(trace, jobID, msg string) {
@@ -394,7 +445,15 @@ func (w *Worker) run(trace string, req *capv1.JobRequest) {
 	}
 	data, err := w.enc.Result(trace, w.cfg.ID, res)
 	if err == nil {
+		if w.cfg.Dedupe {
+			w.keepResult(req.JobId, data)
+		}
 		w.publishResult(req.JobId, data)
+		if w.cfg.Dedupe {
+			w.seenMu.Lock()
+			delete(w.resending, req.JobId)
+			w.seenMu.Unlock()
+		}
 	}
 }
 

@@ -178,3 +178,97 @@ wait:
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// A deduping worker answers a repeat of a job it finished with the job's
+// result again (the node repeats a dispatch when its result stream lost
+// results), without running it again; only the last ResultKeep results are
+// kept, and a repeat of an older job is dropped.
+func TestDedupingWorkerSendsAFinishedJobsResultAgain(t *testing.T) {
+	env := testenv.New(t)
+	subj := bus.NewSubjects(env.Prefix)
+	results := make(chan *capv1.JobResult, 8)
+	sub, err := env.NATS.Subscribe(subj.Result, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult() != nil {
+			_ = m.Respond([]byte(`{"stream":"T","seq":1}`)) // as JetStream acks it
+			results <- p.GetJobResult()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = env.NATS.Flush()
+	var runs atomic.Int32
+	w, err := worker.Start(env.NATS, worker.Config{ID: "rk", Pool: "p", Topics: []string{"job.rk"}, Direct: true,
+		Dedupe: true, ResultKeep: 1, Subjects: subj, Heartbeat: time.Hour,
+		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+			runs.Add(1)
+			return worker.Echo(ctx, req)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	send := func(id string) {
+		t.Helper()
+		data, _ := bus.EncodeRequest("tr", "node", &capv1.JobRequest{JobId: id, Topic: "job.rk", ContextPtr: "ctx-" + id})
+		if err := env.NATS.Publish(subj.Worker("rk"), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(what string) *capv1.JobResult {
+		t.Helper()
+		select {
+		case r := <-results:
+			return r
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no result: %s", what)
+			return nil
+		}
+	}
+	// askAgain repeats a job until a result comes: a repeat that arrives
+	// while the first answer is still being sent is dropped (it is on its
+	// way).
+	askAgain := func(id string) *capv1.JobResult {
+		t.Helper()
+		for i := 0; i < 25; i++ {
+			send(id)
+			select {
+			case r := <-results:
+				return r
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		t.Fatalf("no result sent again for %s", id)
+		return nil
+	}
+	send("rk-1")
+	first := next("first delivery")
+	again := askAgain("rk-1")
+	if again.JobId != "rk-1" || again.Status != first.Status || again.ResultPtr != first.ResultPtr || again.WorkerId != "rk" {
+		t.Fatalf("result sent again %+v, first %+v", again, first)
+	}
+	send("rk-2")
+	next("second job")
+	if r := askAgain("rk-2"); r.JobId != "rk-2" {
+		t.Fatalf("result of %s sent again; want rk-2's", r.JobId)
+	}
+	send("rk-1") // its result is no longer kept (ResultKeep 1)
+	if r := askAgain("rk-2"); r.JobId != "rk-2" {
+		t.Fatalf("result of %s sent again; want only rk-2's", r.JobId)
+	}
+	for quiet := time.After(300 * time.Millisecond); ; {
+		select {
+		case r := <-results:
+			if r.JobId != "rk-2" {
+				t.Fatalf("a result for %s, whose result is no longer kept", r.JobId)
+			}
+			continue
+		case <-quiet:
+		}
+		break
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("%d runs for 2 jobs delivered 5 times, want 2", n)
+	}
+}

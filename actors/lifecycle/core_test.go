@@ -186,3 +186,44 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 		}
 	}
 }
+
+// A RUNNING job on a worker that dedupes, told its result stream was
+// recreated, repeats its dispatch until the worker answers (with a progress
+// here; with its kept result, the job would end) — and a job on a worker
+// that does not dedupe repeats nothing (issue 20, item 5).
+func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
+	d := newDriver(t)
+	d.j.cfg.ResendAfter = 5 * time.Second
+	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
+	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+	d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", Resend: true})
+	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: core.StateDispatched, Fence: 1}})
+	d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: "w1"})
+	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	if d.j.State != core.StateRunning {
+		t.Fatalf("state %s, want RUNNING", d.j.State)
+	}
+
+	fx := d.feed(&ResultsLost{})
+	if p, ok := find[PublishRequest](fx); !ok || !p.Resend || p.Subject != "worker.w1.jobs" {
+		t.Fatalf("results lost: effects %v, want the dispatch repeated to w1", fx)
+	}
+	d.now = d.now.Add(10 * time.Second) // ResendAfter doubled
+	if p, ok := find[PublishRequest](d.feed(&Timer{Epoch: d.timer})); !ok || !p.Resend {
+		t.Fatalf("no second repeat while the worker is silent: %v", d.fx)
+	}
+	d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: "w1"})
+	for i := 0; i < 3; i++ {
+		d.now = d.now.Add(30 * time.Second)
+		if _, ok := find[PublishRequest](d.feed(&Timer{Epoch: d.timer})); ok {
+			t.Fatalf("dispatch repeated after the worker answered: %v", d.fx)
+		}
+	}
+
+	plain := newDriver(t)
+	plain.j.cfg.ResendAfter = 5 * time.Second
+	plain.dispatch() // its pick does not allow a resend: the worker does not dedupe
+	if _, ok := find[PublishRequest](plain.feed(&ResultsLost{})); ok {
+		t.Fatalf("dispatch repeated to a worker that does not dedupe: %v", plain.fx)
+	}
+}

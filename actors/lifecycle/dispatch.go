@@ -187,7 +187,10 @@ func (j *Job) waitWorker() {
 		j.parkAt = now.Add(j.cfg.ParkAfter)
 	}
 	j.resendAt = time.Time{}
-	if j.resend && j.State == core.StateDispatched && j.cfg.ResendAfter > 0 && j.Req != nil {
+	if j.State == core.StateRunning {
+		j.recall = false // it started: the worker has it
+	}
+	if j.resend && (j.State == core.StateDispatched || j.recall) && j.cfg.ResendAfter > 0 && j.Req != nil {
 		j.resendAt = now.Add(j.resendDelay())
 	}
 	j.armWait()
@@ -211,7 +214,9 @@ func (j *Job) armWait() {
 // worker; a worker that already holds the job answers the repeat with a
 // RUNNING progress, which ends the repeats.
 
-func (j *Job) resendPending() bool { return j.State == core.StateDispatched && !j.resendAt.IsZero() }
+func (j *Job) resendPending() bool {
+	return (j.State == core.StateDispatched || j.recall) && !j.resendAt.IsZero()
+}
 
 func (j *Job) resendDue(now time.Time) bool { return j.resendPending() && !now.Before(j.resendAt) }
 
@@ -240,6 +245,27 @@ func (j *Job) resendDispatch(now time.Time) {
 	j.resends++
 	j.resendAt = now.Add(j.resendDelay())
 	j.armWait()
+}
+
+// onResultsLost: the result stream was recreated, so a result the job's
+// worker sent may have gone with it, and nothing else would end the job
+// before its deadline (hours, once RUNNING). A worker that dedupes by job id
+// answers a repeat of a job it finished with its result again, and of one
+// it still runs with a RUNNING progress; the dispatch is repeated, as for a
+// lost dispatch, until it answers. Other workers would run the job again:
+// their jobs wait for their results or deadlines, as before.
+func (j *Job) onResultsLost() {
+	if j.State != core.StateDispatched && j.State != core.StateRunning || !j.resend || j.Req == nil ||
+		j.cfg.ResendAfter <= 0 {
+		return
+	}
+	j.log(info, "result stream recreated; asking the worker again", "worker_id", j.Worker, "state", j.State)
+	j.recall, j.resends = true, 0
+	if j.parkAt.IsZero() {
+		j.waitWorker()
+	}
+	j.resendAt = j.now()
+	j.watchDeadline()
 }
 
 // waitCapacity keeps a job the router has queued for room. The wait costs

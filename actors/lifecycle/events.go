@@ -78,6 +78,12 @@ type Wake struct {
 // for that worker to start it is dispatched elsewhere.
 type WorkerLost struct{ WorkerID string }
 
+// ResultsLost tells a job that results its worker sent may be gone: the
+// result stream was recreated (deleted, or lost with a JetStream store), and
+// the messages it held went with it. A job with its worker that may be
+// asked again (it dedupes: see Job.onResultsLost) repeats its dispatch.
+type ResultsLost struct{}
+
 // Abandon tells a job's fresh actor that the previous one failed for good:
 // the job is marked FAILED (reason actor_failed, dead-lettered), and its
 // worker, if it has one, is told to cancel.

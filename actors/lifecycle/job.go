@@ -179,10 +179,15 @@ type Job struct {
 	parkAt time.Time
 	parked bool
 	// resend: the dispatch may be repeated (the worker dedupes); resendAt
-	// is when, while DISPATCHED; resends counts the repeats made.
+	// is when, while DISPATCHED (or recalling); resends counts the repeats
+	// made.
 	resend   bool
 	resendAt time.Time
 	resends  int
+	// recall: the job's result may have been lost with the result stream;
+	// its dispatch is repeated, DISPATCHED or RUNNING, until the worker
+	// answers (a progress, or its result again).
+	recall bool
 	// startsOnDelivery: the worker sends no progress; the job counts as
 	// started once delivered.
 	startsOnDelivery bool
@@ -395,6 +400,12 @@ func (j *Job) handle(m any) {
 	case *Cancel:
 		j.onCancel(m)
 	case *Progress:
+		heard := j.recall && (m.From == "" || m.From == j.Worker)
+		if heard {
+			// The worker answered a repeat: it holds the job, and its
+			// result will come.
+			j.recall, j.resendAt = false, time.Time{}
+		}
 		from := m.From
 		if from != "" && from != j.Worker && (j.lostWorker(from) || j.direct()) {
 			// A worker of an earlier dispatch still running the job (its
@@ -405,8 +416,13 @@ func (j *Job) handle(m any) {
 		if j.State == core.StateDispatched || j.State == core.StateRunning &&
 			(j.deadlineWhy == core.ReasonWorkerLost || from != "" && from != j.Worker) {
 			j.markRunning(from)
-		} else if from != "" && from == j.Worker {
-			j.spoke = true
+		} else {
+			if from != "" && from == j.Worker {
+				j.spoke = true
+			}
+			if heard {
+				j.armWait()
+			}
 		}
 	case *Wake:
 		if !j.activated {
@@ -415,6 +431,8 @@ func (j *Job) handle(m any) {
 		}
 	case *WorkerLost:
 		j.onWorkerLost(m)
+	case *ResultsLost:
+		j.onResultsLost()
 	case *Abandon:
 		j.onAbandon(m)
 	case *Timer:
@@ -442,7 +460,7 @@ func (j *Job) handle(m any) {
 // must not create one): it needs the job's state from its record.
 func needsRecord(m any) bool {
 	switch m.(type) {
-	case *Result, *Cancel, *Progress, *WorkerLost, *Abandon:
+	case *Result, *Cancel, *Progress, *WorkerLost, *ResultsLost, *Abandon:
 		return true
 	}
 	return false
@@ -466,12 +484,13 @@ func (j *Job) absorb(m any) {
 		d, kind = m.Delivery, "result"
 	case *Cancel:
 		d, kind = m.Delivery, "cancel"
-	case *Progress, *WorkerLost:
-		_, lost := m.(*WorkerLost)
-		if j.parked && (j.State == core.StateDispatched || lost && j.State == core.StateRunning) {
-			// The job parked a moment ago: its worker's first progress or
-			// eviction is for the job's next actor, which the supervisor
-			// spawns for it (a parked DISPATCHED job is remembered).
+	case *Progress, *WorkerLost, *ResultsLost:
+		_, progress := m.(*Progress)
+		if j.parked && (j.State == core.StateDispatched || !progress && j.State == core.StateRunning) {
+			// The job parked a moment ago: its worker's first progress,
+			// its eviction or a lost result stream is for the job's next
+			// actor, which the supervisor spawns for it (a parked
+			// DISPATCHED job is remembered).
 			j.emit(Redeliver{Msgs: []any{m}})
 		}
 		return
@@ -575,7 +594,7 @@ func (j *Job) finish() {
 				again = append(again, m)
 				continue
 			}
-		case *WorkerLost:
+		case *WorkerLost, *ResultsLost:
 			if j.parked && active(j.State) {
 				again = append(again, m)
 				continue

@@ -88,7 +88,7 @@ func (s *sim) dueTick() {
 
 // fault injects one fault at random.
 func (s *sim) fault() {
-	switch s.rng.IntN(14) {
+	switch s.rng.IntN(15) {
 	case 0: // a node dies
 		n := s.nodes[s.rng.IntN(len(s.nodes))]
 		if !n.alive || len(s.aliveNodes()) == 1 {
@@ -146,7 +146,7 @@ func (s *sim) fault() {
 		s.logf("fault: worker %s dies", w.id)
 		w.alive, w.running = false, map[string]bool{}
 		s.evict(w)
-		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() { w.alive, w.done = true, map[string]bool{} })
+		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() { w.alive, w.done = true, map[string]capv1.JobStatus{} })
 	case 6: // a worker is evicted although alive (its node or itself paused)
 		w := s.workers[s.rng.IntN(len(s.workers))]
 		if w.alive {
@@ -173,8 +173,43 @@ func (s *sim) fault() {
 				s.send(&simMsg{anyNode: true, job: id, ev: d.ev, spawn: true, at: s.now.Add(s.latency())})
 			}
 		}
+	case 12: // the result stream is lost with the results it held
+		s.loseResults()
 	default: // a human decides an approval
 		s.decideApprovals(s.rng.IntN(2) == 0)
+	}
+}
+
+// loseResults: the result stream is deleted (or lost with a JetStream
+// store) and recreated. The results it held and no node had acked are gone;
+// then every node's keeper notices the new stream and tells the jobs it
+// owns that are live or parked there (ResultsLost).
+func (s *sim) loseResults() {
+	lost := map[*simDelivery]bool{}
+	for _, d := range s.deliveries {
+		if _, ok := d.ev.(*Result); ok && !d.done {
+			d.done, d.holder = true, nil // gone with the stream: nobody will ack it
+			lost[d] = true
+		}
+	}
+	kept := s.net[:0]
+	for _, m := range s.net {
+		if r, ok := m.ev.(*Result); ok && lost[r.Delivery.(*simDelivery)] {
+			continue
+		}
+		kept = append(kept, m)
+	}
+	s.net = kept
+	s.logf("fault: result stream lost (%d results)", len(lost))
+	for _, n := range s.aliveNodes() {
+		for _, id := range sortedKeys(n.live) {
+			s.send(&simMsg{node: n, job: id, at: s.now.Add(s.latency()), ev: &ResultsLost{}})
+		}
+		for _, id := range sortedKeys(s.recs) {
+			if r := s.recs[id]; r.parkedBy == n.id && n.live[id] == nil && active(r.state) {
+				s.send(&simMsg{node: n, job: id, spawn: true, at: s.now.Add(s.latency()), ev: &ResultsLost{}})
+			}
+		}
 	}
 }
 

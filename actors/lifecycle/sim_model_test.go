@@ -73,7 +73,9 @@ type simWorker struct {
 	dedupe  bool
 	pool    bool // reached on the pool subject
 	running map[string]bool
-	done    map[string]bool
+	// done: the jobs it finished, with their outcome (a deduping worker
+	// sends it again when a finished job is delivered again).
+	done map[string]capv1.JobStatus
 }
 
 // simMsg is something in flight: an event for a job on a node (anyNode: on
@@ -193,9 +195,12 @@ func (s *sim) reach(job, worker, subject string) {
 	if w == nil {
 		return
 	}
-	if w.dedupe && (w.running[job] || w.done[job]) {
+	if st, done := w.done[job]; w.dedupe && (w.running[job] || done) {
 		if w.running[job] {
 			s.progress(job, w)
+		} else {
+			s.resent++
+			s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
 		}
 		return
 	}
@@ -216,11 +221,11 @@ func (s *sim) reach(job, worker, subject string) {
 			return
 		}
 		delete(w.running, job)
-		w.done[job] = true
 		st := capv1.JobStatus_JOB_STATUS_SUCCEEDED
 		if s.rng.IntN(10) == 0 {
 			st = capv1.JobStatus_JOB_STATUS_FAILED
 		}
+		w.done[job] = st
 		s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
 	})
 }

@@ -63,6 +63,7 @@ type sim struct {
 	steps           int
 	redelivered     int
 	deliveries      []*simDelivery
+	resent          int // results a deduping worker sent again
 
 	// What the invariants compare against.
 	dispatchHops map[string]int
@@ -103,7 +104,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 	}
 	for i := 0; i < 4; i++ {
 		s.workers = append(s.workers, &simWorker{id: fmt.Sprintf("w%d", i), alive: true, stock: i == 3,
-			dedupe: i == 1 || i == 2, pool: i >= 2, running: map[string]bool{}, done: map[string]bool{}})
+			dedupe: i == 1 || i == 2, pool: i >= 2, running: map[string]bool{}, done: map[string]capv1.JobStatus{}})
 	}
 	for _, n := range s.nodes {
 		s.tick(n)
@@ -746,12 +747,13 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total := 0
+	total, resent := 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
 		s.run(steps)
 		total += s.steps
+		resent += s.resent
 		for k, v := range s.outcomes {
 			outcomes[k] += v
 		}
@@ -767,5 +769,5 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s", seeds, total, strings.Join(parts, ", "))
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d", seeds, total, strings.Join(parts, ", "), resent)
 }

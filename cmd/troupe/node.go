@@ -23,6 +23,8 @@ func runNode(ctx context.Context, args []string) error {
 	lockTTL := fs.Duration("lock-ttl", 0, "job lock TTL (default 60s); a dead node's jobs are adopted 1–2 TTLs after it dies")
 	resendAfter := fs.Duration("resend-after", 0, "how long a job directly dispatched to a deduping worker may wait for a sign of arrival before the dispatch is repeated (default 5s; negative: never)")
 	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
+	workerLostGrace := fs.Duration("worker-lost-grace", 0, "how long a job started on a worker that was evicted waits for the worker's answer before it ends FAILED worker_lost (default 60s; negative: its running deadline decides)")
+	unknownHold := fs.Duration("unknown-hold", 0, "how long a result or cancel for a job with no record waits for a replica to recreate the record before it is dead-lettered (default 30s; negative: at once)")
 	streamReplicas := fs.Int("stream-replicas", 1,
 		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
 	var pf policyFlags
@@ -71,6 +73,7 @@ func runNode(ctx context.Context, args []string) error {
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: conn.NATS, RedisURL: conn.RedisURL, RedisAuth: conn.Redis,
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
+		WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold,
 		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier})
 	if err != nil {
 		return err
