@@ -296,3 +296,66 @@ func TestStreamKeeperReportsAStreamRecreatedElsewhere(t *testing.T) {
 		t.Fatalf("resets %v, want [%s] once", resets, name)
 	}
 }
+
+// The RESULT stream deleted under load, with `troupe worker`'s own code
+// (deduping, reporting starts): results sent while it is missing are
+// retried by their workers until it is back, and the node asks the workers
+// of its jobs again once it sees the new stream (dispatches repeated: the
+// repeats of jobs still running are answered with a progress). Every job
+// ends SUCCEEDED, none runs twice. Here the node reads results as fast as
+// they come, so the stream rarely holds one when deleted; the loss of held
+// results is TestResultStreamLossAsksDedupingWorkersAgain's.
+func TestFaultResultStreamDeletedUnderLoad(t *testing.T) {
+	t.Parallel()
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) {
+		c.StreamCheck = 200 * time.Millisecond
+		c.ResendAfter = 500 * time.Millisecond
+	})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	for i, id := range []string{"ld-w1", "ld-w2"} {
+		w, err := worker.Start(f.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"},
+			Direct: true, Dedupe: true, Progress: true, MaxParallel: 64, Subjects: f.subj, Heartbeat: time.Second,
+			Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+				mu.Lock()
+				runs[req.JobId]++
+				mu.Unlock()
+				select {
+				case <-time.After(time.Duration(100+(len(req.JobId)*37+i*53)%400) * time.Millisecond):
+				case <-ctx.Done():
+				}
+				return worker.Echo(ctx, req)
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Stop)
+	}
+	f.waitWorkers(2)
+	const n = 300
+	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamResult)
+	for i := 0; i < n; i++ {
+		f.submit(echoReq(fmt.Sprintf("ld-%d", i)))
+		if i == n/2 {
+			if err := f.js.DeleteStream(context.Background(), name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * time.Millisecond) // ~200 submits/s: jobs finish while the stream is gone
+	}
+	for i := 0; i < n; i++ {
+		f.waitStateWithin(fmt.Sprintf("ld-%d", i), core.StateSucceeded, 60*time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, r := range runs {
+		if r != 1 {
+			t.Errorf("%s ran %d times", id, r)
+		}
+	}
+	if len(runs) != n {
+		t.Errorf("%d jobs ran, want %d", len(runs), n)
+	}
+	t.Logf("%d jobs SUCCEEDED, each run once; stream resets %v, dispatches repeated %v", n,
+		counter(t, f.node, "troupe_stream_resets_total", name), counter(t, f.node, "troupe_dispatch_resent_total", ""))
+}
