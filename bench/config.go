@@ -48,7 +48,7 @@ const (
 
 // Defaults for Config fields left zero.
 const (
-	JobsDefault    = 20_000
+	JobsDefault    = 100_000
 	WorkersDefault = 10
 	// TimeoutDefault bounds a run from the first submit; at the reference
 	// scheduler's 376 jobs/s, 20k jobs would take 53 s, so a run past 120 s

@@ -134,6 +134,20 @@ func describeMachine() Machine {
 	return m
 }
 
+// loadAverage returns the 1, 5 and 15 minute load averages ("" where
+// /proc/loadavg cannot be read).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // gitDescribe names the checked-out code, or "" outside a git work tree.
 // It only reads the repository.
 func gitDescribe() string {

@@ -114,8 +114,10 @@ func FormatReport(w io.Writer, res *Result) {
 		fmt.Fprintf(w, "  per worker    min %d max %d receipts (warm-up included)\n", slices.Min(res.PerWorker), slices.Max(res.PerWorker))
 	}
 	fmt.Fprintf(w, "  capacity      %s\n", capacityText(res))
-	fmt.Fprintf(w, "  env           %s; redis %s; nats %s; git %s (shared machine: figures provisional)\n",
+	fmt.Fprintf(w, "  env           %s; redis %s; nats %s; git %s\n",
 		res.Env.Machine, res.Env.RedisVersion, res.Env.NATSVersion, orUnknown(res.Env.Git))
+	fmt.Fprintf(w, "  load average  %s at start, %s at end (1, 5, 15 min; above ~0.5 at start, another program shares the machine)\n",
+		orUnknown(res.Env.LoadStart), orUnknown(res.Env.LoadEnd))
 	for _, note := range res.Notes {
 		fmt.Fprintf(w, "  note          %s\n", note)
 	}
@@ -235,7 +237,8 @@ func Row(res *Result, note string) string {
 		fmt.Sprintf("%.2f / %.2f / %.2f / %.2f", res.DispatchMs.P50, res.DispatchMs.P90, res.DispatchMs.P99, res.DispatchMs.Max),
 		fmt.Sprintf("%.1f / %.1f / %.1f", res.SubmitToTerminalMs.P50, res.SubmitToTerminalMs.P99, res.SubmitToTerminalMs.Max),
 		cpu, rss, redis, fmt.Sprintf("%.2f", res.NATS.TotalPerJob), status,
-		fmt.Sprintf("%s; redis %s, nats %s", res.Env.Machine, res.Env.RedisVersion, res.Env.NATSVersion), note,
+		fmt.Sprintf("%s; redis %s, nats %s; load %s → %s", res.Env.Machine, res.Env.RedisVersion, res.Env.NATSVersion,
+			orUnknown(res.Env.LoadStart), orUnknown(res.Env.LoadEnd)), note,
 	}
 	for i, c := range cells {
 		cells[i] = strings.ReplaceAll(c, "|", "/")

@@ -82,6 +82,11 @@ type Env struct {
 	RedisVersion string  `json:"redis_version"`
 	NATSVersion  string  `json:"nats_version"`
 	Git          string  `json:"git,omitempty"`
+	// LoadStart and LoadEnd are the machine's load averages (1, 5 and 15
+	// minutes, from /proc/loadavg) when the run started and ended: a busy
+	// machine shows in them.
+	LoadStart string `json:"load_start,omitempty"`
+	LoadEnd   string `json:"load_end,omitempty"`
 }
 
 // Jobs counts outcomes.

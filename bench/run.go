@@ -128,7 +128,7 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 			Warmup: cfg.Warmup, Topic: cfg.Topic, Window: cfg.SubmitWindow, Heartbeat: cfg.Heartbeat.String(),
 			MaxParallel: cfg.announcedMaxParallel()},
 		Env: Env{Machine: describeMachine(), RedisVersion: orUnknown(srv0.version),
-			NATSVersion: orUnknown(r.wconn.ConnectedServerVersion()), Git: gitDescribe()},
+			NATSVersion: orUnknown(r.wconn.ConnectedServerVersion()), Git: gitDescribe(), LoadStart: loadAverage()},
 	}
 	if err := r.startTarget(ctx); err != nil {
 		return nil, err
@@ -417,6 +417,7 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 	if bad := r.tr.badPackets.Load(); bad > 0 {
 		res.Failures = append(res.Failures, fmt.Sprintf("workers received %d packets that are not job requests", bad))
 	}
+	res.Env.LoadEnd = loadAverage()
 	res.OK = len(res.Failures) == 0
 	if !res.OK {
 		return res, fmt.Errorf("%w: %s", ErrRunFailed, strings.Join(res.Failures, "; "))
