@@ -297,15 +297,17 @@ func TestStreamKeeperReportsAStreamRecreatedElsewhere(t *testing.T) {
 	}
 }
 
-// The RESULT stream deleted under load, with `troupe worker`'s own code
-// (deduping, reporting starts): results sent while it is missing are
-// retried by their workers until it is back, and the node asks the workers
-// of its jobs again once it sees the new stream (dispatches repeated: the
-// repeats of jobs still running are answered with a progress). Every job
-// ends SUCCEEDED, none runs twice. Here the node reads results as fast as
-// they come, so the stream rarely holds one when deleted; the loss of held
+// The RESULT and SUBMIT streams deleted under load, with `troupe worker`'s
+// own code (deduping, reporting starts): submits refused while SUBMIT is
+// missing are retried by the client until it is back (a JetStream publish
+// gets no ack meanwhile); results sent while RESULT is missing are retried
+// by their workers until it is back, and the node asks the workers of its
+// jobs again once it sees the new stream (dispatches repeated: the repeats
+// of jobs still running are answered with a progress). Every job ends
+// SUCCEEDED, none runs twice. Here the node reads results as fast as they
+// come, so the stream rarely holds one when deleted; the loss of held
 // results is TestResultStreamLossAsksDedupingWorkersAgain's.
-func TestFaultResultStreamDeletedUnderLoad(t *testing.T) {
+func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 	t.Parallel()
 	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) {
 		c.StreamCheck = 200 * time.Millisecond
@@ -333,15 +335,40 @@ func TestFaultResultStreamDeletedUnderLoad(t *testing.T) {
 	}
 	f.waitWorkers(2)
 	const n = 300
-	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamResult)
+	names := map[bus.StreamKind]string{}
+	for _, kind := range []bus.StreamKind{bus.StreamResult, bus.StreamSubmit} {
+		names[kind] = bus.StreamName(f.env.StreamPrefix(), kind)
+	}
+	refused := 0
+	submit := func(req *capv1.JobRequest) {
+		data, err := bus.EncodeRequest("trace-"+req.JobId, "test-client", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for try := 0; ; try++ {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := f.js.Publish(ctx, f.subj.Submit, data)
+			cancel()
+			if err == nil {
+				return
+			}
+			if try == 100 {
+				t.Fatalf("submit of %s refused 100 times: %v", req.JobId, err)
+			}
+			refused++
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	for i := 0; i < n; i++ {
-		f.submit(echoReq(fmt.Sprintf("ld-%d", i)))
+		submit(echoReq(fmt.Sprintf("ld-%d", i)))
 		if i == n/2 {
-			if err := f.js.DeleteStream(context.Background(), name); err != nil {
-				t.Fatal(err)
+			for _, name := range names {
+				if err := f.js.DeleteStream(context.Background(), name); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
-		time.Sleep(5 * time.Millisecond) // ~200 submits/s: jobs finish while the stream is gone
+		time.Sleep(5 * time.Millisecond) // ~200 submits/s: jobs finish while the streams are gone
 	}
 	for i := 0; i < n; i++ {
 		f.waitStateWithin(fmt.Sprintf("ld-%d", i), core.StateSucceeded, 60*time.Second)
@@ -356,6 +383,7 @@ func TestFaultResultStreamDeletedUnderLoad(t *testing.T) {
 	if len(runs) != n {
 		t.Errorf("%d jobs ran, want %d", len(runs), n)
 	}
-	t.Logf("%d jobs SUCCEEDED, each run once; stream resets %v, dispatches repeated %v", n,
-		counter(t, f.node, "troupe_stream_resets_total", name), counter(t, f.node, "troupe_dispatch_resent_total", ""))
+	t.Logf("%d jobs SUCCEEDED, each run once; %d submit tries refused; result stream resets %v, dispatches repeated %v", n,
+		refused, counter(t, f.node, "troupe_stream_resets_total", names[bus.StreamResult]),
+		counter(t, f.node, "troupe_dispatch_resent_total", ""))
 }
