@@ -28,9 +28,11 @@ import (
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/recovery"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/saga"
@@ -62,10 +64,10 @@ type Node struct {
 	router *actor.PID
 	shards []*actor.PID
 	env    *actors.Env
-	intake *supervisor.Intake
-	guard  *supervisor.Guard
+	intake *intake.Intake
+	guard  *intake.Guard
 	wheel  *actors.Wheel
-	due    *supervisor.DuePoller
+	due    *recovery.DuePoller
 
 	dispatcher *supervisor.PoolDispatcher
 	sagas      *saga.Sagas
@@ -92,7 +94,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	// The node id is a token of the node's inbox subject and part of lock
 	// values ("<node>|<fence>").
-	if err := supervisor.ValidateWorkerID(cfg.NodeID); err != nil || strings.Contains(cfg.NodeID, "|") {
+	if err := intake.ValidateWorkerID(cfg.NodeID); err != nil || strings.Contains(cfg.NodeID, "|") {
 		return nil, fmt.Errorf("troupe: node id %q: letters, digits, _ - : only", cfg.NodeID)
 	}
 	if cfg.NATSURL == "" {
@@ -298,7 +300,7 @@ func (n *Node) Start(ctx context.Context) error {
 	// The router learns of evictions on its own goroutine; the jobs still
 	// waiting on an evicted worker are told through their shards (no spawn:
 	// a job with no live actor here is not waiting on this node).
-	var intake atomic.Pointer[supervisor.Intake]
+	var intakeRef atomic.Pointer[intake.Intake]
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
 		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID,
@@ -307,7 +309,7 @@ func (n *Node) Start(ctx context.Context) error {
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
 		Gossip:  func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
 		OnEvictJobs: func(workerID string, jobIDs []string) {
-			if in := intake.Load(); in != nil {
+			if in := intakeRef.Load(); in != nil {
 				for _, id := range jobIDs {
 					in.Tell(id, &actors.WorkerLost{WorkerID: workerID})
 				}
@@ -340,7 +342,7 @@ func (n *Node) Start(ctx context.Context) error {
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
-		Forward: supervisor.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
+		Forward: intake.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
 		TenantLimit: tenantLimit(n.cfg.TenantLimits),
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
@@ -367,21 +369,21 @@ func (n *Node) Start(ctx context.Context) error {
 		}
 		n.shards = append(n.shards, pid)
 	}
-	sigs, err := supervisor.NewSignatures(n.cfg.Verifier, n.cfg.Metrics)
+	sigs, err := intake.NewSignatures(n.cfg.Verifier, n.cfg.Metrics)
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
 	own := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_own_outcomes_skipped_total",
 		Help: "Outcomes this node decided and told clients on the result subject, read back from the result stream and skipped."})
 	_ = n.cfg.Metrics.Register(own)
-	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
+	n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
 		DLQFailures: n.dlqMetrics(), OwnOutcomes: own}
 	if !n.cfg.NoProcessedGuard {
-		n.guard = supervisor.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
+		n.guard = intake.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()
 		n.intake.Guard = n.guard
 	}
-	intake.Store(n.intake)
+	intakeRef.Store(n.intake)
 
 	hb, err := n.nc.Subscribe(n.subj.Heartbeat, n.intake.HandleHeartbeat)
 	if err != nil {
@@ -450,7 +452,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := n.cfg.Metrics.Register(stale); err != nil {
 		stale = nil
 	}
-	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll, Stale: stale,
+	n.due = &recovery.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll, Stale: stale,
 		Slack: n.cfg.DueSlack}
 	n.due.Start()
 	if !n.cfg.NoSagas {

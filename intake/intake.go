@@ -1,4 +1,4 @@
-package supervisor
+package intake
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
 )
 
 // Intake turns bus messages into actor messages. It runs on the JetStream
@@ -46,8 +47,8 @@ type Intake struct {
 }
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
-	shard := in.Shards[ShardFor(jobID, len(in.Shards))]
-	in.Env.Root.Send(shard, &Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
+	shard := in.Shards[supervisor.ShardFor(jobID, len(in.Shards))]
+	in.Env.Root.Send(shard, &supervisor.Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
 }
 
 // lastOffer dead-letters a message on its last delivery: JetStream drops
@@ -285,15 +286,15 @@ func (in *Intake) WakeOrphan(jobID string, lapsedAt time.Time) {
 }
 
 // RememberParked hands each job id to its shard's memory of parked
-// DISPATCHED jobs (see JobShard).
+// DISPATCHED jobs (see supervisor.JobShard).
 func (in *Intake) RememberParked(jobIDs []string) {
 	byShard := map[int][]string{}
 	for _, id := range jobIDs {
-		i := ShardFor(id, len(in.Shards))
+		i := supervisor.ShardFor(id, len(in.Shards))
 		byShard[i] = append(byShard[i], id)
 	}
 	for i, ids := range byShard {
-		in.Env.Root.Send(in.Shards[i], &RememberParked{JobIDs: ids})
+		in.Env.Root.Send(in.Shards[i], &supervisor.RememberParked{JobIDs: ids})
 	}
 }
 

@@ -1,4 +1,4 @@
-package supervisor
+package recovery
 
 import (
 	"context"
@@ -10,9 +10,21 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/core"
-
 	"github.com/troupe-run/troupe/store"
 )
+
+// Intake is what recovery needs of the node's intake (*intake.Intake): a way
+// to reach a job's actor through the job's shard. Recovery finds the jobs;
+// it never routes a message itself.
+type Intake interface {
+	// Wake asks the job's actor (spawning it) to activate the job.
+	Wake(jobID string)
+	// WakeOrphan wakes a job whose owner's lock lapsed at lapsedAt.
+	WakeOrphan(jobID string, lapsedAt time.Time)
+	// RememberParked hands job ids to their shards' memory of jobs parked
+	// here in DISPATCHED.
+	RememberParked(jobIDs []string)
+}
 
 // DuePoller wakes jobs whose due time has passed without their owner acting:
 // retries and deadlines of jobs whose node died, and approvals granted while
@@ -30,7 +42,7 @@ import (
 //     has none left.
 type DuePoller struct {
 	Store  *store.Store
-	Intake *Intake
+	Intake Intake
 	NodeID string
 	Log    *slog.Logger
 	// Every is the poll interval (default DuePollDefault).
