@@ -385,17 +385,9 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	intakeRef.Store(n.intake)
 
-	hb, err := n.nc.Subscribe(n.subj.Heartbeat, n.intake.HandleHeartbeat)
+	inputs, err := n.intake.Subscribe(n.nc, n.subj, n.cfg.NodeID)
 	if err != nil {
-		return fmt.Errorf("troupe: subscribe heartbeats: %w", err)
-	}
-	pr, err := n.nc.Subscribe(n.subj.Progress, n.intake.HandleProgress)
-	if err != nil {
-		return fmt.Errorf("troupe: subscribe progress: %w", err)
-	}
-	inbox, err := n.nc.Subscribe(n.subj.Inbox(n.cfg.NodeID), n.intake.HandleInbox)
-	if err != nil {
-		return fmt.Errorf("troupe: subscribe inbox: %w", err)
+		return fmt.Errorf("troupe: %w", err)
 	}
 	routerPID, sysRoot := n.router, n.sys.Root
 	capSub, err := n.nc.Subscribe(n.subj.Capacity(), func(m *nats.Msg) {
@@ -418,7 +410,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe queue questions: %w", err)
 	}
-	n.subs = append(n.subs, hb, pr, inbox, capSub, askSub)
+	n.subs = append(append(n.subs, inputs...), capSub, askSub)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}
@@ -437,14 +429,7 @@ func (n *Node) Start(ctx context.Context) error {
 		}()
 		kick = bus.OnFetchError(func(error) { keeper.Kick() })
 	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit,
-		n.holdSubmits, kick); err != nil {
-		return err
-	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult, nil, kick); err != nil {
-		return err
-	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel, nil, kick); err != nil {
+	if err := n.intake.Consume(cctx, n.js, n.cfg.StreamPrefix, n.holdSubmits, kick); err != nil {
 		return err
 	}
 	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",
