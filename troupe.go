@@ -44,7 +44,7 @@ import (
 type Node struct {
 	cfg       Config
 	log       *slog.Logger
-	bg        sync.WaitGroup // background reads started by Start (rememberParked)
+	bg        sync.WaitGroup // background reads started by Start (recovery.RememberParked)
 	stopProbe chan struct{}  // ends the safety waiters' prober (and the Wait poller)
 	waiters   *waiters       // callers of Wait
 	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
@@ -418,7 +418,10 @@ func (n *Node) Start(ctx context.Context) error {
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.bg.Add(1)
-	go n.rememberParked(cctx)
+	go func() {
+		defer n.bg.Done()
+		recovery.RememberParked(cctx, n.store, n.cfg.NodeID, n.intake, n.log)
+	}()
 	kick := bus.OnFetchError(func(error) {})
 	if n.cfg.StreamCheck >= 0 {
 		keeper := n.streamKeeper()
@@ -507,27 +510,6 @@ func (n *Node) streamKeeper() *bus.StreamKeeper {
 func (n *Node) dataLostRecently() bool {
 	at := n.dataLostAt.Load()
 	return at > 0 && time.Since(time.UnixMilli(at)) < max(n.store.Retention(), time.Hour)
-}
-
-// rememberParked reads the jobs an earlier process with this node id
-// parked in DISPATCHED, so their worker's progress or eviction wakes them
-// (the shards' memory of them died with that process). Until it is done,
-// such an event is missed: the job still ends through its result or its
-// deadline.
-func (n *Node) rememberParked(ctx context.Context) {
-	defer n.bg.Done()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	count := 0
-	err := n.store.ParkedDispatched(ctx, n.cfg.NodeID, func(ids []string) {
-		count += len(ids)
-		n.intake.RememberParked(ids)
-	})
-	if err != nil && ctx.Err() == nil {
-		n.log.Warn("reading this node's parked jobs failed; their progress and eviction are missed until their results or deadlines", "err", err)
-	} else if count > 0 {
-		n.log.Info("parked jobs of an earlier run of this node remembered", "count", count)
-	}
 }
 
 func (n *Node) connect(ctx context.Context) error {
