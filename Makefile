@@ -42,13 +42,13 @@ test-embedded:
 # Troupe and the floor (same traffic, no scheduling logic) in one invocation;
 # adds rows to BENCHMARKS.md. See BENCHMARKS.md for the other runs.
 # A few seconds of each fuzz target (CI); run one longer with e.g.
-#   go test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime 10m ./supervisor/
+#   go test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime 10m ./intake/
 # The budget is a count of executions, not a duration: with a duration, Go
 # 1.26's fuzz coordinator can fail a target at the deadline with "context
 # deadline exceeded" and no crasher (golang/go#75804, fixed in Go 1.27).
 FUZZTIME ?= 20000x
 fuzz-short:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./supervisor/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./intake/
 	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./router/
 	$(GO) test -run '^$$' -fuzz FuzzDecodePeerLoad -fuzztime $(FUZZTIME) ./router/
 	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./actors/

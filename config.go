@@ -109,9 +109,9 @@ type Config struct {
 	// when Timeouts is nil (default actors.DefaultTimeouts()).
 	Timeouts     *actors.Timeouts
 	TimeoutsFile string
-	// DuePoll is the due poller's interval (default supervisor.DuePollDefault);
+	// DuePoll is the due poller's interval (default recovery.DuePollDefault);
 	// DueSlack how long past due a job must be before the poller, rather
-	// than its owner, wakes it (default supervisor.DueSlackDefault).
+	// than its owner, wakes it (default recovery.DueSlackDefault).
 	DuePoll  time.Duration
 	DueSlack time.Duration
 	// RescueAfter is how long a new job may sit in PENDING before the due
@@ -141,7 +141,7 @@ type Config struct {
 	Signer *signing.Signer
 	// Verifier, when set, checks the signature of every submit, result,
 	// cancel, heartbeat and progress before the node acts on it; see
-	// supervisor.Signatures for what happens to a rejected packet.
+	// intake.Signatures for what happens to a rejected packet.
 	Verifier *signing.Verifier
 
 	// TenantLimits caps each tenant's DISPATCHED + RUNNING jobs across all
@@ -181,7 +181,7 @@ type Config struct {
 	NoSagas bool
 	// NoProcessedGuard turns off the processed-message guard (a Redis key
 	// per handled JetStream message, so one handled but not acked before a
-	// crash is not handled again; see supervisor.Guard). Handling twice is
+	// crash is not handled again; see intake.Guard). Handling twice is
 	// harmless, so this trades accounting for one SET per message.
 	NoProcessedGuard bool
 

@@ -17,12 +17,12 @@ import (
 
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 )
 
 // The operators' side of a node: what the admin API (package admin) and
@@ -115,7 +115,7 @@ func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string
 		return "", err
 	}
 	newID := e.JobID + "-retry" + strconv.FormatInt(seq, 10)
-	if supervisor.ValidateJobID(newID) != nil {
+	if intake.ValidateJobID(newID) != nil {
 		// Too long with the suffix: a fresh id, linked all the same.
 		var b [8]byte
 		_, _ = rand.Read(b[:])

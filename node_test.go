@@ -17,11 +17,11 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -395,7 +395,7 @@ func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 	f.submit(&capv1.JobRequest{Topic: "job.echo"})
 	f.submit(&capv1.JobRequest{JobId: "bad id*>", Topic: "job.echo"})
 	tooMany := map[string]string{}
-	for i := 0; i <= supervisor.MaxLabels; i++ {
+	for i := 0; i <= intake.MaxLabels; i++ {
 		tooMany[fmt.Sprintf("l%d", i)] = "v"
 	}
 	f.submit(&capv1.JobRequest{JobId: "too-many-labels", Topic: "job.echo", Labels: tooMany})

@@ -13,10 +13,10 @@ import (
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
 	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -300,7 +300,7 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 	waitRejected(t, f.node, "cancel", signing.ReasonUnsigned, 1)
 	// Straight to the owner's inbox, as if another replica forwarded it.
 	m := nats.NewMsg(f.subj.Inbox(s.nodeID))
-	m.Header.Set(supervisor.HeaderKind, actors.ForwardResult)
+	m.Header.Set(intake.HeaderKind, actors.ForwardResult)
 	m.Data = forged
 	reply, err := f.env.NATS.RequestMsg(m, 10*time.Second)
 	if err != nil || string(reply.Data) != "nak" {

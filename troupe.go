@@ -29,9 +29,11 @@ import (
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/recovery"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/saga"
@@ -43,7 +45,7 @@ import (
 type Node struct {
 	cfg       Config
 	log       *slog.Logger
-	bg        sync.WaitGroup // background reads started by Start (rememberParked)
+	bg        sync.WaitGroup // background reads started by Start (recovery.RememberParked)
 	stopProbe chan struct{}  // ends the safety waiters' prober (and the Wait poller)
 	waiters   *waiters       // callers of Wait
 	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
@@ -63,10 +65,10 @@ type Node struct {
 	router *actor.PID
 	shards []*actor.PID
 	env    *actors.Env
-	intake *supervisor.Intake
-	guard  *supervisor.Guard
+	intake *intake.Intake
+	guard  *intake.Guard
 	wheel  *actors.Wheel
-	due    *supervisor.DuePoller
+	due    *recovery.DuePoller
 
 	dispatcher *supervisor.PoolDispatcher
 	sagas      *saga.Sagas
@@ -93,7 +95,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	// The node id is a token of the node's inbox subject and part of lock
 	// values ("<node>|<fence>").
-	if err := supervisor.ValidateWorkerID(cfg.NodeID); err != nil || strings.Contains(cfg.NodeID, "|") {
+	if err := intake.ValidateWorkerID(cfg.NodeID); err != nil || strings.Contains(cfg.NodeID, "|") {
 		return nil, fmt.Errorf("troupe: node id %q: letters, digits, _ - : only", cfg.NodeID)
 	}
 	if cfg.NATSURL == "" {
@@ -299,7 +301,7 @@ func (n *Node) Start(ctx context.Context) error {
 	// The router learns of evictions on its own goroutine; the jobs still
 	// waiting on an evicted worker are told through their shards (no spawn:
 	// a job with no live actor here is not waiting on this node).
-	var intake atomic.Pointer[supervisor.Intake]
+	var intakeRef atomic.Pointer[intake.Intake]
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
 		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID,
@@ -308,7 +310,7 @@ func (n *Node) Start(ctx context.Context) error {
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
 		Gossip:  func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
 		OnEvictJobs: func(workerID string, jobIDs []string) {
-			if in := intake.Load(); in != nil {
+			if in := intakeRef.Load(); in != nil {
 				for _, id := range jobIDs {
 					in.Tell(id, &actors.WorkerLost{WorkerID: workerID})
 				}
@@ -341,7 +343,7 @@ func (n *Node) Start(ctx context.Context) error {
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
-		Forward: supervisor.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
+		Forward: intake.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
 		TenantLimit: tenantLimit(n.cfg.TenantLimits),
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
@@ -368,33 +370,25 @@ func (n *Node) Start(ctx context.Context) error {
 		}
 		n.shards = append(n.shards, pid)
 	}
-	sigs, err := supervisor.NewSignatures(n.cfg.Verifier, n.cfg.Metrics)
+	sigs, err := intake.NewSignatures(n.cfg.Verifier, n.cfg.Metrics)
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
 	own := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_own_outcomes_skipped_total",
 		Help: "Outcomes this node decided and told clients on the result subject, read back from the result stream and skipped."})
 	_ = n.cfg.Metrics.Register(own)
-	n.intake = &supervisor.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
+	n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
 		DLQFailures: n.dlqMetrics(), OwnOutcomes: own}
 	if !n.cfg.NoProcessedGuard {
-		n.guard = supervisor.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
+		n.guard = intake.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()
 		n.intake.Guard = n.guard
 	}
-	intake.Store(n.intake)
+	intakeRef.Store(n.intake)
 
-	hb, err := n.nc.Subscribe(n.subj.Heartbeat, n.intake.HandleHeartbeat)
+	inputs, err := n.intake.Subscribe(n.nc, n.subj, n.cfg.NodeID)
 	if err != nil {
-		return fmt.Errorf("troupe: subscribe heartbeats: %w", err)
-	}
-	pr, err := n.nc.Subscribe(n.subj.Progress, n.intake.HandleProgress)
-	if err != nil {
-		return fmt.Errorf("troupe: subscribe progress: %w", err)
-	}
-	inbox, err := n.nc.Subscribe(n.subj.Inbox(n.cfg.NodeID), n.intake.HandleInbox)
-	if err != nil {
-		return fmt.Errorf("troupe: subscribe inbox: %w", err)
+		return fmt.Errorf("troupe: %w", err)
 	}
 	routerPID, sysRoot := n.router, n.sys.Root
 	capSub, err := n.nc.Subscribe(n.subj.Capacity(), func(m *nats.Msg) {
@@ -417,7 +411,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe queue questions: %w", err)
 	}
-	n.subs = append(n.subs, hb, pr, inbox, capSub, askSub)
+	n.subs = append(append(n.subs, inputs...), capSub, askSub)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}
@@ -425,7 +419,10 @@ func (n *Node) Start(ctx context.Context) error {
 	cctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.bg.Add(1)
-	go n.rememberParked(cctx)
+	go func() {
+		defer n.bg.Done()
+		recovery.RememberParked(cctx, n.store, n.cfg.NodeID, n.intake, n.log)
+	}()
 	kick := bus.OnFetchError(func(error) {})
 	if n.cfg.StreamCheck >= 0 {
 		keeper := n.streamKeeper()
@@ -436,14 +433,7 @@ func (n *Node) Start(ctx context.Context) error {
 		}()
 		kick = bus.OnFetchError(func(error) { keeper.Kick() })
 	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamSubmit, n.log, n.intake.HandleSubmit,
-		n.holdSubmits, kick); err != nil {
-		return err
-	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamResult, n.log, n.intake.HandleResult, nil, kick); err != nil {
-		return err
-	}
-	if err := bus.Consume(cctx, n.js, n.cfg.StreamPrefix, bus.StreamCancel, n.log, n.intake.HandleCancel, nil, kick); err != nil {
+	if err := n.intake.Consume(cctx, n.js, n.cfg.StreamPrefix, n.holdSubmits, kick); err != nil {
 		return err
 	}
 	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",
@@ -451,7 +441,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := n.cfg.Metrics.Register(stale); err != nil {
 		stale = nil
 	}
-	n.due = &supervisor.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll, Stale: stale,
+	n.due = &recovery.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll, Stale: stale,
 		Slack: n.cfg.DueSlack}
 	n.due.Start()
 	if !n.cfg.NoSagas {
@@ -557,27 +547,6 @@ func (n *Node) resultsLost(stream string) {
 func (n *Node) dataLostRecently() bool {
 	at := n.dataLostAt.Load()
 	return at > 0 && time.Since(time.UnixMilli(at)) < max(n.store.Retention(), time.Hour)
-}
-
-// rememberParked reads the jobs an earlier process with this node id
-// parked in DISPATCHED, so their worker's progress or eviction wakes them
-// (the shards' memory of them died with that process). Until it is done,
-// such an event is missed: the job still ends through its result or its
-// deadline.
-func (n *Node) rememberParked(ctx context.Context) {
-	defer n.bg.Done()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	count := 0
-	err := n.store.ParkedDispatched(ctx, n.cfg.NodeID, func(ids []string) {
-		count += len(ids)
-		n.intake.RememberParked(ids)
-	})
-	if err != nil && ctx.Err() == nil {
-		n.log.Warn("reading this node's parked jobs failed; their progress and eviction are missed until their results or deadlines", "err", err)
-	} else if count > 0 {
-		n.log.Info("parked jobs of an earlier run of this node remembered", "count", count)
-	}
 }
 
 func (n *Node) connect(ctx context.Context) error {

@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/supervisor"
 )
 
 // No request body, however malformed, makes the API's body handling panic:
@@ -28,7 +28,7 @@ func FuzzRequestBodies(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req := &capv1.JobRequest{}
 		if err := (protojson.UnmarshalOptions{}).Unmarshal(data, req); err == nil {
-			if err := supervisor.ValidateRequest(req); err != nil && !errors.Is(err, supervisor.ErrInvalid) {
+			if err := intake.ValidateRequest(req); err != nil && !errors.Is(err, intake.ErrInvalid) {
 				t.Fatalf("unclassified validation error: %v", err)
 			}
 		}

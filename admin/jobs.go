@@ -11,11 +11,11 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 )
 
 // submitJob publishes a CAP JobRequest given as JSON (protojson: job_id,
@@ -42,7 +42,7 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) 
 		_, _ = rand.Read(b[:])
 		req.JobId = "job-" + hex.EncodeToString(b[:])
 	}
-	if err := supervisor.ValidateRequest(req); err != nil {
+	if err := intake.ValidateRequest(req); err != nil {
 		return errBadRequest(err.Error())
 	}
 	out := Submitted{JobID: req.JobId, Tenant: safety.TenantOf(req)}

@@ -22,7 +22,7 @@ const (
 	ReasonUnexpectedKind Reason = "unexpected_packet"
 
 	// Packet signatures (intake, when the node verifies them). Each ends
-	// with a DLQ entry; see signing and supervisor.Signatures.
+	// with a DLQ entry; see signing and intake.Signatures.
 	ReasonUnsignedPacket Reason = "unsigned_packet"
 	ReasonUnknownSender  Reason = "unknown_sender"
 	ReasonBadSignature   Reason = "bad_signature"

@@ -1,4 +1,4 @@
-package supervisor_test
+package intake_test
 
 import (
 	"errors"
@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/supervisor"
 )
 
 func base() *capv1.JobRequest { return &capv1.JobRequest{JobId: "job-1", Topic: "job.echo"} }
@@ -23,7 +23,7 @@ func manyEntries(n, valueLen int) map[string]string {
 // Each limit rejects with ErrInvalid and names what it broke.
 func TestValidateRequestLimits(t *testing.T) {
 	t.Parallel()
-	if err := supervisor.ValidateRequest(base()); err != nil {
+	if err := intake.ValidateRequest(base()); err != nil {
 		t.Fatalf("a plain request: %v", err)
 	}
 	cases := map[string]struct {
@@ -32,36 +32,36 @@ func TestValidateRequestLimits(t *testing.T) {
 	}{
 		"job id with a wildcard": {func(r *capv1.JobRequest) { r.JobId = "a.>" }, "job_id"},
 		"job id with a space":    {func(r *capv1.JobRequest) { r.JobId = "a b" }, "job_id"},
-		"job id too long":        {func(r *capv1.JobRequest) { r.JobId = strings.Repeat("a", supervisor.MaxIDLength+1) }, "job_id"},
+		"job id too long":        {func(r *capv1.JobRequest) { r.JobId = strings.Repeat("a", intake.MaxIDLength+1) }, "job_id"},
 		"topic missing":          {func(r *capv1.JobRequest) { r.Topic = "" }, "topic"},
 		"topic with a wildcard":  {func(r *capv1.JobRequest) { r.Topic = "job.*" }, "topic"},
 		"topic with empty token": {func(r *capv1.JobRequest) { r.Topic = "job..x" }, "topic"},
 		"topic too long": {func(r *capv1.JobRequest) {
-			r.Topic = "job." + strings.Repeat("a", supervisor.MaxTopicLength)
+			r.Topic = "job." + strings.Repeat("a", intake.MaxTopicLength)
 		}, "topic"},
 		"topic with a control char": {func(r *capv1.JobRequest) { r.Topic = "job.\x01" }, "topic"},
 		"tenant with a space":       {func(r *capv1.JobRequest) { r.TenantId = "acme corp" }, "tenant_id"},
-		"too many labels":           {func(r *capv1.JobRequest) { r.Labels = manyEntries(supervisor.MaxLabels+1, 1) }, "labels"},
+		"too many labels":           {func(r *capv1.JobRequest) { r.Labels = manyEntries(intake.MaxLabels+1, 1) }, "labels"},
 		"label value too long": {func(r *capv1.JobRequest) {
-			r.Labels = map[string]string{"k": strings.Repeat("v", supervisor.MaxLabelValue+1)}
+			r.Labels = map[string]string{"k": strings.Repeat("v", intake.MaxLabelValue+1)}
 		}, "labels"},
 		"label key with a newline": {func(r *capv1.JobRequest) { r.Labels = map[string]string{"a\nb": "v"} }, "labels"},
-		"too many env entries":     {func(r *capv1.JobRequest) { r.Env = manyEntries(supervisor.MaxEnv+1, 1) }, "env"},
+		"too many env entries":     {func(r *capv1.JobRequest) { r.Env = manyEntries(intake.MaxEnv+1, 1) }, "env"},
 		"env value too long": {func(r *capv1.JobRequest) {
-			r.Env = map[string]string{"K": strings.Repeat("v", supervisor.MaxEnvValue+1)}
+			r.Env = map[string]string{"K": strings.Repeat("v", intake.MaxEnvValue+1)}
 		}, "env"},
 		"meta label key too long": {func(r *capv1.JobRequest) {
-			r.Meta = &capv1.JobMetadata{Labels: map[string]string{strings.Repeat("k", supervisor.MaxLabelKey+1): "v"}}
+			r.Meta = &capv1.JobMetadata{Labels: map[string]string{strings.Repeat("k", intake.MaxLabelKey+1): "v"}}
 		}, "meta.labels"},
 		"idempotency key too long": {func(r *capv1.JobRequest) {
-			r.Meta = &capv1.JobMetadata{IdempotencyKey: strings.Repeat("i", supervisor.MaxIdempotencyKey+1)}
+			r.Meta = &capv1.JobMetadata{IdempotencyKey: strings.Repeat("i", intake.MaxIdempotencyKey+1)}
 		}, "idempotency_key"},
 	}
 	for name, c := range cases {
 		r := base()
 		c.mutate(r)
-		err := supervisor.ValidateRequest(r)
-		if !errors.Is(err, supervisor.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+		err := intake.ValidateRequest(r)
+		if !errors.Is(err, intake.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v (want ErrInvalid naming %s)", name, err, c.says)
 		}
 	}
@@ -87,16 +87,16 @@ func FuzzDecodeAndValidate(f *testing.F) {
 			return
 		}
 		if req := pkt.GetJobRequest(); req != nil {
-			if err := supervisor.ValidateRequest(req); err != nil &&
-				(!errors.Is(err, supervisor.ErrInvalid) || err.Error() == "") {
+			if err := intake.ValidateRequest(req); err != nil &&
+				(!errors.Is(err, intake.ErrInvalid) || err.Error() == "") {
 				t.Fatalf("validation error not classified: %v", err)
 			}
 		}
 		if r := pkt.GetJobResult(); r != nil {
-			_ = supervisor.ValidateJobID(r.JobId)
+			_ = intake.ValidateJobID(r.JobId)
 		}
 		if hb := pkt.GetHeartbeat(); hb != nil {
-			_ = supervisor.ValidateWorkerID(hb.WorkerId)
+			_ = intake.ValidateWorkerID(hb.WorkerId)
 		}
 	})
 }

@@ -1,11 +1,13 @@
-package supervisor
+package intake
+
+import "github.com/troupe-run/troupe/supervisor"
 
 // Messages for many jobs at once.
 
 // TellLive delivers msg to every job actor live on this node.
 func (in *Intake) TellLive(msg interface{}) {
 	for _, shard := range in.Shards {
-		in.Env.Root.Send(shard, &TellLive{Msg: msg})
+		in.Env.Root.Send(shard, &supervisor.TellLive{Msg: msg})
 	}
 }
 

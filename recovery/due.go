@@ -1,4 +1,4 @@
-package supervisor
+package recovery
 
 import (
 	"context"
@@ -10,9 +10,21 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/core"
-
 	"github.com/troupe-run/troupe/store"
 )
+
+// Intake is what recovery needs of the node's intake (*intake.Intake): a way
+// to reach a job's actor through the job's shard. Recovery finds the jobs;
+// it never routes a message itself.
+type Intake interface {
+	// Wake asks the job's actor (spawning it) to activate the job.
+	Wake(jobID string)
+	// WakeOrphan wakes a job whose owner's lock lapsed at lapsedAt.
+	WakeOrphan(jobID string, lapsedAt time.Time)
+	// RememberParked hands job ids to their shards' memory of jobs parked
+	// here in DISPATCHED.
+	RememberParked(jobIDs []string)
+}
 
 // DuePoller wakes jobs whose due time has passed without their owner acting:
 // retries and deadlines of jobs whose node died, and approvals granted while
@@ -30,7 +42,7 @@ import (
 //     has none left.
 type DuePoller struct {
 	Store  *store.Store
-	Intake *Intake
+	Intake Intake
 	NodeID string
 	Log    *slog.Logger
 	// Every is the poll interval (default DuePollDefault).
@@ -50,31 +62,14 @@ type DuePoller struct {
 	adopted atomic.Int64 // parked jobs of dead nodes woken for adoption
 }
 
-// Adopted returns how many parked jobs of dead nodes this poller has woken
-// for adoption (each once per offer; an offer that did not take is repeated
-// DueRetryAfter later).
-func (p *DuePoller) Adopted() int64 { return p.adopted.Load() }
-
 // DuePoller defaults.
 const (
-	// DeadNodesPerTick bounds the dead nodes whose parked jobs one tick
-	// adopts (their jobs share the PerShard budget).
-	DeadNodesPerTick   = 8
 	DuePollDefault     = time.Second
 	DueSlackDefault    = 2 * time.Second
 	DuePerShardDefault = 64
 	// DueRetryAfter is how long a woken job's due entry is pushed back, so a
 	// wake that did not take (the owner is alive) is not repeated every tick.
 	DueRetryAfter = 5 * time.Second
-	// TrimEvery: the poller trims expired entries from terminal-state
-	// indexes every this many ticks, so transitions do not pay for it.
-	TrimEvery = 30
-	// TenantSlotGrace: a tenant slot is only repaired once it is this old,
-	// so a job admitted but not yet dispatched keeps it.
-	TenantSlotGrace = time.Minute
-	// DLQOutboxGrace: a DLQ entry is flushed from its job's outbox only
-	// once it is this old, so the writer that wrote it moves it first.
-	DLQOutboxGrace = 10 * time.Second
 )
 
 // Start runs the poller until Stop.
@@ -124,17 +119,10 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	ctx, cancel := context.WithTimeout(ctx, p.Every)
 	defer cancel()
 	now := time.Now()
-	// This node's own parked jobs whose deadline has come: no actor, no
-	// timer, and no other node may wake them (their lock is ours).
-	own, err := p.Store.ParkedDue(ctx, p.NodeID, now, now.Add(DueRetryAfter), p.PerShard)
-	if err != nil {
-		p.Log.Warn("parked poll failed", "err", err)
-	}
-	for _, id := range own {
-		p.Intake.Wake(id)
-	}
+	// Every node, lock or not: its own parked jobs whose deadline has come.
+	own := p.wakeOwnParked(ctx, now)
 	if !p.holdLock(ctx) {
-		return len(own)
+		return own
 	}
 	if p.ticks++; p.ticks%TrimEvery == 0 {
 		// Housekeeping after this tick's wakes, on its own budget: the
@@ -147,19 +135,12 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 		p.Log.Warn("due poll failed", "err", err)
 		return 0
 	}
-	// Jobs whose owner stopped renewing (it died): adopt them now rather
-	// than at their deadline or when their result happens to arrive.
-	orphans, err := p.Store.ExpiredLeases(ctx, now, now.Add(DueRetryAfter), p.PerShard)
-	if err != nil {
-		p.Log.Warn("lease poll failed", "err", err)
-	}
+	// Both sets are read before any wake, so a job in both is found by both.
+	orphans := p.orphanLeases(ctx, now)
 	for _, id := range ids {
 		p.Intake.Wake(id)
 	}
-	for _, o := range orphans {
-		p.Intake.WakeOrphan(o.JobID, o.LapsedAt)
-		ids = append(ids, o.JobID)
-	}
+	ids = p.wakeOrphans(orphans, ids)
 	for _, id := range p.adoptDeadNodes(ctx, now) {
 		p.Intake.Wake(id)
 		ids = append(ids, id)
@@ -168,80 +149,7 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if len(ids) > 0 {
 		p.Log.Debug("due jobs woken", "count", len(ids))
 	}
-	return len(ids) + len(own)
-}
-
-// adoptDeadNodes returns parked jobs of dead nodes to wake (and so adopt):
-// at most PerShard per shard over all dead nodes this tick.
-func (p *DuePoller) adoptDeadNodes(ctx context.Context, now time.Time) []string {
-	before := now.Add(-p.Store.LockTTL())
-	dead, err := p.Store.DeadNodes(ctx, before, DeadNodesPerTick)
-	if err != nil {
-		p.Log.Warn("node lease poll failed", "err", err)
-		return nil
-	}
-	var out []string
-	budget := p.PerShard
-	for _, d := range dead {
-		if d.Node == p.NodeID || budget <= 0 {
-			continue // our own lease lapsed: the renewer sets it again
-		}
-		if !d.Adopting {
-			ok, err := p.Store.StartAdoption(ctx, d.Node, before)
-			if err != nil {
-				p.Log.Warn("adoption not started", "dead_node", d.Node, "err", err)
-				continue
-			}
-			if !ok {
-				continue // it renewed its lease meanwhile
-			}
-			p.Log.Warn("node lease expired; adopting its parked jobs", "dead_node", d.Node,
-				"last_renewal", d.Renewed)
-		}
-		ids, err := p.Store.ParkedDue(ctx, d.Node, now, now.Add(DueRetryAfter), budget)
-		if err != nil {
-			p.Log.Warn("parked poll of a dead node failed", "dead_node", d.Node, "err", err)
-			continue
-		}
-		if len(ids) == 0 {
-			if n, err := p.Store.ParkedCount(ctx, d.Node); err == nil && n == 0 {
-				if err := p.Store.ForgetNode(ctx, d.Node, before); err == nil {
-					p.Log.Info("dead node's parked jobs all adopted", "dead_node", d.Node)
-				}
-			}
-			continue
-		}
-		p.adopted.Add(int64(len(ids)))
-		out = append(out, ids...)
-		// Shards drain unevenly; the budget is per shard, so what one node
-		// used of it is roughly its share.
-		budget -= (len(ids) + store.Shards - 1) / store.Shards
-	}
-	return out
-}
-
-// HousekeepTimeout bounds the index trim, the DLQ outbox flush and the
-// tenant slot repair.
-const HousekeepTimeout = 30 * time.Second
-
-func (p *DuePoller) housekeep(now time.Time) {
-	ctx, cancel := context.WithTimeout(context.Background(), HousekeepTimeout)
-	defer cancel()
-	if p.Store.Retention() > 0 { // kept forever: nothing to trim
-		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
-			p.Log.Warn("index trim failed", "err", err)
-		}
-	}
-	if n, err := p.Store.FlushDLQOutbox(ctx, DLQOutboxGrace, 500); err != nil {
-		p.Log.Warn("dlq outbox flush failed", "err", err, "moved", n)
-	} else if n > 0 {
-		p.Log.Info("dlq entries moved from outboxes (their writer stopped before it moved them)", "count", n)
-	}
-	if n, err := p.Store.RepairTenantSlots(ctx, TenantSlotGrace, 500); err != nil {
-		p.Log.Warn("tenant slot repair failed", "err", err, "given_back", n)
-	} else if n > 0 {
-		p.Log.Info("tenant slots given back", "count", n)
-	}
+	return len(ids) + own
 }
 
 // countStale sets troupe_stale_jobs{state} to the states of the jobs this

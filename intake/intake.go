@@ -1,4 +1,4 @@
-package supervisor
+package intake
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -20,6 +19,7 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/supervisor"
 )
 
 // Intake turns bus messages into actor messages. It runs on the JetStream
@@ -46,8 +46,8 @@ type Intake struct {
 }
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
-	shard := in.Shards[ShardFor(jobID, len(in.Shards))]
-	in.Env.Root.Send(shard, &Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
+	shard := in.Shards[supervisor.ShardFor(jobID, len(in.Shards))]
+	in.Env.Root.Send(shard, &supervisor.Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
 }
 
 // lastOffer dead-letters a message on its last delivery: JetStream drops
@@ -285,91 +285,14 @@ func (in *Intake) WakeOrphan(jobID string, lapsedAt time.Time) {
 }
 
 // RememberParked hands each job id to its shard's memory of parked
-// DISPATCHED jobs (see JobShard).
+// DISPATCHED jobs (see supervisor.JobShard).
 func (in *Intake) RememberParked(jobIDs []string) {
 	byShard := map[int][]string{}
 	for _, id := range jobIDs {
-		i := ShardFor(id, len(in.Shards))
+		i := supervisor.ShardFor(id, len(in.Shards))
 		byShard[i] = append(byShard[i], id)
 	}
 	for i, ids := range byShard {
-		in.Env.Root.Send(in.Shards[i], &RememberParked{JobIDs: ids})
+		in.Env.Root.Send(in.Shards[i], &supervisor.RememberParked{JobIDs: ids})
 	}
-}
-
-// HeaderKind names what a forwarded packet is (actors.ForwardResult or
-// actors.ForwardCancel).
-const HeaderKind = "Troupe-Kind"
-
-// Forward replies.
-const (
-	replyAck = "ack"
-	replyNak = "nak"
-)
-
-// ForwardTimeout bounds how long a node waits for the owner to take a
-// forwarded event; well under the JetStream ack wait, so the original
-// message is settled before it would be redelivered.
-const ForwardTimeout = 10 * time.Second
-
-// Forwarder returns the function job actors use to pass an event to the
-// node that owns its job.
-func Forwarder(nc *nats.Conn, subj bus.Subjects) func(owner, kind string, raw []byte) bool {
-	return func(owner, kind string, raw []byte) bool {
-		m := nats.NewMsg(subj.Inbox(owner))
-		m.Header.Set(HeaderKind, kind)
-		m.Data = raw
-		reply, err := nc.RequestMsg(m, ForwardTimeout)
-		return err == nil && string(reply.Data) == replyAck
-	}
-}
-
-// inboxDelivery answers a forwarded event's request instead of acking a
-// JetStream message: the forwarding node acks its own message on "ack".
-type inboxDelivery struct {
-	msg  *nats.Msg
-	once sync.Once
-}
-
-func (d *inboxDelivery) Ack() error {
-	d.once.Do(func() { _ = d.msg.Respond([]byte(replyAck)) })
-	return nil
-}
-
-func (d *inboxDelivery) NakWithDelay(time.Duration) error {
-	d.once.Do(func() { _ = d.msg.Respond([]byte(replyNak)) })
-	return nil
-}
-
-func (d *inboxDelivery) InProgress() error { return nil }
-
-// HandleInbox takes a result or cancel another replica forwarded to this
-// node, the owner of its job.
-func (in *Intake) HandleInbox(msg *nats.Msg) {
-	d := &inboxDelivery{msg: msg}
-	pkt, err := bus.Decode(msg.Data)
-	if err != nil {
-		in.Log.Warn("forwarded packet does not decode", "err", err)
-		_ = d.NakWithDelay(0)
-		return
-	}
-	if err := in.Signatures.check(inboxKind(msg.Header.Get(HeaderKind)), pkt, msg.Data); err != nil {
-		in.Log.Warn("forwarded packet rejected", "kind", msg.Header.Get(HeaderKind), "err", err)
-		_ = d.NakWithDelay(0)
-		return
-	}
-	switch msg.Header.Get(HeaderKind) {
-	case actors.ForwardResult:
-		if res := pkt.GetJobResult(); res != nil && ValidateJobID(res.JobId) == nil {
-			in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
-			return
-		}
-	case actors.ForwardCancel:
-		if cn := pkt.GetJobCancel(); cn != nil && ValidateJobID(cn.JobId) == nil {
-			in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
-			return
-		}
-	}
-	in.Log.Warn("forwarded packet ignored", "kind", msg.Header.Get(HeaderKind))
-	_ = d.NakWithDelay(0)
 }

@@ -1,0 +1,94 @@
+package intake
+
+import (
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/bus"
+)
+
+// The forwarding inbox. A job actor given a result or cancel for a job that
+// another node owns forwards it (Forwarder: a NATS request on the owner's
+// inbox subject); the JetStream message is acked only once the owner
+// answers that it took the event, and handed back otherwise. HandleInbox is
+// the owner's side: it checks the packet and hands it to the job's shard.
+
+// HeaderKind names what a forwarded packet is (actors.ForwardResult or
+// actors.ForwardCancel).
+const HeaderKind = "Troupe-Kind"
+
+// Forward replies.
+const (
+	replyAck = "ack"
+	replyNak = "nak"
+)
+
+// ForwardTimeout bounds how long a node waits for the owner to take a
+// forwarded event; well under the JetStream ack wait, so the original
+// message is settled before it would be redelivered.
+const ForwardTimeout = 10 * time.Second
+
+// Forwarder returns the function job actors use to pass an event to the
+// node that owns its job.
+func Forwarder(nc *nats.Conn, subj bus.Subjects) func(owner, kind string, raw []byte) bool {
+	return func(owner, kind string, raw []byte) bool {
+		m := nats.NewMsg(subj.Inbox(owner))
+		m.Header.Set(HeaderKind, kind)
+		m.Data = raw
+		reply, err := nc.RequestMsg(m, ForwardTimeout)
+		return err == nil && string(reply.Data) == replyAck
+	}
+}
+
+// inboxDelivery answers a forwarded event's request instead of acking a
+// JetStream message: the forwarding node acks its own message on "ack".
+type inboxDelivery struct {
+	msg  *nats.Msg
+	once sync.Once
+}
+
+func (d *inboxDelivery) Ack() error {
+	d.once.Do(func() { _ = d.msg.Respond([]byte(replyAck)) })
+	return nil
+}
+
+func (d *inboxDelivery) NakWithDelay(time.Duration) error {
+	d.once.Do(func() { _ = d.msg.Respond([]byte(replyNak)) })
+	return nil
+}
+
+func (d *inboxDelivery) InProgress() error { return nil }
+
+// HandleInbox takes a result or cancel another replica forwarded to this
+// node, the owner of its job.
+func (in *Intake) HandleInbox(msg *nats.Msg) {
+	d := &inboxDelivery{msg: msg}
+	pkt, err := bus.Decode(msg.Data)
+	if err != nil {
+		in.Log.Warn("forwarded packet does not decode", "err", err)
+		_ = d.NakWithDelay(0)
+		return
+	}
+	if err := in.Signatures.check(inboxKind(msg.Header.Get(HeaderKind)), pkt, msg.Data); err != nil {
+		in.Log.Warn("forwarded packet rejected", "kind", msg.Header.Get(HeaderKind), "err", err)
+		_ = d.NakWithDelay(0)
+		return
+	}
+	switch msg.Header.Get(HeaderKind) {
+	case actors.ForwardResult:
+		if res := pkt.GetJobResult(); res != nil && ValidateJobID(res.JobId) == nil {
+			in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
+			return
+		}
+	case actors.ForwardCancel:
+		if cn := pkt.GetJobCancel(); cn != nil && ValidateJobID(cn.JobId) == nil {
+			in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
+			return
+		}
+	}
+	in.Log.Warn("forwarded packet ignored", "kind", msg.Header.Get(HeaderKind))
+	_ = d.NakWithDelay(0)
+}
