@@ -25,6 +25,7 @@ func runNode(ctx context.Context, args []string) error {
 	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
 	workerLostGrace := fs.Duration("worker-lost-grace", 0, "how long a job started on a worker that was evicted waits for the worker's answer before it ends FAILED worker_lost (default 60s; negative: its running deadline decides)")
 	unknownHold := fs.Duration("unknown-hold", 0, "how long a result or cancel for a job with no record waits for a replica to recreate the record before it is dead-lettered (default 30s; negative: at once)")
+	pprofListen := fs.String("pprof-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (\"\": off)")
 	streamReplicas := fs.Int("stream-replicas", 1,
 		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
 	var pf policyFlags
@@ -81,6 +82,12 @@ func runNode(ctx context.Context, args []string) error {
 	if err := node.Start(ctx); err != nil {
 		return err
 	}
+	_, stopPprof, err := startPprof(*pprofListen, log)
+	if err != nil {
+		_ = node.Stop(context.Background())
+		return err
+	}
+	defer stopPprof()
 	stopAdmin, err := af.start(node, log)
 	if err != nil {
 		_ = node.Stop(context.Background())
