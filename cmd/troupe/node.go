@@ -23,6 +23,7 @@ func runNode(ctx context.Context, args []string) error {
 	lockTTL := fs.Duration("lock-ttl", 0, "job lock TTL (default 60s); a dead node's jobs are adopted 1–2 TTLs after it dies")
 	resendAfter := fs.Duration("resend-after", 0, "how long a job directly dispatched to a deduping worker may wait for a sign of arrival before the dispatch is repeated (default 5s; negative: never)")
 	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
+	otlp := fs.String("otlp-endpoint", "", "OTLP/gRPC receiver for job traces: host:port or http://host:port (plaintext), https://host:port (TLS) (default OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off)")
 	streamReplicas := fs.Int("stream-replicas", 1,
 		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
 	var pf policyFlags
@@ -35,6 +36,7 @@ func runNode(ctx context.Context, args []string) error {
 		return err
 	}
 	log := c.logger()
+	otelErrorsTo(log)
 	reg := prometheus.NewRegistry()
 	conn, err := c.conns()
 	if err != nil {
@@ -71,7 +73,7 @@ func runNode(ctx context.Context, args []string) error {
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: conn.NATS, RedisURL: conn.RedisURL, RedisAuth: conn.Redis,
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
-		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier})
+		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp})
 	if err != nil {
 		return err
 	}
