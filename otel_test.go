@@ -206,7 +206,7 @@ func TestJobSpanContinuesTheClientsTraceWithAStateSpanPerStateAndTheWorkerGetsTh
 
 	jobs, states := recv.jobSpans("job-otel")
 	if len(jobs) != 1 {
-		t.Fatalf("%d job spans, want 1 (spans received: %d)", len(jobs), len(recv.spans))
+		t.Fatalf("%d job spans, want 1 (%d state spans)", len(jobs), len(states))
 	}
 	job := jobs[0]
 	if got := hex.EncodeToString(job.GetTraceId()); got != clientTraceID {
