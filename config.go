@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/internal/connect"
@@ -189,6 +190,21 @@ type Config struct {
 	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
 	// Retention, Log, Metrics and Origin. Off installs no middleware at all.
 	JobTrace jobtrace.Config
+
+	// TracerProvider, when set, receives an OpenTelemetry span per job
+	// activation and per state the job passes through (README, "Tracing
+	// with OpenTelemetry"); the node does not shut it down. Build it with
+	// sdktrace.WithIDGenerator(tracing.IDGenerator()) so a job whose client
+	// sent a CAP trace id but no traceparent keeps that trace id.
+	TracerProvider trace.TracerProvider
+	// OTLPEndpoint, when TracerProvider is nil, makes the node export those
+	// spans over OTLP/gRPC to this receiver ("host:port" or
+	// "http://host:port": plaintext; "https://host:port": TLS), flushing
+	// them in Stop. Empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_ENDPOINT, when set, turns export on the same way
+	// (with the other OTEL_EXPORTER_OTLP_* settings); otherwise tracing is
+	// off and costs the job path nothing.
+	OTLPEndpoint string
 
 	// Logger receives the node's logs (default slog.Default()).
 	Logger *slog.Logger

@@ -82,6 +82,8 @@ type Node struct {
 	snap          *router.SnapshotWriter
 
 	unsign []func() // releases the node's bus.SignAs registrations
+	// stopTracer flushes and shuts down the OTLP exporter the node owns.
+	stopTracer func(context.Context) error
 
 	stopOnce sync.Once
 }
@@ -339,6 +341,10 @@ func (n *Node) Start(ctx context.Context) error {
 		defer n.bg.Done()
 		n.waiters.poll(n.stopProbe, n.store)
 	}()
+	jobSpans, err := n.startTracing(ctx)
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
 	n.env = (&actors.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
@@ -350,7 +356,7 @@ func (n *Node) Start(ctx context.Context) error {
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
-		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended,
+		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -654,6 +660,7 @@ func (n *Node) Stop(ctx context.Context) error {
 		if n.renewer != nil {
 			n.renewer.Stop()
 		}
+		n.stopTracing(ctx)
 		for _, release := range n.unsign {
 			release()
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/tracing"
 )
 
 // Defaults for Env fields left zero.
@@ -166,6 +167,11 @@ type Env struct {
 	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
 	Backoff func(attempt int) time.Duration
 
+	// Tracing, when set, gives every job OpenTelemetry spans (package
+	// tracing; see JobActor's trace hooks). Nil: tracing is off, and a job
+	// actor makes no call and no allocation for it.
+	Tracing *tracing.Tracer
+
 	// core is what the job's decision core knows of the node (WithDefaults).
 	core *lifecycle.Config
 }
@@ -231,7 +237,7 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		WorkerLostGrace: max(e.WorkerLostGrace, 0),
 		Direct:          func(subject, worker string) bool { return subject == e.Subjects.Worker(worker) },
 		Output:          e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
-		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug),
+		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug), Trace: e.Tracing != nil,
 	}
 	if e.Keys != nil {
 		cfg.IdemKey, cfg.TenantKey = e.Keys.Idempotency, e.Keys.TenantActive

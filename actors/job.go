@@ -16,6 +16,7 @@ import (
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/tracing"
 )
 
 // JobActor owns one job while it is in flight: one supervised actor per
@@ -49,6 +50,9 @@ type JobActor struct {
 	job *lifecycle.Job
 	// timer is the job's one timer on the node's wheel.
 	timer TimerRef
+	// trace is the job's OpenTelemetry spans (nil: tracing off); see
+	// tracing.go in this package.
+	trace *jobSpans
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -69,21 +73,34 @@ func (a *JobActor) Receive(c actor.Context) {
 		a.id = jobIDFromPID(c)
 		a.job = lifecycle.New(a.env.core, a.id, rand.Uint64())
 		a.env.Metrics.LiveActors.Inc()
+		if a.env.Tracing != nil {
+			a.trace = newJobSpans(a.env.Tracing, a.id, a.env.Metrics)
+		}
 	case *actor.Stopping:
 		a.step(c, &lifecycle.Stopping{})
 	case *actor.Stopped:
 		a.env.Metrics.LiveActors.Dec()
+		if a.trace != nil {
+			a.trace.end(tracing.EndStopped)
+		}
 		// protoactor's child set keeps a stopped child's PID (and through
 		// it the actor) reachable until the slot is reused: drop what the
 		// actor references so that costs a struct, not the job.
-		a.job, a.timer = nil, nil
+		a.job, a.timer, a.trace = nil, nil, nil
 	case *actor.Restarting:
 		a.env.Metrics.LiveActors.Dec() // Started follows and counts it again
 		a.step(c, &lifecycle.Restarting{})
+		if a.trace != nil {
+			a.trace.end(tracing.EndRestarted)
+		}
 	case *Crash:
 		crash(m)
 	case actor.SystemMessage, actor.AutoReceiveMessage:
 	default:
+		if a.trace != nil {
+			a.stepTraced(c, m)
+			return
+		}
 		a.step(c, m)
 	}
 }
@@ -118,6 +135,10 @@ func (a *JobActor) Count(m lifecycle.Metric, label string) {
 	a.env.Metrics.count(lifecycle.Count{M: m, Label: label}, a.env.Output)
 }
 func (a *JobActor) Observe(m lifecycle.Metric, v float64) {
+	if a.trace != nil {
+		a.trace.observe(lifecycle.Observe{M: m, Value: v})
+		return
+	}
 	a.env.Metrics.observe(lifecycle.Observe{M: m, Value: v})
 }
 
@@ -199,6 +220,9 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.Forward:
 		a.forward(e)
 	case lifecycle.Finish:
+		if a.trace != nil {
+			a.trace.finish(a.job.State, e.Parked)
+		}
 		c.Send(c.Parent(), &Finished{JobID: a.id, PID: c.Self(), Parked: e.Parked, Running: e.Running,
 			Redeliver: e.Redeliver})
 	case lifecycle.Redeliver:
@@ -214,7 +238,15 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.Count:
 		env.Metrics.count(e, env.Output)
 	case lifecycle.Observe:
-		env.Metrics.observe(e)
+		if a.trace != nil {
+			a.trace.observe(e)
+		} else {
+			env.Metrics.observe(e)
+		}
+	case lifecycle.Moved:
+		a.traceMoved(e)
+	case lifecycle.Resumed:
+		a.traceResumed(e)
 	}
 	return nil
 }
@@ -268,9 +300,16 @@ func checkBounded(policy safety.InputPolicy, preq *capv1.PolicyCheckRequest,
 // not be published is reported back to the core.
 func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 	j := a.job
-	data, err := bus.EncodeRequest(j.TraceID, a.env.NodeID, j.Req)
+	req := j.Req
+	if a.trace != nil {
+		req = a.trace.request(req)
+	}
+	data, err := bus.EncodeRequest(j.TraceID, a.env.NodeID, req)
 	if err == nil {
 		err = a.env.Publish(e.Subject, data)
+	}
+	if a.trace != nil && err == nil {
+		a.trace.dispatched(j.Worker, e.Subject, e.Resend)
 	}
 	switch {
 	case err != nil && e.Resend:

@@ -140,12 +140,36 @@ func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
 
 // observe records a value in the histogram the core names.
 func (m *Metrics) observe(o lifecycle.Observe) {
-	switch o.M {
-	case lifecycle.MActivationDelay:
-		m.ActivationDelay.Observe(o.Value)
-	case lifecycle.MDispatchLatency:
-		m.DispatchLatency.Observe(o.Value)
-	case lifecycle.MAdoptionLatency:
-		m.AdoptionLatency.Observe(o.Value)
+	if h := m.histogram(o.M); h != nil {
+		h.Observe(o.Value)
 	}
+}
+
+// observeTraced is observe with an exemplar naming the job's span (trace
+// and span id, hex), so a slow bucket leads to the trace that landed in it.
+// Exemplars are exposed to scrapers that ask for OpenMetrics. Empty
+// traceID: a plain observation.
+func (m *Metrics) observeTraced(o lifecycle.Observe, traceID, spanID string) {
+	h := m.histogram(o.M)
+	if h == nil {
+		return
+	}
+	if eo, ok := h.(prometheus.ExemplarObserver); ok && traceID != "" {
+		eo.ObserveWithExemplar(o.Value, prometheus.Labels{"trace_id": traceID, "span_id": spanID})
+		return
+	}
+	h.Observe(o.Value)
+}
+
+// histogram is the histogram the core names (nil: none).
+func (m *Metrics) histogram(metric lifecycle.Metric) prometheus.Histogram {
+	switch metric {
+	case lifecycle.MActivationDelay:
+		return m.ActivationDelay
+	case lifecycle.MDispatchLatency:
+		return m.DispatchLatency
+	case lifecycle.MAdoptionLatency:
+		return m.AdoptionLatency
+	}
+	return nil
 }

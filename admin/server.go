@@ -295,7 +295,11 @@ func (s *Server) routes() http.Handler {
 	// A workflow's steps may belong to several tenants: all-tenant keys only.
 	api("GET /v1/sagas/{id}", allTenants, s.getSaga)
 
-	metrics := promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
+	// OpenMetrics for scrapers that ask for it: the only format that
+	// carries exemplars (the job latency histograms' trace ids, when tracing
+	// is on).
+	metrics := promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		EnableOpenMetrics: true})
 	if s.cfg.MetricsNeedKey {
 		mux.Handle("GET /metrics", s.authenticated(allTenants, metrics))
 	} else {

@@ -25,6 +25,7 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/signing"
+	"github.com/troupe-run/troupe/tracing"
 )
 
 // HeartbeatDefault is the CAP SDKs' heartbeat interval.
@@ -435,7 +436,10 @@ func (w *Worker) run(trace string, req *capv1.JobRequest) {
 		stop(nil)
 	}()
 	start := time.Now()
-	res := w.cfg.Handler(ctx, req)
+	// The span Troupe named in the request's traceparent (the job's
+	// DISPATCHED span) is the remote parent in ctx: a handler that starts
+	// OpenTelemetry spans from ctx continues the job's trace.
+	res := w.cfg.Handler(tracing.ContextFromRequest(ctx, req), req)
 	if errors.Is(context.Cause(ctx), errCancelled) {
 		return // stopped by its cancel: no answer (see onCancel)
 	}

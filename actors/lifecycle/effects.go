@@ -118,6 +118,25 @@ type Finish struct {
 // Terminal: the job's terminal state is durable (waiters may be told).
 type Terminal struct{}
 
+// Moved: a write that changes the job's state applied: the job went from
+// From through each hop of Path, in order. Created: the write created the
+// job's record, so the job began PENDING (submitted) before Path (which is
+// then empty for a plain create). Emitted only with Config.Trace (the
+// node's OpenTelemetry spans follow it), before the effects the write owed.
+type Moved struct {
+	From    core.State
+	Path    []store.Hop
+	Created bool
+}
+
+// Resumed: an activation found the job's record, written earlier by
+// another actor of the job (parked, passivated, or on another node): the
+// job is in State, entered for Reason. Emitted only with Config.Trace.
+type Resumed struct {
+	State  core.State
+	Reason core.Reason
+}
+
 // Redeliver hands events that reached a job after it parked back to the
 // supervisor, for the job's next actor.
 type Redeliver struct{ Msgs []any }
@@ -192,6 +211,8 @@ func (Forward) effect()           {}
 func (Finish) effect()            {}
 func (Redeliver) effect()         {}
 func (Terminal) effect()          {}
+func (Moved) effect()             {}
+func (Resumed) effect()           {}
 func (Grace) effect()             {}
 func (Log) effect()               {}
 func (Count) effect()             {}

@@ -115,6 +115,9 @@ type Config struct {
 	Direct func(subject, worker string) bool
 	// Debug: emit the debug log lines (each costs its arguments).
 	Debug bool
+	// Trace: emit Moved and Resumed effects, for the node's OpenTelemetry
+	// spans (off: neither is built).
+	Trace bool
 }
 
 // Inputs are the facts of the moment an event is handled, and the node's

@@ -68,6 +68,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		if plan != nil {
 			j.LastReason = plan.Path[len(plan.Path)-1].Reason
 		}
+		j.moved(plan)
 		if plan == nil || plan.LockKept() {
 			j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
 		}
@@ -93,6 +94,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			j.created = j.now()
 			j.State, j.Fence = r.State, r.Fence
 			j.LastReason = plan.Path[len(plan.Path)-1].Reason
+			j.moved(plan)
 			if plan.LockKept() {
 				j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
 			}
@@ -107,6 +109,9 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		j.observe(MActivationDelay, j.firstEvent)
 		j.State, j.Fence = r.State, r.Fence
 		j.LastReason = core.Reason(r.Fields["reason"])
+		if j.cfg.Trace {
+			j.emit(Resumed{State: j.State, Reason: j.LastReason})
+		}
 		j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
 		j.adopt(r.Fields)
 		j.dropPick() // the plan's pick, if any, is not used
@@ -154,6 +159,19 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		}
 		j.unknownJob()
 	}
+}
+
+// moved reports, for tracing, that an activation created the job's record
+// with plan (nil: a plain create) applied.
+func (j *Job) moved(plan *store.Transition) {
+	if !j.cfg.Trace {
+		return
+	}
+	m := Moved{Created: true}
+	if plan != nil {
+		m.Path = plan.Path
+	}
+	j.emit(m)
 }
 
 // hold records that the job owns its lock and registers it for renewal.

@@ -225,6 +225,9 @@ func (j *Job) transitioned(p *pending, r *store.Result) {
 	if j.cfg.Debug {
 		j.log(debug, "job state", "topic", j.topic(), "from", j.State, "to", to, "reason", t.Path[len(t.Path)-1].Reason)
 	}
+	if j.cfg.Trace {
+		j.emit(Moved{From: j.State, Path: t.Path})
+	}
 	j.State = to
 	j.LastReason = t.Path[len(t.Path)-1].Reason
 	if !t.LockKept() {

@@ -32,6 +32,7 @@ func runDev(ctx context.Context, args []string) error {
 	jobs := fs.Int("jobs", 5, "demo jobs to submit")
 	exit := fs.Bool("exit", false, "exit after the demo jobs finish instead of serving until interrupted")
 	poolsFile := fs.String("pools", "", "pools.yaml (default: the built-in demo routing)")
+	otlp := fs.String("otlp-endpoint", "", "OTLP/gRPC receiver for job traces: host:port or http://host:port (plaintext), https://host:port (TLS) (default OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off)")
 	var af adminFlags
 	af.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -41,6 +42,7 @@ func runDev(ctx context.Context, args []string) error {
 		c.logLevel = "warn" // the demo prints job paths; keep the log quiet
 	}
 	log := c.logger()
+	otelErrorsTo(log)
 
 	fmt.Println("troupe dev: starting embedded NATS (JetStream) and an embedded Redis-protocol store…")
 	ns, err := devStart(devNATSAddr, embedded.StartNATSAt)
@@ -67,7 +69,7 @@ func runDev(ctx context.Context, args []string) error {
 	// something; TROUPE_JOB_TRACE=off turns it off.
 	node, err := troupe.NewNode(troupe.Config{NodeID: "dev-node", NATSURL: ns.URL(), RedisURL: rs.URL(),
 		Pools: pools, Policy: safety.AllowAll{}, Logger: log,
-		JobTrace: jobtrace.Config{Enabled: os.Getenv("TROUPE_JOB_TRACE") == ""}})
+		JobTrace: jobtrace.Config{Enabled: os.Getenv("TROUPE_JOB_TRACE") == ""}, OTLPEndpoint: *otlp})
 	if err != nil {
 		return err
 	}

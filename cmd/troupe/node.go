@@ -26,6 +26,7 @@ func runNode(ctx context.Context, args []string) error {
 	workerLostGrace := fs.Duration("worker-lost-grace", 0, "how long a job started on a worker that was evicted waits for the worker's answer before it ends FAILED worker_lost (default 60s; negative: its running deadline decides)")
 	unknownHold := fs.Duration("unknown-hold", 0, "how long a result or cancel for a job with no record waits for a replica to recreate the record before it is dead-lettered (default 30s; negative: at once)")
 	pprofListen := fs.String("pprof-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (\"\": off)")
+	otlp := fs.String("otlp-endpoint", "", "OTLP/gRPC receiver for job traces: host:port or http://host:port (plaintext), https://host:port (TLS) (default OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off)")
 	streamReplicas := fs.Int("stream-replicas", 1,
 		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
 	var pf policyFlags
@@ -38,6 +39,7 @@ func runNode(ctx context.Context, args []string) error {
 		return err
 	}
 	log := c.logger()
+	otelErrorsTo(log)
 	reg := prometheus.NewRegistry()
 	conn, err := c.conns()
 	if err != nil {
@@ -75,7 +77,7 @@ func runNode(ctx context.Context, args []string) error {
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
 		WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold,
-		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier})
+		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp})
 	if err != nil {
 		return err
 	}
