@@ -80,21 +80,15 @@ func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, 
 // lost them.
 func (s *Store) runShards(ctx context.Context, script *redis.Script, key func(shard int) string,
 	cutoff, next time.Time, perShard int) ([]*redis.Cmd, error) {
-	run := func() ([]*redis.Cmd, error) {
-		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, Shards)
-		for i := 0; i < Shards; i++ {
-			cmds[i] = script.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
-		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
+	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
+		return []redis.Cmder{script.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())}
+	})
+	if err != nil {
+		return nil, err
 	}
-	cmds, err := run()
-	if err != nil && noScriptCmds(cmds) {
-		if lerr := s.LoadScripts(ctx); lerr != nil {
-			return nil, lerr
-		}
-		cmds, _ = run()
+	cmds := make([]*redis.Cmd, Shards)
+	for i, it := range items {
+		cmds[i] = it.cmds[0].(*redis.Cmd)
 	}
 	return cmds, nil
 }
@@ -150,23 +144,21 @@ func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason
 // TrimTerminal drops entries older than before from every shard's
 // terminal-state indexes (their records have expired by then). One pipeline.
 func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, Shards)
-	for i := 0; i < Shards; i++ {
+	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
 		var keys []string
 		for _, st := range core.AllStates {
 			if st.Terminal() {
 				keys = append(keys, s.keys.Index(i, string(st)))
 			}
 		}
-		cmds[i] = trimScript.EvalSha(ctx, pipe, keys, before.UnixMilli())
+		return []redis.Cmder{trimScript.EvalSha(ctx, pipe, keys, before.UnixMilli())}
+	})
+	if err != nil {
+		return 0, err
 	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && noScriptCmds(cmds) {
-		if lerr := s.LoadScripts(ctx); lerr != nil {
-			return 0, lerr
-		}
-		return s.TrimTerminal(ctx, before)
+	cmds := make([]*redis.Cmd, Shards)
+	for i, it := range items {
+		cmds[i] = it.cmds[0].(*redis.Cmd)
 	}
 	var n int64
 	for _, c := range cmds {

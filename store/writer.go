@@ -409,30 +409,16 @@ func (w *Writer) exec(batch []*Op) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	results := make([]*Result, len(batch))
-	pending := batch
-	for attempt := 0; attempt < 2 && len(pending) > 0; attempt++ {
-		pipe := w.s.rdb.Pipeline()
-		for _, op := range pending {
-			w.s.queue(ctx, pipe, op)
+	items, loadErr := w.s.sendScripts(ctx, len(batch), func(pipe redis.Pipeliner, i int) []redis.Cmder {
+		w.s.queue(ctx, pipe, batch[i])
+		return batch[i].cmds
+	})
+	for i, op := range batch {
+		if loadErr != nil && noScript(op.cmds) {
+			results[i] = &Result{Err: loadErr}
+			continue
 		}
-		_, err := pipe.Exec(ctx)
-		var retry []*Op
-		for _, op := range pending {
-			if noScript(op.cmds) && attempt == 0 {
-				retry = append(retry, op)
-				continue
-			}
-			results[indexOf(batch, op)] = w.s.decode(op, err)
-		}
-		if len(retry) > 0 {
-			if lerr := w.s.LoadScripts(ctx); lerr != nil {
-				for _, op := range retry {
-					results[indexOf(batch, op)] = &Result{Err: lerr}
-				}
-				retry = nil
-			}
-		}
-		pending = retry
+		results[i] = w.s.decode(op, items[i].err)
 	}
 	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
@@ -440,29 +426,6 @@ func (w *Writer) exec(batch []*Op) {
 		op.Done(results[i])
 	}
 }
-
-func indexOf(batch []*Op, op *Op) int {
-	for i, o := range batch {
-		if o == op {
-			return i
-		}
-	}
-	panic("store: op not in batch")
-}
-
-func noScript(cmds []redis.Cmder) bool {
-	for _, c := range cmds {
-		if isNoScript(c.Err()) {
-			return true
-		}
-	}
-	return false
-}
-
-// isNoScript reports whether err is Redis's NOSCRIPT: an EVALSHA of a
-// script its cache lost (a restart, SCRIPT FLUSH); LoadScripts and a retry
-// fix it.
-func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // queue adds op's commands to pipe.
 func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
