@@ -34,7 +34,7 @@ type Orphan struct {
 // each lease to next so a job is offered again only if nobody adopts it.
 // One pipeline for all shards.
 func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]Orphan, error) {
-	cmds, err := s.runShards(ctx, dueScoresScript, s.keys.Leases, cutoff, next, perShard)
+	cmds, err := s.runShards(ctx, true, s.keys.Leases, cutoff, next, perShard)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perSh
 
 // popDue runs dueScript over the sorted set key(shard) of every shard.
 func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, next time.Time, perShard int) ([]string, error) {
-	cmds, err := s.runShards(ctx, dueScript, key, cutoff, next, perShard)
+	cmds, err := s.runShards(ctx, false, key, cutoff, next, perShard)
 	if err != nil {
 		return nil, err
 	}
@@ -75,13 +75,14 @@ func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, 
 	return out, nil
 }
 
-// runShards runs a due script (dueScript or dueScoresScript) over the sorted
-// set key(shard) of every shard in one pipeline, loading the scripts if Redis
-// lost them.
-func (s *Store) runShards(ctx context.Context, script *redis.Script, key func(shard int) string,
+// runShards runs dueScript (dueScoresScript if withScores) over the sorted
+// set key(shard) of every shard in one pipeline, loading the scripts if
+// Redis lost them.
+func (s *Store) runShards(ctx context.Context, withScores bool, key func(shard int) string,
 	cutoff, next time.Time, perShard int) ([]*redis.Cmd, error) {
 	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
-		return []redis.Cmder{script.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())}
+		return []redis.Cmder{evalSha(ctx, pipe, dueCall{withScores: withScores, setKey: key(i),
+			cutoffMs: cutoff.UnixMilli(), limit: perShard, laterMs: next.UnixMilli()})}
 	})
 	if err != nil {
 		return nil, err
@@ -151,7 +152,7 @@ func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, erro
 				keys = append(keys, s.keys.Index(i, string(st)))
 			}
 		}
-		return []redis.Cmder{trimScript.EvalSha(ctx, pipe, keys, before.UnixMilli())}
+		return []redis.Cmder{evalSha(ctx, pipe, trimCall{indexKeys: keys, beforeMs: before.UnixMilli()})}
 	})
 	if err != nil {
 		return 0, err

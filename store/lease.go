@@ -59,7 +59,8 @@ func (s *Store) StartAdoption(ctx context.Context, node string, before time.Time
 			k := s.keys.Parked(i, node)
 			return []redis.Cmder{pipe.ZUnionStore(ctx, k, &redis.ZStore{Keys: []string{k}, Weights: []float64{0}})}
 		}
-		return []redis.Cmder{deadNodeScript.EvalSha(ctx, pipe, []string{s.keys.Nodes()}, node, before.UnixMilli(), leaseAdoptingScore)}
+		return []redis.Cmder{evalSha(ctx, pipe, deadNodeCall{nodesKey: s.keys.Nodes(), node: node,
+			beforeMs: before.UnixMilli(), mark: strconv.Itoa(leaseAdoptingScore)})}
 	})
 	if err != nil {
 		return false, err
@@ -77,7 +78,8 @@ func (s *Store) StartAdoption(ctx context.Context, node string, before time.Time
 // ForgetNode removes a dead node with no parked jobs left from the nodes
 // set, unless it renewed its lease since before.
 func (s *Store) ForgetNode(ctx context.Context, node string, before time.Time) error {
-	err := deadNodeScript.Run(ctx, s.rdb, []string{s.keys.Nodes()}, node, before.UnixMilli(), "forget").Err()
+	err := runScript(ctx, s.rdb, deadNodeCall{nodesKey: s.keys.Nodes(), node: node, beforeMs: before.UnixMilli(),
+		mark: "forget"}).Err()
 	if err != nil {
 		return fmt.Errorf("store: forget node %s: %w", node, err)
 	}

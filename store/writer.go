@@ -464,21 +464,21 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		args = appendPath(args, op.T, outbox)
 		op.cmds = append(op.cmds, transitionScript.EvalSha(ctx, pipe, keys, args...))
 	case OpRelease:
-		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe,
-			[]string{keys[2], k.Leases(Shard(op.JobID))}, op.LockValue, op.JobID))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, releaseCall{lockKey: k.Lock(op.JobID),
+			leasesKey: k.Leases(Shard(op.JobID)), lockValue: op.LockValue, jobID: op.JobID}))
 	case OpPark:
 		sh := Shard(op.JobID)
-		op.cmds = append(op.cmds, parkScript.EvalSha(ctx, pipe,
-			[]string{keys[2], k.Leases(sh), k.Parked(sh, op.Node), k.Alive(sh, op.Node), k.Due(sh)},
-			op.LockValue, op.JobID, parkDue(op.ParkDue), s.cfg.LockTTL.Milliseconds()))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, parkCall{lockKey: k.Lock(op.JobID), leasesKey: k.Leases(sh),
+			parkedKey: k.Parked(sh, op.Node), aliveKey: k.Alive(sh, op.Node), dueKey: k.Due(sh),
+			lockValue: op.LockValue, jobID: op.JobID, dueMs: parkDue(op.ParkDue), leaseTTLMs: s.cfg.LockTTL.Milliseconds()}))
 	case OpClaim:
 		ttl := int64(op.IdemTTL / time.Second)
 		if ttl <= 0 {
 			ttl = int64(RetentionDefault / time.Second)
 		}
-		op.cmds = append(op.cmds, claimScript.EvalSha(ctx, pipe, []string{op.IdemKey}, op.JobID, ttl))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, claimCall{idemKey: op.IdemKey, jobID: op.JobID, ttlS: ttl}))
 	case OpAdmit:
-		op.cmds = append(op.cmds, admitScript.EvalSha(ctx, pipe, []string{op.TenantKey}, op.JobID, op.Limit, now))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, admitCall{activeKey: op.TenantKey, jobID: op.JobID, limit: op.Limit, nowMs: now}))
 		if _, known := s.tenants.Load(op.TenantKey); !known {
 			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
 		}
