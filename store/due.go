@@ -124,8 +124,8 @@ var (
 // it due now. hash, when set, must equal the job hash recorded when approval
 // was requested (so an approver's view of the job is the job that runs).
 func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason, hash string) error {
-	v, err := approveScript.Run(ctx, s.rdb, []string{s.keys.Job(jobID)}, string(d), by, reason, hash,
-		time.Now().UnixMilli(), s.keys.Tag(jobID), jobID).StringSlice()
+	v, err := runScript(ctx, s.rdb, approveCall{jobKey: s.keys.Job(jobID), dueKey: s.keys.Due(Shard(jobID)),
+		decision: string(d), by: by, reason: reason, hash: hash, nowMs: time.Now().UnixMilli(), jobID: jobID}).StringSlice()
 	if err != nil {
 		return fmt.Errorf("store: decide %s: %w", jobID, err)
 	}

@@ -276,13 +276,12 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, r.interval)
 	_, _ = r.s.sendScripts(cctx, len(calls), func(pipe redis.Pipeliner, i int) []redis.Cmder {
 		c := calls[i]
-		sh := Shard(c.items[0].id)
-		args := make([]interface{}, 0, 3+2*len(c.items))
-		args = append(args, ttl, leaseUntil, r.s.keys.tags[sh])
-		for _, it := range c.items {
-			args = append(args, it.id, it.h.value)
+		rc := renewManyCall{leasesKey: r.s.keys.Leases(Shard(c.items[0].id)), ttlMs: ttl, leaseUntilMs: leaseUntil,
+			locks: make([]renewedLock, len(c.items))}
+		for j, it := range c.items {
+			rc.locks[j] = renewedLock{jobID: it.id, lockKey: r.s.keys.Lock(it.id), lockValue: it.h.value}
 		}
-		calls[i].cmd = renewManyScript.EvalSha(cctx, pipe, []string{r.s.keys.Leases(sh)}, args...)
+		calls[i].cmd = evalSha(cctx, pipe, rc)
 		r.calls.Add(1)
 		return []redis.Cmder{calls[i].cmd}
 	})

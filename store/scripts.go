@@ -192,26 +192,81 @@ func (admitCall) script() *redis.Script { return admitScript }
 func (c admitCall) keys() []string      { return []string{c.activeKey} }
 func (c admitCall) args() []interface{} { return []interface{}{c.jobID, c.limit, c.nowMs} }
 
-// renewManyScript renews many live locks of one shard in one call: each
-// lock (and its lease) is extended only if the caller still holds it.
-// KEYS: leases. ARGV: ttl_ms, lease_until_ms, shard_tag, then job_id,
-// lock_value pairs. Returns per pair 1 (renewed), 0 (another holder) or -1
-// (no lock at all: it expired, or Redis lost its data).
+// renewManyScript (lua/renew_many.lua) renews many live locks of one shard,
+// and their leases, in one call.
 var renewManyScript = luaScript("renew_many")
 
-// approveScript records a human decision on a job that waits for one, and
-// makes the job due now so a replica wakes it.
-// KEYS: job. ARGV: decision (approved|rejected), by, reason, hash, now_ms,
-// shard_tag, job_id. Returns {status, detail}: OK, NOTFOUND,
-// STATE (not APPROVAL_REQUIRED; detail = state), HASH (hash differs; detail = stored hash).
+// renewManyCall renews locks, all of one shard.
+type renewManyCall struct {
+	leasesKey    string
+	ttlMs        int64
+	leaseUntilMs int64
+	locks        []renewedLock
+}
+
+// renewedLock is one lock of a renewManyCall.
+type renewedLock struct {
+	jobID, lockKey, lockValue string
+}
+
+func (renewManyCall) script() *redis.Script { return renewManyScript }
+func (c renewManyCall) keys() []string {
+	keys := make([]string, 0, 1+len(c.locks))
+	keys = append(keys, c.leasesKey)
+	for _, l := range c.locks {
+		keys = append(keys, l.lockKey)
+	}
+	return keys
+}
+func (c renewManyCall) args() []interface{} {
+	args := make([]interface{}, 0, 2+2*len(c.locks))
+	args = append(args, c.ttlMs, c.leaseUntilMs)
+	for _, l := range c.locks {
+		args = append(args, l.jobID, l.lockValue)
+	}
+	return args
+}
+
+// approveScript (lua/approve.lua) records a human decision on a job that
+// waits for one, and makes the job due now.
 var approveScript = luaScript("approve")
 
-// downgradeScript moves a SUCCEEDED job to OUTPUT_QUARANTINED — the one
-// exit from a terminal state — only if it is still SUCCEEDED. A terminal job
-// holds no lock; the compare-and-set on its state is the ownership check.
-// KEYS: job, hist. ARGV: now_ms, reason, node, shard_tag, job_id, field,
-// value, ... Returns {status, state}: OK or CONFLICT.
+type approveCall struct {
+	jobKey, dueKey             string
+	decision, by, reason, hash string
+	nowMs                      int64
+	jobID                      string
+}
+
+func (approveCall) script() *redis.Script { return approveScript }
+func (c approveCall) keys() []string      { return []string{c.jobKey, c.dueKey} }
+func (c approveCall) args() []interface{} {
+	return []interface{}{c.decision, c.by, c.reason, c.hash, c.nowMs, c.jobID}
+}
+
+// downgradeScript (lua/downgrade.lua) moves a SUCCEEDED job to
+// OUTPUT_QUARANTINED if it is still SUCCEEDED.
 var downgradeScript = luaScript("downgrade")
+
+type downgradeCall struct {
+	jobKey, histKey, fromIndexKey, toIndexKey string
+	nowMs                                     int64
+	reason, node, jobID                       string
+	fields                                    []string // field, value, ...
+}
+
+func (downgradeCall) script() *redis.Script { return downgradeScript }
+func (c downgradeCall) keys() []string {
+	return []string{c.jobKey, c.histKey, c.fromIndexKey, c.toIndexKey}
+}
+func (c downgradeCall) args() []interface{} {
+	args := make([]interface{}, 0, 4+len(c.fields))
+	args = append(args, c.nowMs, c.reason, c.node, c.jobID)
+	for _, f := range c.fields {
+		args = append(args, f)
+	}
+	return args
+}
 
 var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript, renewScript,
 	approveScript, claimScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}

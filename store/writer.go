@@ -483,11 +483,10 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
 		}
 	case OpDowngrade:
-		args := []interface{}{now, string(op.T.Path[0].Reason), op.Node, k.Tag(op.JobID), op.JobID}
-		for _, f := range op.T.Fields {
-			args = append(args, f)
-		}
-		op.cmds = append(op.cmds, downgradeScript.EvalSha(ctx, pipe, keys[:2], args...))
+		sh := Shard(op.JobID)
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID), histKey: k.History(op.JobID),
+			fromIndexKey: k.Index(sh, string(core.StateSucceeded)), toIndexKey: k.Index(sh, string(core.StateOutputQuarantined)),
+			nowMs: now, reason: string(op.T.Path[0].Reason), node: op.Node, jobID: op.JobID, fields: op.T.Fields}))
 	case OpDLQ:
 		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
 	}
