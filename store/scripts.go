@@ -1,69 +1,201 @@
 package store
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Every write that changes a job's state is one of these scripts, so a
-// transition is a single atomic compare-and-set. All keys a script touches
-// share the job's hash tag (see Keys), which keeps each script on one Redis
-// Cluster node. The shard's index and due-set names are built inside the
-// script from the shard's tag; they carry the same tag, so they live in the
-// same slot.
-//
-// History entries are "unix_ms|from|to|reason|node".
+// transition is a single atomic compare-and-set. Each script's file under
+// lua/ says what it does, its KEYS and its ARGV. Every key a script touches
+// is in its KEYS, and all the keys of one call share one Redis Cluster hash
+// slot: a job's keys and its shard's sets carry the shard's hash tag (see
+// Keys), and the global keys (the nodes set, an idempotency key, a tenant's
+// active set, a lease) are each a script's only key. The DLQ scripts' two
+// keys share the stream's slot (Keys.DLQMark).
 
-// activateScript takes a job's lock and reports its state. When the job does
-// not exist and the caller asks for it, the script creates it and applies the
-// caller's plan — the first decision about the job (for example PENDING →
-// SCHEDULED → DISPATCHED to a chosen worker) — in the same call, so the happy
-// path costs one script to create and dispatch and one to finish.
-//
-// KEYS: job, hist, lock
-// ARGV: node, now_ms, lock_ttl_ms, create(0|1), shard_tag, job_id, topic,
-//
-//	tenant, trace_id, request(bytes), rescue_at_ms, lock_after
-//	(keep|release|terminal), due_ms (0 = rescue_at, -1 none, >0 set),
-//	retention_s, n, then n pairs (to, reason), then the shard writes
-//	(see shardWritesLua), then field, value, ...
-//
-// A created job with no due time of its own is due at rescue_at: every live
-// job has a due entry from its first moment, so a job whose actor or node
-// dies before it records a wait of its own is still woken by the due poller.
-//
-// A lock is "<node>|<fence>" with a TTL (renewed by its node), or
-// "<node>|<fence>|p" with none: a parked job's lock, held through the node's
-// lease (the key "<tag>alive:<node>", see Keys.Alive). A parked lock of a
-// node whose lease has expired is free: activating it adopts the job. Any
-// activation of a parked job takes it out of its node's parked set and puts
-// its deadline back in the due set.
-//
-// Returns {status, state, fence, holder, field, value, ...} with status one of
-// CREATED (state = where the plan left it), ADOPTED (holder = the lock value
-// before, so the caller sees whether the job was parked; the record's fields
-// follow), BUSY (another node holds the lock), TERMINAL (no lock taken),
-// NOTFOUND. A job that is terminal or missing loses its due entry: nothing
-// will ever wait for it.
+// activateScript (lua/activate.lua) takes a job's lock and reports its
+// state; it creates a missing job when asked, and applies the caller's plan
+// to it in the same call.
 var activateScript = luaScript("activate", "shard_writes")
 
-// transitionScript moves a job along a path of states in one atomic step,
+// activateCall is a call of activateScript.
+type activateCall struct {
+	jobKey, histKey, lockKey, dueKey, leasesKey string
+	// indexKey is the shard's index of the state the plan ends in.
+	indexKey string
+	// ownerAliveKey and ownerParkedKey are parkedOwner's lease and parked
+	// set in the job's shard.
+	ownerAliveKey, ownerParkedKey string
+
+	node        string
+	nowMs       int64
+	lockTTLMs   int64
+	create      bool
+	jobID       string
+	topic       string
+	tenant      string
+	traceID     string
+	request     []byte
+	rescueAtMs  int64
+	lockAfter   string // keep, release or terminal
+	dueMs       int64  // 0: the rescue time; -1: none; > 0: this time
+	retentionS  int64
+	parkedOwner string
+	plan        planArgs
+}
+
+func (activateCall) script() *redis.Script { return activateScript }
+func (c activateCall) keys() []string {
+	return append([]string{c.jobKey, c.histKey, c.lockKey, c.dueKey, c.leasesKey, c.indexKey,
+		c.ownerAliveKey, c.ownerParkedKey}, c.plan.writeKeys()...)
+}
+func (c activateCall) args() []interface{} {
+	create := "0"
+	if c.create {
+		create = "1"
+	}
+	args := make([]interface{}, 0, 14+c.plan.argCount())
+	args = append(args, c.node, c.nowMs, c.lockTTLMs, create, c.jobID, c.topic, c.tenant, c.traceID, c.request,
+		c.rescueAtMs, c.lockAfter, c.dueMs, c.retentionS, c.parkedOwner)
+	return c.plan.appendArgs(args)
+}
+
+// activateParkedBy is the status activateScript answers, changing nothing,
+// when another node than the call's parkedOwner parked the job's lock.
+const activateParkedBy = "PARKED_BY"
+
+// transitionScript (lua/transition.lua) moves a job along a path of states,
 // only if it is in one of the expected states and only while the caller's
-// lock value ("<node>|<fence>") is the current one.
-//
-// KEYS: job, hist, lock
-// ARGV: lock_value, node, expected (comma-separated states), now_ms,
-//
-//	shard_tag, job_id, lock_after (keep|release|terminal), retention_s,
-//	due_ms (0 keep, -1 clear, >0 set), n, then n pairs (to, reason), then
-//	the shard writes made in the same step (saga records and triggers; see
-//	shardWritesLua), then field, value, ...
-//
-// Returns {status, state_before} with status OK, FENCED (lock value differs:
-// this owner is stale; then state_before is the lock's value, and the
-// record's "op" field and state follow), NOTFOUND or CONFLICT (state not
-// expected; then a third element: the record's "op" field, the identity of
-// the write that put it there — see Transition.Op). The "op" field tells a
-// retried write whether its first try applied: a write that released the
-// lock (a terminal one) is FENCED when tried again.
+// lock value is the current one.
 var transitionScript = luaScript("transition", "shard_writes")
+
+// transitionCall is a call of transitionScript.
+type transitionCall struct {
+	jobKey, histKey, lockKey, dueKey, leasesKey string
+	// toIndexKey is the shard's index of the last hop's state;
+	// fromIndexKeys the shard's index of each state of expected, in order.
+	toIndexKey    string
+	fromIndexKeys []string
+
+	lockValue  string
+	node       string
+	expected   string // comma-separated states (see Expect)
+	nowMs      int64
+	jobID      string
+	lockAfter  string // keep, release or terminal
+	retentionS int64
+	dueMs      int64 // 0: kept; -1: cleared; > 0: this time
+	plan       planArgs
+}
+
+func (transitionCall) script() *redis.Script { return transitionScript }
+func (c transitionCall) keys() []string {
+	keys := make([]string, 0, 6+len(c.fromIndexKeys)+c.plan.writeCount())
+	keys = append(keys, c.jobKey, c.histKey, c.lockKey, c.dueKey, c.leasesKey, c.toIndexKey)
+	keys = append(keys, c.fromIndexKeys...)
+	return append(keys, c.plan.writeKeys()...)
+}
+func (c transitionCall) args() []interface{} {
+	args := make([]interface{}, 0, 8+c.plan.argCount())
+	args = append(args, c.lockValue, c.node, c.expected, c.nowMs, c.jobID, c.lockAfter, c.retentionS, c.dueMs)
+	return c.plan.appendArgs(args)
+}
+
+// expectedStates splits a Transition's Expect as transitionScript does
+// (the runs of characters between commas, empty ones skipped), so the
+// script's n-th expected state has the n-th index key.
+func expectedStates(expect string) []string {
+	return strings.FieldsFunc(expect, func(r rune) bool { return r == ',' })
+}
+
+// planArgs is what a Transition gives activateCall and transitionCall: its
+// hops, its writes in the job's shard and its record fields (see
+// lua/lib/shard_writes.lua for how the scripts read them).
+type planArgs struct {
+	t *Transition // nil: no hops, no writes, no fields
+	// tag is the job's shard's tag, which each write's Suffix follows.
+	tag string
+	// extra, when set, is one more sorted-set write after t.Adds (the
+	// DLQ outbox's).
+	extra *ShardZAdd
+}
+
+// adds returns the plan's sorted-set writes, in order. Without t there are
+// none, extra included.
+func (p planArgs) adds() []ShardZAdd {
+	if p.t == nil {
+		return nil
+	}
+	adds := p.t.Adds
+	if p.extra != nil {
+		adds = append(adds[:len(adds):len(adds)], *p.extra)
+	}
+	return adds
+}
+
+func (p planArgs) sets() []ShardHSet {
+	if p.t == nil {
+		return nil
+	}
+	return p.t.Sets
+}
+
+// writeCount is the number of the plan's write keys.
+func (p planArgs) writeCount() int { return len(p.adds()) + len(p.sets()) }
+
+// writeKeys returns the key of each write: the sorted sets', then the
+// hashes'.
+func (p planArgs) writeKeys() []string {
+	adds, sets := p.adds(), p.sets()
+	keys := make([]string, 0, len(adds)+len(sets))
+	for _, a := range adds {
+		keys = append(keys, p.tag+a.Suffix)
+	}
+	for _, h := range sets {
+		keys = append(keys, p.tag+h.Suffix)
+	}
+	return keys
+}
+
+// argCount is how many arguments appendArgs adds, at most.
+func (p planArgs) argCount() int {
+	if p.t == nil {
+		return 3
+	}
+	return 5 + 2*len(p.t.Path) + 4*len(p.adds()) + 3*len(p.t.Sets) + len(p.t.Fields)
+}
+
+// appendArgs adds "n, (to, reason)×n, m, (score, member, trim_below,
+// ttl_ms)×m, h, (field, value, ttl_ms)×h, field, value, ..." to args; the
+// fields end with "op", t.Op when t.Op is set.
+func (p planArgs) appendArgs(args []interface{}) []interface{} {
+	if p.t == nil {
+		return append(args, 0, 0, 0)
+	}
+	t := p.t
+	args = append(args, len(t.Path))
+	for _, h := range t.Path {
+		args = append(args, string(h.To), string(h.Reason))
+	}
+	adds := p.adds()
+	args = append(args, len(adds))
+	for _, a := range adds {
+		args = append(args, a.Score, a.Member, a.TrimBelow, a.TTL.Milliseconds())
+	}
+	args = append(args, len(t.Sets))
+	for _, h := range t.Sets {
+		args = append(args, h.Field, h.Value, h.TTL.Milliseconds())
+	}
+	for _, f := range t.Fields {
+		args = append(args, f)
+	}
+	if t.Op != "" {
+		args = append(args, "op", t.Op)
+	}
+	return args
+}
 
 // releaseScript (lua/release.lua) gives a job's lock up, and its lease,
 // if the caller still holds the lock.
