@@ -400,5 +400,8 @@ func (c downgradeCall) args() []interface{} {
 	return args
 }
 
+// allScripts are the scripts LoadScripts loads: those sent with EVALSHA in
+// pipelines. The DLQ scripts go with EVAL, and the lease scripts with
+// Script.Run, which needs no prior load.
 var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript, renewScript,
 	approveScript, claimScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}
