@@ -101,68 +101,51 @@ func (e *DLQEntry) values() ([]interface{}, int64) {
 	return vs, n
 }
 
-// dlqAddScript appends an entry to the DLQ stream and keeps the stream
-// within its byte budget. Every entry records its own size ("bytes") and
-// the running total of sizes up to and including it ("cum", carried from
-// the newest entry), so the bytes held from any entry to the newest are a
-// subtraction: the script drops (XTRIM MINID) the oldest entries until
-// what is left, newest included, fits the budget. One key, so it runs on a
-// Redis Cluster; an entry without "cum" (written before the budget
-// existed) counts as 0 and goes first once the budget is spent. Each call
-// looks at no more than 1,000 of the oldest entries: a lowered budget is
-// reached over a few calls, not in one long one.
-//
-// KEYS: dlq. ARGV: max entries, byte budget, entry bytes, then field,
-// value pairs. Returns the entry's id.
-var dlqAddScript = redis.NewScript("local A = ARGV\n" + dlqAddLua)
+// dlqAddScript (lua/dlq_add.lua) appends an entry to the DLQ stream and
+// keeps the stream within its byte budget; dlqAppendScript
+// (lua/dlq_append.lua) does the same for an entry moved from a job's DLQ
+// outbox, once however often it is moved. Both run the shared dlqWrite
+// (lua/lib/dlq_write.lua), and both go with EVAL: a DLQ entry is rare, and
+// EVAL gets no NOSCRIPT reply.
+var (
+	dlqAddScript    = luaScript("dlq_add", "dlq_write")
+	dlqAppendScript = luaScript("dlq_append", "dlq_write")
+)
 
-// dlqAddLua is dlqAddScript's body over A (its arguments), shared with
-// dlqAppendScript.
-const dlqAddLua = `
-local function num(e, name)
-  local f = e[2]
-  for i = 1, #f, 2 do
-    if f[i] == name then return tonumber(f[i+1]) or 0 end
-  end
-  return 0
-end
-local size = tonumber(A[3])
-local cum = size
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last > 0 then cum = cum + num(last[1], 'cum') end
-local add = {'XADD', KEYS[1], 'MAXLEN', '~', A[1], '*'}
-for i = 4, #A do add[#add+1] = A[i] end
-add[#add+1] = 'bytes'
-add[#add+1] = string.format('%d', size)
-add[#add+1] = 'cum'
-add[#add+1] = string.format('%d', cum)
-local id = redis.call(unpack(add))
-local floor = cum - tonumber(A[2])
-if floor <= 0 then return id end
--- Keep the oldest entry whose running total exceeds floor, and all after it.
-local start = '-'
-for round = 1, 10 do
-  local es = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 100)
-  for i, e in ipairs(es) do
-    if num(e, 'cum') > floor then
-      redis.call('XTRIM', KEYS[1], 'MINID', e[1])
-      return id
-    end
-  end
-  if #es < 100 then break end
-  start = es[#es][1]
-end
-if start ~= '-' then redis.call('XTRIM', KEYS[1], 'MINID', start) end
-return id
-`
+type dlqAddCall struct {
+	dlqKey string
+	// maxLen is the stream's approximate MAXLEN, budget its byte budget,
+	// size the entry's bytes.
+	maxLen, budget, size int64
+	fields               []interface{} // the entry's field, value pairs
+}
+
+func (dlqAddCall) script() *redis.Script { return dlqAddScript }
+func (c dlqAddCall) keys() []string      { return []string{c.dlqKey} }
+func (c dlqAddCall) args() []interface{} {
+	return append([]interface{}{c.maxLen, c.budget, c.size}, c.fields...)
+}
+
+type dlqAppendCall struct {
+	dlqKey, markKey string
+	markTTLS        int64
+	// As in dlqAddCall.
+	maxLen, budget, size int64
+	fields               []interface{}
+}
+
+func (dlqAppendCall) script() *redis.Script { return dlqAppendScript }
+func (c dlqAppendCall) keys() []string      { return []string{c.dlqKey, c.markKey} }
+func (c dlqAppendCall) args() []interface{} {
+	return append([]interface{}{c.markTTLS, c.maxLen, c.budget, c.size}, c.fields...)
+}
 
 func (s *Store) addDLQ(ctx context.Context, c redis.Scripter, e *DLQEntry) redis.Cmder {
 	vs, n := e.values()
-	args := append([]interface{}{s.cfg.DLQMaxLen, s.cfg.DLQMaxBytes, n}, vs...)
-	// Eval, not EvalSha: the entry may go in a writer's pipeline, where a
-	// NOSCRIPT could not be retried; the script is short and DLQ writes
-	// are rare.
-	return dlqAddScript.Eval(ctx, c, []string{s.keys.DLQ()}, args...)
+	// EVAL, not EVALSHA: the entry may go in a writer's pipeline among the
+	// ops of other jobs; the script is short and DLQ writes are rare.
+	return evalScript(ctx, c, dlqAddCall{dlqKey: s.keys.DLQ(), maxLen: s.cfg.DLQMaxLen, budget: s.cfg.DLQMaxBytes,
+		size: n, fields: vs})
 }
 
 // AddDLQ records e in the DLQ stream.
@@ -265,8 +248,8 @@ func decodeOutbox(member string) (*outboxEntry, error) {
 // DLQ stream.
 func (s *Store) appendOutboxed(ctx context.Context, pipe redis.Pipeliner, o *outboxEntry) *redis.Cmd {
 	vs, n := o.E.values()
-	args := append([]interface{}{int64(DLQMarkTTL / time.Second), s.cfg.DLQMaxLen, s.cfg.DLQMaxBytes, n}, vs...)
-	return dlqAppendScript.Eval(ctx, pipe, []string{s.keys.DLQ(), s.keys.DLQMark(o.ID)}, args...)
+	return evalScript(ctx, pipe, dlqAppendCall{dlqKey: s.keys.DLQ(), markKey: s.keys.DLQMark(o.ID),
+		markTTLS: int64(DLQMarkTTL / time.Second), maxLen: s.cfg.DLQMaxLen, budget: s.cfg.DLQMaxBytes, size: n, fields: vs})
 }
 
 // FlushDLQOutbox moves to the DLQ stream the outboxed entries (see above)

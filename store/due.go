@@ -34,7 +34,7 @@ type Orphan struct {
 // each lease to next so a job is offered again only if nobody adopts it.
 // One pipeline for all shards.
 func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]Orphan, error) {
-	cmds, err := s.runShards(ctx, dueScoresScript, s.keys.Leases, cutoff, next, perShard)
+	cmds, err := s.runShards(ctx, true, s.keys.Leases, cutoff, next, perShard)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perSh
 
 // popDue runs dueScript over the sorted set key(shard) of every shard.
 func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, next time.Time, perShard int) ([]string, error) {
-	cmds, err := s.runShards(ctx, dueScript, key, cutoff, next, perShard)
+	cmds, err := s.runShards(ctx, false, key, cutoff, next, perShard)
 	if err != nil {
 		return nil, err
 	}
@@ -75,26 +75,21 @@ func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, 
 	return out, nil
 }
 
-// runShards runs a due script (dueScript or dueScoresScript) over the sorted
-// set key(shard) of every shard in one pipeline, loading the scripts if Redis
-// lost them.
-func (s *Store) runShards(ctx context.Context, script *redis.Script, key func(shard int) string,
+// runShards runs dueScript (dueScoresScript if withScores) over the sorted
+// set key(shard) of every shard in one pipeline, loading the scripts if
+// Redis lost them.
+func (s *Store) runShards(ctx context.Context, withScores bool, key func(shard int) string,
 	cutoff, next time.Time, perShard int) ([]*redis.Cmd, error) {
-	run := func() ([]*redis.Cmd, error) {
-		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, Shards)
-		for i := 0; i < Shards; i++ {
-			cmds[i] = script.EvalSha(ctx, pipe, []string{key(i)}, cutoff.UnixMilli(), perShard, next.UnixMilli())
-		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
+	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
+		return []redis.Cmder{evalSha(ctx, pipe, dueCall{withScores: withScores, setKey: key(i),
+			cutoffMs: cutoff.UnixMilli(), limit: perShard, laterMs: next.UnixMilli()})}
+	})
+	if err != nil {
+		return nil, err
 	}
-	cmds, err := run()
-	if err != nil && noScriptCmds(cmds) {
-		if lerr := s.LoadScripts(ctx); lerr != nil {
-			return nil, lerr
-		}
-		cmds, _ = run()
+	cmds := make([]*redis.Cmd, Shards)
+	for i, it := range items {
+		cmds[i] = it.cmds[0].(*redis.Cmd)
 	}
 	return cmds, nil
 }
@@ -129,8 +124,8 @@ var (
 // it due now. hash, when set, must equal the job hash recorded when approval
 // was requested (so an approver's view of the job is the job that runs).
 func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason, hash string) error {
-	v, err := approveScript.Run(ctx, s.rdb, []string{s.keys.Job(jobID)}, string(d), by, reason, hash,
-		time.Now().UnixMilli(), s.keys.Tag(jobID), jobID).StringSlice()
+	v, err := runScript(ctx, s.rdb, approveCall{jobKey: s.keys.Job(jobID), dueKey: s.keys.Due(Shard(jobID)),
+		decision: string(d), by: by, reason: reason, hash: hash, nowMs: time.Now().UnixMilli(), jobID: jobID}).StringSlice()
 	if err != nil {
 		return fmt.Errorf("store: decide %s: %w", jobID, err)
 	}
@@ -150,23 +145,21 @@ func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason
 // TrimTerminal drops entries older than before from every shard's
 // terminal-state indexes (their records have expired by then). One pipeline.
 func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, Shards)
-	for i := 0; i < Shards; i++ {
+	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
 		var keys []string
 		for _, st := range core.AllStates {
 			if st.Terminal() {
 				keys = append(keys, s.keys.Index(i, string(st)))
 			}
 		}
-		cmds[i] = trimScript.EvalSha(ctx, pipe, keys, before.UnixMilli())
+		return []redis.Cmder{evalSha(ctx, pipe, trimCall{indexKeys: keys, beforeMs: before.UnixMilli()})}
+	})
+	if err != nil {
+		return 0, err
 	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && noScriptCmds(cmds) {
-		if lerr := s.LoadScripts(ctx); lerr != nil {
-			return 0, lerr
-		}
-		return s.TrimTerminal(ctx, before)
+	cmds := make([]*redis.Cmd, Shards)
+	for i, it := range items {
+		cmds[i] = it.cmds[0].(*redis.Cmd)
 	}
 	var n int64
 	for _, c := range cmds {

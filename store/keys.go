@@ -53,8 +53,8 @@ func (k *Keys) History(jobID string) string { return k.tags[Shard(jobID)] + "his
 // Lock is the job's ownership lock: value "<node>|<fence>", with a TTL.
 func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:" + jobID }
 
-// Tag is the key prefix of jobID's shard ("<prefix>{NN}:"). Lua scripts
-// build the shard's index and due-set names from it.
+// Tag is the key prefix of jobID's shard ("<prefix>{NN}:"). A key of the
+// shard is the tag followed by a suffix (see ShardZAdd).
 func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }
 
 // Due is the sorted set of shard's jobs that wait for a time (a retry, a

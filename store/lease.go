@@ -52,21 +52,26 @@ func (s *Store) StartAdoption(ctx context.Context, node string, before time.Time
 	if err != nil || still >= float64(before.UnixMilli()) {
 		return false, ignoreNil(err)
 	}
-	pipe := s.rdb.Pipeline()
-	for i := 0; i < Shards; i++ {
-		k := s.keys.Parked(i, node)
-		pipe.ZUnionStore(ctx, k, &redis.ZStore{Keys: []string{k}, Weights: []float64{0}})
-	}
-	mark := deadNodeScript.EvalSha(ctx, pipe, []string{s.keys.Nodes()}, node, before.UnixMilli(), leaseAdoptingScore)
-	if _, err := pipe.Exec(ctx); err != nil {
-		if noScriptCmds([]*redis.Cmd{mark}) {
-			if lerr := s.LoadScripts(ctx); lerr != nil {
-				return false, lerr
-			}
-			return s.StartAdoption(ctx, node, before)
+	// Items 0 to Shards-1 rescore the parked sets; item Shards marks the
+	// node. Only the mark is a script, so only it is sent again after a
+	// NOSCRIPT.
+	items, err := s.sendScripts(ctx, Shards+1, func(pipe redis.Pipeliner, i int) []redis.Cmder {
+		if i < Shards {
+			k := s.keys.Parked(i, node)
+			return []redis.Cmder{pipe.ZUnionStore(ctx, k, &redis.ZStore{Keys: []string{k}, Weights: []float64{0}})}
 		}
-		return false, fmt.Errorf("store: start adoption of %s: %w", node, err)
+		return []redis.Cmder{evalSha(ctx, pipe, deadNodeCall{nodesKey: s.keys.Nodes(), node: node,
+			beforeMs: before.UnixMilli(), mark: strconv.Itoa(leaseAdoptingScore)})}
+	})
+	if err != nil {
+		return false, err
 	}
+	for _, it := range items {
+		if err := it.cmds[0].Err(); err != nil {
+			return false, fmt.Errorf("store: start adoption of %s: %w", node, err)
+		}
+	}
+	mark := items[Shards].cmds[0].(*redis.Cmd)
 	n, _ := mark.Int64()
 	return n == 1, nil
 }
@@ -74,7 +79,8 @@ func (s *Store) StartAdoption(ctx context.Context, node string, before time.Time
 // ForgetNode removes a dead node with no parked jobs left from the nodes
 // set, unless it renewed its lease since before.
 func (s *Store) ForgetNode(ctx context.Context, node string, before time.Time) error {
-	err := deadNodeScript.Run(ctx, s.rdb, []string{s.keys.Nodes()}, node, before.UnixMilli(), "forget").Err()
+	err := runScript(ctx, s.rdb, deadNodeCall{nodesKey: s.keys.Nodes(), node: node, beforeMs: before.UnixMilli(),
+		mark: "forget"}).Err()
 	if err != nil {
 		return fmt.Errorf("store: forget node %s: %w", node, err)
 	}

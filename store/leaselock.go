@@ -17,42 +17,39 @@ import (
 // between the two.) Each script touches its one key, so it runs anywhere in
 // a Redis Cluster.
 
+// takeLeaseScript (lua/take_lease.lua) takes a free lease or extends the
+// owner's own; renewLeaseScript (lua/renew_lease.lua) extends it and
+// releaseLeaseScript (lua/release_lease.lua) deletes it, each only if the
+// owner holds it.
 var (
-	// takeLeaseScript: KEYS: lease. ARGV: owner, ttl_ms. Returns 1 if the
-	// owner holds the lease now (it was free, or already the owner's: then
-	// extended), 0 if another owner holds it.
-	takeLeaseScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0`)
-	// renewLeaseScript: compare and PEXPIRE. KEYS: lease. ARGV: owner,
-	// ttl_ms. Returns 1 if extended.
-	renewLeaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0`)
-	// releaseLeaseScript: compare and DEL. KEYS: lease. ARGV: owner.
-	// Returns 1 if deleted.
-	releaseLeaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0`)
+	takeLeaseScript    = luaScript("take_lease")
+	renewLeaseScript   = luaScript("renew_lease")
+	releaseLeaseScript = luaScript("release_lease")
 )
+
+// leaseCall is a call of one of the lease scripts. ttl is not sent to
+// releaseLeaseScript, which takes none.
+type leaseCall struct {
+	sc       *redis.Script
+	leaseKey string
+	owner    string
+	ttl      time.Duration
+}
+
+func (c leaseCall) script() *redis.Script { return c.sc }
+func (c leaseCall) keys() []string        { return []string{c.leaseKey} }
+func (c leaseCall) args() []interface{} {
+	if c.sc == releaseLeaseScript {
+		return []interface{}{c.owner}
+	}
+	return []interface{}{c.owner, c.ttl.Milliseconds()}
+}
 
 // TakeLease makes owner the holder of the lease key for ttl if nobody holds
 // it, or extends it if owner holds it already, and reports whether owner
 // holds it.
 func TakeLease(ctx context.Context, rdb redis.Scripter, key, owner string, ttl time.Duration) (bool, error) {
-	n, err := takeLeaseScript.Run(ctx, rdb, []string{key}, owner, ttl.Milliseconds()).Int()
+	n, err := runScript(ctx, rdb, leaseCall{sc: takeLeaseScript, leaseKey: key, owner: owner, ttl: ttl}).Int()
 	if err != nil {
 		return false, fmt.Errorf("store: take lease %s: %w", key, err)
 	}
@@ -62,7 +59,7 @@ func TakeLease(ctx context.Context, rdb redis.Scripter, key, owner string, ttl t
 // RenewLease extends the lease key to ttl if owner holds it, and reports
 // whether it did.
 func RenewLease(ctx context.Context, rdb redis.Scripter, key, owner string, ttl time.Duration) (bool, error) {
-	n, err := renewLeaseScript.Run(ctx, rdb, []string{key}, owner, ttl.Milliseconds()).Int()
+	n, err := runScript(ctx, rdb, leaseCall{sc: renewLeaseScript, leaseKey: key, owner: owner, ttl: ttl}).Int()
 	if err != nil {
 		return false, fmt.Errorf("store: renew lease %s: %w", key, err)
 	}
@@ -72,7 +69,7 @@ func RenewLease(ctx context.Context, rdb redis.Scripter, key, owner string, ttl 
 // ReleaseLease deletes the lease key if owner holds it, and reports whether
 // it did.
 func ReleaseLease(ctx context.Context, rdb redis.Scripter, key, owner string) (bool, error) {
-	n, err := releaseLeaseScript.Run(ctx, rdb, []string{key}, owner).Int()
+	n, err := runScript(ctx, rdb, leaseCall{sc: releaseLeaseScript, leaseKey: key, owner: owner}).Int()
 	if err != nil {
 		return false, fmt.Errorf("store: release lease %s: %w", key, err)
 	}

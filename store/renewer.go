@@ -273,31 +273,18 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	}
 	ttl := r.s.cfg.LockTTL.Milliseconds()
 	leaseUntil := time.Now().Add(2 * r.s.cfg.LockTTL).UnixMilli()
-	send := func(cctx context.Context) {
-		pipe := r.s.rdb.Pipeline()
-		for i := range calls {
-			c := calls[i]
-			sh := Shard(c.items[0].id)
-			args := make([]interface{}, 0, 3+2*len(c.items))
-			args = append(args, ttl, leaseUntil, r.s.keys.tags[sh])
-			for _, it := range c.items {
-				args = append(args, it.id, it.h.value)
-			}
-			calls[i].cmd = renewManyScript.EvalSha(cctx, pipe, []string{r.s.keys.Leases(sh)}, args...)
-		}
-		r.calls.Add(uint64(len(calls)))
-		_, _ = pipe.Exec(cctx)
-	}
 	cctx, cancel := context.WithTimeout(ctx, r.interval)
-	send(cctx)
-	cmds := make([]*redis.Cmd, len(calls))
-	for i := range calls {
-		cmds[i] = calls[i].cmd
-	}
-	if noScriptCmds(cmds) {
-		_ = r.s.LoadScripts(cctx)
-		send(cctx)
-	}
+	_, _ = r.s.sendScripts(cctx, len(calls), func(pipe redis.Pipeliner, i int) []redis.Cmder {
+		c := calls[i]
+		rc := renewManyCall{leasesKey: r.s.keys.Leases(Shard(c.items[0].id)), ttlMs: ttl, leaseUntilMs: leaseUntil,
+			locks: make([]renewedLock, len(c.items))}
+		for j, it := range c.items {
+			rc.locks[j] = renewedLock{jobID: it.id, lockKey: r.s.keys.Lock(it.id), lockValue: it.h.value}
+		}
+		calls[i].cmd = evalSha(cctx, pipe, rc)
+		r.calls.Add(1)
+		return []redis.Cmder{calls[i].cmd}
+	})
 	cancel()
 
 	type lostLock struct {
@@ -343,13 +330,4 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	for _, l := range lost {
 		l.f(l.vanished)
 	}
-}
-
-func noScriptCmds(cmds []*redis.Cmd) bool {
-	for _, c := range cmds {
-		if isNoScript(c.Err()) {
-			return true
-		}
-	}
-	return false
 }

@@ -218,6 +218,11 @@ type Op struct {
 	Done func(*Result)
 
 	cmds []redis.Cmder
+	// parkedOwner, when parkedOwnerKnown, is the node whose alive key and
+	// parked set an OpActivate passes (activateCall.parkedOwner); else it
+	// passes its own node's. A PARKED_BY reply sets it (see exec).
+	parkedOwner      string
+	parkedOwnerKnown bool
 	// outbox is DLQ as its outbox holds it, encoded once so a retry of the
 	// op writes (and moves) the same entry.
 	outbox     string
@@ -405,42 +410,47 @@ func (w *Writer) loop() {
 	}
 }
 
+// activateSends bounds how often exec sends one activation: a PARKED_BY
+// reply (the job's lock is parked by a node the call did not name) sends it
+// again naming that node, which normally settles it; a lock that changes
+// hands while parked between every send ends it with an error.
+const activateSends = 3
+
 func (w *Writer) exec(batch []*Op) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	results := make([]*Result, len(batch))
 	pending := batch
-	for attempt := 0; attempt < 2 && len(pending) > 0; attempt++ {
-		pipe := w.s.rdb.Pipeline()
-		for _, op := range pending {
-			w.s.queue(ctx, pipe, op)
-		}
-		_, err := pipe.Exec(ctx)
-		var retry []*Op
-		for _, op := range pending {
-			if noScript(op.cmds) && attempt == 0 {
-				retry = append(retry, op)
+	for send := 1; len(pending) > 0; send++ {
+		items, loadErr := w.s.sendScripts(ctx, len(pending), func(pipe redis.Pipeliner, i int) []redis.Cmder {
+			w.s.queue(ctx, pipe, pending[i])
+			return pending[i].cmds
+		})
+		var again []*Op
+		for i, op := range pending {
+			if loadErr != nil && noScript(op.cmds) {
+				results[indexOf(batch, op)] = &Result{Err: loadErr}
 				continue
 			}
-			results[indexOf(batch, op)] = w.s.decode(op, err)
-		}
-		if len(retry) > 0 {
-			if lerr := w.s.LoadScripts(ctx); lerr != nil {
-				for _, op := range retry {
-					results[indexOf(batch, op)] = &Result{Err: lerr}
-				}
-				retry = nil
+			if owner, ok := parkedBy(op); ok && send < activateSends {
+				op.parkedOwner, op.parkedOwnerKnown = owner, true
+				again = append(again, op)
+				continue
 			}
+			results[indexOf(batch, op)] = w.s.decode(op, items[i].err)
 		}
-		pending = retry
+		pending = again
 	}
 	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
 		op.cmds = nil
+		op.parkedOwner, op.parkedOwnerKnown = "", false
 		op.Done(results[i])
 	}
 }
 
+// indexOf returns op's index in batch. A resent op is rare, so a scan is
+// cheap enough.
 func indexOf(batch []*Op, op *Op) int {
 	for i, o := range batch {
 		if o == op {
@@ -450,25 +460,25 @@ func indexOf(batch []*Op, op *Op) int {
 	panic("store: op not in batch")
 }
 
-func noScript(cmds []redis.Cmder) bool {
-	for _, c := range cmds {
-		if isNoScript(c.Err()) {
-			return true
-		}
+// parkedBy reports whether op is an activation that activateScript
+// answered PARKED_BY, and the node that parked the lock: the lock value's
+// part before its first "|", as the script reads it.
+func parkedBy(op *Op) (string, bool) {
+	if op.Kind != OpActivate || len(op.cmds) == 0 {
+		return "", false
 	}
-	return false
+	v, err := op.cmds[0].(*redis.Cmd).StringSlice()
+	if err != nil || len(v) < 4 || v[0] != activateParkedBy {
+		return "", false
+	}
+	owner, _, _ := strings.Cut(v[3], "|")
+	return owner, true
 }
-
-// isNoScript reports whether err is Redis's NOSCRIPT: an EVALSHA of a
-// script its cache lost (a restart, SCRIPT FLUSH); LoadScripts and a retry
-// fix it.
-func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // queue adds op's commands to pipe.
 func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 	op.cmds = op.cmds[:0]
 	k := s.keys
-	keys := []string{k.Job(op.JobID), k.History(op.JobID), k.Lock(op.JobID)}
 	now := time.Now().UnixMilli()
 	retention := int64(s.cfg.Retention / time.Second)
 	if s.cfg.Retention < 0 {
@@ -482,49 +492,61 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		}
 		outbox = &ShardZAdd{Suffix: dlqOutboxSuffix, Score: now, Member: op.outbox}
 	}
+	sh := Shard(op.JobID)
 	switch op.Kind {
 	case OpActivate:
-		create := "0"
-		if op.Create {
-			create = "1"
+		// The plan's state: where a created job's index entry goes.
+		planEnd := core.StatePending
+		if op.T != nil && len(op.T.Path) > 0 {
+			planEnd = op.T.Final()
 		}
-		args := make([]interface{}, 0, 16+pathArgs(op.T))
-		args = append(args, op.Node, now, s.cfg.LockTTL.Milliseconds(), create, k.Tag(op.JobID), op.JobID,
-			op.Topic, op.Tenant, op.TraceID, op.Request, time.Now().Add(s.cfg.RescueAfter).UnixMilli(),
-			op.T.lockAfter(), due(op.T), retention)
-		args = appendPath(args, op.T, outbox)
-		op.cmds = append(op.cmds, activateScript.EvalSha(ctx, pipe, keys, args...))
+		parkedOwner := op.Node
+		if op.parkedOwnerKnown {
+			parkedOwner = op.parkedOwner
+		}
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, activateCall{
+			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
+			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
+			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
+			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
+			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.lockAfter(), dueMs: due(op.T),
+			retentionS: retention, parkedOwner: parkedOwner,
+			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
 	case OpTransition:
-		args := make([]interface{}, 0, 10+pathArgs(op.T))
-		args = append(args, op.LockValue, op.Node, op.T.Expect, now, k.Tag(op.JobID), op.JobID,
-			op.T.lockAfter(), retention, due(op.T))
-		args = appendPath(args, op.T, outbox)
-		op.cmds = append(op.cmds, transitionScript.EvalSha(ctx, pipe, keys, args...))
+		expected := expectedStates(op.T.Expect)
+		from := make([]string, len(expected))
+		for i, st := range expected {
+			from[i] = k.Index(sh, st)
+		}
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, transitionCall{
+			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())), fromIndexKeys: from,
+			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
+			lockAfter: op.T.lockAfter(), retentionS: retention, dueMs: due(op.T),
+			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
 	case OpRelease:
-		op.cmds = append(op.cmds, releaseScript.EvalSha(ctx, pipe,
-			[]string{keys[2], k.Leases(Shard(op.JobID))}, op.LockValue, op.JobID))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, releaseCall{lockKey: k.Lock(op.JobID),
+			leasesKey: k.Leases(Shard(op.JobID)), lockValue: op.LockValue, jobID: op.JobID}))
 	case OpPark:
-		sh := Shard(op.JobID)
-		op.cmds = append(op.cmds, parkScript.EvalSha(ctx, pipe,
-			[]string{keys[2], k.Leases(sh), k.Parked(sh, op.Node), k.Alive(sh, op.Node), k.Due(sh)},
-			op.LockValue, op.JobID, parkDue(op.ParkDue), s.cfg.LockTTL.Milliseconds()))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, parkCall{lockKey: k.Lock(op.JobID), leasesKey: k.Leases(sh),
+			parkedKey: k.Parked(sh, op.Node), aliveKey: k.Alive(sh, op.Node), dueKey: k.Due(sh),
+			lockValue: op.LockValue, jobID: op.JobID, dueMs: parkDue(op.ParkDue), leaseTTLMs: s.cfg.LockTTL.Milliseconds()}))
 	case OpClaim:
 		ttl := int64(op.IdemTTL / time.Second)
 		if ttl <= 0 {
 			ttl = int64(RetentionDefault / time.Second)
 		}
-		op.cmds = append(op.cmds, claimScript.EvalSha(ctx, pipe, []string{op.IdemKey}, op.JobID, ttl))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, claimCall{idemKey: op.IdemKey, jobID: op.JobID, ttlS: ttl}))
 	case OpAdmit:
-		op.cmds = append(op.cmds, admitScript.EvalSha(ctx, pipe, []string{op.TenantKey}, op.JobID, op.Limit, now))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, admitCall{activeKey: op.TenantKey, jobID: op.JobID, limit: op.Limit, nowMs: now}))
 		if _, known := s.tenants.Load(op.TenantKey); !known {
 			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
 		}
 	case OpDowngrade:
-		args := []interface{}{now, string(op.T.Path[0].Reason), op.Node, k.Tag(op.JobID), op.JobID}
-		for _, f := range op.T.Fields {
-			args = append(args, f)
-		}
-		op.cmds = append(op.cmds, downgradeScript.EvalSha(ctx, pipe, keys[:2], args...))
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID), histKey: k.History(op.JobID),
+			fromIndexKey: k.Index(sh, string(core.StateSucceeded)), toIndexKey: k.Index(sh, string(core.StateOutputQuarantined)),
+			nowMs: now, reason: string(op.T.Path[0].Reason), node: op.Node, jobID: op.JobID, fields: op.T.Fields}))
 	case OpDLQ:
 		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
 	}
@@ -602,49 +624,6 @@ func due(t *Transition) int64 {
 	return t.Due
 }
 
-func pathArgs(t *Transition) int {
-	if t == nil {
-		return 3
-	}
-	return 10 + 2*len(t.Path) + 5*len(t.Adds) + 4*len(t.Sets) + len(t.Fields)
-}
-
-// appendPath adds "n, (to, reason)×n, m, (suffix, score, member,
-// trim_below, ttl_ms)×m, h, (suffix, field, value, ttl_ms)×h, fields..."
-// to args; extra, when set, is one more sorted-set entry (the DLQ
-// outbox's) after t's own.
-func appendPath(args []interface{}, t *Transition, extra *ShardZAdd) []interface{} {
-	if t == nil {
-		return append(args, 0, 0, 0)
-	}
-	args = append(args, len(t.Path))
-	for _, h := range t.Path {
-		args = append(args, string(h.To), string(h.Reason))
-	}
-	adds := len(t.Adds)
-	if extra != nil {
-		adds++
-	}
-	args = append(args, adds)
-	for _, a := range t.Adds {
-		args = append(args, a.Suffix, a.Score, a.Member, a.TrimBelow, a.TTL.Milliseconds())
-	}
-	if extra != nil {
-		args = append(args, extra.Suffix, extra.Score, extra.Member, extra.TrimBelow, extra.TTL.Milliseconds())
-	}
-	args = append(args, len(t.Sets))
-	for _, h := range t.Sets {
-		args = append(args, h.Suffix, h.Field, h.Value, h.TTL.Milliseconds())
-	}
-	for _, f := range t.Fields {
-		args = append(args, f)
-	}
-	if t.Op != "" {
-		args = append(args, "op", t.Op)
-	}
-	return args
-}
-
 // decode turns op's command replies into a Result.
 func (s *Store) decode(op *Op, execErr error) *Result {
 	r := &Result{}
@@ -663,6 +642,11 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
 		if err != nil || len(v) < 4 || len(v)%2 != 0 {
 			r.Err = fmt.Errorf("store: activate %s: bad reply %v (%v)", op.JobID, v, err)
+			return r
+		}
+		if v[0] == activateParkedBy {
+			r.Err = fmt.Errorf("store: activate %s: another node had parked its lock at each of %d sends (last %s)",
+				op.JobID, activateSends, v[3])
 			return r
 		}
 		r.Status, r.State, r.Holder = ActivateStatus(v[0]), core.State(v[1]), v[3]

@@ -1,0 +1,76 @@
+package store
+
+import (
+	"context"
+	"embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The package's Lua scripts live in lua/, one file per script, named after
+// it: lua/activate.lua is activateScript, lua/take_lease.lua is
+// takeLeaseScript. lua/lib/ holds functions that several scripts share; a
+// script that uses one gets the library's text in front of its own. Each
+// file starts with a comment that says what it does, its KEYS and its
+// ARGV; the Go side assembles KEYS and ARGV through one call type per
+// script (see scriptCall), never by counting positions at the call site.
+
+//go:embed lua/*.lua lua/lib/*.lua
+var luaFiles embed.FS
+
+// luaScripts maps every script's name (its file under lua/, without
+// ".lua") to the script, for tests that check them all.
+var luaScripts = map[string]*redis.Script{}
+
+// luaScript returns the script of lua/<name>.lua, preceded by the shared
+// functions lua/lib/<lib>.lua of libs, in order, and records it in
+// luaScripts.
+func luaScript(name string, libs ...string) *redis.Script {
+	var b strings.Builder
+	for _, l := range libs {
+		b.WriteString(luaSource("lib/" + l))
+		b.WriteByte('\n')
+	}
+	b.WriteString(luaSource(name))
+	sc := redis.NewScript(b.String())
+	luaScripts[name] = sc
+	return sc
+}
+
+// luaSource returns the text of lua/<path>.lua. The files are embedded, so
+// a missing one is a programming error.
+func luaSource(path string) string {
+	src, err := luaFiles.ReadFile("lua/" + path + ".lua")
+	if err != nil {
+		panic("store: Lua script " + path + ": " + err.Error())
+	}
+	return string(src)
+}
+
+// scriptCall is one call of a script: the script, and its KEYS and ARGV in
+// the order the script's file lists them. Each script has its own type
+// (releaseCall, activateCall, ...) whose fields name its inputs.
+type scriptCall interface {
+	script() *redis.Script
+	keys() []string
+	args() []interface{}
+}
+
+// evalSha sends call, or queues it on a pipeline, with EVALSHA. In a
+// pipeline, a NOSCRIPT reply is handled by sendScripts.
+func evalSha(ctx context.Context, c redis.Scripter, call scriptCall) *redis.Cmd {
+	return call.script().EvalSha(ctx, c, call.keys(), call.args()...)
+}
+
+// runScript sends call with EVALSHA, and with EVAL if Redis answers
+// NOSCRIPT (go-redis's Script.Run).
+func runScript(ctx context.Context, c redis.Scripter, call scriptCall) *redis.Cmd {
+	return call.script().Run(ctx, c, call.keys(), call.args()...)
+}
+
+// evalScript sends call, or queues it on a pipeline, with EVAL: the whole
+// text, so no NOSCRIPT reply can come back.
+func evalScript(ctx context.Context, c redis.Scripter, call scriptCall) *redis.Cmd {
+	return call.script().Eval(ctx, c, call.keys(), call.args()...)
+}

@@ -1,0 +1,169 @@
+-- activate: takes a job's lock and reports the job's state. When the job
+-- does not exist and the caller asks for it, it creates the job and applies
+-- the caller's plan (the first decision about the job, for example PENDING
+-- → SCHEDULED → DISPATCHED to a chosen worker) in the same call, so the
+-- happy path costs one script to create and dispatch and one to finish.
+-- The plan's writes in the job's shard are made by shardWrites (see
+-- lib/shard_writes.lua, which runs in front of this).
+--
+-- A created job with no due time of its own is due at rescue_at: every live
+-- job has a due entry from its first moment, so a job whose actor or node
+-- dies before it records a wait of its own is still woken by the due
+-- poller.
+--
+-- A lock is "<node>|<fence>" with a TTL (renewed by its node), or
+-- "<node>|<fence>|p" with none: a parked job's lock, held through its
+-- node's lease (the node's alive key in the shard, Keys.Alive). A parked
+-- lock of a node whose lease has expired is free: activating it adopts the
+-- job. Any activation of a parked job takes it out of its node's parked set
+-- and puts its deadline back in the due set. The node that parked the lock
+-- is known only once the lock is read, so the caller names, in
+-- parked_owner, the node whose alive key and parked set it passes (its own
+-- node, unless a reply told it otherwise); when the lock turns out to be
+-- parked by another node, the script changes nothing and answers
+-- PARKED_BY, and the caller sends the call again naming that node.
+--
+-- KEYS[1]  job_key           the job's record (Keys.Job)
+-- KEYS[2]  hist_key          the job's history (Keys.History)
+-- KEYS[3]  lock_key          the job's lock (Keys.Lock)
+-- KEYS[4]  due_key           the shard's due set (Keys.Due)
+-- KEYS[5]  leases_key        the shard's lease set (Keys.Leases)
+-- KEYS[6]  index_key         the shard's index of the state the plan ends
+--                            in (PENDING without hops) (Keys.Index)
+-- KEYS[7]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
+-- KEYS[8]  owner_parked_key  parked_owner's parked set in the shard
+--                            (Keys.Parked)
+-- KEYS[9 ..]                 the shard-write keys (see shardWrites)
+-- ARGV[1]  node              the activating node
+-- ARGV[2]  now_ms
+-- ARGV[3]  lock_ttl_ms
+-- ARGV[4]  create            1 to create a missing job, else 0
+-- ARGV[5]  job_id
+-- ARGV[6]  topic
+-- ARGV[7]  tenant
+-- ARGV[8]  trace_id
+-- ARGV[9]  request           the job request's bytes
+-- ARGV[10] rescue_at_ms
+-- ARGV[11] lock_after        keep, release or terminal (after the plan)
+-- ARGV[12] due_ms            0: rescue_at, -1: none, > 0: this time
+-- ARGV[13] retention_s       how long a terminal job's record and history
+--                            are kept (0: for ever)
+-- ARGV[14] parked_owner      the node KEYS[7] and KEYS[8] belong to
+-- ARGV[15] n                 the number of the plan's hops
+-- ARGV[16 ..]                n × (to, reason), then the shard writes'
+--                            arguments (see shardWrites), then record
+--                            fields to set: field, value, ...
+--
+-- Returns {status, state, fence, holder, field, value, ...} with status
+-- CREATED (state = where the plan left it), ADOPTED (holder = the lock
+-- value before, so the caller sees whether the job was parked; the
+-- record's fields follow), BUSY (another node holds the lock; holder = its
+-- value), TERMINAL (no lock taken), NOTFOUND, or PARKED_BY (another node
+-- than parked_owner parked the lock, holder = its value; nothing changed).
+-- A job that is terminal or missing loses its due entry: nothing will ever
+-- wait for it.
+local job_key = KEYS[1]
+local hist_key = KEYS[2]
+local lock_key = KEYS[3]
+local due_key = KEYS[4]
+local leases_key = KEYS[5]
+local index_key = KEYS[6]
+local owner_alive_key = KEYS[7]
+local owner_parked_key = KEYS[8]
+local first_write_key = 9
+local node = ARGV[1]
+local now_ms = ARGV[2]
+local lock_ttl_ms = ARGV[3]
+local create = ARGV[4]
+local job_id = ARGV[5]
+local topic = ARGV[6]
+local tenant = ARGV[7]
+local trace_id = ARGV[8]
+local request = ARGV[9]
+local rescue_at_ms = ARGV[10]
+local lock_after = ARGV[11]
+local due_ms = ARGV[12]
+local retention_s = ARGV[13]
+local parked_owner = ARGV[14]
+local n = tonumber(ARGV[15])
+local first_hop = 16
+
+local cur = redis.call('GET', lock_key)
+local st = redis.call('HGET', job_key, 's')
+local terminal = st == 'SUCCEEDED' or st == 'FAILED' or st == 'TIMEOUT' or st == 'CANCELLED' or st == 'DENIED' or st == 'OUTPUT_QUARANTINED'
+local parkedBy = nil
+if cur then
+  local owner = string.match(cur, '^[^|]*')
+  if string.sub(cur, -2) == '|p' then
+    -- A parked lock is held through its node's lease, not its own TTL.
+    if owner ~= parked_owner then
+      return {'PARKED_BY', st or '', '0', cur}
+    end
+    if owner ~= node and redis.call('EXISTS', owner_alive_key) == 1 then
+      return {'BUSY', st or '', '0', cur}
+    end
+    parkedBy = owner
+  elseif owner ~= node then
+    return {'BUSY', st or '', '0', cur}
+  end
+end
+if parkedBy then
+  -- Unpark: the job leaves its owner's parked set, and its deadline goes
+  -- back to the shard's due set, where every live wait is.
+  redis.call('ZREM', owner_parked_key, job_id)
+  local d = tonumber(redis.call('HGET', job_key, 'deadline') or '')
+  if st and not terminal and d and d > 0 then
+    redis.call('ZADD', due_key, d, job_id)
+  end
+  if not st or terminal then
+    redis.call('DEL', lock_key)
+  end
+end
+if not st then
+  if create ~= '1' then
+    redis.call('ZREM', due_key, job_id)
+    redis.call('ZREM', leases_key, job_id)
+    return {'NOTFOUND', '', '0', ''}
+  end
+  local hist = {now_ms .. '||PENDING|submitted|' .. node}
+  local prev, reason = 'PENDING', 'submitted'
+  for i = 1, n do
+    local to = ARGV[first_hop + 2 * (i - 1)]
+    reason = ARGV[first_hop + 2 * (i - 1) + 1]
+    hist[#hist + 1] = now_ms .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
+    prev = to
+  end
+  local first_field = shardWrites(first_write_key, first_hop + 2 * n)
+  local f = {'s', prev, 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
+    'created', now_ms, 'updated', now_ms, 'node', node, 'reason', reason, 'attempts', 0}
+  for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
+  redis.call('HSET', job_key, unpack(f))
+  redis.call('RPUSH', hist_key, unpack(hist))
+  redis.call('ZADD', index_key, now_ms, job_id)
+  if lock_after ~= 'terminal' and due_ms ~= '-1' then
+    local due = due_ms
+    if due == '0' then due = rescue_at_ms end
+    redis.call('ZADD', due_key, due, job_id)
+  end
+  if lock_after == 'keep' then
+    redis.call('SET', lock_key, node .. '|1', 'PX', lock_ttl_ms)
+    redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
+  elseif lock_after == 'terminal' and tonumber(retention_s) > 0 then
+    redis.call('EXPIRE', job_key, retention_s)
+    redis.call('EXPIRE', hist_key, retention_s)
+  end
+  return {'CREATED', prev, '1', ''}
+end
+if terminal then
+  redis.call('ZREM', due_key, job_id)
+  redis.call('ZREM', leases_key, job_id)
+  return {'TERMINAL', st, '0', cur or ''}
+end
+local fence = redis.call('HINCRBY', job_key, 'fence', 1)
+redis.call('HSET', job_key, 'node', node)
+redis.call('SET', lock_key, node .. '|' .. fence, 'PX', lock_ttl_ms)
+redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
+local out = {'ADOPTED', st, tostring(fence), cur or ''}
+local all = redis.call('HGETALL', job_key)
+for i = 1, #all do out[#out + 1] = all[i] end
+return out

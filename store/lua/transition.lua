@@ -1,0 +1,113 @@
+-- transition: moves a job along a path of states in one atomic step, only
+-- if it is in one of the expected states and only while the caller's lock
+-- value ("<node>|<fence>") is the current one. It records each hop in the
+-- job's history ("unix_ms|from|to|reason|node"), moves the job from its
+-- state's index to the last hop's, sets its due time, gives the lock up
+-- when asked (or when the job ends, which also starts the retention
+-- clock), and makes the Transition's writes in the job's shard (see
+-- lib/shard_writes.lua, which runs in front of this).
+--
+-- KEYS[1]  job_key       the job's record (Keys.Job)
+-- KEYS[2]  hist_key      the job's history (Keys.History)
+-- KEYS[3]  lock_key      the job's lock (Keys.Lock)
+-- KEYS[4]  due_key       the shard's due set (Keys.Due)
+-- KEYS[5]  leases_key    the shard's lease set (Keys.Leases)
+-- KEYS[6]  to_index_key  the shard's index of the last hop's state
+--                        (Keys.Index)
+-- KEYS[7 .. 6+e]         the shard's index of each expected state, in the
+--                        order of ARGV[3] (e states)
+-- KEYS[7+e ..]           the shard-write keys (see shardWrites)
+-- ARGV[1]  lock_value    the caller's lock value
+-- ARGV[2]  node
+-- ARGV[3]  expected      the states the job may be in, comma-separated
+-- ARGV[4]  now_ms
+-- ARGV[5]  job_id
+-- ARGV[6]  lock_after    keep, release or terminal
+-- ARGV[7]  retention_s   how long a terminal job's record and history are
+--                        kept (0: for ever)
+-- ARGV[8]  due_ms        0 keeps the due time, -1 clears it, > 0 sets it
+-- ARGV[9]  n             the number of hops (at least 1)
+-- ARGV[10 ..]            n × (to, reason), then the shard writes' arguments
+--                        (see shardWrites), then record fields to set:
+--                        field, value, ...
+--
+-- Returns {status, state_before} with status OK, FENCED (the lock's value
+-- differs: this owner is stale; state_before is then the lock's value, and
+-- the record's "op" field and state follow), NOTFOUND, or CONFLICT (the
+-- state is not expected; then a third element: the record's "op" field,
+-- the identity of the write that put it there, see Transition.Op). The
+-- "op" field tells a retried write whether its first try applied: a write
+-- that released the lock (a terminal one) is FENCED when tried again.
+local job_key = KEYS[1]
+local hist_key = KEYS[2]
+local lock_key = KEYS[3]
+local due_key = KEYS[4]
+local leases_key = KEYS[5]
+local to_index_key = KEYS[6]
+local first_from_index = 7
+local lock_value = ARGV[1]
+local node = ARGV[2]
+local expected = ARGV[3]
+local now_ms = ARGV[4]
+local job_id = ARGV[5]
+local lock_after = ARGV[6]
+local retention_s = ARGV[7]
+local due_ms = ARGV[8]
+local n = tonumber(ARGV[9])
+local first_hop = 10
+
+local cur = redis.call('GET', lock_key)
+if cur ~= lock_value then
+  local rec = redis.call('HMGET', job_key, 'op', 's')
+  return {'FENCED', cur or '', rec[1] or '', rec[2] or ''}
+end
+local st = redis.call('HGET', job_key, 's')
+if not st then
+  return {'NOTFOUND', ''}
+end
+-- from_index is the KEYS index of the job's state's index: the first
+-- expected state equal to it.
+local from_index = nil
+local e = 0
+for state in string.gmatch(expected, '[^,]+') do
+  e = e + 1
+  if state == st and not from_index then from_index = first_from_index + e - 1 end
+end
+if not from_index then
+  return {'CONFLICT', st, redis.call('HGET', job_key, 'op') or ''}
+end
+local hist = {}
+local prev, reason = st, ''
+for i = 1, n do
+  local to = ARGV[first_hop + 2 * (i - 1)]
+  reason = ARGV[first_hop + 2 * (i - 1) + 1]
+  hist[#hist + 1] = now_ms .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
+  prev = to
+end
+local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
+local f = {'s', prev, 'updated', now_ms, 'reason', reason}
+for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
+redis.call('HSET', job_key, unpack(f))
+redis.call('RPUSH', hist_key, unpack(hist))
+if st ~= prev then
+  redis.call('ZREM', KEYS[from_index], job_id)
+end
+redis.call('ZADD', to_index_key, now_ms, job_id)
+if lock_after == 'terminal' or due_ms == '-1' then
+  redis.call('ZREM', due_key, job_id)
+elseif due_ms ~= '0' then
+  redis.call('ZADD', due_key, due_ms, job_id)
+end
+if lock_after == 'release' then
+  redis.call('DEL', lock_key)
+  redis.call('ZREM', leases_key, job_id)
+elseif lock_after == 'terminal' then
+  redis.call('DEL', lock_key)
+  redis.call('ZREM', leases_key, job_id)
+  local keep = tonumber(retention_s)
+  if keep > 0 then
+    redis.call('EXPIRE', job_key, keep)
+    redis.call('EXPIRE', hist_key, keep)
+  end
+end
+return {'OK', st}
