@@ -81,6 +81,35 @@ func TestWheelFiresInOrderAndCancelRemoves(t *testing.T) {
 	}
 }
 
+// An idle wheel (no entries) does not tick — an idle node is not woken 100
+// times a second — and an entry scheduled after an idle spell fires on
+// time.
+func TestIdleWheelStopsTickingAndResumes(t *testing.T) {
+	t.Parallel()
+	sys := actor.NewActorSystem()
+	w := actors.NewWheel(sys.Root)
+	defer w.Stop()
+	sink := &wakeCounter{got: make(chan struct{}, 10)}
+	pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sink }))
+	for round := 0; round < 2; round++ {
+		before := w.Ticks()
+		time.Sleep(100 * time.Millisecond) // ten ticks' worth, idle
+		if n := w.Ticks() - before; n > 1 {
+			t.Fatalf("round %d: %d ticks while idle, want none (one may be in progress)", round, n)
+		}
+		start := time.Now()
+		w.Schedule(30*time.Millisecond, pid, uint64(round))
+		select {
+		case <-sink.got:
+			if el := time.Since(start); el < 30*time.Millisecond {
+				t.Fatalf("round %d: fired after %v, before its time", round, el)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: entry scheduled after an idle spell never fired", round)
+		}
+	}
+}
+
 func TestParseTimeouts(t *testing.T) {
 	t.Parallel()
 	tm, err := actors.ParseTimeouts([]byte("reconciler:\n  dispatch_timeout_seconds: 60\ntopics:\n  job.slow:\n    timeout_seconds: 36000\n"))

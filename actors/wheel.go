@@ -2,6 +2,7 @@ package actors
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -28,8 +29,12 @@ type Wheel struct {
 	pos   int
 	n     int
 
-	stop chan struct{}
-	done chan struct{}
+	// wake tells an idle run loop (no entries: it stops ticking, so an
+	// idle node does not wake 100 times a second) that an entry came.
+	wake  chan struct{}
+	ticks atomic.Uint64 // ticks taken, for tests and metrics
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 const (
@@ -55,7 +60,8 @@ type wheelEntry struct {
 
 // NewWheel starts a wheel that delivers through root.
 func NewWheel(root *actor.RootContext) *Wheel {
-	w := &Wheel{root: root, slots: make([]*wheelEntry, WheelSlots), stop: make(chan struct{}), done: make(chan struct{})}
+	w := &Wheel{root: root, slots: make([]*wheelEntry, WheelSlots), wake: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -79,7 +85,14 @@ func (w *Wheel) Schedule(d time.Duration, pid *actor.PID, epoch uint64) TimerRef
 	}
 	w.slots[e.slot] = e
 	w.n++
+	first := w.n == 1
 	w.mu.Unlock()
+	if first {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
 	return e
 }
 
@@ -115,6 +128,10 @@ func (w *Wheel) unlink(e *wheelEntry) {
 	w.n--
 }
 
+// Ticks returns how many ticks the wheel has taken: an idle wheel (no
+// entries) takes none.
+func (w *Wheel) Ticks() uint64 { return w.ticks.Load() }
+
 // Stop ends the wheel; pending entries never fire.
 func (w *Wheel) Stop() {
 	close(w.stop)
@@ -127,11 +144,27 @@ func (w *Wheel) run() {
 	defer t.Stop()
 	var due []*wheelEntry
 	for {
+		w.mu.Lock()
+		idle := w.n == 0
+		w.mu.Unlock()
+		if idle {
+			// Nothing scheduled: stop ticking until Schedule adds an
+			// entry. Positions are relative, so the wheel resumes from
+			// where it stood.
+			t.Stop()
+			select {
+			case <-w.stop:
+				return
+			case <-w.wake:
+			}
+			t.Reset(WheelTick)
+		}
 		select {
 		case <-w.stop:
 			return
 		case <-t.C:
 		}
+		w.ticks.Add(1)
 		w.mu.Lock()
 		w.pos = (w.pos + 1) % WheelSlots
 		for e := w.slots[w.pos]; e != nil; {
