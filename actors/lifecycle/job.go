@@ -237,7 +237,9 @@ type Job struct {
 // random seed.
 func New(cfg *Config, id string, seed uint64) *Job {
 	seed >>= 2 // room to count up
-	return &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed}
+	// Room for the effects of a busy step, so that emit does not grow the
+	// slice a step at a time (it is reused from step to step).
+	return &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed, fx: make([]Effect, 0, 8)}
 }
 
 // Done reports whether the job's actor has nothing left to do.
