@@ -90,8 +90,10 @@ func startFloor(ctx context.Context, nc *nats.Conn, rdb redis.UniversalClient, s
 			return nil, fmt.Errorf("bench: floor consumer %s: %w", kind, err)
 		}
 		ch := make(chan jetstream.Msg, floorQueue)
-		f.wg.Add(1 + floorPipelines)
-		go f.fetch(cctx, cons, ch)
+		f.wg.Add(bus.FetchLoops + floorPipelines)
+		for range bus.FetchLoops { // as many pulls at once as the node's intake keeps
+			go f.fetch(cctx, cons, ch)
+		}
 		for range floorPipelines {
 			go f.batches(cctx, ch, handle)
 		}
