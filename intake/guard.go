@@ -17,10 +17,10 @@ import (
 // Guard is the processed-message guard of the JetStream inputs. Handling a
 // message and acking it are two steps; a node that dies between them leaves
 // a message JetStream will offer again although its effect is durable. The
-// guard closes that gap: before a message is acked, a Redis key named by its
-// stream, stream sequence and the time JetStream stored it is set (TTL
-// GuardTTL), and a redelivered message whose key exists is acked without
-// being handled again.
+// guard closes that gap: before a message is acked, a mark naming it by its
+// stream sequence and the time JetStream stored it is written to Redis (it
+// lives at least GuardTTL), and a redelivered message whose mark exists is
+// acked without being handled again.
 //
 // The sequence alone would not do: a stream deleted and recreated (by an
 // operator, by a node that found it missing, or a JetStream store lost)
@@ -34,11 +34,20 @@ import (
 // guard is an economy and an accounting fix, not what correctness rests on:
 // when Redis cannot be read the message is handled as usual.
 //
-// Cost: first deliveries are never checked (the check is one GET, only when
-// JetStream says the message was delivered before), and the marks are
-// written in pipelines by one goroutine that waits GuardLinger for a batch
-// to gather, so a node pays one SET per message and a round trip per batch,
-// off the job's path: the ack waits for the mark, the job does not.
+// Layout: the marks of one stream are fields of hash keys, one key per
+// guardBucket of stored time: key prefix + "seen:<stream>:<bucket start,
+// unix s>", field "<seq>:<stored unix ns>". A redelivery carries its stored
+// time, so its key and field are known without a lookup.
+//
+// Cost: first deliveries are never checked (the check is one HEXISTS, only
+// when JetStream says the message was delivered before). The marks are
+// written by one goroutine that waits GuardLinger for a batch to gather and
+// writes each bucket key of the batch with one HSET of all its fields, so a
+// batch costs one command per bucket key it touches (usually one per
+// stream), whatever its size, and a round trip, off the job's path: the ack
+// waits for the mark, the job does not. A bucket key gets an EXPIRE only when
+// this process does not already know it lives long enough (see flush):
+// about once per bucket key and process.
 type Guard struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -50,15 +59,42 @@ type Guard struct {
 	stop   chan struct{}
 	done   chan struct{}
 
+	// lives holds, for the bucket keys this process gave a TTL, the time
+	// until which that TTL keeps the key (by this process's clock, from
+	// before the EXPIRE was sent). Only the mark writer's goroutine uses
+	// it; prune drops the entries that can no longer spare an EXPIRE.
+	lives    map[string]time.Time
+	prunedAt time.Time
+
 	// Skipped counts redelivered messages the guard acked unhandled, by
 	// stream.
 	Skipped *prometheus.CounterVec
 }
 
-// GuardTTL is how long a handled message is remembered. It exceeds the
-// longest redelivery wait (bus.RedeliveryBackoff), so a message acked too
-// late is still recognised when JetStream offers it again.
+// GuardTTL is how long a handled message is remembered at least, from when
+// its mark is written. It exceeds the longest redelivery wait
+// (bus.RedeliveryBackoff), so a message acked too late is still recognised
+// when JetStream offers it again.
 var GuardTTL = 2 * bus.RedeliveryBackoff[len(bus.RedeliveryBackoff)-1]
+
+const (
+	// guardBucket is how much stored time the marks of one bucket key
+	// span.
+	guardBucket = 10 * time.Second
+	// guardHeadroom is how much longer than GuardTTL a bucket key's TTL
+	// runs when the guard sets it, so that one EXPIRE covers every mark
+	// written to the key in the next guardHeadroom: the whole bucket's,
+	// when its messages are handled within 20 s of being stored.
+	guardHeadroom = 30 * time.Second
+	// guardWriteTimeout bounds one batch's write; a mark lands at the
+	// latest this long after its batch was sent.
+	guardWriteTimeout = 2 * time.Second
+	// guardCreated is a field every HSET of marks also sets: when the
+	// HSET reports it new, the key did not exist before (its bucket's
+	// first write, or the key was lost: FLUSHALL, a restarted Redis
+	// without persistence) and so has no TTL yet.
+	guardCreated = "_"
+)
 
 // guardBatch caps the marks written per pipeline.
 const guardBatch = 512
@@ -71,15 +107,16 @@ const guardBatch = 512
 var GuardLinger = 5 * time.Millisecond
 
 type guardMark struct {
-	key string
-	msg jetstream.Msg
+	key, field string
+	redelivery bool
+	msg        jetstream.Msg
 }
 
 // NewGuard returns a guard writing keys under prefix (the store's key
 // prefix); Start it before use. reg may be nil.
 func NewGuard(rdb redis.UniversalClient, prefix string, reg prometheus.Registerer, log *slog.Logger) *Guard {
 	g := &Guard{rdb: rdb, prefix: prefix, log: log, marks: make(chan guardMark, 65536),
-		stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), lives: map[string]time.Time{},
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_redeliveries_skipped_total",
 			Help: "Redelivered JetStream messages acked without handling: they had been handled, not acked, before."},
 			[]string{"stream"})}
@@ -103,11 +140,19 @@ func (g *Guard) Stop() {
 	<-g.done
 }
 
-// key names the guard of one message: prefix +
-// "seen:<stream>:<seq>:<stored unix ns>".
+// key names the bucket key holding the mark of one message: prefix +
+// "seen:<stream>:<start of its guardBucket of stored time, unix s>".
 func (g *Guard) key(md *jetstream.MsgMetadata) string {
-	return g.prefix + "seen:" + md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10) + ":" +
-		strconv.FormatInt(md.Timestamp.UnixNano(), 10)
+	ns := md.Timestamp.UnixNano()
+	w := int64(guardBucket)
+	start := ns - ((ns%w)+w)%w // floor, also before 1970
+	return g.prefix + "seen:" + md.Stream + ":" + strconv.FormatInt(start/int64(time.Second), 10)
+}
+
+// field names the mark of one message in its bucket key: "<stream
+// sequence>:<stored unix ns>".
+func field(md *jetstream.MsgMetadata) string {
+	return strconv.FormatUint(md.Sequence.Stream, 10) + ":" + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
 }
 
 // Seen reports whether msg was handled before: only for a redelivery, and
@@ -119,8 +164,8 @@ func (g *Guard) Seen(msg jetstream.Msg) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	n, err := g.rdb.Exists(ctx, g.key(md)).Result()
-	if err != nil || n == 0 {
+	ok, err := g.rdb.HExists(ctx, g.key(md), field(md)).Result()
+	if err != nil || !ok {
 		return false
 	}
 	g.Skipped.WithLabelValues(md.Stream).Inc()
@@ -148,7 +193,7 @@ func (m *GuardedMsg) Ack() error {
 	if m.g.closed {
 		return m.Msg.Ack()
 	}
-	m.g.marks <- guardMark{key: m.g.key(md), msg: m.Msg}
+	m.g.marks <- guardMark{key: m.g.key(md), field: field(md), redelivery: md.NumDelivered > 1, msg: m.Msg}
 	return nil
 }
 
@@ -160,15 +205,22 @@ func (g *Guard) loop() {
 		case mk := <-g.marks:
 			batch = append(batch[:0], mk)
 		case <-g.stop:
-			// Drain what is queued, then leave.
+			// Drain what is queued, a full batch at a time, then leave.
 			for {
-				select {
-				case mk := <-g.marks:
-					batch = append(batch[:0], mk)
-					g.flush(batch)
-				default:
+				batch = batch[:0]
+			drain:
+				for len(batch) < guardBatch {
+					select {
+					case mk := <-g.marks:
+						batch = append(batch, mk)
+					default:
+						break drain
+					}
+				}
+				if len(batch) == 0 {
 					return
 				}
+				g.flush(batch)
 			}
 		}
 		g.fill(&batch)
@@ -193,18 +245,108 @@ func (g *Guard) fill(batch *[]guardMark) {
 	}
 }
 
-// flush writes one batch of marks and acks the messages.
+// bucketWrite is one bucket key's part of a batch.
+type bucketWrite struct {
+	key    string
+	args   []interface{} // field, value, field, value...: guardCreated first
+	expire bool          // an EXPIRE follows the HSET in the pipeline
+	hset   *redis.IntCmd
+	exp    *redis.BoolCmd
+}
+
+// flush writes one batch of marks and acks the messages. The marks of each
+// bucket key go in one HSET. The key's TTL is set (EXPIRE, GuardTTL +
+// guardHeadroom from now) in the same pipeline when this process does not
+// know the key to live until GuardTTL after the write lands, or when a mark
+// is a redelivered message's (its field may exist already, which would make
+// the HSET's count of new fields ambiguous, below). Otherwise the HSET's
+// count tells whether guardCreated was new, i.e. the key had been lost and
+// the HSET created it without a TTL: a second pipeline then sets it.
+//
+// Every EXPIRE sets the same relative TTL, which Redis counts from when it
+// runs the command, so a later EXPIRE (of this process or another node's)
+// never shortens a key's life; no EXPIRE … GT is needed.
 func (g *Guard) flush(batch []guardMark) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	pipe := g.rdb.Pipeline()
+	now := time.Now()
+	need := now.Add(guardWriteTimeout + GuardTTL) // the latest a mark of this batch must live until
+	keyTTL := GuardTTL + guardHeadroom
+	writes := make([]*bucketWrite, 0, 4)
+	byKey := make(map[string]*bucketWrite, 4)
+	marked := make(map[[2]string]bool, len(batch)) // a message acked twice is marked once
 	for _, mk := range batch {
-		pipe.Set(ctx, mk.key, "1", GuardTTL)
+		w := byKey[mk.key]
+		if w == nil {
+			w = &bucketWrite{key: mk.key, args: make([]interface{}, 0, 2*len(batch)+2), expire: g.lives[mk.key].Before(need)}
+			w.args = append(w.args, guardCreated, "1")
+			byKey[mk.key] = w
+			writes = append(writes, w)
+		}
+		w.expire = w.expire || mk.redelivery
+		if id := [2]string{mk.key, mk.field}; !marked[id] {
+			marked[id] = true
+			w.args = append(w.args, mk.field, "1")
+		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+
+	ctx, cancel := context.WithTimeout(context.Background(), guardWriteTimeout)
+	pipe := g.rdb.Pipeline()
+	for _, w := range writes {
+		w.hset = pipe.HSet(ctx, w.key, w.args...)
+		if w.expire {
+			w.exp = pipe.Expire(ctx, w.key, keyTTL)
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	cancel()
+	var lost []*bucketWrite
+	for _, w := range writes {
+		switch {
+		case w.exp != nil:
+			if w.exp.Err() == nil && w.exp.Val() {
+				g.lives[w.key] = now.Add(keyTTL)
+			}
+		case w.hset.Err() == nil && w.hset.Val() == int64(len(w.args)/2):
+			lost = append(lost, w) // guardCreated was new: the key has no TTL
+		}
+	}
+	if len(lost) > 0 {
+		now = time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), guardWriteTimeout)
+		pipe := g.rdb.Pipeline()
+		for _, w := range lost {
+			w.exp = pipe.Expire(ctx, w.key, keyTTL)
+		}
+		if _, err2 := pipe.Exec(ctx); err2 != nil && err == nil {
+			err = err2
+		}
+		cancel()
+		for _, w := range lost {
+			if w.exp.Err() == nil && w.exp.Val() {
+				g.lives[w.key] = now.Add(keyTTL)
+			} else {
+				delete(g.lives, w.key)
+			}
+		}
+	}
+	if err != nil {
 		g.log.Debug("processed-message marks not written; acking anyway", "n", len(batch), "err", err)
 	}
-	cancel()
 	for _, mk := range batch {
 		_ = mk.msg.Ack()
+	}
+	g.prune(now)
+}
+
+// prune forgets, at most once per guardBucket, the bucket keys whose known
+// life would not spare an EXPIRE any more.
+func (g *Guard) prune(now time.Time) {
+	if now.Sub(g.prunedAt) < guardBucket {
+		return
+	}
+	g.prunedAt = now
+	for k, until := range g.lives {
+		if until.Before(now.Add(guardWriteTimeout + GuardTTL)) {
+			delete(g.lives, k)
+		}
 	}
 }
