@@ -43,6 +43,10 @@ type capWorker struct {
 	got       chan string
 	stop      chan struct{}
 	wg        sync.WaitGroup
+	// mu orders onJob's wg.Add before close's wg.Wait: a NATS callback may
+	// still run after Unsubscribe returns.
+	mu        sync.Mutex
+	closed    bool
 	sub, dsub *nats.Subscription
 }
 
@@ -102,6 +106,9 @@ func (w *capWorker) close() {
 	if w.dsub != nil {
 		_ = w.dsub.Unsubscribe()
 	}
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
 	w.wg.Wait()
 }
 
@@ -144,7 +151,13 @@ func (w *capWorker) onJob(m *nats.Msg) {
 		w.reply(pkt.TraceId, req.JobId)
 		return
 	}
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
 	w.wg.Add(1)
+	w.mu.Unlock()
 	go func() {
 		defer w.wg.Done()
 		if w.answer(req.JobId) {
