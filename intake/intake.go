@@ -62,6 +62,23 @@ func (in *Intake) lastOffer(msg jetstream.Msg) bool {
 	return true
 }
 
+// metaMsg is a JetStream message whose metadata (parsed from its reply
+// subject, which allocates) was read once: intake reads it up to four times
+// per message (its delivery count, its guard key, when it was stored, and
+// again at its ack).
+type metaMsg struct {
+	jetstream.Msg
+	md  *jetstream.MsgMetadata
+	err error
+}
+
+func withMetadata(msg jetstream.Msg) jetstream.Msg {
+	md, err := msg.Metadata()
+	return &metaMsg{Msg: msg, md: md, err: err}
+}
+
+func (m *metaMsg) Metadata() (*jetstream.MsgMetadata, error) { return m.md, m.err }
+
 // publishedAt is when msg entered its stream (zero if unknown).
 func publishedAt(msg jetstream.Msg) time.Time {
 	if md, err := msg.Metadata(); err == nil {
@@ -119,6 +136,7 @@ func (in *Intake) delivery(msg jetstream.Msg) actors.Delivery {
 
 // HandleSubmit handles one message from the submit stream.
 func (in *Intake) HandleSubmit(msg jetstream.Msg) {
+	msg = withMetadata(msg)
 	pkt, ok := in.take(msg, "submit", "job_request",
 		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobRequest(); return r.GetJobId(), r != nil },
 		func(p *capv1.BusPacket) error { return ValidateRequest(p.GetJobRequest()) })
@@ -135,6 +153,7 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 
 // HandleResult handles one message from the result stream.
 func (in *Intake) HandleResult(msg jetstream.Msg) {
+	msg = withMetadata(msg)
 	pkt, ok := in.take(msg, "result", "job_result",
 		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobResult(); return r.GetJobId(), r != nil },
 		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobResult().GetJobId()) })
@@ -261,6 +280,7 @@ func payloadKind(p *capv1.BusPacket) string {
 
 // HandleCancel handles one message from the cancel stream.
 func (in *Intake) HandleCancel(msg jetstream.Msg) {
+	msg = withMetadata(msg)
 	pkt, ok := in.take(msg, "cancel", "job_cancel",
 		func(p *capv1.BusPacket) (string, bool) { c := p.GetJobCancel(); return c.GetJobId(), c != nil },
 		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobCancel().GetJobId()) })
