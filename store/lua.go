@@ -35,8 +35,13 @@ func luaScript(name string, libs ...string) *redis.Script {
 	b.WriteString(luaSource(name))
 	sc := redis.NewScript(b.String())
 	luaScripts[name] = sc
+	luaHashes[sc] = sc.Hash()
 	return sc
 }
+
+// luaHashes holds each script's SHA-1 as an interface value, made once, so
+// that an EVALSHA's arguments do not box it again on every call.
+var luaHashes = map[*redis.Script]interface{}{}
 
 // luaSource returns the text of lua/<path>.lua. The files are embedded, so
 // a missing one is a programming error.
@@ -57,10 +62,36 @@ type scriptCall interface {
 	args() []interface{}
 }
 
+// processor is what evalSha sends through: a client or a pipeline.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
 // evalSha sends call, or queues it on a pipeline, with EVALSHA. In a
-// pipeline, a NOSCRIPT reply is handled by sendScripts.
-func evalSha(ctx context.Context, c redis.Scripter, call scriptCall) *redis.Cmd {
-	return call.script().EvalSha(ctx, c, call.keys(), call.args()...)
+// pipeline, a NOSCRIPT reply is handled by sendScripts. It builds the
+// command itself rather than through Script.EvalSha, which boxes every key
+// into an interface value (an allocation each): a key goes in as a pointer
+// into the call's own key slice, which go-redis writes (and routes, on a
+// cluster: the first key names the slot) like the string.
+func evalSha(ctx context.Context, c processor, call scriptCall) *redis.Cmd {
+	keys, args := call.keys(), call.args()
+	sc := call.script()
+	hash, ok := luaHashes[sc]
+	if !ok {
+		hash = sc.Hash()
+	}
+	cmdArgs := make([]interface{}, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", hash, len(keys))
+	for i := range keys {
+		cmdArgs = append(cmdArgs, &keys[i])
+	}
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = c.Process(ctx, cmd)
+	return cmd
 }
 
 // runScript sends call with EVALSHA, and with EVAL if Redis answers

@@ -48,7 +48,14 @@ func scriptKeys(t *testing.T, cmd redis.Cmder) []string {
 	}
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = a[3+i].(string)
+		switch k := a[3+i].(type) {
+		case string:
+			keys[i] = k
+		case *string: // evalSha passes keys by pointer
+			keys[i] = *k
+		default:
+			t.Fatalf("%v: key %d is a %T", a, i, a[3+i])
+		}
 	}
 	return keys
 }
