@@ -3,7 +3,6 @@ package troupe_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -377,7 +376,7 @@ func (h *failFirstActivate) ProcessPipelineHook(next redis.ProcessPipelineHook) 
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
 			args := c.Args()
-			if len(args) > 3 && args[0] == "evalsha" && strings.HasSuffix(fmt.Sprint(args[3]), "job:fail-closed-job") &&
+			if len(args) > 3 && args[0] == "evalsha" && strings.HasSuffix(argString(args[3]), "job:fail-closed-job") &&
 				h.failed.CompareAndSwap(false, true) {
 				err := errors.New("injected: redis unavailable")
 				for _, c := range cmds {

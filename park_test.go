@@ -355,6 +355,15 @@ func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
 	f.waitState("job-park-restart", core.StateSucceeded)
 }
 
+// argString is a Redis command's argument as text: the store passes a
+// script's keys as *string (no allocation per key).
+func argString(a any) string {
+	if p, ok := a.(*string); ok {
+		return *p
+	}
+	return fmt.Sprint(a)
+}
+
 // holdPark holds the pipeline that parks job id until proceed is closed,
 // after telling parking.
 type holdPark struct {
@@ -370,12 +379,12 @@ func (h *holdPark) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
 			args := c.Args()
-			if len(args) < 6 || args[0] != "evalsha" || !strings.HasSuffix(fmt.Sprint(args[3]), h.id) {
+			if len(args) < 6 || args[0] != "evalsha" || !strings.HasSuffix(argString(args[3]), h.id) {
 				continue
 			}
 			parks := false
 			for _, a := range args[4:8] {
-				parks = parks || strings.Contains(fmt.Sprint(a), "parked:")
+				parks = parks || strings.Contains(argString(a), "parked:")
 			}
 			if parks {
 				h.once.Do(func() {

@@ -56,6 +56,9 @@ func (h *takeoverHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		touches := false
 		for _, a := range cmd.Args() {
+			if p, ok := a.(*string); ok { // a script's keys go by pointer
+				a = *p
+			}
 			if s, ok := a.(string); ok && s == h.key {
 				touches = true
 			}

@@ -74,6 +74,9 @@ func isCmd(cmd redis.Cmder, name, sub string) bool {
 		return false
 	}
 	for _, a := range cmd.Args() {
+		if p, ok := a.(*string); ok { // a script's keys go by pointer
+			a = *p
+		}
 		if s, ok := a.(string); ok && strings.Contains(s, sub) {
 			return true
 		}
