@@ -414,6 +414,15 @@ var troupeBuild struct {
 	err  error
 }
 
+// TestMain removes the troupe binary the tests built, if any.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if troupeBuild.path != "" {
+		_ = os.RemoveAll(filepath.Dir(troupeBuild.path))
+	}
+	os.Exit(code)
+}
+
 // TestBenchNodesSmoke runs two nodes on one run's prefixes, inside the bench
 // and as child processes: every job must end SUCCEEDED exactly once, each job
 // be created by exactly one node, and the report carry each node's figures
