@@ -58,6 +58,12 @@ func TestResultsReachTheOwningReplica(t *testing.T) {
 	if taken == 0 {
 		t.Fatal("no result was forwarded although both replicas own jobs")
 	}
+	// Every forward starts from an activation that found the job busy on
+	// the other replica.
+	busy := counter(t, a, "troupe_job_activations_busy_total", "") + counter(t, b, "troupe_job_activations_busy_total", "")
+	if busy < taken {
+		t.Fatalf("%v busy activations, fewer than the %v results forwarded", busy, taken)
+	}
 }
 
 // waitLive waits until node n's router sees want live workers.

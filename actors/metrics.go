@@ -31,6 +31,10 @@ type Metrics struct {
 	Resent          prometheus.Counter
 	AdoptionLatency prometheus.Histogram
 	Held            prometheus.Counter
+	// Busy counts activations that found the job's lock held by another
+	// owner (store.ActivateBusy): with replicas, a job whose result or
+	// cancel reached a node other than the one running it.
+	Busy prometheus.Counter
 	// CapacityWaits counts the writes that put a job in SCHEDULED to wait
 	// for room in its pool (reason pool_overloaded or no_workers): one when
 	// it joins the router's wait queue, one per safety-net recheck of a
@@ -88,12 +92,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Jobs written SCHEDULED to wait for room in their pool (pool_overloaded, no_workers)."}, []string{"reason"}),
 		Held: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_unknown_job_events_held_total",
 			Help: "Results and cancels for a job with no record handed back to JetStream to wait for the record (a replica that lost it with Redis recreates it)."}),
+		Busy: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_job_activations_busy_total",
+			Help: "Job activations that found the job's lock held by another owner (its results and cancels go to that owner or back to JetStream; its submits are duplicates)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
 			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits,
-			m.Held)
+			m.Held, m.Busy)
 	}
 	return m
 }
@@ -131,6 +137,8 @@ func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
 		m.FailClosed.WithLabelValues(c.Label).Inc()
 	case lifecycle.MHeld:
 		m.Held.Inc()
+	case lifecycle.MBusy:
+		m.Busy.Inc()
 	case lifecycle.MQuarantined:
 		if output != nil {
 			output.Metrics.Quarantined(c.Label)

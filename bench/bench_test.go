@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"image/png"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -314,11 +316,7 @@ func TestBenchAdoptSmoke(t *testing.T) {
 	}
 	t.Parallel()
 	env := testenv.New(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "troupe")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/troupe-run/troupe/cmd/troupe").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
+	bin := troupeBinary(t)
 	cfg := smokeConfig(t, env, TargetTroupe)
 	cfg.RunID = env.Prefix + "a"
 	cfg.Node, cfg.ChildCommand = NodeChild, []string{bin, "bench", "__serve"}
@@ -386,5 +384,139 @@ func TestMaxParallelDefaults(t *testing.T) {
 			t.Errorf("hold %v, max-parallel %d: got %d, %v; want %d (error %v)",
 				tc.hold, tc.set, c.announcedMaxParallel(), err, tc.want, tc.wantErr)
 		}
+	}
+}
+
+// troupeBinary builds the troupe binary once for the tests that run the node
+// in child processes.
+func troupeBinary(t *testing.T) string {
+	t.Helper()
+	troupeBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "troupe-bench-test-")
+		if err != nil {
+			troupeBuild.err = err
+			return
+		}
+		troupeBuild.path = filepath.Join(dir, "troupe")
+		if out, err := exec.Command("go", "build", "-o", troupeBuild.path, "github.com/troupe-run/troupe/cmd/troupe").CombinedOutput(); err != nil {
+			troupeBuild.err = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if troupeBuild.err != nil {
+		t.Fatal(troupeBuild.err)
+	}
+	return troupeBuild.path
+}
+
+var troupeBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// TestMain removes the troupe binary the tests built, if any.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if troupeBuild.path != "" {
+		_ = os.RemoveAll(filepath.Dir(troupeBuild.path))
+	}
+	os.Exit(code)
+}
+
+// TestBenchNodesSmoke runs two nodes on one run's prefixes, inside the bench
+// and as child processes: every job must end SUCCEEDED exactly once, each job
+// be created by exactly one node, and the report carry each node's figures
+// and the forwarding between them.
+func TestBenchNodesSmoke(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []NodeMode{NodeInProcess, NodeChild} {
+		t.Run(string(mode), func(t *testing.T) {
+			if mode == NodeChild && testing.Short() {
+				t.Skip("builds the troupe binary")
+			}
+			t.Parallel()
+			env := testenv.New(t)
+			cfg := smokeConfig(t, env, TargetTroupe)
+			cfg.RunID = env.Prefix + "n" + string(mode[0])
+			cfg.Nodes, cfg.Node = 2, mode
+			if mode == NodeChild {
+				cfg.ChildCommand = []string{troupeBinary(t), "bench", "__serve"}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			res, err := Run(ctx, cfg)
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			var sum strings.Builder
+			FormatReport(&sum, res)
+			t.Log("\n" + sum.String())
+			if j := res.Jobs; !res.OK || j.Succeeded != cfg.Jobs || j.Duplicates != 0 {
+				t.Fatalf("want %d SUCCEEDED exactly once; got %+v (failures %v)", cfg.Jobs, j, res.Failures)
+			}
+			if res.Params.Nodes != 2 || len(res.PerNode) != 2 || res.PerNode[0].NodeID == res.PerNode[1].NodeID {
+				t.Fatalf("per-node figures %+v, want two distinct nodes", res.PerNode)
+			}
+			var created int64
+			for _, n := range res.PerNode {
+				created += n.Created
+				if n.RedisCommandsPerJob <= 0 || n.NATSPerJob <= 0 {
+					t.Errorf("node %s: no Redis or NATS traffic counted: %+v", n.NodeID, n)
+				}
+				if mode == NodeChild && (n.PID <= 0 || n.PID == os.Getpid() || n.CPUSec <= 0 || n.PeakRSSBytes <= 0) {
+					t.Errorf("node %s: a child's pid, CPU and peak RSS are its own: %+v", n.NodeID, n)
+				}
+			}
+			if mode == NodeChild && res.PerNode[0].PID == res.PerNode[1].PID {
+				t.Errorf("both nodes report pid %d", res.PerNode[0].PID)
+			}
+			if created != int64(cfg.Jobs) {
+				t.Errorf("the nodes created %d jobs between them, want %d (each job once)", created, cfg.Jobs)
+			}
+			f := res.Forwarding
+			if f == nil || f.BusyActivations < f.Taken {
+				t.Fatalf("forwarding %+v: every forward starts from a busy activation", f)
+			}
+			if !res.Node.Measured || res.Node.CPUSec <= 0 || !res.Redis.ClientMeasured || !res.NATS.NodeMeasured {
+				t.Errorf("summed node figures missing: node %+v redis %+v nats %+v", res.Node, res.Redis, res.NATS)
+			}
+			if row := Row(res, ""); !strings.Contains(row, string(mode)+" ×2") {
+				t.Errorf("row does not say two nodes: %s", row)
+			}
+		})
+	}
+}
+
+// TestNodesConfig: several nodes run Troupe, started by the bench, without
+// a hold.
+func TestNodesConfig(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		c  Config
+		ok bool
+	}{
+		{Config{}, true},
+		{Config{Nodes: 3}, true},
+		{Config{Nodes: 3, Node: NodeInProcess}, true},
+		{Config{Nodes: -1}, false},
+		{Config{Nodes: 2, Target: TargetFloor}, false},
+		{Config{Nodes: 2, Node: NodeExternal, RunID: "x"}, false},
+		{Config{Nodes: 2, Hold: true}, false},
+		{Config{Nodes: 2, Adopt: true}, false},
+	} {
+		c := tc.c
+		err := c.withDefaults()
+		if (err == nil) != tc.ok || (err == nil && c.Nodes < 1) {
+			t.Errorf("%+v: nodes %d, err %v; want ok %v", tc.c, c.Nodes, err, tc.ok)
+		}
+	}
+	if ids := nodeIDs("r1", 1); len(ids) != 1 || ids[0] != "bench-r1" {
+		t.Errorf("one node: %v", ids)
+	}
+	if ids := nodeIDs("r1", 3); len(ids) != 3 || ids[2] != "bench-r1-3" {
+		t.Errorf("three nodes: %v", ids)
+	}
+	if p := nodeProfilePath("out/node.prof", 2); p != "out/node-2.prof" {
+		t.Errorf("profile path %s", p)
 	}
 }

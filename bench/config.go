@@ -110,6 +110,13 @@ type Config struct {
 
 	// Node says where the node runs (default NodeChild).
 	Node NodeMode
+	// Nodes is how many Troupe nodes run the jobs (default 1): replicas
+	// with distinct node ids on the run's prefixes, so they share its
+	// streams' durable consumers, its Redis keys and its workers, as
+	// replicas in production do. Each is a child process of its own
+	// (NodeChild) or a node inside the bench (NodeInProcess). Target troupe
+	// only (the floor is one process); not with Hold or Adopt.
+	Nodes int
 	// ChildCommand runs ServeChild in a new process (NodeChild): the troupe
 	// binary sets it to itself with its hidden serve argument.
 	ChildCommand []string
@@ -222,6 +229,9 @@ func (c *Config) withDefaults() error {
 	default:
 		return fmt.Errorf("%w: unknown node mode %q", ErrConfig, c.Node)
 	}
+	if err := c.nodesDefaults(); err != nil {
+		return err
+	}
 	if c.RunID == "" {
 		c.RunID = newRunID()
 	}
@@ -262,6 +272,27 @@ func (c *Config) withDefaults() error {
 	}
 	if c.ParkAfter < 0 && c.ParkAfter != -1 {
 		c.ParkAfter = -1
+	}
+	return nil
+}
+
+// nodesDefaults fills Nodes and refuses the combinations several nodes do
+// not support.
+func (c *Config) nodesDefaults() error {
+	if c.Nodes == 0 {
+		c.Nodes = 1
+	}
+	switch {
+	case c.Nodes < 1:
+		return fmt.Errorf("%w: --nodes must be ≥ 1", ErrConfig)
+	case c.Nodes == 1:
+		return nil
+	case c.Target != TargetTroupe:
+		return fmt.Errorf("%w: --nodes %d: the floor runs in one process (only Troupe runs as several nodes)", ErrConfig, c.Nodes)
+	case c.Node == NodeExternal:
+		return fmt.Errorf("%w: --nodes %d: the bench starts the nodes (child or inproc), not --node external", ErrConfig, c.Nodes)
+	case c.Hold || c.Adopt:
+		return fmt.Errorf("%w: --nodes %d: --hold and --adopt run one node", ErrConfig, c.Nodes)
 	}
 	return nil
 }

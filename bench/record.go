@@ -54,6 +54,9 @@ func WriteComparison(c *Comparison, dir string) (string, error) {
 func FormatReport(w io.Writer, res *Result) {
 	p := res.Params
 	fmt.Fprintf(w, "troupe bench: %s, node %s", res.Target, res.NodeMode)
+	if p.Nodes > 1 {
+		fmt.Fprintf(w, " ×%d (replicas on one Redis and NATS)", p.Nodes)
+	}
 	if res.Node.PID > 0 {
 		fmt.Fprintf(w, " (pid %d)", res.Node.PID)
 	}
@@ -86,6 +89,9 @@ func FormatReport(w io.Writer, res *Result) {
 		fmt.Fprintf(w, "   [%s]\n", n.Scope)
 	} else {
 		fmt.Fprintf(w, "  node          CPU and RSS not measured [%s]\n", n.Scope)
+	}
+	if p.Nodes > 1 {
+		formatNodes(w, res)
 	}
 	rd := res.Redis
 	fmt.Fprintf(w, "  redis         ")
@@ -127,6 +133,28 @@ func FormatReport(w io.Writer, res *Result) {
 			fmt.Fprintf(w, " %s", res.Files.CPUProfile)
 		}
 		fmt.Fprintln(w)
+	}
+}
+
+// formatNodes prints what several nodes cost each other and each node's
+// share.
+func formatNodes(w io.Writer, res *Result) {
+	if f := res.Forwarding; f != nil {
+		fmt.Fprintf(w, "  forwarding    %d results/cancels forwarded to their job's owner = %.3f per job (%d of them handed back "+
+			"to JetStream); %d activations found the job owned by another node = %.3f per job\n",
+			f.Taken+f.Returned, f.PerJob, f.Returned, f.BusyActivations, f.BusyPerJob)
+	}
+	for i, n := range res.PerNode {
+		fmt.Fprintf(w, "  node %-9d%s", i+1, n.NodeID)
+		if n.PID > 0 {
+			fmt.Fprintf(w, " (pid %d)", n.PID)
+		}
+		if n.CPUSec > 0 || n.PeakRSSBytes > 0 {
+			fmt.Fprintf(w, ": %.4f CPU-s per 1k jobs of the run, peak RSS %.1f MiB", n.CPUSecPer1k, float64(n.PeakRSSBytes)/(1<<20))
+		}
+		fmt.Fprintf(w, "; created %d, dispatched %d, completed %d jobs; forwarded %d, %d busy activations; "+
+			"redis %.2f commands, nats %.2f messages per job of the run\n",
+			n.Created, n.Dispatched, n.Completed, n.Forwarded, n.Busy, n.RedisCommandsPerJob, n.NATSPerJob)
 	}
 }
 
@@ -202,6 +230,9 @@ const RunsMarker = "<!-- troupe bench: new rows go above this line -->"
 func Row(res *Result, note string) string {
 	p := res.Params
 	mode := string(res.NodeMode)
+	if p.Nodes > 1 {
+		mode += fmt.Sprintf(" ×%d", p.Nodes)
+	}
 	params := fmt.Sprintf("%d jobs, %d w, %s", p.Jobs, p.Workers, rateText(p.Rate))
 	if p.DelayMs > 0 {
 		params += fmt.Sprintf(", delay %.0f ms", p.DelayMs)
@@ -255,6 +286,9 @@ func capacityCell(res *Result) string {
 	}
 	if res.CapacityWaitsPerJob != nil {
 		s += fmt.Sprintf(", %.3f waits/job", *res.CapacityWaitsPerJob)
+	}
+	if res.Params.Nodes > 1 && res.Forwarding != nil {
+		s += fmt.Sprintf(", %.3f forwarded/job", res.Forwarding.PerJob)
 	}
 	return s
 }

@@ -59,6 +59,14 @@ type Result struct {
 	// wait for room in their pool. Absent when not read (floor, external).
 	CapacityWaitsPerJob *float64 `json:"capacity_waits_per_job,omitempty"`
 
+	// Forwarding is what the nodes cost each other: results and cancels
+	// passed from the node that fetched them to the node owning their job,
+	// and activations that found the job owned elsewhere (0 with one node).
+	// Absent when the node's counters are not read (floor, external).
+	Forwarding *ForwardingCost `json:"forwarding,omitempty"`
+	// PerNode is each node's figures when several ran (Params.Nodes > 1).
+	PerNode []NodeFigures `json:"per_node,omitempty"`
+
 	Files Files `json:"files,omitempty"`
 }
 
@@ -74,6 +82,8 @@ type Params struct {
 	Heartbeat string  `json:"heartbeat"`
 	// MaxParallel is the max_parallel_jobs the workers announce (0: none).
 	MaxParallel int32 `json:"max_parallel"`
+	// Nodes is how many Troupe nodes ran the jobs (the floor: 1).
+	Nodes int `json:"nodes,omitempty"`
 }
 
 // Env describes where the run happened.

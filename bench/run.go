@@ -66,6 +66,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 func Compare(ctx context.Context, cfg Config) (*Comparison, error) {
 	tc, fc := cfg, cfg
 	tc.Target, fc.Target = TargetTroupe, TargetFloor
+	fc.Nodes = 1 // the floor is one process, whatever Troupe runs as
 	if cfg.RunID != "" {
 		tc.RunID, fc.RunID = cfg.RunID+"t", cfg.RunID+"f"
 	}
@@ -126,7 +127,7 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 		Target: cfg.Target, NodeMode: cfg.Node, RunID: cfg.RunID, Started: time.Now().UTC(),
 		Params: Params{Jobs: cfg.Jobs, Workers: cfg.Workers, Rate: cfg.Rate, DelayMs: durMs(cfg.Delay),
 			Warmup: cfg.Warmup, Topic: cfg.Topic, Window: cfg.SubmitWindow, Heartbeat: cfg.Heartbeat.String(),
-			MaxParallel: cfg.announcedMaxParallel()},
+			MaxParallel: cfg.announcedMaxParallel(), Nodes: cfg.Nodes},
 		Env: Env{Machine: describeMachine(), RedisVersion: orUnknown(srv0.version),
 			NATSVersion: orUnknown(r.wconn.ConnectedServerVersion()), Git: gitDescribe(), LoadStart: loadAverage()},
 	}
@@ -163,13 +164,23 @@ func (r *runner) startTarget(ctx context.Context) error {
 	cfg := r.cfg
 	spec := sutSpec{Role: cfg.Target, RedisURL: cfg.RedisURL, NATSURL: cfg.NATSURL,
 		KeyPrefix: r.pfx.Key, SubjectPrefix: r.pfx.Subject, StreamPrefix: r.pfx.Stream,
-		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: "bench-" + cfg.RunID, WorkerIDs: workerIDs(cfg.Workers),
+		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: nodeIDs(cfg.RunID, 1)[0], WorkerIDs: workerIDs(cfg.Workers),
 		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit}
 	if cfg.Hold {
 		// Held jobs stay DISPATCHED far longer than the default 300 s.
 		spec.DispatchTimeout = holdDispatchTimeout
 	}
 	r.spec = spec
+	if cfg.Nodes > 1 {
+		lv := slog.LevelWarn
+		_ = lv.UnmarshalText([]byte(cfg.NodeLogLevel))
+		t, err := startNodes(ctx, cfg, spec, nodeIDs(cfg.RunID, cfg.Nodes), slog.New(logx.LevelFloor(r.log.Handler(), lv)))
+		if err != nil {
+			return err
+		}
+		r.tgt = t
+		return nil
+	}
 	var err error
 	switch cfg.Node {
 	case NodeChild:
@@ -292,6 +303,9 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 			return nil, fmt.Errorf("bench: cpu profile: %w", err)
 		}
 		res.Files.CPUProfile = cfg.CPUProfile
+		if nt, ok := r.tgt.(*nodesTarget); ok && len(nt.profiles) > 0 {
+			res.Files.CPUProfile = strings.Join(nt.profiles, " ") // one per node process
+		}
 	}
 	deadline := time.Now().Add(cfg.Timeout)
 	type submitDone struct {
@@ -547,6 +561,7 @@ func (r *runner) costs(before, after snapshot) {
 		res.Node.MallocsPerJob = math.Round(float64(after.node.Mallocs-before.node.Mallocs) / n)
 	}
 	res.CapacityWaitsPerJob = capacityWaitsPerJob(before.node.CapacityWaits, after.node.CapacityWaits, n)
+	r.nodeCosts(before, after)
 	if r.cfg.Node == NodeExternal && !has.CPU {
 		res.Notes = append(res.Notes, "node CPU and RSS not measured: pass --node-pid for an external node")
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
@@ -145,6 +146,41 @@ type Snap struct {
 	// CapacityWaits is the node's troupe_capacity_waits_total summed over
 	// its reasons; nil when the sut is no node (the floor).
 	CapacityWaits *float64 `json:"capacity_waits,omitempty"`
+	// Node is the node's job and forwarding counters; nil when the sut is
+	// no node (the floor).
+	Node *NodeCounters `json:"node_counters,omitempty"`
+	// NodeID names the node (the floor's slot too).
+	NodeID string `json:"node_id,omitempty"`
+	// PID is the process the node runs in; set by the bench, not sent by a
+	// child (its ready reply carries it).
+	PID int `json:"-"`
+	// Parts are the readings of each node when the bench runs several
+	// (Config.Nodes > 1); this Snap is then their sum. Never sent by a
+	// child.
+	Parts []Snap `json:"-"`
+}
+
+// NodeCounters are counters the bench reads from a node's Prometheus
+// registry (actors.Metrics), each summed over its labels unless split here.
+type NodeCounters struct {
+	// Received: jobs this node created from a submit
+	// (troupe_jobs_received_total).
+	Received float64 `json:"received"`
+	// Dispatched: job requests it published to a worker
+	// (troupe_jobs_dispatched_total).
+	Dispatched float64 `json:"dispatched"`
+	// Completed: jobs it wrote terminal, any state
+	// (troupe_jobs_completed_total).
+	Completed float64 `json:"completed"`
+	// ForwardTaken and ForwardReturned: results and cancels it passed to
+	// the node owning their job, which took them or did not (then the
+	// message went back to JetStream): troupe_events_forwarded_total by
+	// outcome.
+	ForwardTaken    float64 `json:"forward_taken"`
+	ForwardReturned float64 `json:"forward_returned"`
+	// Busy: its job activations that found the job's lock held by another
+	// node (troupe_job_activations_busy_total).
+	Busy float64 `json:"busy"`
 }
 
 // counters reads everything but CPU and RSS, which depend on where the sut
@@ -153,34 +189,73 @@ func (s *sut) counters() Snap {
 	st := s.nc.Stats()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return Snap{Redis: s.rc.snapshot(), NATSIn: st.InMsgs, NATSOut: st.OutMsgs,
+	sn := Snap{Redis: s.rc.snapshot(), NATSIn: st.InMsgs, NATSOut: st.OutMsgs,
 		GCs: ms.NumGC, AllocBytes: ms.TotalAlloc, Mallocs: ms.Mallocs, HeapAlloc: ms.HeapAlloc,
-		CapacityWaits: s.capacityWaits()}
+		NodeID: s.spec.NodeID}
+	sn.CapacityWaits, sn.Node = s.nodeCounters()
+	return sn
 }
 
-// capacityWaitsMetric is the node's counter of jobs written SCHEDULED to
-// wait for room in their pool (actors.Metrics.CapacityWaits).
-const capacityWaitsMetric = "troupe_capacity_waits_total"
+// Node metrics the bench reads (actors.Metrics).
+const (
+	// capacityWaitsMetric counts jobs written SCHEDULED to wait for room in
+	// their pool.
+	capacityWaitsMetric = "troupe_capacity_waits_total"
+	receivedMetric      = "troupe_jobs_received_total"
+	dispatchedMetric    = "troupe_jobs_dispatched_total"
+	completedMetric     = "troupe_jobs_completed_total"
+	forwardedMetric     = "troupe_events_forwarded_total" // label outcome: taken, returned
+	busyMetric          = "troupe_job_activations_busy_total"
+)
 
-// capacityWaits sums the node's capacity-wait counter over its reasons (nil
-// with no node); 0 before any wait, since a counter vec with no label values
-// yet is not gathered. A Gather error still returns what it could read, and
-// one bad collector elsewhere must not hide this counter.
-func (s *sut) capacityWaits() *float64 {
+// nodeCounters reads the node's capacity waits (summed over their reasons)
+// and its job and forwarding counters from its registry; nil, nil with no
+// node. A counter not yet gathered reads 0 (a counter vec with no label
+// values yet is not gathered). A Gather error still returns what it could
+// read, and one bad collector elsewhere must not hide these counters.
+func (s *sut) nodeCounters() (*float64, *NodeCounters) {
 	if s.node == nil || s.node.Metrics() == nil {
-		return nil
+		return nil, nil
 	}
 	mfs, _ := s.node.Metrics().Gather()
-	var sum float64
+	var waits float64
+	nc := &NodeCounters{}
 	for _, mf := range mfs {
-		if mf.GetName() != capacityWaitsMetric {
-			continue
-		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue()
+			v := m.GetCounter().GetValue()
+			switch mf.GetName() {
+			case capacityWaitsMetric:
+				waits += v
+			case receivedMetric:
+				nc.Received += v
+			case dispatchedMetric:
+				nc.Dispatched += v
+			case completedMetric:
+				nc.Completed += v
+			case busyMetric:
+				nc.Busy += v
+			case forwardedMetric:
+				switch labelValue(m.GetLabel(), "outcome") {
+				case "taken":
+					nc.ForwardTaken += v
+				case "returned":
+					nc.ForwardReturned += v
+				}
+			}
 		}
 	}
-	return &sum
+	return &waits, nc
+}
+
+// labelValue is the value of label name among a metric's labels ("" when
+// absent).
+func labelValue(labels []*dto.LabelPair, name string) string {
+	for _, l := range labels {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 // inflight reads what a hold run samples: a GC first (so HeapAlloc is the

@@ -175,6 +175,7 @@ const (
 	MFailClosed // label: topic
 	MQuarantined
 	MHeld // a result or cancel for a job with no record, handed back
+	MBusy // an activation found the job's lock held by another owner
 )
 
 // Count adds one to a counter; Observe records a value in a histogram.

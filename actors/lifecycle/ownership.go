@@ -145,6 +145,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		// results and cancels go to the owner (or back to JetStream). A
 		// lock with no record behind it is not a live job: the submit goes
 		// back too.
+		j.count(MBusy, "")
 		j.State = r.State
 		if r.State == "" {
 			j.nakAll(second)

@@ -34,6 +34,8 @@ func runBench(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.RedisURL, "redis", envOr("TROUPE_REDIS_URL", bench.RedisURLDefault), "Redis URL (env TROUPE_REDIS_URL)")
 	fs.StringVar(&cfg.NATSURL, "nats", envOr("TROUPE_NATS_URL", bench.NATSURLDefault), "NATS URL (env TROUPE_NATS_URL)")
 	node := fs.String("node", string(bench.NodeChild), "where the node runs: child (a child process: clean CPU/RSS), inproc (inside the bench), external")
+	fs.IntVar(&cfg.Nodes, "nodes", 1, "Troupe nodes (replicas sharing the run's Redis keys, streams and workers), each a child process "+
+		"(or inside the bench with --node inproc); the floor stays one process")
 	external := fs.Bool("external", false, "same as --node external: submit to and observe a node you started with the run's prefixes (needs --run-id)")
 	fs.IntVar(&cfg.NodePID, "node-pid", 0, "with --node external: the node's pid, to read its CPU and RSS from /proc")
 	fs.StringVar(&cfg.RunID, "run-id", "", "run id [a-z0-9] that derives the key, subject and stream prefixes (default: random)")
@@ -129,8 +131,12 @@ func benchCompare(ctx context.Context, cfg bench.Config, out, record string, noR
 	if c.Floor != nil {
 		fmt.Println()
 		bench.FormatReport(os.Stdout, c.Floor)
-		fmt.Printf("\nTroupe %.0f jobs/s = %.1f%% of the floor's %.0f jobs/s (same invocation, %s)\n",
-			c.Troupe.JobsPerSec, c.OfFloor*100, c.Floor.JobsPerSec, path)
+		troupe := "Troupe"
+		if n := c.Troupe.Params.Nodes; n > 1 {
+			troupe = fmt.Sprintf("Troupe on %d nodes", n)
+		}
+		fmt.Printf("\n%s %.0f jobs/s = %.1f%% of the floor's %.0f jobs/s (the floor in one process; same invocation, %s)\n",
+			troupe, c.Troupe.JobsPerSec, c.OfFloor*100, c.Floor.JobsPerSec, path)
 	}
 	var recErr error
 	if !noRecord {
