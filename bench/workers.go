@@ -147,8 +147,8 @@ func (f *fleet) heartbeats(every time.Duration) {
 
 // onRequest is the hot path of a simulated worker: note the receipt time
 // first (before decoding, so the harness's own decode is not billed to the
-// node), then answer. The job counts as held from its receipt until its
-// answer is published, instant answers included.
+// node), then answer. The job counts as held from its receipt until the
+// worker answers it, instant answers included.
 func (f *fleet) onRequest(w int, m *nats.Msg) {
 	at := f.tracker.now()
 	pkt, err := bus.Decode(m.Data)
@@ -166,16 +166,20 @@ func (f *fleet) onRequest(w int, m *nats.Msg) {
 		f.heldMu.Unlock()
 		return
 	}
+	// The job stops counting as held when the worker answers, before the
+	// answer goes out: a node may free the slot and send the next job as
+	// soon as it reads the answer, and that receipt must not find this job
+	// still counted (a real worker's slot is free once it has answered).
 	if f.delay <= 0 {
-		f.answer(w, i, pkt.TraceId, req.JobId)
 		f.active[w].Add(-1)
+		f.answer(w, i, pkt.TraceId, req.JobId)
 		return
 	}
 	f.timers.Add(1)
 	time.AfterFunc(f.delay, func() {
 		defer f.timers.Done()
-		f.answer(w, i, pkt.TraceId, req.JobId)
 		f.active[w].Add(-1)
+		f.answer(w, i, pkt.TraceId, req.JobId)
 	})
 }
 
@@ -239,8 +243,8 @@ func (f *fleet) releaseHeld() int {
 	f.held = nil
 	f.heldMu.Unlock()
 	for _, h := range held {
-		f.answer(h.w, h.i, h.trace, h.id)
 		f.active[h.w].Add(-1)
+		f.answer(h.w, h.i, h.trace, h.id)
 	}
 	_ = f.nc.Flush()
 	return len(held)

@@ -134,7 +134,18 @@ func OnFetchError(f func(error)) ConsumeOption {
 // wait for it. With two, the server hands them to the other loop's pull;
 // both stalling at once is the rare case. At full speed the second pull is
 // already waiting when the first batch is full.
+//
+// At low rates each fetch lasts its whole max wait, so loops started
+// together would expire together, and a hiccup at that moment would catch
+// both: loop i starts i/FetchLoops of a max wait late and waits
+// FetchMaxWait + i×fetchWaitSpread, so their expiries drift apart.
 const FetchLoops = 2
+
+// FetchMaxWait is a fetch's max wait; fetchWaitSpread is added per loop.
+const (
+	FetchMaxWait    = time.Second
+	fetchWaitSpread = 137 * time.Millisecond
+)
 
 // Consume pulls from the durable consumer kind in batches and calls handle for
 // every message until ctx ends, from FetchLoops goroutines at once (handle
@@ -160,15 +171,18 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 	if err != nil {
 		return fmt.Errorf("bus: consumer %s: %w", kind, err)
 	}
-	for range FetchLoops {
-		go fetchLoop(ctx, cons, StreamName(prefix, kind), log, handle, hold, o)
+	for i := range FetchLoops {
+		start := time.Duration(i) * FetchMaxWait / FetchLoops
+		wait := FetchMaxWait + time.Duration(i)*fetchWaitSpread
+		go fetchLoop(ctx, cons, StreamName(prefix, kind), log, handle, hold, start, wait, o)
 	}
 	return nil
 }
 
 // fetchLoop is one of Consume's loops.
 func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log *slog.Logger,
-	handle func(jetstream.Msg), hold func() bool, o consumeOpts) {
+	handle func(jetstream.Msg), hold func() bool, start, wait time.Duration, o consumeOpts) {
+	sleep(ctx, start)
 	backoff := 100 * time.Millisecond
 	failed := func(err error) {
 		log.Warn("fetch failed", "stream", stream, "err", err)
@@ -183,7 +197,7 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 			sleep(ctx, HoldPoll)
 			continue
 		}
-		batch, err := cons.Fetch(FetchBatch, jetstream.FetchMaxWait(time.Second))
+		batch, err := cons.Fetch(FetchBatch, jetstream.FetchMaxWait(wait))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
