@@ -519,3 +519,95 @@ func TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo(t *testing.T) {
 		t.Fatalf("worker held up to %d (%d overfills)", w.maxHeld.Load(), w.overfills.Load())
 	}
 }
+
+// TestCapacityABurstWaitsInTheStreamAtMaxAdmitting: a node holding
+// MaxAdmitting jobs it has taken from the submit stream and neither
+// dispatched, written as waiting, nor finished pulls no more submits (a
+// pull already waiting still takes up to a fetch batch) — the rest of a
+// burst waits in JetStream, not as actors in the node — and takes them as
+// its jobs are dispatched. Every job is counted out again: the
+// count is back to 0 when all have ended (a duplicate submit included).
+func TestCapacityABurstWaitsInTheStreamAtMaxAdmitting(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		noBackoff(c)
+		c.MaxAdmitting = 10
+		c.CapacityGrace = time.Minute // queued jobs stay unwritten (and counted) for the test
+	})
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "narrow", 2, time.Hour, g.wait)
+	f.waitWorkers(1)
+	for i := range 12 { // 2 dispatched, 10 queued within their grace
+		f.submit(echoReq("adm-" + strconv.Itoa(i)))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for f.node.Admitting() != 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("admitting %d, want 10 (12 submitted, 2 dispatched)", f.node.Admitting())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx := context.Background()
+	cons, err := f.js.Consumer(ctx, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pull already waiting at the server when the bound was reached still
+	// takes what comes (up to a fetch batch per loop); the hold stops the
+	// next pulls. Once none is waiting, nothing more is taken.
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumWaiting == 0 {
+			break
+		}
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatalf("%d pulls still waiting at the server while the node is at its bound", info.NumWaiting)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := 12; i < 32; i++ {
+		f.submit(echoReq("adm-" + strconv.Itoa(i)))
+	}
+	// Held: the 20 new submits stay in the stream, un-fetched, while the
+	// node is at its bound (checked for longer than a fetch's max wait).
+	for end := time.Now().Add(2 * bus.FetchMaxWait); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending != 20 || f.node.Admitting() != 10 {
+			t.Fatalf("at the bound: %d submits left in the stream, %d admitting; want 20 and 10",
+				info.NumPending, f.node.Admitting())
+		}
+	}
+	for _, id := range []string{w.waitGot(5 * time.Second), w.waitGot(5 * time.Second)} {
+		g.open(id, true)
+	}
+	go func() { // answer every later job as it arrives
+		for {
+			select {
+			case id := <-w.got:
+				g.open(id, true)
+			case <-w.stop:
+				return
+			}
+		}
+	}()
+	for i := range 32 {
+		f.waitStateWithin("adm-"+strconv.Itoa(i), core.StateSucceeded, 20*time.Second)
+	}
+	f.submit(echoReq("adm-0")) // a duplicate of a finished job
+	deadline = time.Now().Add(10 * time.Second)
+	for f.node.Admitting() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("admitting %d after every job ended, want 0", f.node.Admitting())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if w.overfills.Load() != 0 {
+		t.Fatalf("%d overfills", w.overfills.Load())
+	}
+}

@@ -59,10 +59,15 @@ func (n *Node) Workers() ([]router.WorkerInfo, error) {
 
 // holdSubmits is the submit fetch loop's backpressure: while the node has
 // as many fresh jobs waiting for capacity within their grace as it may
-// (actors.Env.MaxUnwrittenWaits), it pulls no more submits. Other jobs are
-// not held up for long by it: a waiting job leaves that set when it is
-// placed or, at the latest, when its grace ends.
-func (n *Node) holdSubmits() bool { return n.env.Unwritten.Load() >= n.env.MaxUnwrittenWaits }
+// (actors.Env.MaxUnwrittenWaits), or as many jobs taken from the stream and
+// not yet dispatched, written or finished (actors.Env.MaxAdmitting), it
+// pulls no more submits. Other jobs are not held up for long by it: a
+// waiting job leaves those sets when it is placed or, at the latest, when
+// its grace ends.
+func (n *Node) holdSubmits() bool {
+	return n.env.Unwritten.Load() >= n.env.MaxUnwrittenWaits ||
+		n.env.MaxAdmitting > 0 && n.env.Admitting.Load() >= n.env.MaxAdmitting
+}
 
 // QueuePosition says how many jobs wait before jobID in its pool's
 // capacity queue, asking the node that owns the job (its lock holder) when

@@ -99,6 +99,13 @@ type Config struct {
 	// (default actors.CapacityGraceDefault; negative: write at once). See
 	// README, "Routing and capacity".
 	CapacityGrace time.Duration
+	// MaxAdmitting bounds the jobs the node has taken from the submit
+	// stream and not yet dispatched, written as waiting for capacity, or
+	// finished: at the bound it pulls no more submits, so a burst waits in
+	// JetStream instead of in the node's memory (default
+	// actors.MaxAdmittingDefault, 8,000; negative: no bound). Gauge
+	// troupe_jobs_admitting.
+	MaxAdmitting int
 	// ResendAfter is how long a job directly dispatched to a worker that
 	// dedupes by job id (heartbeat label troupe.dedupe=job_id) may stay
 	// DISPATCHED with no progress or result before the dispatch is

@@ -26,3 +26,7 @@ func (n *Node) ParkedInMemory() (int, error) {
 	}
 	return total, nil
 }
+
+// Admitting is the node's count of jobs taken from the submit stream and
+// not yet dispatched, written as waiting, or finished.
+func (n *Node) Admitting() int64 { return n.env.Admitting.Load() }

@@ -357,6 +357,7 @@ func (n *Node) Start(ctx context.Context) error {
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
+		MaxAdmitting: int64(n.cfg.MaxAdmitting),
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -367,6 +368,11 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
+	env := n.env
+	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "troupe_jobs_admitting",
+		Help: "Jobs taken from the submit stream and not yet dispatched, written as waiting, or finished; at actors.MaxAdmittingDefault the node pulls no more submits.",
+	}, func() float64 { return float64(env.Admitting.Load()) }))
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
 	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, jobOpts...), n.log, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {

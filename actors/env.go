@@ -48,6 +48,17 @@ const (
 	// their grace (un-acked submits count against the consumer's
 	// MaxAckPending; past this bound a waiting job is written at once).
 	MaxUnwrittenWaitsDefault = 10000
+	// MaxAdmittingDefault bounds the jobs a node has taken from the submit
+	// stream and not yet dispatched, written as waiting, or finished (see
+	// Env.Admitting). While it holds that many, it pulls no more submits:
+	// a burst waits in JetStream rather than as actors in the node's memory
+	// — and jobs that would wait for capacity behind it are not written
+	// SCHEDULED for a wait that comes from the node's own backlog. A pull
+	// already waiting at the server when the bound is reached still takes
+	// up to a fetch batch per fetch loop, so the count can pass it by that
+	// much; the default stays that far below MaxUnwrittenWaitsDefault, so a
+	// job queued within the node's bound always gets its grace.
+	MaxAdmittingDefault = 8000
 
 	// CapacityRecheck: see package lifecycle.
 	CapacityRecheck = lifecycle.CapacityRecheck
@@ -162,6 +173,13 @@ type Env struct {
 	MaxUnwrittenWaits int64
 	Unwritten         *atomic.Int64
 
+	// Admitting counts the jobs whose actor was started by their submit and
+	// that have not yet been dispatched, written as waiting for capacity,
+	// or finished (shared by the node's actors; the submit fetch loop holds
+	// while it is at MaxAdmitting). Negative MaxAdmitting: no bound.
+	MaxAdmitting int64
+	Admitting    *atomic.Int64
+
 	MaxSchedulingAttempts int
 	PermanentGrace        time.Duration
 	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
@@ -210,6 +228,12 @@ func (e *Env) WithDefaults() *Env {
 	}
 	if e.Unwritten == nil {
 		e.Unwritten = &atomic.Int64{}
+	}
+	if e.MaxAdmitting == 0 {
+		e.MaxAdmitting = MaxAdmittingDefault
+	}
+	if e.Admitting == nil {
+		e.Admitting = &atomic.Int64{}
 	}
 	if e.Log == nil {
 		e.Log = slog.Default()

@@ -53,6 +53,10 @@ type JobActor struct {
 	// trace is the job's OpenTelemetry spans (nil: tracing off); see
 	// tracing.go in this package.
 	trace *jobSpans
+	// started: the actor has had its first event; admitting: that event
+	// was a submit, and the job counts in Env.Admitting until it is
+	// dispatched, written as waiting, or its actor finishes or stops.
+	started, admitting bool
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -79,6 +83,7 @@ func (a *JobActor) Receive(c actor.Context) {
 	case *actor.Stopping:
 		a.step(c, &lifecycle.Stopping{})
 	case *actor.Stopped:
+		a.admitted()
 		a.env.Metrics.LiveActors.Dec()
 		if a.trace != nil {
 			a.trace.end(tracing.EndStopped)
@@ -88,6 +93,7 @@ func (a *JobActor) Receive(c actor.Context) {
 		// actor references so that costs a struct, not the job.
 		a.job, a.timer, a.trace = nil, nil, nil
 	case *actor.Restarting:
+		a.admitted()
 		a.env.Metrics.LiveActors.Dec() // Started follows and counts it again
 		a.step(c, &lifecycle.Restarting{})
 		if a.trace != nil {
@@ -112,6 +118,13 @@ func (a *JobActor) step(c actor.Context, ev any) {
 	if a.job == nil {
 		return
 	}
+	if !a.started {
+		a.started = true
+		if _, ok := ev.(*lifecycle.Submit); ok {
+			a.admitting = true
+			a.env.Admitting.Add(1)
+		}
+	}
 	for ev != nil {
 		var next any
 		for _, e := range a.job.Step(ev, a) {
@@ -132,7 +145,18 @@ func (a *JobActor) GraceRoom() bool { return a.env.Unwritten.Load() < a.env.MaxU
 func (a *JobActor) DataLost() bool  { return a.env.DataLost != nil && a.env.DataLost() }
 func (a *JobActor) Connected() bool { return a.env.Connected == nil || a.env.Connected() }
 func (a *JobActor) Count(m lifecycle.Metric, label string) {
+	if m == lifecycle.MCapacityWaits {
+		a.admitted() // written as waiting: its submit is acked
+	}
 	a.env.Metrics.count(lifecycle.Count{M: m, Label: label}, a.env.Output)
+}
+
+// admitted ends the job's count in Env.Admitting, once.
+func (a *JobActor) admitted() {
+	if a.admitting {
+		a.admitting = false
+		a.env.Admitting.Add(-1)
+	}
 }
 func (a *JobActor) Observe(m lifecycle.Metric, v float64) {
 	if a.trace != nil {
@@ -187,6 +211,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.ScanContent:
 		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), e.Req)
 	case lifecycle.PublishRequest:
+		a.admitted()
 		return a.publishRequest(e)
 	case lifecycle.TellClient:
 		a.tellClient(e)
@@ -220,6 +245,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.Forward:
 		a.forward(e)
 	case lifecycle.Finish:
+		a.admitted()
 		if a.trace != nil {
 			a.trace.finish(a.job.State, e.Parked)
 		}
