@@ -54,15 +54,23 @@ func startLossyWorker(t *testing.T, f *fixture, id string) *lossyWorker {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	f.heartbeatAs(t, id, map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+		registry.LabelDedupe: registry.DedupeJobID})
+	return lw
+}
+
+// heartbeatAs publishes worker id's heartbeat (pool echo, max_parallel 64,
+// labels) now and every second until the test ends, and waits until the
+// router has seen it: a hand-written CAP worker's liveness.
+func (f *fixture) heartbeatAs(t *testing.T, id string, labels map[string]string) {
+	t.Helper()
 	beat := func() {
 		data, _ := bus.EncodeHeartbeat(id, &capv1.Heartbeat{WorkerId: id, Pool: "echo", MaxParallelJobs: 64,
-			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
-				registry.LabelDedupe: registry.DedupeJobID}})
-		_ = nc.Publish(f.subj.Heartbeat, data)
+			Labels: labels})
+		_ = f.env.NATS.Publish(f.subj.Heartbeat, data)
 	}
 	beat()
-	stop := make(chan struct{})
-	done := make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		tk := time.NewTicker(time.Second)
@@ -78,7 +86,6 @@ func startLossyWorker(t *testing.T, f *fixture, id string) *lossyWorker {
 	}()
 	t.Cleanup(func() { close(stop); <-done })
 	f.waitWorkers(1)
-	return lw
 }
 
 func (lw *lossyWorker) times(id string) []time.Time {

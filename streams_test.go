@@ -182,29 +182,8 @@ func startStreamLossWorker(t *testing.T, f *fixture, id string) *streamLossWorke
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	beat := func() {
-		data, _ := bus.EncodeHeartbeat(id, &capv1.Heartbeat{WorkerId: id, Pool: "echo", MaxParallelJobs: 64,
-			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect,
-				registry.LabelDedupe: registry.DedupeJobID, registry.LabelProgress: registry.ProgressStarted}})
-		_ = nc.Publish(f.subj.Heartbeat, data)
-	}
-	beat()
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		tk := time.NewTicker(time.Second)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-				beat()
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-	f.waitWorkers(1)
+	f.heartbeatAs(t, id, map[string]string{registry.LabelDispatch: registry.DispatchDirect,
+		registry.LabelDedupe: registry.DedupeJobID, registry.LabelProgress: registry.ProgressStarted})
 	return sw
 }
 
