@@ -1,12 +1,16 @@
 -- downgrade: moves a SUCCEEDED job to OUTPUT_QUARANTINED, the one exit from
 -- a terminal state, only if it is still SUCCEEDED. A terminal job holds no
--- lock; the compare-and-set on its state is the ownership check. History
--- entries are "unix_ms|from|to|reason|node".
+-- lock; the compare-and-set on its state is the ownership check. The step
+-- goes into the job's history, a field of its record (see lib/history.lua,
+-- which runs in front of this); a record that an older version wrote
+-- last has its list moved into the record (as in transition.lua).
 --
--- KEYS[1]  job_key         the job's record (Keys.Job)
--- KEYS[2]  hist_key        the job's history (Keys.History)
--- KEYS[3]  from_index_key  the shard's SUCCEEDED index (Keys.Index)
--- KEYS[4]  to_index_key    the shard's OUTPUT_QUARANTINED index
+-- KEYS[1]  job_key          the job's record, history included (Keys.Job)
+-- KEYS[2]  legacy_hist_key  the list an older version kept the history in
+--                           (Keys.LegacyHistory): read and deleted only
+--                           for a record such a version wrote last
+-- KEYS[3]  from_index_key   the shard's SUCCEEDED index (Keys.Index)
+-- KEYS[4]  to_index_key     the shard's OUTPUT_QUARANTINED index
 -- ARGV[1]  now_ms
 -- ARGV[2]  reason
 -- ARGV[3]  node
@@ -16,7 +20,7 @@
 -- Returns {status, state}: OK, or CONFLICT with the job's state ('' if it
 -- has no record).
 local job_key = KEYS[1]
-local hist_key = KEYS[2]
+local legacy_hist_key = KEYS[2]
 local from_index_key = KEYS[3]
 local to_index_key = KEYS[4]
 local now_ms = ARGV[1]
@@ -25,12 +29,24 @@ local node = ARGV[3]
 local job_id = ARGV[4]
 local first_field = 5
 
-local st = redis.call('HGET', job_key, 's')
+local rec = redis.call('HMGET', job_key, 's', 'h', 'hn', 'updated', 'hu')
+local st = rec[1]
 if st ~= 'SUCCEEDED' then return {'CONFLICT', st or ''} end
-local f = {'s', 'OUTPUT_QUARANTINED', 'updated', now_ms, 'reason', reason}
+-- An older version wrote the record last (see transition.lua).
+local hist = {}
+if rec[5] ~= rec[4] then
+  hist = redis.call('LRANGE', legacy_hist_key, 0, -1)
+end
+local legacy = #hist > 0
+hist[#hist + 1] = historyEntry(now_ms, 'SUCCEEDED', 'OUTPUT_QUARANTINED', reason, node)
+local f = {'s', 'OUTPUT_QUARANTINED', 'reason', reason}
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
+local h, hn = historyAppend(rec[2], rec[3], hist)
+historyFields(f, now_ms, h, hn)
 redis.call('HSET', job_key, unpack(f))
-redis.call('RPUSH', hist_key, now_ms .. '|SUCCEEDED|OUTPUT_QUARANTINED|' .. reason .. '|' .. node)
+if legacy then
+  redis.call('DEL', legacy_hist_key)
+end
 redis.call('ZREM', from_index_key, job_id)
 redis.call('ZADD', to_index_key, now_ms, job_id)
 return {'OK', st}
