@@ -48,6 +48,20 @@ const recordBatch = 500
 // records themselves are always read for every job.
 const historyMax = 50_000
 
+// histFields are the record's fields readRecords reads: "s", "created",
+// "updated" of every job, and the rest (the history's first
+// store.HistoryHead entries, where a bench job's DISPATCHED and terminal
+// entries are) of up to historyMax jobs.
+var histFields = func() []string {
+	out := []string{"s", "created", "updated"}
+	for _, f := range store.HistoryHeadFields() {
+		if f != "created" {
+			out = append(out, f)
+		}
+	}
+	return out
+}()
+
 // readRecords reads every job's state, created/updated times and (for up to
 // historyMax jobs) history, in pipelines of recordBatch.
 func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Keys, ids []string) ([]record, error) {
@@ -59,9 +73,9 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 		hm := make([]*redis.SliceCmd, end-start)
 		for i := start; i < end; i++ {
 			if i%every == 0 {
-				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), "s", "created", "updated", store.HistoryField)
+				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), histFields...)
 			} else {
-				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), "s", "created", "updated")
+				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), histFields[:3]...)
 			}
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -75,8 +89,14 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 				r.createdMs, _ = strconv.ParseInt(str(v[1]), 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(str(v[2]), 10, 64)
 			}
-			if len(v) == 4 {
-				for _, h := range store.ParseHistory(str(v[3])) {
+			if len(v) == len(histFields) {
+				rec := make(map[string]string, len(v))
+				for k, f := range histFields {
+					if x, ok := v[k].(string); ok {
+						rec[f] = x
+					}
+				}
+				for _, h := range store.ParseHistory(rec) {
 					if h.To == core.StateDispatched && r.dispatchedMs == 0 {
 						r.dispatchedMs = h.At.UnixMilli()
 					}

@@ -46,8 +46,9 @@ func Shard(jobID string) int {
 	return int(h.Sum32() % Shards)
 }
 
-// Job is the hash holding a job's record, its history included
-// (HistoryField, and the fields "hn" and "hu": see lua/lib/history.lua).
+// Job is the hash holding a job's record, its history included (one field
+// per entry, "h0", "h1", ..., and "hn", "hu", "hb", "hx": see history.go
+// and lua/lib/history.lua).
 func (k *Keys) Job(jobID string) string { return k.tags[Shard(jobID)] + "job:" + jobID }
 
 // LegacyHistory is the list older versions kept a job's transitions in,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -123,44 +122,6 @@ type HistoryEntry struct {
 	Elided int
 }
 
-// A job's history is a field of its record (Keys.Job): its entries,
-// "unix_ms|from|to|reason|node", oldest first, one a line. The scripts that
-// write it (see lua/lib/history.lua) keep it bounded: past HistoryHead +
-// HistoryTail entries, it holds the first HistoryHead, one marker entry
-// with reason HistoryElided and the number of entries it stands for in
-// place of the node ("unix_ms|from|to|history_elided|count"), and the
-// latest HistoryTail.
-const (
-	// HistoryField is the record's field that holds the history.
-	HistoryField = "h"
-	// historyCountField holds how many entries HistoryField holds, and
-	// historyUpdatedField the record's "updated" field as of the last
-	// write of HistoryField.
-	historyCountField   = "hn"
-	historyUpdatedField = "hu"
-	// HistoryHead is how many of a job's first entries a history keeps.
-	HistoryHead = 16
-	// HistoryTail is how many of a job's latest entries a history keeps.
-	HistoryTail = 240
-	// HistoryElided is the reason of the marker entry.
-	HistoryElided core.Reason = "history_elided"
-)
-
-// ParseHistory returns the entries of a record's HistoryField, skipping
-// any that does not parse.
-func ParseHistory(field string) []HistoryEntry {
-	if field == "" {
-		return nil
-	}
-	out := make([]HistoryEntry, 0, strings.Count(field, "\n")+1)
-	for line := range strings.SplitSeq(field, "\n") {
-		if e, ok := parseHistory(line); ok {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // JobRecord is a job as Redis holds it.
 type JobRecord struct {
 	ID           string
@@ -201,10 +162,10 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	if len(f) == 0 {
 		return nil, ErrNotFound
 	}
-	history := ParseHistory(f[HistoryField])
+	history := ParseHistory(f)
 	if f[historyUpdatedField] != f["updated"] {
 		// An older version wrote the record last: its list holds the
-		// entries the field lacks (all of them, on a record it created).
+		// entries the fields lack (all of them, on a record it created).
 		// This can go once no node runs such a version and no record it
 		// wrote remains: Config.Retention after the upgrade (a live job's
 		// list moves into its record at its next write), unless Retention
@@ -214,14 +175,16 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 			return nil, fmt.Errorf("store: read job %s: %w", jobID, err)
 		}
 		for _, line := range lines {
-			if e, ok := parseHistory(line); ok {
+			if e, ok := parseLegacyHistory(line); ok {
 				history = append(history, e)
 			}
 		}
 	}
-	delete(f, HistoryField)
-	delete(f, historyCountField)
-	delete(f, historyUpdatedField)
+	for k := range f {
+		if IsHistoryField(k) {
+			delete(f, k)
+		}
+	}
 	r := &JobRecord{
 		ID: jobID, State: core.State(f["s"]), Topic: f["topic"], Tenant: f["tenant"],
 		TraceID: f["trace"], Node: f["node"], Worker: f["worker"], Subject: f["subj"],
@@ -242,23 +205,6 @@ func parseMillis(s string) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
-}
-
-// parseHistory parses one entry, "unix_ms|from|to|reason|node", or the
-// marker, "unix_ms|from|to|history_elided|count".
-func parseHistory(line string) (HistoryEntry, bool) {
-	p := strings.SplitN(line, "|", 5)
-	if len(p) != 5 {
-		return HistoryEntry{}, false
-	}
-	e := HistoryEntry{At: parseMillis(p[0]), From: core.State(p[1]), To: core.State(p[2]),
-		Reason: core.Reason(p[3]), Node: p[4]}
-	if e.Reason == HistoryElided {
-		if n, err := strconv.Atoi(p[4]); err == nil && n > 0 {
-			e.Elided, e.Node = n, ""
-		}
-	}
-	return e, true
 }
 
 // CountIndex returns how many jobs are in state across all shards.

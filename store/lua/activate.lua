@@ -61,7 +61,7 @@
 -- record's fields follow), BUSY (another node holds the lock; holder = its
 -- value), TERMINAL (no lock taken), NOTFOUND, or PARKED_BY (another node
 -- than parked_owner parked the lock, holder = its value; nothing changed).
--- ADOPTED's fields leave the history's fields (h, hn, hu) out.
+-- ADOPTED's fields leave the history's fields (h<slot>, hn, hu, hl, hb, hx) out.
 -- A job that is terminal or missing loses its due entry: nothing will ever
 -- wait for it.
 local job_key = KEYS[1]
@@ -126,20 +126,25 @@ if not st then
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
   end
-  local hist = {historyEntry(now_ms, '', 'PENDING', 'submitted', node)}
+  -- The history's base is the record's "created", now_ms.
+  local hist = historyStart(0, tonumber(now_ms), '', false, false)
+  historyAdd(hist, now_ms, '', 'PENDING', 'submitted', node)
   local prev, reason = 'PENDING', 'submitted'
   for i = 1, n do
     local to = ARGV[first_hop + 2 * (i - 1)]
     reason = ARGV[first_hop + 2 * (i - 1) + 1]
-    hist[#hist + 1] = historyEntry(now_ms, prev, to, reason, node)
+    historyAdd(hist, now_ms, prev, to, reason, node)
     prev = to
   end
   local first_field = shardWrites(first_write_key, first_hop + 2 * n)
   local f = {'s', prev, 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
     'created', now_ms, 'node', node, 'reason', reason, 'attempts', 0}
-  for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
-  local h, hn = historyAppend(false, 0, hist)
-  historyFields(f, now_ms, h, hn)
+  historyCallerFields(f, ARGV, first_field)
+  -- Only a plan of HIST_HEAD + HIST_TAIL hops or more drops entries, all
+  -- of them its own: there is nothing to read (got holds only hx, absent).
+  local got = nil
+  if #historyNeeds(hist) > 0 then got = {false} end
+  historyFields(f, hist, now_ms, false, got)
   redis.call('HSET', job_key, unpack(f))
   redis.call('ZADD', index_key, now_ms, job_id)
   if lock_after ~= 'terminal' and due_ms ~= '-1' then
@@ -167,7 +172,7 @@ redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', job_key)
 for i = 1, #all, 2 do
-  if all[i] ~= 'h' and all[i] ~= 'hn' and all[i] ~= 'hu' then
+  if not historyOwns(all[i]) then
     out[#out + 1] = all[i]
     out[#out + 1] = all[i + 1]
   end

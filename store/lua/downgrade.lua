@@ -1,7 +1,7 @@
 -- downgrade: moves a SUCCEEDED job to OUTPUT_QUARANTINED, the one exit from
 -- a terminal state, only if it is still SUCCEEDED. A terminal job holds no
 -- lock; the compare-and-set on its state is the ownership check. The step
--- goes into the job's history, a field of its record (see lib/history.lua,
+-- goes into the job's history, fields of its record (see lib/history.lua,
 -- which runs in front of this); a record that an older version wrote
 -- last has its list moved into the record (as in transition.lua).
 --
@@ -29,20 +29,29 @@ local node = ARGV[3]
 local job_id = ARGV[4]
 local first_field = 5
 
-local rec = redis.call('HMGET', job_key, 's', 'h', 'hn', 'updated', 'hu')
+local rec = redis.call('HMGET', job_key, 's', 'hn', 'updated', 'hu', 'hb', 'created', 'h0', 'hl')
 local st = rec[1]
 if st ~= 'SUCCEEDED' then return {'CONFLICT', st or ''} end
+local base, write_base = historyBase(rec[5], rec[6], now_ms)
+local hist = historyStart(rec[2], base, st, rec[7], rec[8])
 -- An older version wrote the record last (see transition.lua).
-local hist = {}
-if rec[5] ~= rec[4] then
-  hist = redis.call('LRANGE', legacy_hist_key, 0, -1)
+local legacy = false
+if rec[4] ~= rec[3] then
+  local lines = redis.call('LRANGE', legacy_hist_key, 0, -1)
+  if #lines > 0 then
+    legacy = true
+    historyAddLegacy(hist, lines)
+  end
 end
-local legacy = #hist > 0
-hist[#hist + 1] = historyEntry(now_ms, 'SUCCEEDED', 'OUTPUT_QUARANTINED', reason, node)
+historyAdd(hist, now_ms, 'SUCCEEDED', 'OUTPUT_QUARANTINED', reason, node)
 local f = {'s', 'OUTPUT_QUARANTINED', 'reason', reason}
-for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
-local h, hn = historyAppend(rec[2], rec[3], hist)
-historyFields(f, now_ms, h, hn)
+historyCallerFields(f, ARGV, first_field)
+local got = nil
+local need = historyNeeds(hist)
+if #need > 0 then
+  got = redis.call('HMGET', job_key, unpack(need))
+end
+historyFields(f, hist, now_ms, write_base, got)
 redis.call('HSET', job_key, unpack(f))
 if legacy then
   redis.call('DEL', legacy_hist_key)

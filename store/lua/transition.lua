@@ -1,7 +1,7 @@
 -- transition: moves a job along a path of states in one atomic step, only
 -- if it is in one of the expected states and only while the caller's lock
 -- value ("<node>|<fence>") is the current one. It records each hop in the
--- job's history, a field of its record (see lib/history.lua, which runs in
+-- job's history, fields of its record (see lib/history.lua, which runs in
 -- front of this), moves the job from its state's index to the last hop's,
 -- sets its due time, gives the lock up when asked (or when the job ends,
 -- which also starts the retention clock), and makes the Transition's
@@ -68,7 +68,7 @@ if cur ~= lock_value then
   local rec = redis.call('HMGET', job_key, 'op', 's')
   return {'FENCED', cur or '', rec[1] or '', rec[2] or ''}
 end
-local rec = redis.call('HMGET', job_key, 's', 'h', 'hn', 'op', 'updated', 'hu')
+local rec = redis.call('HMGET', job_key, 's', 'hn', 'op', 'updated', 'hu', 'hb', 'created', 'h0', 'hl')
 local st = rec[1]
 if not st then
   return {'NOTFOUND', ''}
@@ -82,28 +82,37 @@ for state in string.gmatch(expected, '[^,]+') do
   if state == st and not from_index then from_index = first_from_index + e - 1 end
 end
 if not from_index then
-  return {'CONFLICT', st, rec[4] or ''}
+  return {'CONFLICT', st, rec[3] or ''}
 end
--- An older version wrote the record last: its list holds what h lacks.
--- This (with KEYS[2]) can go once no node runs such a version and no record
--- it wrote remains (see Store.GetJob).
-local hist = {}
-if rec[6] ~= rec[5] then
-  hist = redis.call('LRANGE', legacy_hist_key, 0, -1)
+local base, write_base = historyBase(rec[6], rec[7], now_ms)
+local hist = historyStart(rec[2], base, st, rec[8], rec[9])
+-- An older version wrote the record last: its list holds what the fields
+-- lack. This (with KEYS[2]) can go once no node runs such a version and no
+-- record it wrote remains (see Store.GetJob).
+local legacy = false
+if rec[5] ~= rec[4] then
+  local lines = redis.call('LRANGE', legacy_hist_key, 0, -1)
+  if #lines > 0 then
+    legacy = true
+    historyAddLegacy(hist, lines)
+  end
 end
-local legacy = #hist > 0
 local prev, reason = st, ''
 for i = 1, n do
   local to = ARGV[first_hop + 2 * (i - 1)]
   reason = ARGV[first_hop + 2 * (i - 1) + 1]
-  hist[#hist + 1] = historyEntry(now_ms, prev, to, reason, node)
+  historyAdd(hist, now_ms, prev, to, reason, node)
   prev = to
 end
 local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
 local f = {'s', prev, 'reason', reason}
-for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
-local h, hn = historyAppend(rec[2], rec[3], hist)
-historyFields(f, now_ms, h, hn)
+historyCallerFields(f, ARGV, first_field)
+local got = nil
+local need = historyNeeds(hist)
+if #need > 0 then
+  got = redis.call('HMGET', job_key, unpack(need))
+end
+historyFields(f, hist, now_ms, write_base, got)
 redis.call('HSET', job_key, unpack(f))
 if legacy then
   redis.call('DEL', legacy_hist_key)
