@@ -53,16 +53,13 @@ type Job struct {
 	Fields map[string]string `json:"fields,omitempty"`
 }
 
-// HistoryEntry is one transition, or, with Elided > 0, the entry that
-// stands for the transitions a long history dropped (reason
-// "history_elided"; see store.HistoryEntry).
+// HistoryEntry is one transition.
 type HistoryEntry struct {
 	At     time.Time `json:"at"`
 	From   string    `json:"from,omitempty"`
 	To     string    `json:"to"`
 	Reason string    `json:"reason"`
 	Node   string    `json:"node"`
-	Elided int       `json:"elided,omitempty"`
 }
 
 // Decision is one decision about a job: the input policy's, a human's
@@ -85,7 +82,7 @@ func jobView(r *store.JobRecord, links store.JobLinks) Job {
 		RetryOf: links.RetryOf, DLQEntry: links.DLQEntry, Retries: links.Retries, Fields: map[string]string{}}
 	for _, h := range r.History {
 		j.History = append(j.History, HistoryEntry{At: h.At, From: string(h.From), To: string(h.To),
-			Reason: string(h.Reason), Node: h.Node, Elided: h.Elided})
+			Reason: string(h.Reason), Node: h.Node})
 	}
 	f := r.Fields
 	for k, v := range f {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,20 +49,6 @@ const recordBatch = 500
 // records themselves are always read for every job.
 const historyMax = 50_000
 
-// histFields are the record's fields readRecords reads: "s", "created",
-// "updated" of every job, and the rest (the history's first
-// store.HistoryHead entries, where a bench job's DISPATCHED and terminal
-// entries are) of up to historyMax jobs.
-var histFields = func() []string {
-	out := []string{"s", "created", "updated"}
-	for _, f := range store.HistoryHeadFields() {
-		if f != "created" {
-			out = append(out, f)
-		}
-	}
-	return out
-}()
-
 // readRecords reads every job's state, created/updated times and (for up to
 // historyMax jobs) history, in pipelines of recordBatch.
 func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Keys, ids []string) ([]record, error) {
@@ -71,11 +58,11 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 		end := min(start+recordBatch, len(ids))
 		pipe := rdb.Pipeline()
 		hm := make([]*redis.SliceCmd, end-start)
+		hist := make([]*redis.StringSliceCmd, end-start)
 		for i := start; i < end; i++ {
+			hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), "s", "created", "updated")
 			if i%every == 0 {
-				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), histFields...)
-			} else {
-				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), histFields[:3]...)
+				hist[i-start] = pipe.LRange(ctx, keys.History(ids[i]), 0, -1)
 			}
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -84,24 +71,19 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 		for i := start; i < end; i++ {
 			r := &out[i]
 			v := hm[i-start].Val()
-			if len(v) >= 3 {
+			if len(v) == 3 {
 				r.state = core.State(str(v[0]))
 				r.createdMs, _ = strconv.ParseInt(str(v[1]), 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(str(v[2]), 10, 64)
 			}
-			if len(v) == len(histFields) {
-				rec := make(map[string]string, len(v))
-				for k, f := range histFields {
-					if x, ok := v[k].(string); ok {
-						rec[f] = x
+			if h := hist[i-start]; h != nil {
+				for _, line := range h.Val() {
+					at, to := historyEntry(line)
+					if to == core.StateDispatched && r.dispatchedMs == 0 {
+						r.dispatchedMs = at
 					}
-				}
-				for _, h := range store.ParseHistory(rec) {
-					if h.To == core.StateDispatched && r.dispatchedMs == 0 {
-						r.dispatchedMs = h.At.UnixMilli()
-					}
-					if h.To.Terminal() && r.terminalMs == 0 {
-						r.terminalMs = h.At.UnixMilli()
+					if to.Terminal() && r.terminalMs == 0 {
+						r.terminalMs = at
 					}
 				}
 			}
@@ -116,6 +98,16 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 func str(v interface{}) string {
 	s, _ := v.(string)
 	return s
+}
+
+// historyEntry parses "unix_ms|from|to|reason|node" (store's format).
+func historyEntry(line string) (int64, core.State) {
+	p := strings.SplitN(line, "|", 4)
+	if len(p) < 3 {
+		return 0, ""
+	}
+	ms, _ := strconv.ParseInt(p[0], 10, 64)
+	return ms, core.State(p[2])
 }
 
 // counter polls the per-state indexes for the number of terminal jobs.

@@ -707,8 +707,8 @@ func (r *runner) cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// deleteJobs removes this run's jobs (records with their histories, locks,
-// index entries) and nothing else.
+// deleteJobs removes this run's jobs (records, histories, locks, index
+// entries) and nothing else.
 func (r *runner) deleteJobs(ctx context.Context) error {
 	keys := r.st.Keys()
 	ids := make([]string, 0, r.cfg.Jobs+r.cfg.Warmup)
@@ -721,7 +721,7 @@ func (r *runner) deleteJobs(ctx context.Context) error {
 	for chunk := range slices.Chunk(ids, recordBatch) {
 		pipe := r.rdb.Pipeline()
 		for _, id := range chunk {
-			pipe.Del(ctx, keys.Job(id), keys.Lock(id))
+			pipe.Del(ctx, keys.Job(id), keys.History(id), keys.Lock(id))
 			for _, s := range core.AllStates {
 				pipe.ZRem(ctx, keys.Index(store.Shard(id), string(s)), id)
 			}

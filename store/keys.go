@@ -1,13 +1,11 @@
-// Package store keeps Troupe's durable state in Redis: job records with
-// their history, per-state indexes, job locks with fencing tokens, and DLQ
-// entries.
+// Package store keeps Troupe's durable state in Redis: job records and their
+// history, per-state indexes, job locks with fencing tokens, and DLQ entries.
 //
 // Every key of one job, and the state indexes that job appears in, share one
 // Redis Cluster hash tag: the job's shard, {NN} with NN = fnv32a(job_id) mod
-// Shards. One Lua script can therefore update the record (its history
-// included), its lock and the indexes atomically on a single cluster node,
-// and a scan of "all RUNNING jobs" is Shards small reads rather than a
-// cross-slot query.
+// Shards. One Lua script can therefore update the record, its history, its
+// lock and the indexes atomically on a single cluster node, and a scan of "all
+// RUNNING jobs" is Shards small reads rather than a cross-slot query.
 package store
 
 import (
@@ -46,16 +44,11 @@ func Shard(jobID string) int {
 	return int(h.Sum32() % Shards)
 }
 
-// Job is the hash holding a job's record, its history included (one field
-// per entry, "h0", "h1", ..., and "hn", "hu", "hb", "hx": see history.go
-// and lua/lib/history.lua).
+// Job is the hash holding a job's record.
 func (k *Keys) Job(jobID string) string { return k.tags[Shard(jobID)] + "job:" + jobID }
 
-// LegacyHistory is the list older versions kept a job's transitions in,
-// oldest first. Only a job such a version wrote last has one: GetJob reads
-// it then, and the next write of this version moves its entries into the
-// record and deletes it (see lua/lib/history.lua).
-func (k *Keys) LegacyHistory(jobID string) string { return k.tags[Shard(jobID)] + "hist:" + jobID }
+// History is the list of a job's transitions, oldest first.
+func (k *Keys) History(jobID string) string { return k.tags[Shard(jobID)] + "hist:" + jobID }
 
 // Lock is the job's ownership lock: value "<node>|<fence>", with a TTL.
 func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:" + jobID }

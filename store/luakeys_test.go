@@ -144,7 +144,7 @@ var luaKeyArgs = map[string]int{
 	"GET": 1, "SET": 1, "EXPIRE": 1, "PEXPIRE": 1,
 	"HGET": 1, "HSET": 1, "HMGET": 1, "HINCRBY": 1, "HGETALL": 1,
 	"ZADD": 1, "ZREM": 1, "ZSCORE": 1, "ZCARD": 1, "ZRANGEBYSCORE": 1, "ZREMRANGEBYSCORE": 1,
-	"LRANGE": 1, "XADD": 1, "XRANGE": 1, "XREVRANGE": 1, "XTRIM": 1,
+	"RPUSH": 1, "XADD": 1, "XRANGE": 1, "XREVRANGE": 1, "XTRIM": 1,
 	"DEL": -1, "EXISTS": -1,
 }
 

@@ -18,11 +18,11 @@ import (
 // activateScript (lua/activate.lua) takes a job's lock and reports its
 // state; it creates a missing job when asked, and applies the caller's plan
 // to it in the same call.
-var activateScript = luaScript("activate", "shard_writes", "history")
+var activateScript = luaScript("activate", "shard_writes")
 
 // activateCall is a call of activateScript.
 type activateCall struct {
-	jobKey, lockKey, dueKey, leasesKey string
+	jobKey, histKey, lockKey, dueKey, leasesKey string
 	// indexKey is the shard's index of the state the plan ends in.
 	indexKey string
 	// ownerAliveKey and ownerParkedKey are parkedOwner's lease and parked
@@ -48,7 +48,7 @@ type activateCall struct {
 
 func (activateCall) script() *redis.Script { return activateScript }
 func (c activateCall) keys() []string {
-	return append([]string{c.jobKey, c.lockKey, c.dueKey, c.leasesKey, c.indexKey,
+	return append([]string{c.jobKey, c.histKey, c.lockKey, c.dueKey, c.leasesKey, c.indexKey,
 		c.ownerAliveKey, c.ownerParkedKey}, c.plan.writeKeys()...)
 }
 func (c activateCall) args() []interface{} {
@@ -69,16 +69,11 @@ const activateParkedBy = "PARKED_BY"
 // transitionScript (lua/transition.lua) moves a job along a path of states,
 // only if it is in one of the expected states and only while the caller's
 // lock value is the current one.
-var transitionScript = luaScript("transition", "shard_writes", "history")
+var transitionScript = luaScript("transition", "shard_writes")
 
 // transitionCall is a call of transitionScript.
 type transitionCall struct {
-	jobKey string
-	// legacyHistKey is the list an older version kept the job's history in
-	// (Keys.LegacyHistory); the script touches it only for a record that
-	// has no history field.
-	legacyHistKey              string
-	lockKey, dueKey, leasesKey string
+	jobKey, histKey, lockKey, dueKey, leasesKey string
 	// toIndexKey is the shard's index of the last hop's state;
 	// fromIndexKeys the shard's index of each state of expected, in order.
 	toIndexKey    string
@@ -98,7 +93,7 @@ type transitionCall struct {
 func (transitionCall) script() *redis.Script { return transitionScript }
 func (c transitionCall) keys() []string {
 	keys := make([]string, 0, 6+len(c.fromIndexKeys)+c.plan.writeCount())
-	keys = append(keys, c.jobKey, c.legacyHistKey, c.lockKey, c.dueKey, c.leasesKey, c.toIndexKey)
+	keys = append(keys, c.jobKey, c.histKey, c.lockKey, c.dueKey, c.leasesKey, c.toIndexKey)
 	keys = append(keys, c.fromIndexKeys...)
 	return append(keys, c.plan.writeKeys()...)
 }
@@ -383,21 +378,18 @@ func (c approveCall) args() []interface{} {
 
 // downgradeScript (lua/downgrade.lua) moves a SUCCEEDED job to
 // OUTPUT_QUARANTINED if it is still SUCCEEDED.
-var downgradeScript = luaScript("downgrade", "history")
+var downgradeScript = luaScript("downgrade")
 
 type downgradeCall struct {
-	jobKey string
-	// legacyHistKey is as in transitionCall.
-	legacyHistKey            string
-	fromIndexKey, toIndexKey string
-	nowMs                    int64
-	reason, node, jobID      string
-	fields                   []string // field, value, ...
+	jobKey, histKey, fromIndexKey, toIndexKey string
+	nowMs                                     int64
+	reason, node, jobID                       string
+	fields                                    []string // field, value, ...
 }
 
 func (downgradeCall) script() *redis.Script { return downgradeScript }
 func (c downgradeCall) keys() []string {
-	return []string{c.jobKey, c.legacyHistKey, c.fromIndexKey, c.toIndexKey}
+	return []string{c.jobKey, c.histKey, c.fromIndexKey, c.toIndexKey}
 }
 func (c downgradeCall) args() []interface{} {
 	args := make([]interface{}, 0, 4+len(c.fields))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,8 +19,7 @@ const (
 	// LockTTLDefault is how long a job lock lives without renewal. The renewer
 	// extends it every LockTTL/3, so two missed renewals still leave it held.
 	LockTTLDefault = 60 * time.Second
-	// RetentionDefault is how long a terminal job's record (its history
-	// included) is kept.
+	// RetentionDefault is how long a terminal job's record and history are kept.
 	RetentionDefault = 24 * time.Hour
 	// DLQMaxLenDefault bounds the DLQ stream (approximate trimming).
 	DLQMaxLenDefault = 100_000
@@ -108,18 +108,13 @@ func LockValue(node string, fence int64) string {
 	return node + "|" + strconv.FormatInt(fence, 10)
 }
 
-// HistoryEntry is one transition of a job, or the marker that stands for
-// the transitions a long history dropped (Elided > 0).
+// HistoryEntry is one transition of a job.
 type HistoryEntry struct {
 	At     time.Time
 	From   core.State
 	To     core.State
 	Reason core.Reason
 	Node   string
-	// Elided, on the marker (Reason HistoryElided), is how many transitions
-	// it stands for: At and From are the first one's, To the last one's,
-	// Node is empty. 0 on a transition.
-	Elided int
 }
 
 // JobRecord is a job as Redis holds it.
@@ -144,16 +139,15 @@ type JobRecord struct {
 	// LockHolder is the lock's value ("<node>|<fence>"), empty when unlocked.
 	LockHolder string
 	History    []HistoryEntry
-	// Fields is the raw record (decisions, approval, deadlines, ...), less
-	// the history's fields.
+	// Fields is the raw record (decisions, approval, deadlines, ...).
 	Fields map[string]string
 }
 
-// GetJob reads a job's record, history and lock in one round trip (two for
-// a record written by an older version, see below).
+// GetJob reads a job's record, history and lock in one round trip.
 func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	pipe := s.rdb.Pipeline()
 	h := pipe.HGetAll(ctx, s.keys.Job(jobID))
+	hist := pipe.LRange(ctx, s.keys.History(jobID), 0, -1)
 	lock := pipe.Get(ctx, s.keys.Lock(jobID))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("store: read job %s: %w", jobID, err)
@@ -161,29 +155,6 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	f := h.Val()
 	if len(f) == 0 {
 		return nil, ErrNotFound
-	}
-	history := ParseHistory(f)
-	if f[historyUpdatedField] != f["updated"] {
-		// An older version wrote the record last: its list holds the
-		// entries the fields lack (all of them, on a record it created).
-		// This can go once no node runs such a version and no record it
-		// wrote remains: Config.Retention after the upgrade (a live job's
-		// list moves into its record at its next write), unless Retention
-		// keeps terminal jobs for ever.
-		lines, err := s.rdb.LRange(ctx, s.keys.LegacyHistory(jobID), 0, -1).Result()
-		if err != nil {
-			return nil, fmt.Errorf("store: read job %s: %w", jobID, err)
-		}
-		for _, line := range lines {
-			if e, ok := parseLegacyHistory(line); ok {
-				history = append(history, e)
-			}
-		}
-	}
-	for k := range f {
-		if IsHistoryField(k) {
-			delete(f, k)
-		}
 	}
 	r := &JobRecord{
 		ID: jobID, State: core.State(f["s"]), Topic: f["topic"], Tenant: f["tenant"],
@@ -195,7 +166,11 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	r.Attempts, _ = strconv.Atoi(f["attempts"])
 	r.Created = parseMillis(f["created"])
 	r.Updated = parseMillis(f["updated"])
-	r.History = history
+	for _, line := range hist.Val() {
+		if e, ok := parseHistory(line); ok {
+			r.History = append(r.History, e)
+		}
+	}
 	return r, nil
 }
 
@@ -205,6 +180,15 @@ func parseMillis(s string) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+func parseHistory(line string) (HistoryEntry, bool) {
+	p := strings.SplitN(line, "|", 5)
+	if len(p) != 5 {
+		return HistoryEntry{}, false
+	}
+	return HistoryEntry{At: parseMillis(p[0]), From: core.State(p[1]), To: core.State(p[2]),
+		Reason: core.Reason(p[3]), Node: p[4]}, true
 }
 
 // CountIndex returns how many jobs are in state across all shards.

@@ -505,7 +505,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			parkedOwner = op.parkedOwner
 		}
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, activateCall{
-			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
@@ -520,7 +520,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			from[i] = k.Index(sh, st)
 		}
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, transitionCall{
-			jobKey: k.Job(op.JobID), legacyHistKey: k.LegacyHistory(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())), fromIndexKeys: from,
 			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
 			lockAfter: op.T.lockAfter(), retentionS: retention, dueMs: due(op.T),
@@ -544,7 +544,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
 		}
 	case OpDowngrade:
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID), legacyHistKey: k.LegacyHistory(op.JobID),
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID), histKey: k.History(op.JobID),
 			fromIndexKey: k.Index(sh, string(core.StateSucceeded)), toIndexKey: k.Index(sh, string(core.StateOutputQuarantined)),
 			nowMs: now, reason: string(op.T.Path[0].Reason), node: op.Node, jobID: op.JobID, fields: op.T.Fields}))
 	case OpDLQ:

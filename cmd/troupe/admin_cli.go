@@ -316,7 +316,7 @@ func printAPIJob(w io.Writer, j admin.Job) {
 		Created: j.Created, Updated: j.Updated, LockHolder: j.Owner, Fields: j.Fields}
 	for _, h := range j.History {
 		rec.History = append(rec.History, store.HistoryEntry{At: h.At, From: core.State(h.From), To: core.State(h.To),
-			Reason: core.Reason(h.Reason), Node: h.Node, Elided: h.Elided})
+			Reason: core.Reason(h.Reason), Node: h.Node})
 	}
 	printJob(w, rec)
 	fmt.Fprintf(w, "  tenant %s\n", orDash(j.Tenant))

@@ -48,11 +48,7 @@ func printJob(w io.Writer, r *store.JobRecord) {
 		if from == "" {
 			from = "·"
 		}
-		node := h.Node
-		if h.Elided > 0 {
-			node = fmt.Sprintf("(%d transitions)", h.Elided)
-		}
 		fmt.Fprintf(w, "  %s  %+8.1fms  %-18s → %-18s %-24s %s\n", h.At.Format("2006-01-02T15:04:05.000Z07:00"),
-			float64(h.At.Sub(start).Microseconds())/1000, from, h.To, h.Reason, node)
+			float64(h.At.Sub(start).Microseconds())/1000, from, h.To, h.Reason, h.Node)
 	}
 }

@@ -4,9 +4,7 @@
 -- → SCHEDULED → DISPATCHED to a chosen worker) in the same call, so the
 -- happy path costs one script to create and dispatch and one to finish.
 -- The plan's writes in the job's shard are made by shardWrites (see
--- lib/shard_writes.lua, which runs in front of this); a created job's
--- history (the submission and each hop of the plan) goes into its record
--- (see lib/history.lua, which runs in front of this too).
+-- lib/shard_writes.lua, which runs in front of this).
 --
 -- A created job with no due time of its own is due at rescue_at: every live
 -- job has a due entry from its first moment, so a job whose actor or node
@@ -25,16 +23,17 @@
 -- parked by another node, the script changes nothing and answers
 -- PARKED_BY, and the caller sends the call again naming that node.
 --
--- KEYS[1]  job_key           the job's record, history included (Keys.Job)
--- KEYS[2]  lock_key          the job's lock (Keys.Lock)
--- KEYS[3]  due_key           the shard's due set (Keys.Due)
--- KEYS[4]  leases_key        the shard's lease set (Keys.Leases)
--- KEYS[5]  index_key         the shard's index of the state the plan ends
+-- KEYS[1]  job_key           the job's record (Keys.Job)
+-- KEYS[2]  hist_key          the job's history (Keys.History)
+-- KEYS[3]  lock_key          the job's lock (Keys.Lock)
+-- KEYS[4]  due_key           the shard's due set (Keys.Due)
+-- KEYS[5]  leases_key        the shard's lease set (Keys.Leases)
+-- KEYS[6]  index_key         the shard's index of the state the plan ends
 --                            in (PENDING without hops) (Keys.Index)
--- KEYS[6]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
--- KEYS[7]  owner_parked_key  parked_owner's parked set in the shard
+-- KEYS[7]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
+-- KEYS[8]  owner_parked_key  parked_owner's parked set in the shard
 --                            (Keys.Parked)
--- KEYS[8 ..]                 the shard-write keys (see shardWrites)
+-- KEYS[9 ..]                 the shard-write keys (see shardWrites)
 -- ARGV[1]  node              the activating node
 -- ARGV[2]  now_ms
 -- ARGV[3]  lock_ttl_ms
@@ -47,9 +46,9 @@
 -- ARGV[10] rescue_at_ms
 -- ARGV[11] lock_after        keep, release or terminal (after the plan)
 -- ARGV[12] due_ms            0: rescue_at, -1: none, > 0: this time
--- ARGV[13] retention_s       how long a terminal job's record is kept (0:
---                            for ever)
--- ARGV[14] parked_owner      the node KEYS[6] and KEYS[7] belong to
+-- ARGV[13] retention_s       how long a terminal job's record and history
+--                            are kept (0: for ever)
+-- ARGV[14] parked_owner      the node KEYS[7] and KEYS[8] belong to
 -- ARGV[15] n                 the number of the plan's hops
 -- ARGV[16 ..]                n × (to, reason), then the shard writes'
 --                            arguments (see shardWrites), then record
@@ -61,17 +60,17 @@
 -- record's fields follow), BUSY (another node holds the lock; holder = its
 -- value), TERMINAL (no lock taken), NOTFOUND, or PARKED_BY (another node
 -- than parked_owner parked the lock, holder = its value; nothing changed).
--- ADOPTED's fields leave the history's fields (h<slot>, hn, hu, hl, hb, hx) out.
 -- A job that is terminal or missing loses its due entry: nothing will ever
 -- wait for it.
 local job_key = KEYS[1]
-local lock_key = KEYS[2]
-local due_key = KEYS[3]
-local leases_key = KEYS[4]
-local index_key = KEYS[5]
-local owner_alive_key = KEYS[6]
-local owner_parked_key = KEYS[7]
-local first_write_key = 8
+local hist_key = KEYS[2]
+local lock_key = KEYS[3]
+local due_key = KEYS[4]
+local leases_key = KEYS[5]
+local index_key = KEYS[6]
+local owner_alive_key = KEYS[7]
+local owner_parked_key = KEYS[8]
+local first_write_key = 9
 local node = ARGV[1]
 local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
@@ -126,26 +125,20 @@ if not st then
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
   end
-  -- The history's base is the record's "created", now_ms.
-  local hist = historyStart(0, tonumber(now_ms), '', false, false)
-  historyAdd(hist, now_ms, '', 'PENDING', 'submitted', node)
+  local hist = {now_ms .. '||PENDING|submitted|' .. node}
   local prev, reason = 'PENDING', 'submitted'
   for i = 1, n do
     local to = ARGV[first_hop + 2 * (i - 1)]
     reason = ARGV[first_hop + 2 * (i - 1) + 1]
-    historyAdd(hist, now_ms, prev, to, reason, node)
+    hist[#hist + 1] = now_ms .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
     prev = to
   end
   local first_field = shardWrites(first_write_key, first_hop + 2 * n)
   local f = {'s', prev, 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
-    'created', now_ms, 'node', node, 'reason', reason, 'attempts', 0}
-  historyCallerFields(f, ARGV, first_field)
-  -- Only a plan of HIST_HEAD + HIST_TAIL hops or more drops entries, all
-  -- of them its own: there is nothing to read (got holds only hx, absent).
-  local got = nil
-  if #historyNeeds(hist) > 0 then got = {false} end
-  historyFields(f, hist, now_ms, false, got)
+    'created', now_ms, 'updated', now_ms, 'node', node, 'reason', reason, 'attempts', 0}
+  for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
   redis.call('HSET', job_key, unpack(f))
+  redis.call('RPUSH', hist_key, unpack(hist))
   redis.call('ZADD', index_key, now_ms, job_id)
   if lock_after ~= 'terminal' and due_ms ~= '-1' then
     local due = due_ms
@@ -157,6 +150,7 @@ if not st then
     redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
   elseif lock_after == 'terminal' and tonumber(retention_s) > 0 then
     redis.call('EXPIRE', job_key, retention_s)
+    redis.call('EXPIRE', hist_key, retention_s)
   end
   return {'CREATED', prev, '1', ''}
 end
@@ -171,10 +165,5 @@ redis.call('SET', lock_key, node .. '|' .. fence, 'PX', lock_ttl_ms)
 redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', job_key)
-for i = 1, #all, 2 do
-  if not historyOwns(all[i]) then
-    out[#out + 1] = all[i]
-    out[#out + 1] = all[i + 1]
-  end
-end
+for i = 1, #all do out[#out + 1] = all[i] end
 return out
