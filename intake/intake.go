@@ -257,7 +257,10 @@ func (in *Intake) reject(msg jetstream.Msg, jobID, traceID string, reason core.R
 		return
 	}
 	actors.PublishDLQ(in.Env, entry)
-	_ = msg.Ack()
+	// Through the guard, like any handled message: if this ack is lost and
+	// JetStream offers the packet again, it is acked unhandled rather than
+	// dead-lettered a second time.
+	_ = in.delivery(msg).Ack()
 }
 
 func payloadKind(p *capv1.BusPacket) string {
