@@ -161,6 +161,9 @@ type Config struct {
 	// node's defaults).
 	ParkAfter time.Duration
 	LockTTL   time.Duration
+	// CapacityGrace is passed to the node(s) too: how long a job waiting
+	// for capacity stays unwritten (0: the node's default, 2 s).
+	CapacityGrace time.Duration
 	// NodeMemoryLimit, when set, is the node's Go soft memory limit
 	// (debug.SetMemoryLimit, what GOMEMLIMIT sets for `troupe node`).
 	NodeMemoryLimit int64

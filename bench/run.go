@@ -165,7 +165,8 @@ func (r *runner) startTarget(ctx context.Context) error {
 	spec := sutSpec{Role: cfg.Target, RedisURL: cfg.RedisURL, NATSURL: cfg.NATSURL,
 		KeyPrefix: r.pfx.Key, SubjectPrefix: r.pfx.Subject, StreamPrefix: r.pfx.Stream,
 		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: nodeIDs(cfg.RunID, 1)[0], WorkerIDs: workerIDs(cfg.Workers),
-		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit}
+		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit,
+		CapacityGrace: cfg.CapacityGrace}
 	if cfg.Hold {
 		// Held jobs stay DISPATCHED far longer than the default 300 s.
 		spec.DispatchTimeout = holdDispatchTimeout

@@ -36,6 +36,7 @@ type sutSpec struct {
 	// DispatchTimeout, when set, replaces the node's dispatch timeout (a
 	// hold run keeps jobs DISPATCHED for longer than the default 300 s).
 	ParkAfter       time.Duration `json:"park_after,omitempty"`
+	CapacityGrace   time.Duration `json:"capacity_grace,omitempty"`
 	LockTTL         time.Duration `json:"lock_ttl,omitempty"`
 	DispatchTimeout time.Duration `json:"dispatch_timeout,omitempty"`
 	// MemoryLimit is the node process's Go soft memory limit (0: none).
@@ -87,7 +88,7 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 		node, err := troupe.NewNode(troupe.Config{
 			NodeID: spec.NodeID, NATS: nc, Redis: rdb,
 			KeyPrefix: spec.KeyPrefix, SubjectPrefix: spec.SubjectPrefix, StreamPrefix: spec.StreamPrefix,
-			Pools: pools, Logger: log, ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, Timeouts: timeouts,
+			Pools: pools, Logger: log, ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace, Timeouts: timeouts,
 		})
 		if err != nil {
 			s.close()
