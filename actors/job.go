@@ -53,10 +53,10 @@ type JobActor struct {
 	// trace is the job's OpenTelemetry spans (nil: tracing off); see
 	// tracing.go in this package.
 	trace *jobSpans
-	// tookSubmit: the actor has had a submit; admitting: the job counts in
-	// Env.Admitting (intake counted its submit) until it is dispatched,
-	// written as waiting, or its actor finishes or stops.
-	tookSubmit, admitting bool
+	// started: the actor has had its first event; admitting: that event
+	// was a submit, and the job counts in Env.Admitting until it is
+	// dispatched, written as waiting, or its actor finishes or stops.
+	started, admitting bool
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -115,20 +115,15 @@ func (a *JobActor) Receive(c actor.Context) {
 // answer at once (an inline policy's decision, a failed publish): that
 // answer is the next event.
 func (a *JobActor) step(c actor.Context, ev any) {
-	if _, ok := ev.(*lifecycle.Submit); ok {
-		// Intake counted the submit in Env.Admitting as it routed it. The
-		// first one this actor gets stays counted until the job is
-		// dispatched, written waiting, or the actor ends; a later one (a
-		// duplicate) is let go at once.
-		if !a.tookSubmit {
-			a.tookSubmit, a.admitting = true, true
-		} else {
-			a.env.Admitting.Add(-1)
-		}
-	}
 	if a.job == nil {
-		a.admitted()
 		return
+	}
+	if !a.started {
+		a.started = true
+		if _, ok := ev.(*lifecycle.Submit); ok {
+			a.admitting = true
+			a.env.Admitting.Add(1)
+		}
 	}
 	for ev != nil {
 		var next any

@@ -148,12 +148,6 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	if trace == "" {
 		trace = req.JobId
 	}
-	if a := in.Env.Admitting; a != nil {
-		// Counted as it is routed, not when its actor starts: the fetch
-		// loops' hold (MaxAdmitting) must see jobs still on their way to
-		// their actors, or a burst is fetched whole before it counts.
-		a.Add(1)
-	}
 	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg)}, true)
 }
 
