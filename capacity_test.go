@@ -302,12 +302,14 @@ func TestCapacitySlotFreesOnTheAnswer(t *testing.T) {
 	f.submit(echoReq("cap-2"))
 	first := map[string]bool{w.waitGot(5 * time.Second): true, w.waitGot(5 * time.Second): true}
 	f.submit(echoReq("cap-3"))
-	r := f.waitState("cap-3", core.StateScheduled)
-	if r.Reason != core.ReasonPoolOverloaded {
-		t.Fatalf("cap-3 reason %q, want %q", r.Reason, core.ReasonPoolOverloaded)
+	f.waitQueued(1)
+	// Waiting within its grace: no record, but the node describes it.
+	if _, err := f.node.Job(context.Background(), "cap-3"); err == nil {
+		t.Fatal("cap-3 has a record while it waits within its grace")
 	}
-	if pos, err := f.node.QueuePosition(context.Background(), "cap-3"); err != nil || pos != 0 {
-		t.Fatalf("queue position of cap-3 = %d, %v; want 0", pos, err)
+	wj, err := f.node.WaitingJob(context.Background(), "cap-3")
+	if err != nil || wj == nil || wj.Reason != core.ReasonPoolOverloaded || wj.Position != 0 || wj.Node != "node-a" {
+		t.Fatalf("cap-3 waiting = %+v, %v; want pool_overloaded at position 0 on node-a", wj, err)
 	}
 	for id := range first {
 		g.open(id, true)
@@ -336,9 +338,11 @@ func TestCapacityWaitingJobsWakeWhenAWorkerJoins(t *testing.T) {
 	for i := range 5 {
 		f.submit(echoReq("late-" + strconv.Itoa(i)))
 	}
+	f.waitQueued(5)
 	for i := range 5 {
-		if r := f.waitState("late-"+strconv.Itoa(i), core.StateScheduled); r.Reason != core.ReasonNoWorkers {
-			t.Fatalf("reason %q, want %q", r.Reason, core.ReasonNoWorkers)
+		if wj, err := f.node.WaitingJob(context.Background(), "late-"+strconv.Itoa(i)); err != nil || wj == nil ||
+			wj.Reason != core.ReasonNoWorkers {
+			t.Fatalf("late-%d waiting = %+v, %v; want no_workers", i, wj, err)
 		}
 	}
 	startCapWorker(t, f.env.NATS, f.subj, "joiner", 4, time.Hour, nil)
@@ -533,6 +537,7 @@ func TestCapacityABurstWaitsInTheStreamAtMaxAdmitting(t *testing.T) {
 		noBackoff(c)
 		c.MaxAdmitting = 10
 		c.CapacityGrace = time.Minute // queued jobs stay unwritten (and counted) for the test
+		c.AdmissionHold = time.Hour
 	})
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "narrow", 2, time.Hour, g.wait)
@@ -610,4 +615,162 @@ func TestCapacityABurstWaitsInTheStreamAtMaxAdmitting(t *testing.T) {
 	if w.overfills.Load() != 0 {
 		t.Fatalf("%d overfills", w.overfills.Load())
 	}
+}
+
+// untilCounter polls a node's metric until it reaches at least want (within
+// 15 s) and returns it.
+func untilCounter(t *testing.T, n *troupe.Node, name string, want float64) float64 {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if v := counter(t, n, name, ""); v >= want {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s stayed below %v", name, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCapacityAWaitPastItsAdmissionHoldStaysUnwritten: a job that waits
+// for room longer than its admission hold stops counting in the node's
+// admissions (so the submit stream moves on for other pools) but stays
+// unwritten — no record, no capacity wait written, its submit held — and
+// is created and dispatched in one write when the slot frees.
+func TestCapacityAWaitPastItsAdmissionHoldStaysUnwritten(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.AdmissionHold = 100 * time.Millisecond })
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("hold-1"))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("hold-2"))
+	f.waitQueued(1)
+	deadline := time.Now().Add(5 * time.Second)
+	for f.node.Admitting() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("admitting %d a while past the hold, want 0", f.node.Admitting())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := counter(t, f.node, "troupe_capacity_waits_unwritten", ""); n != 1 {
+		t.Fatalf("unwritten waits %v, want 1", n)
+	}
+	if _, err := f.node.Job(context.Background(), "hold-2"); err == nil {
+		t.Fatal("hold-2 has a record while it waits within its grace")
+	}
+	g.open("hold-1", true)
+	if got := w.waitGot(5 * time.Second); got != "hold-2" {
+		t.Fatalf("got %s, want hold-2", got)
+	}
+	g.open("hold-2", true)
+	r := f.waitState("hold-2", core.StateSucceeded)
+	for _, h := range r.History {
+		if h.To == core.StateScheduled && h.Reason == core.ReasonPoolOverloaded {
+			t.Fatalf("history has a pool_overloaded step: %+v", r.History)
+		}
+	}
+	if n := counter(t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
+		t.Fatalf("capacity waits written = %v, want 0", n)
+	}
+	if n := counter(t, f.node, "troupe_capacity_waits_unwritten", ""); n != 0 {
+		t.Fatalf("unwritten waits %v after the job ran, want 0", n)
+	}
+}
+
+// TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit: JetStream
+// offers an un-acked submit again after bus.RedeliveryBackoff[0] (5 s); a
+// job waiting unwritten for longer has its submit told in progress, so it
+// is not offered again (to this node or a replica) while it waits.
+func TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit(t *testing.T) {
+	t.Parallel()
+	f, g, w := oneJobWaiting(t, "long-1", "long-2")
+	// Touches every TouchEvery (2 s): the fourth comes past the first
+	// redelivery wait of a submit fetched before the first.
+	untilCounter(t, f.node, "troupe_capacity_submit_touches_total", 3)
+	ctx := context.Background()
+	cons, err := f.js.Consumer(ctx, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 || info.NumAckPending != 1 {
+		t.Fatalf("submit consumer: %d redelivered, %d pending; want 0 and 1 (long-2's submit, held)",
+			info.NumRedelivered, info.NumAckPending)
+	}
+	if n := counter(t, f.node, "troupe_duplicates_absorbed_total", "submit"); n != 0 {
+		t.Fatalf("%v duplicate submits absorbed", n)
+	}
+	g.open("long-1", true)
+	if got := w.waitGot(5 * time.Second); got != "long-2" {
+		t.Fatalf("got %s, want long-2", got)
+	}
+	g.open("long-2", true)
+	f.waitState("long-2", core.StateSucceeded)
+	if n := counter(t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
+		t.Fatalf("capacity waits written = %v, want 0", n)
+	}
+}
+
+// TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica: a job waiting within
+// its grace has no record; a replica that does not hold it finds it on
+// the one that does (Node.WaitingJob), with its reason and position.
+func TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", noBackoff)
+	f.node = a
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	first := "rep-1"
+	f.submit(echoReq(first))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("rep-2"))
+	f.submit(echoReq("rep-3"))
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	found := map[string]string{}
+	for len(found) < 2 {
+		for _, id := range []string{"rep-2", "rep-3"} {
+			for _, n := range []*troupe.Node{a, b} {
+				if wj, err := n.WaitingJob(ctx, id); err == nil && wj != nil {
+					if wj.Reason != core.ReasonPoolOverloaded || wj.Topic != "job.echo" {
+						t.Fatalf("%s waiting = %+v", id, wj)
+					}
+					if prev, ok := found[id]; ok && prev != wj.Node {
+						t.Fatalf("%s found waiting on %s and %s", id, prev, wj.Node)
+					}
+					found[id] = wj.Node
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("found waiting: %v; want rep-2 and rep-3 from both nodes", found)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Each is found from both nodes.
+	for _, id := range []string{"rep-2", "rep-3"} {
+		for _, n := range []*troupe.Node{a, b} {
+			if wj, err := n.WaitingJob(ctx, id); err != nil || wj == nil || wj.Node != found[id] {
+				t.Fatalf("%s from %s: %+v, %v; want it on %s", id, n.ID(), wj, err, found[id])
+			}
+		}
+	}
+	if wj, err := a.WaitingJob(ctx, "rep-none"); err != nil || wj != nil {
+		t.Fatalf("a job nobody holds: %+v, %v", wj, err)
+	}
+	g.open(first, true)
+	for range 2 {
+		g.open(w.waitGot(10*time.Second), true)
+	}
+	f.waitState("rep-2", core.StateSucceeded)
+	f.waitState("rep-3", core.StateSucceeded)
 }

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -98,6 +99,54 @@ func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
 		return -1, fmt.Errorf("troupe: node %s answered %q for a queue position", owner, msg.Data)
 	}
 	return pos, nil
+}
+
+// WaitingJob describes jobID if it waits for room in a capacity queue —
+// this node's, else that of a replica this node hears (asked at once over
+// NATS, each within a second) — or returns nil. It is how a job waiting
+// within its capacity grace, which has no record yet, is seen: SCHEDULED
+// with its reason and queue position.
+func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, error) {
+	if w := n.localWaiting(jobID); w != nil {
+		return w, nil
+	}
+	res, err := n.sys.Root.RequestFuture(n.router, &router.ListPeers{}, 2*time.Second).Result()
+	if err != nil {
+		return nil, err
+	}
+	peers, _ := res.([]string)
+	if len(peers) == 0 {
+		return nil, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	found := make(chan *router.Waiting, len(peers))
+	for _, peer := range peers {
+		go func() {
+			var w *router.Waiting
+			if msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueFind(peer), []byte(jobID)); err == nil && len(msg.Data) > 0 {
+				if json.Unmarshal(msg.Data, &w) != nil {
+					w = nil
+				}
+			}
+			found <- w
+		}()
+	}
+	for range peers {
+		if w := <-found; w != nil {
+			return w, nil
+		}
+	}
+	return nil, nil
+}
+
+func (n *Node) localWaiting(jobID string) *router.Waiting {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.FindWaiting{JobID: jobID}, 2*time.Second).Result()
+	if err != nil {
+		return nil
+	}
+	w, _ := res.(*router.Waiting)
+	return w
 }
 
 func (n *Node) localQueuePosition(jobID string) int {

@@ -96,12 +96,16 @@ type Config struct {
 	// CapacityGrace is how long a new job that finds no room in its pools
 	// waits before its record is written (SCHEDULED pool_overloaded /
 	// no_workers): until then its submit stays un-acked in JetStream
-	// (default actors.CapacityGraceDefault; negative: write at once). See
-	// README, "Routing and capacity".
+	// (default actors.CapacityGraceDefault, 1 min; negative: write at
+	// once). Meanwhile Node.WaitingJob describes it. See README, "Routing
+	// and capacity".
 	CapacityGrace time.Duration
+	// AdmissionHold is how long such a job still counts in MaxAdmitting
+	// (default lifecycle.AdmissionHoldDefault, 2 s; negative: not at all).
+	AdmissionHold time.Duration
 	// MaxAdmitting bounds the jobs the node has taken from the submit
-	// stream and not yet dispatched, written as waiting for capacity, or
-	// finished: at the bound it pulls no more submits, so a burst waits in
+	// stream and not yet dispatched, written as waiting for capacity,
+	// finished, or kept waiting past their AdmissionHold: at the bound it pulls no more submits, so a burst waits in
 	// JetStream instead of in the node's memory (default
 	// actors.MaxAdmittingDefault, 8,000; negative: no bound). Gauge
 	// troupe_jobs_admitting.

@@ -270,7 +270,10 @@ func TestDeadNodesParkedJobsAreAdopted(t *testing.T) {
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
 	f.publishRaw(f.subj.Result, res)
 	r := f.waitState("parked-orphan", core.StateSucceeded)
-	if last := r.History[len(r.History)-1]; last.Node != "node-a" || r.Fence != 5 {
+	// Fence 4 was the dead node's; the adoption took 5, and the adopted
+	// job may park again before the result comes (parkFast), which takes
+	// one more activation.
+	if last := r.History[len(r.History)-1]; last.Node != "node-a" || r.Fence < 5 {
 		t.Fatalf("finished by %s with fence %d", last.Node, r.Fence)
 	}
 	// Once its last parked job is adopted, the dead node is forgotten.

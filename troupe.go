@@ -10,6 +10,7 @@ package troupe
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -357,7 +358,7 @@ func (n *Node) Start(ctx context.Context) error {
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
-		MaxAdmitting: int64(n.cfg.MaxAdmitting),
+		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: actors.NewToucher(),
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -373,6 +374,14 @@ func (n *Node) Start(ctx context.Context) error {
 		Name: "troupe_jobs_admitting",
 		Help: "Jobs taken from the submit stream and not yet dispatched, written as waiting, or finished; at actors.MaxAdmittingDefault the node pulls no more submits.",
 	}, func() float64 { return float64(env.Admitting.Load()) }))
+	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "troupe_capacity_waits_unwritten",
+		Help: "Jobs waiting for room within their capacity grace: no record yet, the submit held un-acked in JetStream.",
+	}, func() float64 { return float64(env.Unwritten.Load()) }))
+	_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "troupe_capacity_submit_touches_total",
+		Help: "In-progress signals sent to JetStream for the submits of jobs waiting within their capacity grace.",
+	}, func() float64 { return float64(env.Toucher.Touches()) }))
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
 	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, jobOpts...), n.log, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
@@ -423,7 +432,17 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe queue questions: %w", err)
 	}
-	n.subs = append(append(n.subs, inputs...), capSub, askSub)
+	findSub, err := n.nc.Subscribe(n.subj.QueueFind(n.cfg.NodeID), func(m *nats.Msg) {
+		var body []byte
+		if w := n.localWaiting(string(m.Data)); w != nil {
+			body, _ = json.Marshal(w)
+		}
+		_ = m.Respond(body)
+	})
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe waiting-job questions: %w", err)
+	}
+	n.subs = append(append(n.subs, inputs...), capSub, askSub, findSub)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}
@@ -650,6 +669,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.wheel != nil {
 			n.wheel.Stop()
+		}
+		if n.env != nil && n.env.Toucher != nil {
+			n.env.Toucher.Stop()
 		}
 		if n.dispatcher != nil {
 			n.dispatcher.Close()

@@ -38,26 +38,33 @@ const (
 	// CapacityGraceDefault is how long a newly submitted job that finds
 	// no room may wait for it before its record is written (SCHEDULED
 	// pool_overloaded / no_workers). Until then the submit stays un-acked
-	// in JetStream, which keeps it as durably as the record would, and a
-	// placement within the grace creates and dispatches the job in the one
-	// write a job with room costs. A burst larger than the pool's
-	// capacity is thus not charged an extra write per job for waits of a
-	// moment; a job that waits longer becomes visible as SCHEDULED.
-	CapacityGraceDefault = 2 * time.Second
+	// in JetStream (the node's Toucher tells JetStream it is in progress),
+	// which keeps it as durably as the record would: a node that dies
+	// leaves it to be offered to a replica. A placement within the grace
+	// creates and dispatches the job in the one write a job with room
+	// costs, so a burst larger than its pool's capacity is not charged a
+	// write per job for waiting. Meanwhile the job is visible from the
+	// node's memory (Node.WaitingJob: `troupe job`, GET /v1/jobs/{id}),
+	// not from Redis. A job that waits longer is written once.
+	CapacityGraceDefault = time.Minute
 	// MaxUnwrittenWaitsDefault bounds the jobs of one node waiting within
-	// their grace (un-acked submits count against the consumer's
-	// MaxAckPending; past this bound a waiting job is written at once).
-	MaxUnwrittenWaitsDefault = 10000
+	// their grace (past it a waiting job is written at once). Their
+	// un-acked submits count against the submit consumer's MaxAckPending
+	// (bus.MaxAckPendingDefault), which all replicas share and which must
+	// stay above replicas × this bound: at it, JetStream would stop
+	// offering submits to every replica. ~3 KB of node memory each.
+	MaxUnwrittenWaitsDefault = 25000
 	// MaxAdmittingDefault bounds the jobs a node has taken from the submit
-	// stream and not yet dispatched, written as waiting, or finished (see
-	// Env.Admitting). While it holds that many, it pulls no more submits:
-	// a burst waits in JetStream rather than as actors in the node's memory
-	// — and jobs that would wait for capacity behind it are not written
-	// SCHEDULED for a wait that comes from the node's own backlog. A pull
-	// already waiting at the server when the bound is reached still takes
-	// up to a fetch batch per fetch loop, so the count can pass it by that
-	// much; the default stays that far below MaxUnwrittenWaitsDefault, so a
-	// job queued within the node's bound always gets its grace.
+	// stream and not yet dispatched, written as waiting, finished, or kept
+	// waiting for room past their admission hold (lifecycle.AdmissionHoldDefault,
+	// 2 s; see Env.Admitting). While it holds that many, it pulls no more
+	// submits: a burst waits in JetStream rather than as actors in the
+	// node's memory, and a pool that drains within the hold keeps no more
+	// of it in memory than this. A pull already waiting at the server when
+	// the bound is reached still takes up to a fetch batch per fetch loop,
+	// so the count can pass it by that much; the default stays well below
+	// MaxUnwrittenWaitsDefault, so a job queued within the node's bound
+	// always gets its grace.
 	MaxAdmittingDefault = 8000
 
 	// CapacityRecheck: see package lifecycle.
@@ -172,10 +179,16 @@ type Env struct {
 	CapacityGrace     time.Duration
 	MaxUnwrittenWaits int64
 	Unwritten         *atomic.Int64
+	// AdmissionHold: see lifecycle.AdmissionHoldDefault (negative: none).
+	AdmissionHold time.Duration
+	// Toucher keeps those jobs' submits in progress at JetStream (nil:
+	// not kept; a wait longer than the stream's first redelivery wait then
+	// sees its submit offered again).
+	Toucher *Toucher
 
 	// Admitting counts the jobs whose actor was started by their submit and
 	// that have not yet been dispatched, written as waiting for capacity,
-	// or finished (shared by the node's actors; the submit fetch loop holds
+	// finished, or kept waiting past their admission hold (shared by the node's actors; the submit fetch loop holds
 	// while it is at MaxAdmitting). Negative MaxAdmitting: no bound.
 	MaxAdmitting int64
 	Admitting    *atomic.Int64
@@ -223,6 +236,9 @@ func (e *Env) WithDefaults() *Env {
 	if e.CapacityGrace == 0 {
 		e.CapacityGrace = CapacityGraceDefault
 	}
+	if e.AdmissionHold == 0 {
+		e.AdmissionHold = lifecycle.AdmissionHoldDefault
+	}
 	if e.MaxUnwrittenWaits <= 0 {
 		e.MaxUnwrittenWaits = MaxUnwrittenWaitsDefault
 	}
@@ -257,6 +273,7 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch,
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
 		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
+		AdmissionHold: e.AdmissionHold,
 		SagaRetention: e.SagaRetention, UnknownHold: max(e.UnknownHold, 0),
 		WorkerLostGrace: max(e.WorkerLostGrace, 0),
 		Direct:          func(subject, worker string) bool { return subject == e.Subjects.Worker(worker) },

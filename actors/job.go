@@ -259,6 +259,15 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		}
 	case lifecycle.Grace:
 		env.Unwritten.Add(e.Delta)
+		if env.Toucher != nil {
+			if e.Delta > 0 {
+				env.Toucher.Add(a.id, e.Deliveries)
+			} else {
+				env.Toucher.Remove(a.id)
+			}
+		}
+	case lifecycle.Admitted:
+		a.admitted()
 	case lifecycle.Log:
 		env.Log.Log(context.Background(), e.Level, e.Msg, e.Args...)
 	case lifecycle.Count:

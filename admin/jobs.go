@@ -80,6 +80,14 @@ func (s *Server) visibleJob(r *http.Request, p principal, id string) (*store.Job
 
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request, p principal) error {
 	rec, err := s.visibleJob(r, p, r.PathValue("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		// No record: the job may wait for room within its capacity grace,
+		// in a node's memory, its submit held in the stream.
+		if wj, werr := s.cfg.Node.WaitingJob(r.Context(), r.PathValue("id")); werr == nil && wj != nil && p.sees(wj.Tenant) {
+			writeJSON(w, http.StatusOK, waitingView(wj))
+			return nil
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -89,6 +89,7 @@ type Node interface {
 	Workers() ([]router.WorkerInfo, error)
 	LiveJobActors() (int, error)
 	QueuePosition(ctx context.Context, jobID string) (int, error)
+	WaitingJob(ctx context.Context, jobID string) (*router.Waiting, error)
 	PoolConfig() *router.PoolConfig
 	Mappings() *router.MappingStore
 

@@ -37,10 +37,14 @@ type Job struct {
 	Attempts     int    `json:"attempts"`
 	// QueuePosition: the job waits for room in its pool (SCHEDULED
 	// pool_overloaded / no_workers) with this many jobs before it.
-	QueuePosition *int      `json:"queue_position,omitempty"`
-	Fence         int64     `json:"fence"`
-	Created       time.Time `json:"created"`
-	Updated       time.Time `json:"updated"`
+	QueuePosition *int `json:"queue_position,omitempty"`
+	// Unwritten: the job waits for room within its capacity grace and has
+	// no record yet; it is described from the memory of Node, the replica
+	// whose queue holds it, and its submit is held un-acked in the stream.
+	Unwritten bool      `json:"unwritten,omitempty"`
+	Fence     int64     `json:"fence"`
+	Created   time.Time `json:"created"`
+	Updated   time.Time `json:"updated"`
 	// Owner is the lock holder ("<node>|<fence>"), empty when unlocked.
 	Owner     string          `json:"owner,omitempty"`
 	History   []HistoryEntry  `json:"history"`
@@ -72,6 +76,15 @@ type Decision struct {
 	RuleID   string     `json:"rule_id,omitempty"`
 	Hash     string     `json:"hash,omitempty"`
 	At       *time.Time `json:"at,omitempty"`
+}
+
+// waitingView is a job waiting for room within its capacity grace: no
+// record, no history yet.
+func waitingView(w *router.Waiting) Job {
+	pos := w.Position
+	return Job{ID: w.JobID, State: string(core.StateScheduled), Topic: w.Topic, Tenant: w.Tenant, Node: w.Node,
+		Reason: string(w.Reason), QueuePosition: &pos, Unwritten: true, Created: w.Since, Updated: w.Since,
+		History: []HistoryEntry{}}
 }
 
 func jobView(r *store.JobRecord, links store.JobLinks) Job {

@@ -21,8 +21,11 @@ const (
 	// MaxDeliverDefault bounds redelivery of a message that is never acked:
 	// with RedeliveryBackoff, 20 deliveries span about 16 minutes.
 	MaxDeliverDefault = 20
-	// MaxAckPendingDefault bounds un-acked messages per consumer.
-	MaxAckPendingDefault = 50_000
+	// MaxAckPendingDefault bounds un-acked messages per consumer, shared by
+	// every replica. A job waiting for room within its capacity grace keeps
+	// its submit un-acked (up to actors.MaxUnwrittenWaitsDefault, 25,000,
+	// per node), so this leaves room for 8 replicas' full waits.
+	MaxAckPendingDefault = 200_000
 	// StreamMaxAge bounds how long an unconsumed message is kept.
 	StreamMaxAge = 72 * time.Hour
 	// FetchBatch is the pull size; measured here, 256 is the knee.

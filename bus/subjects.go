@@ -50,6 +50,13 @@ func (s Subjects) QueueAsk(nodeID string) string {
 	return s.prefix + "troupe.node." + nodeID + ".queue"
 }
 
+// QueueFind is the subject on which a node describes a job waiting in its
+// capacity queue (core NATS request/reply: the job id in, a JSON
+// router.Waiting out, an empty body when the job does not wait there).
+func (s Subjects) QueueFind(nodeID string) string {
+	return s.prefix + "troupe.node." + nodeID + ".waiting"
+}
+
 // Capacity is the subject on which replicas share how many jobs each has
 // in flight on each worker (core NATS; see router/gossip.go).
 func (s Subjects) Capacity() string { return s.prefix + "troupe.capacity" }

@@ -109,6 +109,27 @@ type Announce struct{}
 // does not wait in this router's queue.
 type QueuePosition struct{ JobID string }
 
+// FindWaiting asks about a job waiting in this router's capacity queue; the
+// reply is a *Waiting, nil when it does not wait here.
+type FindWaiting struct{ JobID string }
+
+// Waiting describes a job waiting for room: where it stands in its pools'
+// queue (Position jobs before it) and since when, on which node.
+type Waiting struct {
+	JobID    string      `json:"job_id"`
+	Topic    string      `json:"topic"`
+	Tenant   string      `json:"tenant"`
+	Reason   core.Reason `json:"reason"`
+	Position int         `json:"position"`
+	Pools    []string    `json:"pools,omitempty"`
+	Since    time.Time   `json:"since"`
+	Node     string      `json:"node"`
+}
+
+// ListPeers asks for the ids of the replicas this router hears; reply:
+// []string.
+type ListPeers struct{}
+
 // Waitable reports whether a pick that failed for reason r should wait in
 // the queue for room rather than back off: no room now, but room comes
 // with a freed slot, a heartbeat or a new worker.
@@ -447,6 +468,10 @@ func (r *Router) Receive(c actor.Context) {
 		}
 	case *QueuePosition:
 		c.Respond(r.position(m.JobID))
+	case *FindWaiting:
+		c.Respond(r.waitingView(m.JobID))
+	case *ListPeers:
+		c.Respond(r.peerIDs())
 	case *PeerLoad:
 		r.peerLoad(c, m)
 	case gossipTick:

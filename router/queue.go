@@ -51,7 +51,7 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 		return
 	}
 	if m.Wait && m.JobID != "" && Waitable(p.Reason) && c.Sender() != nil {
-		r.enqueue(m, c.Sender())
+		r.enqueue(m, c.Sender()).reason = p.Reason
 		r.kick(c)
 		reply.Queued = true
 	} else if w := r.waiting[m.JobID]; w != nil {
@@ -70,7 +70,7 @@ func (r *Router) enqueue(m *PickRequest, pid *actor.PID) *waiter {
 	}
 	r.seq++
 	w := &waiter{jobID: m.JobID, pid: pid, req: m.Req, ticket: m.Ticket, tenant: safety.TenantOf(m.Req),
-		rank: priorityRank(m.Req.GetPriority()), seq: r.seq, pools: r.strategy.Candidates()}
+		rank: priorityRank(m.Req.GetPriority()), seq: r.seq, pools: r.strategy.Candidates(), since: r.now()}
 	if !m.Submitted.IsZero() {
 		w.submit = m.Submitted.UnixMilli()
 	}
@@ -212,6 +212,25 @@ func (r *Router) position(job string) int {
 		}
 	}
 	return best
+}
+
+// waitingView describes job when it waits here, else nil.
+func (r *Router) waitingView(job string) *Waiting {
+	w := r.waiting[job]
+	if w == nil {
+		return nil
+	}
+	return &Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
+		Position: r.position(job), Pools: append([]string(nil), w.pools...), Since: w.since, Node: r.cfg.NodeID}
+}
+
+// peerIDs lists the replicas this router hears.
+func (r *Router) peerIDs() []string {
+	out := make([]string, 0, len(r.peers))
+	for id := range r.peers {
+		out = append(out, id)
+	}
+	return out
 }
 
 // expireHandoffs frees placements whose job never answered.

@@ -2,9 +2,11 @@ package router
 
 import (
 	"container/heap"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -37,6 +39,10 @@ type waiter struct {
 	seq    uint64
 	pools  []string
 	gone   bool // placed, withdrawn or replaced: links to it are dead
+	// reason is why it waits (pool_overloaded, no_workers, stale_worker);
+	// since is when it began to wait here.
+	reason core.Reason
+	since  time.Time
 }
 
 // priorityRank orders CAP priorities for the queue.

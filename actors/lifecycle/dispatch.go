@@ -293,20 +293,80 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		recheck = j.cfg.Backoff(max(j.attempts, 1))
 		changed = changed || again
 	}
+	if j.unwritten {
+		// Asked again within its grace (a recheck, a repeated submit):
+		// still nothing is written.
+		j.armUnwritten()
+		return
+	}
 	at := j.now().Add(recheck)
 	if !changed && j.activated {
 		j.arm(at)
 		return
 	}
-	if !j.activated && !j.unwritten && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
+	if !j.activated && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
 		// Within the grace: nothing is written yet; the submit stays
-		// un-acked in JetStream, which keeps it as durably.
+		// un-acked in JetStream (the node keeps telling JetStream it is
+		// in progress), which keeps it as durably. For its first
+		// AdmissionHold it still counts in the node's admissions.
+		now := j.now()
 		j.unwritten = true
-		j.emit(Grace{Delta: 1})
-		j.arm(j.now().Add(j.cfg.CapacityGrace))
+		j.graceEnd = now.Add(j.cfg.CapacityGrace)
+		j.recheckAt = now.Add(recheck)
+		if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
+			j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
+		}
+		j.emit(Grace{Delta: 1, Deliveries: j.acks})
+		j.armUnwritten()
 		return
 	}
 	j.writeWait(at)
+}
+
+// armUnwritten sets the timer of a job waiting within its grace to the
+// first of: the end of its admission hold, its next recheck, the end of
+// its grace.
+func (j *Job) armUnwritten() {
+	at := j.graceEnd
+	if j.recheckAt.Before(at) {
+		at = j.recheckAt
+	}
+	if !j.holdEnd.IsZero() && j.holdEnd.Before(at) {
+		at = j.holdEnd
+	}
+	j.arm(at)
+}
+
+// onUnwrittenTimer: the timer of a job waiting within its grace fired. Its
+// admission hold may be over (the node's fetch loops stop counting it), a
+// recheck may be due (the safety net for a lost wake: the router is asked
+// again, the job keeps its place), or the grace is over (the job still
+// waits, now in Redis too).
+func (j *Job) onUnwrittenTimer() {
+	now := j.now()
+	j.endHold(now)
+	recheck := CapacityRecheck
+	if j.capReason != core.ReasonPoolOverloaded {
+		recheck = j.cfg.Backoff(max(j.attempts, 1))
+	}
+	if !now.Before(j.graceEnd) {
+		j.writeWait(now.Add(recheck))
+		return
+	}
+	if !now.Before(j.recheckAt) {
+		j.recheckAt = now.Add(recheck)
+		j.askRouter()
+		return
+	}
+	j.armUnwritten()
+}
+
+// endHold ends the job's admission hold once it is due (zero now: at once).
+func (j *Job) endHold(now time.Time) {
+	if !j.holdEnd.IsZero() && (now.IsZero() || !now.Before(j.holdEnd)) {
+		j.holdEnd = time.Time{}
+		j.emit(Admitted{})
+	}
 }
 
 // writeWait records that the job waits for capacity: SCHEDULED with the
@@ -324,6 +384,7 @@ func (j *Job) writeWait(at time.Time) {
 func (j *Job) leaveGrace() {
 	if j.unwritten {
 		j.unwritten = false
+		j.endHold(time.Time{})
 		j.emit(Grace{Delta: -1})
 	}
 }

@@ -142,8 +142,18 @@ type Resumed struct {
 type Redeliver struct{ Msgs []any }
 
 // Grace changes the node's count of jobs waiting unwritten within their
-// capacity grace by Delta.
-type Grace struct{ Delta int64 }
+// capacity grace by Delta. With Delta 1, Deliveries are the job's submits,
+// which the node keeps telling JetStream are in progress until the
+// matching Delta −1 (the wait ended: placed, written or finished).
+type Grace struct {
+	Delta      int64
+	Deliveries []Delivery
+}
+
+// Admitted: the job no longer counts in the node's admissions (see
+// AdmissionHoldDefault); it was counted from its submit. Dispatching, writing
+// and finishing end the count too, without this effect.
+type Admitted struct{}
 
 // Log is a log line about the job.
 type Log struct {
@@ -206,6 +216,7 @@ func (Disarm) effect()            {}
 func (Ack) effect()               {}
 func (Nak) effect()               {}
 func (Touch) effect()             {}
+func (Admitted) effect()          {}
 func (Hold) effect()              {}
 func (Forget) effect()            {}
 func (Forward) effect()           {}

@@ -56,6 +56,13 @@ const (
 	// wake (a router restart loses its queue). The wait itself ends the
 	// moment a slot frees.
 	CapacityRecheck = 10 * time.Second
+	// AdmissionHoldDefault is how long a fresh job waiting for room within its
+	// capacity grace keeps counting in the node's admissions (the bound
+	// that holds the submit fetch loops). A short wait — the pool drains
+	// the node's own backlog — holds the stream, so a burst waits there
+	// rather than in the node; a longer one lets the stream move on, so a
+	// full pool holds other pools' submits up for at most this long.
+	AdmissionHoldDefault = 2 * time.Second
 	// ResendCap bounds the wait between repeats of a dispatch.
 	ResendCap = 30 * time.Second
 	// ResendsBeforePark: a DISPATCHED job that may be resent parks only
@@ -93,6 +100,9 @@ type Config struct {
 	// ParkAfter (≤ 0: never), ResendAfter (≤ 0: never) and CapacityGrace
 	// (≤ 0: none): see package actors.
 	ParkAfter, ResendAfter, CapacityGrace time.Duration
+	// AdmissionHold: see AdmissionHoldDefault (≤ 0: none, the wait leaves
+	// the node's admissions at once).
+	AdmissionHold time.Duration
 	// Output: results pass the output policy before SUCCEEDED.
 	Output bool
 	// PolicyWaiters: the node keeps waiters on an unavailable policy.
@@ -200,8 +210,11 @@ type Job struct {
 	queued    bool
 	ticket    uint64
 	capReason core.Reason
-	// unwritten: a fresh job waiting within its grace, not yet written.
-	unwritten bool
+	// unwritten: a fresh job waiting within its grace, not yet written,
+	// until graceEnd; the router is asked again at recheckAt; until
+	// holdEnd (zero: over) it counts in the node's admissions.
+	unwritten                    bool
+	graceEnd, recheckAt, holdEnd time.Time
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
 	// spoke: the job's worker is the one that runs it — it spoke for the
@@ -535,12 +548,7 @@ func (j *Job) advance() {
 func (j *Job) onTimer() {
 	j.stopWaitingPolicy()
 	if j.unwritten && j.queued {
-		// The grace is over: the job still waits, now in Redis too.
-		recheck := CapacityRecheck
-		if j.capReason != core.ReasonPoolOverloaded {
-			recheck = j.cfg.Backoff(max(j.attempts, 1))
-		}
-		j.writeWait(j.now().Add(recheck))
+		j.onUnwrittenTimer()
 		return
 	}
 	j.advance()

@@ -53,6 +53,10 @@ type simActor struct {
 	j          *Job
 	timerAt    time.Time
 	timerEpoch uint64
+	// grace: the actor's waits within the capacity grace (Grace effects'
+	// sum, 0 or 1); admitted: an Admitted was emitted in the current one.
+	grace    int64
+	admitted bool
 }
 
 type simNode struct {

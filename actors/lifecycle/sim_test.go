@@ -62,6 +62,8 @@ type sim struct {
 	faults          bool
 	steps           int
 	redelivered     int
+	graceWaits      int // waits within the capacity grace begun
+	holdsEnded      int // of those, admission holds that ended (Admitted)
 	deliveries      []*simDelivery
 	resent          int // results a deduping worker sent again
 
@@ -97,7 +99,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
 		},
 		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
-		ResendAfter: 5 * time.Second, CapacityGrace: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
+		ResendAfter: 5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
 		WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" }}
 	for i := 0; i < 3; i++ {
 		s.nodes = append(s.nodes, s.newNode(fmt.Sprintf("n%d", i)))
@@ -409,6 +411,9 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			delete(n.held, j.ID)
 		}
 	case Finish:
+		if a.grace != 0 {
+			s.fail("%s: finished while waiting within the grace", j.ID)
+		}
 		// The shard handles the Finished message a moment later; events
 		// for the job meanwhile still reach the finished actor.
 		fin := e
@@ -429,7 +434,25 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		for _, m := range e.Msgs {
 			s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
 		}
-	case PublishDLQ, TellClient, Log, Count, Observe, Grace, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+	case Grace:
+		a.grace += e.Delta
+		if a.grace < 0 || a.grace > 1 {
+			s.fail("%s: %d waits within the grace at once", j.ID, a.grace)
+		}
+		if e.Delta > 0 && len(e.Deliveries) == 0 {
+			s.fail("%s: a wait within the grace with no submit to keep", j.ID)
+		}
+		a.admitted = false
+		if e.Delta > 0 {
+			s.graceWaits++
+		}
+	case Admitted:
+		s.holdsEnded++
+		if a.grace != 1 || a.admitted {
+			s.fail("%s: Admitted outside a wait within the grace, or twice in one", j.ID)
+		}
+		a.admitted = true
+	case PublishDLQ, TellClient, Log, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
 	}
 	return nil
 }
@@ -747,13 +770,15 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total, resent := 0, 0
+	total, resent, graceWaits, holdsEnded := 0, 0, 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
 		s.run(steps)
 		total += s.steps
 		resent += s.resent
+		graceWaits += s.graceWaits
+		holdsEnded += s.holdsEnded
 		for k, v := range s.outcomes {
 			outcomes[k] += v
 		}
@@ -769,5 +794,10 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d", seeds, total, strings.Join(parts, ", "), resent)
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded)
+	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0) {
+		t.Errorf("the simulation never had a job wait within its capacity grace (%d) or outlast its admission hold (%d)",
+			graceWaits, holdsEnded)
+	}
 }

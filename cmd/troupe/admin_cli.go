@@ -323,6 +323,10 @@ func printAPIJob(w io.Writer, j admin.Job) {
 	if j.QueuePosition != nil {
 		fmt.Fprintf(w, "  waiting for capacity: %d jobs ahead in the queue\n", *j.QueuePosition)
 	}
+	if j.Unwritten {
+		fmt.Fprintf(w, "  no record yet: waiting within its capacity grace in node %s's memory since %s, its submit held in the stream\n",
+			orDash(j.Node), j.Created.Format(time.RFC3339))
+	}
 	for _, d := range j.Decisions {
 		if d.Kind == "policy" {
 			fmt.Fprintf(w, "  policy: %s (rule %s) %s\n", orDash(d.Decision), orDash(d.RuleID), d.Reason)

@@ -50,7 +50,8 @@ func runJob(ctx context.Context, args []string) error {
 	defer closeFn()
 	rec, err := st.GetJob(ctx, fs.Arg(0))
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("no job %s under key prefix %q", fs.Arg(0), c.keyPrefix)
+		return fmt.Errorf("no job %s under key prefix %q (a job waiting for room within its capacity grace has no record yet: `troupe job status %s` asks the nodes)",
+			fs.Arg(0), c.keyPrefix, fs.Arg(0))
 	}
 	if err != nil {
 		return err
