@@ -687,8 +687,9 @@ func TestCapacityAWaitPastItsAdmissionHoldStaysUnwritten(t *testing.T) {
 func TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit(t *testing.T) {
 	t.Parallel()
 	f, g, w := oneJobWaiting(t, "long-1", "long-2")
-	// Touches every TouchEvery (2 s): the fourth comes past the first
-	// redelivery wait of a submit fetched before the first.
+	// Touched after TouchFirst (1 s), then every TouchEvery (4 s): by the
+	// third touch the wait is 9 s old, past the first redelivery wait (5 s)
+	// and nearly the second (10 s).
 	untilCounter(t, f.node, "troupe_capacity_submit_touches_total", 3)
 	ctx := context.Background()
 	cons, err := f.js.Consumer(ctx, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))

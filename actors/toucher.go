@@ -8,11 +8,19 @@ import (
 )
 
 // TouchEvery is how often the submit of a job waiting for room within its
-// capacity grace is told to JetStream as in progress. The submit consumer's
-// first redelivery wait is bus.RedeliveryBackoff[0] (5 s), which must not
-// pass between two touches: the message would be offered again, to this
-// node or to a replica, while its job waits here.
-const TouchEvery = 2 * time.Second
+// capacity grace is told to JetStream as in progress, and TouchFirst how
+// soon after its wait begins. The submit consumer's first redelivery wait
+// is bus.RedeliveryBackoff[0] (5 s) from the delivery, which must not pass
+// between two touches (the message would be offered again, to this node or
+// a replica, while its job waits here); the first touch leaves the time
+// from delivery to the wait's start (the node's backlog) a few seconds.
+// Each touch costs nats-server an ack-progress message, so they are as
+// sparse as that allows.
+const (
+	TouchEvery = 4 * time.Second
+	TouchFirst = time.Second
+	touchTick  = 250 * time.Millisecond
+)
 
 // Toucher keeps the submits of the node's unwritten waits (jobs waiting for
 // room within their capacity grace, with no record yet) un-acked but not
@@ -30,7 +38,7 @@ type Toucher struct {
 
 type touched struct {
 	ds   []lifecycle.Delivery
-	last time.Time
+	next time.Time
 }
 
 // NewToucher starts a Toucher; Stop ends its goroutine.
@@ -49,7 +57,7 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 		}
 	}
 	t.mu.Lock()
-	t.waits[job] = &touched{ds: kept, last: time.Now()}
+	t.waits[job] = &touched{ds: kept, next: time.Now().Add(TouchFirst)}
 	t.mu.Unlock()
 }
 
@@ -78,7 +86,7 @@ func (t *Toucher) Touches() uint64 {
 func (t *Toucher) Stop() { t.once.Do(func() { close(t.stop) }) }
 
 func (t *Toucher) loop() {
-	tick := time.NewTicker(TouchEvery / 4)
+	tick := time.NewTicker(touchTick)
 	defer tick.Stop()
 	var due []lifecycle.Delivery
 	for {
@@ -95,16 +103,16 @@ func (t *Toucher) loop() {
 	}
 }
 
-// due collects the deliveries last touched TouchEvery ago or more, and
-// marks them touched now. The signals go out after the lock is released.
+// due collects the deliveries whose touch is due, and sets their next one.
+// The signals go out after the lock is released.
 func (t *Toucher) due(now time.Time, out []lifecycle.Delivery) []lifecycle.Delivery {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, w := range t.waits {
-		if now.Sub(w.last) < TouchEvery {
+		if now.Before(w.next) {
 			continue
 		}
-		w.last = now
+		w.next = now.Add(TouchEvery)
 		out = append(out, w.ds...)
 		t.touches += uint64(len(w.ds))
 	}

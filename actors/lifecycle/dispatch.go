@@ -295,7 +295,12 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 	}
 	if j.unwritten {
 		// Asked again within its grace (a recheck, a repeated submit):
-		// still nothing is written.
+		// still nothing is written, but a pool left with no live worker
+		// shortens the grace.
+		if p.Reason != core.ReasonPoolOverloaded {
+			j.graceEnd = minTime(j.graceEnd, j.now().Add(min(j.cfg.CapacityGrace, NoWorkersGrace)))
+			j.recheckAt = j.graceEnd
+		}
 		j.armUnwritten()
 		return
 	}
@@ -313,6 +318,12 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		j.unwritten = true
 		j.graceEnd = now.Add(j.cfg.CapacityGrace)
 		j.recheckAt = now.Add(recheck)
+		if p.Reason != core.ReasonPoolOverloaded {
+			// No live worker to wait for: a wait that may last until the
+			// job fails is shown in Redis soon, and not rechecked before.
+			j.graceEnd = now.Add(min(j.cfg.CapacityGrace, NoWorkersGrace))
+			j.recheckAt = j.graceEnd
+		}
 		if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
 			j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
 		}
@@ -321,6 +332,13 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		return
 	}
 	j.writeWait(at)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // armUnwritten sets the timer of a job waiting within its grace to the

@@ -63,6 +63,11 @@ const (
 	// rather than in the node; a longer one lets the stream move on, so a
 	// full pool holds other pools' submits up for at most this long.
 	AdmissionHoldDefault = 2 * time.Second
+	// NoWorkersGrace bounds the capacity grace of a job whose pools have
+	// no live worker (no_workers, stale_worker): such a wait may last until
+	// the job fails (max_scheduling_retries), so it is written — shown in
+	// Redis, rechecked on the scheduling backoff — after this long.
+	NoWorkersGrace = 2 * time.Second
 	// ResendCap bounds the wait between repeats of a dispatch.
 	ResendCap = 30 * time.Second
 	// ResendsBeforePark: a DISPATCHED job that may be resent parks only

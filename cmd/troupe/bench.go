@@ -55,7 +55,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.HoldFor, "hold-for", bench.HoldForDefault, "with --hold: how long the in-flight state is sampled")
 	fs.BoolVar(&cfg.Adopt, "adopt", false, "with the jobs in flight (implies --hold), start a second node, kill -9 the first, time the adoption")
 	fs.DurationVar(&cfg.ParkAfter, "park-after", 0, "the node's park-after (0: its default; negative: never park)")
-	fs.DurationVar(&cfg.CapacityGrace, "capacity-grace", 0, "the node's capacity grace: how long a job waiting for room stays unwritten (0: its default, 2s; negative: written at once)")
+	fs.DurationVar(&cfg.CapacityGrace, "capacity-grace", 0, "the node's capacity grace: how long a job waiting for room stays unwritten (0: its default, 1m; negative: written at once)")
 	fs.DurationVar(&cfg.LockTTL, "lock-ttl", 0, "the node's job lock TTL (0: its default, 60s)")
 	fs.Int64Var(&cfg.NodeMemoryLimit, "node-memory-limit", 0, "the node's Go soft memory limit in bytes (what GOMEMLIMIT sets; 0: none)")
 	fs.StringVar(&cfg.HeapProfile, "heapprofile", "", "with --hold: write the node's heap profile at the end of the hold to this file")
