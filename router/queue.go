@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -24,8 +25,17 @@ const (
 // pick answers a PickRequest, queueing the job when it may wait.
 func (r *Router) pick(c actor.Context, m *PickRequest) {
 	if m.JobID != "" {
-		// A job asking again is not waiting for an older placement: one
-		// still in flight to it is freed (its actor restarted, say).
+		if h, ok := r.handed[m.JobID]; ok && m.Wait && h.ticket == m.Ticket {
+			// The same wait asking again (its recheck) while a placement
+			// is on its way to it: that placement will reach it. Freeing
+			// it here would let another job take the slot the job is
+			// about to dispatch on (an over-filled worker).
+			c.Respond(&PickReply{Epoch: m.Epoch, Reason: core.ReasonPoolOverloaded, Queued: true})
+			return
+		}
+		// A job asking again under another ticket is not waiting for an
+		// older placement: one still in flight to it is freed (its actor
+		// restarted, say).
 		if h, ok := r.handed[m.JobID]; ok {
 			delete(r.handed, m.JobID)
 			r.vacate(c, h.w, m.JobID)

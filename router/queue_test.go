@@ -19,6 +19,9 @@ type probe struct {
 	router  *actor.PID
 	replies chan *PickReply
 	placed  chan *Placed
+	// noTook: placements are reported but not answered (still on their
+	// way to the job, as far as the router knows).
+	noTook atomic.Bool
 }
 
 func (p *probe) Receive(c actor.Context) {
@@ -28,7 +31,9 @@ func (p *probe) Receive(c actor.Context) {
 	case *PickReply:
 		p.replies <- m
 	case *Placed:
-		c.Send(p.router, &Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: true})
+		if !p.noTook.Load() {
+			c.Send(p.router, &Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: true})
+		}
 		p.placed <- m
 	}
 }
@@ -196,6 +201,56 @@ func TestCapacityUnusedPlacementIsFreed(t *testing.T) {
 	b.sys.Root.Send(b.pid, &Released{WorkerID: "w1", JobID: "b", Done: true})
 	if m := p.next(t); m.JobID != "c" {
 		t.Fatalf("placed %s, want c", m.JobID)
+	}
+}
+
+// TestCapacityRecheckKeepsAPlacementOnItsWay: a waiting job that asks
+// again (its recheck, same ticket) while the router's placement is on its
+// way to it keeps that placement: the router answers Queued, and neither
+// frees the slot for another job nor places the job a second time.
+func TestCapacityRecheckKeepsAPlacementOnItsWay(t *testing.T) {
+	t.Parallel()
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n")})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 1}, time.Now())
+	pid, p := startProbe(b)
+	p.noTook.Store(true)
+	ask := func(id string, ticket uint64) *PickReply {
+		b.sys.Root.Send(pid, &PickRequest{JobID: id, Wait: true, Ticket: ticket,
+			Req: &capv1.JobRequest{JobId: id, Topic: "job.a"}})
+		return p.reply(t)
+	}
+	if r := ask("a", 1); r.WorkerID != "w1" {
+		t.Fatalf("a: %+v, want placed on w1", r)
+	}
+	if r := ask("b", 1); !r.Queued {
+		t.Fatalf("b: %+v, want queued", r)
+	}
+	b.sys.Root.Send(b.pid, &Released{WorkerID: "w1", JobID: "a", Done: true})
+	if m := p.next(t); m.JobID != "b" {
+		t.Fatalf("placed %s, want b", m.JobID)
+	}
+	// b's recheck crosses the placement.
+	if r := ask("b", 1); !r.Queued || r.WorkerID != "" {
+		t.Fatalf("b asking again with its placement on the way: %+v, want queued", r)
+	}
+	if r := ask("c", 1); !r.Queued {
+		t.Fatalf("c: %+v, want queued (w1's slot is b's)", r)
+	}
+	select {
+	case m := <-p.placed:
+		t.Fatalf("placed %s again while b's placement was on its way", m.JobID)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// b takes it; when it ends, c gets the slot.
+	b.sys.Root.Send(b.pid, &Took{JobID: "b", WorkerID: "w1", Ticket: 1, Used: true})
+	b.sys.Root.Send(b.pid, &Released{WorkerID: "w1", JobID: "b", Done: true})
+	if m := p.next(t); m.JobID != "c" {
+		t.Fatalf("placed %s, want c", m.JobID)
+	}
+	// A new wait (another ticket, a restarted actor) frees a placement
+	// still on its way to the old one.
+	if r := ask("c", 2); r.WorkerID != "w1" {
+		t.Fatalf("c asking under a new ticket: %+v, want placed on w1 (its old placement freed)", r)
 	}
 }
 

@@ -249,7 +249,7 @@ type Job struct {
 	fx    []Effect
 }
 
-// New returns the core of job id. Seed starts its epochs: a fresh actor of
+// New returns the core of job id. Seed starts its epochs and wait tickets: a fresh actor of
 // the job (after a restart, or a new spawn under the same name) must not
 // take answers meant for an earlier one as its own, so the shell passes a
 // random seed.
@@ -257,7 +257,7 @@ func New(cfg *Config, id string, seed uint64) *Job {
 	seed >>= 2 // room to count up
 	// Room for the effects of a busy step, so that emit does not grow the
 	// slice a step at a time (it is reused from step to step).
-	return &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed, fx: make([]Effect, 0, 8)}
+	return &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed, ticket: seed, fx: make([]Effect, 0, 8)}
 }
 
 // Done reports whether the job's actor has nothing left to do.
