@@ -17,32 +17,43 @@ import (
 
 // BenchmarkCapacityWaitingJobs measures what jobs waiting for capacity
 // cost: one worker of max_parallel 1 holds its job, and 10,000 more jobs
-// wait for it in the router's queue (each written SCHEDULED
-// pool_overloaded once its grace is over); then 10 jobs, for comparison.
+// wait for it in the router's queue; then 10 jobs, for comparison.
 // Reported: the node's heap per waiting job (after a GC), and the Redis
 // commands the server runs per second while they wait (the node's lease
 // and pollers; the same with 10 or 10,000 waiting if nothing is per job).
 // Run with
 //
 //	go test -run '^$' -bench CapacityWaitingJobs -benchtime 1x .
+//
+// "unwritten" runs the default capacity grace (1 min): the jobs wait with no
+// record, their submits held in JetStream and touched every 4 s; it also
+// reports those in-progress signals per waiting job per second. "written"
+// has a 100 ms grace, so every waiting job is written SCHEDULED.
 func BenchmarkCapacityWaitingJobs(b *testing.B) {
-	for _, n := range []int{10, 10000} {
-		b.Run(strconv.Itoa(n), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				perJob, redisPerSec := waitingJobsOnce(b, n)
-				b.ReportMetric(perJob, "heap_B/waiting_job")
-				b.ReportMetric(redisPerSec, "redis_cmds/s_while_waiting")
-			}
-		})
+	for _, mode := range []string{"unwritten", "written"} {
+		for _, n := range []int{10, 10000} {
+			b.Run(mode+"/"+strconv.Itoa(n), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					perJob, redisPerSec, touches := waitingJobsOnce(b, n, mode == "written")
+					b.ReportMetric(perJob, "heap_B/waiting_job")
+					b.ReportMetric(redisPerSec, "redis_cmds/s_while_waiting")
+					b.ReportMetric(touches, "touches/s/waiting_job")
+				}
+			})
+		}
 	}
 }
 
-func waitingJobsOnce(b *testing.B, waiting int) (perJob, redisPerSec float64) {
+func waitingJobsOnce(b *testing.B, waiting int, written bool) (perJob, redisPerSec, touchesPerJobSec float64) {
 	env := testenv.New(b)
 	pools, _ := parseTestPools()
+	grace, metric := time.Duration(0), "troupe_capacity_waits_unwritten"
+	if written {
+		grace, metric = 100*time.Millisecond, "troupe_capacity_waits_total"
+	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: "bench-wait", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
-		Pools: pools, Logger: quietLogger(), CapacityGrace: 100 * time.Millisecond})
+		Pools: pools, Logger: quietLogger(), CapacityGrace: grace})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -93,11 +104,11 @@ func waitingJobsOnce(b *testing.B, waiting int) (perJob, redisPerSec float64) {
 	}
 	<-js.PublishAsyncComplete()
 	for deadline := time.Now().Add(2 * time.Minute); ; {
-		if counter(b, node, "troupe_capacity_waits_total", "pool_overloaded") >= float64(waiting) {
+		if counter(b, node, metric, "") >= float64(waiting) {
 			break
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("only %v of %d jobs wait", counter(b, node, "troupe_capacity_waits_total", "pool_overloaded"), waiting)
+			b.Fatalf("only %v of %d jobs wait", counter(b, node, metric, ""), waiting)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -105,13 +116,14 @@ func waitingJobsOnce(b *testing.B, waiting int) (perJob, redisPerSec float64) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	perJob = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(waiting)
-	first := redisCommands(b, env)
+	first, touched := redisCommands(b, env), counter(b, node, "troupe_capacity_submit_touches_total", "")
 	const window = 10 * time.Second
 	time.Sleep(window)
 	redisPerSec = float64(redisCommands(b, env)-first) / window.Seconds()
-	b.Logf("%d jobs waiting: %.0f B of heap each, %.1f Redis commands/s while they wait (server-wide)",
-		waiting, perJob, redisPerSec)
-	return perJob, redisPerSec
+	touchesPerJobSec = (counter(b, node, "troupe_capacity_submit_touches_total", "") - touched) / window.Seconds() / float64(waiting)
+	b.Logf("%d jobs waiting (written: %v): %.0f B of heap each, %.1f Redis commands/s while they wait (server-wide), %.3f touches/s per waiting job",
+		waiting, written, perJob, redisPerSec, touchesPerJobSec)
+	return perJob, redisPerSec, touchesPerJobSec
 }
 
 // redisCommands reads the server's total_commands_processed.
