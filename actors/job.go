@@ -261,6 +261,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		env.Unwritten.Add(e.Delta)
 		if env.Toucher != nil {
 			if e.Delta > 0 {
+				env.Metrics.UnwrittenWaits.Inc()
 				env.Toucher.Add(a.id, e.Deliveries)
 			} else {
 				env.Toucher.Remove(a.id)

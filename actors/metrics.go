@@ -40,6 +40,10 @@ type Metrics struct {
 	// it joins the router's wait queue, one per safety-net recheck of a
 	// no_workers wait. The bench reports it per job.
 	CapacityWaits *prometheus.CounterVec // reason
+	// UnwrittenWaits counts the waits for room begun within the capacity
+	// grace, with no record (lifecycle.Grace +1); those that outlast the
+	// grace are counted in CapacityWaits too when written.
+	UnwrittenWaits prometheus.Counter
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -90,6 +94,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Direct dispatches repeated to a deduping worker because the job showed no sign of arriving."}),
 		CapacityWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_capacity_waits_total",
 			Help: "Jobs written SCHEDULED to wait for room in their pool (pool_overloaded, no_workers)."}, []string{"reason"}),
+		UnwrittenWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_capacity_waits_unwritten_total",
+			Help: "Jobs that began to wait for room within their capacity grace, with no record (their submit held in JetStream)."}),
 		Held: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_unknown_job_events_held_total",
 			Help: "Results and cancels for a job with no record handed back to JetStream to wait for the record (a replica that lost it with Redis recreates it)."}),
 		Busy: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_job_activations_busy_total",
@@ -99,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
 			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits,
-			m.Held, m.Busy)
+			m.Held, m.Busy, m.UnwrittenWaits)
 	}
 	return m
 }

@@ -181,13 +181,15 @@ func (a RedisCounts) add(b RedisCounts) RedisCounts {
 func (a NodeCounters) add(b NodeCounters) NodeCounters {
 	return NodeCounters{Received: a.Received + b.Received, Dispatched: a.Dispatched + b.Dispatched,
 		Completed: a.Completed + b.Completed, ForwardTaken: a.ForwardTaken + b.ForwardTaken,
-		ForwardReturned: a.ForwardReturned + b.ForwardReturned, Busy: a.Busy + b.Busy}
+		ForwardReturned: a.ForwardReturned + b.ForwardReturned, Busy: a.Busy + b.Busy,
+		UnwrittenWaits: a.UnwrittenWaits + b.UnwrittenWaits}
 }
 
 func (a NodeCounters) sub(b NodeCounters) NodeCounters {
 	return NodeCounters{Received: a.Received - b.Received, Dispatched: a.Dispatched - b.Dispatched,
 		Completed: a.Completed - b.Completed, ForwardTaken: a.ForwardTaken - b.ForwardTaken,
-		ForwardReturned: a.ForwardReturned - b.ForwardReturned, Busy: a.Busy - b.Busy}
+		ForwardReturned: a.ForwardReturned - b.ForwardReturned, Busy: a.Busy - b.Busy,
+		UnwrittenWaits: a.UnwrittenWaits - b.UnwrittenWaits}
 }
 
 // errOneNode: hold runs sample one node.
@@ -295,6 +297,8 @@ func (r *runner) nodeCosts(before, after snapshot) {
 		return
 	}
 	d := after.node.Node.sub(*before.node.Node)
+	uw := round3(d.UnwrittenWaits / n)
+	res.UnwrittenWaitsPerJob = &uw
 	res.Forwarding = &ForwardingCost{Taken: int64(d.ForwardTaken), Returned: int64(d.ForwardReturned),
 		PerJob:          round3((d.ForwardTaken + d.ForwardReturned) / n),
 		BusyActivations: int64(d.Busy), BusyPerJob: round3(d.Busy / n)}

@@ -166,7 +166,10 @@ func capacityText(res *Result) string {
 		s += fmt.Sprintf(", %d overfills (receipts at or past the limit)", res.Overfills)
 	}
 	if res.CapacityWaitsPerJob != nil {
-		s += fmt.Sprintf("; node %.3f capacity waits/job", *res.CapacityWaitsPerJob)
+		s += fmt.Sprintf("; node %.3f capacity waits/job written (pool_overloaded/no_workers transitions)", *res.CapacityWaitsPerJob)
+	}
+	if res.UnwrittenWaitsPerJob != nil {
+		s += fmt.Sprintf(", %.3f waited unwritten within the grace", *res.UnwrittenWaitsPerJob)
 	}
 	return s
 }
@@ -286,6 +289,9 @@ func capacityCell(res *Result) string {
 	}
 	if res.CapacityWaitsPerJob != nil {
 		s += fmt.Sprintf(", %.3f waits/job", *res.CapacityWaitsPerJob)
+	}
+	if res.UnwrittenWaitsPerJob != nil {
+		s += fmt.Sprintf(" (+%.3f unwritten)", *res.UnwrittenWaitsPerJob)
 	}
 	if res.Params.Nodes > 1 && res.Forwarding != nil {
 		s += fmt.Sprintf(", %.3f forwarded/job", res.Forwarding.PerJob)

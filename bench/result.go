@@ -58,6 +58,11 @@ type Result struct {
 	// the measured run per job: how often jobs were written SCHEDULED to
 	// wait for room in their pool. Absent when not read (floor, external).
 	CapacityWaitsPerJob *float64 `json:"capacity_waits_per_job,omitempty"`
+	// UnwrittenWaitsPerJob is the node's troupe_capacity_waits_unwritten_total
+	// over the measured run per job: how often jobs waited for room within
+	// their capacity grace, with nothing written (a job that outlasts the
+	// grace counts in CapacityWaitsPerJob too).
+	UnwrittenWaitsPerJob *float64 `json:"unwritten_waits_per_job,omitempty"`
 
 	// Forwarding is what the nodes cost each other: results and cancels
 	// passed from the node that fetched them to the node owning their job,

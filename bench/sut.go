@@ -177,6 +177,9 @@ type NodeCounters struct {
 	// the node owning their job, which took them or did not (then the
 	// message went back to JetStream): troupe_events_forwarded_total by
 	// outcome.
+	// UnwrittenWaits: jobs that began to wait for room within their
+	// capacity grace, with no record (troupe_capacity_waits_unwritten_total).
+	UnwrittenWaits  float64 `json:"unwritten_waits,omitempty"`
 	ForwardTaken    float64 `json:"forward_taken"`
 	ForwardReturned float64 `json:"forward_returned"`
 	// Busy: its job activations that found the job's lock held by another
@@ -207,6 +210,9 @@ const (
 	completedMetric     = "troupe_jobs_completed_total"
 	forwardedMetric     = "troupe_events_forwarded_total" // label outcome: taken, returned
 	busyMetric          = "troupe_job_activations_busy_total"
+	// unwrittenWaitsMetric counts jobs that waited for room within their
+	// capacity grace, unwritten.
+	unwrittenWaitsMetric = "troupe_capacity_waits_unwritten_total"
 )
 
 // nodeCounters reads the node's capacity waits (summed over their reasons)
@@ -235,6 +241,8 @@ func (s *sut) nodeCounters() (*float64, *NodeCounters) {
 				nc.Completed += v
 			case busyMetric:
 				nc.Busy += v
+			case unwrittenWaitsMetric:
+				nc.UnwrittenWaits += v
 			case forwardedMetric:
 				switch labelValue(m.GetLabel(), "outcome") {
 				case "taken":
