@@ -687,9 +687,9 @@ func TestCapacityAWaitPastItsAdmissionHoldStaysUnwritten(t *testing.T) {
 func TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit(t *testing.T) {
 	t.Parallel()
 	f, g, w := oneJobWaiting(t, "long-1", "long-2")
-	// Touched after TouchFirst (1 s), then every TouchEvery (4 s): by the
-	// third touch the wait is 9 s old, past the first redelivery wait (5 s)
-	// and nearly the second (10 s).
+	// Touched after TouchFirst (2 s), then every TouchEvery (4 s): by the
+	// third touch the wait is 10 s old, past the first redelivery wait
+	// (5 s) and the second (10 s).
 	untilCounter(t, f.node, "troupe_capacity_submit_touches_total", 3)
 	ctx := context.Background()
 	cons, err := f.js.Consumer(ctx, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))

@@ -72,6 +72,7 @@ type Node struct {
 	due    *recovery.DuePoller
 
 	dispatcher *supervisor.PoolDispatcher
+	resolver   *supervisor.Resolver
 	sagas      *saga.Sagas
 	scans      *actors.ScanPool
 
@@ -383,7 +384,9 @@ func (n *Node) Start(ctx context.Context) error {
 		Help: "In-progress signals sent to JetStream for the submits of jobs waiting within their capacity grace.",
 	}, func() float64 { return float64(env.Toucher.Touches()) }))
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
-	shardProps := supervisor.ShardProps(actors.NewJobProps(n.env, jobOpts...), n.log, onPool)
+	n.resolver = supervisor.NewResolver(supervisor.ResolverConfig{NodeID: n.cfg.NodeID, Holders: n.store.LockHolders,
+		Forward: n.env.Forward, Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics})
+	shardProps := supervisor.ShardPropsResolving(actors.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
 		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
 		if err != nil {
@@ -666,6 +669,9 @@ func (n *Node) Stop(ctx context.Context) error {
 			}
 			jobtrace.FromSystem(n.sys).Close() // job actors have stopped: write their last traces
 			n.sys.Shutdown()
+		}
+		if n.resolver != nil {
+			n.resolver.Stop()
 		}
 		if n.wheel != nil {
 			n.wheel.Stop()

@@ -13,12 +13,15 @@ import (
 // is bus.RedeliveryBackoff[0] (5 s) from the delivery, which must not pass
 // between two touches (the message would be offered again, to this node or
 // a replica, while its job waits here); the first touch leaves the time
-// from delivery to the wait's start (the node's backlog) a few seconds.
-// Each touch costs nats-server an ack-progress message, so they are as
-// sparse as that allows.
+// from delivery to the wait's start (the node's own backlog, bounded by
+// MaxAdmitting) up to 2.75 s. Each touch costs nats-server an ack-progress
+// message, so they are as sparse as that allows: at full speed a job
+// waits for a slot well under TouchFirst and is never touched. A touch
+// that comes too late only costs a redelivery, which the waiting job
+// absorbs (or, on a replica, a second wait that loses the create).
 const (
 	TouchEvery = 4 * time.Second
-	TouchFirst = time.Second
+	TouchFirst = 2 * time.Second
 	touchTick  = 250 * time.Millisecond
 )
 

@@ -303,6 +303,27 @@ func (s *Store) States(ctx context.Context, jobIDs []string) (map[string]core.St
 	return out, nil
 }
 
+// LockHolders returns the lock value of each job ("" when unlocked), in
+// order, in one pipeline of GETs (cluster-safe: no multi-key command).
+func (s *Store) LockHolders(ctx context.Context, jobIDs []string) ([]string, error) {
+	out := make([]string, len(jobIDs))
+	if len(jobIDs) == 0 {
+		return out, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(jobIDs))
+	for i, id := range jobIDs {
+		cmds[i] = pipe.Get(ctx, s.keys.Lock(id))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: lock holders: %w", err)
+	}
+	for i, c := range cmds {
+		out[i] = c.Val()
+	}
+	return out, nil
+}
+
 // Tenants returns the tenant recorded on each job that has a record, in
 // one pipeline (jobs without a record are left out).
 func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {

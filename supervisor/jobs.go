@@ -19,6 +19,9 @@ type Deliver struct {
 	JobID string
 	Msg   interface{}
 	Spawn bool
+	// resolved: the shard's Resolver has read the job's lock and handed
+	// the event back to a job actor.
+	resolved bool
 }
 
 // CountLive asks a shard how many job actors it supervises; reply: int.
@@ -54,6 +57,7 @@ type JobShard struct {
 	props    *actor.Props
 	strategy *jobStrategy
 	log      *slog.Logger
+	resolver *Resolver // nil: every event for a job with no actor spawns one
 
 	// Owned by the actor.
 	live     map[string]*actor.PID
@@ -74,9 +78,15 @@ const parkedShrinkAt = 1 << 16
 
 // ShardProps returns the props of one job supervisor shard.
 func ShardProps(jobProps *actor.Props, log *slog.Logger, opts ...actor.PropsOption) *actor.Props {
+	return ShardPropsResolving(jobProps, log, nil, opts...)
+}
+
+// ShardPropsResolving is ShardProps with a Resolver for results and cancels
+// of jobs the shard has no actor for (nil: none).
+func ShardPropsResolving(jobProps *actor.Props, log *slog.Logger, res *Resolver, opts ...actor.PropsOption) *actor.Props {
 	strategy := newJobStrategy()
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &JobShard{props: jobProps, strategy: strategy, log: log, live: map[string]*actor.PID{},
+		return &JobShard{props: jobProps, strategy: strategy, log: log, resolver: res, live: map[string]*actor.PID{},
 			stopping: map[string][]*Deliver{}, abandoned: map[string]int{},
 			parked: map[uint64]bool{}, seed: maphash.MakeSeed()}
 	}, append(opts, actor.WithSupervisor(strategy))...)
@@ -203,6 +213,11 @@ func (s *JobShard) deliver(c actor.Context, m *Deliver) {
 		dispatched, parked := s.parked[h]
 		if !m.Spawn && !(parked && wakesParked(m.Msg, dispatched)) {
 			return
+		}
+		if !parked && !m.resolved && s.resolver != nil {
+			if _, _, _, ok := forwardable(m.Msg); ok && s.resolver.ask(c.Self(), m) {
+				return // another node's job, most likely: see Resolver
+			}
 		}
 		if parked {
 			delete(s.parked, h) // the new actor parks it again if it must
