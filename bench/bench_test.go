@@ -473,9 +473,12 @@ func TestBenchNodesSmoke(t *testing.T) {
 			if created != int64(cfg.Jobs) {
 				t.Errorf("the nodes created %d jobs between them, want %d (each job once)", created, cfg.Jobs)
 			}
+			// Both nodes own jobs, so results reach the wrong one and are
+			// forwarded: from a read of the job's lock, with no job actor
+			// (supervisor.Resolver), so no activation finds the job busy.
 			f := res.Forwarding
-			if f == nil || f.BusyActivations < f.Taken {
-				t.Fatalf("forwarding %+v: every forward starts from a busy activation", f)
+			if f == nil || f.Taken == 0 || f.BusyActivations > f.Taken/10 {
+				t.Fatalf("forwarding %+v: want results forwarded, nearly none after a busy activation", f)
 			}
 			if !res.Node.Measured || res.Node.CPUSec <= 0 || !res.Redis.ClientMeasured || !res.NATS.NodeMeasured {
 				t.Errorf("summed node figures missing: node %+v redis %+v nats %+v", res.Node, res.Redis, res.NATS)
