@@ -28,12 +28,21 @@ const (
 // Toucher keeps the submits of the node's unwritten waits (jobs waiting for
 // room within their capacity grace, with no record yet) un-acked but not
 // redelivered: one goroutine tells JetStream each of them is in progress
-// every TouchEvery, however many wait — no timer, activation or Redis
-// command per waiting job. A job's actor adds its deliveries when its wait
-// begins (lifecycle.Grace +1) and removes them when it ends (−1).
+// (TouchFirst after the wait begins, then every TouchEvery), however many
+// wait — no timer, activation or Redis command per waiting job. A job's
+// actor adds its deliveries when its wait begins (lifecycle.Grace +1) and
+// removes them when it ends (−1).
+//
+// Waits sit in two FIFO queues, each in order of its next touch: new ones
+// (due TouchFirst after they were added) and touched ones (due TouchEvery
+// after their last touch). A tick pops what is due from the head of each,
+// so its cost follows the touches, not the waits. A removed wait is marked
+// and dropped when it reaches a head.
 type Toucher struct {
 	mu      sync.Mutex
 	waits   map[string]*touched
+	fresh   touchQueue
+	touched touchQueue
 	touches uint64
 	stop    chan struct{}
 	once    sync.Once
@@ -42,6 +51,36 @@ type Toucher struct {
 type touched struct {
 	ds   []lifecycle.Delivery
 	next time.Time
+	gone bool
+}
+
+// touchQueue is a FIFO of waits in order of their next touch.
+type touchQueue struct {
+	q    []*touched
+	head int
+}
+
+func (q *touchQueue) push(w *touched) { q.q = append(q.q, w) }
+
+// pop returns the head if it is gone or due at now, else nil.
+func (q *touchQueue) pop(now time.Time) *touched {
+	for q.head < len(q.q) {
+		w := q.q[q.head]
+		if !w.gone && now.Before(w.next) {
+			return nil
+		}
+		q.q[q.head] = nil
+		q.head++
+		if q.head >= 1024 && q.head*2 >= len(q.q) {
+			n := copy(q.q, q.q[q.head:])
+			clear(q.q[n:])
+			q.q, q.head = q.q[:n], 0
+		}
+		if !w.gone {
+			return w
+		}
+	}
+	return nil
 }
 
 // NewToucher starts a Toucher; Stop ends its goroutine.
@@ -59,15 +98,23 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 			kept = append(kept, d)
 		}
 	}
+	w := &touched{ds: kept, next: time.Now().Add(TouchFirst)}
 	t.mu.Lock()
-	t.waits[job] = &touched{ds: kept, next: time.Now().Add(TouchFirst)}
+	if old := t.waits[job]; old != nil {
+		old.gone = true
+	}
+	t.waits[job] = w
+	t.fresh.push(w)
 	t.mu.Unlock()
 }
 
 // Remove stops keeping job's deliveries.
 func (t *Toucher) Remove(job string) {
 	t.mu.Lock()
-	delete(t.waits, job)
+	if w := t.waits[job]; w != nil {
+		w.gone = true
+		delete(t.waits, job)
+	}
 	t.mu.Unlock()
 }
 
@@ -106,18 +153,18 @@ func (t *Toucher) loop() {
 	}
 }
 
-// due collects the deliveries whose touch is due, and sets their next one.
-// The signals go out after the lock is released.
+// due collects the deliveries whose touch is due, and queues their next
+// one. The signals go out after the lock is released.
 func (t *Toucher) due(now time.Time, out []lifecycle.Delivery) []lifecycle.Delivery {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, w := range t.waits {
-		if now.Before(w.next) {
-			continue
+	for _, q := range []*touchQueue{&t.fresh, &t.touched} {
+		for w := q.pop(now); w != nil; w = q.pop(now) {
+			w.next = now.Add(TouchEvery)
+			t.touched.push(w)
+			out = append(out, w.ds...)
+			t.touches += uint64(len(w.ds))
 		}
-		w.next = now.Add(TouchEvery)
-		out = append(out, w.ds...)
-		t.touches += uint64(len(w.ds))
 	}
 	return out
 }
