@@ -720,7 +720,8 @@ func TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit(t *testing.T) {
 
 // TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica: a job waiting within
 // its grace has no record; a replica that does not hold it finds it on
-// the one that does (Node.WaitingJob), with its reason and position.
+// the one that does (Node.WaitingJob), with its reason and position, and
+// lists it (Node.WaitingJobs).
 func TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, noBackoff)
@@ -767,6 +768,18 @@ func TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica(t *testing.T) {
 	}
 	if wj, err := a.WaitingJob(ctx, "rep-none"); err != nil || wj != nil {
 		t.Fatalf("a job nobody holds: %+v, %v", wj, err)
+	}
+	// Each node lists both (its own and the other's), newest first.
+	for _, n := range []*troupe.Node{a, b} {
+		ws, err := n.WaitingJobs(ctx, "", 10)
+		if err != nil || len(ws) != 2 || ws[0].Since.Before(ws[1].Since) {
+			t.Fatalf("%s lists %+v, %v; want rep-2 and rep-3, newest first", n.ID(), ws, err)
+		}
+		for _, w := range ws {
+			if w.Node != found[w.JobID] {
+				t.Fatalf("%s lists %s on %s, want %s", n.ID(), w.JobID, w.Node, found[w.JobID])
+			}
+		}
 	}
 	g.open(first, true)
 	for range 2 {

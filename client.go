@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -138,6 +139,80 @@ func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, e
 		}
 	}
 	return nil, nil
+}
+
+// WaitingJobs lists the jobs waiting for room within their capacity grace
+// — no record yet — on this node and the replicas it hears, of tenant (""
+// for all), newest first, at most limit (each node is asked for that many,
+// within a second). Waits already written SCHEDULED are left out: they are
+// listed from Redis.
+func (n *Node) WaitingJobs(ctx context.Context, tenant string, limit int) ([]router.Waiting, error) {
+	all := n.localWaitingList(tenant, limit)
+	res, err := n.sys.Root.RequestFuture(n.router, &router.ListPeers{}, 2*time.Second).Result()
+	if err != nil {
+		return nil, err
+	}
+	peers, _ := res.([]string)
+	if len(peers) > 0 {
+		body, _ := json.Marshal(waitListQuery{Tenant: tenant, Limit: limit})
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		lists := make(chan []router.Waiting, len(peers))
+		for _, peer := range peers {
+			go func() {
+				var ws []router.Waiting
+				if msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueList(peer), body); err == nil {
+					if json.Unmarshal(msg.Data, &ws) != nil {
+						ws = nil
+					}
+				}
+				lists <- ws
+			}()
+		}
+		for range peers {
+			all = append(all, <-lists...)
+		}
+	}
+	if len(all) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(all))
+	for i, w := range all {
+		ids[i] = w.JobID
+	}
+	states, err := n.store.States(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, w := range all {
+		if _, written := states[w.JobID]; !written {
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(a, b router.Waiting) int { return b.Since.Compare(a.Since) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// maxWaitList bounds the jobs one node lists for another.
+const maxWaitList = 1000
+
+// waitListQuery is the body of a QueueList request.
+type waitListQuery struct {
+	Tenant string `json:"tenant"`
+	Limit  int    `json:"limit"`
+}
+
+func (n *Node) localWaitingList(tenant string, limit int) []router.Waiting {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.ListWaiting{Tenant: tenant, Limit: limit}, 2*time.Second).Result()
+	if err != nil {
+		return nil
+	}
+	ws, _ := res.([]router.Waiting)
+	return ws
 }
 
 func (n *Node) localWaiting(jobID string) *router.Waiting {

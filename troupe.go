@@ -445,7 +445,19 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: subscribe waiting-job questions: %w", err)
 	}
-	n.subs = append(append(n.subs, inputs...), capSub, askSub, findSub)
+	listSub, err := n.nc.Subscribe(n.subj.QueueList(n.cfg.NodeID), func(m *nats.Msg) {
+		var q waitListQuery
+		if json.Unmarshal(m.Data, &q) != nil || q.Limit <= 0 {
+			_ = m.Respond([]byte("[]"))
+			return
+		}
+		body, _ := json.Marshal(n.localWaitingList(q.Tenant, min(q.Limit, maxWaitList)))
+		_ = m.Respond(body)
+	})
+	if err != nil {
+		return fmt.Errorf("troupe: subscribe waiting-list questions: %w", err)
+	}
+	n.subs = append(append(n.subs, inputs...), capSub, askSub, findSub, listSub)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("troupe: nats flush: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -542,5 +543,57 @@ func TestListJobsWithoutAStateListsEveryState(t *testing.T) {
 	}
 	if ids, _ := list(ca, 1); !slices.Equal(ids, []string{"ls-waits", "ls-ok-1"}) {
 		t.Fatalf("tenant a listed %v", ids)
+	}
+}
+
+// TestCapacityAnUnwrittenWaitIsShownByTheAPI: a job waiting for room within
+// its capacity grace has no record yet; GET /v1/jobs/{id} shows it
+// SCHEDULED pool_overloaded with its queue position, the SCHEDULED list
+// includes it (marked unwritten), and a key of another tenant sees neither.
+func TestCapacityAnUnwrittenWaitIsShownByTheAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{keys: testKeys})
+	ctx := context.Background()
+	ca, cb := b.client(keyA), b.client(keyB)
+	b.startWorker("w-full", hang) // max_parallel 4, never answers
+	for i := range 4 {
+		id := "busy-" + strconv.Itoa(i)
+		if _, err := ca.Submit(ctx, echoReq(id, "a")); err != nil {
+			t.Fatal(err)
+		}
+		b.waitState(ca, id, "DISPATCHED")
+	}
+	if _, err := ca.Submit(ctx, echoReq("queued", "a")); err != nil {
+		t.Fatal(err)
+	}
+	var j admin.Job
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if j, err = ca.Job(ctx, "queued"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiting job never showed: %v", err)
+		}
+	}
+	if j.State != "SCHEDULED" || j.Reason != "pool_overloaded" || !j.Unwritten || j.QueuePosition == nil ||
+		*j.QueuePosition != 0 || j.Node != "node-a" || j.Tenant != "a" {
+		t.Fatalf("waiting job: %+v", j)
+	}
+	if _, err := b.node.Job(ctx, "queued"); err == nil {
+		t.Fatal("the waiting job has a record")
+	}
+	list, err := ca.ListJobs(ctx, "SCHEDULED", 10, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Jobs) != 1 || list.Jobs[0].ID != "queued" || !list.Jobs[0].Unwritten {
+		t.Fatalf("SCHEDULED list: %+v", list.Jobs)
+	}
+	if _, err := cb.Job(ctx, "queued"); apiStatus(err) != 404 {
+		t.Fatalf("tenant b reading tenant a's waiting job: %v", err)
+	}
+	if list, err := cb.ListJobs(ctx, "SCHEDULED", 10, "", ""); err != nil || len(list.Jobs) != 0 {
+		t.Fatalf("tenant b's SCHEDULED list: %+v, %v", list.Jobs, err)
 	}
 }

@@ -134,6 +134,20 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) e
 		return err
 	}
 	out := JobList{State: string(state), Jobs: []JobSummary{}, Next: page.Next}
+	if lq.Cursor == "" && (state == "" || state == core.StateScheduled) {
+		// Jobs waiting for room within their capacity grace have no record
+		// yet: the nodes list them (first page only, newest first).
+		limit := lq.Limit
+		if limit <= 0 {
+			limit = store.ListLimitDefault
+		}
+		if ws, err := s.cfg.Node.WaitingJobs(r.Context(), lq.Tenant, limit); err == nil {
+			for _, w := range ws {
+				out.Jobs = append(out.Jobs, JobSummary{ID: w.JobID, State: string(core.StateScheduled), Topic: w.Topic,
+					Tenant: w.Tenant, Reason: string(w.Reason), Created: w.Since, Updated: w.Since, Unwritten: true})
+			}
+		}
+	}
 	for _, j := range page.Jobs {
 		out.Jobs = append(out.Jobs, JobSummary{ID: j.ID, State: string(j.State), Topic: j.Topic, Tenant: j.Tenant,
 			Reason: string(j.Reason), Worker: j.Worker, Created: j.Created, Updated: j.Updated})

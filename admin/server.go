@@ -90,6 +90,7 @@ type Node interface {
 	LiveJobActors() (int, error)
 	QueuePosition(ctx context.Context, jobID string) (int, error)
 	WaitingJob(ctx context.Context, jobID string) (*router.Waiting, error)
+	WaitingJobs(ctx context.Context, tenant string, limit int) ([]router.Waiting, error)
 	PoolConfig() *router.PoolConfig
 	Mappings() *router.MappingStore
 

@@ -154,6 +154,10 @@ type JobSummary struct {
 	Worker  string    `json:"worker,omitempty"`
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
+	// Unwritten: waiting for room within its capacity grace, with no
+	// record yet (listed by the nodes, on the first page, before the
+	// records).
+	Unwritten bool `json:"unwritten,omitempty"`
 }
 
 // JobList is GET /v1/jobs.

@@ -57,6 +57,13 @@ func (s Subjects) QueueFind(nodeID string) string {
 	return s.prefix + "troupe.node." + nodeID + ".waiting"
 }
 
+// QueueList is the subject on which a node lists the jobs waiting in its
+// capacity queue (core NATS request/reply: a JSON {tenant, limit} in, a
+// JSON list of router.Waiting out).
+func (s Subjects) QueueList(nodeID string) string {
+	return s.prefix + "troupe.node." + nodeID + ".waitlist"
+}
+
 // Capacity is the subject on which replicas share how many jobs each has
 // in flight on each worker (core NATS; see router/gossip.go).
 func (s Subjects) Capacity() string { return s.prefix + "troupe.capacity" }

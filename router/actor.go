@@ -126,6 +126,14 @@ type Waiting struct {
 	Node     string      `json:"node"`
 }
 
+// ListWaiting asks for the jobs waiting in this router's capacity queue,
+// of Tenant ("" for every tenant), newest first, at most Limit; reply:
+// []Waiting (Position left -1: it is a walk of the queue per job).
+type ListWaiting struct {
+	Tenant string
+	Limit  int
+}
+
 // ListPeers asks for the ids of the replicas this router hears; reply:
 // []string.
 type ListPeers struct{}
@@ -472,6 +480,8 @@ func (r *Router) Receive(c actor.Context) {
 		c.Respond(r.waitingView(m.JobID))
 	case *ListPeers:
 		c.Respond(r.peerIDs())
+	case *ListWaiting:
+		c.Respond(r.listWaiting(m.Tenant, m.Limit))
 	case *PeerLoad:
 		r.peerLoad(c, m)
 	case gossipTick:

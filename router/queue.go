@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -232,6 +233,24 @@ func (r *Router) waitingView(job string) *Waiting {
 	}
 	return &Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
 		Position: r.position(job), Pools: append([]string(nil), w.pools...), Since: w.since, Node: r.cfg.NodeID}
+}
+
+// listWaiting lists the waiting jobs of tenant ("": all), newest first,
+// at most limit.
+func (r *Router) listWaiting(tenant string, limit int) []Waiting {
+	out := make([]Waiting, 0, min(limit, len(r.waiting)))
+	for _, w := range r.waiting {
+		if tenant != "" && w.tenant != tenant {
+			continue
+		}
+		out = append(out, Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
+			Position: -1, Since: w.since, Node: r.cfg.NodeID})
+	}
+	slices.SortFunc(out, func(a, b Waiting) int { return b.Since.Compare(a.Since) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out
 }
 
 // peerIDs lists the replicas this router hears.

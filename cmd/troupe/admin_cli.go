@@ -386,8 +386,12 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 	tw := e.table()
 	fmt.Fprintln(tw, "JOB\tSTATE\tTOPIC\tTENANT\tREASON\tWORKER\tUPDATED")
 	for _, j := range jobs {
+		worker := orDash(j.Worker)
+		if j.Unwritten {
+			worker = "(unwritten)" // waiting within its capacity grace, no record yet
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.Topic, j.Tenant, orDash(j.Reason),
-			orDash(j.Worker), j.Updated.Format("2006-01-02 15:04:05.000"))
+			worker, j.Updated.Format("2006-01-02 15:04:05.000"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
