@@ -359,7 +359,7 @@ func (n *Node) Start(ctx context.Context) error {
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
-		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: actors.NewToucher(),
+		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: actors.NewToucher(touchFor(n.cfg.CapacityGrace)),
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
@@ -630,6 +630,15 @@ func (n *Node) connect(ctx context.Context) error {
 	}
 	n.rdb, n.ownRDB = rdb, true
 	return nil
+}
+
+// touchFor is how long the node touches one unwritten wait's submit at
+// most: its capacity grace, and half a minute for the write that ends it.
+func touchFor(grace time.Duration) time.Duration {
+	if grace <= 0 {
+		grace = actors.CapacityGraceDefault
+	}
+	return grace + 30*time.Second
 }
 
 // Stop stops consuming, stops the actors (releasing the locks of jobs still

@@ -39,6 +39,10 @@ const (
 // so its cost follows the touches, not the waits. A removed wait is marked
 // and dropped when it reaches a head.
 type Toucher struct {
+	// maxAge bounds how long one wait is touched: a wait whose actor died
+	// without removing it (a bug) must not keep its submit from JetStream
+	// for ever; past it, JetStream offers the submit again.
+	maxAge  time.Duration
 	mu      sync.Mutex
 	waits   map[string]*touched
 	fresh   touchQueue
@@ -49,9 +53,9 @@ type Toucher struct {
 }
 
 type touched struct {
-	ds   []lifecycle.Delivery
-	next time.Time
-	gone bool
+	ds          []lifecycle.Delivery
+	next, until time.Time
+	gone        bool
 }
 
 // touchQueue is a FIFO of waits in order of their next touch.
@@ -83,9 +87,13 @@ func (q *touchQueue) pop(now time.Time) *touched {
 	return nil
 }
 
-// NewToucher starts a Toucher; Stop ends its goroutine.
-func NewToucher() *Toucher {
-	t := &Toucher{waits: map[string]*touched{}, stop: make(chan struct{})}
+// NewToucher starts a Toucher that touches a wait for at most maxAge (the
+// capacity grace and a margin; ≤ 0: an hour); Stop ends its goroutine.
+func NewToucher(maxAge time.Duration) *Toucher {
+	if maxAge <= 0 {
+		maxAge = time.Hour
+	}
+	t := &Toucher{maxAge: maxAge, waits: map[string]*touched{}, stop: make(chan struct{})}
 	go t.loop()
 	return t
 }
@@ -98,7 +106,8 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 			kept = append(kept, d)
 		}
 	}
-	w := &touched{ds: kept, next: time.Now().Add(TouchFirst)}
+	now := time.Now()
+	w := &touched{ds: kept, next: now.Add(TouchFirst), until: now.Add(t.maxAge)}
 	t.mu.Lock()
 	if old := t.waits[job]; old != nil {
 		old.gone = true
@@ -160,6 +169,10 @@ func (t *Toucher) due(now time.Time, out []lifecycle.Delivery) []lifecycle.Deliv
 	defer t.mu.Unlock()
 	for _, q := range []*touchQueue{&t.fresh, &t.touched} {
 		for w := q.pop(now); w != nil; w = q.pop(now) {
+			if now.After(w.until) {
+				w.gone = true // see maxAge; its job's actor removes nothing now
+				continue
+			}
 			w.next = now.Add(TouchEvery)
 			t.touched.push(w)
 			out = append(out, w.ds...)

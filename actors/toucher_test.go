@@ -16,7 +16,7 @@ func (d *touchCount) InProgress() error                { d.n++; return nil }
 // it is added and every TouchEvery after, until removed; a removed wait is
 // never touched again, and a wait added again starts over.
 func TestToucherTouchesEachWaitOnSchedule(t *testing.T) {
-	tc := &Toucher{waits: map[string]*touched{}, stop: make(chan struct{})} // no goroutine: due is driven here
+	tc := &Toucher{maxAge: 24 * time.Hour, waits: map[string]*touched{}, stop: make(chan struct{})} // no goroutine: due is driven here
 	a, b := &touchCount{}, &touchCount{}
 	start := time.Now()
 	tc.Add("a", []Delivery{a})
@@ -54,5 +54,26 @@ func TestToucherTouchesEachWaitOnSchedule(t *testing.T) {
 	}
 	if tc.Touches() != 2001 {
 		t.Fatalf("touches counted %d, want 2001", tc.Touches())
+	}
+}
+
+// TestToucherGivesUpAfterMaxAge: a wait left behind (its actor gone without
+// removing it) is touched no longer than maxAge, so JetStream offers its
+// submit again.
+func TestToucherGivesUpAfterMaxAge(t *testing.T) {
+	tc := &Toucher{maxAge: time.Minute, waits: map[string]*touched{}, stop: make(chan struct{})}
+	d := &touchCount{}
+	start := time.Now()
+	tc.Add("left", []Delivery{d})
+	for at := TouchFirst; at < 3*time.Minute; at += TouchEvery {
+		for _, x := range tc.due(start.Add(at+10*time.Millisecond), nil) {
+			_ = x.InProgress()
+		}
+	}
+	if max := int(time.Minute/TouchEvery) + 1; d.n == 0 || d.n > max {
+		t.Fatalf("touched %d times, want 1..%d (a minute's worth)", d.n, max)
+	}
+	if n := len(tc.touched.q) - tc.touched.head + len(tc.fresh.q) - tc.fresh.head; n != 0 {
+		t.Fatalf("%d entries still queued", n)
 	}
 }
