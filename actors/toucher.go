@@ -48,6 +48,7 @@ type Toucher struct {
 	fresh   touchQueue
 	touched touchQueue
 	touches uint64
+	kick    chan struct{} // a wait was added: the loop's timer runs again
 	stop    chan struct{}
 	once    sync.Once
 }
@@ -93,7 +94,7 @@ func NewToucher(maxAge time.Duration) *Toucher {
 	if maxAge <= 0 {
 		maxAge = time.Hour
 	}
-	t := &Toucher{maxAge: maxAge, waits: map[string]*touched{}, stop: make(chan struct{})}
+	t := &Toucher{maxAge: maxAge, waits: map[string]*touched{}, kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	go t.loop()
 	return t
 }
@@ -115,6 +116,10 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 	t.waits[job] = w
 	t.fresh.push(w)
 	t.mu.Unlock()
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Remove stops keeping job's deliveries.
@@ -144,20 +149,33 @@ func (t *Toucher) Touches() uint64 {
 // Stop ends the Toucher's goroutine (idempotent).
 func (t *Toucher) Stop() { t.once.Do(func() { close(t.stop) }) }
 
+// loop ticks every touchTick while any wait is kept, and sleeps (no timer:
+// an idle node pays nothing for it) while none is.
 func (t *Toucher) loop() {
-	tick := time.NewTicker(touchTick)
-	defer tick.Stop()
+	timer := time.NewTimer(touchTick)
+	defer timer.Stop()
+	armed := true
 	var due []lifecycle.Delivery
 	for {
 		select {
 		case <-t.stop:
 			return
-		case now := <-tick.C:
+		case <-t.kick:
+			if !armed {
+				timer.Reset(touchTick)
+				armed = true
+			}
+		case now := <-timer.C:
+			armed = false
 			due = t.due(now, due[:0])
 			for _, d := range due {
 				_ = d.InProgress() // a lost touch only risks a redelivery, which the job absorbs
 			}
 			clear(due)
+			if t.Len() > 0 {
+				timer.Reset(touchTick)
+				armed = true
+			}
 		}
 	}
 }
