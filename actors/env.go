@@ -116,10 +116,17 @@ type Env struct {
 	Metrics *Metrics
 	// Timeouts are the dispatch and running deadlines (default DefaultTimeouts).
 	Timeouts *Timeouts
-	// Forward hands a result or cancel to the node that owns the job and
-	// reports whether that node took it (acked). It blocks, so the actor
+	// Forward hands a result or cancel to the node that owns the job: nil
+	// when that node took it (acked), ErrOwnerGone when no node listens on
+	// the owner's inbox, another error otherwise. It blocks, so the actor
 	// calls it from a goroutine. Nil: events go back to JetStream instead.
-	Forward func(owner, kind string, raw []byte) bool
+	Forward func(owner, kind string, raw []byte) error
+	// LockRemaining reads how long a job's lock has left (store.Store.
+	// LockRemaining); with LockTTL, it sets how long an event whose forward
+	// failed waits before JetStream offers it again (ForwardRetryDelay).
+	// Nil: a second.
+	LockRemaining func(ctx context.Context, jobID string) (time.Duration, error)
+	LockTTL       time.Duration
 	// Output checks results before they are called SUCCEEDED (phase 1) and
 	// scans their content afterwards (phase 2, on Scans). Nil: no output
 	// policy.

@@ -394,9 +394,9 @@ func (a *JobActor) forward(e lifecycle.Forward) {
 		_ = e.D.NakWithDelay(time.Second)
 		return
 	}
-	forward, metric := a.env.Forward, a.env.Metrics.Forwarded
+	forward, metric, env, id := a.env.Forward, a.env.Metrics.Forwarded, a.env, a.id
 	go func() {
-		if forward(e.Owner, e.Kind, e.Raw) {
+		if err := forward(e.Owner, e.Kind, e.Raw); err == nil {
 			metric.WithLabelValues("taken").Inc()
 			if e.D != nil {
 				_ = e.D.Ack()
@@ -404,10 +404,48 @@ func (a *JobActor) forward(e lifecycle.Forward) {
 		} else {
 			metric.WithLabelValues("returned").Inc()
 			if e.D != nil {
-				_ = e.D.NakWithDelay(time.Second)
+				_ = e.D.NakWithDelay(ForwardRetryDelay(err, env.LockRemaining, env.LockTTL, id))
 			}
 		}
 	}()
+}
+
+// ForwardRetryMax bounds ForwardRetryDelay.
+const ForwardRetryMax = 2 * time.Minute
+
+// ErrOwnerGone: no node listens on the inbox of the job's owner (it died,
+// or lost its NATS connection).
+var ErrOwnerGone = errors.New("forward: no node answers for the job's owner")
+
+// ForwardRetryDelay is how long a result or cancel whose forward to the
+// job's owner failed with err waits before JetStream offers it again. An
+// owner that is gone (ErrOwnerGone) holds the job until its lock lapses,
+// and only then can this node take the job over: the event waits for the
+// lock's remaining TTL (a parked lock, which has none, waits a lock TTL:
+// its node's lease lapses within one), at most ForwardRetryMax, and is
+// then taken here at the first offer. (Retried a second apart, the
+// submit consumer's BackOff spread the offers 5, 10, 20 s… apart: a lock
+// of 45 s took 4 tries per event and ~7 s past its lapse —
+// faults/TestFaultNodeKilledResultsWaitForItsLocks.) Any other failure (the
+// owner refused the event, or did not answer in time) is retried after a
+// second.
+func ForwardRetryDelay(err error, remaining func(context.Context, string) (time.Duration, error), lockTTL time.Duration,
+	jobID string) time.Duration {
+	if !errors.Is(err, ErrOwnerGone) || remaining == nil {
+		return time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	d, rerr := remaining(ctx, jobID)
+	switch {
+	case rerr != nil:
+		d = time.Second
+	case d < 0:
+		d = lockTTL
+	default:
+		d += 250 * time.Millisecond
+	}
+	return min(max(d, time.Second), ForwardRetryMax)
 }
 
 // scanContent queues phase 2 for a SUCCEEDED job. The scan runs on the

@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -32,16 +33,29 @@ const (
 const ForwardTimeout = 10 * time.Second
 
 // Forwarder returns the function job actors use to pass an event to the
-// node that owns its job.
-func Forwarder(nc *nats.Conn, subj bus.Subjects) func(owner, kind string, raw []byte) bool {
-	return func(owner, kind string, raw []byte) bool {
+// node that owns its job: nil when the owner took it, actors.ErrOwnerGone
+// when no node listens on the owner's inbox, another error when the owner
+// refused it or did not answer in time.
+func Forwarder(nc *nats.Conn, subj bus.Subjects) func(owner, kind string, raw []byte) error {
+	return func(owner, kind string, raw []byte) error {
 		m := nats.NewMsg(subj.Inbox(owner))
 		m.Header.Set(HeaderKind, kind)
 		m.Data = raw
 		reply, err := nc.RequestMsg(m, ForwardTimeout)
-		return err == nil && string(reply.Data) == replyAck
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return actors.ErrOwnerGone
+		case err != nil:
+			return err
+		case string(reply.Data) != replyAck:
+			return errForwardRefused
+		}
+		return nil
 	}
 }
+
+// errForwardRefused: the owner answered, but did not take the event.
+var errForwardRefused = errors.New("forward: the owner handed the event back")
 
 // inboxDelivery answers a forwarded event's request instead of acking a
 // JetStream message: the forwarding node acks its own message on "ack".

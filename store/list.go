@@ -324,6 +324,22 @@ func (s *Store) LockHolders(ctx context.Context, jobIDs []string) ([]string, err
 	return out, nil
 }
 
+// LockRemaining is how long the job's lock has left: 0 when there is none,
+// -1 when it has no TTL (a parked lock, held through its node's lease).
+func (s *Store) LockRemaining(ctx context.Context, jobID string) (time.Duration, error) {
+	d, err := s.rdb.PTTL(ctx, s.keys.Lock(jobID)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("store: lock ttl: %w", err)
+	}
+	switch {
+	case d == -1 || d == -1*time.Millisecond:
+		return -1, nil
+	case d < 0:
+		return 0, nil
+	}
+	return d, nil
+}
+
 // Tenants returns the tenant recorded on each job that has a record, in
 // one pipeline (jobs without a record are left out).
 func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {

@@ -26,8 +26,10 @@ import (
 type Resolver struct {
 	node     string
 	holders  func(ctx context.Context, ids []string) ([]string, error)
-	forward  func(owner, kind string, raw []byte) bool
+	forward  func(owner, kind string, raw []byte) error
 	counted  *prometheus.CounterVec // outcome: taken, returned
+	remain   func(ctx context.Context, jobID string) (time.Duration, error)
+	lockTTL  time.Duration
 	root     *actor.RootContext
 	log      *slog.Logger
 	reqs     chan resolveReq
@@ -48,13 +50,17 @@ type ResolverConfig struct {
 	NodeID string
 	// Holders reads the lock values of jobs (store.Store.LockHolders).
 	Holders func(ctx context.Context, ids []string) ([]string, error)
-	// Forward passes an event to its owner and reports whether it took it
+	// Forward passes an event to its owner: nil when it took it
 	// (intake.Forwarder).
-	Forward func(owner, kind string, raw []byte) bool
+	Forward func(owner, kind string, raw []byte) error
 	// Forwarded counts forwards by outcome (actors.Metrics.Forwarded).
 	Forwarded *prometheus.CounterVec
-	Root      *actor.RootContext
-	Log       *slog.Logger
+	// LockRemaining and LockTTL set how long an event whose forward failed
+	// waits to be offered again (actors.ForwardRetryDelay).
+	LockRemaining func(ctx context.Context, jobID string) (time.Duration, error)
+	LockTTL       time.Duration
+	Root          *actor.RootContext
+	Log           *slog.Logger
 	// Registerer gets troupe_events_forwarded_unspawned_total (nil: none).
 	Registerer prometheus.Registerer
 }
@@ -62,6 +68,7 @@ type ResolverConfig struct {
 // NewResolver starts a Resolver; Stop ends it.
 func NewResolver(cfg ResolverConfig) *Resolver {
 	r := &Resolver{node: cfg.NodeID, holders: cfg.Holders, forward: cfg.Forward, counted: cfg.Forwarded,
+		remain: cfg.LockRemaining, lockTTL: cfg.LockTTL,
 		root: cfg.Root, log: cfg.Log, reqs: make(chan resolveReq, 4*resolveBatch), stop: make(chan struct{}),
 		resolved: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_events_forwarded_unspawned_total",
 			Help: "Results and cancels forwarded to the node owning their job straight from a lock read, with no job actor."})}
@@ -142,13 +149,14 @@ func (r *Resolver) loop() {
 			}
 			kind, raw, d, _ := forwardable(q.d.Msg)
 			r.resolved.Inc()
+			id := q.d.JobID
 			go func() {
-				if r.forward(owner, kind, raw) {
+				if err := r.forward(owner, kind, raw); err == nil {
 					r.counted.WithLabelValues("taken").Inc()
 					_ = d.Ack()
 				} else {
 					r.counted.WithLabelValues("returned").Inc()
-					_ = d.NakWithDelay(time.Second)
+					_ = d.NakWithDelay(actors.ForwardRetryDelay(err, r.remain, r.lockTTL, id))
 				}
 			}()
 		}
