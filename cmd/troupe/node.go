@@ -24,7 +24,7 @@ func runNode(ctx context.Context, args []string) error {
 	resendAfter := fs.Duration("resend-after", 0, "how long a job directly dispatched to a deduping worker may wait for a sign of arrival before the dispatch is repeated (default 5s; negative: never)")
 	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
 	workerLostGrace := fs.Duration("worker-lost-grace", 0, "how long a job started on a worker that was evicted waits for the worker's answer before it ends FAILED worker_lost (default 60s; negative: its running deadline decides)")
-	capacityGrace := fs.Duration("capacity-grace", 0, "how long a new job that finds no room stays unwritten (its submit un-acked) before it is written SCHEDULED (default 2s; below the 30s ack wait; negative: at once)")
+	capacityGrace := fs.Duration("capacity-grace", 0, "how long a new job that finds no room stays unwritten (its submit un-acked) before it is written SCHEDULED (default 1m for pool_overloaded, 2s for no_workers; its submit is kept in progress at JetStream meanwhile; negative: at once)")
 	unknownHold := fs.Duration("unknown-hold", 0, "how long a result or cancel for a job with no record waits for a replica to recreate the record before it is dead-lettered (default 30s; negative: at once)")
 	pprofListen := fs.String("pprof-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (\"\": off)")
 	otlp := fs.String("otlp-endpoint", "", "OTLP/gRPC receiver for job traces: host:port or http://host:port (plaintext), https://host:port (TLS) (default OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off)")
