@@ -76,11 +76,18 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		grace   = actors.WorkerLostGraceDefault
 	)
 	r := newProcRig(t, procRigOptions{dispatch: 60 * time.Second, running: running})
+	began := time.Now()
 	for _, id := range []string{"w1", "w2"} {
 		r.troupeWorker(id, "--handler", "sleep", "--sleep", hold.String(), "--max-parallel", "100",
 			"--heartbeat", "500ms", "--dedupe")
 	}
 	r.waitWorkers(2)
+	// Six beats each, so every node has learned the interval (500 ms; it
+	// needs two gaps) and evicts a silent worker 2 s after its last beat,
+	// not after the 30 s default. Killed sooner, one node had learned and
+	// the other had not (CI, 2026-11-25: evicted by one node 3 s after the
+	// kill, by the other not within 30 s).
+	time.Sleep(time.Until(began.Add(3 * time.Second)))
 	start := time.Now()
 	ids := <-r.submitAt("wk", jobs, 200, nil)
 	if _, left := r.waitTerminalBy(ids, time.Now().Add(20*time.Second),
