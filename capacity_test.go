@@ -462,14 +462,22 @@ func TestCapacityShortWaitWritesNothing(t *testing.T) {
 		t.Fatalf("got %s, want short-2", got)
 	}
 	g.open("short-2", true)
-	r := f.waitState("short-2", core.StateSucceeded)
+	f.succeededWithNoWaitWritten("short-2")
+}
+
+// succeededWithNoWaitWritten waits until job SUCCEEDED and checks that its
+// wait for room was never written: no pool_overloaded step in its
+// history, no capacity wait counted by the node.
+func (f *fixture) succeededWithNoWaitWritten(job string) {
+	f.t.Helper()
+	r := f.waitState(job, core.StateSucceeded)
 	for _, h := range r.History {
 		if h.Reason == core.ReasonPoolOverloaded {
-			t.Fatalf("history has a pool_overloaded step: %+v", r.History)
+			f.t.Fatalf("%s: history has a pool_overloaded step: %+v", job, r.History)
 		}
 	}
-	if n := counter(t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
-		t.Fatalf("capacity waits = %v, want 0", n)
+	if n := counter(f.t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
+		f.t.Fatalf("capacity waits written = %v, want 0", n)
 	}
 }
 
@@ -666,15 +674,7 @@ func TestCapacityAWaitPastItsAdmissionHoldStaysUnwritten(t *testing.T) {
 		t.Fatalf("got %s, want hold-2", got)
 	}
 	g.open("hold-2", true)
-	r := f.waitState("hold-2", core.StateSucceeded)
-	for _, h := range r.History {
-		if h.To == core.StateScheduled && h.Reason == core.ReasonPoolOverloaded {
-			t.Fatalf("history has a pool_overloaded step: %+v", r.History)
-		}
-	}
-	if n := counter(t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
-		t.Fatalf("capacity waits written = %v, want 0", n)
-	}
+	f.succeededWithNoWaitWritten("hold-2")
 	if n := counter(t, f.node, "troupe_capacity_waits_unwritten", ""); n != 0 {
 		t.Fatalf("unwritten waits %v after the job ran, want 0", n)
 	}
@@ -712,10 +712,7 @@ func TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit(t *testing.T) {
 		t.Fatalf("got %s, want long-2", got)
 	}
 	g.open("long-2", true)
-	f.waitState("long-2", core.StateSucceeded)
-	if n := counter(t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
-		t.Fatalf("capacity waits written = %v, want 0", n)
-	}
+	f.succeededWithNoWaitWritten("long-2")
 }
 
 // TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica: a job waiting within

@@ -103,39 +103,21 @@ func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
 }
 
 // WaitingJob describes jobID if it waits for room in a capacity queue —
-// this node's, else that of a replica this node hears (asked at once over
-// NATS, each within a second) — or returns nil. It is how a job waiting
-// within its capacity grace, which has no record yet, is seen: SCHEDULED
-// with its reason and queue position.
+// this node's, else that of a replica this node hears — or returns nil. It
+// is how a job waiting within its capacity grace, which has no record yet,
+// is seen: SCHEDULED with its reason and queue position.
 func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, error) {
 	if w := n.localWaiting(jobID); w != nil {
 		return w, nil
 	}
-	res, err := n.sys.Root.RequestFuture(n.router, &router.ListPeers{}, 2*time.Second).Result()
+	replies, err := n.askPeers(ctx, n.subj.QueueFind, []byte(jobID))
 	if err != nil {
 		return nil, err
 	}
-	peers, _ := res.([]string)
-	if len(peers) == 0 {
-		return nil, nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	found := make(chan *router.Waiting, len(peers))
-	for _, peer := range peers {
-		go func() {
-			var w *router.Waiting
-			if msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueFind(peer), []byte(jobID)); err == nil && len(msg.Data) > 0 {
-				if json.Unmarshal(msg.Data, &w) != nil {
-					w = nil
-				}
-			}
-			found <- w
-		}()
-	}
-	for range peers {
-		if w := <-found; w != nil {
-			return w, nil
+	for _, data := range replies {
+		var w router.Waiting
+		if len(data) > 0 && json.Unmarshal(data, &w) == nil {
+			return &w, nil
 		}
 	}
 	return nil, nil
@@ -143,34 +125,19 @@ func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, e
 
 // WaitingJobs lists the jobs waiting for room within their capacity grace
 // — no record yet — on this node and the replicas it hears, of tenant (""
-// for all), newest first, at most limit (each node is asked for that many,
-// within a second). Waits already written SCHEDULED are left out: they are
-// listed from Redis.
+// for all), newest first, at most limit (each node is asked for that many).
+// Waits already written SCHEDULED are left out: they are listed from Redis.
 func (n *Node) WaitingJobs(ctx context.Context, tenant string, limit int) ([]router.Waiting, error) {
 	all := n.localWaitingList(tenant, limit)
-	res, err := n.sys.Root.RequestFuture(n.router, &router.ListPeers{}, 2*time.Second).Result()
+	body, _ := json.Marshal(waitListQuery{Tenant: tenant, Limit: limit})
+	replies, err := n.askPeers(ctx, n.subj.QueueList, body)
 	if err != nil {
 		return nil, err
 	}
-	peers, _ := res.([]string)
-	if len(peers) > 0 {
-		body, _ := json.Marshal(waitListQuery{Tenant: tenant, Limit: limit})
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		lists := make(chan []router.Waiting, len(peers))
-		for _, peer := range peers {
-			go func() {
-				var ws []router.Waiting
-				if msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueList(peer), body); err == nil {
-					if json.Unmarshal(msg.Data, &ws) != nil {
-						ws = nil
-					}
-				}
-				lists <- ws
-			}()
-		}
-		for range peers {
-			all = append(all, <-lists...)
+	for _, data := range replies {
+		var ws []router.Waiting
+		if json.Unmarshal(data, &ws) == nil {
+			all = append(all, ws...)
 		}
 	}
 	if len(all) == 0 {
@@ -193,6 +160,39 @@ func (n *Node) WaitingJobs(ctx context.Context, tenant string, limit int) ([]rou
 	slices.SortFunc(out, func(a, b router.Waiting) int { return b.Since.Compare(a.Since) })
 	if len(out) > limit {
 		out = out[:limit]
+	}
+	return out, nil
+}
+
+// askPeers sends body to every replica this node's router hears, on the
+// subject subject(peer), all at once, and returns the replies that came
+// within a second (core NATS request/reply).
+func (n *Node) askPeers(ctx context.Context, subject func(peer string) string, body []byte) ([][]byte, error) {
+	res, err := n.sys.Root.RequestFuture(n.router, &router.ListPeers{}, 2*time.Second).Result()
+	if err != nil {
+		return nil, err
+	}
+	peers, _ := res.([]string)
+	if len(peers) == 0 {
+		return nil, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	replies := make(chan []byte, len(peers))
+	for _, peer := range peers {
+		go func() {
+			var data []byte
+			if msg, err := n.nc.RequestWithContext(cctx, subject(peer), body); err == nil {
+				data = msg.Data
+			}
+			replies <- data
+		}()
+	}
+	out := make([][]byte, 0, len(peers))
+	for range peers {
+		if data := <-replies; data != nil {
+			out = append(out, data)
+		}
 	}
 	return out, nil
 }

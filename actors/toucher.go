@@ -67,7 +67,8 @@ type touchQueue struct {
 
 func (q *touchQueue) push(w *touched) { q.q = append(q.q, w) }
 
-// pop returns the head if it is gone or due at now, else nil.
+// pop drops gone waits from the head and returns the first that is due at
+// now; nil when the head is not due yet (or the queue is empty).
 func (q *touchQueue) pop(now time.Time) *touched {
 	for q.head < len(q.q) {
 		w := q.q[q.head]

@@ -231,8 +231,15 @@ func (r *Router) waitingView(job string) *Waiting {
 	if w == nil {
 		return nil
 	}
-	return &Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
-		Position: r.position(job), Pools: append([]string(nil), w.pools...), Since: w.since, Node: r.cfg.NodeID}
+	v := r.view(w, r.position(job))
+	v.Pools = append([]string(nil), w.pools...)
+	return &v
+}
+
+// view describes w, standing pos in its queue (-1: not computed).
+func (r *Router) view(w *waiter, pos int) Waiting {
+	return Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
+		Position: pos, Since: w.since, Node: r.cfg.NodeID}
 }
 
 // listWaiting lists the waiting jobs of tenant ("": all), newest first,
@@ -243,8 +250,7 @@ func (r *Router) listWaiting(tenant string, limit int) []Waiting {
 		if tenant != "" && w.tenant != tenant {
 			continue
 		}
-		out = append(out, Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
-			Position: -1, Since: w.since, Node: r.cfg.NodeID})
+		out = append(out, r.view(w, -1))
 	}
 	slices.SortFunc(out, func(a, b Waiting) int { return b.Since.Compare(a.Since) })
 	if len(out) > limit {

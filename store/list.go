@@ -280,44 +280,73 @@ func (s *Store) CountStates(ctx context.Context, states ...core.State) (map[core
 	return out, nil
 }
 
-// States returns the state recorded for each job that has a record, in one
-// pipeline (jobs without a record are left out).
-func (s *Store) States(ctx context.Context, jobIDs []string) (map[string]core.State, error) {
-	out := make(map[string]core.State, len(jobIDs))
+// eachJob runs read for every job in one pipeline (cluster-safe: one key a
+// command) and returns the replies in order; a missing key is an empty
+// reply (redis.Nil), not an error.
+func (s *Store) eachJob(ctx context.Context, what string, jobIDs []string,
+	read func(pipe redis.Pipeliner, jobID string) *redis.StringCmd) ([]*redis.StringCmd, error) {
 	if len(jobIDs) == 0 {
-		return out, nil
+		return nil, nil
 	}
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, len(jobIDs))
 	for i, id := range jobIDs {
-		cmds[i] = pipe.HGet(ctx, s.keys.Job(id), "s")
+		cmds[i] = read(pipe, id)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("store: states: %w", err)
+		return nil, fmt.Errorf("store: %s: %w", what, err)
 	}
+	return cmds, nil
+}
+
+// recordField returns field of each job that has a record, in one pipeline
+// (jobs without a record are left out).
+func (s *Store) recordField(ctx context.Context, what, field string, jobIDs []string) (map[string]string, error) {
+	cmds, err := s.eachJob(ctx, what, jobIDs, func(pipe redis.Pipeliner, id string) *redis.StringCmd {
+		return pipe.HGet(ctx, s.keys.Job(id), field)
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(jobIDs))
 	for i, c := range cmds {
 		if v, err := c.Result(); err == nil {
-			out[jobIDs[i]] = core.State(v)
+			out[jobIDs[i]] = v
 		}
 	}
 	return out, nil
 }
 
+// States returns the state recorded for each job that has a record, in one
+// pipeline (jobs without a record are left out).
+func (s *Store) States(ctx context.Context, jobIDs []string) (map[string]core.State, error) {
+	fields, err := s.recordField(ctx, "states", "s", jobIDs)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]core.State, len(fields))
+	for id, v := range fields {
+		out[id] = core.State(v)
+	}
+	return out, nil
+}
+
+// Tenants returns the tenant recorded on each job that has a record, in
+// one pipeline (jobs without a record are left out).
+func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
+	return s.recordField(ctx, "tenants", "tenant", jobIDs)
+}
+
 // LockHolders returns the lock value of each job ("" when unlocked), in
-// order, in one pipeline of GETs (cluster-safe: no multi-key command).
+// order, in one pipeline of GETs.
 func (s *Store) LockHolders(ctx context.Context, jobIDs []string) ([]string, error) {
+	cmds, err := s.eachJob(ctx, "lock holders", jobIDs, func(pipe redis.Pipeliner, id string) *redis.StringCmd {
+		return pipe.Get(ctx, s.keys.Lock(id))
+	})
+	if err != nil {
+		return nil, err
+	}
 	out := make([]string, len(jobIDs))
-	if len(jobIDs) == 0 {
-		return out, nil
-	}
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(jobIDs))
-	for i, id := range jobIDs {
-		cmds[i] = pipe.Get(ctx, s.keys.Lock(id))
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("store: lock holders: %w", err)
-	}
 	for i, c := range cmds {
 		out[i] = c.Val()
 	}
@@ -326,41 +355,19 @@ func (s *Store) LockHolders(ctx context.Context, jobIDs []string) ([]string, err
 
 // LockRemaining is how long the job's lock has left: 0 when there is none,
 // -1 when it has no TTL (a parked lock, held through its node's lease).
+// (go-redis passes PTTL's -1 and -2 through unscaled.)
 func (s *Store) LockRemaining(ctx context.Context, jobID string) (time.Duration, error) {
 	d, err := s.rdb.PTTL(ctx, s.keys.Lock(jobID)).Result()
 	if err != nil {
 		return 0, fmt.Errorf("store: lock ttl: %w", err)
 	}
 	switch {
-	case d == -1 || d == -1*time.Millisecond:
+	case d == -1:
 		return -1, nil
 	case d < 0:
 		return 0, nil
 	}
 	return d, nil
-}
-
-// Tenants returns the tenant recorded on each job that has a record, in
-// one pipeline (jobs without a record are left out).
-func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
-	out := make(map[string]string, len(jobIDs))
-	if len(jobIDs) == 0 {
-		return out, nil
-	}
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(jobIDs))
-	for i, id := range jobIDs {
-		cmds[i] = pipe.HGet(ctx, s.keys.Job(id), "tenant")
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("store: tenants: %w", err)
-	}
-	for i, c := range cmds {
-		if v, err := c.Result(); err == nil {
-			out[jobIDs[i]] = v
-		}
-	}
-	return out, nil
 }
 
 // ListRecent returns one page of the newest jobs whatever their state

@@ -281,7 +281,6 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 	j.queued = true
 	changed := !again || j.capReason != p.Reason
 	j.capReason = p.Reason
-	recheck := CapacityRecheck
 	if p.Reason != core.ReasonPoolOverloaded {
 		j.attempts++
 		if j.attempts >= j.cfg.MaxSchedulingAttempts {
@@ -290,17 +289,14 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 				"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
 			return
 		}
-		recheck = j.cfg.Backoff(max(j.attempts, 1))
 		changed = changed || again
 	}
+	recheck := j.recheckDelay()
 	if j.unwritten {
 		// Asked again within its grace (a recheck, a repeated submit):
 		// still nothing is written, but a pool left with no live worker
 		// shortens the grace.
-		if p.Reason != core.ReasonPoolOverloaded {
-			j.graceEnd = minTime(j.graceEnd, j.now().Add(min(j.cfg.CapacityGrace, NoWorkersGrace)))
-			j.recheckAt = j.graceEnd
-		}
+		j.graceFor(p.Reason, j.now())
 		j.armUnwritten()
 		return
 	}
@@ -318,12 +314,7 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		j.unwritten = true
 		j.graceEnd = now.Add(j.cfg.CapacityGrace)
 		j.recheckAt = now.Add(recheck)
-		if p.Reason != core.ReasonPoolOverloaded {
-			// No live worker to wait for: a wait that may last until the
-			// job fails is shown in Redis soon, and not rechecked before.
-			j.graceEnd = now.Add(min(j.cfg.CapacityGrace, NoWorkersGrace))
-			j.recheckAt = j.graceEnd
-		}
+		j.graceFor(p.Reason, now)
 		if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
 			j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
 		}
@@ -334,11 +325,28 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 	j.writeWait(at)
 }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
+// graceFor shortens the grace of a wait with no live worker to wait for
+// (reason other than pool_overloaded) to NoWorkersGrace from now: such a
+// wait may last until the job fails, so it is shown in Redis soon, and not
+// rechecked before.
+func (j *Job) graceFor(reason core.Reason, now time.Time) {
+	if reason == core.ReasonPoolOverloaded {
+		return
 	}
-	return a
+	if end := now.Add(min(j.cfg.CapacityGrace, NoWorkersGrace)); end.Before(j.graceEnd) {
+		j.graceEnd = end
+	}
+	j.recheckAt = j.graceEnd
+}
+
+// recheckDelay is how long a job waiting for room waits before it asks the
+// router again: CapacityRecheck for a full pool (the safety net of a lost
+// wake), the scheduling backoff when no worker is live.
+func (j *Job) recheckDelay() time.Duration {
+	if j.capReason != core.ReasonPoolOverloaded {
+		return j.cfg.Backoff(max(j.attempts, 1))
+	}
+	return CapacityRecheck
 }
 
 // armUnwritten sets the timer of a job waiting within its grace to the
@@ -363,10 +371,7 @@ func (j *Job) armUnwritten() {
 func (j *Job) onUnwrittenTimer() {
 	now := j.now()
 	j.endHold(now)
-	recheck := CapacityRecheck
-	if j.capReason != core.ReasonPoolOverloaded {
-		recheck = j.cfg.Backoff(max(j.attempts, 1))
-	}
+	recheck := j.recheckDelay()
 	if !now.Before(j.graceEnd) {
 		j.writeWait(now.Add(recheck))
 		return
