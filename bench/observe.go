@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,11 +57,12 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 		end := min(start+recordBatch, len(ids))
 		pipe := rdb.Pipeline()
 		hm := make([]*redis.SliceCmd, end-start)
-		hist := make([]*redis.StringSliceCmd, end-start)
+		all := make([]*redis.MapStringStringCmd, end-start)
 		for i := start; i < end; i++ {
-			hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), "s", "created", "updated")
 			if i%every == 0 {
-				hist[i-start] = pipe.LRange(ctx, keys.History(ids[i]), 0, -1)
+				all[i-start] = pipe.HGetAll(ctx, keys.Job(ids[i]))
+			} else {
+				hm[i-start] = pipe.HMGet(ctx, keys.Job(ids[i]), "s", "created", "updated")
 			}
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -70,22 +70,23 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 		}
 		for i := start; i < end; i++ {
 			r := &out[i]
-			v := hm[i-start].Val()
-			if len(v) == 3 {
+			if a := all[i-start]; a != nil {
+				f := a.Val()
+				r.state = core.State(f["s"])
+				r.createdMs, _ = strconv.ParseInt(f["created"], 10, 64)
+				r.updatedMs, _ = strconv.ParseInt(f["updated"], 10, 64)
+				for _, e := range store.History(f, nil) {
+					if e.To == core.StateDispatched && r.dispatchedMs == 0 {
+						r.dispatchedMs = e.At.UnixMilli()
+					}
+					if e.To.Terminal() && r.terminalMs == 0 {
+						r.terminalMs = e.At.UnixMilli()
+					}
+				}
+			} else if v := hm[i-start].Val(); len(v) == 3 {
 				r.state = core.State(str(v[0]))
 				r.createdMs, _ = strconv.ParseInt(str(v[1]), 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(str(v[2]), 10, 64)
-			}
-			if h := hist[i-start]; h != nil {
-				for _, line := range h.Val() {
-					at, to := historyEntry(line)
-					if to == core.StateDispatched && r.dispatchedMs == 0 {
-						r.dispatchedMs = at
-					}
-					if to.Terminal() && r.terminalMs == 0 {
-						r.terminalMs = at
-					}
-				}
 			}
 			if r.terminalMs == 0 && r.state.Terminal() {
 				r.terminalMs = r.updatedMs
@@ -98,16 +99,6 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 func str(v interface{}) string {
 	s, _ := v.(string)
 	return s
-}
-
-// historyEntry parses "unix_ms|from|to|reason|node" (store's format).
-func historyEntry(line string) (int64, core.State) {
-	p := strings.SplitN(line, "|", 4)
-	if len(p) < 3 {
-		return 0, ""
-	}
-	ms, _ := strconv.ParseInt(p[0], 10, 64)
-	return ms, core.State(p[2])
 }
 
 // counter polls the per-state indexes for the number of terminal jobs.

@@ -137,7 +137,7 @@ func TestHappyPathServerCommandsPerJob(t *testing.T) {
 	sort.Strings(parts)
 	perJob := float64(total) / jobs
 	t.Logf("server commands per job: %.1f (%s)", perJob, strings.Join(parts, ", "))
-	if perJob > 21 {
-		t.Errorf("the happy path costs %.1f server commands per job, want at most 21", perJob)
+	if perJob > 18 {
+		t.Errorf("the happy path costs %.1f server commands per job, want at most 18", perJob)
 	}
 }

@@ -18,11 +18,11 @@ import (
 // activateScript (lua/activate.lua) takes a job's lock and reports its
 // state; it creates a missing job when asked, and applies the caller's plan
 // to it in the same call.
-var activateScript = luaScript("activate", "shard_writes")
+var activateScript = luaScript("activate", "shard_writes", "hops")
 
 // activateCall is a call of activateScript.
 type activateCall struct {
-	jobKey, histKey, lockKey, dueKey, leasesKey string
+	jobKey, lockKey, dueKey, leasesKey string
 	// indexKey is the shard's index of the state the plan ends in.
 	indexKey string
 	// ownerAliveKey and ownerParkedKey are parkedOwner's lease and parked
@@ -48,7 +48,7 @@ type activateCall struct {
 
 func (activateCall) script() *redis.Script { return activateScript }
 func (c activateCall) keys() []string {
-	return append([]string{c.jobKey, c.histKey, c.lockKey, c.dueKey, c.leasesKey, c.indexKey,
+	return append([]string{c.jobKey, c.lockKey, c.dueKey, c.leasesKey, c.indexKey,
 		c.ownerAliveKey, c.ownerParkedKey}, c.plan.writeKeys()...)
 }
 func (c activateCall) args() []interface{} {
@@ -69,7 +69,7 @@ const activateParkedBy = "PARKED_BY"
 // transitionScript (lua/transition.lua) moves a job along a path of states,
 // only if it is in one of the expected states and only while the caller's
 // lock value is the current one.
-var transitionScript = luaScript("transition", "shard_writes")
+var transitionScript = luaScript("transition", "shard_writes", "hops")
 
 // transitionCall is a call of transitionScript.
 type transitionCall struct {
@@ -378,7 +378,7 @@ func (c approveCall) args() []interface{} {
 
 // downgradeScript (lua/downgrade.lua) moves a SUCCEEDED job to
 // OUTPUT_QUARANTINED if it is still SUCCEEDED.
-var downgradeScript = luaScript("downgrade")
+var downgradeScript = luaScript("downgrade", "hops")
 
 type downgradeCall struct {
 	jobKey, histKey, fromIndexKey, toIndexKey string

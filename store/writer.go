@@ -505,7 +505,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			parkedOwner = op.parkedOwner
 		}
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, activateCall{
-			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,

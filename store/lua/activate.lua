@@ -23,17 +23,17 @@
 -- parked by another node, the script changes nothing and answers
 -- PARKED_BY, and the caller sends the call again naming that node.
 --
--- KEYS[1]  job_key           the job's record (Keys.Job)
--- KEYS[2]  hist_key          the job's history (Keys.History)
--- KEYS[3]  lock_key          the job's lock (Keys.Lock)
--- KEYS[4]  due_key           the shard's due set (Keys.Due)
--- KEYS[5]  leases_key        the shard's lease set (Keys.Leases)
--- KEYS[6]  index_key         the shard's index of the state the plan ends
+-- KEYS[1]  job_key           the job's record (Keys.Job), its history
+--                            included (see lib/hops.lua)
+-- KEYS[2]  lock_key          the job's lock (Keys.Lock)
+-- KEYS[3]  due_key           the shard's due set (Keys.Due)
+-- KEYS[4]  leases_key        the shard's lease set (Keys.Leases)
+-- KEYS[5]  index_key         the shard's index of the state the plan ends
 --                            in (PENDING without hops) (Keys.Index)
--- KEYS[7]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
--- KEYS[8]  owner_parked_key  parked_owner's parked set in the shard
+-- KEYS[6]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
+-- KEYS[7]  owner_parked_key  parked_owner's parked set in the shard
 --                            (Keys.Parked)
--- KEYS[9 ..]                 the shard-write keys (see shardWrites)
+-- KEYS[8 ..]                 the shard-write keys (see shardWrites)
 -- ARGV[1]  node              the activating node
 -- ARGV[2]  now_ms
 -- ARGV[3]  lock_ttl_ms
@@ -63,14 +63,13 @@
 -- A job that is terminal or missing loses its due entry: nothing will ever
 -- wait for it.
 local job_key = KEYS[1]
-local hist_key = KEYS[2]
-local lock_key = KEYS[3]
-local due_key = KEYS[4]
-local leases_key = KEYS[5]
-local index_key = KEYS[6]
-local owner_alive_key = KEYS[7]
-local owner_parked_key = KEYS[8]
-local first_write_key = 9
+local lock_key = KEYS[2]
+local due_key = KEYS[3]
+local leases_key = KEYS[4]
+local index_key = KEYS[5]
+local owner_alive_key = KEYS[6]
+local owner_parked_key = KEYS[7]
+local first_write_key = 8
 local node = ARGV[1]
 local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
@@ -125,20 +124,15 @@ if not st then
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
   end
-  local hist = {now_ms .. '||PENDING|submitted|' .. node}
-  local prev, reason = 'PENDING', 'submitted'
-  for i = 1, n do
-    local to = ARGV[first_hop + 2 * (i - 1)]
-    reason = ARGV[first_hop + 2 * (i - 1) + 1]
-    hist[#hist + 1] = now_ms .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
-    prev = to
-  end
+  local hops = {'PENDING', 'submitted'}
+  for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
+  local prev, reason = hops[#hops - 1], hops[#hops]
   local first_field = shardWrites(first_write_key, first_hop + 2 * n)
   local f = {'s', prev, 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
     'created', now_ms, 'updated', now_ms, 'node', node, 'reason', reason, 'attempts', 0}
+  hopFields(f, 0, '', now_ms, now_ms, node, hops)
   for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
   redis.call('HSET', job_key, unpack(f))
-  redis.call('RPUSH', hist_key, unpack(hist))
   redis.call('ZADD', index_key, now_ms, job_id)
   if lock_after ~= 'terminal' and due_ms ~= '-1' then
     local due = due_ms
@@ -150,7 +144,6 @@ if not st then
     redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
   elseif lock_after == 'terminal' and tonumber(retention_s) > 0 then
     redis.call('EXPIRE', job_key, retention_s)
-    redis.call('EXPIRE', hist_key, retention_s)
   end
   return {'CREATED', prev, '1', ''}
 end

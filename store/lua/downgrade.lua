@@ -1,10 +1,12 @@
 -- downgrade: moves a SUCCEEDED job to OUTPUT_QUARANTINED, the one exit from
 -- a terminal state, only if it is still SUCCEEDED. A terminal job holds no
--- lock; the compare-and-set on its state is the ownership check. History
--- entries are "unix_ms|from|to|reason|node".
+-- lock; the compare-and-set on its state is the ownership check. The hop
+-- goes where the job's history is: its record's fields (lib/hops.lua), or
+-- the list of a job written before those.
 --
 -- KEYS[1]  job_key         the job's record (Keys.Job)
--- KEYS[2]  hist_key        the job's history (Keys.History)
+-- KEYS[2]  hist_key        the job's history list (Keys.History), for a
+--                          job that has one
 -- KEYS[3]  from_index_key  the shard's SUCCEEDED index (Keys.Index)
 -- KEYS[4]  to_index_key    the shard's OUTPUT_QUARANTINED index
 -- ARGV[1]  now_ms
@@ -25,12 +27,17 @@ local node = ARGV[3]
 local job_id = ARGV[4]
 local first_field = 5
 
-local st = redis.call('HGET', job_key, 's')
+local rec = redis.call('HMGET', job_key, 's', 'hn', 'created', 'hl')
+local st = rec[1]
 if st ~= 'SUCCEEDED' then return {'CONFLICT', st or ''} end
 local f = {'s', 'OUTPUT_QUARANTINED', 'updated', now_ms, 'reason', reason}
+if rec[2] then
+  hopFields(f, tonumber(rec[2]), rec[4] or '', rec[3], now_ms, node, {'OUTPUT_QUARANTINED', reason})
+else
+  redis.call('RPUSH', hist_key, now_ms .. '|SUCCEEDED|OUTPUT_QUARANTINED|' .. reason .. '|' .. node)
+end
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', job_key, unpack(f))
-redis.call('RPUSH', hist_key, now_ms .. '|SUCCEEDED|OUTPUT_QUARANTINED|' .. reason .. '|' .. node)
 redis.call('ZREM', from_index_key, job_id)
 redis.call('ZADD', to_index_key, now_ms, job_id)
 return {'OK', st}

@@ -1,14 +1,16 @@
 -- transition: moves a job along a path of states in one atomic step, only
 -- if it is in one of the expected states and only while the caller's lock
 -- value ("<node>|<fence>") is the current one. It records each hop in the
--- job's history ("unix_ms|from|to|reason|node"), moves the job from its
+-- job's history (fields of the record, see lib/hops.lua; a job written
+-- before those has a list of "unix_ms|from|to|reason|node"), moves the job from its
 -- state's index to the last hop's, sets its due time, gives the lock up
 -- when asked (or when the job ends, which also starts the retention
 -- clock), and makes the Transition's writes in the job's shard (see
 -- lib/shard_writes.lua, which runs in front of this).
 --
 -- KEYS[1]  job_key       the job's record (Keys.Job)
--- KEYS[2]  hist_key      the job's history (Keys.History)
+-- KEYS[2]  hist_key      the job's history list (Keys.History), written
+--                        only for a job that has one already
 -- KEYS[3]  lock_key      the job's lock (Keys.Lock)
 -- KEYS[4]  due_key       the shard's due set (Keys.Due)
 -- KEYS[5]  leases_key    the shard's lease set (Keys.Leases)
@@ -61,7 +63,8 @@ if cur ~= lock_value then
   local rec = redis.call('HMGET', job_key, 'op', 's')
   return {'FENCED', cur or '', rec[1] or '', rec[2] or ''}
 end
-local st = redis.call('HGET', job_key, 's')
+local rec = redis.call('HMGET', job_key, 's', 'hn', 'created', 'hl')
+local st = rec[1]
 if not st then
   return {'NOTFOUND', ''}
 end
@@ -76,19 +79,26 @@ end
 if not from_index then
   return {'CONFLICT', st, redis.call('HGET', job_key, 'op') or ''}
 end
-local hist = {}
-local prev, reason = st, ''
-for i = 1, n do
-  local to = ARGV[first_hop + 2 * (i - 1)]
-  reason = ARGV[first_hop + 2 * (i - 1) + 1]
-  hist[#hist + 1] = now_ms .. '|' .. prev .. '|' .. to .. '|' .. reason .. '|' .. node
-  prev = to
-end
+local prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
 local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
 local f = {'s', prev, 'updated', now_ms, 'reason', reason}
+-- hn is missing only from a job written before its history moved into its
+-- record: its history stays in its list.
+local legacy = not rec[2]
+if legacy then
+  local hist, from = {}, st
+  for i = first_hop, first_hop + 2 * n - 1, 2 do
+    hist[#hist + 1] = now_ms .. '|' .. from .. '|' .. ARGV[i] .. '|' .. ARGV[i + 1] .. '|' .. node
+    from = ARGV[i]
+  end
+  redis.call('RPUSH', hist_key, unpack(hist))
+else
+  local hops = {}
+  for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
+  hopFields(f, tonumber(rec[2]), rec[4] or '', rec[3], now_ms, node, hops)
+end
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', job_key, unpack(f))
-redis.call('RPUSH', hist_key, unpack(hist))
 if st ~= prev then
   redis.call('ZREM', KEYS[from_index], job_id)
 end
@@ -107,7 +117,7 @@ elseif lock_after == 'terminal' then
   local keep = tonumber(retention_s)
   if keep > 0 then
     redis.call('EXPIRE', job_key, keep)
-    redis.call('EXPIRE', hist_key, keep)
+    if legacy then redis.call('EXPIRE', hist_key, keep) end
   end
 end
 return {'OK', st}

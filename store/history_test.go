@@ -1,0 +1,132 @@
+package store_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/store"
+)
+
+// A job's history lives in its record: every hop of its life, from the
+// scripts of three kinds that write hops (activate, transition, downgrade),
+// read back in order with the state it left, its reason, the node that made
+// it and its time — and no history key is created.
+func TestHistoryIsKeptInTheRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	before := time.Now().Add(-time.Second)
+	r := b.do(t, &store.Op{Kind: store.OpActivate, JobID: "h1", Node: "a", Create: true, Topic: "job.x",
+		Tenant: "t", Request: []byte("req"), T: &store.Transition{Path: []store.Hop{
+			{To: core.StateScheduled, Reason: "allowed"}, {To: core.StateDispatched, Reason: "dispatched"}}}})
+	if r.Status != store.ActivateCreated {
+		t.Fatalf("create: %+v", r)
+	}
+	// Node b adopts the job (a's lock lapsed) and finishes it.
+	if err := b.s.Client().Del(ctx, b.s.Keys().Lock("h1")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.activate(t, "h1", "b", false); r.Status != store.ActivateAdopted || r.Fence != 2 {
+		t.Fatalf("adoption: %+v", r)
+	}
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "h1", Node: "b", LockValue: store.LockValue("b", 2),
+		T: &store.Transition{Expect: store.Expect(core.StateDispatched), Path: []store.Hop{
+			{To: core.StateRunning, Reason: "started"}, {To: core.StateSucceeded, Reason: "completed"}}}}); !sr.OK() {
+		t.Fatalf("finish: %+v", sr)
+	}
+	if sr := b.do(t, &store.Op{Kind: store.OpDowngrade, JobID: "h1", Node: "b",
+		T: &store.Transition{Path: []store.Hop{{To: core.StateOutputQuarantined, Reason: "output_quarantined"}}}}); !sr.OK() {
+		t.Fatalf("downgrade: %+v", sr)
+	}
+	rec, err := b.s.GetJob(ctx, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.HistoryEntry{
+		{From: "", To: core.StatePending, Reason: "submitted", Node: "a"},
+		{From: core.StatePending, To: core.StateScheduled, Reason: "allowed", Node: "a"},
+		{From: core.StateScheduled, To: core.StateDispatched, Reason: "dispatched", Node: "a"},
+		{From: core.StateDispatched, To: core.StateRunning, Reason: "started", Node: "b"},
+		{From: core.StateRunning, To: core.StateSucceeded, Reason: "completed", Node: "b"},
+		{From: core.StateSucceeded, To: core.StateOutputQuarantined, Reason: "output_quarantined", Node: "b"},
+	}
+	if len(rec.History) != len(want) {
+		t.Fatalf("history has %d entries, want %d: %+v", len(rec.History), len(want), rec.History)
+	}
+	for i, e := range rec.History {
+		w := want[i]
+		if e.From != w.From || e.To != w.To || e.Reason != w.Reason || e.Node != w.Node {
+			t.Errorf("entry %d: %+v, want %+v", i, e, w)
+		}
+		if e.At.Before(before) || e.At.After(time.Now().Add(time.Second)) {
+			t.Errorf("entry %d at %v, not within the test", i, e.At)
+		}
+		if i > 0 && e.At.Before(rec.History[i-1].At) {
+			t.Errorf("entry %d at %v is before the one ahead of it (%v)", i, e.At, rec.History[i-1].At)
+		}
+	}
+	if n, _ := b.s.Client().Exists(ctx, b.s.Keys().History("h1")).Result(); n != 0 {
+		t.Error("a history list was written for a new job")
+	}
+	// The hop fields stay short enough for Redis's compact hash encoding,
+	// which is what makes keeping them in the record cheap (real Redis only:
+	// the embedded store does not answer OBJECT ENCODING).
+	if enc, err := b.s.Client().ObjectEncoding(ctx, b.s.Keys().Job("h1")).Result(); err == nil && enc != "listpack" {
+		t.Errorf("the record's encoding is %q, want listpack", enc)
+	}
+}
+
+// A job written before histories moved into records keeps its history in
+// its list: later hops are appended there, the list gets the record's
+// retention when the job ends, and GetJob reads it.
+func TestHistoryOfAJobWithAHistoryList(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	rdb, keys := b.s.Client(), b.s.Keys()
+	b.activate(t, "old1", "a", true)
+	// Make it look like an older node wrote it: no hop fields, a list.
+	created := time.Now().Add(-time.Minute).UnixMilli()
+	if err := rdb.HDel(ctx, keys.Job("old1"), "hn", "hl", "h1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.RPush(ctx, keys.History("old1"), strings.Join([]string{
+		strconv.FormatInt(created, 10), "", string(core.StatePending), "submitted", "a"}, "|")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if sr := b.step(t, "old1", "a", 1, core.StatePending, core.StateSucceeded); !sr.OK() {
+		t.Fatalf("finish: %+v", sr)
+	}
+	rec, err := b.s.GetJob(ctx, "old1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := states(rec.History); len(got) != 2 || got[0] != core.StatePending || got[1] != core.StateSucceeded ||
+		rec.History[1].From != core.StatePending || rec.History[1].Node != "a" {
+		t.Fatalf("history %+v", rec.History)
+	}
+	if n, _ := rdb.LLen(ctx, keys.History("old1")).Result(); n != 2 {
+		t.Errorf("the list holds %d entries, want 2 (the new hop appended)", n)
+	}
+	if _, ok := rec.Fields["hn"]; ok {
+		t.Error("hop fields were added to a job whose history is a list")
+	}
+	if ttl := rdb.TTL(ctx, keys.History("old1")).Val(); ttl <= 0 {
+		t.Errorf("the ended job's history list has no retention TTL (%v)", ttl)
+	}
+}
+
+// Entries that do not parse are skipped, not read as zero values.
+func TestHistorySkipsMalformedEntries(t *testing.T) {
+	h := store.History(map[string]string{"created": "1000", "hn": "3",
+		"h1": "0|PENDING|submitted|a", "h2": "oops", "h3": "5|SCHEDULED|allowed|"},
+		[]string{"not a line"})
+	if len(h) != 2 || h[1].To != core.StateScheduled || h[1].From != core.StatePending || h[1].Node != "a" ||
+		h[1].At.UnixMilli() != 1005 {
+		t.Fatalf("history %+v", h)
+	}
+}
