@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -170,56 +169,12 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	return r, nil
 }
 
-// History decodes a job's history from its record's fields (hop fields, see
-// lua/lib/hops.lua) and, for a job written before those, its history list
-// (lines "unix_ms|from|to|reason|node"), oldest first. Malformed entries
-// are skipped.
-func History(fields map[string]string, list []string) []HistoryEntry {
-	n, _ := strconv.Atoi(fields["hn"])
-	out := make([]HistoryEntry, 0, len(list)+n)
-	for _, line := range list {
-		if e, ok := parseHistory(line); ok {
-			out = append(out, e)
-		}
-	}
-	created, _ := strconv.ParseInt(fields["created"], 10, 64)
-	var from core.State
-	node := ""
-	for i := 1; i <= n; i++ {
-		p := strings.SplitN(fields["h"+strconv.Itoa(i)], "|", 4)
-		if len(p) != 4 {
-			continue
-		}
-		delta, err := strconv.ParseInt(p[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		if p[3] != "" {
-			node = p[3]
-		}
-		to := core.State(p[1])
-		out = append(out, HistoryEntry{At: time.UnixMilli(created + delta), From: from, To: to,
-			Reason: core.Reason(p[2]), Node: node})
-		from = to
-	}
-	return out
-}
-
 func parseMillis(s string) time.Time {
 	ms, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
-}
-
-func parseHistory(line string) (HistoryEntry, bool) {
-	p := strings.SplitN(line, "|", 5)
-	if len(p) != 5 {
-		return HistoryEntry{}, false
-	}
-	return HistoryEntry{At: parseMillis(p[0]), From: core.State(p[1]), To: core.State(p[2]),
-		Reason: core.Reason(p[3]), Node: p[4]}, true
 }
 
 // CountIndex returns how many jobs are in state across all shards.
