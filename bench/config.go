@@ -130,8 +130,9 @@ type Config struct {
 	Pool  string // default PoolDefault
 
 	// CPUProfile, if set, is written with the node's CPU profile over the
-	// measured part of the run (child: the node process alone; inproc: the
-	// bench process).
+	// measured part of the run (child: the node process alone, which also
+	// writes its allocation profile since its start to CPUProfile+".allocs";
+	// inproc: the bench process).
 	CPUProfile string
 	// Progress receives a one-line progress bar (nil: none).
 	Progress io.Writer

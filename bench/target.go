@@ -462,7 +462,13 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writ
 		case "prof_stop":
 			if prof != nil {
 				pprof.StopCPUProfile()
-				if err := prof.Close(); err != nil {
+				err := prof.Close()
+				if err == nil {
+					// Beside the CPU profile, where the node allocated
+					// (since it started: warm-up included).
+					err = writeAllocs(prof.Name() + ".allocs")
+				}
+				if err != nil {
 					rep.Error = err.Error()
 				}
 				prof = nil
@@ -481,4 +487,17 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writ
 			return err
 		}
 	}
+}
+
+// writeAllocs writes the process's allocation profile to path.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	err = pprof.Lookup("allocs").WriteTo(f, 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -41,7 +41,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.RunID, "run-id", "", "run id [a-z0-9] that derives the key, subject and stream prefixes (default: random)")
 	fs.StringVar(&cfg.Topic, "topic", bench.TopicDefault, "job topic")
 	fs.StringVar(&cfg.Pool, "pool", bench.PoolDefault, "pool name the workers heartbeat with (the topic must map to it)")
-	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write the node's CPU profile over the measured window to this file")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write the node's CPU profile over the measured window to this file (a child node also writes its allocation profile, since its start, to <file>.allocs)")
 	fs.StringVar(&cfg.NodeLogLevel, "log-level", "warn", "the node's log level")
 	floor := fs.Bool("floor", false, "measure the floor (the same NATS and Redis traffic with no scheduling logic) instead of Troupe")
 	compare := fs.Bool("compare", false, "measure Troupe, then the floor, with the same parameters, and report both")
