@@ -74,24 +74,49 @@ type processor interface {
 // into the call's own key slice, which go-redis writes (and routes, on a
 // cluster: the first key names the slot) like the string.
 func evalSha(ctx context.Context, c processor, call scriptCall) *redis.Cmd {
-	keys, args := call.keys(), call.args()
 	sc := call.script()
 	hash, ok := luaHashes[sc]
 	if !ok {
 		hash = sc.Hash()
 	}
-	cmdArgs := make([]interface{}, 0, 3+len(keys)+len(args))
-	cmdArgs = append(cmdArgs, "evalsha", hash, len(keys))
-	for i := range keys {
-		cmdArgs = append(cmdArgs, &keys[i])
+	var cmdArgs []interface{}
+	nkeys := 0
+	if ap, ok := call.(argsAppender); ok {
+		nkeys = ap.keyCount()
+		cmdArgs = make([]interface{}, 0, 3+ap.argCount())
+		cmdArgs = append(cmdArgs, "evalsha", hash, nkeys)
+		cmdArgs = ap.appendArgs(ap.appendKeys(cmdArgs))
+	} else {
+		keys, args := call.keys(), call.args()
+		nkeys = len(keys)
+		cmdArgs = make([]interface{}, 0, 3+len(keys)+len(args))
+		cmdArgs = append(cmdArgs, "evalsha", hash, nkeys)
+		for i := range keys {
+			cmdArgs = append(cmdArgs, &keys[i])
+		}
+		cmdArgs = append(cmdArgs, args...)
 	}
-	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	if len(keys) > 0 {
+	if nkeys > 0 {
 		cmd.SetFirstKeyPos(3)
 	}
 	_ = c.Process(ctx, cmd)
 	return cmd
+}
+
+// argsAppender is a scriptCall of the hot path (a *activateCall or
+// *transitionCall) that writes its KEYS and ARGV into the EVALSHA's
+// argument list itself, in the order keys() and args() give them: keys and
+// most arguments as pointers into the call, which go-redis writes like the
+// values, so that sending it allocates the list and little else rather than
+// an interface value per argument. keys() and args() stay for the other
+// ways of sending a script and for the tests.
+type argsAppender interface {
+	keyCount() int
+	// argCount is at least the number of keys and arguments appended.
+	argCount() int
+	appendKeys(dst []interface{}) []interface{}
+	appendArgs(dst []interface{}) []interface{}
 }
 
 // runScript sends call with EVALSHA, and with EVAL if Redis answers

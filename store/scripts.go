@@ -62,6 +62,22 @@ func (c activateCall) args() []interface{} {
 	return c.plan.appendArgs(args)
 }
 
+func (c *activateCall) keyCount() int { return 7 + c.plan.writeCount() }
+func (c *activateCall) argCount() int { return 7 + c.plan.writeCount() + 14 + c.plan.argCount() }
+func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
+	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey)
+	return c.plan.appendKeys(dst)
+}
+func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
+	create := "0"
+	if c.create {
+		create = "1"
+	}
+	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, &c.topic, &c.tenant, &c.traceID, c.request,
+		&c.rescueAtMs, &c.lockAfter, &c.dueMs, &c.retentionS, &c.parkedOwner)
+	return c.plan.appendArgs(dst)
+}
+
 // activateParkedBy is the status activateScript answers, changing nothing,
 // when another node than the call's parkedOwner parked the job's lock.
 const activateParkedBy = "PARKED_BY"
@@ -101,6 +117,20 @@ func (c transitionCall) args() []interface{} {
 	args := make([]interface{}, 0, 8+c.plan.argCount())
 	args = append(args, c.lockValue, c.node, c.expected, c.nowMs, c.jobID, c.lockAfter, c.retentionS, c.dueMs)
 	return c.plan.appendArgs(args)
+}
+
+func (c *transitionCall) keyCount() int { return 6 + len(c.fromIndexKeys) + c.plan.writeCount() }
+func (c *transitionCall) argCount() int { return c.keyCount() + 8 + c.plan.argCount() }
+func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
+	dst = append(dst, &c.jobKey, &c.histKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.toIndexKey)
+	for i := range c.fromIndexKeys {
+		dst = append(dst, &c.fromIndexKeys[i])
+	}
+	return c.plan.appendKeys(dst)
+}
+func (c *transitionCall) appendArgs(dst []interface{}) []interface{} {
+	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.retentionS, &c.dueMs)
+	return c.plan.appendArgs(dst)
 }
 
 // expectedStates splits a Transition's Expect as transitionScript does
@@ -159,6 +189,17 @@ func (p planArgs) writeKeys() []string {
 	return keys
 }
 
+// appendKeys adds writeKeys' keys to dst.
+func (p planArgs) appendKeys(dst []interface{}) []interface{} {
+	if p.writeCount() == 0 {
+		return dst
+	}
+	for _, k := range p.writeKeys() {
+		dst = append(dst, k)
+	}
+	return dst
+}
+
 // argCount is how many arguments appendArgs adds, at most.
 func (p planArgs) argCount() int {
 	if p.t == nil {
@@ -188,11 +229,13 @@ func (p planArgs) appendArgs(args []interface{}) []interface{} {
 	for _, h := range t.Sets {
 		args = append(args, h.Field, h.Value, h.TTL.Milliseconds())
 	}
-	for _, f := range t.Fields {
-		args = append(args, f)
+	// Pointers into the Transition, which outlives the write: no
+	// interface value to allocate per field.
+	for i := range t.Fields {
+		args = append(args, &t.Fields[i])
 	}
 	if t.Op != "" {
-		args = append(args, "op", t.Op)
+		args = append(args, "op", &t.Op)
 	}
 	return args
 }

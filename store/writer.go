@@ -504,7 +504,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		if op.parkedOwnerKnown {
 			parkedOwner = op.parkedOwner
 		}
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, activateCall{
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, &activateCall{
 			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
@@ -519,7 +519,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		for i, st := range expected {
 			from[i] = k.Index(sh, st)
 		}
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, transitionCall{
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, &transitionCall{
 			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())), fromIndexKeys: from,
 			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
