@@ -93,11 +93,13 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 		// a start that never gets reported.
 		dl = j.deadlineFor(core.StateRunning)
 	}
+	// Room for the policy decision's fields, which apply adds: one slice.
+	fields := make([]string, 0, 16+len(j.decision))
+	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
+		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why),
+		"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend), "sod", slotFlag(p.StartsOnDelivery))
 	j.apply(&store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
-		Due: dl.at.UnixMilli(),
-		Fields: []string{"worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
-			"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why),
-			"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend), "sod", slotFlag(p.StartsOnDelivery)}},
+		Due: dl.at.UnixMilli(), Fields: fields},
 		nil, &pending{then: nDispatched, pick: p, dl: dl})
 }
 
