@@ -313,6 +313,7 @@ func (n *Node) Start(ctx context.Context) error {
 		// after the dispatch timeout was never dispatched (router/picks.go).
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
 		Gossip:  func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
+		Link:    func() (bool, uint64) { return n.nc.IsConnected(), n.nc.Stats().Reconnects },
 		OnEvictJobs: func(workerID string, jobIDs []string) {
 			if in := intakeRef.Load(); in != nil {
 				for _, id := range jobIDs {

@@ -451,6 +451,21 @@ func (r *Registry) ttlFor(w *Worker) time.Duration {
 // Get returns a worker by id, or nil.
 func (r *Registry) Get(id string) *Worker { return r.workers[id] }
 
+// Reprieve gives every worker a full liveness window from now, unless its
+// deadline is later already, and returns how many it moved: the caller
+// could hear no heartbeat until now (its own connection was down), so a
+// worker's silence up to now says nothing about the worker.
+func (r *Registry) Reprieve(now time.Time) int {
+	n := 0
+	for _, w := range r.workers {
+		if d := now.Add(r.ttlFor(w)); w.deadline.Before(d) {
+			w.deadline = d
+			n++
+		}
+	}
+	return n
+}
+
 // Live reports whether w is within its liveness window at now.
 func (r *Registry) Live(w *Worker, now time.Time) bool { return now.Before(w.deadline) }
 

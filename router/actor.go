@@ -248,6 +248,12 @@ type Config struct {
 	OnEvictJobs func(workerID string, jobIDs []string)
 	// Now is the router's clock (default time.Now; tests move it).
 	Now func() time.Time
+	// Link, when set, reports this node's NATS connection: whether it is
+	// up, and how many times it has reconnected. While it is down, and at
+	// the first sweep after a reconnect, no worker's silence is held
+	// against it (registry.Reprieve): this node heard nobody, so silence
+	// proves nothing — the same rule as after a pause.
+	Link func() (up bool, reconnects uint64)
 	// NodeID and Gossip share this node's in-flight counts with the other
 	// replicas (see gossip.go): Gossip publishes an encoded report, and the
 	// node hands the reports it hears to the router as *PeerLoad. Nil
@@ -339,6 +345,8 @@ type Router struct {
 	// lastSweep is when the last sweep ran: a much longer gap means this
 	// node was paused, and silence it did not hear proves nothing.
 	lastSweep time.Time
+	// reconnects is Link's reconnect count at the last sweep.
+	reconnects uint64
 	// picks: slots counted for jobs that have not started on them nor
 	// given them back (picks.go).
 	picks map[string]pickRec
@@ -517,6 +525,21 @@ func (r *Router) Receive(c actor.Context) {
 			r.log.Warn("router resumed after a pause; no eviction or replica expiry this round", "gap", gap)
 			r.publish(true)
 			return
+		}
+		if r.cfg.Link != nil {
+			up, reconnects := r.cfg.Link()
+			if !up || reconnects != r.reconnects {
+				// This node was cut off from NATS: the heartbeats and
+				// reports it missed were sent to nobody it could hear, and
+				// the workers may be reconnecting too. Each worker's
+				// silence counts from now.
+				r.reconnects = reconnects
+				n := r.reg.Reprieve(now)
+				r.log.Warn("NATS connection down or re-established; no eviction or replica expiry this round, worker silence counts from now",
+					"connected", up, "workers", n)
+				r.publish(true)
+				return
+			}
 		}
 		r.sweep()
 		r.expirePeers(c)

@@ -161,6 +161,60 @@ func TestRouterPauseEvictsNobody(t *testing.T) {
 	}
 }
 
+// TestRouterNATSOutageEvictsNobody: while this node's NATS connection is
+// down, and at the first sweep after it reconnects, no worker is evicted
+// for the silence the node could not have heard; a worker that stays
+// silent for a whole window after the reconnect is.
+func TestRouterNATSOutageEvictsNobody(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	t0 := time.Now()
+	clock.Store(t0.UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	var up atomic.Bool
+	var reconnects atomic.Uint64
+	up.Store(true)
+	evicted := make(chan string, 4)
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 5 * time.Second,
+		SweepEach: 2 * time.Second, Now: now, OnEvict: func(id string) { evicted <- id },
+		Link: func() (bool, uint64) { return up.Load(), reconnects.Load() }})
+	b.beat(&capv1.Heartbeat{WorkerId: "w1", Pool: "a"}, t0)
+	sweepAt := func(d time.Duration) {
+		clock.Store(t0.Add(d).UnixNano())
+		b.sys.Root.Send(b.pid, sweepTick{})
+		b.workers(t) // the sweep has run
+	}
+	noEviction := func(when string) {
+		t.Helper()
+		select {
+		case id := <-evicted:
+			t.Fatalf("%s evicted %s", when, id)
+		default:
+		}
+	}
+	sweepAt(0)
+	up.Store(false) // the connection drops; sweeps go on, a second apart
+	for s := 1; s <= 9; s++ {
+		sweepAt(time.Duration(s) * time.Second)
+	}
+	noEviction("a sweep while the connection was down")
+	up.Store(true)
+	reconnects.Add(1)
+	sweepAt(10 * time.Second) // w1 last beat 10 s ago, twice its TTL
+	noEviction("the first sweep after the reconnect")
+	sweepAt(14 * time.Second) // within the TTL counted from the reconnect
+	noEviction("a sweep within the window after the reconnect")
+	sweepAt(16 * time.Second) // a whole TTL of silence since the reconnect
+	select {
+	case id := <-evicted:
+		if id != "w1" {
+			t.Fatalf("evicted %s", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("w1 never evicted after a whole window of silence since the reconnect")
+	}
+}
+
 // TestStockCAPUnknownPoolIsWarnedOf: a worker that heartbeats the topic's
 // name as its pool gets one warning naming the real pool, is counted
 // (troupe_workers_unrouted) and shown as unrouted, and a job that waits
