@@ -16,6 +16,8 @@ import (
 // inbox subject); the JetStream message is acked only once the owner
 // answers that it took the event, and handed back otherwise. HandleInbox is
 // the owner's side: it checks the packet and hands it to the job's shard.
+// A Resolver forwards several events to one owner in one request instead
+// (inbox_batch.go); every node still takes this single form.
 
 // HeaderKind names what a forwarded packet is (actors.ForwardResult or
 // actors.ForwardCancel).
