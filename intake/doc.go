@@ -21,7 +21,10 @@
 //     to each kind of packet;
 //   - inbox.go: the forwarding inbox, both sides — Forwarder, which job
 //     actors use to hand an event to the job's owner, and HandleInbox, the
-//     owner's intake of it.
+//     owner's intake of it;
+//   - inbox_batch.go: batches of forwarded events — BatchForwarder, which
+//     the Resolver uses to hand one owner several events in one request,
+//     the framing, and the owner's answer of one outcome per event.
 //
 // What it does not do: decide anything about a job (the job actor and its
 // decision core, packages actors and actors/lifecycle); spawn, supervise or

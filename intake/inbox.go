@@ -16,6 +16,8 @@ import (
 // inbox subject); the JetStream message is acked only once the owner
 // answers that it took the event, and handed back otherwise. HandleInbox is
 // the owner's side: it checks the packet and hands it to the job's shard.
+// A Resolver forwards several events to one owner in one request instead
+// (inbox_batch.go); every node still takes this single form.
 
 // HeaderKind names what a forwarded packet is (actors.ForwardResult or
 // actors.ForwardCancel).
@@ -77,32 +79,43 @@ func (d *inboxDelivery) NakWithDelay(time.Duration) error {
 func (d *inboxDelivery) InProgress() error { return nil }
 
 // HandleInbox takes a result or cancel another replica forwarded to this
-// node, the owner of its job.
+// node, the owner of its job, or a batch of them (HeaderKind KindBatch).
 func (in *Intake) HandleInbox(msg *nats.Msg) {
+	kind := msg.Header.Get(HeaderKind)
+	if kind == KindBatch {
+		in.handleInboxBatch(msg)
+		return
+	}
 	d := &inboxDelivery{msg: msg}
-	pkt, err := bus.Decode(msg.Data)
+	if !in.takeForwarded(kind, msg.Data, d) {
+		_ = d.NakWithDelay(0)
+	}
+}
+
+// takeForwarded checks a forwarded packet of kind and routes it to its
+// job's shard, to be settled through d; false (logged) when it is refused.
+func (in *Intake) takeForwarded(kind string, raw []byte, d actors.Delivery) bool {
+	pkt, err := bus.Decode(raw)
 	if err != nil {
 		in.Log.Warn("forwarded packet does not decode", "err", err)
-		_ = d.NakWithDelay(0)
-		return
+		return false
 	}
-	if err := in.Signatures.check(inboxKind(msg.Header.Get(HeaderKind)), pkt, msg.Data); err != nil {
-		in.Log.Warn("forwarded packet rejected", "kind", msg.Header.Get(HeaderKind), "err", err)
-		_ = d.NakWithDelay(0)
-		return
+	if err := in.Signatures.check(inboxKind(kind), pkt, raw); err != nil {
+		in.Log.Warn("forwarded packet rejected", "kind", kind, "err", err)
+		return false
 	}
-	switch msg.Header.Get(HeaderKind) {
+	switch kind {
 	case actors.ForwardResult:
 		if res := pkt.GetJobResult(); res != nil && ValidateJobID(res.JobId) == nil {
 			in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
-			return
+			return true
 		}
 	case actors.ForwardCancel:
 		if cn := pkt.GetJobCancel(); cn != nil && ValidateJobID(cn.JobId) == nil {
 			in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
-			return
+			return true
 		}
 	}
-	in.Log.Warn("forwarded packet ignored", "kind", msg.Header.Get(HeaderKind))
-	_ = d.NakWithDelay(0)
+	in.Log.Warn("forwarded packet ignored", "kind", kind)
+	return false
 }

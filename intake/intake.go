@@ -43,6 +43,10 @@ type Intake struct {
 	// DLQFailures, when set, counts bad inputs whose DLQ entry could not
 	// be written, by reason (label "reason").
 	DLQFailures *prometheus.CounterVec
+	// BatchSettle bounds how long the inbox waits for the items of a
+	// forwarded batch to be settled before it answers (0:
+	// BatchSettleDefault).
+	BatchSettle time.Duration
 }
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -20,13 +21,16 @@ import (
 // forward itself. The shard hands such an event — no live actor, not parked
 // here — to the Resolver, which reads the job's lock (one pipelined GET per
 // batch of events) and, when another node holds it unparked, forwards the
-// event to that node and settles the delivery by its answer. Anything else
+// event to that node and settles the delivery by its answer: the events of
+// one batch that go to one owner go in one request (ForwardBatch), and each
+// delivery is settled by its own event's outcome. Anything else
 // (no lock, this node's own, a parked lock whose lease must be checked, a
 // Redis error) goes back to the shard, which spawns the actor as before.
 type Resolver struct {
 	node     string
 	holders  func(ctx context.Context, ids []string) ([]string, error)
 	forward  func(owner, kind string, raw []byte) error
+	batch    func(owner string, items []ForwardItem) []error
 	counted  *prometheus.CounterVec // outcome: taken, returned
 	remain   func(ctx context.Context, jobID string) (time.Duration, error)
 	lockTTL  time.Duration
@@ -35,6 +39,13 @@ type Resolver struct {
 	reqs     chan resolveReq
 	stop     chan struct{}
 	resolved prometheus.Counter
+}
+
+// ForwardItem is one event of a batch forward: its kind
+// (actors.ForwardResult, actors.ForwardCancel) and its packet.
+type ForwardItem struct {
+	Kind string
+	Raw  []byte
 }
 
 type resolveReq struct {
@@ -53,6 +64,9 @@ type ResolverConfig struct {
 	// Forward passes an event to its owner: nil when it took it
 	// (intake.Forwarder).
 	Forward func(owner, kind string, raw []byte) error
+	// ForwardBatch passes several events to one owner: an error per item,
+	// nil for each it took (intake.BatchForwarder). Nil: Forward per event.
+	ForwardBatch func(owner string, items []ForwardItem) []error
 	// Forwarded counts forwards by outcome (actors.Metrics.Forwarded).
 	Forwarded *prometheus.CounterVec
 	// LockRemaining and LockTTL set how long an event whose forward failed
@@ -67,8 +81,9 @@ type ResolverConfig struct {
 
 // NewResolver starts a Resolver; Stop ends it.
 func NewResolver(cfg ResolverConfig) *Resolver {
-	r := &Resolver{node: cfg.NodeID, holders: cfg.Holders, forward: cfg.Forward, counted: cfg.Forwarded,
-		remain: cfg.LockRemaining, lockTTL: cfg.LockTTL,
+	r := &Resolver{node: cfg.NodeID, holders: cfg.Holders, forward: cfg.Forward, batch: cfg.ForwardBatch,
+		counted: cfg.Forwarded,
+		remain:  cfg.LockRemaining, lockTTL: cfg.LockTTL,
 		root: cfg.Root, log: cfg.Log, reqs: make(chan resolveReq, 4*resolveBatch), stop: make(chan struct{}),
 		resolved: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_events_forwarded_unspawned_total",
 			Help: "Results and cancels forwarded to the node owning their job straight from a lock read, with no job actor."})}
@@ -138,6 +153,7 @@ func (r *Resolver) loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		holders, err := r.holders(ctx, ids)
 		cancel()
+		var owners map[string][]forwarding
 		for i, q := range batch {
 			owner := ""
 			if err == nil {
@@ -149,18 +165,57 @@ func (r *Resolver) loop() {
 			}
 			kind, raw, d, _ := forwardable(q.d.Msg)
 			r.resolved.Inc()
-			id := q.d.JobID
-			go func() {
-				if err := r.forward(owner, kind, raw); err == nil {
-					r.counted.WithLabelValues("taken").Inc()
-					_ = d.Ack()
-				} else {
-					r.counted.WithLabelValues("returned").Inc()
-					_ = d.NakWithDelay(actors.ForwardRetryDelay(err, r.remain, r.lockTTL, id))
-				}
-			}()
+			if owners == nil {
+				owners = make(map[string][]forwarding)
+			}
+			owners[owner] = append(owners[owner], forwarding{id: q.d.JobID, item: ForwardItem{Kind: kind, Raw: raw}, d: d})
+		}
+		for owner, fs := range owners {
+			go r.forwardTo(owner, fs)
 		}
 		clear(batch)
+	}
+}
+
+// forwarding is one event of a batch on its way to its owner.
+type forwarding struct {
+	id   string
+	item ForwardItem
+	d    actors.Delivery
+}
+
+// forwardTo forwards fs to owner, in one request when a batch forwarder is
+// set, and settles each delivery by its own event's outcome: acked when the
+// owner took it, handed back to JetStream otherwise (after
+// actors.ForwardRetryDelay, which may read the lock: concurrently, so one
+// slow read holds no other event).
+func (r *Resolver) forwardTo(owner string, fs []forwarding) {
+	var errs []error
+	if r.batch != nil {
+		items := make([]ForwardItem, len(fs))
+		for i, f := range fs {
+			items[i] = f.item
+		}
+		errs = r.batch(owner, items)
+	} else { // one request per event, concurrently
+		errs = make([]error, len(fs))
+		var wg sync.WaitGroup
+		for i, f := range fs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = r.forward(owner, f.item.Kind, f.item.Raw) }()
+		}
+		wg.Wait()
+	}
+	for i, f := range fs {
+		if errs[i] == nil {
+			r.counted.WithLabelValues("taken").Inc()
+			_ = f.d.Ack()
+			continue
+		}
+		r.counted.WithLabelValues("returned").Inc()
+		go func(f forwarding, err error) {
+			_ = f.d.NakWithDelay(actors.ForwardRetryDelay(err, r.remain, r.lockTTL, f.id))
+		}(f, errs[i])
 	}
 }
 
