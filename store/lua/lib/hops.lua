@@ -1,18 +1,20 @@
 -- hopFields, shared by activate.lua, transition.lua and downgrade.lua,
 -- records a job's transitions as fields of its record rather than in a list
--- of their own: a separate history key (and its expiry) costs Redis more
--- than everything else a job's two scripts write (one more key to create,
--- index, expire and delete). Field "hn" is the number of hops; hop i is
--- field "h<i>" = "<ms after the record's created>|<to>|<reason>|<node>",
--- where node is empty when it is the previous hop's node (field "hl") and
--- the state a hop leaves is the previous hop's "to" ("" for the first). The
+-- of their own: a key per job costs Redis more than the commands on it (to
+-- create, expire and delete it; the history list was about a fifth of a
+-- job's Redis time). Field "hn" is the number of hops; hop i is field
+-- "h<i>" = "<ms after the record's created>|<to>|<reason>|<node>", where
+-- node is empty when it is the previous hop's node (field "hl") and the
+-- state a hop leaves is the previous hop's "to" ("" for the first). The
 -- fields stay short, so a record keeps Redis's compact hash encoding
--- (values up to hash-max-listpack-value, 64 bytes by default).
+-- (values up to hash-max-listpack-value, 64 bytes by default). The ms may
+-- be negative when the writer's clock is behind the creator's.
 --
--- It reads no KEYS or ARGV of its own; its arguments: f, the field, value list of the record's next HSET, which
--- gets the hop fields appended; hn, last_node and created_ms as the record
--- holds them (hn 0 and last_node '' for a new job); now_ms and node, the
--- writer's; and the hops as a flat list: to, reason, to, reason, ...
+-- It reads no KEYS or ARGV of its own. Its arguments: f, the field, value
+-- list of the record's next HSET, which gets the hop fields appended; hn,
+-- last_node and created_ms as the record holds them (hn 0 and last_node ''
+-- for a new job); now_ms and node, the writer's; and the hops as a flat
+-- list: to, reason, to, reason, ...
 local function hopFields(f, hn, last_node, created_ms, now_ms, node, hops)
   local delta = tostring(tonumber(now_ms) - (tonumber(created_ms) or 0))
   local who = node
