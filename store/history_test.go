@@ -120,6 +120,16 @@ func TestHistoryOfAJobWithAHistoryList(t *testing.T) {
 	}
 }
 
+// A hop written by a node whose clock is behind the creator's has a
+// negative offset, and is read back as such.
+func TestHistoryReadsANegativeOffset(t *testing.T) {
+	h := store.History(map[string]string{"created": "1000", "hn": "2",
+		"h1": "0|PENDING|submitted|a", "h2": "-7|SCHEDULED|allowed|b"}, nil)
+	if len(h) != 2 || h[1].At.UnixMilli() != 993 || h[1].Node != "b" {
+		t.Fatalf("history %+v", h)
+	}
+}
+
 // Entries that do not parse are skipped, not read as zero values.
 func TestHistorySkipsMalformedEntries(t *testing.T) {
 	h := store.History(map[string]string{"created": "1000", "hn": "3",
