@@ -227,3 +227,52 @@ func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
 		t.Fatalf("dispatch repeated to a worker that does not dedupe: %v", plain.fx)
 	}
 }
+
+// fieldsOf returns the record fields of the job's last write as a map.
+func fieldsOf(t *testing.T, fx []Effect) map[string]string {
+	t.Helper()
+	w, ok := find[Write](fx)
+	if !ok || w.Op.T == nil {
+		t.Fatalf("no write with a transition in %v", fx)
+	}
+	out := map[string]string{}
+	for i := 0; i+1 < len(w.Op.T.Fields); i += 2 {
+		out[w.Op.T.Fields[i]] = w.Op.T.Fields[i+1]
+	}
+	return out
+}
+
+// A new job's record is written without the dispatch flags that are not
+// set (a missing flag reads as not set), but a dispatch of a job whose
+// record exists writes all of them: an earlier dispatch may have set one.
+func TestDispatchWritesUnsetFlagsOnlyOverAnExistingRecord(t *testing.T) {
+	d := newDriver(t)
+	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
+	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+	fx := d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", StartsOnDelivery: true})
+	f := fieldsOf(t, fx)
+	if _, ok := f["tslot"]; ok {
+		t.Errorf("a fresh record got tslot %q", f["tslot"])
+	}
+	if _, ok := f["resend"]; ok {
+		t.Errorf("a fresh record got resend %q", f["resend"])
+	}
+	if f["sod"] != "1" || f["worker"] != "w1" || f["attempts"] != "1" {
+		t.Errorf("fresh record fields %v", f)
+	}
+	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: core.StateDispatched, Fence: 1}})
+	// The publish fails: back to SCHEDULED, then a new pick over the
+	// existing record.
+	d.feed(&PublishFailed{})
+	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	if d.j.State != core.StateScheduled {
+		t.Fatalf("state %s after a failed publish, want SCHEDULED", d.j.State)
+	}
+	d.now = d.now.Add(time.Minute)
+	d.feed(&Timer{Epoch: d.timer})
+	fx = d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
+	f = fieldsOf(t, fx)
+	if f["tslot"] != "0" || f["resend"] != "0" || f["sod"] != "0" || f["worker"] != "w2" {
+		t.Errorf("a dispatch over an existing record wrote %v, want every flag", f)
+	}
+}

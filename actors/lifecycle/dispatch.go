@@ -96,8 +96,11 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 	// Room for the policy decision's fields, which apply adds: one slice.
 	fields := make([]string, 0, 16+len(j.decision))
 	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
-		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why),
-		"tslot", slotFlag(j.admitted), "resend", slotFlag(p.Resend), "sod", slotFlag(p.StartsOnDelivery))
+		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
+	fresh := !j.activated
+	fields = appendFlag(fields, fresh, "tslot", j.admitted)
+	fields = appendFlag(fields, fresh, "resend", p.Resend)
+	fields = appendFlag(fields, fresh, "sod", p.StartsOnDelivery)
 	j.apply(&store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
 		Due: dl.at.UnixMilli(), Fields: fields},
 		nil, &pending{then: nDispatched, pick: p, dl: dl})
