@@ -88,6 +88,9 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 				r.createdMs, _ = strconv.ParseInt(str(v[1]), 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(str(v[2]), 10, 64)
 			}
+			if r.updatedMs == 0 { // never changed since its create, which writes none
+				r.updatedMs = r.createdMs
+			}
 			if r.terminalMs == 0 && r.state.Terminal() {
 				r.terminalMs = r.updatedMs
 			}

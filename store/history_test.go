@@ -69,6 +69,9 @@ func TestHistoryIsKeptInTheRecord(t *testing.T) {
 			t.Errorf("entry %d at %v is before the one ahead of it (%v)", i, e.At, rec.History[i-1].At)
 		}
 	}
+	if !rec.Updated.Equal(rec.History[len(rec.History)-1].At) {
+		t.Errorf("updated %v, want the last hop's time %v", rec.Updated, rec.History[len(rec.History)-1].At)
+	}
 	if n, _ := b.s.Client().Exists(ctx, b.s.Keys().History("h1")).Result(); n != 0 {
 		t.Error("a history list was written for a new job")
 	}
@@ -77,6 +80,41 @@ func TestHistoryIsKeptInTheRecord(t *testing.T) {
 	// the embedded store does not answer OBJECT ENCODING).
 	if enc, err := b.s.Client().ObjectEncoding(ctx, b.s.Keys().Job("h1")).Result(); err == nil && enc != "listpack" {
 		t.Errorf("the record's encoding is %q, want listpack", enc)
+	}
+}
+
+// A record never changed since its create carries no "updated": it reads
+// as its creation time, in the record and in the listings.
+func TestUpdatedOfANewRecordIsItsCreation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.activate(t, "u1", "a", true)
+	rec, err := b.s.GetJob(ctx, "u1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := rec.Fields["updated"]; ok {
+		t.Errorf("a new record has updated %q", rec.Fields["updated"])
+	}
+	if rec.Created.IsZero() || !rec.Updated.Equal(rec.Created) {
+		t.Fatalf("created %v, updated %v", rec.Created, rec.Updated)
+	}
+	page, err := b.s.ListJobs(ctx, store.ListQuery{State: core.StatePending})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, j := range page.Jobs {
+		if j.ID == "u1" {
+			found = true
+			if !j.Updated.Equal(rec.Created) {
+				t.Errorf("listed updated %v, want %v", j.Updated, rec.Created)
+			}
+		}
+	}
+	if !found {
+		t.Error("u1 not listed as PENDING")
 	}
 }
 

@@ -245,7 +245,8 @@ func (s *Store) summaries(ctx context.Context, entries []indexEntry) ([]*JobSumm
 			continue
 		}
 		out[i] = &JobSummary{ID: entries[i].id, State: core.State(str(0)), Topic: str(1), Tenant: str(2),
-			Reason: core.Reason(str(3)), Worker: str(4), Updated: parseMillis(str(5)), Created: parseMillis(str(6))}
+			Reason: core.Reason(str(3)), Worker: str(4), Created: parseMillis(str(6))}
+		out[i].Updated = updatedAt(str(5), out[i].Created)
 	}
 	return out, nil
 }

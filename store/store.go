@@ -164,9 +164,19 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	r.Fence, _ = strconv.ParseInt(f["fence"], 10, 64)
 	r.Attempts, _ = strconv.Atoi(f["attempts"])
 	r.Created = parseMillis(f["created"])
-	r.Updated = parseMillis(f["updated"])
+	r.Updated = updatedAt(f["updated"], r.Created)
 	r.History = History(f, hist.Val())
 	return r, nil
+}
+
+// updatedAt is a record's last change: its "updated" field, or, for a
+// record never changed since its create (which writes no "updated"), when
+// it was created.
+func updatedAt(updated string, created time.Time) time.Time {
+	if t := parseMillis(updated); !t.IsZero() {
+		return t
+	}
+	return created
 }
 
 func parseMillis(s string) time.Time {

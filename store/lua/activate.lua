@@ -129,7 +129,7 @@ if not st then
   local prev, reason = hops[#hops - 1], hops[#hops]
   local first_field = shardWrites(first_write_key, first_hop + 2 * n)
   local f = {'s', prev, 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
-    'created', now_ms, 'updated', now_ms, 'node', node, 'reason', reason}
+    'created', now_ms, 'node', node, 'reason', reason}
   hopFields(f, 0, '', now_ms, now_ms, node, hops)
   for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
   redis.call('HSET', job_key, unpack(f))
