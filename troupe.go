@@ -387,7 +387,7 @@ func (n *Node) Start(ctx context.Context) error {
 	}, func() float64 { return float64(env.Toucher.Touches()) }))
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
 	n.resolver = supervisor.NewResolver(supervisor.ResolverConfig{NodeID: n.cfg.NodeID, Holders: n.store.LockHolders,
-		Forward: n.env.Forward, ForwardBatch: intake.BatchForwarder(n.nc, n.subj), Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics,
+		ForwardBatch: intake.BatchForwarder(n.nc, n.subj), Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics,
 		LockRemaining: n.store.LockRemaining, LockTTL: n.store.LockTTL()})
 	shardProps := supervisor.ShardPropsResolving(actors.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {

@@ -9,50 +9,64 @@ import (
 )
 
 // The hot-path calls write their KEYS and ARGV into the EVALSHA's
-// arguments themselves (argsAppender), mostly as pointers. What they write
-// must be, value for value, what keys() and args() say — the order each
-// script's file documents — or a script would read the wrong argument.
-func TestAppendedScriptArgsMatchKeysAndArgs(t *testing.T) {
+// arguments themselves (argsAppender), mostly as pointers. What goes on the
+// wire must be, value for value, the order lua/activate.lua and
+// lua/transition.lua document — or a script would read the wrong argument —
+// and keyCount and argCount must fit what is appended.
+func TestAppendedScriptArgsFollowTheScriptsOrder(t *testing.T) {
 	plan := &Transition{Expect: Expect(core.StateDispatched, core.StateRunning),
 		Path:   []Hop{{To: core.StateScheduled, Reason: "r1"}, {To: core.StateDispatched, Reason: "r2"}},
-		Fields: []string{"worker", "w1", "subj", "s1"}, Op: "op1",
+		Fields: []string{"worker", "w1"}, Op: "op1",
 		Adds: []ShardZAdd{{Suffix: "saga:stack:wf", Score: 1, Member: "m", TrimBelow: 3, TTL: time.Hour}},
 		Sets: []ShardHSet{{Suffix: "saga:tmpl:wf", Field: "f", Value: "v", TTL: time.Hour}}}
-	extra := &ShardZAdd{Suffix: dlqOutboxSuffix, Score: 9, Member: "entry"}
-	for _, p := range []planArgs{{}, {t: plan, tag: "x{1}:"}, {t: plan, tag: "x{1}:", extra: extra}} {
-		calls := map[string]interface {
+	withPlan := planArgs{t: plan, tag: "x{1}:", extra: &ShardZAdd{Suffix: dlqOutboxSuffix, Score: 9, Member: "entry"}}
+	// The plan's part: write keys; n, hops, m, adds, h, sets, fields, op.
+	planKeys := []string{"x{1}:saga:stack:wf", "x{1}:" + dlqOutboxSuffix, "x{1}:saga:tmpl:wf"}
+	planArgv := []string{"2", "SCHEDULED", "r1", "DISPATCHED", "r2",
+		"2", "1", "m", "3", "3600000", "9", "entry", "0", "0",
+		"1", "f", "v", "3600000", "worker", "w1", "op", "op1"}
+	cases := []struct {
+		name string
+		call interface {
 			scriptCall
 			argsAppender
-		}{
-			"activate": &activateCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le", indexKey: "i",
-				ownerAliveKey: "a", ownerParkedKey: "p", node: "n", nowMs: 12, lockTTLMs: 34, create: true, jobID: "id",
-				topic: "t", tenant: "te", traceID: "tr", request: []byte("req"), rescueAtMs: 56, lockAfter: "keep",
-				dueMs: 78, retentionS: 90, parkedOwner: "po", plan: p},
-			"transition": &transitionCall{jobKey: "j", histKey: "h", lockKey: "l", dueKey: "d", leasesKey: "le",
-				toIndexKey: "ti", fromIndexKeys: []string{"f1", "f2"}, lockValue: "n|1", node: "n", expected: "A,B",
-				nowMs: 12, jobID: "id", lockAfter: "terminal", retentionS: 90, dueMs: -1, plan: p},
 		}
-		for name, c := range calls {
-			want := []string{}
-			for _, k := range c.keys() {
-				want = append(want, k)
-			}
-			for _, a := range c.args() {
-				want = append(want, argString(a))
-			}
-			got := []string{}
-			for _, a := range c.appendArgs(c.appendKeys(nil)) {
-				got = append(got, argString(a))
-			}
-			if fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Errorf("%s (plan %v): appended\n%v\nwant\n%v", name, p.t != nil, got, want)
-			}
-			if c.keyCount() != len(c.keys()) {
-				t.Errorf("%s: keyCount %d, keys %d", name, c.keyCount(), len(c.keys()))
-			}
-			if c.argCount() < len(got) {
-				t.Errorf("%s: argCount %d < %d appended", name, c.argCount(), len(got))
-			}
+		keys, argv []string
+	}{
+		{"activate, no plan", &activateCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le", indexKey: "i",
+			ownerAliveKey: "a", ownerParkedKey: "p", node: "n", nowMs: 12, lockTTLMs: 34, create: true, jobID: "id",
+			topic: "t", tenant: "te", traceID: "tr", request: []byte("req"), rescueAtMs: 56, lockAfter: "keep",
+			dueMs: 78, retentionS: 90, parkedOwner: "po"},
+			[]string{"j", "l", "d", "le", "i", "a", "p"},
+			[]string{"n", "12", "34", "1", "id", "t", "te", "tr", "req", "56", "keep", "78", "90", "po", "0", "0", "0"}},
+		{"activate, plan", &activateCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le", indexKey: "i",
+			ownerAliveKey: "a", ownerParkedKey: "p", node: "n", jobID: "id", lockAfter: "keep", parkedOwner: "po",
+			plan: withPlan},
+			append([]string{"j", "l", "d", "le", "i", "a", "p"}, planKeys...),
+			append([]string{"n", "0", "0", "0", "id", "", "", "", "", "0", "keep", "0", "0", "po"}, planArgv...)},
+		{"transition, plan", &transitionCall{jobKey: "j", histKey: "h", lockKey: "l", dueKey: "d", leasesKey: "le",
+			toIndexKey: "ti", fromIndexKeys: []string{"f1", "f2"}, lockValue: "n|1", node: "n", expected: "A,B",
+			nowMs: 12, jobID: "id", lockAfter: "terminal", retentionS: 90, dueMs: -1, plan: withPlan},
+			append([]string{"j", "h", "l", "d", "le", "ti", "f1", "f2"}, planKeys...),
+			append([]string{"n|1", "n", "A,B", "12", "id", "terminal", "90", "-1"}, planArgv...)},
+	}
+	for _, c := range cases {
+		appended := c.call.appendKeys(nil)
+		if got := keyStrings(appended); fmt.Sprint(got) != fmt.Sprint(c.keys) {
+			t.Errorf("%s: keys %q, want %q", c.name, got, c.keys)
+		}
+		var argv []string
+		for _, a := range c.call.appendArgs(nil) {
+			argv = append(argv, argString(a))
+		}
+		if fmt.Sprint(argv) != fmt.Sprint(c.argv) {
+			t.Errorf("%s: argv\n%q\nwant\n%q", c.name, argv, c.argv)
+		}
+		if c.call.keyCount() != len(appended) || c.call.keyCount() != len(c.call.keys()) {
+			t.Errorf("%s: keyCount %d, %d appended", c.name, c.call.keyCount(), len(appended))
+		}
+		if c.call.argCount() < len(appended)+len(argv) {
+			t.Errorf("%s: argCount %d < %d appended", c.name, c.call.argCount(), len(appended)+len(argv))
 		}
 	}
 }

@@ -106,17 +106,31 @@ func evalSha(ctx context.Context, c processor, call scriptCall) *redis.Cmd {
 
 // argsAppender is a scriptCall of the hot path (a *activateCall or
 // *transitionCall) that writes its KEYS and ARGV into the EVALSHA's
-// argument list itself, in the order keys() and args() give them: keys and
-// most arguments as pointers into the call, which go-redis writes like the
-// values, so that sending it allocates the list and little else rather than
-// an interface value per argument. keys() and args() stay for the other
-// ways of sending a script and for the tests.
+// argument list itself: keys and most arguments as pointers into the call,
+// which go-redis writes like the values, so that sending it allocates the
+// list and little else rather than an interface value per argument. Its
+// keys() and args() are made from the same appends (keyStrings), so the
+// order is written once.
 type argsAppender interface {
 	keyCount() int
 	// argCount is at least the number of keys and arguments appended.
 	argCount() int
 	appendKeys(dst []interface{}) []interface{}
 	appendArgs(dst []interface{}) []interface{}
+}
+
+// keyStrings returns appended keys (*string or string) as strings.
+func keyStrings(keys []interface{}) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		switch k := k.(type) {
+		case *string:
+			out[i] = *k
+		case string:
+			out[i] = k
+		}
+	}
+	return out
 }
 
 // runScript sends call with EVALSHA, and with EVAL if Redis answers

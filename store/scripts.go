@@ -47,20 +47,8 @@ type activateCall struct {
 }
 
 func (activateCall) script() *redis.Script { return activateScript }
-func (c activateCall) keys() []string {
-	return append([]string{c.jobKey, c.lockKey, c.dueKey, c.leasesKey, c.indexKey,
-		c.ownerAliveKey, c.ownerParkedKey}, c.plan.writeKeys()...)
-}
-func (c activateCall) args() []interface{} {
-	create := "0"
-	if c.create {
-		create = "1"
-	}
-	args := make([]interface{}, 0, 14+c.plan.argCount())
-	args = append(args, c.node, c.nowMs, c.lockTTLMs, create, c.jobID, c.topic, c.tenant, c.traceID, c.request,
-		c.rescueAtMs, c.lockAfter, c.dueMs, c.retentionS, c.parkedOwner)
-	return c.plan.appendArgs(args)
-}
+func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)) }
+func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *activateCall) keyCount() int { return 7 + c.plan.writeCount() }
 func (c *activateCall) argCount() int { return 7 + c.plan.writeCount() + 14 + c.plan.argCount() }
@@ -107,17 +95,8 @@ type transitionCall struct {
 }
 
 func (transitionCall) script() *redis.Script { return transitionScript }
-func (c transitionCall) keys() []string {
-	keys := make([]string, 0, 6+len(c.fromIndexKeys)+c.plan.writeCount())
-	keys = append(keys, c.jobKey, c.histKey, c.lockKey, c.dueKey, c.leasesKey, c.toIndexKey)
-	keys = append(keys, c.fromIndexKeys...)
-	return append(keys, c.plan.writeKeys()...)
-}
-func (c transitionCall) args() []interface{} {
-	args := make([]interface{}, 0, 8+c.plan.argCount())
-	args = append(args, c.lockValue, c.node, c.expected, c.nowMs, c.jobID, c.lockAfter, c.retentionS, c.dueMs)
-	return c.plan.appendArgs(args)
-}
+func (c transitionCall) keys() []string      { return keyStrings(c.appendKeys(nil)) }
+func (c transitionCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *transitionCall) keyCount() int { return 6 + len(c.fromIndexKeys) + c.plan.writeCount() }
 func (c *transitionCall) argCount() int { return c.keyCount() + 8 + c.plan.argCount() }
@@ -191,9 +170,6 @@ func (p planArgs) writeKeys() []string {
 
 // appendKeys adds writeKeys' keys to dst.
 func (p planArgs) appendKeys(dst []interface{}) []interface{} {
-	if p.writeCount() == 0 {
-		return dst
-	}
 	for _, k := range p.writeKeys() {
 		dst = append(dst, k)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -29,7 +28,6 @@ import (
 type Resolver struct {
 	node     string
 	holders  func(ctx context.Context, ids []string) ([]string, error)
-	forward  func(owner, kind string, raw []byte) error
 	batch    func(owner string, items []ForwardItem) []error
 	counted  *prometheus.CounterVec // outcome: taken, returned
 	remain   func(ctx context.Context, jobID string) (time.Duration, error)
@@ -61,11 +59,9 @@ type ResolverConfig struct {
 	NodeID string
 	// Holders reads the lock values of jobs (store.Store.LockHolders).
 	Holders func(ctx context.Context, ids []string) ([]string, error)
-	// Forward passes an event to its owner: nil when it took it
-	// (intake.Forwarder).
-	Forward func(owner, kind string, raw []byte) error
 	// ForwardBatch passes several events to one owner: an error per item,
-	// nil for each it took (intake.BatchForwarder). Nil: Forward per event.
+	// nil for each it took (intake.BatchForwarder, which sends a lone event
+	// in the single form).
 	ForwardBatch func(owner string, items []ForwardItem) []error
 	// Forwarded counts forwards by outcome (actors.Metrics.Forwarded).
 	Forwarded *prometheus.CounterVec
@@ -81,7 +77,7 @@ type ResolverConfig struct {
 
 // NewResolver starts a Resolver; Stop ends it.
 func NewResolver(cfg ResolverConfig) *Resolver {
-	r := &Resolver{node: cfg.NodeID, holders: cfg.Holders, forward: cfg.Forward, batch: cfg.ForwardBatch,
+	r := &Resolver{node: cfg.NodeID, holders: cfg.Holders, batch: cfg.ForwardBatch,
 		counted: cfg.Forwarded,
 		remain:  cfg.LockRemaining, lockTTL: cfg.LockTTL,
 		root: cfg.Root, log: cfg.Log, reqs: make(chan resolveReq, 4*resolveBatch), stop: make(chan struct{}),
@@ -184,28 +180,16 @@ type forwarding struct {
 	d    actors.Delivery
 }
 
-// forwardTo forwards fs to owner, in one request when a batch forwarder is
-// set, and settles each delivery by its own event's outcome: acked when the
+// forwardTo forwards fs to owner in one request and settles each delivery by its own event's outcome: acked when the
 // owner took it, handed back to JetStream otherwise (after
 // actors.ForwardRetryDelay, which may read the lock: concurrently, so one
 // slow read holds no other event).
 func (r *Resolver) forwardTo(owner string, fs []forwarding) {
-	var errs []error
-	if r.batch != nil {
-		items := make([]ForwardItem, len(fs))
-		for i, f := range fs {
-			items[i] = f.item
-		}
-		errs = r.batch(owner, items)
-	} else { // one request per event, concurrently
-		errs = make([]error, len(fs))
-		var wg sync.WaitGroup
-		for i, f := range fs {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[i] = r.forward(owner, f.item.Kind, f.item.Raw) }()
-		}
-		wg.Wait()
+	items := make([]ForwardItem, len(fs))
+	for i, f := range fs {
+		items[i] = f.item
 	}
+	errs := r.batch(owner, items)
 	for i, f := range fs {
 		if errs[i] == nil {
 			r.counted.WithLabelValues("taken").Inc()

@@ -115,7 +115,7 @@ func TestResolverSettlesEachEventByItsOwnOutcome(t *testing.T) {
 	}
 	forwarded := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "forwarded"}, []string{"outcome"})
 	r := supervisor.NewResolver(supervisor.ResolverConfig{NodeID: "self", Holders: holders,
-		Forward: intake.Forwarder(nc, subj), ForwardBatch: intake.BatchForwarder(nc, subj), Forwarded: forwarded,
+		ForwardBatch: intake.BatchForwarder(nc, subj), Forwarded: forwarded,
 		LockRemaining: func(context.Context, string) (time.Duration, error) { return 7 * time.Second, nil },
 		LockTTL:       time.Minute, Root: root, Log: log})
 	defer r.Stop()
