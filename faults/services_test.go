@@ -126,18 +126,16 @@ func (w *world) submitFor(prefix string, rate int, d time.Duration) <-chan []str
 		for n := 0; time.Now().Before(end); n++ {
 			<-tick.C
 			id := fmt.Sprintf("%s-%d", prefix, n)
-			data, _ := bus.EncodeRequest(id, "fault-test", &capv1.JobRequest{JobId: id, Topic: "job.echo"})
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			// A publish can fail while NATS restarts; the client retries
-			// as a real one would, and the stream dedupes nothing we
-			// depend on (a duplicate submit changes nothing).
-			for try := 0; try < 100; try++ {
-				if _, err := w.js.Publish(ctx, w.subj.Submit, data); err == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
+			// A publish can fail while NATS restarts, or go unanswered
+			// when it reached a server on its way down; the client
+			// retries with a fresh deadline per try, as a real one would
+			// (a duplicate submit changes nothing). One shared deadline
+			// here once let a publish lost in the shutdown use it up, so
+			// the retries never ran and the job was never submitted.
+			if err := submitRetrying(w.js, w.subj.Submit, "fault-test", id, 100); err != nil {
+				w.t.Error(err)
+				continue
 			}
-			cancel()
 			ids = append(ids, id)
 		}
 		out <- ids
