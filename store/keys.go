@@ -9,9 +9,12 @@
 package store
 
 import (
-	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/troupe-run/troupe/core"
 )
 
 // Shards is the number of hash-tag shards job keys are spread over. 64 spreads
@@ -20,18 +23,69 @@ import (
 const Shards = 64
 
 // Keys names every Redis key Troupe uses under one prefix.
+//
+// The keys of a shard that every job op names (its due and lease sets, its
+// state indexes, a node's lease and parked set in it) are built once and
+// looked up, not concatenated per op: a job's two scripts name about ten of
+// them, each an allocation otherwise.
 type Keys struct {
 	prefix string
 	tags   [Shards]string // "{prefix}{NN}:" precomputed, no allocation per lookup
+	shards [Shards]shardKeys
+
+	// nodes holds, per node id, that node's lease and parked-set keys in
+	// every shard (*nodeKeys), for at most maxCachedNodes nodes; the keys
+	// of a node beyond them are built per call.
+	nodes     sync.Map
+	nodeCount atomic.Int32
 }
+
+type shardKeys struct {
+	due, leases string
+	index       map[string]string // state → the shard's index key of it
+}
+
+type nodeKeys struct{ alive, parked [Shards]string }
+
+// maxCachedNodes bounds the node keys cached: a node names its own keys on
+// every op and a dead owner's while adopting its jobs; node ids that come
+// and go (a pod's name per restart) must not grow the cache for ever.
+const maxCachedNodes = 32
 
 // NewKeys returns the key namer for prefix (for example "troupe:").
 func NewKeys(prefix string) *Keys {
 	k := &Keys{prefix: prefix}
 	for i := range k.tags {
 		k.tags[i] = prefix + "{" + strconv.Itoa(i) + "}:"
+		sk := &k.shards[i]
+		sk.due, sk.leases = k.tags[i]+"due", k.tags[i]+"leases"
+		sk.index = make(map[string]string, len(core.AllStates))
+		for _, st := range core.AllStates {
+			sk.index[string(st)] = k.tags[i] + "idx:" + string(st)
+		}
 	}
 	return k
+}
+
+// node returns node's cached keys, caching them while there is room; nil
+// when there is none.
+func (k *Keys) node(node string) *nodeKeys {
+	if v, ok := k.nodes.Load(node); ok {
+		return v.(*nodeKeys)
+	}
+	if k.nodeCount.Load() >= maxCachedNodes {
+		return nil
+	}
+	nk := &nodeKeys{}
+	for i := range nk.alive {
+		nk.alive[i] = k.tags[i] + "alive:" + node
+		nk.parked[i] = k.tags[i] + "parked:" + node
+	}
+	if v, loaded := k.nodes.LoadOrStore(node, nk); loaded {
+		return v.(*nodeKeys)
+	}
+	k.nodeCount.Add(1)
+	return nk
 }
 
 // Prefix returns the common prefix of every key.
@@ -39,9 +93,13 @@ func (k *Keys) Prefix() string { return k.prefix }
 
 // Shard returns the shard a job belongs to.
 func Shard(jobID string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(jobID))
-	return int(h.Sum32() % Shards)
+	// 32-bit FNV-1a of the id's bytes, inline: no hasher, no []byte copy.
+	h := uint32(2166136261)
+	for i := 0; i < len(jobID); i++ {
+		h ^= uint32(jobID[i])
+		h *= 16777619
+	}
+	return int(h % Shards)
 }
 
 // Job is the hash holding a job's record.
@@ -61,26 +119,36 @@ func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }
 // deadline, a granted approval): member = job id, score = due time in unix
 // ms. It makes every wait durable: whichever replica runs the due poller
 // wakes the job if its owner did not.
-func (k *Keys) Due(shard int) string { return k.tags[shard] + "due" }
+func (k *Keys) Due(shard int) string { return k.shards[shard].due }
 
 // Leases is the sorted set of shard's jobs whose owner holds their lock:
 // score = the time by which the owner must renew (2 lock TTLs after its last
 // renewal). An entry in the past means the owner died.
-func (k *Keys) Leases(shard int) string { return k.tags[shard] + "leases" }
+func (k *Keys) Leases(shard int) string { return k.shards[shard].leases }
 
 // Parked is the sorted set of shard's jobs that node has parked: DISPATCHED
 // or RUNNING jobs with no live actor whose lock node keeps through its node
 // lease (see Alive) instead of renewing it. Score = the job's due time (its
 // deadline, unix ms), so the owner's own poll wakes it; when node dies the
 // due poller adopts every member.
-func (k *Keys) Parked(shard int, node string) string { return k.tags[shard] + "parked:" + node }
+func (k *Keys) Parked(shard int, node string) string {
+	if nk := k.node(node); nk != nil {
+		return nk.parked[shard]
+	}
+	return k.tags[shard] + "parked:" + node
+}
 
 // Alive is node's lease in shard: a key with a TTL (the lock TTL) that the
 // node's renewer sets again every LockTTL/3, one per shard so that the
 // activation script, which checks it, stays within the job's slot. While it
 // exists, the node's parked locks are held; once it has expired they are
 // free to adopt.
-func (k *Keys) Alive(shard int, node string) string { return k.tags[shard] + "alive:" + node }
+func (k *Keys) Alive(shard int, node string) string {
+	if nk := k.node(node); nk != nil {
+		return nk.alive[shard]
+	}
+	return k.tags[shard] + "alive:" + node
+}
 
 // Nodes is the sorted set of nodes that hold a node lease: score = the time
 // of the node's last lease renewal (unix ms). The due poller finds dead
@@ -106,7 +174,12 @@ func (k *Keys) Epoch() string { return k.prefix + "epoch" }
 func (k *Keys) Tenants() string { return k.prefix + "tenants" }
 
 // Index is the sorted set of shard's jobs in state.
-func (k *Keys) Index(shard int, state string) string { return k.tags[shard] + "idx:" + state }
+func (k *Keys) Index(shard int, state string) string {
+	if key, ok := k.shards[shard].index[state]; ok {
+		return key
+	}
+	return k.tags[shard] + "idx:" + state
+}
 
 // DLQ is the stream of dead-lettered inputs and jobs.
 func (k *Keys) DLQ() string { return k.prefix + "dlq" }

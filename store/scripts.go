@@ -82,6 +82,7 @@ type transitionCall struct {
 	// fromIndexKeys the shard's index of each state of expected, in order.
 	toIndexKey    string
 	fromIndexKeys []string
+	fromBuf       [3]string // fromIndexKeys' storage for up to 3 expected states
 
 	lockValue  string
 	node       string
@@ -112,11 +113,19 @@ func (c *transitionCall) appendArgs(dst []interface{}) []interface{} {
 	return c.plan.appendArgs(dst)
 }
 
-// expectedStates splits a Transition's Expect as transitionScript does
-// (the runs of characters between commas, empty ones skipped), so the
-// script's n-th expected state has the n-th index key.
-func expectedStates(expect string) []string {
-	return strings.FieldsFunc(expect, func(r rune) bool { return r == ',' })
+// appendExpectedIndexes appends to dst shard's index key of each state of
+// a Transition's Expect, split as transitionScript splits it (the runs of
+// characters between commas, empty ones skipped), so the script's n-th
+// expected state has the n-th index key.
+func appendExpectedIndexes(dst []string, k *Keys, shard int, expect string) []string {
+	for rest := expect; rest != ""; {
+		st, tail, _ := strings.Cut(rest, ",")
+		if st != "" {
+			dst = append(dst, k.Index(shard, st))
+		}
+		rest = tail
+	}
+	return dst
 }
 
 // planArgs is what a Transition gives activateCall and transitionCall: its

@@ -514,17 +514,14 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			retentionS: retention, parkedOwner: parkedOwner,
 			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
 	case OpTransition:
-		expected := expectedStates(op.T.Expect)
-		from := make([]string, len(expected))
-		for i, st := range expected {
-			from[i] = k.Index(sh, st)
-		}
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, &transitionCall{
+		call := &transitionCall{
 			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
-			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())), fromIndexKeys: from,
+			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())),
 			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
 			lockAfter: op.T.lockAfter(), retentionS: retention, dueMs: due(op.T),
-			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
+			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
+		call.fromIndexKeys = appendExpectedIndexes(call.fromBuf[:0], k, sh, op.T.Expect)
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, call))
 	case OpRelease:
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, releaseCall{lockKey: k.Lock(op.JobID),
 			leasesKey: k.Leases(Shard(op.JobID)), lockValue: op.LockValue, jobID: op.JobID}))
@@ -624,6 +621,24 @@ func due(t *Transition) int64 {
 	return t.Due
 }
 
+// replyStrings appends the elements of a script's array reply of strings
+// to dst: what Cmd.StringSlice reads, into the caller's storage (a job's
+// two script replies were two slices per job).
+func replyStrings(dst []string, c *redis.Cmd) ([]string, error) {
+	vals, err := c.Slice()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vals {
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("reply element %v (%T) is not a string", v, v)
+		}
+		dst = append(dst, s)
+	}
+	return dst, nil
+}
+
 // decode turns op's command replies into a Result.
 func (s *Store) decode(op *Op, execErr error) *Result {
 	r := &Result{}
@@ -639,9 +654,10 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 	}
 	switch op.Kind {
 	case OpActivate:
-		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
+		var buf [8]string
+		v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
 		if err != nil || len(v) < 4 || len(v)%2 != 0 {
-			r.Err = fmt.Errorf("store: activate %s: bad reply %v (%v)", op.JobID, v, err)
+			r.Err = fmt.Errorf("store: activate %s: bad reply %v (%v)", op.JobID, op.cmds[0].(*redis.Cmd).Val(), err)
 			return r
 		}
 		if v[0] == activateParkedBy {
@@ -658,9 +674,10 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 			}
 		}
 	case OpTransition, OpDowngrade:
-		v, err := op.cmds[0].(*redis.Cmd).StringSlice()
+		var buf [4]string
+		v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
 		if err != nil || len(v) < 2 {
-			r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, v, err)
+			r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, op.cmds[0].(*redis.Cmd).Val(), err)
 			return r
 		}
 		r.Step, r.Before = StepStatus(v[0]), core.State(v[1])
