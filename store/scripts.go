@@ -201,21 +201,24 @@ func (p planArgs) appendArgs(args []interface{}) []interface{} {
 		return append(args, 0, 0, 0)
 	}
 	t := p.t
+	// Pointers into the Transition (and its adds), which outlive the
+	// write: no interface value to allocate per argument. A count and a
+	// TTL are small numbers, which box without allocating.
 	args = append(args, len(t.Path))
-	for _, h := range t.Path {
-		args = append(args, string(h.To), string(h.Reason))
+	for i := range t.Path {
+		args = append(args, (*string)(&t.Path[i].To), (*string)(&t.Path[i].Reason))
 	}
 	adds := p.adds()
 	args = append(args, len(adds))
-	for _, a := range adds {
-		args = append(args, a.Score, a.Member, a.TrimBelow, a.TTL.Milliseconds())
+	for i := range adds {
+		a := &adds[i]
+		args = append(args, &a.Score, &a.Member, &a.TrimBelow, a.TTL.Milliseconds())
 	}
 	args = append(args, len(t.Sets))
-	for _, h := range t.Sets {
-		args = append(args, h.Field, h.Value, h.TTL.Milliseconds())
+	for i := range t.Sets {
+		h := &t.Sets[i]
+		args = append(args, &h.Field, &h.Value, h.TTL.Milliseconds())
 	}
-	// Pointers into the Transition, which outlives the write: no
-	// interface value to allocate per field.
 	for i := range t.Fields {
 		args = append(args, &t.Fields[i])
 	}
