@@ -65,6 +65,9 @@ type Guard struct {
 	// it; prune drops the entries that can no longer spare an EXPIRE.
 	lives    map[string]time.Time
 	prunedAt time.Time
+	// keys caches the bucket keys' names the writer used lately; only
+	// its goroutine uses it, and prune clears it.
+	keys map[bucketID]string
 
 	// Skipped counts redelivered messages the guard acked unhandled, by
 	// stream.
@@ -107,16 +110,31 @@ const guardBatch = 512
 var GuardLinger = 5 * time.Millisecond
 
 type guardMark struct {
-	key, field string
+	stream     string
+	seq        uint64
+	storedNs   int64
 	redelivery bool
 	msg        jetstream.Msg
+}
+
+// bucketID is one bucket key of the marks: a stream's guardBucket.
+type bucketID struct {
+	stream string
+	start  int64
+}
+
+// markID is one message of a batch.
+type markID struct {
+	stream   string
+	seq      uint64
+	storedNs int64
 }
 
 // NewGuard returns a guard writing keys under prefix (the store's key
 // prefix); Start it before use. reg may be nil.
 func NewGuard(rdb redis.UniversalClient, prefix string, reg prometheus.Registerer, log *slog.Logger) *Guard {
 	g := &Guard{rdb: rdb, prefix: prefix, log: log, marks: make(chan guardMark, 65536),
-		stop: make(chan struct{}), done: make(chan struct{}), lives: map[string]time.Time{},
+		stop: make(chan struct{}), done: make(chan struct{}), lives: map[string]time.Time{}, keys: map[bucketID]string{},
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_redeliveries_skipped_total",
 			Help: "Redelivered JetStream messages acked without handling: they had been handled, not acked, before."},
 			[]string{"stream"})}
@@ -143,16 +161,30 @@ func (g *Guard) Stop() {
 // key names the bucket key holding the mark of one message: prefix +
 // "seen:<stream>:<start of its guardBucket of stored time, unix s>".
 func (g *Guard) key(md *jetstream.MsgMetadata) string {
-	ns := md.Timestamp.UnixNano()
+	return g.bucketKey(md.Stream, bucketStart(md.Timestamp.UnixNano()))
+}
+
+// bucketStart is the start, in unix s, of the guardBucket holding a
+// stored time of ns unix ns.
+func bucketStart(ns int64) int64 {
 	w := int64(guardBucket)
-	start := ns - ((ns%w)+w)%w // floor, also before 1970
-	return g.prefix + "seen:" + md.Stream + ":" + strconv.FormatInt(start/int64(time.Second), 10)
+	return (ns - ((ns%w)+w)%w) / int64(time.Second) // floor, also before 1970
+}
+
+func (g *Guard) bucketKey(stream string, start int64) string {
+	return g.prefix + "seen:" + stream + ":" + strconv.FormatInt(start, 10)
 }
 
 // field names the mark of one message in its bucket key: "<stream
 // sequence>:<stored unix ns>".
 func field(md *jetstream.MsgMetadata) string {
-	return strconv.FormatUint(md.Sequence.Stream, 10) + ":" + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
+	return string(appendField(nil, md.Sequence.Stream, md.Timestamp.UnixNano()))
+}
+
+func appendField(b []byte, seq uint64, storedNs int64) []byte {
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, ':')
+	return strconv.AppendInt(b, storedNs, 10)
 }
 
 // Seen reports whether msg was handled before: only for a redelivery, and
@@ -193,7 +225,10 @@ func (m *GuardedMsg) Ack() error {
 	if m.g.closed {
 		return m.Msg.Ack()
 	}
-	m.g.marks <- guardMark{key: m.g.key(md), field: field(md), redelivery: md.NumDelivered > 1, msg: m.Msg}
+	// The mark's key and field are named by the writer, a batch at a
+	// time, not here on the job's path.
+	m.g.marks <- guardMark{stream: md.Stream, seq: md.Sequence.Stream, storedNs: md.Timestamp.UnixNano(),
+		redelivery: md.NumDelivered > 1, msg: m.Msg}
 	return nil
 }
 
@@ -271,20 +306,48 @@ func (g *Guard) flush(batch []guardMark) {
 	need := now.Add(guardWriteTimeout + GuardTTL) // the latest a mark of this batch must live until
 	keyTTL := GuardTTL + guardHeadroom
 	writes := make([]*bucketWrite, 0, 4)
-	byKey := make(map[string]*bucketWrite, 4)
-	marked := make(map[[2]string]bool, len(batch)) // a message acked twice is marked once
+	byKey := make(map[bucketID]*bucketWrite, 4)
+	marked := make(map[markID]bool, len(batch)) // a message acked twice is marked once
+	// The batch's fields are written into one string and passed as
+	// pointers to its substrings: a few allocations per batch, not
+	// several per mark.
+	buf := make([]byte, 0, 32*len(batch))
+	ends := make([]int, 0, len(batch))
 	for _, mk := range batch {
-		w := byKey[mk.key]
+		id := markID{mk.stream, mk.seq, mk.storedNs}
+		if marked[id] {
+			continue
+		}
+		marked[id] = true
+		buf = appendField(buf, mk.seq, mk.storedNs)
+		ends = append(ends, len(buf))
+	}
+	all := string(buf)
+	fields := make([]string, len(ends))
+	for i, start := 0, 0; i < len(ends); i++ {
+		fields[i], start = all[start:ends[i]], ends[i]
+	}
+	clear(marked)
+	n := 0
+	for _, mk := range batch {
+		b := bucketID{mk.stream, bucketStart(mk.storedNs)}
+		w := byKey[b]
 		if w == nil {
-			w = &bucketWrite{key: mk.key, args: make([]interface{}, 0, 2*len(batch)+2), expire: g.lives[mk.key].Before(need)}
+			key, ok := g.keys[b]
+			if !ok {
+				key = g.bucketKey(b.stream, b.start)
+				g.keys[b] = key
+			}
+			w = &bucketWrite{key: key, args: make([]interface{}, 0, 2*len(batch)+2), expire: g.lives[key].Before(need)}
 			w.args = append(w.args, guardCreated, "1")
-			byKey[mk.key] = w
+			byKey[b] = w
 			writes = append(writes, w)
 		}
 		w.expire = w.expire || mk.redelivery
-		if id := [2]string{mk.key, mk.field}; !marked[id] {
+		if id := (markID{mk.stream, mk.seq, mk.storedNs}); !marked[id] {
 			marked[id] = true
-			w.args = append(w.args, mk.field, "1")
+			w.args = append(w.args, &fields[n], "1")
+			n++
 		}
 	}
 
@@ -344,6 +407,7 @@ func (g *Guard) prune(now time.Time) {
 		return
 	}
 	g.prunedAt = now
+	clear(g.keys)
 	for k, until := range g.lives {
 		if until.Before(now.Add(guardWriteTimeout + GuardTTL)) {
 			delete(g.lives, k)

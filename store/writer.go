@@ -159,6 +159,12 @@ func (t *Transition) LockKept() bool { return t.lockAfter() == "keep" }
 
 // Expect joins states for Transition.Expect.
 func Expect(states ...core.State) string {
+	switch len(states) {
+	case 1:
+		return string(states[0]) // no copy: most transitions expect one state
+	case 2:
+		return string(states[0]) + "," + string(states[1])
+	}
 	var b strings.Builder
 	for i, st := range states {
 		if i > 0 {
