@@ -84,3 +84,40 @@ func argString(a interface{}) string {
 		return fmt.Sprint(v)
 	}
 }
+
+// A recycled argument list comes back empty and cleared (it holds no
+// pointer into an old call), lists too small or too big are not kept, and
+// no more than argListsKept idle lists are.
+func TestArgListsAreClearedAndBounded(t *testing.T) {
+	var f argFreeList
+	l := f.get(10)
+	if len(l) != 0 || cap(l) < argListCap {
+		t.Fatalf("new list: len %d cap %d", len(l), cap(l))
+	}
+	s := "key"
+	l = append(l, "evalsha", &s, 7)
+	f.put(l)
+	again := f.get(10)
+	if len(again) != 0 || &again[:1][0] != &l[:1][0] {
+		t.Fatal("the list put back was not the one handed out again")
+	}
+	for i, v := range again[:cap(again)] {
+		if v != nil {
+			t.Fatalf("recycled list holds %v at %d", v, i)
+		}
+	}
+	if big := f.get(argListCap + 1); cap(big) < argListCap+1 {
+		t.Fatalf("a list for %d arguments has room for %d", argListCap+1, cap(big))
+	}
+	f.put(make([]interface{}, 0, 8))
+	f.put(make([]interface{}, 0, argListMaxCap+1))
+	if len(f.free) != 0 {
+		t.Fatalf("%d lists kept of sizes that should not be", len(f.free))
+	}
+	for i := 0; i < argListsKept+10; i++ {
+		f.put(make([]interface{}, 0, argListCap))
+	}
+	if len(f.free) != argListsKept {
+		t.Fatalf("%d idle lists kept, bound %d", len(f.free), argListsKept)
+	}
+}

@@ -449,6 +449,7 @@ func (w *Writer) exec(batch []*Op) {
 	}
 	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
+		recycleArgs(op.cmds)
 		op.cmds = nil
 		op.parkedOwner, op.parkedOwnerKnown = "", false
 		op.Done(results[i])
