@@ -474,11 +474,13 @@ func parkedBy(op *Op) (string, bool) {
 	if op.Kind != OpActivate || len(op.cmds) == 0 {
 		return "", false
 	}
-	v, err := op.cmds[0].(*redis.Cmd).StringSlice()
+	// Read in place: every activation's reply passes here.
+	v, err := op.cmds[0].(*redis.Cmd).Slice()
 	if err != nil || len(v) < 4 || v[0] != activateParkedBy {
 		return "", false
 	}
-	owner, _, _ := strings.Cut(v[3], "|")
+	lock, _ := v[3].(string)
+	owner, _, _ := strings.Cut(lock, "|")
 	return owner, true
 }
 
