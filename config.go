@@ -107,7 +107,7 @@ type Config struct {
 	// stream and not yet dispatched, written as waiting for capacity,
 	// finished, or kept waiting past their AdmissionHold: at the bound it pulls no more submits, so a burst waits in
 	// JetStream instead of in the node's memory (default
-	// actors.MaxAdmittingDefault, 8,000; negative: no bound). Gauge
+	// actors.MaxAdmittingDefault, 2,000; negative: no bound). Gauge
 	// troupe_jobs_admitting.
 	MaxAdmitting int
 	// ResendAfter is how long a job directly dispatched to a worker that
