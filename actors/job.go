@@ -419,10 +419,12 @@ var ErrOwnerGone = errors.New("forward: no node answers for the job's owner")
 
 // ForwardRetryDelay is how long a result or cancel whose forward to the
 // job's owner failed with err waits before JetStream offers it again. An
-// owner that is gone (ErrOwnerGone) holds the job until its lock lapses,
+// owner that is gone (ErrOwnerGone) and not merely cut off from NATS for a
+// moment (remaining, store.Store.OwnerWait, first waits out a fresh node
+// lease of the owner's) holds the job until its lock lapses,
 // and only then can this node take the job over: the event waits for the
-// lock's remaining TTL (a parked lock, which has none, waits a lock TTL:
-// its node's lease lapses within one), at most ForwardRetryMax, and is
+// lock's remaining TTL (a parked lock's: its node's lease's; a lock TTL
+// when neither is known), at most ForwardRetryMax, and is
 // then taken here at the first offer. (Retried a second apart, the
 // submit consumer's BackOff spread the offers 5, 10, 20 s… apart: a lock
 // of 45 s took 4 tries per event and ~7 s past its lapse —
