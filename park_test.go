@@ -282,7 +282,9 @@ func TestDeadNodesParkedJobsAreAdopted(t *testing.T) {
 			break
 		}
 		if time.Now().After(waitDeadline) {
-			t.Fatal("dead node never forgotten")
+			sc, _ := f.env.Redis.ZScore(ctx, keys.Nodes(), "ghost").Result()
+			n, _ := f.node.Store().ParkedCount(ctx, "ghost")
+			t.Fatalf("dead node never forgotten: score %v, parked %d", sc, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -113,10 +113,18 @@ func (p *DuePoller) loop() {
 	}
 }
 
+// tickBudgetMin is the least time a tick may take before its reads are
+// given up (see Tick).
+const tickBudgetMin = time.Second
+
 // Tick polls once (if this replica holds the poller lock) and returns how
 // many jobs it woke.
 func (p *DuePoller) Tick(ctx context.Context) int {
-	ctx, cancel := context.WithTimeout(ctx, p.Every)
+	// The tick's budget is its interval, at least tickBudgetMin: a tick
+	// reads every shard several times over, and a short interval's budget
+	// (50 ms in tests) ran out before a dead node's last step (its
+	// forgetting) on a slow machine's embedded store, every tick.
+	ctx, cancel := context.WithTimeout(ctx, max(p.Every, tickBudgetMin))
 	defer cancel()
 	now := time.Now()
 	// Every node, lock or not: its own parked jobs whose deadline has come.
