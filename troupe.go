@@ -360,7 +360,7 @@ func (n *Node) Start(ctx context.Context) error {
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
 		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
-		LockRemaining: n.store.OwnerWait, LockTTL: n.store.LockTTL(),
+		OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL(),
 		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: actors.NewToucher(touchFor(n.cfg.CapacityGrace)),
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
@@ -388,7 +388,7 @@ func (n *Node) Start(ctx context.Context) error {
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
 	n.resolver = supervisor.NewResolver(supervisor.ResolverConfig{NodeID: n.cfg.NodeID, Holders: n.store.LockHolders,
 		ForwardBatch: intake.BatchForwarder(n.nc, n.subj), Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics,
-		LockRemaining: n.store.OwnerWait, LockTTL: n.store.LockTTL()})
+		OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL()})
 	shardProps := supervisor.ShardPropsResolving(actors.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
 		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))

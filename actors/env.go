@@ -126,13 +126,13 @@ type Env struct {
 	// the owner's inbox, another error otherwise. It blocks, so the actor
 	// calls it from a goroutine. Nil: events go back to JetStream instead.
 	Forward func(owner, kind string, raw []byte) error
-	// LockRemaining reads how long an event whose owner did not answer
-	// should wait (store.Store.OwnerWait: while the owner's node lease is
-	// fresh, until it would go stale; else its lock's remaining TTL); with LockTTL, it sets how
-	// long an event whose forward failed waits before JetStream offers it
-	// again (ForwardRetryDelay). Nil: a second.
-	LockRemaining func(ctx context.Context, jobID string) (time.Duration, error)
-	LockTTL       time.Duration
+	// OwnerWait reads how long an event whose owner did not answer should
+	// wait (store.Store.OwnerWait: while the owner's node lease is fresh,
+	// until it would go stale; else its lock's remaining TTL); with
+	// LockTTL, it sets how long an event whose forward failed waits before
+	// JetStream offers it again (ForwardRetryDelay). Nil: a second.
+	OwnerWait func(ctx context.Context, jobID string) (time.Duration, error)
+	LockTTL   time.Duration
 	// Output checks results before they are called SUCCEEDED (phase 1) and
 	// scans their content afterwards (phase 2, on Scans). Nil: no output
 	// policy.

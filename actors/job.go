@@ -404,7 +404,7 @@ func (a *JobActor) forward(e lifecycle.Forward) {
 		} else {
 			metric.WithLabelValues("returned").Inc()
 			if e.D != nil {
-				_ = e.D.NakWithDelay(ForwardRetryDelay(err, env.LockRemaining, env.LockTTL, id))
+				_ = e.D.NakWithDelay(ForwardRetryDelay(err, env.OwnerWait, env.LockTTL, id))
 			}
 		}
 	}()

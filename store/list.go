@@ -360,16 +360,30 @@ func (s *Store) LockHolders(ctx context.Context, jobIDs []string) ([]string, err
 // to adopt); -1 for a lock with no TTL that is not parked. (go-redis
 // passes PTTL's -1 and -2 through unscaled.)
 func (s *Store) LockRemaining(ctx context.Context, jobID string) (time.Duration, error) {
+	lock, pttl, err := s.readLock(ctx, jobID)
+	if err != nil {
+		return 0, err
+	}
+	return s.remaining(ctx, jobID, lock, pttl)
+}
+
+// readLock reads jobID's lock value ("" for none) and its PTTL in one
+// round trip.
+func (s *Store) readLock(ctx context.Context, jobID string) (string, time.Duration, error) {
 	pipe := s.rdb.Pipeline()
 	val := pipe.Get(ctx, s.keys.Lock(jobID))
 	ttl := pipe.PTTL(ctx, s.keys.Lock(jobID))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return 0, fmt.Errorf("store: lock ttl: %w", err)
+		return "", 0, fmt.Errorf("store: lock read: %w", err)
 	}
-	d := ttl.Val()
+	return val.Val(), ttl.Val(), nil
+}
+
+// remaining is LockRemaining for a lock read as lock with PTTL pttl.
+func (s *Store) remaining(ctx context.Context, jobID, lock string, pttl time.Duration) (time.Duration, error) {
 	switch {
-	case d == -1:
-		node, rest, _ := strings.Cut(val.Val(), "|")
+	case pttl == -1:
+		node, rest, _ := strings.Cut(lock, "|")
 		if !strings.HasSuffix(rest, "|p") {
 			return -1, nil
 		}
@@ -381,10 +395,10 @@ func (s *Store) LockRemaining(ctx context.Context, jobID string) (time.Duration,
 			return 0, nil
 		}
 		return lease, nil
-	case d < 0:
+	case pttl < 0:
 		return 0, nil
 	}
-	return d, nil
+	return pttl, nil
 }
 
 // OwnerWait is how long an event for jobID should wait before it is offered
@@ -404,9 +418,9 @@ func (s *Store) LockRemaining(ctx context.Context, jobID string) (time.Duration,
 // owner's clock wrote the lease's time; a clock skewed by more than
 // ownerLeaseSlack only moves the event between those two waits.
 func (s *Store) OwnerWait(ctx context.Context, jobID string) (time.Duration, error) {
-	lock, err := s.rdb.Get(ctx, s.keys.Lock(jobID)).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return 0, fmt.Errorf("store: lock read: %w", err)
+	lock, pttl, err := s.readLock(ctx, jobID)
+	if err != nil {
+		return 0, err
 	}
 	if owner, _, _ := strings.Cut(lock, "|"); owner != "" {
 		renewed, err := s.rdb.ZScore(ctx, s.keys.Nodes(), owner).Result()
@@ -416,7 +430,7 @@ func (s *Store) OwnerWait(ctx context.Context, jobID string) (time.Duration, err
 			}
 		}
 	}
-	return s.LockRemaining(ctx, jobID)
+	return s.remaining(ctx, jobID, lock, pttl)
 }
 
 // ownerLeaseSlack is how much older than its renewal period an owner's

@@ -65,12 +65,12 @@ type ResolverConfig struct {
 	ForwardBatch func(owner string, items []ForwardItem) []error
 	// Forwarded counts forwards by outcome (actors.Metrics.Forwarded).
 	Forwarded *prometheus.CounterVec
-	// LockRemaining and LockTTL set how long an event whose forward failed
+	// OwnerWait and LockTTL set how long an event whose forward failed
 	// waits to be offered again (actors.ForwardRetryDelay).
-	LockRemaining func(ctx context.Context, jobID string) (time.Duration, error)
-	LockTTL       time.Duration
-	Root          *actor.RootContext
-	Log           *slog.Logger
+	OwnerWait func(ctx context.Context, jobID string) (time.Duration, error)
+	LockTTL   time.Duration
+	Root      *actor.RootContext
+	Log       *slog.Logger
 	// Registerer gets troupe_events_forwarded_unspawned_total (nil: none).
 	Registerer prometheus.Registerer
 }
@@ -79,7 +79,7 @@ type ResolverConfig struct {
 func NewResolver(cfg ResolverConfig) *Resolver {
 	r := &Resolver{node: cfg.NodeID, holders: cfg.Holders, batch: cfg.ForwardBatch,
 		counted: cfg.Forwarded,
-		remain:  cfg.LockRemaining, lockTTL: cfg.LockTTL,
+		remain:  cfg.OwnerWait, lockTTL: cfg.LockTTL,
 		root: cfg.Root, log: cfg.Log, reqs: make(chan resolveReq, 4*resolveBatch), stop: make(chan struct{}),
 		resolved: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_events_forwarded_unspawned_total",
 			Help: "Results and cancels forwarded to the node owning their job straight from a lock read, with no job actor."})}

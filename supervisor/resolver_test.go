@@ -116,8 +116,8 @@ func TestResolverSettlesEachEventByItsOwnOutcome(t *testing.T) {
 	forwarded := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "forwarded"}, []string{"outcome"})
 	r := supervisor.NewResolver(supervisor.ResolverConfig{NodeID: "self", Holders: holders,
 		ForwardBatch: intake.BatchForwarder(nc, subj), Forwarded: forwarded,
-		LockRemaining: func(context.Context, string) (time.Duration, error) { return 7 * time.Second, nil },
-		LockTTL:       time.Minute, Root: root, Log: log})
+		OwnerWait: func(context.Context, string) (time.Duration, error) { return 7 * time.Second, nil },
+		LockTTL:   time.Minute, Root: root, Log: log})
 	defer r.Stop()
 	backGot := make(chan string, 16)
 	shard := root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &shardStub{got: backGot} }))
