@@ -19,27 +19,22 @@ import (
 	"github.com/troupe-run/troupe/store"
 )
 
-// The admin API's command-line client:
-//
-//	troupe ctl job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--wait [--timeout D]]
-//	troupe ctl job status <job_id>
-//	troupe ctl job list [--state S] [--limit N] [--cursor C] [--tenant T] [--all]
-//	troupe ctl job approve|reject <job_id> [--reason R] [--by WHO] [--hash H]
-//	troupe ctl job cancel <job_id> [--reason R] [--by WHO]
-//	troupe ctl dlq list [--limit N]
-//	troupe ctl dlq retry <entry_id> [--force]
-//	troupe ctl dlq delete <entry_id>
-//	troupe ctl workers
-//	troupe ctl pools [list | get <topic> | set <topic> <pool>[,<pool>...] | delete <topic>]
-//	troupe ctl trace <job_id>
-//	troupe ctl stats | ready
+// The admin API's command-line client. Every operator command goes
+// through it (`troupe job …` is `troupe ctl job …`, and so on), so the CLI
+// needs one address, a node's admin API, and reads what the node reads;
+// flags may come before, between or after the arguments. The synopses are
+// in the usage texts below.
 //
 // Every command takes --api URL (env TROUPE_API_URL), --key KEY (env
 // TROUPE_API_KEY) and --json (print the API's JSON instead of a table).
-// `troupe trace` and `troupe workers` are the same as their ctl forms.
 
 // ctlWaitPoll is how often `job submit --wait` reads the job.
 const ctlWaitPoll = 200 * time.Millisecond
+
+// WaitTimeoutDefault is how long `submit --wait` waits for a job to end
+// (--timeout changes it): long enough for a slow agent step, short enough
+// that a script waiting on a job nobody runs gets its answer.
+const WaitTimeoutDefault = 5 * time.Minute
 
 // ctlEnv is one ctl invocation: where its output goes and how it reaches
 // the API.
@@ -83,33 +78,97 @@ func runWorkers(ctx context.Context, args []string) error {
 	return stdCtl().run(ctx, append([]string{"workers"}, args...))
 }
 
-const ctlUsage = `usage: troupe ctl <command> [flags]
+// ctlFlagsUsage ends every usage text: the flags each API command takes.
+const ctlFlagsUsage = `
+Flags of every command, before or after its arguments: --api URL (env TROUPE_API_URL,
+default ` + admin.URLDefault + `), --key KEY (env TROUPE_API_KEY), --json (the API's JSON).`
 
-  job submit|status|list|approve|reject|cancel   jobs
-  dlq list|retry|delete                          the dead-letter queue
-  workers                                        live workers and pool load
-  pools [list|get|set|delete]                    topic → pool mappings
-  trace <job_id>                                 a job's mailbox trace
-  stats | ready                                  node counters, readiness
+// The usage of each command group, what -h prints.
+const (
+	jobUsage = `usage: troupe job <job_id>                      a job's state, history and decisions
+       troupe job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--context-ptr P]
+                         [--wait [--timeout D]] [--bus [--nats URL] [--sign-key F --sender S]]
+       troupe job list [STATE] [--state S] [--limit N] [--cursor C] [--tenant T] [--all]
+       troupe job status <job_id>
+       troupe job approve <job_id> [--reason R] [--hash H]
+       troupe job reject <job_id> [--reason R] [--hash H]
+       troupe job cancel <job_id> [--reason R]
+`
+	dlqUsage = `usage: troupe dlq [list] [--limit N]     dead-lettered jobs and inputs, newest first
+       troupe dlq retry <entry_id> [--force]
+       troupe dlq delete <entry_id>
+`
+	poolUsage = `usage: troupe pool [list]                           topic → pool mappings (file and runtime) and pools
+       troupe pool get <topic>
+       troupe pool map <topic> <pool>[,<pool>...]    (or set) every replica within about a second
+       troupe pool unmap <topic>                     (or delete) pools.yaml applies again
+`
+	sagaUsage = `usage: troupe saga <workflow_id>    the compensation stack (newest first), the rollback's progress
+                                  and each compensation's job state (an all-tenant key)
+`
+	traceUsage = `usage: troupe trace <job_id>       every message the job's actor received, in order
+`
+	workersUsage = `usage: troupe workers              live workers and their pools' load
+`
+	statsUsage = `usage: troupe ctl stats            jobs per state and the node's counters
+       troupe ctl ready            the node's readiness (exit 1 when not ready)
+`
+)
 
-Flags of every command: --api URL (env TROUPE_API_URL, default ` + admin.URLDefault + `),
---key KEY (env TROUPE_API_KEY), --json.`
+const ctlUsage = `usage: troupe ctl <command> [arguments] [flags]
+
+  job <job_id> | submit|status|list|approve|reject|cancel   jobs
+  dlq list|retry|delete                                    the dead-letter queue
+  workers                                                  live workers and pool load
+  pool list|get|map|unmap                                  topic → pool mappings
+  saga <workflow_id>                                       a workflow's compensations
+  trace <job_id>                                           a job's mailbox trace
+  stats | ready                                            node counters, readiness
+
+The same commands without "ctl": troupe job, dlq, workers, pool, saga, trace.
+` + ctlFlagsUsage
+
+// helpFor returns the usage of a command group and whether args asks for
+// it (no arguments where some are needed, or -h as the first).
+func helpFor(group string) string {
+	switch group {
+	case "job":
+		return jobUsage
+	case "dlq":
+		return dlqUsage
+	case "pool", "pools":
+		return poolUsage
+	case "saga":
+		return sagaUsage
+	case "trace":
+		return traceUsage
+	case "workers":
+		return workersUsage
+	case "stats", "ready":
+		return statsUsage
+	}
+	return ctlUsage + "\n"
+}
 
 func (e *ctlEnv) run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprintln(e.errOut, ctlUsage)
-		return errors.New("missing command")
+		return e.usage("ctl", errors.New("missing command"))
 	}
-	sub := func(n int) (string, []string) {
-		if len(args) > n {
-			return args[n], args[n+1:]
-		}
-		return "", nil
+	group := args[0]
+	verb, rest := "", []string(nil)
+	if len(args) > 1 {
+		verb, rest = args[1], args[2:]
 	}
-	switch args[0] {
+	if isHelp(verb) && group != "trace" && group != "workers" && group != "saga" {
+		// `troupe job -h` lists the subcommands; a subcommand's -h its flags.
+		fmt.Fprint(e.errOut, helpFor(group)+ctlFlagsUsage+"\n")
+		return nil
+	}
+	switch group {
 	case "job":
-		verb, rest := sub(1)
 		switch verb {
+		case "":
+			return e.usage("job", errors.New("need a job id or a job command"))
 		case "submit":
 			return e.jobSubmit(ctx, rest)
 		case "status", "get", "show":
@@ -121,34 +180,38 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		case "cancel":
 			return e.jobCancel(ctx, rest)
 		}
-		return fmt.Errorf("unknown job command %q (submit, status, list, approve, reject, cancel)", verb)
+		// `troupe job <job_id>`: any other word is a job id.
+		return e.jobStatus(ctx, args[1:])
 	case "dlq":
-		verb, rest := sub(1)
 		switch verb {
-		case "", "list", "ls":
+		case "list", "ls":
 			return e.dlqList(ctx, rest)
 		case "retry":
 			return e.dlqRetry(ctx, rest)
 		case "delete", "rm":
 			return e.dlqDelete(ctx, rest)
 		}
-		return fmt.Errorf("unknown dlq command %q (list, retry, delete)", verb)
+		if verb == "" || strings.HasPrefix(verb, "-") {
+			return e.dlqList(ctx, args[1:])
+		}
+		return e.usage("dlq", fmt.Errorf("unknown dlq command %q (list, retry, delete)", verb))
 	case "workers":
 		return e.workers(ctx, args[1:])
 	case "pools", "pool":
 		return e.pools(ctx, args[1:])
+	case "saga":
+		return e.saga(ctx, args[1:])
 	case "trace":
 		return e.trace(ctx, args[1:])
 	case "stats":
 		return e.stats(ctx, args[1:])
 	case "ready":
 		return e.ready(ctx, args[1:])
-	case "-h", "--help", "help":
+	case "-h", "--help", "-help", "help":
 		fmt.Fprintln(e.errOut, ctlUsage)
 		return nil
 	}
-	fmt.Fprintln(e.errOut, ctlUsage)
-	return fmt.Errorf("unknown command %q", args[0])
+	return e.usage("ctl", fmt.Errorf("unknown command %q", group))
 }
 
 // parse parses flags that may come before, between or after the positional
@@ -169,10 +232,23 @@ func (e *ctlEnv) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// flags returns a command's flag set, whose -h prints the usage of its
+// group (name is "ctl <group> [verb]" or "<group> [verb]") and the flags.
 func (e *ctlEnv) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	e.register(fs)
+	group := strings.Fields(strings.TrimPrefix(name, "ctl "))[0]
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), helpFor(group), "\nflags:\n")
+		fs.PrintDefaults()
+	}
 	return fs
+}
+
+// usage prints a group's usage and returns err as a usage error (exit 2).
+func (e *ctlEnv) usage(group string, err error) error {
+	fmt.Fprintf(e.errOut, "troupe %s: %v\n\n%s", group, err, helpFor(group))
+	return usageError{err}
 }
 
 func exactly(pos []string, n int, what string) error {
@@ -185,23 +261,38 @@ func exactly(pos []string, n int, what string) error {
 // --- jobs -------------------------------------------------------------------
 
 func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
-	fs := e.flags("ctl job submit")
+	fs := e.flags("job submit")
 	topic := fs.String("topic", "job.echo", "job topic")
-	id := fs.String("id", "", "job id (default: assigned by the server)")
+	id := fs.String("id", "", "job id (default: assigned by the server; with --bus job-<random>)")
 	tenant := fs.String("tenant", "", "tenant id (a tenant key submits for its own tenant)")
 	ctxPtr := fs.String("context-ptr", "", "context pointer")
-	wait := fs.Bool("wait", false, "wait until the job is terminal, showing its progress")
-	timeout := fs.Duration("timeout", 5*time.Minute, "how long --wait waits")
+	wait := fs.Bool("wait", false, "wait until the job is terminal, showing its progress; exit 1 unless it SUCCEEDED")
+	timeout := fs.Duration("timeout", WaitTimeoutDefault, "how long --wait waits")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "job label key=value (repeatable)")
+	onBus := fs.Bool("bus", false, "publish the JobRequest on sys.job.submit as a CAP client does (--nats, --sign-key), not through the API; --wait still asks the API")
+	var bc common
+	bc.register(fs, true, false)
+	var sf signFlags
+	sf.registerCLI(fs)
 	if _, err := e.parse(fs, args); err != nil {
 		return err
 	}
 	req := &capv1.JobRequest{JobId: *id, Topic: *topic, TenantId: *tenant, ContextPtr: *ctxPtr, Labels: labels}
-	c := e.client()
-	sub, err := c.Submit(ctx, req)
-	if err != nil {
-		return err
+	var sub admin.Submitted
+	if *onBus {
+		var err error
+		if sub, err = submitOnBus(ctx, &bc, &sf, req); err != nil {
+			return err
+		}
+	} else {
+		if sf.signKey != "" {
+			return errors.New("--sign-key signs what the CLI publishes itself: use it with --bus (through the API the node signs)")
+		}
+		var err error
+		if sub, err = e.client().Submit(ctx, req); err != nil {
+			return err
+		}
 	}
 	if !*wait {
 		if e.asJSON {
@@ -214,14 +305,17 @@ func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
 		fmt.Fprintf(e.out, "submitted %s (tenant %s)%s\n", sub.JobID, orDash(sub.Tenant), note)
 		return nil
 	}
-	j, err := e.waitJob(ctx, c, sub.JobID, *timeout)
+	j, err := e.waitJob(ctx, e.client(), sub.JobID, *timeout)
 	if err != nil {
 		return err
 	}
 	if e.asJSON {
-		return e.printJSON(j)
+		if err := e.printJSON(j); err != nil {
+			return err
+		}
+	} else {
+		printAPIJob(e.out, j)
 	}
-	printAPIJob(e.out, j)
 	if j.State != string(core.StateSucceeded) {
 		return fmt.Errorf("job %s ended %s", j.ID, j.State)
 	}

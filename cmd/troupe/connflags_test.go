@@ -41,26 +41,37 @@ func TestCLIDialsWithFileAndEnvironmentSettings(t *testing.T) {
 	t.Setenv("TROUPE_REDIS_PASSWORD_FILE", writeTemp(t, "pw", cliRedisPassword+"\n"))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	prefix := "--key-prefix=clitest:"
-	if err := runPool(ctx, []string{"--conn-config", conf, prefix, "map", "job.cli", "cli-pool"}); err != nil {
-		t.Fatalf("troupe pool map over TLS with ACL: %v", err)
+	// The flags `troupe node` dials Redis with.
+	dial := func(args ...string) error {
+		fs := newFlags("node")
+		var c common
+		c.register(fs, false, true)
+		if err := parseFlags(fs, args); err != nil {
+			return err
+		}
+		rdb, err := c.dialRedis(ctx)
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		return rdb.Set(ctx, "clitest:probe", "1", time.Minute).Err()
 	}
-	if err := runPool(ctx, []string{"--conn-config", conf, prefix, "list"}); err != nil {
-		t.Fatalf("troupe pool list: %v", err)
+	if err := dial("--conn-config", conf); err != nil {
+		t.Fatalf("dial over TLS with ACL: %v", err)
 	}
 
 	// A wrong password on the command line beats the file, fails, and is
 	// not in the error.
-	err := runPool(ctx, []string{"--conn-config", conf, prefix, "--redis-password", cliWrong, "list"})
+	err := dial("--conn-config", conf, "--redis-password", cliWrong)
 	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
 		t.Fatalf("wrong --redis-password: %v, want WRONGPASS", err)
 	}
-	assertNoCLISecret(t, "the pool command's error", err.Error())
-	err = runJob(ctx, []string{"--redis", "rediss://alice:" + cliWrong + "@" + rs.TLSAddr, "--conn-config", conf, "some-job"})
+	assertNoCLISecret(t, "the dial's error", err.Error())
+	err = dial("--redis", "rediss://alice:"+cliWrong+"@"+rs.TLSAddr, "--conn-config", conf)
 	if err == nil || !strings.Contains(err.Error(), "give them once") {
-		t.Fatalf("troupe job with credentials twice (URL and file): %v, want a clear refusal", err)
+		t.Fatalf("credentials twice (URL and file): %v, want a clear refusal", err)
 	}
-	assertNoCLISecret(t, "the job command's error", err.Error())
+	assertNoCLISecret(t, "the dial's error", err.Error())
 }
 
 func TestCLINATSCommandsNameNoSecret(t *testing.T) {
@@ -74,7 +85,7 @@ func TestCLINATSCommandsNameNoSecret(t *testing.T) {
 		"submit, token in URL":      {"--nats", strings.Replace(url, "nats://", "nats://"+cliWrong+"@", 1), "--topic", "job.echo"},
 		"submit, password file bad": {"--nats", url, "--nats-user", "troupe", "--nats-password-file", "/nonexistent/pw"},
 	} {
-		err := runSubmit(ctx, args)
+		err := runSubmit(ctx, append([]string{"--bus"}, args...))
 		if err == nil {
 			t.Fatalf("%s: no error", name)
 		}
@@ -83,7 +94,7 @@ func TestCLINATSCommandsNameNoSecret(t *testing.T) {
 	}
 	// Right credentials pass the connection step (the publish then fails:
 	// no node made the streams).
-	err := runCancel(ctx, []string{"--nats", url, "--nats-user", "troupe", "--nats-password", cliNATSPassword, "job-1"})
+	err := runSubmit(ctx, []string{"--bus", "--nats", url, "--nats-user", "troupe", "--nats-password", cliNATSPassword, "--id", "job-1"})
 	if err == nil || strings.Contains(err.Error(), "connect: nats") {
 		t.Fatalf("right credentials: %v, want to get past connecting", err)
 	}

@@ -1,12 +1,17 @@
 // Command troupe runs and operates Troupe nodes.
 //
 //	troupe dev                      everything in one process, no outside services
-//	troupe node   [--nats URL] [--redis URL] [--pools FILE]
+//	troupe node   [--nats URL] [--redis URL] [--pools FILE] [--retention D]
 //	troupe worker [--nats URL] [--id ID] [--pool P] [--topics T,...] [--handler echo|sleep]
-//	troupe submit [--nats URL] --topic T [--id ID] [--wait]
-//	troupe job    [--redis URL] ID
-//	troupe dlq    [--redis URL]
-//	troupe saga   [--redis URL] WORKFLOW_ID
+//	troupe submit [--topic T] [--id ID] [--wait]
+//	troupe job    <job_id> | submit|list|status|approve|reject|cancel ...
+//	troupe dlq    [list | retry <entry_id> | delete <entry_id>]
+//	troupe pool   [list | get <topic> | map <topic> <pools> | unmap <topic>]
+//	troupe saga   <workflow_id>
+//	troupe version
+//
+// The operator commands (submit, job, dlq, pool, saga, trace, workers, ctl)
+// go through a node's admin API (--api, env TROUPE_API_URL).
 package main
 
 import (
@@ -25,6 +30,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/router"
 )
@@ -44,17 +50,18 @@ var commands = []command{
 	{"dev", "run a whole node embedded (NATS, Redis store, demo workers) and submit demo jobs", runDev},
 	{"node", "run a node against NATS and Redis", runNode},
 	{"worker", "run a demo CAP worker", runWorker},
-	{"submit", "publish a job on sys.job.submit", runSubmit},
-	{"job", "print a job's state and transition history", runJob},
-	{"dlq", "list dead-lettered jobs and inputs", runDLQ},
-	{"saga", "print a workflow's compensation stack, rollback progress and compensation jobs", runSaga},
-	{"pool", "list, add or remove runtime topic → pool mappings (shared by all replicas)", runPool},
+	{"submit", "submit a job (troupe job submit); --wait waits for its end, exit 1 unless SUCCEEDED", runSubmit},
+	{"job", "a job's state and history (job <id>); submit, list, status, approve, reject, cancel", runJob},
+	{"dlq", "dead-lettered jobs and inputs: list, retry <entry>, delete <entry>", runDLQ},
+	{"saga", "a workflow's compensation stack, rollback progress and compensation jobs (saga <workflow_id>)", runSaga},
+	{"pool", "runtime topic → pool mappings, shared by all replicas: list, get, map, unmap", runPool},
+	{"trace", "a job's mailbox trace, in order (trace <job_id>)", runTrace},
+	{"workers", "live workers and their pools' load", runWorkers},
+	{"ctl", "all of the above under one name (ctl job|dlq|pool|saga|trace|workers|stats|ready)", runCtl},
 	{"safety", "serve the built-in policy engine as a CAP SafetyKernel (gRPC), or query or validate policies", runSafety},
 	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
-	{"ctl", "operate a node through its admin API: job, dlq, workers, pools, trace, stats (--api URL)", runCtl},
-	{"trace", "print a job's mailbox trace, in order (admin API; troupe ctl trace)", runTrace},
-	{"workers", "list live workers and their pools' load (admin API; troupe ctl workers)", runWorkers},
 	{"keys", "generate a P-256 key pair for packet signatures (keys gen --out DIR --sender NAME)", runKeys},
+	{"version", "the module version and VCS revision of this binary", runVersion},
 }
 
 func main() {
@@ -113,7 +120,8 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
 	}
-	fmt.Fprintln(w, "\nRun 'troupe <command> -h' for a command's flags.")
+	fmt.Fprintln(w, "\nThe operator commands (submit … ctl) call a node's admin API: --api URL or TROUPE_API_URL\n(default "+admin.URLDefault+"), --key or TROUPE_API_KEY.")
+	fmt.Fprintln(w, "Run 'troupe <command> -h' for a command's subcommands, arguments and flags.")
 }
 
 // usageError is a command line the flag package rejected (and explained).

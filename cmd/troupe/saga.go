@@ -5,43 +5,37 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"net/http"
 	"text/tabwriter"
 
+	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/saga"
 )
 
-// runSaga prints a workflow's saga: its compensation stack (newest first,
+// saga prints a workflow's saga: its compensation stack (newest first,
 // the order a rollback runs in), the rollback's progress and each
 // compensation's job id and state.
-func runSaga(ctx context.Context, args []string) error {
-	fs := newFlags("saga")
-	var c common
-	c.register(fs, false, true)
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: troupe saga [flags] <workflow_id>")
-		fs.PrintDefaults()
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errors.New("need exactly one workflow id")
-	}
-	st, closeFn, err := openStore(c)
+func (e *ctlEnv) saga(ctx context.Context, args []string) error {
+	fs := e.flags("saga")
+	pos, err := e.parse(fs, args)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	rep, err := saga.Describe(ctx, st, fs.Arg(0))
+	if err := exactly(pos, 1, "exactly one workflow id"); err != nil {
+		return err
+	}
+	rep, err := e.client().Saga(ctx, pos[0])
+	var ae *admin.APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return fmt.Errorf("no saga for workflow %s (no step with a compensation recorded, or its records expired)", pos[0])
+	}
 	if err != nil {
 		return err
 	}
-	if len(rep.Steps) == 0 && rep.Progress.Status == "" && !rep.Triggered {
-		return fmt.Errorf("no saga for workflow %s under key prefix %q", fs.Arg(0), c.keyPrefix)
+	if e.asJSON {
+		return e.printJSON(rep)
 	}
-	printSaga(os.Stdout, rep)
+	printSaga(e.out, rep)
 	return nil
 }
 
@@ -50,6 +44,9 @@ const stampFormat = "2006-01-02T15:04:05.000Z07:00"
 
 func printSaga(w io.Writer, r *saga.Report) {
 	p := r.Progress
+	if p == nil {
+		p = &saga.Progress{} // no rollback has run
+	}
 	status := string(p.Status)
 	if status == "" {
 		status = "not started"
