@@ -111,7 +111,12 @@ func runDev(ctx context.Context, args []string) error {
 		fmt.Printf("api   %s  (dashboard %s/ui, metrics %s/metrics)%s\n", apiURL, apiURL, apiURL,
 			devTaken(admin.ListenDefault, af.listen))
 	}
-	fmt.Printf("node  %s  workers default-w1, default-w2 (direct), default-w3 (pool subject)\n\n", node.ID())
+	fmt.Printf("node  %s  workers default-w1, default-w2 (direct), default-w3 (pool subject)\n", node.ID())
+	if ex := devExports(ns.URL(), rs.URL(), apiURL); ex != "" {
+		// Printed before the demo, so a script can take it from the first lines.
+		fmt.Printf("\nA standard port is taken; for the other commands to reach this node:\n%s\n", ex)
+	}
+	fmt.Println()
 	waitWorkers(ctx, node, 3)
 
 	ids := make([]string, 0, *jobs)
@@ -213,28 +218,44 @@ func devTaken(std, addr string) string {
 	return fmt.Sprintf("  (%s is taken: other commands need this address)", std)
 }
 
-// devTryHint is what `troupe dev` suggests trying against itself. A
-// command needs an address flag only for a server that is not where it
-// looks by default (its standard port was taken); apiURL "" is no API.
-func devTryHint(natsURL, redisURL, apiURL string) string {
-	submit := ""
+// devExports is the line that points every other command at this dev
+// node when one of its servers could not have its standard address: the
+// commands read TROUPE_API_URL (operator commands), TROUPE_NATS_URL and
+// TROUPE_REDIS_URL (node, worker, submit --bus). "" when all are standard.
+// apiURL "" is no API.
+func devExports(natsURL, redisURL, apiURL string) string {
+	var vars []string
 	if natsURL != connect.NATSURLDefault {
-		submit += " --nats " + natsURL
+		vars = append(vars, "TROUPE_NATS_URL="+natsURL)
 	}
 	if redisURL != connect.RedisURLDefault {
-		submit += " --redis " + redisURL
+		vars = append(vars, "TROUPE_REDIS_URL="+redisURL)
 	}
+	if apiURL != "" && apiURL != admin.URLDefault {
+		vars = append(vars, "TROUPE_API_URL="+apiURL)
+	}
+	if len(vars) == 0 {
+		return ""
+	}
+	return "export " + strings.Join(vars, " ")
+}
+
+// devTryHint is what `troupe dev` suggests trying against itself: the
+// export line when a standard port was taken, then commands with no
+// address flags. apiURL "" is no API, and then nothing to suggest but a
+// worker.
+func devTryHint(natsURL, redisURL, apiURL string) string {
 	var b strings.Builder
 	b.WriteString("Try, in another shell:\n")
-	fmt.Fprintf(&b, "  go run ./cmd/troupe submit --topic job.echo --wait%s\n", submit)
-	if apiURL != "" {
-		api := ""
-		if apiURL != admin.URLDefault {
-			api = " --api " + apiURL
-		}
-		for _, c := range []string{"ctl job list", "workers", "trace <job_id>"} {
-			fmt.Fprintf(&b, "  go run ./cmd/troupe %s%s\n", c, api)
-		}
+	if ex := devExports(natsURL, redisURL, apiURL); ex != "" {
+		fmt.Fprintf(&b, "  %s\n", ex)
+	}
+	if apiURL == "" {
+		b.WriteString("  go run ./cmd/troupe worker --pool default --handler sleep\n")
+		return b.String()
+	}
+	for _, c := range []string{"submit --topic job.echo --wait", "job list", "job <job_id>", "workers", "trace <job_id>", "dlq"} {
+		fmt.Fprintf(&b, "  go run ./cmd/troupe %s\n", c)
 	}
 	return b.String()
 }

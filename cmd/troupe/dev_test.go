@@ -10,31 +10,35 @@ import (
 )
 
 // On its standard ports `troupe dev` is where every command looks by
-// default, so what it suggests running needs no address flags; a server
-// that had to take another port is named in the flags.
+// default, so what it suggests running needs no address flags; when a
+// server had to take another port, one export line points the commands
+// there (the commands then still need no flags).
 func TestDevSuggestsCommandsThatReachIt(t *testing.T) {
 	t.Parallel()
 	hint := devTryHint(connect.NATSURLDefault, connect.RedisURLDefault, admin.URLDefault)
-	for _, want := range []string{"troupe submit --topic job.echo --wait\n", "troupe ctl job list\n", "troupe workers\n",
+	for _, want := range []string{"troupe submit --topic job.echo --wait\n", "troupe job list\n", "troupe workers\n",
 		"troupe trace <job_id>\n"} {
 		if !strings.Contains(hint, want) {
 			t.Errorf("hint lacks %q:\n%s", want, hint)
 		}
 	}
-	if strings.Contains(hint, "--nats") || strings.Contains(hint, "--redis") || strings.Contains(hint, "--api") {
-		t.Errorf("hint on the standard ports has address flags:\n%s", hint)
+	if strings.Contains(hint, "--nats") || strings.Contains(hint, "--redis") || strings.Contains(hint, "--api") ||
+		strings.Contains(hint, "export") {
+		t.Errorf("hint on the standard ports has address flags or exports:\n%s", hint)
 	}
 
 	hint = devTryHint("nats://127.0.0.1:40001", "redis://127.0.0.1:40002", "http://127.0.0.1:40003")
-	for _, want := range []string{"troupe submit --topic job.echo --wait --nats nats://127.0.0.1:40001 --redis redis://127.0.0.1:40002\n",
-		"troupe ctl job list --api http://127.0.0.1:40003\n", "troupe workers --api http://127.0.0.1:40003\n"} {
-		if !strings.Contains(hint, want) {
-			t.Errorf("hint lacks %q:\n%s", want, hint)
-		}
+	want := "export TROUPE_NATS_URL=nats://127.0.0.1:40001 TROUPE_REDIS_URL=redis://127.0.0.1:40002 TROUPE_API_URL=http://127.0.0.1:40003\n"
+	if !strings.Contains(hint, want) || !strings.Contains(hint, "troupe job list\n") || strings.Contains(hint, "--api") {
+		t.Errorf("hint lacks %q or has flags:\n%s", want, hint)
 	}
-	// Without an admin API there is nothing for ctl to reach.
-	if hint = devTryHint(connect.NATSURLDefault, connect.RedisURLDefault, ""); strings.Contains(hint, "ctl") {
-		t.Errorf("hint without an API suggests ctl:\n%s", hint)
+	// Only what moved is exported.
+	if ex := devExports(connect.NATSURLDefault, connect.RedisURLDefault, "http://127.0.0.1:40003"); ex != "export TROUPE_API_URL=http://127.0.0.1:40003" {
+		t.Errorf("exports = %q", ex)
+	}
+	// Without an admin API there is nothing for the operator commands to reach.
+	if hint = devTryHint(connect.NATSURLDefault, connect.RedisURLDefault, ""); strings.Contains(hint, "job list") {
+		t.Errorf("hint without an API suggests operator commands:\n%s", hint)
 	}
 }
 
