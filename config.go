@@ -130,6 +130,17 @@ type Config struct {
 	// poller wakes it (default store.RescueAfterDefault).
 	RescueAfter time.Duration
 
+	// Retention is how long a terminal job's record, history and mailbox
+	// trace stay readable, and with them the links between a DLQ entry and
+	// its retries (default store.RetentionDefault, 24 h; negative: forever,
+	// leaving the cleanup to the operator). Every replica should use the
+	// same; a node writes a job's expiry when the job ends.
+	Retention time.Duration
+	// DLQRetention is how long a DLQ entry is kept; the due poller drops
+	// older ones within a minute or so (default 0: no age limit, DLQMaxBytes
+	// alone bounds the DLQ). An entry outliving Retention still shows what
+	// failed, but its job's record, and so its retry, may be gone.
+	DLQRetention time.Duration
 	// DLQMaxBytes is the DLQ's byte budget, shared by every replica: past
 	// it the oldest entries go (default store.DLQMaxBytesDefault). A bad
 	// packet is kept as its first store.DLQRawPrefix bytes, size and hash.

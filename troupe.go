@@ -261,7 +261,7 @@ func (n *Node) Start(ctx context.Context) error {
 			bus.SignAs("troupe-saga/"+n.cfg.NodeID, n.cfg.Signer))
 	}
 	n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter,
-		DLQMaxBytes: n.cfg.DLQMaxBytes})
+		DLQMaxBytes: n.cfg.DLQMaxBytes, Retention: n.cfg.Retention, DLQRetention: n.cfg.DLQRetention})
 	if err := n.store.LoadScripts(ctx); err != nil {
 		return err
 	}

@@ -6,7 +6,8 @@ import (
 )
 
 // Housekeeping: the lock holder, every TrimEvery ticks and after that
-// tick's wakes, trims expired entries from the terminal-state indexes,
+// tick's wakes, trims expired entries from the terminal-state indexes and
+// DLQ entries past their retention,
 // moves DLQ entries their writer left in a job's outbox, and gives back
 // tenant slots held by jobs that no longer run.
 const (
@@ -31,6 +32,13 @@ func (p *DuePoller) housekeep(now time.Time) {
 	if p.Store.Retention() > 0 { // kept forever: nothing to trim
 		if _, err := p.Store.TrimTerminal(ctx, now.Add(-p.Store.Retention())); err != nil {
 			p.Log.Warn("index trim failed", "err", err)
+		}
+	}
+	if r := p.Store.DLQRetention(); r > 0 {
+		if n, err := p.Store.TrimDLQ(ctx, now.Add(-r)); err != nil {
+			p.Log.Warn("dlq trim failed", "err", err)
+		} else if n > 0 {
+			p.Log.Info("dlq entries past their retention dropped", "count", n, "retention", r)
 		}
 	}
 	if n, err := p.Store.FlushDLQOutbox(ctx, DLQOutboxGrace, 500); err != nil {

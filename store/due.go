@@ -175,6 +175,21 @@ func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, erro
 // Retention returns how long terminal jobs are kept (≤ 0: forever).
 func (s *Store) Retention() time.Duration { return s.cfg.Retention }
 
+// DLQRetention returns how long DLQ entries are kept (≤ 0: no age limit).
+func (s *Store) DLQRetention() time.Duration { return s.cfg.DLQRetention }
+
+// TrimDLQ drops the DLQ entries written before before and returns how
+// many. A stream id starts with its entry's time in milliseconds, so one
+// XTRIM MINID does it; the running byte totals the budget reads stay
+// right, as they count from whichever entry is oldest.
+func (s *Store) TrimDLQ(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.rdb.XTrimMinID(ctx, s.keys.DLQ(), strconv.FormatInt(before.UnixMilli(), 10)+"-0").Result()
+	if err != nil {
+		return 0, fmt.Errorf("store: dlq trim: %w", err)
+	}
+	return n, nil
+}
+
 // RepairTenantSlots gives back tenant concurrency slots held by jobs that
 // are no longer DISPATCHED or RUNNING (a node died between finishing a job
 // and releasing its slot). Only slots older than minAge are considered, so

@@ -36,8 +36,14 @@ type Config struct {
 	Prefix string
 	// LockTTL is the job lock's time to live (default LockTTLDefault).
 	LockTTL time.Duration
-	// Retention is how long terminal jobs stay readable (default RetentionDefault; <0 keeps them forever).
+	// Retention is how long terminal jobs stay readable: their records,
+	// histories, and the retry marks and links of DLQ retries (default
+	// RetentionDefault; <0 keeps them forever).
 	Retention time.Duration
+	// DLQRetention is how long a DLQ entry is kept: the due poller drops
+	// older ones (TrimDLQ). Zero or negative: no age limit, DLQMaxBytes and
+	// DLQMaxLen alone bound the stream.
+	DLQRetention time.Duration
 	// DLQMaxLen bounds the DLQ stream (default DLQMaxLenDefault).
 	DLQMaxLen int64
 	// DLQMaxBytes bounds the bytes of the DLQ stream's entries (default

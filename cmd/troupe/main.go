@@ -29,6 +29,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/internal/connect"
@@ -184,6 +185,27 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// durationEnv fills a duration flag from the environment variable env
+// when the command line did not set it; a value that does not parse is an
+// error naming the variable.
+func durationEnv(fs *flag.FlagSet, name, env string, dst *time.Duration) error {
+	v := os.Getenv(env)
+	if v == "" {
+		return nil
+	}
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	if set {
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("%s=%q: %w", env, v, err)
+	}
+	*dst = d
+	return nil
 }
 
 func loadPools(path string) (*router.PoolConfig, error) {

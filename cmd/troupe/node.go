@@ -28,6 +28,8 @@ func runNode(ctx context.Context, args []string) error {
 	unknownHold := fs.Duration("unknown-hold", 0, "how long a result or cancel for a job with no record waits for a replica to recreate the record before it is dead-lettered (default 30s; negative: at once)")
 	pprofListen := fs.String("pprof-listen", "", "serve Go's profiles (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6060 (\"\": off)")
 	otlp := fs.String("otlp-endpoint", "", "OTLP/gRPC receiver for job traces: host:port or http://host:port (plaintext), https://host:port (TLS) (default OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off)")
+	retention := fs.Duration("retention", 0, "how long a finished job's record, history and trace stay readable (default 24h; negative: forever; env TROUPE_RETENTION)")
+	dlqRetention := fs.Duration("dlq-retention", 0, "how long a DLQ entry is kept (default 0: no age limit, the DLQ's 64 MiB budget drops the oldest; env TROUPE_DLQ_RETENTION)")
 	streamReplicas := fs.Int("stream-replicas", 1,
 		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
 	var pf policyFlags
@@ -37,6 +39,12 @@ func runNode(ctx context.Context, args []string) error {
 	var sf signFlags
 	sf.register(fs, true, true)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := durationEnv(fs, "retention", "TROUPE_RETENTION", retention); err != nil {
+		return err
+	}
+	if err := durationEnv(fs, "dlq-retention", "TROUPE_DLQ_RETENTION", dlqRetention); err != nil {
 		return err
 	}
 	log := c.logger()
@@ -78,7 +86,7 @@ func runNode(ctx context.Context, args []string) error {
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
 		WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
-		StreamReplicas: *streamReplicas, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp})
+		StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp})
 	if err != nil {
 		return err
 	}
