@@ -489,7 +489,10 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 	op.cmds = op.cmds[:0]
 	k := s.keys
 	now := time.Now().UnixMilli()
-	retention := int64(s.cfg.Retention / time.Second)
+	// Whole seconds, rounded up: a retention under a second must still
+	// expire the record, not keep it forever (0 means no expiry to the
+	// scripts).
+	retention := int64((s.cfg.Retention + time.Second - 1) / time.Second)
 	if s.cfg.Retention < 0 {
 		retention = 0
 	}
