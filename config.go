@@ -63,8 +63,10 @@ type Config struct {
 	// one; at most bus.MaxStreamReplicas). A single server accepts only 1.
 	StreamReplicas int
 
-	// Pools is the routing config; PoolsFile is read when Pools is nil, and
+	// Pools is the routing config, built in Go (see DefaultPools) or
+	// parsed (router.ParsePools); PoolsFile is read when Pools is nil, and
 	// then re-read on change and on ReloadPools (SIGHUP in `troupe node`).
+	// Neither: DefaultPools, the CLI's routing.
 	// Runtime topic mappings in Redis (router.MappingStore) override both.
 	Pools     *router.PoolConfig
 	PoolsFile string

@@ -17,16 +17,16 @@ import (
 )
 
 // Example embeds a node in a Go program: in-process NATS and Redis-protocol
-// servers, one node, one CAP worker, one job.
+// servers, one node with the default routing (job.echo and job.sleep to
+// pool "default"), one CAP worker, one job.
 func Example() {
 	ns, _ := embedded.StartNATS()
 	defer ns.Stop()
 	rs, _ := embedded.StartRedis()
 	defer rs.Stop()
 
-	pools, _ := router.ParsePools([]byte("topics:\n  job.echo: default\n"))
 	node, err := troupe.NewNode(troupe.Config{
-		NATSURL: ns.URL(), RedisURL: rs.URL(), Pools: pools,
+		NATSURL: ns.URL(), RedisURL: rs.URL(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -54,4 +54,30 @@ func Example() {
 		fmt.Println(rec.State, len(rec.History), "transitions")
 	}
 	// Output: SUCCEEDED 5 transitions
+}
+
+// ExampleDefaultPools routes a topic of one's own, given as Go values,
+// beside the default ones: job.summarize to pool "llm", whose workers must
+// announce the capability "gpu".
+func ExampleDefaultPools() {
+	ns, _ := embedded.StartNATS()
+	defer ns.Stop()
+	rs, _ := embedded.StartRedis()
+	defer rs.Stop()
+
+	pools := troupe.DefaultPools()
+	pools.Topics["job.summarize"] = []string{"llm"}
+	pools.Pools["llm"] = router.Pool{Requires: []string{"gpu"}}
+	node, err := troupe.NewNode(troupe.Config{NATSURL: ns.URL(), RedisURL: rs.URL(), Pools: pools,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	if err := node.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer node.Stop(ctx)
+	fmt.Println(node.PoolConfig().Topics["job.summarize"], node.PoolConfig().Topics["job.echo"])
+	// Output: [llm] [default]
 }

@@ -11,7 +11,6 @@ package troupe
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -132,13 +131,15 @@ func NewNode(cfg Config) (*Node, error) {
 	poolsFromFile := false
 	if cfg.Pools == nil {
 		if cfg.PoolsFile == "" {
-			return nil, errors.New("troupe: config needs Pools or PoolsFile")
+			// The CLI's routing, so an embedder's first node runs the demo topics.
+			cfg.Pools = DefaultPools()
+		} else {
+			p, err := router.LoadPools(cfg.PoolsFile)
+			if err != nil {
+				return nil, fmt.Errorf("troupe: %w", err)
+			}
+			cfg.Pools, poolsFromFile = p, true
 		}
-		p, err := router.LoadPools(cfg.PoolsFile)
-		if err != nil {
-			return nil, fmt.Errorf("troupe: %w", err)
-		}
-		cfg.Pools, poolsFromFile = p, true
 	}
 	if cfg.Timeouts == nil {
 		cfg.Timeouts = actors.DefaultTimeouts()

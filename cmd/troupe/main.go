@@ -17,7 +17,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -31,6 +30,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/router"
@@ -38,9 +38,6 @@ import (
 
 // GCPercentDefault is the node's GOGC unless the environment sets one.
 const GCPercentDefault = 200
-
-//go:embed pools.default.yaml
-var defaultPools []byte
 
 type command struct {
 	name, usage string
@@ -210,7 +207,7 @@ func durationEnv(fs *flag.FlagSet, name, env string, dst *time.Duration) error {
 
 func loadPools(path string) (*router.PoolConfig, error) {
 	if path == "" {
-		return router.ParsePools(defaultPools)
+		return troupe.DefaultPools(), nil
 	}
 	return router.LoadPools(path)
 }
