@@ -81,3 +81,42 @@ func ExampleDefaultPools() {
 	fmt.Println(node.PoolConfig().Topics["job.summarize"], node.PoolConfig().Topics["job.echo"])
 	// Output: [llm] [default]
 }
+
+// ExampleClient hands a job to a node from a program that runs no
+// scheduler of its own: the client publishes the submit and reads the
+// job's record.
+func ExampleClient() {
+	ns, _ := embedded.StartNATS()
+	defer ns.Stop()
+	rs, _ := embedded.StartRedis()
+	defer rs.Stop()
+	ctx := context.Background()
+	node, err := troupe.NewNode(troupe.Config{NATSURL: ns.URL(), RedisURL: rs.URL(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		panic(err)
+	}
+	if err := node.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer node.Stop(ctx)
+	nc, _ := nats.Connect(ns.URL())
+	defer nc.Close()
+	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: troupe.PoolDefault, Topics: []string{"job.echo"},
+		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo})
+	defer w.Stop()
+	_ = node.WaitForWorkers(ctx, troupe.PoolDefault, 1)
+
+	c, err := troupe.NewClient(ctx, troupe.ClientConfig{NATSURL: ns.URL(), RedisURL: rs.URL()})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	_ = c.Submit(ctx, &capv1.JobRequest{JobId: "hello-2", Topic: "job.echo"})
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if rec, err := c.Wait(wctx, "hello-2"); err == nil {
+		fmt.Println(rec.State)
+	}
+	// Output: SUCCEEDED
+}

@@ -1,0 +1,203 @@
+package troupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/signing"
+	"github.com/troupe-run/troupe/store"
+)
+
+// Defaults for ClientConfig fields left zero.
+const (
+	// ClientSenderDefault is the sender id of a Client's packets.
+	ClientSenderDefault = "troupe-client"
+	// ClientWaitPollDefault is how often Client.Wait reads a job's record:
+	// one HGETALL per waiting call, cheap enough at 10 a second.
+	ClientWaitPollDefault = 100 * time.Millisecond
+)
+
+// ClientConfig configures a Client. Its addresses, prefixes and
+// credentials are those of the nodes it talks to.
+type ClientConfig struct {
+	// NATSURL, NATSAuth and NATS are as in Config (default TROUPE_NATS_URL,
+	// then nats://127.0.0.1:4222).
+	NATSURL  string
+	NATSAuth NATSAuth
+	NATS     *nats.Conn
+	// RedisURL, RedisAuth and Redis are as in Config (default
+	// TROUPE_REDIS_URL, then redis://127.0.0.1:6379).
+	RedisURL  string
+	RedisAuth RedisAuth
+	Redis     redis.UniversalClient
+	// KeyPrefix and SubjectPrefix must match the nodes' (defaults as in
+	// Config).
+	KeyPrefix     string
+	SubjectPrefix string
+	// Sender is the sender id of the client's packets (default
+	// ClientSenderDefault); Signer, when set, signs them under it.
+	Sender string
+	Signer *signing.Signer
+	// WaitPoll is how often Wait reads a job's record (default
+	// ClientWaitPollDefault).
+	WaitPoll time.Duration
+}
+
+// Client submits, cancels, waits for and lists jobs and runs no scheduler:
+// it publishes CAP packets on the nodes' JetStream subjects, as any CAP
+// client does, and reads the job records the nodes keep in Redis. A
+// program that hands work to a cluster of nodes needs only this. It is
+// safe for concurrent use.
+//
+//	c, err := troupe.NewClient(ctx, troupe.ClientConfig{NATSURL: natsURL, RedisURL: redisURL})
+//	if err != nil { ... }
+//	defer c.Close()
+//	_ = c.Submit(ctx, &capv1.JobRequest{JobId: "hello-1", Topic: "job.echo"})
+//	rec, err := c.Wait(ctx, "hello-1")
+type Client struct {
+	// Immutable after NewClient.
+	cfg    ClientConfig
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	rdb    redis.UniversalClient
+	store  *store.Store
+	subj   bus.Subjects
+	enc    bus.Encoder
+	ownNC  bool
+	ownRDB bool
+}
+
+// NewClient connects to NATS and Redis (or takes the connections given).
+func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = envOr("TROUPE_NATS_URL", nats.DefaultURL)
+	}
+	if cfg.RedisURL == "" {
+		cfg.RedisURL = envOr("TROUPE_REDIS_URL", connect.RedisURLDefault)
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = KeyPrefixDefault
+	}
+	if cfg.Sender == "" {
+		cfg.Sender = ClientSenderDefault
+	}
+	if cfg.WaitPoll <= 0 {
+		cfg.WaitPoll = ClientWaitPollDefault
+	}
+	c := &Client{cfg: cfg, subj: bus.NewSubjects(cfg.SubjectPrefix)}
+	if cfg.Signer != nil {
+		// Only a real signer: a nil *Signer in the interface would be called.
+		c.enc.Signer = cfg.Signer
+	}
+	c.nc = cfg.NATS
+	if c.nc == nil {
+		nc, err := connect.DialNATS(cfg.NATSURL, cfg.NATSAuth, nats.Name("troupe-client "+cfg.Sender))
+		if err != nil {
+			return nil, fmt.Errorf("troupe: client: %w", err)
+		}
+		c.nc, c.ownNC = nc, true
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("troupe: client: jetstream: %w", err)
+	}
+	c.js = js
+	c.rdb = cfg.Redis
+	if c.rdb == nil {
+		rdb, err := connect.DialRedis(ctx, cfg.RedisURL, cfg.RedisAuth)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("troupe: client: %w", err)
+		}
+		c.rdb, c.ownRDB = rdb, true
+	}
+	c.store = store.New(c.rdb, store.Config{Prefix: cfg.KeyPrefix})
+	return c, nil
+}
+
+// Close closes the connections the client dialed (not those it was given).
+func (c *Client) Close() {
+	if c.ownNC && c.nc != nil {
+		c.nc.Close()
+	}
+	if c.ownRDB && c.rdb != nil {
+		_ = c.rdb.Close()
+	}
+}
+
+// Submit publishes req on the submit subject and returns once JetStream
+// has it (a node takes it from there, now or when one starts; a node
+// creates the streams, so one must have run once).
+func (c *Client) Submit(ctx context.Context, req *capv1.JobRequest) error {
+	if req.GetJobId() == "" {
+		return errors.New("troupe: client: submit needs a job id")
+	}
+	data, err := c.enc.Request(req.JobId, c.cfg.Sender, req)
+	if err != nil {
+		return fmt.Errorf("troupe: client: %w", err)
+	}
+	if _, err := c.js.Publish(ctx, c.subj.Submit, data); err != nil {
+		return fmt.Errorf("troupe: client: submit %s: %w", req.JobId, err)
+	}
+	return nil
+}
+
+// Cancel publishes a JobCancel for jobID (JetStream, so a node takes it
+// even when it comes before the job does).
+func (c *Client) Cancel(ctx context.Context, jobID, reason, by string) error {
+	data, err := c.enc.Cancel(jobID, c.cfg.Sender, &capv1.JobCancel{JobId: jobID, Reason: reason, RequestedBy: by})
+	if err != nil {
+		return fmt.Errorf("troupe: client: %w", err)
+	}
+	if _, err := c.js.Publish(ctx, c.subj.Cancel, data); err != nil {
+		return fmt.Errorf("troupe: client: cancel %s: %w", jobID, err)
+	}
+	return nil
+}
+
+// Job reads a job's record and history (store.ErrNotFound: no record yet,
+// or no longer: see Config.Retention).
+func (c *Client) Job(ctx context.Context, jobID string) (*store.JobRecord, error) {
+	return c.store.GetJob(ctx, jobID)
+}
+
+// Wait returns jobID's record once the job is terminal, or ctx's error. A
+// job with no record yet (not taken by a node, or waiting unwritten for
+// capacity) is waited for too.
+func (c *Client) Wait(ctx context.Context, jobID string) (*store.JobRecord, error) {
+	t := time.NewTicker(c.cfg.WaitPoll)
+	defer t.Stop()
+	for {
+		rec, err := c.store.GetJob(ctx, jobID)
+		switch {
+		case err == nil && rec.State.Terminal():
+			return rec, nil
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// List returns a page of jobs, newest first: of one state, or with
+// q.State "" of every state.
+func (c *Client) List(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
+	if q.State == "" {
+		return c.store.ListRecent(ctx, q)
+	}
+	return c.store.ListJobs(ctx, q)
+}
