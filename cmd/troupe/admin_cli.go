@@ -499,7 +499,7 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) error {
 	fs := e.flags("ctl job " + verb)
 	reason := fs.String("reason", "", "why (recorded on the job)")
-	by := fs.String("by", envOr("USER", ""), "who decides (recorded on the job)")
+	by := fs.String("by", envOr("USER", ""), "who decides, sent with the decision (the server may take it from the API key instead)")
 	hash := fs.String("hash", "", "the job hash you reviewed (default: the one recorded on the job)")
 	pos, err := e.parse(fs, args)
 	if err != nil {
@@ -522,7 +522,7 @@ func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) erro
 func (e *ctlEnv) jobCancel(ctx context.Context, args []string) error {
 	fs := e.flags("ctl job cancel")
 	reason := fs.String("reason", "", "why")
-	by := fs.String("by", envOr("USER", ""), "who cancels")
+	by := fs.String("by", envOr("USER", ""), "who cancels, sent with the cancel (the server may take it from the API key instead)")
 	pos, err := e.parse(fs, args)
 	if err != nil {
 		return err
