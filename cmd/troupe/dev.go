@@ -215,7 +215,7 @@ func devTaken(std, addr string) string {
 	if addr == std {
 		return ""
 	}
-	return fmt.Sprintf("  (%s is taken: other commands need this address)", std)
+	return fmt.Sprintf("  (%s is taken)", std)
 }
 
 // devExports is the line that points every other command at this dev
