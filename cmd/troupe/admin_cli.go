@@ -93,6 +93,7 @@ const (
        troupe job approve <job_id> [--reason R] [--hash H]
        troupe job reject <job_id> [--reason R] [--hash H]
        troupe job cancel <job_id> [--reason R]
+       troupe job wait <job_id> [--timeout D]          until it ends; exit 1 unless SUCCEEDED
 `
 	dlqUsage = `usage: troupe dlq [list] [--limit N]     dead-lettered jobs and inputs, newest first
        troupe dlq retry <entry_id> [--force]
@@ -179,6 +180,8 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 			return e.jobDecide(ctx, verb, rest)
 		case "cancel":
 			return e.jobCancel(ctx, rest)
+		case "wait":
+			return e.jobWait(ctx, rest)
 		}
 		// `troupe job <job_id>`: any other word is a job id.
 		return e.jobStatus(ctx, args[1:])
@@ -305,7 +308,27 @@ func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
 		fmt.Fprintf(e.out, "submitted %s (tenant %s)%s\n", sub.JobID, orDash(sub.Tenant), note)
 		return nil
 	}
-	j, err := e.waitJob(ctx, e.client(), sub.JobID, *timeout)
+	return e.waitAndPrint(ctx, sub.JobID, *timeout)
+}
+
+// jobWait waits for a job submitted earlier, as submit --wait does.
+func (e *ctlEnv) jobWait(ctx context.Context, args []string) error {
+	fs := e.flags("job wait")
+	timeout := fs.Duration("timeout", WaitTimeoutDefault, "how long to wait")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := exactly(pos, 1, "exactly one job id"); err != nil {
+		return err
+	}
+	return e.waitAndPrint(ctx, pos[0], *timeout)
+}
+
+// waitAndPrint waits for a job to end and prints it; a job that does not
+// end SUCCEEDED is an error, so the command exits 1.
+func (e *ctlEnv) waitAndPrint(ctx context.Context, id string, timeout time.Duration) error {
+	j, err := e.waitJob(ctx, e.client(), id, timeout)
 	if err != nil {
 		return err
 	}

@@ -247,6 +247,10 @@ func TestCLISubmitWaitExitsNonZeroUnlessSucceeded(t *testing.T) {
 	if r := runBin(t, env, "submit", "--topic", "job.echo", "--wait"); r.code != 0 || !strings.Contains(r.out, "state SUCCEEDED") {
 		t.Fatalf("submit --wait of a job that succeeds: %s", r)
 	}
+	// job wait of a job submitted before: the same answer.
+	if r := runBin(t, env, "job", "wait", "nope-1", "--json"); r.code != 1 || !strings.Contains(r.out, `"state": "FAILED"`) {
+		t.Fatalf("job wait of a FAILED job: %s", r)
+	}
 }
 
 // -h names each command's subcommands and arguments; version names the build.
