@@ -23,7 +23,9 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -119,8 +121,8 @@ func runBin(t *testing.T, env []string, args ...string) binResult {
 
 // cliNode starts a node whose policy holds job.approve for a human, with
 // one echo worker and its admin API, and returns the environment that
-// points the binary at it.
-func cliNode(t *testing.T) []string {
+// points the binary at it, and the node.
+func cliNode(t *testing.T) ([]string, *troupe.Node) {
 	t.Helper()
 	env := testenv.New(t)
 	pools := &router.PoolConfig{Topics: map[string][]string{"job.echo": {"echo"}, "job.approve": {"echo"}}}
@@ -155,7 +157,7 @@ func cliNode(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
-	return cliEnv("TROUPE_API_URL=http://"+srv.Addr(), "TROUPE_API_KEY="+ctlTestKey)
+	return cliEnv("TROUPE_API_URL=http://"+srv.Addr(), "TROUPE_API_KEY="+ctlTestKey), node
 }
 
 // waitJobState runs `troupe job <id> --json` until the job is in state.
@@ -176,7 +178,7 @@ func waitJobState(t *testing.T, env []string, id, state string) admin.Job {
 // README's approval commands, flags after the id, work as printed.
 func TestCLIApproveAndCancelTakeFlagsAfterTheID(t *testing.T) {
 	t.Parallel()
-	env := cliNode(t)
+	env, _ := cliNode(t)
 	for _, id := range []string{"dz-1", "dz-2"} {
 		if r := runBin(t, env, "submit", "--topic", "job.approve", "--id", id); r.code != 0 {
 			t.Fatalf("submit %s: %s", id, r)
@@ -197,9 +199,19 @@ func TestCLIApproveAndCancelTakeFlagsAfterTheID(t *testing.T) {
 // Every read takes --json and prints JSON that parses into the API's type.
 func TestCLIReadsPrintJSON(t *testing.T) {
 	t.Parallel()
-	env := cliNode(t)
+	env, node := cliNode(t)
 	if r := runBin(t, env, "submit", "--topic", "job.echo", "--id", "js-1", "--wait"); r.code != 0 {
 		t.Fatalf("submit --wait: %s", r)
+	}
+	// A workflow step with a compensation, for `troupe saga`.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := node.Submit(ctx, &capv1.JobRequest{JobId: "wf-1-s0", Topic: "job.echo", WorkflowId: "wf-1",
+		Compensation: &capv1.Compensation{Topic: "job.echo"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Wait(ctx, "wf-1-s0"); err != nil {
+		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		args []string
@@ -217,6 +229,7 @@ func TestCLIReadsPrintJSON(t *testing.T) {
 		{[]string{"trace", "js-1", "--json"}, &admin.Trace{}},
 		{[]string{"ctl", "stats", "--json"}, &admin.Stats{}},
 		{[]string{"version", "--json"}, &buildVersion{}},
+		{[]string{"saga", "wf-1", "--json"}, &saga.Report{}},
 	} {
 		r := runBin(t, env, c.args...)
 		if r.code != 0 {
@@ -229,6 +242,12 @@ func TestCLIReadsPrintJSON(t *testing.T) {
 			t.Errorf("troupe %s: output does not parse as %T: %v\n%s", strings.Join(c.args, " "), c.into, err, r.out)
 		}
 	}
+	if r := runBin(t, env, "saga", "wf-1"); r.code != 0 || !strings.Contains(r.out, "stack (1 steps") || !strings.Contains(r.out, "wf-1-s0") {
+		t.Errorf("troupe saga wf-1: %s", r)
+	}
+	if r := runBin(t, env, "saga", "wf-none"); r.code != 1 || !strings.Contains(r.errOut, "no saga for workflow wf-none") {
+		t.Errorf("troupe saga of an unknown workflow: %s", r)
+	}
 	var j admin.Job
 	r := runBin(t, env, "job", "js-1", "--json")
 	if err := json.Unmarshal([]byte(r.out), &j); err != nil || j.ID != "js-1" || j.State != "SUCCEEDED" {
@@ -239,7 +258,7 @@ func TestCLIReadsPrintJSON(t *testing.T) {
 // A waited job that does not end SUCCEEDED makes the command fail.
 func TestCLISubmitWaitExitsNonZeroUnlessSucceeded(t *testing.T) {
 	t.Parallel()
-	env := cliNode(t)
+	env, _ := cliNode(t)
 	r := runBin(t, env, "submit", "--topic", "job.nope", "--id", "nope-1", "--wait", "--timeout", "30s")
 	if r.code != 1 || !strings.Contains(r.out, "state FAILED") || !strings.Contains(r.errOut, "ended FAILED") {
 		t.Fatalf("submit --wait of a job no topic routes: %s\nwant exit 1, the FAILED job and why", r)
