@@ -25,8 +25,8 @@ import (
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/worker"
 )
 
