@@ -80,8 +80,8 @@ var (
 // message repeats.
 const maxSenderInError = 128
 
-func (e *VerifyError) Error() string {
-	s := e.Sender
+// truncate bounds an untrusted sender id for messages.
+func truncate(s string) string {
 	if len(s) > maxSenderInError {
 		s = s[:maxSenderInError]
 		for !utf8.ValidString(s) && len(s) > 0 {
@@ -89,6 +89,11 @@ func (e *VerifyError) Error() string {
 		}
 		s += "…"
 	}
+	return s
+}
+
+func (e *VerifyError) Error() string {
+	s := truncate(e.Sender)
 	switch e.Reason {
 	case ReasonUnsigned:
 		return fmt.Sprintf("signing: packet from sender %q is not signed", s)
