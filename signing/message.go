@@ -66,4 +66,3 @@ func (v *Verifier) VerifyMessage(subject, sender, signedAt, sig string, data []b
 	p.Sender = sender
 	return p, time.Unix(0, ns), nil
 }
-
