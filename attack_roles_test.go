@@ -47,7 +47,9 @@ func newRoleSetup(t *testing.T, tag string) *roleSetup {
 			t.Fatal(err)
 		}
 	}
-	pem := func(k *signing.Signer) string { return `"` + strings.ReplaceAll(string(k.PublicPEM()), "\n", `\n`) + `"` }
+	pem := func(k *signing.Signer) string {
+		return `"` + strings.ReplaceAll(string(k.PublicPEM()), "\n", `\n`) + `"`
+	}
 	file := `"` + s.nodeID + `": {role: node, keys: ` + pem(s.node) + "}\n" +
 		`"troupe-saga/*": {role: node, keys: ` + pem(s.node) + "}\n" +
 		`"` + s.w1 + `": {role: worker, pools: [echo], keys: ` + pem(s.kw1) + "}\n" +
