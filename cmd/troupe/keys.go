@@ -16,7 +16,7 @@ import (
 // runKeys handles `troupe keys gen`: a P-256 key pair for one sender, and
 // the key set line that trusts it.
 func runKeys(_ context.Context, args []string) error {
-	const usage = "usage: troupe keys gen --out DIR --sender NAME"
+	const usage = "usage: troupe keys gen --out DIR --sender NAME [--role node|worker|client|operator [--pools P,...] [--tenants T,...]]"
 	if len(args) > 0 && isHelp(args[0]) {
 		fmt.Fprintln(os.Stderr, usage)
 		return flag.ErrHelp
@@ -27,11 +27,33 @@ func runKeys(_ context.Context, args []string) error {
 	fs := newFlags("keys gen")
 	out := fs.String("out", ".", "directory to write <sender>.key (private, mode 0600) and <sender>.pub into")
 	sender := fs.String("sender", "", "the sender id the key signs as (a node id, worker id, troupe-cli, ...)")
+	role := fs.String("role", "", "the sender's role in the printed key set entry: node, worker, client or operator (empty: an entry of keys alone, which may act as every role)")
+	pools := fs.String("pools", "", "with --role worker: the pools it serves, comma-separated (* for any)")
+	tenants := fs.String("tenants", "", "with --role client: the tenants it submits for, comma-separated (* for any)")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	if *sender == "" {
 		return errors.New("--sender is required")
+	}
+	entry := func(pub []byte) string {
+		if *role == "" {
+			return fmt.Sprintf("%s: [%s]\n", strconv.Quote(*sender), strconv.Quote(string(pub)))
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s: {role: %s", strconv.Quote(*sender), *role)
+		for _, l := range []struct{ key, val string }{{"pools", *pools}, {"tenants", *tenants}} {
+			if l.val == "" {
+				continue
+			}
+			var q []string
+			for _, v := range strings.Split(l.val, ",") {
+				q = append(q, strconv.Quote(strings.TrimSpace(v)))
+			}
+			fmt.Fprintf(&b, ", %s: [%s]", l.key, strings.Join(q, ", "))
+		}
+		fmt.Fprintf(&b, ", keys: [%s]}\n", strconv.Quote(string(pub)))
+		return b.String()
 	}
 	if strings.ContainsAny(*sender, " \t\r\n\"*") {
 		return fmt.Errorf("sender %q: no spaces, quotes or *", *sender)
@@ -39,6 +61,12 @@ func runKeys(_ context.Context, args []string) error {
 	priv, pub, err := signing.GenerateKey()
 	if err != nil {
 		return err
+	}
+	line := entry(pub)
+	// The line must load as a key set (a bad role or a missing scope is
+	// said now, before any file is written).
+	if _, err := signing.ParseKeySet([]byte(line)); err != nil {
+		return fmt.Errorf("keys gen: %w", err)
 	}
 	base := filepath.Join(*out, strings.ReplaceAll(*sender, "/", "_"))
 	if err := writeNew(base+".key", priv, 0o600); err != nil {
@@ -48,7 +76,7 @@ func runKeys(_ context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s.key and %s.pub; add this line to the key set of whoever verifies %s:\n", base, base, *sender)
-	fmt.Printf("%s: [%s]\n", strconv.Quote(*sender), strconv.Quote(string(pub)))
+	fmt.Print(line)
 	return nil
 }
 
