@@ -3,6 +3,7 @@ package troupe_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -50,7 +51,7 @@ func newRoleSetup(t *testing.T, tag string) *roleSetup {
 	pem := func(k *signing.Signer) string {
 		return `"` + strings.ReplaceAll(string(k.PublicPEM()), "\n", `\n`) + `"`
 	}
-	file := `"` + s.nodeID + `": {role: node, keys: ` + pem(s.node) + "}\n" +
+	file := `"` + s.nodeID + `*": {role: node, keys: ` + pem(s.node) + "}\n" +
 		`"troupe-saga/*": {role: node, keys: ` + pem(s.node) + "}\n" +
 		`"` + s.w1 + `": {role: worker, pools: [echo], keys: ` + pem(s.kw1) + "}\n" +
 		`"` + s.w2 + `": {role: worker, pools: [echo], keys: ` + pem(s.kw2) + "}\n" +
@@ -385,4 +386,45 @@ func TestAttack5ReplayedPacketsAreRefused(t *testing.T) {
 	if _, err := f.node.Job(context.Background(), "job-a5-old"); err == nil {
 		t.Fatal("a stale submit created its job")
 	}
+}
+
+// Two replicas that verify, with roles: every forward between them, their
+// capacity gossip and their queue questions are signed by node keys and
+// taken; nothing is refused, and every job completes.
+func TestSignedReplicasForwardAndGossipWithRoles(t *testing.T) {
+	t.Parallel()
+	s := newRoleSetup(t, "rep")
+	f := s.fixture(t)
+	a := f.node
+	b := newNodeOn(t, f, s.nodeID+"-b", func(c *troupe.Config) { c.Signer, c.Verifier = s.node, s.keys })
+	s.startW1(f, nil, nil, nil)
+	waitLive(t, a, 1)
+	waitLive(t, b, 1)
+	const jobs = 40
+	for i := range jobs {
+		f.signedSubmit(s.kA, s.cliA, tenantReq(fmt.Sprintf("rep-%d", i), "tenantA"))
+	}
+	for i := range jobs {
+		f.waitState(fmt.Sprintf("rep-%d", i), core.StateSucceeded)
+	}
+	if _, err := b.WaitingJobs(context.Background(), "", 10); err != nil {
+		t.Fatal(err)
+	}
+	taken := counter(t, a, "troupe_events_forwarded_total", "taken") + counter(t, b, "troupe_events_forwarded_total", "taken")
+	for _, n := range []*troupe.Node{a, b} {
+		mfs, err := n.Metrics().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "troupe_packets_rejected_total" {
+				for _, m := range mf.Metric {
+					if m.GetCounter().GetValue() > 0 {
+						t.Fatalf("%s refused packets between its signed peers: %v", n.ID(), m)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d jobs, %v results forwarded to their owner", jobs, taken)
 }
