@@ -89,7 +89,11 @@ func (d *inboxDelivery) InProgress() error { return nil }
 // node, the owner of its job, or a batch of them (HeaderKind KindBatch).
 func (in *Intake) HandleInbox(msg *nats.Msg) {
 	kind := msg.Header.Get(HeaderKind)
-	if !in.Signatures.fromNode(inboxKind(kind), msg) {
+	refusedAs := inboxKind(kind)
+	if kind == KindBatch {
+		refusedAs = KindForward
+	}
+	if !in.Signatures.fromNode(refusedAs, msg) {
 		// Not from a node: nothing of it is taken. A batch is answered as
 		// one that does not parse.
 		if kind == KindBatch {

@@ -67,6 +67,7 @@ const (
 	KindProgress  = "progress"
 	KindCapacity  = "capacity"
 	KindQueue     = "queue"
+	KindForward   = "forward" // a batch of forwarded events refused whole
 )
 
 // NewSignatures returns the intake's signature check over v, registering
