@@ -32,10 +32,14 @@
 // back verbatim at the end of their message, and candidate 1 never touches
 // them. Changing an unknown field breaks the signature like any other field.
 //
-// # What a signature does not cover
+// # Roles and replays
 //
-// A signature proves which key holder produced a packet, not when: a
-// captured packet can be replayed as is. See SECURITY.md.
+// A signature proves which key holder produced a packet, not whether that
+// holder may send it: the key set's roles and scopes say that
+// (Principal, returned by VerifyPrincipal; the node checks it). Nor does
+// it prove when: a captured packet verifies as is, and ReplayGuard bounds
+// how long (created_at within a skew) and refuses a signature taken
+// already within it. See SECURITY.md.
 package signing
 
 import (
