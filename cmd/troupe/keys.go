@@ -36,37 +36,13 @@ func runKeys(_ context.Context, args []string) error {
 	if *sender == "" {
 		return errors.New("--sender is required")
 	}
-	entry := func(pub []byte) string {
-		if *role == "" {
-			return fmt.Sprintf("%s: [%s]\n", strconv.Quote(*sender), strconv.Quote(string(pub)))
-		}
-		var b strings.Builder
-		fmt.Fprintf(&b, "%s: {role: %s", strconv.Quote(*sender), *role)
-		for _, l := range []struct{ key, val string }{{"pools", *pools}, {"tenants", *tenants}} {
-			if l.val == "" {
-				continue
-			}
-			var q []string
-			for _, v := range strings.Split(l.val, ",") {
-				q = append(q, strconv.Quote(strings.TrimSpace(v)))
-			}
-			fmt.Fprintf(&b, ", %s: [%s]", l.key, strings.Join(q, ", "))
-		}
-		fmt.Fprintf(&b, ", keys: [%s]}\n", strconv.Quote(string(pub)))
-		return b.String()
-	}
-	if strings.ContainsAny(*sender, " \t\r\n\"*") {
-		return fmt.Errorf("sender %q: no spaces, quotes or *", *sender)
-	}
 	priv, pub, err := signing.GenerateKey()
 	if err != nil {
 		return err
 	}
-	line := entry(pub)
-	// The line must load as a key set (a bad role or a missing scope is
-	// said now, before any file is written).
-	if _, err := signing.ParseKeySet([]byte(line)); err != nil {
-		return fmt.Errorf("keys gen: %w", err)
+	line, err := keySetEntry(*sender, *role, *pools, *tenants, pub)
+	if err != nil {
+		return err
 	}
 	base := filepath.Join(*out, strings.ReplaceAll(*sender, "/", "_"))
 	if err := writeNew(base+".key", priv, 0o600); err != nil {
@@ -91,4 +67,32 @@ func writeNew(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("keys: %w", err)
 	}
 	return f.Close()
+}
+
+// keySetEntry is the key set line that lists pub for sender: keys alone
+// without a role, else a mapping with the role and its scope (pools and
+// tenants comma-separated). The line must load as a key set, so a bad role
+// or a missing scope is said before any key file is written.
+func keySetEntry(sender, role, pools, tenants string, pub []byte) (string, error) {
+	line := fmt.Sprintf("%s: [%s]\n", strconv.Quote(sender), strconv.Quote(string(pub)))
+	if role != "" {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s: {role: %s", strconv.Quote(sender), strconv.Quote(role))
+		for _, l := range []struct{ key, val string }{{"pools", pools}, {"tenants", tenants}} {
+			if l.val == "" {
+				continue
+			}
+			var q []string
+			for _, v := range strings.Split(l.val, ",") {
+				q = append(q, strconv.Quote(strings.TrimSpace(v)))
+			}
+			fmt.Fprintf(&b, ", %s: [%s]", l.key, strings.Join(q, ", "))
+		}
+		fmt.Fprintf(&b, ", keys: [%s]}\n", strconv.Quote(string(pub)))
+		line = b.String()
+	}
+	if _, err := signing.ParseKeySet([]byte(line)); err != nil {
+		return "", fmt.Errorf("keys gen: %w", err)
+	}
+	return line, nil
 }
