@@ -159,6 +159,15 @@ func TestAttack1ForgedResultFromAnotherWorkersKey(t *testing.T) {
 	waitRejected(t, f.node, "result", signing.Reason(core.ReasonNotJobWorker), 1)
 	f.waitDLQReason("job-a1", core.ReasonOutOfScope)
 	f.waitDLQReason("job-a1", core.ReasonNotJobWorker)
+	// A progress from the other worker's key: refused by the job, counted.
+	pr, err := bus.Encoder{Signer: s.kw2}.Progress("trace-job-a1", s.w2, &capv1.JobProgress{JobId: "job-a1", Percent: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.env.NATS.Publish(f.subj.Progress, pr); err != nil {
+		t.Fatal(err)
+	}
+	waitRejected(t, f.node, "progress", signing.Reason(core.ReasonNotJobWorker), 1)
 	f.requireState("job-a1", core.StateRunning)
 
 	close(release)
