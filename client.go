@@ -91,7 +91,7 @@ func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	msg, err := n.nc.RequestWithContext(cctx, n.subj.QueueAsk(owner), []byte(jobID))
+	msg, err := n.nc.RequestMsgWithContext(cctx, bus.NewSignedMsg(n.subj.QueueAsk(owner), n.cfg.NodeID, []byte(jobID)))
 	if err != nil {
 		return -1, fmt.Errorf("troupe: ask node %s for the queue position of %s: %w", owner, jobID, err)
 	}
@@ -182,7 +182,7 @@ func (n *Node) askPeers(ctx context.Context, subject func(peer string) string, b
 	for _, peer := range peers {
 		go func() {
 			var data []byte
-			if msg, err := n.nc.RequestWithContext(cctx, subject(peer), body); err == nil {
+			if msg, err := n.nc.RequestMsgWithContext(cctx, bus.NewSignedMsg(subject(peer), n.cfg.NodeID, body)); err == nil {
 				data = msg.Data
 			}
 			replies <- data

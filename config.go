@@ -168,6 +168,13 @@ type Config struct {
 	// cancel, heartbeat and progress before the node acts on it; see
 	// intake.Signatures for what happens to a rejected packet.
 	Verifier *signing.Verifier
+	// ReplayWindow is how far a verified packet's created_at may be from
+	// its arrival (default signing.DefaultReplaySkew); within it the node
+	// remembers each signature it took (at most ReplaySeen, default
+	// signing.DefaultReplaySeen) and refuses it a second time. Only with
+	// a Verifier. See SECURITY.md, "Replay window".
+	ReplayWindow time.Duration
+	ReplaySeen   int
 
 	// TenantLimits caps each tenant's DISPATCHED + RUNNING jobs across all
 	// replicas (a missing tenant has no cap; a policy's max_concurrent_jobs

@@ -306,7 +306,9 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 	if err != nil || string(reply.Data) != "nak" {
 		t.Fatalf("forged forwarded result: reply %v, err %v", reply, err)
 	}
-	waitRejected(t, f.node, "result", signing.ReasonBadSignature, 2)
+	// The forward itself carries no node signature (Troupe-Signature): it
+	// is refused before its packet is looked at.
+	waitRejected(t, f.node, "result", signing.ReasonUnsigned, 2)
 	if r, err := f.node.Job(context.Background(), "job-forge"); err != nil || r.State != core.StateRunning {
 		t.Fatalf("after forged packets: %v %+v", err, r)
 	}

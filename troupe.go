@@ -37,6 +37,7 @@ import (
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/saga"
+	"github.com/troupe-run/troupe/signing"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/supervisor"
 )
@@ -313,7 +314,7 @@ func (n *Node) Start(ctx context.Context) error {
 		// A pick its job has neither started on nor given back a minute
 		// after the dispatch timeout was never dispatched (router/picks.go).
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
-		Gossip:  func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
+		Gossip:  func(data []byte) { _ = n.nc.PublishMsg(bus.NewSignedMsg(n.subj.Capacity(), n.cfg.NodeID, data)) },
 		Link:    func() (bool, uint64) { return n.nc.IsConnected(), n.nc.Stats().Reconnects },
 		OnEvictJobs: func(workerID string, jobIDs []string) {
 			if in := intakeRef.Load(); in != nil {
@@ -353,7 +354,7 @@ func (n *Node) Start(ctx context.Context) error {
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
 		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
-		Forward: intake.Forwarder(n.nc, n.subj), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
+		Forward: intake.ForwarderFrom(n.nc, n.subj, n.cfg.NodeID), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
 		TenantLimit: tenantLimit(n.cfg.TenantLimits),
 		Output:      n.outputGate(), Scans: n.scans,
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
@@ -388,7 +389,7 @@ func (n *Node) Start(ctx context.Context) error {
 	}, func() float64 { return float64(env.Toucher.Touches()) }))
 	jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
 	n.resolver = supervisor.NewResolver(supervisor.ResolverConfig{NodeID: n.cfg.NodeID, Holders: n.store.LockHolders,
-		ForwardBatch: intake.BatchForwarder(n.nc, n.subj), Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics,
+		ForwardBatch: intake.BatchForwarderFrom(n.nc, n.subj, n.cfg.NodeID), Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics,
 		OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL()})
 	shardProps := supervisor.ShardPropsResolving(actors.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
@@ -398,7 +399,15 @@ func (n *Node) Start(ctx context.Context) error {
 		}
 		n.shards = append(n.shards, pid)
 	}
-	sigs, err := intake.NewSignatures(n.cfg.Verifier, n.cfg.Metrics)
+	var replay *signing.ReplayGuard
+	if n.cfg.Verifier != nil {
+		replay = signing.NewReplayGuard(n.cfg.ReplayWindow, n.cfg.ReplaySeen)
+		_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "troupe_replay_signatures_forgotten_total",
+			Help: "Signatures the replay window forgot before their window ended because its seen-set was full.",
+		}, func() float64 { return float64(replay.Forgotten()) }))
+	}
+	sigs, err := intake.NewSignatures(n.cfg.Verifier, replay, n.cfg.Metrics)
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
@@ -420,6 +429,9 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	routerPID, sysRoot := n.router, n.sys.Root
 	capSub, err := n.nc.Subscribe(n.subj.Capacity(), func(m *nats.Msg) {
+		if !sigs.FromNode(intake.KindCapacity, m) {
+			return
+		}
 		pl, err := router.DecodePeerLoad(m.Data)
 		if err != nil {
 			n.log.Debug("capacity report dropped", "err", err)
@@ -432,7 +444,12 @@ func (n *Node) Start(ctx context.Context) error {
 		return fmt.Errorf("troupe: subscribe capacity reports: %w", err)
 	}
 	sysRoot.Send(routerPID, &router.Announce{})
+	// The queue questions answer other replicas only: a waiting job's
+	// tenant, topic and labels are not for everyone on the bus.
 	askSub, err := n.nc.Subscribe(n.subj.QueueAsk(n.cfg.NodeID), func(m *nats.Msg) {
+		if !sigs.FromNode(intake.KindQueue, m) {
+			return
+		}
 		pos := n.localQueuePosition(string(m.Data))
 		_ = m.Respond([]byte(strconv.Itoa(pos)))
 	})
@@ -440,6 +457,9 @@ func (n *Node) Start(ctx context.Context) error {
 		return fmt.Errorf("troupe: subscribe queue questions: %w", err)
 	}
 	findSub, err := n.nc.Subscribe(n.subj.QueueFind(n.cfg.NodeID), func(m *nats.Msg) {
+		if !sigs.FromNode(intake.KindQueue, m) {
+			return
+		}
 		var body []byte
 		if w := n.localWaiting(string(m.Data)); w != nil {
 			body, _ = json.Marshal(w)
@@ -450,6 +470,9 @@ func (n *Node) Start(ctx context.Context) error {
 		return fmt.Errorf("troupe: subscribe waiting-job questions: %w", err)
 	}
 	listSub, err := n.nc.Subscribe(n.subj.QueueList(n.cfg.NodeID), func(m *nats.Msg) {
+		if !sigs.FromNode(intake.KindQueue, m) {
+			return
+		}
 		var q waitListQuery
 		if json.Unmarshal(m.Data, &q) != nil || q.Limit <= 0 {
 			_ = m.Respond([]byte("[]"))

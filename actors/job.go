@@ -229,6 +229,12 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			env.Wheel.Cancel(a.timer)
 			a.timer = nil
 		}
+	case lifecycle.Refusal:
+		if e.Refuse != nil {
+			e.Refuse(e.Reason, e.Detail)
+		} else if e.D != nil {
+			_ = e.D.Ack()
+		}
 	case lifecycle.Ack:
 		_ = e.D.Ack()
 	case lifecycle.Nak:

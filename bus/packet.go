@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -24,6 +25,39 @@ func NewPacket(traceID, sender string) *capv1.BusPacket {
 // *signing.Signer is one.
 type Sealer interface {
 	Seal(p *capv1.BusPacket) ([]byte, error)
+}
+
+// MessageSigner signs the body of a node-to-node message that is not a CAP
+// packet (capacity gossip, queue questions, forwards) into NATS headers;
+// *signing.Signer is one.
+type MessageSigner interface {
+	SignMessage(subject string, at time.Time, data []byte) (signedAt, sig string, err error)
+}
+
+// Header names of a signed node-to-node message (as in package signing).
+const (
+	HeaderSender   = "Troupe-Sender"
+	HeaderSignedAt = "Troupe-Signed-At"
+	HeaderSig      = "Troupe-Signature"
+)
+
+// NewSignedMsg returns a message on subject carrying data from sender, its
+// body signed in headers by the signer SignAs registered for sender when
+// that signer is a MessageSigner (otherwise it carries the sender alone,
+// which a node that verifies refuses).
+func NewSignedMsg(subject, sender string, data []byte) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(HeaderSender, sender)
+	if reg := signers.Load(); reg != nil {
+		if s, ok := (*reg)[sender].(MessageSigner); ok {
+			if at, sig, err := s.SignMessage(subject, time.Now(), data); err == nil {
+				m.Header.Set(HeaderSignedAt, at)
+				m.Header.Set(HeaderSig, sig)
+			}
+		}
+	}
+	return m
 }
 
 // Encoder marshals CAP packets. With Signer set, it signs every packet it

@@ -26,6 +26,14 @@ const (
 	ReasonUnsignedPacket Reason = "unsigned_packet"
 	ReasonUnknownSender  Reason = "unknown_sender"
 	ReasonBadSignature   Reason = "bad_signature"
+	// Roles and scopes (a verified sender not allowed to send the packet)
+	// and the replay window. Each ends with a DLQ entry where a job is
+	// involved; see signing.Principal and signing.ReplayGuard.
+	ReasonForbiddenRole Reason = "forbidden_role" // the sender's role may not send this packet
+	ReasonOutOfScope    Reason = "out_of_scope"   // a tenant, pool or worker id outside the sender's scope
+	ReasonNotJobWorker  Reason = "not_job_worker" // a result or progress from a worker the job is not dispatched to
+	ReasonStalePacket   Reason = "stale_packet"   // created_at missing or outside the replay window
+	ReasonReplayed      Reason = "replayed"       // a signature already taken within the replay window
 
 	// Routing.
 	ReasonTopicUnmapped         Reason = "topic_unmapped"

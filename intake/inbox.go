@@ -9,6 +9,7 @@ import (
 
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/core"
 )
 
 // The forwarding inbox. A job actor given a result or cancel for a job that
@@ -39,10 +40,16 @@ const ForwardTimeout = 10 * time.Second
 // when no node listens on the owner's inbox, another error when the owner
 // refused it or did not answer in time.
 func Forwarder(nc *nats.Conn, subj bus.Subjects) func(owner, kind string, raw []byte) error {
+	return ForwarderFrom(nc, subj, "")
+}
+
+// ForwarderFrom is Forwarder for node nodeID: each forward is signed in its
+// headers by the signer bus.SignAs registered for nodeID, so an owner that
+// verifies takes forwards from nodes only.
+func ForwarderFrom(nc *nats.Conn, subj bus.Subjects, nodeID string) func(owner, kind string, raw []byte) error {
 	return func(owner, kind string, raw []byte) error {
-		m := nats.NewMsg(subj.Inbox(owner))
+		m := bus.NewSignedMsg(subj.Inbox(owner), nodeID, raw)
 		m.Header.Set(HeaderKind, kind)
-		m.Data = raw
 		reply, err := nc.RequestMsg(m, ForwardTimeout)
 		switch {
 		case errors.Is(err, nats.ErrNoResponders):
@@ -82,6 +89,23 @@ func (d *inboxDelivery) InProgress() error { return nil }
 // node, the owner of its job, or a batch of them (HeaderKind KindBatch).
 func (in *Intake) HandleInbox(msg *nats.Msg) {
 	kind := msg.Header.Get(HeaderKind)
+	refusedAs := inboxKind(kind)
+	if kind == KindBatch {
+		refusedAs = KindForward
+	}
+	if !in.Signatures.fromNode(refusedAs, msg) {
+		// Not from a node: nothing of it is taken. A batch is answered as
+		// one that does not parse.
+		if kind == KindBatch {
+			r := &nats.Msg{Header: nats.Header{}, Data: []byte(replyNak)}
+			r.Header.Set(HeaderKind, KindBatch)
+			r.Header.Set(HeaderError, "forwards are taken from nodes only")
+			_ = msg.RespondMsg(r)
+			return
+		}
+		_ = msg.Respond([]byte(replyNak))
+		return
+	}
 	if kind == KindBatch {
 		in.handleInboxBatch(msg)
 		return
@@ -100,19 +124,40 @@ func (in *Intake) takeForwarded(kind string, raw []byte, d actors.Delivery) bool
 		in.Log.Warn("forwarded packet does not decode", "err", err)
 		return false
 	}
-	if err := in.Signatures.check(inboxKind(kind), pkt, raw); err != nil {
+	// The forwarding node took the packet from its stream, verified it,
+	// checked its sender's role and its replay window: here the signature
+	// is checked again (a replica that does not verify forwards anything),
+	// the role too, but not the seen-set (a refused forward is offered
+	// again, the same packet).
+	by, err := in.Signatures.principal(inboxKind(kind), pkt, raw)
+	if err != nil {
 		in.Log.Warn("forwarded packet rejected", "kind", kind, "err", err)
 		return false
+	}
+	refuse := func(reason core.Reason, detail string) {
+		in.Signatures.count(inboxKind(kind), string(reason))
+		in.Log.Warn("forwarded packet refused", "kind", kind, "reason", reason, "detail", detail)
+		_ = d.Ack() // refused for good: the forwarding node acks its message
 	}
 	switch kind {
 	case actors.ForwardResult:
 		if res := pkt.GetJobResult(); res != nil && ValidateJobID(res.JobId) == nil {
-			in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
+			if reason, detail := in.Signatures.mayResult(by, pkt); reason != "" {
+				refuse(reason, detail)
+				return true
+			}
+			in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true,
+				By: by, Refuse: refuse}, true)
 			return true
 		}
 	case actors.ForwardCancel:
 		if cn := pkt.GetJobCancel(); cn != nil && ValidateJobID(cn.JobId) == nil {
-			in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: d, Forwarded: true}, true)
+			if reason, detail := in.Signatures.mayCancel(by); reason != "" {
+				refuse(reason, detail)
+				return true
+			}
+			in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: d, Forwarded: true,
+				By: by, Refuse: refuse}, true)
 			return true
 		}
 	}

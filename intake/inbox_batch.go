@@ -125,14 +125,21 @@ func parseBatch(data []byte) ([]supervisor.ForwardItem, error) {
 // server's max payload, concurrently; an item too big for one goes alone,
 // as a single forward. A batch of one is a single forward.
 func BatchForwarder(nc *nats.Conn, subj bus.Subjects) func(owner string, items []supervisor.ForwardItem) []error {
-	single := Forwarder(nc, subj)
-	f := &batchForwarder{nc: nc, subj: subj, single: single}
+	return BatchForwarderFrom(nc, subj, "")
+}
+
+// BatchForwarderFrom is BatchForwarder for node nodeID, signing each
+// request as ForwarderFrom does.
+func BatchForwarderFrom(nc *nats.Conn, subj bus.Subjects, nodeID string) func(owner string, items []supervisor.ForwardItem) []error {
+	single := ForwarderFrom(nc, subj, nodeID)
+	f := &batchForwarder{nc: nc, subj: subj, node: nodeID, single: single}
 	return f.forward
 }
 
 type batchForwarder struct {
 	nc     *nats.Conn
 	subj   bus.Subjects
+	node   string
 	single func(owner, kind string, raw []byte) error
 	old    sync.Map // owner → time.Time until which it gets single forwards
 }
@@ -195,9 +202,8 @@ func (f *batchForwarder) request(owner string, items []supervisor.ForwardItem, e
 		errs[0] = f.single(owner, items[0].Kind, items[0].Raw)
 		return
 	}
-	m := nats.NewMsg(f.subj.Inbox(owner))
+	m := bus.NewSignedMsg(f.subj.Inbox(owner), f.node, appendBatch(nil, items))
 	m.Header.Set(HeaderKind, KindBatch)
-	m.Data = appendBatch(nil, items)
 	reply, err := f.nc.RequestMsg(m, ForwardTimeout)
 	all := func(err error) {
 		for i := range errs {

@@ -18,6 +18,7 @@ import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/signing"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/supervisor"
 )
@@ -96,38 +97,39 @@ func publishedAt(msg jetstream.Msg) time.Time {
 // and that validate accepts it. Anything else is dead-lettered with its
 // reason and acked; take then reports false.
 func (in *Intake) take(msg jetstream.Msg, stream, want string, payload func(*capv1.BusPacket) (string, bool),
-	validate func(*capv1.BusPacket) error) (*capv1.BusPacket, bool) {
+	validate func(*capv1.BusPacket) error) (*capv1.BusPacket, *signing.Principal, bool) {
 	if in.lastOffer(msg) {
-		return nil, false
+		return nil, nil, false
 	}
 	if in.Guard != nil && in.Guard.Seen(msg) {
 		_ = msg.Ack()
-		return nil, false
+		return nil, nil, false
 	}
 	if n := len(msg.Data()); n > MaxPacketBytes {
 		in.reject(msg, "", "", core.ReasonInvalidRequest,
 			fmt.Sprintf("%s packet of %d bytes exceeds the %d-byte limit", stream, n, MaxPacketBytes))
-		return nil, false
+		return nil, nil, false
 	}
 	pkt, err := bus.Decode(msg.Data())
 	if err != nil {
 		in.reject(msg, "", "", core.ReasonDecodeFailed, "packet does not decode: "+err.Error())
-		return nil, false
+		return nil, nil, false
 	}
-	if !in.verified(msg, stream, pkt) {
-		return nil, false
+	by, ok := in.verified(msg, stream, pkt)
+	if !ok {
+		return nil, nil, false
 	}
 	jobID, ok := payload(pkt)
 	if !ok {
 		in.reject(msg, "", pkt.TraceId, core.ReasonUnexpectedKind,
 			fmt.Sprintf("%s subject carries %s, not a %s", stream, payloadKind(pkt), want))
-		return nil, false
+		return nil, nil, false
 	}
 	if err := validate(pkt); err != nil {
 		in.reject(msg, jobID, pkt.TraceId, core.ReasonInvalidRequest, stream+": "+err.Error())
-		return nil, false
+		return nil, nil, false
 	}
-	return pkt, true
+	return pkt, by, true
 }
 
 // delivery is how a job actor settles msg: through the guard when there is one.
@@ -141,7 +143,7 @@ func (in *Intake) delivery(msg jetstream.Msg) actors.Delivery {
 // HandleSubmit handles one message from the submit stream.
 func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	msg = withMetadata(msg)
-	pkt, ok := in.take(msg, "submit", "job_request",
+	pkt, _, ok := in.take(msg, KindSubmit, "job_request",
 		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobRequest(); return r.GetJobId(), r != nil },
 		func(p *capv1.BusPacket) error { return ValidateRequest(p.GetJobRequest()) })
 	if !ok {
@@ -158,14 +160,14 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 // HandleResult handles one message from the result stream.
 func (in *Intake) HandleResult(msg jetstream.Msg) {
 	msg = withMetadata(msg)
-	pkt, ok := in.take(msg, "result", "job_result",
+	pkt, by, ok := in.take(msg, KindResult, "job_result",
 		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobResult(); return r.GetJobId(), r != nil },
 		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobResult().GetJobId()) })
 	if !ok {
 		return
 	}
 	res := pkt.GetJobResult()
-	if res.WorkerId == "" && pkt.SenderId == in.Env.NodeID {
+	if res.WorkerId == "" && pkt.SenderId == in.Env.NodeID && (by == nil || by.Is(signing.RoleNode)) {
 		// An outcome this node decided and told the job's client: the job
 		// is terminal already; reading it back would only cost an
 		// activation to absorb it.
@@ -182,7 +184,7 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		in.Env.Root.Send(in.Env.Router, &router.Released{WorkerID: res.WorkerId, JobID: res.JobId, Done: true})
 	}
 	in.route(res.JobId, &actors.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg)}, true)
+		Published: publishedAt(msg), By: by, Refuse: in.refuser(msg, KindResult, pkt)}, true)
 }
 
 // terminalStatus reports whether a result status ends the worker's run.
@@ -205,12 +207,30 @@ func (in *Intake) HandleProgress(msg *nats.Msg) {
 		in.Log.Debug("progress packet ignored", "subject", msg.Subject, "err", err)
 		return
 	}
-	if err := in.Signatures.check(KindProgress, pkt, msg.Data); err != nil {
+	by, err := in.Signatures.principal(KindProgress, pkt, msg.Data)
+	if err != nil {
 		in.Log.Debug("progress packet rejected", "subject", msg.Subject, "err", err)
 		return
 	}
+	if by != nil {
+		reason, detail := core.Reason(""), ""
+		if !by.Is(signing.RoleWorker) {
+			reason, detail = core.ReasonForbiddenRole, "a progress from "+by.String()
+		} else {
+			reason, detail = in.Signatures.fresh(pkt, time.Time{}, 0, false)
+		}
+		if reason != "" {
+			in.Signatures.count(KindProgress, refusalLabel(reason))
+			in.Log.Debug("progress packet refused", "subject", msg.Subject, "reason", reason, "detail", detail)
+			return
+		}
+	}
 	p := pkt.GetJobProgress()
-	in.route(p.JobId, &actors.Progress{P: p, From: pkt.SenderId}, false)
+	refuse := func(reason core.Reason, detail string) {
+		in.Signatures.count(KindProgress, refusalLabel(reason))
+		in.Log.Debug("progress packet refused", "job_id", p.JobId, "reason", reason, "detail", detail)
+	}
+	in.route(p.JobId, &actors.Progress{P: p, From: pkt.SenderId, By: by, Refuse: refuse}, false)
 }
 
 // HandleHeartbeat handles a core NATS heartbeat.
@@ -220,11 +240,23 @@ func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
 		in.Log.Warn("heartbeat packet ignored", "subject", msg.Subject, "err", err)
 		return
 	}
-	if err := in.Signatures.check(KindHeartbeat, pkt, msg.Data); err != nil {
+	by, err := in.Signatures.principal(KindHeartbeat, pkt, msg.Data)
+	if err != nil {
 		in.Log.Warn("heartbeat rejected", "subject", msg.Subject, "err", err)
 		return
 	}
 	hb := pkt.GetHeartbeat()
+	if by != nil {
+		reason, detail := in.Signatures.mayHeartbeat(by, hb)
+		if reason == "" {
+			reason, detail = in.Signatures.fresh(pkt, time.Time{}, 0, false)
+		}
+		if reason != "" {
+			in.Signatures.count(KindHeartbeat, refusalLabel(reason))
+			in.Log.Warn("heartbeat refused", "reason", reason, "detail", detail)
+			return
+		}
+	}
 	if err := ValidateWorkerID(hb.WorkerId); err != nil {
 		in.Log.Warn("heartbeat ignored", "worker_id", hb.WorkerId, "err", err)
 		return
@@ -288,7 +320,7 @@ func payloadKind(p *capv1.BusPacket) string {
 // HandleCancel handles one message from the cancel stream.
 func (in *Intake) HandleCancel(msg jetstream.Msg) {
 	msg = withMetadata(msg)
-	pkt, ok := in.take(msg, "cancel", "job_cancel",
+	pkt, by, ok := in.take(msg, KindCancel, "job_cancel",
 		func(p *capv1.BusPacket) (string, bool) { c := p.GetJobCancel(); return c.GetJobId(), c != nil },
 		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobCancel().GetJobId()) })
 	if !ok {
@@ -296,7 +328,7 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 	}
 	cn := pkt.GetJobCancel()
 	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg)}, true)
+		Published: publishedAt(msg), By: by, Refuse: in.refuser(msg, KindCancel, pkt)}, true)
 }
 
 // Tell delivers msg to the job's actor if it is live on this node.

@@ -47,7 +47,10 @@ type PickRequest struct {
 type PickReply struct {
 	Epoch    uint64
 	WorkerID string
-	Subject  string
+	// Pool is the picked worker's pool (the job records it: on a pool
+	// subject a worker key of that pool may speak for the job first).
+	Pool    string
+	Subject string
 	// Resend: Subject reaches exactly the picked worker and that worker
 	// dedupes by job id (registry.LabelDedupe), so the dispatch may be
 	// repeated until the job shows it arrived.

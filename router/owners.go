@@ -146,7 +146,7 @@ func (r *Router) placeOn(c actor.Context, w *registry.Worker, n int32) int32 {
 		q.live++
 		r.unlink(wt)
 		r.handed[wt.jobID] = handoff{w: w, ticket: wt.ticket, at: now}
-		c.Send(wt.pid, &Placed{JobID: wt.jobID, Ticket: wt.ticket, Reply: &PickReply{WorkerID: w.ID,
+		c.Send(wt.pid, &Placed{JobID: wt.jobID, Ticket: wt.ticket, Reply: &PickReply{WorkerID: w.ID, Pool: w.Pool,
 			Subject: p.Subject, Resend: p.Direct && w.Dedupe, StartsOnDelivery: !w.Reports}})
 		placed++
 	}

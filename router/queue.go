@@ -49,7 +49,7 @@ func (r *Router) pick(c actor.Context, m *PickRequest) {
 	p := r.strategy.PickFor(m.JobID, m.Req, r.now())
 	reply := &PickReply{Epoch: m.Epoch, Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
 	if p.Worker != nil {
-		reply.WorkerID = p.Worker.ID
+		reply.WorkerID, reply.Pool = p.Worker.ID, p.Worker.Pool
 		reply.Resend = p.Direct && p.Worker.Dedupe
 		reply.StartsOnDelivery = !p.Worker.Reports
 		if w := r.waiting[m.JobID]; w != nil {
@@ -160,7 +160,7 @@ func (r *Router) drain(c actor.Context, pool string) {
 		r.unlink(w)
 		reply := &PickReply{Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
 		if p.Worker != nil {
-			reply.WorkerID = p.Worker.ID
+			reply.WorkerID, reply.Pool = p.Worker.ID, p.Worker.Pool
 			reply.Resend = p.Direct && p.Worker.Dedupe
 			reply.StartsOnDelivery = !p.Worker.Reports
 			r.handed[w.jobID] = handoff{w: p.Worker, ticket: w.ticket, at: now}

@@ -69,28 +69,63 @@ func (e *KeySetError) Is(target error) bool { return target == ErrInvalidKeySet 
 // A sender ending in "*" is a prefix pattern ("*" alone matches every
 // sender). The entry for the exact sender id wins; otherwise the longest
 // matching pattern. Only that entry's keys are tried.
+//
+// An entry may instead be a mapping that names its holder's role and scope
+// (see Principal and SECURITY.md, "Roles and scopes"):
+//
+//	node-*:   {role: node, keys: [...]}
+//	w-1:      {role: worker, pools: [default], workers: [w-1b], keys: [...]}
+//	ci:       {role: client, tenants: [tenantA], keys: [...]}
+//	alice:    {role: operator, keys: [...]}
+//
+// A file uses one form or the other: once one entry names a role, an entry
+// of PEM keys alone is refused (it would be a master key). A file of PEM
+// keys only is a legacy key set: every sender may act as every role.
 type KeySet struct {
-	exact    map[string][]*ecdsa.PublicKey
+	exact    map[string]*entry
 	patterns []pattern // longest prefix first
+	roled    bool
 }
 
 type pattern struct {
 	prefix string
-	keys   []*ecdsa.PublicKey
+	e      *entry
 }
 
-// Keys returns the keys that may sign for sender (nil: none).
-func (ks *KeySet) Keys(sender string) []*ecdsa.PublicKey {
-	if k, ok := ks.exact[sender]; ok {
-		return k
+func (ks *KeySet) lookup(sender string) *entry {
+	if e, ok := ks.exact[sender]; ok {
+		return e
 	}
 	for _, p := range ks.patterns {
 		if strings.HasPrefix(sender, p.prefix) {
-			return p.keys
+			return p.e
 		}
 	}
 	return nil
 }
+
+// Keys returns the keys that may sign for sender (nil: none).
+func (ks *KeySet) Keys(sender string) []*ecdsa.PublicKey {
+	if e := ks.lookup(sender); e != nil {
+		return e.keys
+	}
+	return nil
+}
+
+// Principal returns what sender may do (false: not in the key set).
+func (ks *KeySet) Principal(sender string) (Principal, bool) {
+	e := ks.lookup(sender)
+	if e == nil {
+		return Principal{}, false
+	}
+	p := e.p
+	p.Sender = sender
+	return p, true
+}
+
+// Roled reports whether the set's entries name roles (false: a legacy set,
+// every sender may act as every role).
+func (ks *KeySet) Roled() bool { return ks.roled }
 
 // Senders returns how many sender entries (ids and patterns) the set has.
 func (ks *KeySet) Senders() int { return len(ks.exact) + len(ks.patterns) }
@@ -120,8 +155,9 @@ func ParseKeySet(data []byte) (*KeySet, error) {
 	if len(root.Content) == 0 {
 		return nil, ksErr(root, "", "no senders (want a mapping of sender id to PEM public keys)")
 	}
-	ks := &KeySet{exact: map[string][]*ecdsa.PublicKey{}}
+	ks := &KeySet{exact: map[string]*entry{}}
 	seen := map[string]int{}
+	legacyAt, legacySender := 0, ""
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
@@ -135,15 +171,24 @@ func ParseKeySet(data []byte) (*KeySet, error) {
 			return nil, ksErr(k, sender, "listed twice (first at line %d)", first)
 		}
 		seen[sender] = k.Line
-		keys, err := parseSenderKeys(v, sender)
+		e, roled, err := parseEntry(v, sender)
 		if err != nil {
 			return nil, err
 		}
-		if prefix, ok := strings.CutSuffix(sender, "*"); ok {
-			ks.patterns = append(ks.patterns, pattern{prefix: prefix, keys: keys})
-		} else {
-			ks.exact[sender] = keys
+		if roled {
+			ks.roled = true
+		} else if legacyAt == 0 {
+			legacyAt, legacySender = k.Line, sender
 		}
+		if prefix, ok := strings.CutSuffix(sender, "*"); ok {
+			ks.patterns = append(ks.patterns, pattern{prefix: prefix, e: &e})
+		} else {
+			ks.exact[sender] = &e
+		}
+	}
+	if ks.roled && legacyAt > 0 {
+		return nil, &KeySetError{Line: legacyAt, Sender: legacySender,
+			Msg: "no role: once one entry names a role, every entry must (an entry of keys alone may act as every role)"}
 	}
 	sort.SliceStable(ks.patterns, func(i, j int) bool { return len(ks.patterns[i].prefix) > len(ks.patterns[j].prefix) })
 	return ks, nil

@@ -67,7 +67,7 @@ func TestKeySetErrorsNameLineAndSender(t *testing.T) {
 		{"duplicate", "w: " + quote(good.pub) + "\nx: " + quote(good.pub) + "\nw: " + quote(good.pub) + "\n", 3, "w", "first at line 1"},
 		{"star inside", "a*b: " + quote(good.pub) + "\n", 1, "a*b", "only allowed at the end"},
 		{"space", "\"a b\": " + quote(good.pub) + "\n", 1, "a b", "space"},
-		{"mapping value", "w: {k: v}\n", 1, "w", "want a PEM public key"},
+		{"mapping value", "w: {k: v}\n", 1, "w", `unknown key "k"`},
 		{"empty list", "w: []\n", 1, "w", "no keys"},
 		{"too many", string(keySetYAML(map[string][]string{"w": many})), 1, "w", fmt.Sprintf("more than %d", signing.MaxKeysPerSender)},
 	} {

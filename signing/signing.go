@@ -32,10 +32,14 @@
 // back verbatim at the end of their message, and candidate 1 never touches
 // them. Changing an unknown field breaks the signature like any other field.
 //
-// # What a signature does not cover
+// # Roles and replays
 //
-// A signature proves which key holder produced a packet, not when: a
-// captured packet can be replayed as is. See SECURITY.md.
+// A signature proves which key holder produced a packet, not whether that
+// holder may send it: the key set's roles and scopes say that
+// (Principal, returned by VerifyPrincipal; the node checks it). Nor does
+// it prove when: a captured packet verifies as is, and ReplayGuard bounds
+// how long (created_at within a skew) and refuses a signature taken
+// already within it. See SECURITY.md.
 package signing
 
 import (
@@ -80,8 +84,8 @@ var (
 // message repeats.
 const maxSenderInError = 128
 
-func (e *VerifyError) Error() string {
-	s := e.Sender
+// truncate bounds an untrusted sender id for messages.
+func truncate(s string) string {
 	if len(s) > maxSenderInError {
 		s = s[:maxSenderInError]
 		for !utf8.ValidString(s) && len(s) > 0 {
@@ -89,6 +93,11 @@ func (e *VerifyError) Error() string {
 		}
 		s += "…"
 	}
+	return s
+}
+
+func (e *VerifyError) Error() string {
+	s := truncate(e.Sender)
 	switch e.Reason {
 	case ReasonUnsigned:
 		return fmt.Sprintf("signing: packet from sender %q is not signed", s)

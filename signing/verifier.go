@@ -61,24 +61,41 @@ func (v *Verifier) KeySet() *KeySet { return v.keys.Load() }
 // the package comment: this depends on the signer having hashed the same
 // deterministic protobuf-go encoding). Prefer VerifyRaw when the received
 // bytes are at hand. pkt is not modified. The error is a *VerifyError.
-func (v *Verifier) Verify(pkt *capv1.BusPacket) error { return v.verify(pkt, nil) }
+func (v *Verifier) Verify(pkt *capv1.BusPacket) error {
+	_, err := v.verify(pkt, nil)
+	return err
+}
 
 // VerifyRaw is Verify for a packet decoded from raw: it first hashes raw
 // with its signature field cut out (no re-encoding, so any encoding the
 // signer sent verifies), then falls back to the deterministic re-marshal.
-func (v *Verifier) VerifyRaw(pkt *capv1.BusPacket, raw []byte) error { return v.verify(pkt, raw) }
+func (v *Verifier) VerifyRaw(pkt *capv1.BusPacket, raw []byte) error {
+	_, err := v.verify(pkt, raw)
+	return err
+}
 
-func (v *Verifier) verify(pkt *capv1.BusPacket, raw []byte) error {
+// VerifyPrincipal is VerifyRaw returning who signed: the packet's sender
+// with the role and scope its key set entry gives it. The caller decides
+// whether that principal may send the packet (raw may be nil, as for
+// Verify).
+func (v *Verifier) VerifyPrincipal(pkt *capv1.BusPacket, raw []byte) (Principal, error) {
+	return v.verify(pkt, raw)
+}
+
+func (v *Verifier) verify(pkt *capv1.BusPacket, raw []byte) (Principal, error) {
 	sig := pkt.GetSignature()
 	if len(sig) == 0 {
-		return &VerifyError{Reason: ReasonUnsigned, Sender: pkt.GetSenderId()}
+		return Principal{}, &VerifyError{Reason: ReasonUnsigned, Sender: pkt.GetSenderId()}
 	}
-	keys := v.keys.Load().Keys(pkt.GetSenderId())
-	if len(keys) == 0 {
-		return &VerifyError{Reason: ReasonUnknownSender, Sender: pkt.GetSenderId()}
+	e := v.keys.Load().lookup(pkt.GetSenderId())
+	if e == nil || len(e.keys) == 0 {
+		return Principal{}, &VerifyError{Reason: ReasonUnknownSender, Sender: pkt.GetSenderId()}
 	}
+	keys := e.keys
+	ok := e.p
+	ok.Sender = pkt.GetSenderId()
 	if len(sig) > MaxSignatureBytes {
-		return &VerifyError{Reason: ReasonBadSignature, Sender: pkt.GetSenderId()}
+		return Principal{}, &VerifyError{Reason: ReasonBadSignature, Sender: pkt.GetSenderId()}
 	}
 	d := getDigester()
 	defer putDigester(d)
@@ -86,16 +103,16 @@ func (v *Verifier) verify(pkt *capv1.BusPacket, raw []byte) error {
 	haveTried := false
 	if raw != nil && d.hashWithout(raw) == nil {
 		if anyVerifies(keys, d.sum[:], sig) {
-			return nil
+			return ok, nil
 		}
 		tried, haveTried = d.sum, true
 	}
 	if d.hashPacket(pkt) == nil && !(haveTried && bytes.Equal(tried[:], d.sum[:])) {
 		if anyVerifies(keys, d.sum[:], sig) {
-			return nil
+			return ok, nil
 		}
 	}
-	return &VerifyError{Reason: ReasonBadSignature, Sender: pkt.GetSenderId()}
+	return Principal{}, &VerifyError{Reason: ReasonBadSignature, Sender: pkt.GetSenderId()}
 }
 
 func anyVerifies(keys []*ecdsa.PublicKey, digest, sig []byte) bool {

@@ -261,7 +261,7 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	if err != nil || pkt.GetJobRequest() == nil {
 		return
 	}
-	if !w.verified(pkt, m) {
+	if !w.verified(pkt, m, signing.RoleNode) {
 		return
 	}
 	req := pkt.GetJobRequest()
@@ -295,13 +295,20 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	}()
 }
 
-// verified reports whether pkt's signature verifies (always, with no
-// Verifier); a packet that does not is counted and reported.
-func (w *Worker) verified(pkt *capv1.BusPacket, m *nats.Msg) bool {
+// verified reports whether pkt's signature verifies and its sender has one
+// of roles (always, with no Verifier); a packet that does not is counted
+// and reported. Dispatches are taken from nodes only: a dispatch signed by
+// any other key (a worker's, a client's) would run a job that never passed
+// the node's policy.
+func (w *Worker) verified(pkt *capv1.BusPacket, m *nats.Msg, roles ...signing.Role) bool {
 	if w.cfg.Verifier == nil {
 		return true
 	}
-	if err := w.cfg.Verifier.VerifyRaw(pkt, m.Data); err != nil {
+	p, err := w.cfg.Verifier.VerifyPrincipal(pkt, m.Data)
+	if err == nil && !p.Is(roles...) {
+		err = &RoleError{Sender: p.String(), Kind: payloadName(pkt)}
+	}
+	if err != nil {
 		w.rejected.Add(1)
 		if w.cfg.OnReject != nil {
 			w.cfg.OnReject(m.Subject, err)
@@ -309,6 +316,21 @@ func (w *Worker) verified(pkt *capv1.BusPacket, m *nats.Msg) bool {
 		return false
 	}
 	return true
+}
+
+// RoleError is a verified packet whose sender's role may not send it to a
+// worker (OnReject's error).
+type RoleError struct{ Sender, Kind string }
+
+func (e *RoleError) Error() string {
+	return "worker: a " + e.Kind + " from " + e.Sender + " is not taken (role not allowed)"
+}
+
+func payloadName(pkt *capv1.BusPacket) string {
+	if pkt.GetJobCancel() != nil {
+		return "cancel"
+	}
+	return "dispatch"
 }
 
 // firstDelivery records jobID as running and reports whether it is new.
@@ -407,7 +429,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	if err != nil || pkt.GetJobCancel() == nil {
 		return
 	}
-	if !w.verified(pkt, m) {
+	if !w.verified(pkt, m, signing.RoleNode, signing.RoleOperator, signing.RoleClient) {
 		return
 	}
 	w.runMu.Lock()

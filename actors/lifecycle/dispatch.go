@@ -101,6 +101,9 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 	fields = appendFlag(fields, fresh, "tslot", j.admitted)
 	fields = appendFlag(fields, fresh, "resend", p.Resend)
 	fields = appendFlag(fields, fresh, "sod", p.StartsOnDelivery)
+	if p.Pool != "" {
+		fields = append(fields, "pool", p.Pool)
+	}
 	j.apply(&store.Transition{Expect: store.Expect(core.StatePending, core.StateScheduled), Path: path,
 		Due: dl.at.UnixMilli(), Fields: fields},
 		nil, &pending{then: nDispatched, pick: p, dl: dl})
@@ -108,7 +111,7 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 
 // dispatched: DISPATCHED is durable; publish the request.
 func (j *Job) dispatched(p *pending) {
-	j.Worker, j.Subject = p.pick.WorkerID, p.pick.Subject
+	j.Worker, j.Subject, j.pool = p.pick.WorkerID, p.pick.Subject, p.pick.Pool
 	j.picked = ""
 	j.resend, j.resends = p.pick.Resend, 0
 	j.startsOnDelivery = p.pick.StartsOnDelivery

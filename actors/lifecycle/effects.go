@@ -77,6 +77,16 @@ type TellClient struct {
 // CancelWorker publishes a JobCancel on sys.job.cancel.
 type CancelWorker struct{ Reason string }
 
+// Refusal settles an event the job refuses from its verified sender: Refuse
+// (set by intake) dead-letters and counts it and settles D; without Refuse
+// the shell acks D. The job is left as it was.
+type Refusal struct {
+	Reason core.Reason
+	Detail string
+	Refuse func(reason core.Reason, detail string)
+	D      Delivery
+}
+
 // PublishDLQ announces a DLQ entry on sys.job.dlq.
 type PublishDLQ struct{ Entry *store.DLQEntry }
 
@@ -198,6 +208,7 @@ type Observe struct {
 	Value float64
 }
 
+func (Refusal) effect()           {}
 func (Write) effect()             {}
 func (RetryWrite) effect()        {}
 func (AskRouter) effect()         {}

@@ -3,8 +3,10 @@ package lifecycle
 import (
 	"time"
 
+	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/signing"
 	"github.com/troupe-run/troupe/store"
 )
 
@@ -39,6 +41,11 @@ type Result struct {
 	Forwarded bool
 	// Published is when the message entered its stream (zero: unknown).
 	Published time.Time
+	// By is the verified sender (nil: the node does not verify, and trusts
+	// everyone on the bus); Refuse settles a result the job refuses from
+	// it (see Refusal).
+	By     *signing.Principal
+	Refuse func(reason core.Reason, detail string)
 }
 
 // Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
@@ -46,6 +53,10 @@ type Result struct {
 type Progress struct {
 	P    *capv1.JobProgress
 	From string
+	// By and Refuse as for Result (a progress has nothing to settle:
+	// Refuse only counts it).
+	By     *signing.Principal
+	Refuse func(reason core.Reason, detail string)
 }
 
 // Cancel is a JobCancel taken from sys.job.cancel.
@@ -56,6 +67,8 @@ type Cancel struct {
 	Raw       []byte
 	Forwarded bool
 	Published time.Time
+	By        *signing.Principal
+	Refuse    func(reason core.Reason, detail string)
 }
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.

@@ -42,6 +42,7 @@ import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/signing"
 )
 
 // Durations the core uses.
@@ -175,7 +176,10 @@ type Job struct {
 	TraceID      string
 	Worker       string
 	Subject      string
-	LastReason   core.Reason // the reason of the last state change
+	// pool is the pool of the dispatch's worker (recorded as "pool"): on a
+	// pool subject, a worker key of that pool may speak for the job first.
+	pool       string
+	LastReason core.Reason // the reason of the last state change
 
 	attempts    int
 	policyTries int       // checks an unavailable policy refused (backoff only)
@@ -423,6 +427,10 @@ func (j *Job) handle(m any) {
 	case *Cancel:
 		j.onCancel(m)
 	case *Progress:
+		if !j.mayReport(m.By, m.From) {
+			j.refuse(core.ReasonNotJobWorker, "progress from worker "+m.From+", not the job's", m.Refuse, nil)
+			return
+		}
 		heard := j.recall && (m.From == "" || m.From == j.Worker)
 		if heard {
 			// The worker answered a repeat: it holds the job, and its
@@ -670,6 +678,33 @@ func (j *Job) nakAll(delay time.Duration) {
 		j.nak(d, delay)
 	}
 	j.acks = j.acks[:0]
+}
+
+// mayReport reports whether a verified sender may speak for the job as
+// worker (a result's worker_id, a progress's sender). Unsigned mode, legacy
+// keys and node keys are trusted. A worker key speaks for its own ids
+// (intake checked that), and only for the job's worker or a worker of an
+// earlier dispatch; on a pool subject NATS chose the receiver, so until a
+// worker has spoken for the job any worker of the job's pool may, and the
+// first to speak binds the job (markRunning).
+func (j *Job) mayReport(by *signing.Principal, worker string) bool {
+	if by == nil || by.Role != signing.RoleWorker {
+		return true
+	}
+	if worker == "" {
+		return false
+	}
+	if worker == j.Worker || j.lostWorker(worker) {
+		return true
+	}
+	return !j.direct() && !j.spoke && j.pool != "" && by.InPool(j.pool)
+}
+
+// refuse leaves the job as it is and has the shell dead-letter, count and
+// settle the refused event.
+func (j *Job) refuse(reason core.Reason, detail string, refuse func(core.Reason, string), d Delivery) {
+	j.log(warn, "event refused", "reason", reason, "detail", detail)
+	j.emit(Refusal{Reason: reason, Detail: detail, Refuse: refuse, D: d})
 }
 
 func (j *Job) ack(d Delivery) {

@@ -30,6 +30,10 @@ func (j *Job) onResult(m *Result) {
 		j.ack(m.Delivery)
 		return
 	}
+	if !j.mayReport(m.By, res.WorkerId) {
+		j.refuse(core.ReasonNotJobWorker, "result from worker "+res.WorkerId+", not the job's", m.Refuse, m.Delivery)
+		return
+	}
 	var to core.State
 	var reason core.Reason
 	switch res.Status {
@@ -188,6 +192,12 @@ func (j *Job) cancelUnwritten(m *Cancel) {
 // themselves, so a cancel from the bus has already reached the worker; the
 // node publishes one only for the cancels it decides itself (timeouts).
 func (j *Job) onCancel(m *Cancel) {
+	if by := m.By; by != nil && !j.State.Terminal() && !by.ForTenant(safety.TenantOf(j.Req)) {
+		// A client key cancels its tenants' jobs only (intake let it
+		// through: the tenant is the job's, known here).
+		j.refuse(core.ReasonOutOfScope, "cancel from a client key outside the job's tenant", m.Refuse, m.Delivery)
+		return
+	}
 	if j.State.Terminal() {
 		j.count(MAbsorbed, "cancel")
 		j.ack(m.Delivery)

@@ -254,7 +254,7 @@ func (j *Job) recreate() {
 // adopt loads what the job needs from the record of an existing job.
 func (j *Job) adopt(f map[string]string) {
 	j.record = f
-	j.Worker, j.Subject = f["worker"], f["subj"]
+	j.Worker, j.Subject, j.pool = f["worker"], f["subj"], f["pool"]
 	if j.TraceID == "" {
 		j.TraceID = f["trace"]
 	}

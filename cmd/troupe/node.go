@@ -11,6 +11,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/signing"
 )
 
 func runNode(ctx context.Context, args []string) error {
@@ -38,6 +39,10 @@ func runNode(ctx context.Context, args []string) error {
 	af.register(fs)
 	var sf signFlags
 	sf.register(fs, true, true)
+	replayWindow := fs.Duration("replay-window", signing.DefaultReplaySkew,
+		"with --verify-keys: how far a packet's created_at may be from its arrival; within it each signature is taken once")
+	replaySeen := fs.Int("replay-seen", signing.DefaultReplaySeen,
+		"with --verify-keys: how many signatures the replay window remembers at most")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -71,6 +76,9 @@ func runNode(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if verifier != nil && !verifier.KeySet().Roled() {
+		log.Warn("--verify-keys lists no roles: every listed key may act as every role (node, worker, client, operator); see SECURITY.md, Roles and scopes")
+	}
 	if signer != nil && *id == "" {
 		log.Warn("--sign-key without --id: the node signs as hostname-pid, which changes on restart; give it a stable --id and list it in the key sets")
 	}
@@ -86,7 +94,8 @@ func runNode(ctx context.Context, args []string) error {
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
 		WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
-		StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp})
+		StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
+		ReplayWindow: *replayWindow, ReplaySeen: *replaySeen})
 	if err != nil {
 		return err
 	}
