@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN         := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: run test test-faults test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt
+.PHONY: run test test-faults test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt vulncheck
 
 build:
 	$(GO) build ./...
@@ -78,3 +78,27 @@ proto: proto-tools
 		--go_out=proto --go_opt=module=github.com/troupe-run/troupe/proto \
 		--go-grpc_out=proto --go-grpc_opt=module=github.com/troupe-run/troupe/proto \
 		proto/cap.proto proto/safety.proto
+
+# govulncheck over the module, with go.mod's toolchain (GOTOOLCHAIN=auto
+# fetches it through the module proxy), failing on any reachable finding
+# (govulncheck exits 3). The database is built locally from the OSV files
+# of golang.org/x/vulndb, fetched through the Go module proxy like any
+# module, with that repository's own indexer (cmd/indexdb): vuln.go.dev
+# need not be reachable. Bump VULNDB_VERSION (`go list -m
+# golang.org/x/vulndb@latest`) for newer reports; VULNDB=https://vuln.go.dev
+# uses the live database instead where it is reachable.
+VULNCHECK_VERSION ?= v1.9.0
+VULNDB_VERSION    ?= v0.0.0-20261105234957-e22db6528018
+VULNDB_DIR        ?= $(CURDIR)/.vulndb/$(VULNDB_VERSION)
+VULNDB            ?= file://$(VULNDB_DIR)
+vulncheck:
+	@set -e; if [ "$(VULNDB)" = "file://$(VULNDB_DIR)" ] && [ ! -f "$(VULNDB_DIR)/index/db.json" ]; then \
+	  src=$$($(GO) mod download -json golang.org/x/vulndb@$(VULNDB_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	  test -n "$$src" || { echo "vulncheck: golang.org/x/vulndb@$(VULNDB_VERSION) not downloadable (module proxy unreachable?)"; exit 1; }; \
+	  echo "vulncheck: building the database from $$src/data/osv"; \
+	  rm -rf "$(VULNDB_DIR).tmp"; \
+	  (cd "$$src" && GOFLAGS=-mod=mod GOTOOLCHAIN=auto $(GO) run ./cmd/indexdb -vulns data/osv -out "$(VULNDB_DIR).tmp"); \
+	  mv "$(VULNDB_DIR).tmp" "$(VULNDB_DIR)"; \
+	fi
+	GOTOOLCHAIN=auto $(GO) version
+	GOTOOLCHAIN=auto $(GO) run golang.org/x/vuln/cmd/govulncheck@$(VULNCHECK_VERSION) -db $(VULNDB) ./...

@@ -12,6 +12,7 @@ import (
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/signing"
@@ -81,6 +82,11 @@ type Config struct {
 	LockTTL time.Duration
 	// WorkerTTL is the worker liveness TTL (default registry.TTLDefault).
 	WorkerTTL time.Duration
+	// WorkerBounds caps what heartbeats add to the router's registry:
+	// workers known at once and pool names seen (zero fields: registry's
+	// MaxWorkersDefault, MaxPoolsDefault). Heartbeats beyond are refused
+	// and counted in troupe_heartbeats_refused_total{reason}.
+	WorkerBounds registry.Bounds
 	// JobShards is the number of job supervisor shards (default JobShardsDefault).
 	JobShards int
 	// MaxSchedulingAttempts before a job fails (default actors.MaxSchedulingAttemptsDefault).

@@ -2,6 +2,8 @@ module github.com/troupe-run/troupe
 
 go 1.26.8
 
+toolchain go1.26.11
+
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9

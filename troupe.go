@@ -32,6 +32,7 @@ import (
 	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/logx"
+	"github.com/troupe-run/troupe/internal/metricsx"
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/recovery"
 	"github.com/troupe-run/troupe/router"
@@ -310,7 +311,7 @@ func (n *Node) Start(ctx context.Context) error {
 	var intakeRef atomic.Pointer[intake.Intake]
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
-		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID,
+		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID, Bounds: n.cfg.WorkerBounds,
 		// A pick its job has neither started on nor given back a minute
 		// after the dispatch timeout was never dispatched (router/picks.go).
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
@@ -414,8 +415,11 @@ func (n *Node) Start(ctx context.Context) error {
 	own := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_own_outcomes_skipped_total",
 		Help: "Outcomes this node decided and told clients on the result subject, read back from the result stream and skipped."})
 	_ = n.cfg.Metrics.Register(own)
+	invalidHB := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_heartbeats_invalid_total",
+		Help: "Heartbeats ignored for an invalid worker id, pool name, labels or other field (intake.ValidateHeartbeat)."})
+	invalidHB, _ = metricsx.Register(n.cfg.Metrics, invalidHB)
 	n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
-		DLQFailures: n.dlqMetrics(), OwnOutcomes: own}
+		DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = intake.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()

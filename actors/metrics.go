@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe/actors/lifecycle"
+	"github.com/troupe-run/troupe/internal/metricsx"
 	"github.com/troupe-run/troupe/safety"
 )
 
@@ -44,6 +45,10 @@ type Metrics struct {
 	// grace, with no record (lifecycle.Grace +1); those that outlast the
 	// grace are counted in CapacityWaits too when written.
 	UnwrittenWaits prometheus.Counter
+
+	// topics bounds the topic label of FailClosed and OrphanReplayed:
+	// topics come from submits.
+	topics *metricsx.LabelCap
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -101,6 +106,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Busy: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_job_activations_busy_total",
 			Help: "Job activations that found the job's lock held by another owner (its results and cancels go to that owner or back to JetStream; its submits are duplicates)."}),
 	}
+	m.topics = metricsx.NewLabelCap(reg, "job_topic", 0)
 	if reg != nil {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
@@ -124,7 +130,7 @@ func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
 	case lifecycle.MUnparked:
 		m.Unparked.Inc()
 	case lifecycle.MOrphanReplayed:
-		m.OrphanReplayed.WithLabelValues(c.Label).Inc()
+		m.OrphanReplayed.WithLabelValues(m.topics.Value(c.Label)).Inc()
 	case lifecycle.MRetries:
 		m.Retries.WithLabelValues(c.Label).Inc()
 	case lifecycle.MDispatched:
@@ -140,7 +146,7 @@ func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
 	case lifecycle.MFenced:
 		m.Fenced.Inc()
 	case lifecycle.MFailClosed:
-		m.FailClosed.WithLabelValues(c.Label).Inc()
+		m.FailClosed.WithLabelValues(m.topics.Value(c.Label)).Inc()
 	case lifecycle.MHeld:
 		m.Held.Inc()
 	case lifecycle.MBusy:

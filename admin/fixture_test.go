@@ -48,6 +48,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // options shape one fixture.
 type options struct {
 	keys    map[string]string
+	admin   func(*admin.Config) // changes to the server's config
 	node    func(*troupe.Config)
 	proxied bool // the node reaches Redis through a proxy the test can cut
 }
@@ -97,8 +98,12 @@ func setup(t *testing.T, o options) *bundle {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	b.node = node
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
-		APIKeys: o.keys, Log: quiet(), SampleEvery: 250 * time.Millisecond})
+	acfg := admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+		APIKeys: o.keys, Log: quiet(), SampleEvery: 250 * time.Millisecond}
+	if o.admin != nil {
+		o.admin(&acfg)
+	}
+	srv, err := admin.NewServer(acfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,11 +4,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/intake"
@@ -37,6 +39,12 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) 
 		}
 		req.TenantId = p.tenant
 	}
+	// Who submitted, for the self-approval check: the authenticated
+	// principal, whatever the body's labels say.
+	if req.Labels == nil {
+		req.Labels = map[string]string{}
+	}
+	req.Labels[SubmittedByLabel] = p.by()
 	if req.JobId == "" {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
@@ -156,40 +164,100 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) e
 	return nil
 }
 
+// SubmittedByLabel is the label the API sets on every job it submits to
+// the principal that submitted it (a body's own value is replaced), so an
+// approval can tell a submitter from a second reviewer. Labels under
+// approval_ constrain no placement and are left out of the job hash.
+const SubmittedByLabel = "approval_submitted_by"
+
 // actionBody is the optional body of approve, reject and cancel.
 type actionBody struct {
 	Reason string `json:"reason"`
-	By     string `json:"by"`
+	// By may only repeat the principal's own name (approve, reject): the
+	// approver is whoever the key belongs to, never what the body says.
+	// A cancel records it as given.
+	By string `json:"by"`
 	// Hash is the job hash the approver reviewed (approve, reject); empty
-	// takes the one recorded on the job.
+	// takes the hash of the job's stored request.
 	Hash string `json:"hash"`
 }
 
+// decideJob records an operator's approval or rejection. The decision is
+// the principal's, the first one stands, and the hash recorded with it is
+// the one computed from the stored request (so what was approved is what
+// runs).
 func (s *Server) decideJob(d store.Decision) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request, p principal) error {
 		var body actionBody
 		if err := readJSON(r, &body); err != nil {
 			return err
 		}
+		if body.By != "" && body.By != p.by() {
+			s.refused.WithLabelValues(RefusedBodyNamesAnother).Inc()
+			return errForbidden("the decision is recorded as " + p.by() + ", the key's principal; body field by names someone else")
+		}
 		rec, err := s.visibleJob(r, p, r.PathValue("id"))
 		if err != nil {
 			return err
 		}
-		if body.By == "" {
-			body.By = p.by()
+		if !s.keys.empty() && !s.cfg.AllowSelfApproval && submittedBy(rec, p.by()) {
+			s.refused.WithLabelValues(RefusedSelfApproval).Inc()
+			return errForbidden("a principal cannot decide on a job it submitted")
 		}
-		if body.Hash == "" {
-			body.Hash = rec.Fields["job_hash"]
-		}
-		if err := s.cfg.Node.Decide(r.Context(), rec.ID, d, body.By, body.Reason, body.Hash); err != nil {
+		hash, err := computedHash(rec)
+		if err != nil {
 			return err
 		}
-		s.audit("job "+string(d), "job_id", rec.ID, "trace_id", rec.TraceID, "topic", rec.Topic, "by", body.By,
+		if body.Hash != "" && body.Hash != hash {
+			s.refused.WithLabelValues(RefusedHashMismatch).Inc()
+			return errConflict("hash " + body.Hash + " is not the job's (" + hash + ")")
+		}
+		err = s.cfg.Node.Decide(r.Context(), rec.ID, d, p.by(), body.Reason, hash)
+		switch {
+		case errors.Is(err, store.ErrAlreadyDecided):
+			s.refused.WithLabelValues(RefusedAlreadyDecided).Inc()
+			return err
+		case errors.Is(err, store.ErrHashMismatch), errors.Is(err, store.ErrNoJobHash):
+			s.refused.WithLabelValues(RefusedHashMismatch).Inc()
+			return err
+		case err != nil:
+			return err
+		}
+		s.audit("job "+string(d), "job_id", rec.ID, "trace_id", rec.TraceID, "topic", rec.Topic, "by", p.by(),
 			"key_tenant", p.tenant)
 		writeJSON(w, http.StatusAccepted, Accepted{JobID: rec.ID, Action: string(d),
 			Note: "recorded; a node resumes the job within a few seconds"})
 		return nil
 	}
+}
+
+// submittedBy reports whether name submitted rec: the label the API set,
+// or the request's principal_id.
+func submittedBy(rec *store.JobRecord, name string) bool {
+	req := &capv1.JobRequest{}
+	if len(rec.Request) == 0 || proto.Unmarshal(rec.Request, req) != nil {
+		return false
+	}
+	return req.Labels[SubmittedByLabel] == name || req.PrincipalId == name
+}
+
+// computedHash is the hash of the job's stored request, checked against
+// the hash recorded when approval was requested: a record whose request
+// no longer hashes to it changed after the review was asked for.
+func computedHash(rec *store.JobRecord) (string, error) {
+	recorded := rec.Fields["job_hash"]
+	req := &capv1.JobRequest{}
+	if len(rec.Request) == 0 || proto.Unmarshal(rec.Request, req) != nil {
+		if recorded == "" {
+			return "", store.ErrNoJobHash
+		}
+		return recorded, nil
+	}
+	h := safety.HashJobRequest(req)
+	if recorded != "" && recorded != h {
+		return "", fmt.Errorf("%w (recorded %s, request hashes to %s)", store.ErrHashMismatch, recorded, h)
+	}
+	return h, nil
 }
 
 func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request, p principal) error {

@@ -76,6 +76,7 @@ func classify(err error) (int, string) {
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrDLQNotFound):
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, store.ErrNotAwaitingApproval), errors.Is(err, store.ErrHashMismatch),
+		errors.Is(err, store.ErrAlreadyDecided), errors.Is(err, store.ErrNoJobHash),
 		errors.Is(err, store.ErrAlreadyRetried):
 		return http.StatusConflict, "conflict"
 	case errors.Is(err, store.ErrBadCursor), errors.Is(err, router.ErrInvalidMapping):

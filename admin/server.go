@@ -109,10 +109,21 @@ type Config struct {
 	// "127.0.0.1:0" picks a free port).
 	Listen string
 	// APIKeys maps each API key to its tenant (AllTenants for every
-	// tenant). Empty: no authentication, loopback only.
+	// tenant), with the tenant's DefaultRole. Empty, and Keys empty too: no
+	// authentication, loopback only.
 	APIKeys map[string]string
+	// Keys maps API keys to full entries (tenant, role, name), as
+	// ParseKeyEntries reads them; a key may be in APIKeys or Keys, not both.
+	Keys map[string]Key
+	// AllowSelfApproval lets a principal approve or reject a job it
+	// submitted through the API. Off by default: an approval is a second
+	// person's review. Without keys there are no identities and it does
+	// not apply.
+	AllowSelfApproval bool
 	// MetricsNeedKey makes /metrics require an all-tenant key (metric
-	// labels name topics, which a deployment may consider private).
+	// labels name topics and pools, which a deployment may consider
+	// private) and /readyz any valid key (its body names the failing
+	// dependency). /healthz stays open: it says nothing but "alive".
 	MetricsNeedKey bool
 	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault).
 	MaxBodyBytes int64
@@ -139,6 +150,7 @@ type Server struct {
 	keys    *keyring
 	handler http.Handler
 	sampler *sampler
+	refused *prometheus.CounterVec // troupe_api_refused_total{reason}
 
 	mu      sync.Mutex // guards the fields below
 	ln      net.Listener
@@ -158,7 +170,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Listen == "" {
 		return nil, errors.New("admin: config needs Listen (host:port)")
 	}
-	keys, err := newKeyring(cfg.APIKeys)
+	keys, err := newKeyring(cfg.APIKeys, cfg.Keys)
 	if err != nil {
 		return nil, err
 	}
@@ -186,8 +198,12 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	refused, err := refusedCounter(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{cfg: cfg, log: cfg.Log.With("component", "admin"), keys: keys,
-		sampler: newSampler(cfg.Registry, cfg.SampleEvery, ThroughputWindow)}
+		sampler: newSampler(cfg.Registry, cfg.SampleEvery, ThroughputWindow), refused: refused}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -280,8 +296,8 @@ func (s *Server) routes() http.Handler {
 	api("POST /v1/jobs", anyTenant, s.submitJob)
 	api("GET /v1/jobs", anyTenant, s.listJobs)
 	api("GET /v1/jobs/{id}", anyTenant, s.getJob)
-	api("POST /v1/jobs/{id}/approve", anyTenant, s.decideJob(store.DecisionApproved))
-	api("POST /v1/jobs/{id}/reject", anyTenant, s.decideJob(store.DecisionRejected))
+	api("POST /v1/jobs/{id}/approve", operators, s.decideJob(store.DecisionApproved))
+	api("POST /v1/jobs/{id}/reject", operators, s.decideJob(store.DecisionRejected))
 	api("POST /v1/jobs/{id}/cancel", anyTenant, s.cancelJob)
 	api("GET /v1/jobs/{id}/trace", anyTenant, s.jobTrace)
 	api("GET /v1/dlq", anyTenant, s.listDLQ)
@@ -308,8 +324,40 @@ func (s *Server) routes() http.Handler {
 		mux.Handle("GET /metrics", s.hostChecked(metrics))
 	}
 	mux.Handle("GET /healthz", s.hostChecked(http.HandlerFunc(s.healthz)))
-	mux.Handle("GET /readyz", s.hostChecked(http.HandlerFunc(s.readyz)))
+	if s.cfg.MetricsNeedKey {
+		mux.Handle("GET /readyz", s.authenticated(anyTenant, http.HandlerFunc(s.readyz)))
+	} else {
+		mux.Handle("GET /readyz", s.hostChecked(http.HandlerFunc(s.readyz)))
+	}
 	mux.Handle("GET /ui/", s.hostChecked(uiHandler()))
 	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
 	return mux
+}
+
+// Reasons of troupe_api_refused_total: requests refused for who sent them
+// or for the state they would overwrite, not for malformed input.
+const (
+	RefusedNotOperator      = "not_operator"
+	RefusedSelfApproval     = "self_approval"
+	RefusedAlreadyDecided   = "already_decided"
+	RefusedHashMismatch     = "hash_mismatch"
+	RefusedBodyNamesAnother = "body_names_another"
+)
+
+// refusedCounter registers troupe_api_refused_total in reg, or returns the
+// one a server on the same registry registered already.
+func refusedCounter(reg *prometheus.Registry) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_api_refused_total",
+		Help: "Admin API requests refused for their principal or for a decision already taken, by reason."},
+		[]string{"reason"})
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if prev, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return prev, nil
+			}
+		}
+		return nil, fmt.Errorf("admin: register metrics: %w", err)
+	}
+	return c, nil
 }

@@ -28,6 +28,14 @@ const (
 	MaxAckPendingDefault = 200_000
 	// StreamMaxAge bounds how long an unconsumed message is kept.
 	StreamMaxAge = 72 * time.Hour
+	// StreamMaxMsgs and StreamMaxBytes bound each input stream, so a flood
+	// of publishes fills a bounded stream instead of the server's disk.
+	// They are far above a healthy backlog (MaxAckPendingDefault
+	// messages of a few KiB); once reached, new publishes are refused
+	// (DiscardNew: the publisher gets an error) rather than accepted
+	// messages dropped unread.
+	StreamMaxMsgs  = 500_000
+	StreamMaxBytes = 256 << 20
 	// FetchBatch is the pull size; measured here, 256 is the knee.
 	FetchBatch = 256
 	// HoldPoll is how often a held fetch loop (see Consume) looks again.
@@ -101,7 +109,9 @@ func streamConfig(name, subject string, replicas int) jetstream.StreamConfig {
 		Retention: jetstream.WorkQueuePolicy,
 		Storage:   jetstream.FileStorage,
 		MaxAge:    StreamMaxAge,
-		Discard:   jetstream.DiscardOld,
+		MaxMsgs:   StreamMaxMsgs,
+		MaxBytes:  StreamMaxBytes,
+		Discard:   jetstream.DiscardNew,
 		Replicas:  replicas,
 	}
 }

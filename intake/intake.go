@@ -16,6 +16,7 @@ import (
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/signing"
@@ -44,6 +45,9 @@ type Intake struct {
 	// DLQFailures, when set, counts bad inputs whose DLQ entry could not
 	// be written, by reason (label "reason").
 	DLQFailures *prometheus.CounterVec
+	// HeartbeatsRefused, when set, counts heartbeats refused by
+	// ValidateHeartbeat (the registry counts those refused by its bounds).
+	HeartbeatsRefused prometheus.Counter
 	// BatchSettle bounds how long the inbox waits for the items of a
 	// forwarded batch to be settled before it answers (0:
 	// BatchSettleDefault).
@@ -253,12 +257,15 @@ func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
 		}
 		if reason != "" {
 			in.Signatures.count(KindHeartbeat, refusalLabel(reason))
-			in.Log.Warn("heartbeat refused", "reason", reason, "detail", detail)
+			in.Log.Warn("heartbeat refused", "reason", reason, "detail", logx.Clip(detail))
 			return
 		}
 	}
-	if err := ValidateWorkerID(hb.WorkerId); err != nil {
-		in.Log.Warn("heartbeat ignored", "worker_id", hb.WorkerId, "err", err)
+	if err := ValidateHeartbeat(hb); err != nil {
+		if in.HeartbeatsRefused != nil {
+			in.HeartbeatsRefused.Inc()
+		}
+		in.Log.Warn("heartbeat ignored", "worker_id", logx.Clip(hb.WorkerId), "pool", logx.Clip(hb.Pool), "err", err)
 		return
 	}
 	seen := &router.HeartbeatSeen{HB: hb, At: time.Now()}
@@ -271,6 +278,7 @@ func (in *Intake) HandleHeartbeat(msg *nats.Msg) {
 // reject dead-letters a message that can never be processed, then acks it
 // (terms it when the DLQ cannot take it).
 func (in *Intake) reject(msg jetstream.Msg, jobID, traceID string, reason core.Reason, detail string) {
+	jobID, traceID, detail = logx.Clip(jobID), logx.Clip(traceID), logx.Clip(detail)
 	in.Log.Warn("bad input rejected", "subject", msg.Subject(), "job_id", jobID, "trace_id", traceID,
 		"reason", reason, "detail", detail)
 	entry := &store.DLQEntry{JobID: jobID, Reason: reason, Message: detail, Subject: msg.Subject(),

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -29,6 +32,26 @@ const (
 	MaxEnvValue = 64 << 10
 	// MaxIdempotencyKey bounds meta.idempotency_key (part of a Redis key).
 	MaxIdempotencyKey = 256
+	// MaxLabelBytes bounds labels and meta.labels together (keys and
+	// values): every label travels with each dispatch and is stored with
+	// the job for its retention, so 64 values of 1 KiB in both maps made
+	// one job a 128 KiB record.
+	MaxLabelBytes = 16 << 10
+	// MaxEnvBytes bounds the env map (keys and values together), for the
+	// same reason; one value may still be MaxEnvValue.
+	MaxEnvBytes = 64 << 10
+	// MaxRequestBytes bounds the whole JobRequest as encoded: the record
+	// keeps it for 24 h after the job ends, and fields without a bound of
+	// their own (context_ptr, budget, compensation, ...) add up.
+	MaxRequestBytes = 128 << 10
+	// MaxPoolName bounds a heartbeat's pool name: it is a metric label and
+	// a routing key.
+	MaxPoolName = 64
+	// MaxHeartbeatLabels, MaxCapabilities and MaxHeartbeatField bound what
+	// a heartbeat adds to the registry and to /v1/workers.
+	MaxHeartbeatLabels = 32
+	MaxCapabilities    = 64
+	MaxHeartbeatField  = 128
 )
 
 // ErrInvalid wraps every validation error.
@@ -57,17 +80,60 @@ func ValidateWorkerID(id string) error {
 	return nil
 }
 
-func validID(id string) error {
+func validID(id string) error { return validName(id, MaxIDLength) }
+
+// validName accepts 1..max characters of [A-Za-z0-9_.:-]. Its errors quote
+// the name clipped (logx.Clip): they end up in logs and DLQ entries.
+func validName(id string, max int) error {
 	if id == "" {
 		return errors.New("missing")
 	}
-	if len(id) > MaxIDLength {
-		return fmt.Errorf("longer than %d characters", MaxIDLength)
+	if len(id) > max {
+		return fmt.Errorf("%d characters, at most %d", len(id), max)
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.' || c == ':') {
-			return fmt.Errorf("%q contains %q (allowed: letters, digits, _ - . :)", id, c)
+			return fmt.Errorf("%q contains %q (allowed: letters, digits, _ - . :)", logx.Clip(id), c)
+		}
+	}
+	return nil
+}
+
+// ValidatePoolName accepts 1..MaxPoolName characters of [A-Za-z0-9_.:-].
+func ValidatePoolName(pool string) error {
+	if err := validName(pool, MaxPoolName); err != nil {
+		return fmt.Errorf("%w pool: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// ValidateHeartbeat checks what a heartbeat puts in the registry: the
+// worker id, a pool name (empty: the worker names none), region and type,
+// labels and capabilities, each bounded.
+func ValidateHeartbeat(hb *capv1.Heartbeat) error {
+	if err := ValidateWorkerID(hb.GetWorkerId()); err != nil {
+		return err
+	}
+	if p := hb.GetPool(); p != "" {
+		if err := ValidatePoolName(p); err != nil {
+			return err
+		}
+	}
+	for name, v := range map[string]string{"region": hb.GetRegion(), "type": hb.GetType()} {
+		if len(v) > MaxHeartbeatField || hasControl(v) {
+			return fmt.Errorf("%w %s: longer than %d bytes or has control characters", ErrInvalid, name, MaxHeartbeatField)
+		}
+	}
+	if err := validMap("labels", hb.GetLabels(), MaxHeartbeatLabels, MaxLabelKey, MaxHeartbeatField); err != nil {
+		return err
+	}
+	if n := len(hb.GetCapabilities()); n > MaxCapabilities {
+		return fmt.Errorf("%w capabilities: %d, at most %d", ErrInvalid, n, MaxCapabilities)
+	}
+	for _, c := range hb.GetCapabilities() {
+		if len(c) > MaxHeartbeatField || hasControl(c) {
+			return fmt.Errorf("%w capabilities: an entry longer than %d bytes or with control characters", ErrInvalid, MaxHeartbeatField)
 		}
 	}
 	return nil
@@ -99,14 +165,30 @@ func ValidateRequest(req *capv1.JobRequest) error {
 			return fmt.Errorf("%w tenant_id: %v", ErrInvalid, err)
 		}
 	}
+	// Without tenant_id the job's tenant is env.tenant_id (safety.TenantOf):
+	// the same rules, since it becomes the same keys, labels and listings.
+	if t, ok := req.Env["tenant_id"]; ok && req.TenantId == "" {
+		if err := validID(t); err != nil {
+			return fmt.Errorf("%w env.tenant_id: %v", ErrInvalid, err)
+		}
+	}
 	if err := validMap("labels", req.Labels, MaxLabels, MaxLabelKey, MaxLabelValue); err != nil {
 		return err
 	}
 	if err := validMap("meta.labels", req.GetMeta().GetLabels(), MaxLabels, MaxLabelKey, MaxLabelValue); err != nil {
 		return err
 	}
+	if n := mapBytes(req.Labels) + mapBytes(req.GetMeta().GetLabels()); n > MaxLabelBytes {
+		return fmt.Errorf("%w labels: %d bytes with meta.labels, at most %d", ErrInvalid, n, MaxLabelBytes)
+	}
 	if err := validMap("env", req.Env, MaxEnv, MaxEnvKey, MaxEnvValue); err != nil {
 		return err
+	}
+	if n := mapBytes(req.Env); n > MaxEnvBytes {
+		return fmt.Errorf("%w env: %d bytes, at most %d", ErrInvalid, n, MaxEnvBytes)
+	}
+	if n := proto.Size(req); n > MaxRequestBytes {
+		return fmt.Errorf("%w request: %d bytes encoded, at most %d", ErrInvalid, n, MaxRequestBytes)
 	}
 	if k := req.GetMeta().GetIdempotencyKey(); len(k) > MaxIdempotencyKey || hasControl(k) {
 		return fmt.Errorf("%w meta.idempotency_key: longer than %d bytes or has control characters", ErrInvalid, MaxIdempotencyKey)
@@ -128,6 +210,14 @@ func validMap(name string, m map[string]string, maxEntries, maxKey, maxValue int
 		}
 	}
 	return nil
+}
+
+func mapBytes(m map[string]string) int {
+	n := 0
+	for k, v := range m {
+		n += len(k) + len(v)
+	}
+	return n
 }
 
 func hasControl(s string) bool {

@@ -53,6 +53,17 @@ func TestValidateRequestLimits(t *testing.T) {
 		"meta label key too long": {func(r *capv1.JobRequest) {
 			r.Meta = &capv1.JobMetadata{Labels: map[string]string{strings.Repeat("k", intake.MaxLabelKey+1): "v"}}
 		}, "meta.labels"},
+		"env tenant with a newline": {func(r *capv1.JobRequest) { r.Env = map[string]string{"tenant_id": "a\nb"} }, "env.tenant_id"},
+		"env tenant too long": {func(r *capv1.JobRequest) {
+			r.Env = map[string]string{"tenant_id": strings.Repeat("t", intake.MaxIDLength+1)}
+		}, "env.tenant_id"},
+		"labels too big together": {func(r *capv1.JobRequest) {
+			r.Labels = manyEntries(intake.MaxLabelBytes/intake.MaxLabelValue+1, intake.MaxLabelValue)
+		}, "labels"},
+		"env too big together": {func(r *capv1.JobRequest) {
+			r.Env = map[string]string{"A": strings.Repeat("a", intake.MaxEnvBytes/2+1), "B": strings.Repeat("b", intake.MaxEnvBytes/2)}
+		}, "env"},
+		"request too big": {func(r *capv1.JobRequest) { r.ContextPtr = strings.Repeat("c", intake.MaxRequestBytes) }, "request"},
 		"idempotency key too long": {func(r *capv1.JobRequest) {
 			r.Meta = &capv1.JobMetadata{IdempotencyKey: strings.Repeat("i", intake.MaxIdempotencyKey+1)}
 		}, "idempotency_key"},
@@ -64,6 +75,62 @@ func TestValidateRequestLimits(t *testing.T) {
 		if !errors.Is(err, intake.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v (want ErrInvalid naming %s)", name, err, c.says)
 		}
+	}
+}
+
+// An env tenant_id is only a tenant when tenant_id is empty: then it is
+// validated; otherwise it is an env value like any other.
+func TestEnvTenantValidatedOnlyWhenItIsTheTenant(t *testing.T) {
+	t.Parallel()
+	r := base()
+	r.TenantId, r.Env = "acme", map[string]string{"tenant_id": "{not an id}"}
+	if err := intake.ValidateRequest(r); err != nil {
+		t.Fatalf("env tenant_id beside tenant_id: %v", err)
+	}
+}
+
+func TestValidateHeartbeat(t *testing.T) {
+	t.Parallel()
+	ok := func() *capv1.Heartbeat {
+		return &capv1.Heartbeat{WorkerId: "w-1", Pool: "gpu-a100", Region: "eu", Type: "cpu",
+			Labels: map[string]string{"dispatch": "direct"}, Capabilities: []string{"echo"}}
+	}
+	if err := intake.ValidateHeartbeat(ok()); err != nil {
+		t.Fatalf("a plain heartbeat: %v", err)
+	}
+	if err := intake.ValidateHeartbeat(&capv1.Heartbeat{WorkerId: "w-1"}); err != nil {
+		t.Fatalf("a heartbeat without a pool: %v", err)
+	}
+	cases := map[string]struct {
+		mutate func(*capv1.Heartbeat)
+		says   string
+	}{
+		"worker id with a dot":  {func(h *capv1.Heartbeat) { h.WorkerId = "a.b" }, "worker_id"},
+		"pool too long":         {func(h *capv1.Heartbeat) { h.Pool = strings.Repeat("p", intake.MaxPoolName+1) }, "pool"},
+		"pool with a brace":     {func(h *capv1.Heartbeat) { h.Pool = "p{x}" }, "pool"},
+		"pool with a newline":   {func(h *capv1.Heartbeat) { h.Pool = "p\n" }, "pool"},
+		"region with a newline": {func(h *capv1.Heartbeat) { h.Region = "eu\n" }, "region"},
+		"type too long":         {func(h *capv1.Heartbeat) { h.Type = strings.Repeat("t", intake.MaxHeartbeatField+1) }, "type"},
+		"too many labels":       {func(h *capv1.Heartbeat) { h.Labels = manyEntries(intake.MaxHeartbeatLabels+1, 1) }, "labels"},
+		"label value too long": {func(h *capv1.Heartbeat) {
+			h.Labels = map[string]string{"k": strings.Repeat("v", intake.MaxHeartbeatField+1)}
+		}, "labels"},
+		"too many capabilities": {func(h *capv1.Heartbeat) { h.Capabilities = make([]string, intake.MaxCapabilities+1) }, "capabilities"},
+		"capability with a tab": {func(h *capv1.Heartbeat) { h.Capabilities = []string{"a\tb"} }, "capabilities"},
+	}
+	for name, c := range cases {
+		h := ok()
+		c.mutate(h)
+		err := intake.ValidateHeartbeat(h)
+		if !errors.Is(err, intake.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v (want ErrInvalid naming %s)", name, err, c.says)
+		}
+	}
+	// An invalid id is quoted clipped, not whole, in the error.
+	h := ok()
+	h.Pool = strings.Repeat("p", 100_000) + "}"
+	if err := intake.ValidateHeartbeat(h); err == nil || len(err.Error()) > 1024 {
+		t.Fatalf("error of %d bytes", len(err.Error()))
 	}
 }
 

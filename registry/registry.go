@@ -288,6 +288,7 @@ type Registry struct {
 	thresholds map[string]Thresholds // as configured, defaults not applied
 	rnd        *rand.Rand
 	seed       maphash.Seed
+	lim        limits // bounds.go
 }
 
 // New returns an empty registry with liveness ttl (TTLDefault if ≤ 0).
@@ -296,7 +297,7 @@ func New(ttl time.Duration) *Registry {
 		ttl = TTLDefault
 	}
 	return &Registry{ttl: ttl, workers: map[string]*Worker{}, pools: map[string]*poolIndex{},
-		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), seed: maphash.MakeSeed()}
+		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), seed: maphash.MakeSeed(), lim: newLimits(Bounds{})}
 }
 
 // TTL returns the configured liveness TTL (the bound for every worker).
@@ -315,7 +316,13 @@ func (r *Registry) Observe(hb *capv1.Heartbeat, now time.Time) *Worker {
 // paused, and arrive in a burst, still show the worker's real interval
 // (learned from arrival times they would show a millisecond, and the
 // worker's liveness window would fall below its interval).
+//
+// A heartbeat beyond the registry's bounds (SetBounds) is refused: it
+// returns nil and the registry is unchanged.
 func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker {
+	if !r.admit(hb.WorkerId, hb.Pool) {
+		return nil
+	}
 	w := r.workers[hb.WorkerId]
 	if w == nil {
 		w = newWorker(hb.WorkerId)

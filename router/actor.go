@@ -235,6 +235,9 @@ type Config struct {
 	// re-picked before the answer is stale_worker (0: StaleRetriesDefault;
 	// negative: never re-pick).
 	StaleRetries int
+	// Bounds caps the workers and pool names heartbeats may add (zero
+	// fields: registry defaults).
+	Bounds registry.Bounds
 	// Metrics, when set, receives troupe_live_workers{pool},
 	// troupe_stale_worker_retry_total{topic,worker} and
 	// troupe_workers_evicted_total{pool}.
@@ -382,6 +385,9 @@ func Props(cfg Config) *actor.Props {
 	latest.Store(cfg.Pools)
 	return actor.PropsFromProducer(func() actor.Actor {
 		reg := registry.New(cfg.TTL)
+		if err := reg.SetBounds(cfg.Bounds, cfg.Metrics); err != nil {
+			cfg.Log.Warn("registry bound metrics disabled", "err", err)
+		}
 		st := NewStrategy(latest.Load(), reg, cfg.Direct, cfg.PoolSubj)
 		st.staleRetries = cfg.StaleRetries
 		if m != nil {
@@ -422,6 +428,9 @@ func (r *Router) Receive(c actor.Context) {
 		}
 		known := r.reg.Get(m.HB.WorkerId) != nil
 		w := r.reg.ObserveSent(m.HB, m.At, m.Sent)
+		if w == nil { // refused by the registry's bounds (counted there)
+			return
+		}
 		if !known {
 			r.joined(c, w)
 			r.checkPool(w)

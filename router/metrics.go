@@ -14,6 +14,8 @@ type metrics struct {
 	evicted  *prometheus.CounterVec
 	waiting  prometheus.Gauge
 	unrouted prometheus.Gauge
+	// staleKeys bounds stale's {topic, worker} pairs: both come from input.
+	staleKeys *metricsx.LabelCap
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,6 +41,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Live workers whose heartbeat names a pool no topic routes to (they get no jobs).",
 		}),
 	}
+	m.staleKeys = metricsx.NewLabelCap(reg, "stale_worker_retry", 0)
 	var err error
 	if m.live, err = metricsx.Register(reg, m.live); err != nil {
 		return nil, err
@@ -59,5 +62,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) countStale(topic, workerID string) {
+	if m.staleKeys.Value(topic+"\x00"+workerID) == metricsx.LabelOverflow {
+		topic, workerID = metricsx.LabelOverflow, metricsx.LabelOverflow
+	}
 	m.stale.WithLabelValues(topic, workerID).Inc()
 }

@@ -281,7 +281,7 @@ func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *Unavaila
 	if c.cfg.FailMode != FailOpen {
 		return nil, uerr
 	}
-	c.m.failOpen.WithLabelValues(req.GetTopic()).Inc()
+	c.m.failOpen.WithLabelValues(c.m.topics.Value(req.GetTopic())).Inc()
 	now := time.Now().UnixMilli()
 	if last := c.lastFailOpenLog.Load(); now-last >= 1000 && c.lastFailOpenLog.CompareAndSwap(last, now) {
 		c.log.Warn("safety kernel unavailable; allowing (fail mode open)", "job_id", req.GetJobId(),

@@ -9,6 +9,7 @@ import (
 // inputMetrics are the kernel client's series. Safe for concurrent use.
 type inputMetrics struct {
 	failOpen *prometheus.CounterVec
+	topics   *metricsx.LabelCap // bounds failOpen's topic label (topics come from submits)
 	checks   *prometheus.CounterVec
 	latency  prometheus.Histogram
 	breaker  prometheus.Gauge
@@ -34,6 +35,7 @@ func newInputMetrics(reg prometheus.Registerer) (*inputMetrics, error) {
 			Help: "The safety kernel circuit as this process last saw it: 0 closed, 1 half-open, 2 open.",
 		}),
 	}
+	m.topics = metricsx.NewLabelCap(reg, "input_fail_open_topic", 0)
 	if reg == nil {
 		return m, nil
 	}

@@ -118,11 +118,20 @@ const (
 var (
 	ErrNotAwaitingApproval = errors.New("store: job is not waiting for approval")
 	ErrHashMismatch        = errors.New("store: job hash does not match the one approved")
+	// ErrAlreadyDecided: the job has a decision already; the first one
+	// stands until a node acts on it.
+	ErrAlreadyDecided = errors.New("store: job already has a decision")
+	// ErrNoJobHash: the job has no recorded hash, so no decision could
+	// say what it approved.
+	ErrNoJobHash = errors.New("store: job has no recorded hash")
 )
 
 // Decide records a human decision on a job in APPROVAL_REQUIRED and makes
 // it due now. hash, when set, must equal the job hash recorded when approval
-// was requested (so an approver's view of the job is the job that runs).
+// was requested (so an approver's view of the job is the job that runs);
+// the recorded hash is stored with the decision, and a job without one is
+// refused (ErrNoJobHash). The first decision stands: another, before a
+// node has acted on the first, is ErrAlreadyDecided.
 func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason, hash string) error {
 	v, err := runScript(ctx, s.rdb, approveCall{jobKey: s.keys.Job(jobID), dueKey: s.keys.Due(Shard(jobID)),
 		decision: string(d), by: by, reason: reason, hash: hash, nowMs: time.Now().UnixMilli(), jobID: jobID}).StringSlice()
@@ -138,6 +147,10 @@ func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason
 		return fmt.Errorf("%w (state %s)", ErrNotAwaitingApproval, core.State(v[1]))
 	case "HASH":
 		return fmt.Errorf("%w (recorded %s)", ErrHashMismatch, v[1])
+	case "DECIDED":
+		return fmt.Errorf("%w (%s)", ErrAlreadyDecided, v[1])
+	case "NOHASH":
+		return ErrNoJobHash
 	}
 	return fmt.Errorf("store: decide %s: unexpected reply %v", jobID, v)
 }

@@ -156,8 +156,15 @@ func (k *Keys) Alive(shard int, node string) string {
 func (k *Keys) Nodes() string { return k.prefix + "nodes" }
 
 // Idempotency maps a tenant's idempotency key to the job that claimed it.
+//
+// The tenant is length-prefixed, not just joined with a separator: tenants
+// and keys may both contain ':', and a plain join made tenant "org" with key
+// "team:k1" the same Redis key as tenant "org:team" with key "k1", so one
+// tenant's submit was taken for another's duplicate. The "idem2:" namespace
+// is apart from the joined form's "idem:", so a record written in that form
+// is never read as a claim; it expires with its TTL.
 func (k *Keys) Idempotency(tenant, key string) string {
-	return k.prefix + "idem:" + tenant + ":" + key
+	return k.prefix + "idem2:" + strconv.Itoa(len(tenant)) + ":" + tenant + ":" + key
 }
 
 // TenantActive is the sorted set of a tenant's jobs that hold one of its

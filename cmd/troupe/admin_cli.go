@@ -522,7 +522,9 @@ func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
 func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) error {
 	fs := e.flags("ctl job " + verb)
 	reason := fs.String("reason", "", "why (recorded on the job)")
-	by := fs.String("by", envOr("USER", ""), "who decides, sent with the decision (the server may take it from the API key instead)")
+	// The API records the API key's principal as the decider; --by, if
+	// given, must name that principal (a check, not a choice).
+	by := fs.String("by", "", "the API key's principal name, checked by the server (the decider is always the key's principal)")
 	hash := fs.String("hash", "", "the job hash you reviewed (default: the one recorded on the job)")
 	pos, err := e.parse(fs, args)
 	if err != nil {

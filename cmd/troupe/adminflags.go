@@ -16,15 +16,30 @@ import (
 // adminFlags start the node's admin HTTP server: /metrics, /healthz,
 // /readyz, the JSON API and the /ui dashboard.
 type adminFlags struct {
-	listen   string
-	keysFile string
+	listen         string
+	keysFile       string
+	metricsNeedKey bool
+	selfApproval   bool
 }
 
 func (a *adminFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.listen, "admin-listen", envOr("TROUPE_ADMIN_LISTEN", admin.ListenDefault),
 		`admin HTTP address ("" turns it off); anything but loopback needs API keys`)
 	fs.StringVar(&a.keysFile, "api-keys-file", os.Getenv("TROUPE_API_KEYS_FILE"),
-		`file of "key=tenant" entries ("*" = every tenant); also TROUPE_API_KEYS`)
+		`file of "key=tenant [role=client|operator] [name=who]" entries ("*" = every tenant); also TROUPE_API_KEYS`)
+	fs.BoolVar(&a.metricsNeedKey, "metrics-need-key", envBool("TROUPE_METRICS_NEED_KEY"),
+		"/metrics needs an all-tenant API key and /readyz any API key (also TROUPE_METRICS_NEED_KEY=1)")
+	fs.BoolVar(&a.selfApproval, "allow-self-approval", envBool("TROUPE_ALLOW_SELF_APPROVAL"),
+		"let an API principal approve or reject a job it submitted (also TROUPE_ALLOW_SELF_APPROVAL=1)")
+}
+
+// envBool reads a boolean variable: 1, true, yes (any case) are true.
+func envBool(name string) bool {
+	switch strings.ToLower(strings.TrimSpace(os.Getenv(name))) {
+	case "1", "true", "yes":
+		return true
+	}
+	return false
 }
 
 // start runs the admin server for node, or nothing when turned off. The
@@ -41,11 +56,12 @@ func (a *adminFlags) start(node *troupe.Node, log *slog.Logger) (func(), error) 
 		}
 		raw += "\n" + string(b)
 	}
-	keys, err := admin.ParseKeys(strings.TrimSpace(raw))
+	keys, err := admin.ParseKeyEntries(strings.TrimSpace(raw))
 	if err != nil {
 		return nil, err
 	}
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: a.listen, APIKeys: keys, Log: log})
+	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: a.listen, Keys: keys,
+		MetricsNeedKey: a.metricsNeedKey, AllowSelfApproval: a.selfApproval, Log: log})
 	if err != nil {
 		return nil, err
 	}

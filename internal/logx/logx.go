@@ -5,7 +5,9 @@ import (
 	"context"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // LevelFloor returns a handler that drops records below min before they
@@ -40,4 +42,23 @@ func RedactURL(u string) string {
 		return "xxxxx" + u[i:]
 	}
 	return u
+}
+
+// MaxUntrusted is how many bytes of an untrusted string (an id, a pool
+// name, a label from a packet) a log line or an error message keeps. Valid
+// ids are at most 128 bytes, so a valid one is never cut; an invalid one
+// of 400 KB would otherwise be a 400 KB log line.
+const MaxUntrusted = 200
+
+// Clip returns s cut to MaxUntrusted bytes (on a rune boundary), with the
+// length it had, for logging strings that have not been validated.
+func Clip(s string) string {
+	if len(s) <= MaxUntrusted {
+		return s
+	}
+	cut := MaxUntrusted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }

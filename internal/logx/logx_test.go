@@ -3,6 +3,7 @@ package logx_test
 import (
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/troupe-run/troupe/internal/logx"
 )
@@ -15,5 +16,19 @@ func TestRedactURLHidesPasswords(t *testing.T) {
 	}
 	if got := logx.RedactURL("redis://127.0.0.1:6379"); got != "redis://127.0.0.1:6379" {
 		t.Errorf("a URL without a password changed: %s", got)
+	}
+}
+
+func TestClip(t *testing.T) {
+	if got := logx.Clip("short"); got != "short" {
+		t.Fatalf("a short string changed: %q", got)
+	}
+	long := strings.Repeat("é", 300) // 600 bytes, two per rune
+	got := logx.Clip(long)
+	if len(got) > logx.MaxUntrusted+32 || !strings.HasSuffix(got, "…(600 bytes)") {
+		t.Fatalf("clipped to %d bytes: %q", len(got), got)
+	}
+	if !utf8.ValidString(got) {
+		t.Fatal("clipped inside a rune")
 	}
 }
