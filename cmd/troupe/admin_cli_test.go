@@ -22,6 +22,10 @@ import (
 
 const ctlTestKey = "ctl-test-key-0123456789abcdef"
 
+// ctlSubmitterKey is a second all-tenant key: jobs it submits can be
+// approved with ctlTestKey (nobody approves their own job).
+const ctlSubmitterKey = "ctl-submitter-key-0123456789abcdef"
+
 // ctlHandler runs jobs for 300 ms, long enough for --wait to show
 // progress; job-cli-cancel runs until it is cancelled.
 func ctlHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {

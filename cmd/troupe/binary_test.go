@@ -149,7 +149,7 @@ func cliNode(t *testing.T) ([]string, *troupe.Node) {
 		t.Fatal(err)
 	}
 	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
-		APIKeys: map[string]string{ctlTestKey: admin.AllTenants}, Log: quiet})
+		APIKeys: map[string]string{ctlTestKey: admin.AllTenants, ctlSubmitterKey: admin.AllTenants}, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,19 +175,29 @@ func waitJobState(t *testing.T, env []string, id, state string) admin.Job {
 	return admin.Job{}
 }
 
-// README's approval commands, flags after the id, work as printed.
+// README's approval commands, flags after the id, work as printed. The jobs
+// are submitted with another key: nobody approves a job they submitted.
 func TestCLIApproveAndCancelTakeFlagsAfterTheID(t *testing.T) {
 	t.Parallel()
 	env, _ := cliNode(t)
+	submitter := append(append([]string(nil), env...), "TROUPE_API_KEY="+ctlSubmitterKey)
 	for _, id := range []string{"dz-1", "dz-2"} {
-		if r := runBin(t, env, "submit", "--topic", "job.approve", "--id", id); r.code != 0 {
+		if r := runBin(t, submitter, "submit", "--topic", "job.approve", "--id", id); r.code != 0 {
 			t.Fatalf("submit %s: %s", id, r)
 		}
 		waitJobState(t, env, id, "APPROVAL_REQUIRED")
 	}
-	// As README prints it; --by is accepted (the API records the approver).
-	if r := runBin(t, env, "job", "approve", "dz-1", "--reason", "looks fine", "--by", "alice"); r.code != 0 {
-		t.Fatalf("troupe job approve dz-1 --reason … --by alice: %s", r)
+	// The decider is the key's principal: --by naming someone else is refused.
+	if r := runBin(t, env, "job", "approve", "dz-1", "--reason", "looks fine", "--by", "alice"); r.code == 0 {
+		t.Fatalf("troupe job approve dz-1 --by alice (not the key's principal) succeeded: %s", r)
+	}
+	// The submitter's own key may not approve it.
+	if r := runBin(t, submitter, "job", "approve", "dz-1", "--reason", "mine"); r.code == 0 {
+		t.Fatalf("the submitter approved its own job: %s", r)
+	}
+	// As README prints it.
+	if r := runBin(t, env, "job", "approve", "dz-1", "--reason", "looks fine"); r.code != 0 {
+		t.Fatalf("troupe job approve dz-1 --reason …: %s", r)
 	}
 	waitJobState(t, env, "dz-1", "SUCCEEDED")
 	if r := runBin(t, env, "job", "cancel", "dz-2", "--reason", "not wanted"); r.code != 0 {
