@@ -48,7 +48,7 @@ type Toucher struct {
 	fresh   touchQueue
 	touched touchQueue
 	touches uint64
-	ticks   uint64 // loop ticks (due calls), for tests of an idle Toucher
+	ticks   uint64        // loop ticks (due calls), for tests of an idle Toucher
 	kick    chan struct{} // a wait was added: the loop's timer runs again
 	stop    chan struct{}
 	once    sync.Once
