@@ -37,6 +37,10 @@ func (j *Job) onPick(p *router.PickReply) {
 		return
 	}
 	j.queued = false // placed (or refused) on a recheck: not queued any more
+	// Nor waiting within its grace (a recheck or a repeated submit was
+	// answered): its budget and its submit's touches are released here,
+	// as a placement's are (onPlaced), before the job is written.
+	j.leaveGrace()
 	if p.Reason != "" {
 		j.placementFailed(p)
 		return
