@@ -88,6 +88,9 @@ type Node struct {
 	stopTracer func(context.Context) error
 
 	stopOnce sync.Once
+	// beforeActorsStop, when set (tests), runs in Stop once the inbox
+	// refuses forwarded events and before the job actors stop.
+	beforeActorsStop func()
 }
 
 // NewNode validates cfg and returns a node that is not yet connected.
@@ -658,8 +661,26 @@ func (n *Node) Stop(ctx context.Context) error {
 			close(n.stopProbe)
 		}
 		n.bg.Wait()
+		// Every subscription but the inbox ends now. The inbox stays until
+		// the actors' locks are released (after the writer's flush), and
+		// meanwhile refuses forwarded events at once (intake.Drain): a
+		// replica forwarding a result for a job still locked here hears a
+		// refusal and offers it again a second later, instead of "no
+		// responders", which would make it wait for this node's lease to
+		// go stale (up to LockTTL/3 + 2 s).
+		var inbox []*nats.Subscription
 		for _, s := range n.subs {
+			if s.Subject == n.subj.Inbox(n.cfg.NodeID) {
+				inbox = append(inbox, s)
+				continue
+			}
 			_ = s.Unsubscribe()
+		}
+		if n.intake != nil {
+			n.intake.Drain()
+		}
+		if n.beforeActorsStop != nil {
+			n.beforeActorsStop()
 		}
 		if n.due != nil {
 			n.due.Stop()
@@ -711,6 +732,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.writer != nil {
 			n.writer.Close()
+		}
+		for _, s := range inbox {
+			_ = s.Unsubscribe() // the locks are released: see above
 		}
 		if n.guard != nil {
 			n.guard.Stop() // after the actors: their last acks are queued

@@ -1,11 +1,16 @@
 package troupe_test
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
@@ -63,4 +68,31 @@ func TestWaitsForATenantSlotLeaveTheNodesAdmissions(t *testing.T) {
 	f.waitState("other", core.StateSucceeded)
 	g.open("hog-0", true)
 	f.waitState("hog-0", core.StateSucceeded)
+}
+
+// TestStopKeepsTheInboxUntilTheLocksAreReleased: while a stopping node's
+// job actors still hold their locks, a replica forwarding it an event hears
+// a refusal at once (and offers the event again a second later), not "no
+// responders", which would make it wait for the node's lease to go stale
+// (issue 27, item 7).
+func TestStopKeepsTheInboxUntilTheLocksAreReleased(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	raw, err := bus.EncodeResult("trace-x", "worker-x", &capv1.JobResult{JobId: "stop-x",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forward := intake.Forwarder(f.env.NATS, f.subj)
+	var during error
+	f.node.BeforeActorsStop(func() { during = forward(f.node.ID(), actors.ForwardResult, raw) })
+	if err := f.node.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if during == nil || errors.Is(during, actors.ErrOwnerGone) {
+		t.Fatalf("forward while the actors stop: %v; want a refusal, not %v", during, actors.ErrOwnerGone)
+	}
+	if err := forward(f.node.ID(), actors.ForwardResult, raw); !errors.Is(err, actors.ErrOwnerGone) {
+		t.Fatalf("forward after Stop: %v; want %v", err, actors.ErrOwnerGone)
+	}
 }

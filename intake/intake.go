@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -47,7 +48,19 @@ type Intake struct {
 	// forwarded batch to be settled before it answers (0:
 	// BatchSettleDefault).
 	BatchSettle time.Duration
+
+	// draining: the node is stopping its job actors; forwarded events are
+	// refused at once (see Drain).
+	draining atomic.Bool
 }
+
+// Drain makes the node's inbox refuse every forwarded event from now on,
+// answering at once: the node is stopping its actors, which release their
+// locks, and the sender offers the event again a second later (by then to
+// itself, the lock gone). The inbox stays subscribed meanwhile, so a sender
+// never hears "no responders" from an owner whose locks are still held —
+// which would make it wait for the owner's node lease to go stale.
+func (in *Intake) Drain() { in.draining.Store(true) }
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
 	shard := in.Shards[supervisor.ShardFor(jobID, len(in.Shards))]
