@@ -10,8 +10,8 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
