@@ -384,6 +384,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Name: "troupe_capacity_waits_unwritten",
 		Help: "Jobs waiting for room within their capacity grace: no record yet, the submit held un-acked in JetStream.",
 	}, func() float64 { return float64(env.Unwritten.Load()) }))
+	_ = n.cfg.Metrics.Register(newWaitingCollector(n))
 	_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "troupe_capacity_submit_touches_total",
 		Help: "In-progress signals sent to JetStream for the submits of jobs waiting within their capacity grace.",
@@ -408,7 +409,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Help: "Outcomes this node decided and told clients on the result subject, read back from the result stream and skipped."})
 	_ = n.cfg.Metrics.Register(own)
 	n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
-		DLQFailures: n.dlqMetrics(), OwnOutcomes: own}
+		DLQFailures: n.dlqMetrics(), OwnOutcomes: own, FindWaiting: n.waitingNode}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = intake.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/actors"
+	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/intake"
@@ -95,4 +96,136 @@ func TestStopKeepsTheInboxUntilTheLocksAreReleased(t *testing.T) {
 	if err := forward(f.node.ID(), actors.ForwardResult, raw); !errors.Is(err, actors.ErrOwnerGone) {
 		t.Fatalf("forward after Stop: %v; want %v", err, actors.ErrOwnerGone)
 	}
+}
+
+// TestOverloadEveryWaitingJobIsVisibleAndCancellable is the overload of
+// issue 27: two replicas, one pool of 2 slots (a worker of max_parallel 2),
+// a dozen jobs. The 10 that wait for room — unwritten, within their grace,
+// on either replica — are SCHEDULED in the counts, each with its reason
+// and queue position in the API, listed on every page; each is cancelled
+// through the second replica's API (never a 404), takes the cancel on
+// whichever replica holds it (never dead-lettered unknown_job), and is
+// never dispatched.
+func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
+	t.Parallel()
+	opts := func(c *troupe.Config) {
+		noBackoff(c)
+		c.CapacityGrace = time.Hour
+		c.UnknownHold = 500 * time.Millisecond // a cancel the holder never gets is dead-lettered at once
+	}
+	f := newFixture(t, opts)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", opts)
+	f.node = a
+	srv, err := admin.NewServer(admin.Config{Node: b, Registry: b.Metrics(), Listen: "127.0.0.1:0", Log: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	api := admin.NewClient("http://"+srv.Addr(), "")
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "pair", 2, time.Hour, g.wait)
+	f.waitWorkers(1)
+	ids := map[string]bool{}
+	for i := range 12 {
+		id := "ov-" + strconv.Itoa(i)
+		ids[id] = true
+		f.submit(echoReq(id))
+	}
+	running := []string{w.waitGot(5 * time.Second), w.waitGot(5 * time.Second)}
+	waiting := map[string]bool{}
+	for id := range ids {
+		waiting[id] = true
+	}
+	for _, id := range running {
+		delete(waiting, id)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ws, err := b.WaitingJobs(ctx, "", 100)
+		if err == nil && len(ws) == len(waiting) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting: %d listed (%v), want %d", len(ws), err, len(waiting))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Counts: the dashboard's and `troupe ctl stats`'s SCHEDULED (the
+	// running jobs' submits are acked a moment after their dispatch).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err := api.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := st.States[string(core.StateScheduled)]; n == int64(len(waiting)) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("stats: SCHEDULED %d, want %d (states %v)", n, len(waiting), st.States)
+		}
+	}
+	// The API: each is SCHEDULED with its reason and queue position.
+	for id := range waiting {
+		j, err := api.Job(ctx, id)
+		if err != nil || j.State != string(core.StateScheduled) || j.Reason != string(core.ReasonPoolOverloaded) ||
+			j.QueuePosition == nil || *j.QueuePosition < 0 {
+			t.Fatalf("GET %s: %+v, %v; want SCHEDULED pool_overloaded with a queue position", id, j, err)
+		}
+	}
+	// Lists: every page, 3 jobs a page.
+	listed := map[string]bool{}
+	for cursor, pages := "", 0; ; pages++ {
+		page, err := api.ListJobs(ctx, string(core.StateScheduled), 3, cursor, "")
+		if err != nil || pages > 10 {
+			t.Fatalf("list page %d: %v", pages, err)
+		}
+		for _, j := range page.Jobs {
+			listed[j.ID] = true
+		}
+		if cursor = page.Next; cursor == "" {
+			break
+		}
+	}
+	for id := range waiting {
+		if !listed[id] {
+			t.Fatalf("%s not listed on any page (listed %v)", id, listed)
+		}
+	}
+	// The metric: this node's and the other's waits, by reason.
+	if n := counter(t, a, "troupe_jobs_waiting", string(core.ReasonPoolOverloaded)) +
+		counter(t, b, "troupe_jobs_waiting", string(core.ReasonPoolOverloaded)); n != float64(len(waiting)) {
+		t.Fatalf("troupe_jobs_waiting{pool_overloaded} %v across the nodes, want %d", n, len(waiting))
+	}
+	// Cancel every waiting job through the second replica's API.
+	for id := range waiting {
+		if _, err := api.Cancel(ctx, id, "overload", "test"); err != nil {
+			t.Fatalf("cancel %s: %v", id, err)
+		}
+	}
+	for id := range waiting {
+		f.waitState(id, core.StateCancelled)
+	}
+	es, err := a.Store().ListDLQ(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if e.Reason == core.ReasonUnknownJob {
+			t.Fatalf("cancel dead-lettered: %+v", e)
+		}
+	}
+	for _, id := range running {
+		g.open(id, true)
+		f.waitState(id, core.StateSucceeded)
+	}
+	f.submit(echoReq("ov-after"))
+	if got := w.waitGot(5 * time.Second); got != "ov-after" {
+		t.Fatalf("worker got %s after the cancels, want ov-after (no cancelled job is dispatched)", got)
+	}
+	g.open("ov-after", true)
+	f.waitState("ov-after", core.StateSucceeded)
 }

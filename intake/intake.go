@@ -49,6 +49,12 @@ type Intake struct {
 	// BatchSettleDefault).
 	BatchSettle time.Duration
 
+	// FindWaiting, when set, names the node — this one or a replica — on
+	// which jobID waits for room, or "" (Node.WaitingJob). A cancel is
+	// passed to that node first (see HandleCancel). It may block up to a
+	// second or so.
+	FindWaiting func(ctx context.Context, jobID string) string
+
 	// draining: the node is stopping its job actors; forwarded events are
 	// refused at once (see Drain).
 	draining atomic.Bool
@@ -308,8 +314,41 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 		return
 	}
 	cn := pkt.GetJobCancel()
-	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg)}, true)
+	c := &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
+		Published: publishedAt(msg)}
+	if in.FindWaiting == nil || in.Env.Forward == nil {
+		in.route(cn.JobId, c, true)
+		return
+	}
+	go in.cancelWaiting(cn.JobId, c) // asks the replicas: off the fetch loop
+}
+
+// cancelWaitingBudget bounds the search for the node on which a cancelled
+// job waits (askPeers waits a second for the replicas' answers).
+const cancelWaitingBudget = 2 * time.Second
+
+// cancelWaiting hands a cancel to the replica on which its job waits for
+// room, when that is not this node. A job waiting within its capacity
+// grace has no record (its submit is held in the stream), so this node's
+// actor would find nothing and hold the cancel, then dead-letter it
+// unknown_job, while the job is placed later and runs. Anywhere else the
+// cancel is routed here as usual: to the job waiting on this node, or to
+// an actor that reads the job's record (and forwards the cancel to the
+// job's owner).
+func (in *Intake) cancelWaiting(jobID string, c *actors.Cancel) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitingBudget)
+	node := in.FindWaiting(ctx, jobID)
+	cancel()
+	if node != "" && node != in.Env.NodeID {
+		if err := in.Env.Forward(node, actors.ForwardCancel, c.Raw); err == nil {
+			in.Env.Metrics.Forwarded.WithLabelValues("taken").Inc()
+			_ = c.Delivery.Ack()
+			return
+		}
+		in.Log.Info("cancel of a job waiting on a replica not taken there; handled here", "job_id", jobID,
+			"trace_id", c.TraceID, "node", node)
+	}
+	in.route(jobID, c, true)
 }
 
 // Tell delivers msg to the job's actor if it is live on this node.
