@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,4 +229,38 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 	}
 	g.open("ov-after", true)
 	f.waitState("ov-after", core.StateSucceeded)
+}
+
+// TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs: two stock-like
+// workers of max_parallel 1 on a pool subject (NATS picks the member) lose
+// a job each (taken, never answered: their runner died). Their heartbeats
+// report 0 active jobs, which frees those slots within two heartbeats,
+// not at the lost jobs' running deadline: 500 jobs then all finish
+// (issue 27, item 8).
+func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	answer := func(id string) bool { return !strings.HasPrefix(id, "lost-") }
+	w1 := startCapWorker(t, f.env.NATS, f.subj, "stock-1", 1, 100*time.Millisecond, answer)
+	w2 := startCapWorker(t, f.env.NATS, f.subj, "stock-2", 1, 100*time.Millisecond, answer)
+	f.waitWorkers(2)
+	for _, id := range []string{"lost-1", "lost-2"} {
+		f.submit(echoReq(id))
+		f.waitState(id, core.StateDispatched) // started on delivery: it stays so until its deadline
+	}
+	for deadline := time.Now().Add(10 * time.Second); w1.received.Load()+w2.received.Load() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the workers never took the two lost jobs")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	const n = 500
+	for i := range n {
+		f.submit(echoReq("after-" + strconv.Itoa(i)))
+	}
+	for i := range n {
+		f.waitStateWithin("after-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+	}
+	// (Which member takes a job on a pool subject is NATS's choice, so a
+	// member may get a job while the other is free: counts hold per pool.)
 }
