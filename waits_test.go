@@ -264,3 +264,33 @@ func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
 	// (Which member takes a job on a pool subject is NATS's choice, so a
 	// member may get a job while the other is free: counts hold per pool.)
 }
+
+// TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory: a job that waited for
+// room with no record has a history that starts at its submit and shows
+// the wait as its own step — PENDING at the submit, SCHEDULED
+// pool_overloaded from when the wait began, DISPATCHED when it was placed —
+// though all three were written in one create (issue 27, deliverable 1).
+func TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory(t *testing.T) {
+	t.Parallel()
+	f, g, w := oneJobWaiting(t, "hist-1", "hist-2")
+	queued := time.Now()
+	time.Sleep(300 * time.Millisecond) // the wait the history must show (hist-1 holds the slot)
+	g.open("hist-1", true)
+	if got := w.waitGot(5 * time.Second); got != "hist-2" {
+		t.Fatalf("got %s, want hist-2", got)
+	}
+	placed := time.Now()
+	g.open("hist-2", true)
+	r := f.waitState("hist-2", core.StateSucceeded)
+	h := r.History
+	if len(h) < 3 || h[0].To != core.StatePending || h[1].To != core.StateScheduled ||
+		h[1].Reason != core.ReasonPoolOverloaded || h[2].To != core.StateDispatched {
+		t.Fatalf("history %+v; want PENDING, SCHEDULED pool_overloaded, DISPATCHED", h)
+	}
+	if h[0].At.After(queued) || h[1].At.After(queued) {
+		t.Fatalf("history %+v: PENDING and SCHEDULED dated after the job was seen waiting (%v)", h, queued)
+	}
+	if wait := h[2].At.Sub(h[1].At); wait < 300*time.Millisecond || h[2].At.After(placed) {
+		t.Fatalf("SCHEDULED step lasted %v; the job waited at least 300 ms", wait)
+	}
+}

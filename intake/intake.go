@@ -171,7 +171,8 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	if trace == "" {
 		trace = req.JobId
 	}
-	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg)}, true)
+	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg), Published: publishedAt(msg)},
+		true)
 }
 
 // HandleResult handles one message from the result stream.

@@ -321,6 +321,9 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		// AdmissionHold it still counts in the node's admissions.
 		now := j.now()
 		j.unwritten = true
+		if j.waitedAt.IsZero() {
+			j.waitedAt = now
+		}
 		j.graceEnd = now.Add(j.cfg.CapacityGrace)
 		j.recheckAt = now.Add(recheck)
 		j.graceFor(p.Reason, now)

@@ -127,6 +127,9 @@ type Moved struct {
 	From    core.State
 	Path    []store.Hop
 	Created bool
+	// WaitedAt: the job waited for room, with no record, from then; the
+	// SCHEDULED hop created with it began there (zero: no such wait).
+	WaitedAt time.Time
 }
 
 // Resumed: an activation found the job's record, written earlier by
