@@ -294,3 +294,46 @@ func TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory(t *testing.T) {
 		t.Fatalf("SCHEDULED step lasted %v; the job waited at least 300 ms", wait)
 	}
 }
+
+// tenantPolicy throttles tenant "slow", is unavailable to tenant "down",
+// and allows the rest.
+type tenantPolicy struct{}
+
+func (tenantPolicy) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
+	switch req.GetTenant() {
+	case "slow":
+		return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_THROTTLE}, nil
+	case "down":
+		return nil, errors.New("policy unavailable")
+	}
+	return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}, nil
+}
+
+// TestWaitsOnThePolicyLeaveTheNodesAdmissions: jobs waiting on a THROTTLE
+// or on an unavailable policy (created PENDING, their submits acked) do not
+// keep their places in MaxAdmitting either (issue 27, item 2).
+func TestWaitsOnThePolicyLeaveTheNodesAdmissions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		noBackoff(c)
+		c.MaxAdmitting = 4
+		c.AdmissionHold = time.Hour
+		c.Policy = tenantPolicy{}
+	})
+	w := startCapWorker(t, f.env.NATS, f.subj, "wide", 50, time.Hour, nil)
+	f.waitWorkers(1)
+	for i := range 8 {
+		r := echoReq("pol-" + strconv.Itoa(i))
+		r.TenantId = []string{"slow", "down"}[i%2]
+		f.submit(r)
+	}
+	for i := range 8 {
+		f.waitState("pol-"+strconv.Itoa(i), core.StatePending)
+	}
+	f.untilAdmitting(0)
+	f.submit(echoReq("pol-other"))
+	if got := w.waitGot(10 * time.Second); got != "pol-other" {
+		t.Fatalf("got %s, want pol-other", got)
+	}
+	f.waitState("pol-other", core.StateSucceeded)
+}
