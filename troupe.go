@@ -88,6 +88,7 @@ type Node struct {
 	stopTracer func(context.Context) error
 
 	stopOnce sync.Once
+	stopping atomic.Bool // Stop has begun: scrapes no longer ask the actors
 	// beforeActorsStop, when set (tests), runs in Stop once the inbox
 	// refuses forwarded events and before the job actors stop.
 	beforeActorsStop func()
@@ -655,6 +656,7 @@ func touchFor(grace time.Duration) time.Duration {
 // has not stopped by then keeps its locks until they expire.
 func (n *Node) Stop(ctx context.Context) error {
 	n.stopOnce.Do(func() {
+		n.stopping.Store(true)
 		if n.cancel != nil {
 			n.cancel()
 		}

@@ -31,6 +31,9 @@ func newWaitingCollector(n *Node) *waitingCollector {
 func (c *waitingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *waitingCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.n.stopping.Load() {
+		return // the router is stopping or gone: it would not answer
+	}
 	by := map[string]float64{}
 	for _, w := range c.n.localWaitingList("", maxWaitScrape) {
 		by[string(w.Reason)]++

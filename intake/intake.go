@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,6 +55,10 @@ type Intake struct {
 	// passed to that node first (see HandleCancel). It may block up to a
 	// second or so.
 	FindWaiting func(ctx context.Context, jobID string) string
+	// findSlots bounds the lookups in flight (cancelLookups): past it a
+	// cancel is routed here at once, as without FindWaiting.
+	findSlots chan struct{}
+	findOnce  sync.Once
 
 	// draining: the node is stopping its job actors; forwarded events are
 	// refused at once (see Drain).
@@ -317,11 +322,30 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 	cn := pkt.GetJobCancel()
 	c := &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
 		Published: publishedAt(msg)}
-	if in.FindWaiting == nil || in.Env.Forward == nil {
+	if in.FindWaiting == nil || in.Env.Forward == nil || !in.takeFindSlot() {
 		in.route(cn.JobId, c, true)
 		return
 	}
-	go in.cancelWaiting(cn.JobId, c) // asks the replicas: off the fetch loop
+	go func() { // asks the replicas: off the fetch loop
+		defer func() { <-in.findSlots }()
+		in.cancelWaiting(cn.JobId, c)
+	}()
+}
+
+// cancelLookups bounds the cancels whose waiting node is being looked up
+// at once: a flood of cancels costs at most this many goroutines and
+// requests in flight; the rest go the usual way (their actor, then the
+// job's owner, or a hold while the job has no record).
+const cancelLookups = 256
+
+func (in *Intake) takeFindSlot() bool {
+	in.findOnce.Do(func() { in.findSlots = make(chan struct{}, cancelLookups) })
+	select {
+	case in.findSlots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 // cancelWaitingBudget bounds the search for the node on which a cancelled
