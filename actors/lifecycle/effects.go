@@ -189,6 +189,9 @@ const (
 	MQuarantined
 	MHeld // a result or cancel for a job with no record, handed back
 	MBusy // an activation found the job's lock held by another owner
+	// MRunnerUnknown: a started job's picked worker was lost, and its
+	// runner is unknown (a pool subject).
+	MRunnerUnknown
 )
 
 // Count adds one to a counter; Observe records a value in a histogram.
