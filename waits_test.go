@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/actors"
@@ -17,6 +18,7 @@ import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/tracing"
 )
 
 // untilAdmitting polls the node's admissions count until it is want (10 s).
@@ -337,4 +339,52 @@ func TestWaitsOnThePolicyLeaveTheNodesAdmissions(t *testing.T) {
 		t.Fatalf("got %s, want pol-other", got)
 	}
 	f.waitState("pol-other", core.StateSucceeded)
+}
+
+// TestAWaitBeforeTheRecordIsItsOwnSpan: the OpenTelemetry spans of a job
+// that waited for room with no record follow its history: a SCHEDULED span
+// with the wait's reason from when the wait began, lasting the wait (not a
+// long PENDING span that reads like a slow policy check).
+func TestAWaitBeforeTheRecordIsItsOwnSpan(t *testing.T) {
+	t.Parallel()
+	recv, addr := startOTLPReceiver(t)
+	f := newFixture(t, func(c *troupe.Config) {
+		noBackoff(c)
+		c.CapacityGrace = time.Hour
+		c.OTLPEndpoint = addr
+	})
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("span-1"))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("span-2"))
+	f.waitQueued(1)
+	time.Sleep(300 * time.Millisecond) // the wait the spans must show (span-1 holds the slot)
+	g.open("span-1", true)
+	if got := w.waitGot(5 * time.Second); got != "span-2" {
+		t.Fatalf("got %s, want span-2", got)
+	}
+	g.open("span-2", true)
+	f.waitState("span-2", core.StateSucceeded)
+	f.stopAndFlush()
+	_, states := recv.jobSpans("span-2")
+	by := map[string]*tracepb.Span{}
+	for _, s := range states {
+		by[s.GetName()] = s
+	}
+	pending, scheduled := by[tracing.SpanStatePrefix+string(core.StatePending)], by[tracing.SpanStatePrefix+string(core.StateScheduled)]
+	if pending == nil || scheduled == nil {
+		t.Fatalf("state spans %v; want PENDING and SCHEDULED", states)
+	}
+	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(core.ReasonPoolOverloaded) {
+		t.Fatalf("SCHEDULED span reason %q, want pool_overloaded", r)
+	}
+	wait := time.Duration(scheduled.GetEndTimeUnixNano() - scheduled.GetStartTimeUnixNano())
+	if wait < 300*time.Millisecond {
+		t.Fatalf("SCHEDULED span lasted %v; the job waited at least 300 ms", wait)
+	}
+	if pend := time.Duration(pending.GetEndTimeUnixNano() - pending.GetStartTimeUnixNano()); pend >= wait {
+		t.Fatalf("PENDING span %v, SCHEDULED %v: the wait is still shown as PENDING", pend, wait)
+	}
 }
