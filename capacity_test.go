@@ -475,14 +475,20 @@ func TestCapacityShortWaitWritesNothing(t *testing.T) {
 }
 
 // succeededWithNoWaitWritten waits until job SUCCEEDED and checks that its
-// wait for room was never written: no pool_overloaded step in its
-// history, no capacity wait counted by the node.
+// wait for room was never written on its own: no capacity wait counted by
+// the node, and the history's one pool_overloaded step came with the
+// create that dispatched the job (PENDING → SCHEDULED pool_overloaded →
+// DISPATCHED), dated from when the wait began.
 func (f *fixture) succeededWithNoWaitWritten(job string) {
 	f.t.Helper()
 	r := f.waitState(job, core.StateSucceeded)
-	for _, h := range r.History {
+	if len(r.History) < 3 || r.History[1].Reason != core.ReasonPoolOverloaded ||
+		r.History[2].To != core.StateDispatched || r.History[1].At.After(r.History[2].At) {
+		f.t.Fatalf("%s: history %+v; want PENDING, SCHEDULED pool_overloaded, DISPATCHED", job, r.History)
+	}
+	for _, h := range r.History[2:] {
 		if h.Reason == core.ReasonPoolOverloaded {
-			f.t.Fatalf("%s: history has a pool_overloaded step: %+v", job, r.History)
+			f.t.Fatalf("%s: history has a second pool_overloaded step: %+v", job, r.History)
 		}
 	}
 	if n := counter(f.t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {

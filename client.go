@@ -123,6 +123,15 @@ func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, e
 	return nil, nil
 }
 
+// waitingNode names the node on which jobID waits for room ("" when none
+// says so): intake.Intake.FindWaiting.
+func (n *Node) waitingNode(ctx context.Context, jobID string) string {
+	if w, err := n.WaitingJob(ctx, jobID); err == nil && w != nil {
+		return w.Node
+	}
+	return ""
+}
+
 // WaitingJobs lists the jobs waiting for room within their capacity grace
 // — no record yet — on this node and the replicas it hears, of tenant (""
 // for all), newest first, at most limit (each node is asked for that many).

@@ -30,3 +30,7 @@ func (n *Node) ParkedInMemory() (int, error) {
 // Admitting is the node's count of jobs taken from the submit stream and
 // not yet dispatched, written as waiting, or finished.
 func (n *Node) Admitting() int64 { return n.env.Admitting.Load() }
+
+// BeforeActorsStop sets a function Stop runs once the node's inbox refuses
+// forwarded events and before its job actors stop.
+func (n *Node) BeforeActorsStop(f func()) { n.beforeActorsStop = f }

@@ -42,9 +42,39 @@ func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, 
 }
 
 // CountStates returns how many jobs each state holds (terminal states count
-// the jobs still retained).
+// the jobs still retained). SCHEDULED includes the jobs waiting with no
+// record yet (SubmitsWaiting): it counts every job whose submit was
+// acknowledged and that is not yet dispatched or ended.
 func (n *Node) CountStates(ctx context.Context) (map[core.State]int64, error) {
-	return n.store.CountStates(ctx)
+	counts, err := n.store.CountStates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if held, taken, err := n.SubmitsWaiting(ctx); err == nil {
+		counts[core.StateScheduled] += held + taken
+	} else {
+		n.log.Debug("stats: submit consumer unread; waits with no record left out", "err", err)
+	}
+	return counts, nil
+}
+
+// SubmitsWaiting counts, across every replica, the jobs whose submit was
+// acknowledged to the client and that have no record yet: held are still
+// in the submit stream, not yet taken by any node (its back-pressure,
+// MaxAdmitting); taken are taken by a node and not yet acked — waiting for
+// room within their capacity grace, or being decided. One JetStream
+// request (the submit consumer's info): each submit is counted once, by
+// the stream, not by the nodes.
+func (n *Node) SubmitsWaiting(ctx context.Context) (held, taken int64, err error) {
+	cons, err := n.js.Consumer(ctx, bus.StreamName(n.cfg.StreamPrefix, bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
+	if err != nil {
+		return 0, 0, fmt.Errorf("troupe: submit consumer: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("troupe: submit consumer info: %w", err)
+	}
+	return int64(info.NumPending), int64(info.NumAckPending), nil
 }
 
 // JobTenants returns the tenant of each job that has a record.

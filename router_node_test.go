@@ -82,6 +82,11 @@ func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	if n := survivor.received.Load(); n != 0 {
 		t.Fatalf("the survivor received %d jobs; job-stock must run at most once", n)
 	}
+	// An operator finds such jobs: a detail on the record, and a metric.
+	if r.Fields["lost_detail"] == "" || counter(t, f.node, "troupe_jobs_runner_unknown_total", "") != 1 {
+		t.Fatalf("lost_detail %q, troupe_jobs_runner_unknown_total %v; want a detail and 1", r.Fields["lost_detail"],
+			counter(t, f.node, "troupe_jobs_runner_unknown_total", ""))
+	}
 }
 
 // A topic mapping added at run time through Redis is used by the node.

@@ -89,6 +89,10 @@ type Node struct {
 	stopTracer func(context.Context) error
 
 	stopOnce sync.Once
+	stopping atomic.Bool // Stop has begun: scrapes no longer ask the actors
+	// beforeActorsStop, when set (tests), runs in Stop once the inbox
+	// refuses forwarded events and before the job actors stop.
+	beforeActorsStop func()
 }
 
 // NewNode validates cfg and returns a node that is not yet connected.
@@ -384,6 +388,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Name: "troupe_capacity_waits_unwritten",
 		Help: "Jobs waiting for room within their capacity grace: no record yet, the submit held un-acked in JetStream.",
 	}, func() float64 { return float64(env.Unwritten.Load()) }))
+	_ = n.cfg.Metrics.Register(newWaitingCollector(n))
 	_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "troupe_capacity_submit_touches_total",
 		Help: "In-progress signals sent to JetStream for the submits of jobs waiting within their capacity grace.",
@@ -419,7 +424,7 @@ func (n *Node) Start(ctx context.Context) error {
 		Help: "Heartbeats ignored for an invalid worker id, pool name, labels or other field (intake.ValidateHeartbeat)."})
 	invalidHB, _ = metricsx.Register(n.cfg.Metrics, invalidHB)
 	n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
-		DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB}
+		DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = intake.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()
@@ -679,6 +684,7 @@ func touchFor(grace time.Duration) time.Duration {
 // has not stopped by then keeps its locks until they expire.
 func (n *Node) Stop(ctx context.Context) error {
 	n.stopOnce.Do(func() {
+		n.stopping.Store(true)
 		if n.cancel != nil {
 			n.cancel()
 		}
@@ -686,8 +692,26 @@ func (n *Node) Stop(ctx context.Context) error {
 			close(n.stopProbe)
 		}
 		n.bg.Wait()
+		// Every subscription but the inbox ends now. The inbox stays until
+		// the actors' locks are released (after the writer's flush), and
+		// meanwhile refuses forwarded events at once (intake.Drain): a
+		// replica forwarding a result for a job still locked here hears a
+		// refusal and offers it again a second later, instead of "no
+		// responders", which would make it wait for this node's lease to
+		// go stale (up to LockTTL/3 + 2 s).
+		var inbox []*nats.Subscription
 		for _, s := range n.subs {
+			if s.Subject == n.subj.Inbox(n.cfg.NodeID) {
+				inbox = append(inbox, s)
+				continue
+			}
 			_ = s.Unsubscribe()
+		}
+		if n.intake != nil {
+			n.intake.Drain()
+		}
+		if n.beforeActorsStop != nil {
+			n.beforeActorsStop()
 		}
 		if n.due != nil {
 			n.due.Stop()
@@ -739,6 +763,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 		if n.writer != nil {
 			n.writer.Close()
+		}
+		for _, s := range inbox {
+			_ = s.Unsubscribe() // the locks are released: see above
 		}
 		if n.guard != nil {
 			n.guard.Stop() // after the actors: their last acks are queued

@@ -236,6 +236,11 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			_ = e.D.Ack()
 		}
 	case lifecycle.Ack:
+		// The job's submit is acked only once its record exists: it has
+		// left the stream's keeping, so it no longer counts in the node's
+		// admissions (a job waiting for a tenant slot, a THROTTLE or an
+		// unavailable policy must not hold intake for every tenant).
+		a.admitted()
 		_ = e.D.Ack()
 	case lifecycle.Nak:
 		_ = e.D.NakWithDelay(e.Delay)

@@ -49,6 +49,12 @@ type Metrics struct {
 	// topics bounds the topic label of FailClosed and OrphanReplayed:
 	// topics come from submits.
 	topics *metricsx.LabelCap
+
+	// RunnerUnknown counts started jobs whose picked worker was lost while
+	// NATS chose their runner (a pool subject): the runner may be lost
+	// too, and only the job's deadline ends it. Such a job's record says
+	// so (reason worker_lost_runner_unknown, field lost_detail).
+	RunnerUnknown prometheus.Counter
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -103,6 +109,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Jobs that began to wait for room within their capacity grace, with no record (their submit held in JetStream)."}),
 		Held: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_unknown_job_events_held_total",
 			Help: "Results and cancels for a job with no record handed back to JetStream to wait for the record (a replica that lost it with Redis recreates it)."}),
+		RunnerUnknown: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_runner_unknown_total",
+			Help: "Started jobs whose picked worker was lost on a pool subject: their runner is unknown and may be lost; each ends at its deadline unless a result comes (GET /v1/jobs?state=DISPATCHED, reason worker_lost_runner_unknown)."}),
 		Busy: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_job_activations_busy_total",
 			Help: "Job activations that found the job's lock held by another owner (its results and cancels go to that owner or back to JetStream; its submits are duplicates)."}),
 	}
@@ -111,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
 			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits,
-			m.Held, m.Busy, m.UnwrittenWaits)
+			m.Held, m.Busy, m.UnwrittenWaits, m.RunnerUnknown)
 	}
 	return m
 }
@@ -151,6 +159,8 @@ func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
 		m.Held.Inc()
 	case lifecycle.MBusy:
 		m.Busy.Inc()
+	case lifecycle.MRunnerUnknown:
+		m.RunnerUnknown.Inc()
 	case lifecycle.MQuarantined:
 		if output != nil {
 			output.Metrics.Quarantined(c.Label)

@@ -48,12 +48,14 @@ type Toucher struct {
 	fresh   touchQueue
 	touched touchQueue
 	touches uint64
+	ticks   uint64        // loop ticks (due calls), for tests of an idle Toucher
 	kick    chan struct{} // a wait was added: the loop's timer runs again
 	stop    chan struct{}
 	once    sync.Once
 }
 
 type touched struct {
+	job         string
 	ds          []lifecycle.Delivery
 	next, until time.Time
 	gone        bool
@@ -109,7 +111,7 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 		}
 	}
 	now := time.Now()
-	w := &touched{ds: kept, next: now.Add(TouchFirst), until: now.Add(t.maxAge)}
+	w := &touched{job: job, ds: kept, next: now.Add(TouchFirst), until: now.Add(t.maxAge)}
 	t.mu.Lock()
 	if old := t.waits[job]; old != nil {
 		old.gone = true
@@ -186,10 +188,17 @@ func (t *Toucher) loop() {
 func (t *Toucher) due(now time.Time, out []lifecycle.Delivery) []lifecycle.Delivery {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.ticks++
 	for _, q := range []*touchQueue{&t.fresh, &t.touched} {
 		for w := q.pop(now); w != nil; w = q.pop(now) {
 			if now.After(w.until) {
-				w.gone = true // see maxAge; its job's actor removes nothing now
+				// See maxAge: its job's actor removes nothing now, so the
+				// wait is forgotten here, or the map would keep one entry
+				// per dead actor and the loop would tick for ever.
+				w.gone = true
+				if t.waits[w.job] == w {
+					delete(t.waits, w.job)
+				}
 				continue
 			}
 			w.next = now.Add(TouchEvery)

@@ -77,3 +77,50 @@ func TestToucherGivesUpAfterMaxAge(t *testing.T) {
 		t.Fatalf("%d entries still queued", n)
 	}
 }
+
+// TestToucherForgetsExpiredWaits: a wait given up after maxAge is deleted,
+// not only no longer touched, so a dead actor leaves nothing behind.
+func TestToucherForgetsExpiredWaits(t *testing.T) {
+	tc := &Toucher{maxAge: time.Minute, waits: map[string]*touched{}, stop: make(chan struct{})}
+	start := time.Now()
+	for i := range 100 {
+		tc.Add("left-"+string(rune('a'+i%26))+string(rune('a'+i/26)), []Delivery{&touchCount{}})
+	}
+	tc.Add("kept", []Delivery{&touchCount{}})
+	tc.due(start.Add(TouchFirst+time.Millisecond), nil)
+	if tc.Len() != 101 {
+		t.Fatalf("kept %d waits before maxAge, want 101", tc.Len())
+	}
+	tc.mu.Lock()
+	tc.waits["kept"].until = start.Add(time.Hour) // a wait younger than maxAge
+	tc.mu.Unlock()
+	tc.due(start.Add(time.Minute+TouchEvery), nil)
+	if tc.Len() != 1 {
+		t.Fatalf("kept %d waits after maxAge, want 1 (the young one)", tc.Len())
+	}
+}
+
+// TestToucherStopsTickingWhenIdle: once its last wait expires, the
+// Toucher's goroutine stops ticking.
+func TestToucherStopsTickingWhenIdle(t *testing.T) {
+	tc := NewToucher(10 * time.Millisecond)
+	defer tc.Stop()
+	tc.Add("left", []Delivery{&touchCount{}})
+	deadline := time.Now().Add(10 * time.Second)
+	for tc.Len() > 0 && time.Now().Before(deadline) { // expires at its first touch, TouchFirst
+		time.Sleep(50 * time.Millisecond)
+	}
+	if tc.Len() != 0 {
+		t.Fatalf("expired wait still kept after 10 s")
+	}
+	tc.mu.Lock()
+	before := tc.ticks
+	tc.mu.Unlock()
+	time.Sleep(4 * touchTick)
+	tc.mu.Lock()
+	after := tc.ticks
+	tc.mu.Unlock()
+	if after != before {
+		t.Fatalf("idle Toucher ticked %d times in %v", after-before, 4*touchTick)
+	}
+}

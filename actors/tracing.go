@@ -87,8 +87,12 @@ func (a *JobActor) traceMoved(m lifecycle.Moved) {
 		tj.Enter(string(core.StatePending), string(core.ReasonSubmitted), a.trace.first())
 	}
 	now := time.Now()
-	for _, h := range m.Path {
-		tj.Enter(string(h.To), string(h.Reason), now)
+	for i, h := range m.Path {
+		at := now
+		if i == 0 && m.Created && h.To == core.StateScheduled && !m.WaitedAt.IsZero() && m.WaitedAt.Before(now) {
+			at = m.WaitedAt // its wait for room, before the record existed, is its own span
+		}
+		tj.Enter(string(h.To), string(h.Reason), at)
 	}
 }
 

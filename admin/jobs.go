@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -137,25 +138,26 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) e
 		}
 		lq.Tenant = p.tenant
 	}
+	out := JobList{State: string(state), Jobs: []JobSummary{}}
+	if state == "" || state == core.StateScheduled {
+		// Jobs waiting for room within their capacity grace have no record
+		// yet: the nodes list them, newest first, on the pages before the
+		// records' (cursor waitingCursor<n>: n of them listed already).
+		full, next, err := s.listWaiting(r, &lq, &out)
+		if err != nil {
+			return err
+		}
+		if full {
+			out.Next = next
+			writeJSON(w, http.StatusOK, out)
+			return nil
+		}
+	}
 	page, err := s.cfg.Node.ListJobs(r.Context(), lq)
 	if err != nil {
 		return err
 	}
-	out := JobList{State: string(state), Jobs: []JobSummary{}, Next: page.Next}
-	if lq.Cursor == "" && (state == "" || state == core.StateScheduled) {
-		// Jobs waiting for room within their capacity grace have no record
-		// yet: the nodes list them (first page only, newest first).
-		limit := lq.Limit
-		if limit <= 0 {
-			limit = store.ListLimitDefault
-		}
-		if ws, err := s.cfg.Node.WaitingJobs(r.Context(), lq.Tenant, limit); err == nil {
-			for _, w := range ws {
-				out.Jobs = append(out.Jobs, JobSummary{ID: w.JobID, State: string(core.StateScheduled), Topic: w.Topic,
-					Tenant: w.Tenant, Reason: string(w.Reason), Created: w.Since, Updated: w.Since, Unwritten: true})
-			}
-		}
-	}
+	out.Next = page.Next
 	for _, j := range page.Jobs {
 		out.Jobs = append(out.Jobs, JobSummary{ID: j.ID, State: string(j.State), Topic: j.Topic, Tenant: j.Tenant,
 			Reason: string(j.Reason), Worker: j.Worker, Created: j.Created, Updated: j.Updated})
@@ -169,6 +171,49 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) e
 // approval can tell a submitter from a second reviewer. Labels under
 // approval_ constrain no placement and are left out of the job hash.
 const SubmittedByLabel = "approval_submitted_by"
+
+// waitingCursor starts the cursor of a page of jobs waiting with no record
+// (no store cursor starts so).
+const waitingCursor = "waiting:"
+
+// listWaiting puts the page of jobs waiting with no record that lq's cursor
+// asks for into out. full: the page is full of them, and next continues
+// it; otherwise lq is set for the records that fill the rest of the page
+// (from their first). A cursor of the records' own is left to them.
+func (s *Server) listWaiting(r *http.Request, lq *store.ListQuery, out *JobList) (full bool, next string, err error) {
+	skip := 0
+	switch {
+	case lq.Cursor == "":
+	case strings.HasPrefix(lq.Cursor, waitingCursor):
+		skip, err = strconv.Atoi(strings.TrimPrefix(lq.Cursor, waitingCursor))
+		if err != nil || skip < 0 {
+			return false, "", errBadRequest("cursor is not one this API gave")
+		}
+		lq.Cursor = ""
+	default:
+		return false, "", nil
+	}
+	limit := lq.Limit
+	if limit <= 0 {
+		limit = store.ListLimitDefault
+	}
+	ws, err := s.cfg.Node.WaitingJobs(r.Context(), lq.Tenant, skip+limit+1)
+	if err != nil {
+		ws = nil // best effort: the nodes' memory, the records are listed anyway
+	}
+	ws = ws[min(skip, len(ws)):]
+	more := len(ws) > limit
+	ws = ws[:min(limit, len(ws))]
+	for _, w := range ws {
+		out.Jobs = append(out.Jobs, JobSummary{ID: w.JobID, State: string(core.StateScheduled), Topic: w.Topic,
+			Tenant: w.Tenant, Reason: string(w.Reason), Created: w.Since, Updated: w.Since, Unwritten: true})
+	}
+	if more || len(ws) == limit {
+		return true, waitingCursor + strconv.Itoa(skip+len(ws)), nil
+	}
+	lq.Limit = limit - len(ws)
+	return false, "", nil
+}
 
 // actionBody is the optional body of approve, reject and cancel.
 type actionBody struct {
@@ -266,6 +311,13 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request, p principal) 
 		return err
 	}
 	rec, err := s.visibleJob(r, p, r.PathValue("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		// No record: a job waiting for room within its capacity grace is
+		// cancelled like any other (the node holding it takes the cancel).
+		if wj, werr := s.cfg.Node.WaitingJob(r.Context(), r.PathValue("id")); werr == nil && wj != nil && p.sees(wj.Tenant) {
+			rec, err = &store.JobRecord{ID: wj.JobID, Topic: wj.Topic, Tenant: wj.Tenant, State: core.StateScheduled}, nil
+		}
+	}
 	if err != nil {
 		return err
 	}

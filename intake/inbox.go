@@ -119,6 +119,9 @@ func (in *Intake) HandleInbox(msg *nats.Msg) {
 // takeForwarded checks a forwarded packet of kind and routes it to its
 // job's shard, to be settled through d; false (logged) when it is refused.
 func (in *Intake) takeForwarded(kind string, raw []byte, d actors.Delivery) bool {
+	if in.draining.Load() {
+		return false // see Drain
+	}
 	pkt, err := bus.Decode(raw)
 	if err != nil {
 		in.Log.Warn("forwarded packet does not decode", "err", err)

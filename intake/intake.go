@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -52,7 +54,29 @@ type Intake struct {
 	// forwarded batch to be settled before it answers (0:
 	// BatchSettleDefault).
 	BatchSettle time.Duration
+
+	// FindWaiting, when set, names the node — this one or a replica — on
+	// which jobID waits for room, or "" (Node.WaitingJob). A cancel is
+	// passed to that node first (see HandleCancel). It may block up to a
+	// second or so.
+	FindWaiting func(ctx context.Context, jobID string) string
+	// findSlots bounds the lookups in flight (cancelLookups): past it a
+	// cancel is routed here at once, as without FindWaiting.
+	findSlots chan struct{}
+	findOnce  sync.Once
+
+	// draining: the node is stopping its job actors; forwarded events are
+	// refused at once (see Drain).
+	draining atomic.Bool
 }
+
+// Drain makes the node's inbox refuse every forwarded event from now on,
+// answering at once: the node is stopping its actors, which release their
+// locks, and the sender offers the event again a second later (by then to
+// itself, the lock gone). The inbox stays subscribed meanwhile, so a sender
+// never hears "no responders" from an owner whose locks are still held —
+// which would make it wait for the owner's node lease to go stale.
+func (in *Intake) Drain() { in.draining.Store(true) }
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
 	shard := in.Shards[supervisor.ShardFor(jobID, len(in.Shards))]
@@ -158,7 +182,8 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	if trace == "" {
 		trace = req.JobId
 	}
-	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg)}, true)
+	in.route(req.JobId, &actors.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg), Published: publishedAt(msg)},
+		true)
 }
 
 // HandleResult handles one message from the result stream.
@@ -335,8 +360,60 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 		return
 	}
 	cn := pkt.GetJobCancel()
-	in.route(cn.JobId, &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg), By: by, Refuse: in.refuser(msg, KindCancel, pkt)}, true)
+	c := &actors.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
+		Published: publishedAt(msg), By: by, Refuse: in.refuser(msg, KindCancel, pkt)}
+	if in.FindWaiting == nil || in.Env.Forward == nil || !in.takeFindSlot() {
+		in.route(cn.JobId, c, true)
+		return
+	}
+	go func() { // asks the replicas: off the fetch loop
+		defer func() { <-in.findSlots }()
+		in.cancelWaiting(cn.JobId, c)
+	}()
+}
+
+// cancelLookups bounds the cancels whose waiting node is being looked up
+// at once: a flood of cancels costs at most this many goroutines and
+// requests in flight; the rest go the usual way (their actor, then the
+// job's owner, or a hold while the job has no record).
+const cancelLookups = 256
+
+func (in *Intake) takeFindSlot() bool {
+	in.findOnce.Do(func() { in.findSlots = make(chan struct{}, cancelLookups) })
+	select {
+	case in.findSlots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// cancelWaitingBudget bounds the search for the node on which a cancelled
+// job waits (askPeers waits a second for the replicas' answers).
+const cancelWaitingBudget = 2 * time.Second
+
+// cancelWaiting hands a cancel to the replica on which its job waits for
+// room, when that is not this node. A job waiting within its capacity
+// grace has no record (its submit is held in the stream), so this node's
+// actor would find nothing and hold the cancel, then dead-letter it
+// unknown_job, while the job is placed later and runs. Anywhere else the
+// cancel is routed here as usual: to the job waiting on this node, or to
+// an actor that reads the job's record (and forwards the cancel to the
+// job's owner).
+func (in *Intake) cancelWaiting(jobID string, c *actors.Cancel) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelWaitingBudget)
+	node := in.FindWaiting(ctx, jobID)
+	cancel()
+	if node != "" && node != in.Env.NodeID {
+		if err := in.Env.Forward(node, actors.ForwardCancel, c.Raw); err == nil {
+			in.Env.Metrics.Forwarded.WithLabelValues("taken").Inc()
+			_ = c.Delivery.Ack()
+			return
+		}
+		in.Log.Info("cancel of a job waiting on a replica not taken there; handled here", "job_id", jobID,
+			"trace_id", c.TraceID, "node", node)
+	}
+	in.route(jobID, c, true)
 }
 
 // Tell delivers msg to the job's actor if it is live on this node.

@@ -376,8 +376,13 @@ func newWorker(id string) *Worker { return &Worker{ID: id} }
 // Foreign is the rest of active_jobs: what neither this node nor the other
 // replicas account for.
 //
-// A worker that has never reported active_jobs > 0 may simply not report
-// it; its own count is then trusted alone.
+// A worker that announces max_parallel_jobs reports active_jobs beside it
+// (CAP heartbeats carry both, and the stock SDKs fill both), so its 0 is a
+// count: it reconciles from its first heartbeat. Otherwise, a worker that
+// has never reported active_jobs > 0 may simply not report it; its own
+// count is then trusted alone. (Waiting for a first active_jobs > 0 kept
+// the slots of jobs that NATS handed to another member of a pool subject,
+// then lost, counted on an idle worker until their running deadline.)
 func (w *Worker) reconcile() {
 	w.beats++
 	b := w.beats
@@ -386,7 +391,7 @@ func (w *Worker) reconcile() {
 		w.oldOwn += w.young[i]
 		w.young[i] = 0
 	}
-	if w.ActiveJobs > 0 {
+	if w.ActiveJobs > 0 || w.MaxParallel > 0 {
 		w.reported = true
 	}
 	w.oldCap = w.ActiveJobs

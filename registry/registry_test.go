@@ -424,3 +424,30 @@ func TestRegistryLingeringJobs(t *testing.T) {
 		t.Fatalf("jobs %v dispatched %d after LingerFor, want none", w.jobs, w.Dispatched)
 	}
 }
+
+// TestRegistryIdleWorkerWithMaxParallelFreesJobsItDoesNotHold: a worker
+// that announces max_parallel_jobs and has only ever reported 0 active
+// jobs (on a pool subject NATS gave the jobs counted on it to another
+// member, which lost them) frees them once its heartbeats have had a whole
+// interval to count them — not at their running deadline (issue 27, item 8).
+func TestRegistryIdleWorkerWithMaxParallelFreesJobsItDoesNotHold(t *testing.T) {
+	t.Parallel()
+	r := New(time.Hour)
+	hb := beat("idle", "p")
+	hb.MaxParallelJobs, hb.ActiveJobs = 1, 0
+	w := r.Observe(hb, t0)
+	r.Occupy(w, "lost-elsewhere")
+	r.Start(w, "lost-elsewhere")
+	if r.HasRoom(w) {
+		t.Fatal("room right after the placement")
+	}
+	r.Observe(hb, t0.Add(time.Second)) // the job may still be on its way
+	if r.HasRoom(w) {
+		t.Fatal("room one heartbeat after the placement (the job may not have arrived yet)")
+	}
+	r.Observe(hb, t0.Add(2*time.Second))
+	r.Observe(hb, t0.Add(3*time.Second))
+	if w.InFlight() != 0 || !r.HasRoom(w) {
+		t.Fatalf("in flight %d after heartbeats showing 0 active jobs, want 0", w.InFlight())
+	}
+}

@@ -14,6 +14,16 @@ import (
 // delete); jobs written before the change keep their list, which the
 // scripts go on appending to.
 
+// Record fields a job's create writes about the time before it (see
+// lifecycle.Job.historyFields), in unix ms: when its submit was stored, and
+// when its wait for room began. History dates the first hop (PENDING) by
+// the one and the SCHEDULED hop written with the create by the other, so a
+// job that waited before its record existed shows the wait as its own step.
+const (
+	FieldSubmitted = "sub"
+	FieldWaited    = "wq"
+)
+
 // History decodes a job's history from its record's fields (hop fields, see
 // lua/lib/hops.lua) and, for a job written before those, its history list
 // (lines "unix_ms|from|to|reason|node"), oldest first. Malformed entries
@@ -27,8 +37,11 @@ func History(fields map[string]string, list []string) []HistoryEntry {
 		}
 	}
 	created, _ := strconv.ParseInt(fields["created"], 10, 64)
+	submitted, _ := strconv.ParseInt(fields[FieldSubmitted], 10, 64)
+	waited, _ := strconv.ParseInt(fields[FieldWaited], 10, 64)
 	var from core.State
 	node := ""
+	var first int64 // the first hop's delta: the create's
 	for i := 1; i <= n; i++ {
 		p := strings.SplitN(fields["h"+strconv.Itoa(i)], "|", 4)
 		if len(p) != 4 {
@@ -42,7 +55,18 @@ func History(fields map[string]string, list []string) []HistoryEntry {
 			node = p[3]
 		}
 		to := core.State(p[1])
-		out = append(out, HistoryEntry{At: time.UnixMilli(created + delta), From: from, To: to,
+		at := created + delta
+		switch {
+		case i == 1:
+			first = delta
+			if submitted > 0 && submitted < at {
+				at = submitted
+			}
+		case delta == first && to == core.StateScheduled && waited > 0 && waited < at:
+			at = waited // the wait that came before the create
+			waited = 0
+		}
+		out = append(out, HistoryEntry{At: time.UnixMilli(at), From: from, To: to,
 			Reason: core.Reason(p[2]), Node: node})
 		from = to
 	}

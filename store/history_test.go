@@ -178,3 +178,23 @@ func TestHistorySkipsMalformedEntries(t *testing.T) {
 		t.Fatalf("history %+v", h)
 	}
 }
+
+// TestHistoryDatesTheTimeBeforeTheCreate: a record created after its job
+// waited (fields store.FieldSubmitted and store.FieldWaited) dates its first hop at the
+// submit and the SCHEDULED hop written with the create at the wait's start;
+// later hops keep their own times.
+func TestHistoryDatesTheTimeBeforeTheCreate(t *testing.T) {
+	f := map[string]string{"created": "100000", "hn": "4", store.FieldSubmitted: "60000", store.FieldWaited: "61000",
+		"h1": "0|PENDING|submitted|n1", "h2": "0|SCHEDULED|pool_overloaded|", "h3": "0|DISPATCHED|dispatched|",
+		"h4": "500|SCHEDULED|worker_lost|"}
+	h := store.History(f, nil)
+	want := []int64{60000, 61000, 100000, 100500}
+	if len(h) != len(want) {
+		t.Fatalf("history %+v", h)
+	}
+	for i, w := range want {
+		if h[i].At.UnixMilli() != w {
+			t.Fatalf("hop %d (%s %s) at %d, want %d", i+1, h[i].To, h[i].Reason, h[i].At.UnixMilli(), w)
+		}
+	}
+}

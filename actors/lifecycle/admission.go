@@ -28,6 +28,9 @@ func (j *Job) onSubmit(m *Submit) {
 	if j.Req == nil {
 		j.Req = m.Req
 	}
+	if !m.Published.IsZero() && (j.submitted.IsZero() || m.Published.Before(j.submitted)) {
+		j.submitted = m.Published
+	}
 	j.acks = append(j.acks, m.Delivery)
 	if key := m.Req.GetMeta().GetIdempotencyKey(); key != "" && !j.idemChecked {
 		j.write(&pending{kind: wClaim, op: &store.Op{Kind: store.OpClaim, JobID: j.ID,

@@ -37,6 +37,10 @@ func (j *Job) onPick(p *router.PickReply) {
 		return
 	}
 	j.queued = false // placed (or refused) on a recheck: not queued any more
+	// Nor waiting within its grace (a recheck or a repeated submit was
+	// answered): its budget and its submit's touches are released here,
+	// as a placement's are (onPlaced), before the job is written.
+	j.leaveGrace()
 	if p.Reason != "" {
 		j.placementFailed(p)
 		return
@@ -320,6 +324,9 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		// AdmissionHold it still counts in the node's admissions.
 		now := j.now()
 		j.unwritten = true
+		if j.waitedAt.IsZero() {
+			j.waitedAt = now
+		}
 		j.graceEnd = now.Add(j.cfg.CapacityGrace)
 		j.recheckAt = now.Add(recheck)
 		j.graceFor(p.Reason, now)
@@ -529,6 +536,11 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
 }
 
+// runnerUnknownDetail is the record's lost_detail when a started job's
+// picked worker is lost and NATS chose its runner (short: a record's
+// fields stay within Redis's compact hash encoding, 64 bytes a value).
+const runnerUnknownDetail = "picked worker lost; runner unknown; ends at its deadline"
+
 // lostWhileRunning: the worker of a started job was evicted. Running it
 // again is not safe (it may have run, or still run); waiting for the job's
 // own deadline (hours) is not useful either: the job ends FAILED
@@ -544,11 +556,12 @@ func (j *Job) lostWhileRunning(worker string) {
 			return
 		}
 		j.lostNoted = true
-		j.log(info, "worker picked for a started job lost; another may run it, so its deadline decides",
-			"worker_id", worker)
+		j.count(MRunnerUnknown, "")
+		j.log(warn, "worker picked for a started job lost; its runner is unknown and may be lost too, so its deadline decides",
+			"worker_id", worker, "deadline", j.deadline)
 		j.transition(&store.Transition{Expect: store.Expect(j.State),
 			Path:   []store.Hop{{To: j.State, Reason: core.ReasonWorkerLostRunnerUnknown}},
-			Fields: []string{"lost_worker", worker}}, nil, &pending{then: nWatch})
+			Fields: []string{"lost_worker", worker, "lost_detail", runnerUnknownDetail}}, nil, &pending{then: nWatch})
 		return
 	}
 	grace := j.cfg.WorkerLostGrace

@@ -137,6 +137,9 @@ type Moved struct {
 	From    core.State
 	Path    []store.Hop
 	Created bool
+	// WaitedAt: the job waited for room, with no record, from then; the
+	// SCHEDULED hop created with it began there (zero: no such wait).
+	WaitedAt time.Time
 }
 
 // Resumed: an activation found the job's record, written earlier by
@@ -196,6 +199,9 @@ const (
 	MQuarantined
 	MHeld // a result or cancel for a job with no record, handed back
 	MBusy // an activation found the job's lock held by another owner
+	// MRunnerUnknown: a started job's picked worker was lost, and its
+	// runner is unknown (a pool subject).
+	MRunnerUnknown
 )
 
 // Count adds one to a counter; Observe records a value in a histogram.

@@ -27,6 +27,9 @@ type Submit struct {
 	Req      *capv1.JobRequest
 	TraceID  string
 	Delivery Delivery
+	// Published is when the submit stream stored it (zero: unknown): the
+	// job's history starts there, however long the stream held it.
+	Published time.Time
 }
 
 // Result is a JobResult taken from sys.job.result.

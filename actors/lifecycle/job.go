@@ -224,6 +224,10 @@ type Job struct {
 	// holdEnd (zero: over) it counts in the node's admissions.
 	unwritten                    bool
 	graceEnd, recheckAt, holdEnd time.Time
+	// submitted is when the job's submit was stored (zero: unknown), and
+	// waitedAt when its wait within the grace began (zero: none): the
+	// record created after them says so (historyFields).
+	submitted, waitedAt time.Time
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
 	// spoke: the job's worker is the one that runs it — it spoke for the

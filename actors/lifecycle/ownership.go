@@ -168,7 +168,7 @@ func (j *Job) moved(plan *store.Transition) {
 	if !j.cfg.Trace {
 		return
 	}
-	m := Moved{Created: true}
+	m := Moved{Created: true, WaitedAt: j.waitedAt}
 	if plan != nil {
 		m.Path = plan.Path
 	}

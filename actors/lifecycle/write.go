@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/troupe-run/troupe/core"
@@ -139,7 +140,29 @@ func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 		j.transition(t, dlq, p)
 		return
 	}
+	j.historyFields(t)
 	j.activatePlan(t, dlq, p)
+}
+
+// historyFields makes the record a job creates tell the time before it:
+// its submit's time (field store.FieldSubmitted, when the stream held it
+// for a second or more before this create, or the job waited) and, for a job that waited for
+// room within its grace, when the wait began (store.FieldWaited) and its
+// reason, as the reason of the SCHEDULED hop written with the create (in
+// place of policy_allowed). store.History dates the first hop and that
+// SCHEDULED hop by them, so the wait is its own step, with its duration.
+func (j *Job) historyFields(t *store.Transition) {
+	now := j.now()
+	if !j.submitted.IsZero() && (now.Sub(j.submitted) >= time.Second || !j.waitedAt.IsZero()) {
+		t.Fields = append(t.Fields, store.FieldSubmitted, strconv.FormatInt(j.submitted.UnixMilli(), 10))
+	}
+	if j.waitedAt.IsZero() || len(t.Path) == 0 || t.Path[0].To != core.StateScheduled {
+		return
+	}
+	t.Fields = append(t.Fields, store.FieldWaited, strconv.FormatInt(j.waitedAt.UnixMilli(), 10))
+	if t.Path[0].Reason == core.ReasonAllowed && j.capReason != "" {
+		t.Path[0].Reason = j.capReason
+	}
 }
 
 func active(s core.State) bool { return s == core.StateDispatched || s == core.StateRunning }

@@ -1,0 +1,59 @@
+package lifecycle
+
+import (
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
+)
+
+// waitUnwritten takes a fresh job into a wait for room within its grace.
+func (d *driver) waitUnwritten() {
+	d.j.cfg.CapacityGrace, d.j.cfg.AdmissionHold = time.Minute, 2*time.Second
+	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
+	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
+	if g, ok := find[Grace](fx); !ok || g.Delta != 1 || !d.j.unwritten {
+		d.t.Fatalf("no unwritten wait: %v", fx)
+	}
+}
+
+// A recheck or a repeated submit of a job waiting within its grace that
+// the router answers with a worker ends the grace (issue 27, item 5): its
+// unwritten budget and its submit's touches are released, and its
+// admission ends, before it is created and dispatched.
+func TestGraceEndsWhenARecheckOrARepeatedSubmitIsPlaced(t *testing.T) {
+	for _, how := range []string{"recheck", "repeated submit"} {
+		t.Run(how, func(t *testing.T) {
+			d := newDriver(t)
+			d.waitUnwritten()
+			if how == "recheck" {
+				d.now = d.now.Add(CapacityRecheck)
+				fx := d.feed(&Timer{Epoch: d.timer})
+				if _, ok := find[AskRouter](fx); !ok {
+					t.Fatalf("no recheck at CapacityRecheck: %v", fx)
+				}
+			} else {
+				d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
+				d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+			}
+			var graced, admitted bool
+			for _, e := range d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"}) {
+				switch e := e.(type) {
+				case Grace:
+					graced = graced || e.Delta == -1
+				case Admitted:
+					admitted = true
+				}
+			}
+			if !graced || d.j.unwritten {
+				t.Fatalf("placed on a %s: grace not left (unwritten %v)", how, d.j.unwritten)
+			}
+			if how == "repeated submit" && !admitted {
+				t.Fatalf("placed on a %s within the admission hold: admission not ended", how)
+			}
+		})
+	}
+}
