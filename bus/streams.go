@@ -80,14 +80,105 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 	}
 	for kind, subject := range streamSubjects(subj) {
 		name := StreamName(prefix, kind)
-		if _, err := js.CreateOrUpdateStream(ctx, streamConfig(name, subject, replicas)); err != nil {
+		if _, err := ensureStream(ctx, js, streamConfig(name, subject, replicas)); err != nil {
 			return fmt.Errorf("bus: stream %s: %w", name, err)
 		}
-		if _, err := js.CreateOrUpdateConsumer(ctx, name, consumerConfig(kind)); err != nil {
+		if err := ensureConsumer(ctx, js, name, consumerConfig(kind)); err != nil {
 			return fmt.Errorf("bus: consumer %s/%s: %w", name, ConsumerName(kind), err)
 		}
 	}
 	return nil
+}
+
+// JetStream error codes that mean another creator got there first. Two
+// replicas starting at once both find a stream missing and both create it;
+// nats-server 2.9 can answer the loser "subjects overlap with an existing
+// stream" (the winner's stream holds the subjects) instead of taking the
+// identical config as a repeat.
+const (
+	jsErrStreamSubjectOverlap jetstream.ErrorCode = 10065
+)
+
+// Concurrent creation is retried this often, backoff doubling from
+// ensureBackoff: about 3 s in all, ample for the winner's create to land.
+const (
+	ensureTries   = 8
+	ensureBackoff = 25 * time.Millisecond
+)
+
+// onConcurrentCreate, when set (tests), is called each time a create loses
+// to a concurrent creator, before the stream is read again.
+var onConcurrentCreate func(name string)
+
+// lostCreateRace reports whether err says that someone else created the
+// stream or consumer (or holds its subjects) at the same moment.
+func lostCreateRace(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrStreamSubjectOverlap, jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeConsumerNameExists,
+			jetstream.JSErrCodeConsumerExists, jetstream.JSErrCodeConsumerAlreadyExists:
+			return true
+		}
+	}
+	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrConsumerExists)
+}
+
+// ensureStream creates or updates the stream cfg describes, tolerating a
+// concurrent creator: when the create loses the race, the stream is read
+// again and, if it is there with cfg's settings, taken as it is; if its
+// settings differ, the next try updates it. A subject overlap that does not
+// go away (another stream owns the subjects for good) fails after
+// ensureTries with JetStream's error.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	backoff := ensureBackoff
+	for try := 1; ; try++ {
+		st, err := js.CreateOrUpdateStream(ctx, cfg)
+		if err == nil {
+			return st, nil
+		}
+		if !lostCreateRace(err) || try == ensureTries {
+			return nil, err
+		}
+		if onConcurrentCreate != nil {
+			onConcurrentCreate(cfg.Name)
+		}
+		if st, rerr := js.Stream(ctx, cfg.Name); rerr == nil && sameStream(st.CachedInfo().Config, cfg) {
+			return st, nil // the other creator made it as this one would have
+		}
+		sleep(ctx, backoff)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (after %v)", err, ctx.Err())
+		}
+		backoff *= 2
+	}
+}
+
+// sameStream reports whether a stream's config has the settings Troupe
+// relies on.
+func sameStream(got, want jetstream.StreamConfig) bool {
+	return len(got.Subjects) == 1 && len(want.Subjects) == 1 && got.Subjects[0] == want.Subjects[0] &&
+		got.Retention == want.Retention && got.Storage == want.Storage && got.Replicas == want.Replicas &&
+		got.MaxAge == want.MaxAge && got.Discard == want.Discard
+}
+
+// ensureConsumer is ensureStream for a durable consumer.
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) error {
+	backoff := ensureBackoff
+	for try := 1; ; try++ {
+		_, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		if err == nil {
+			return nil
+		}
+		if !lostCreateRace(err) || try == ensureTries {
+			return err
+		}
+		sleep(ctx, backoff)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w (after %v)", err, ctx.Err())
+		}
+		backoff *= 2
+	}
 }
 
 func streamSubjects(subj Subjects) map[StreamKind]string {
