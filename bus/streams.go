@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,7 +81,7 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 	}
 	for kind, subject := range streamSubjects(subj) {
 		name := StreamName(prefix, kind)
-		if _, err := ensureStream(ctx, js, streamConfig(name, subject, replicas)); err != nil {
+		if _, err := ensureStream(ctx, js, streamConfig(name, subject, subj.Probe(kind), replicas)); err != nil {
 			return fmt.Errorf("bus: stream %s: %w", name, err)
 		}
 		if err := ensureConsumer(ctx, js, name, consumerConfig(kind)); err != nil {
@@ -157,8 +158,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 // sameStream reports whether a stream's config has the settings Troupe
 // relies on.
 func sameStream(got, want jetstream.StreamConfig) bool {
-	return len(got.Subjects) == 1 && len(want.Subjects) == 1 && got.Subjects[0] == want.Subjects[0] &&
-		got.Retention == want.Retention && got.Storage == want.Storage && got.Replicas == want.Replicas &&
+	return slices.Equal(got.Subjects, want.Subjects) && got.Retention == want.Retention && got.Storage == want.Storage && got.Replicas == want.Replicas &&
 		got.MaxAge == want.MaxAge && got.Discard == want.Discard
 }
 
@@ -185,10 +185,12 @@ func streamSubjects(subj Subjects) map[StreamKind]string {
 	return map[StreamKind]string{StreamSubmit: subj.Submit, StreamResult: subj.Result, StreamCancel: subj.Cancel}
 }
 
-func streamConfig(name, subject string, replicas int) jetstream.StreamConfig {
+// streamConfig is a stream's settings: the CAP subject it carries and the
+// keeper's probe subject (see Subjects.Probe).
+func streamConfig(name, subject, probe string, replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:      name,
-		Subjects:  []string{subject},
+		Subjects:  []string{subject, probe},
 		Retention: jetstream.WorkQueuePolicy,
 		Storage:   jetstream.FileStorage,
 		MaxAge:    StreamMaxAge,
@@ -301,8 +303,12 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 		}
 		n := 0
 		for msg := range batch.Messages() {
-			handle(msg)
 			n++
+			if IsProbe(msg) {
+				_ = msg.Ack()
+				continue
+			}
+			handle(msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
 			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {
