@@ -125,16 +125,29 @@ func lostCreateRace(err error) bool {
 	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrConsumerExists)
 }
 
-// ensureStream creates or updates the stream cfg describes, tolerating a
-// concurrent creator: when the create loses the race, the stream is read
-// again and, if it is there with cfg's settings, taken as it is; if its
-// settings differ, the next try updates it. A subject overlap that does not
-// go away (another stream owns the subjects for good) fails after
-// ensureTries with JetStream's error.
+// ensureStream creates the stream cfg describes, or updates it where its
+// settings differ, tolerating a concurrent creator: when the create loses
+// the race, the stream is read again and, if it is there with cfg's
+// settings, taken as it is; if its settings differ, the next try updates
+// it. A subject overlap that does not go away (another stream owns the
+// subjects for good) fails after ensureTries with JetStream's error.
+//
+// It reads before it writes, and updates only a stream it found: nats-server
+// 2.9 was seen to crash (a nil dereference in its stream update) when an
+// update reached a stream another client was creating at that moment, which
+// CreateOrUpdateStream from replicas starting together does.
 func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	backoff := ensureBackoff
 	for try := 1; ; try++ {
-		st, err := js.CreateOrUpdateStream(ctx, cfg)
+		st, err := js.Stream(ctx, cfg.Name)
+		switch {
+		case err == nil && sameStream(st.CachedInfo().Config, cfg):
+			return st, nil
+		case err == nil:
+			st, err = js.UpdateStream(ctx, cfg)
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			st, err = js.CreateStream(ctx, cfg)
+		}
 		if err == nil {
 			return st, nil
 		}
@@ -143,9 +156,6 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 		}
 		if onConcurrentCreate != nil {
 			onConcurrentCreate(cfg.Name)
-		}
-		if st, rerr := js.Stream(ctx, cfg.Name); rerr == nil && sameStream(st.CachedInfo().Config, cfg) {
-			return st, nil // the other creator made it as this one would have
 		}
 		sleep(ctx, backoff)
 		if ctx.Err() != nil {
