@@ -2,7 +2,9 @@ package troupe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -365,4 +367,71 @@ func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 	t.Logf("%d jobs SUCCEEDED, each run once; %d submit tries refused; result stream resets %v, dispatches repeated %v", n,
 		refused, counter(t, f.node, "troupe_stream_resets_total", names[bus.StreamResult]),
 		counter(t, f.node, "troupe_dispatch_resent_total", ""))
+}
+
+// A stream that exists and refuses every write (here: the SUBMIT stream
+// replaced by one whose byte limit no message fits; one recreated while
+// nats-server still deleted the old one answers the same err_code 10077)
+// makes the node not ready, naming the stream, with
+// troupe_stream_refusing{stream} at 1. Once it is gone (deleted by the
+// operator, or by the keeper's repair once nothing is left in it), the node
+// recreates it, the probe passes, and the node is ready again.
+func TestReadyReportsAStreamThatRefusesWrites(t *testing.T) {
+	t.Parallel()
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.StreamCheck = 100 * time.Millisecond })
+	ctx := context.Background()
+	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit)
+	if err := f.js.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	cfg := jetstream.StreamConfig{Name: name, Subjects: []string{f.subj.Submit, f.subj.Probe(bus.StreamSubmit)},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}
+	if _, err := f.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Held: the stream's consumer is gone with the old stream until the
+	// keeper recreates it, so nothing takes this message.
+	if _, err := f.js.Publish(ctx, f.subj.Submit, []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxBytes, cfg.Discard = 1, jetstream.DiscardNew
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := f.node.Ready(ctx)
+		var nr *troupe.NotReadyError
+		if errors.As(err, &nr) && strings.Contains(nr.FailedChecks()[troupe.ReadyStreams], "refuses writes") {
+			if !strings.Contains(nr.FailedChecks()[troupe.ReadyStreams], name) {
+				t.Fatalf("not ready for the wrong stream: %v", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready = %v 20 s after the stream began refusing writes", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := counter(t, f.node, "troupe_stream_refusing", name); got != 1 {
+		t.Fatalf("troupe_stream_refusing{%s} = %v, want 1", name, got)
+	}
+	if got := counter(t, f.node, "troupe_stream_probe_refusals_total", name); got < 1 {
+		t.Fatalf("troupe_stream_probe_refusals_total{%s} = %v, want at least 1", name, got)
+	}
+	if err := f.js.DeleteStream(ctx, name); err != nil { // the operator's repair
+		t.Fatal(err)
+	}
+	for err := f.node.Ready(ctx); err != nil; err = f.node.Ready(ctx) {
+		if time.Now().After(deadline.Add(20 * time.Second)) {
+			t.Fatalf("still not ready after the stream was deleted: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := counter(t, f.node, "troupe_stream_refusing", name); got != 0 {
+		t.Fatalf("troupe_stream_refusing{%s} = %v after the repair, want 0", name, got)
+	}
+	f.submit(echoReq("after-repair"))
+	f.startWorker("w1", true, nil, worker.Echo)
+	f.waitStateWithin("after-repair", core.StateSucceeded, 20*time.Second)
 }
