@@ -475,7 +475,7 @@ func (n *Node) Start(ctx context.Context) error {
 		defer n.bg.Done()
 		recovery.RememberParked(cctx, n.store, n.cfg.NodeID, n.intake, n.log)
 	}()
-	kick := bus.OnFetchError(func(error) {})
+	kick, resume := bus.OnFetchError(func(error) {}), bus.ResumeOn(nil)
 	if n.cfg.StreamCheck >= 0 {
 		keeper := n.streamKeeper()
 		n.keeper.Store(keeper)
@@ -485,8 +485,9 @@ func (n *Node) Start(ctx context.Context) error {
 			keeper.Run(cctx)
 		}()
 		kick = bus.OnFetchError(func(error) { keeper.Kick() })
+		resume = bus.ResumeOn(keeper.Back)
 	}
-	if err := n.intake.Consume(cctx, n.js, n.cfg.StreamPrefix, n.holdSubmits, kick); err != nil {
+	if err := n.intake.Consume(cctx, n.js, n.cfg.StreamPrefix, n.holdSubmits, kick, resume); err != nil {
 		return err
 	}
 	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",

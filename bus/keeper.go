@@ -109,6 +109,23 @@ type StreamKeeper struct {
 	refusing map[StreamKind]error     // the last probe's refusal
 	probed   map[StreamKind]time.Time // the last probe's time
 	due      time.Time                // a missing part's settle ends: check then
+	back     chan struct{}            // closed (and replaced) when a part is back
+}
+
+// Back returns a channel closed the next time the keeper has recreated a
+// stream or consumer, or seen a refusing stream accept writes again (see
+// ResumeOn).
+func (k *StreamKeeper) Back() <-chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.back
+}
+
+func (k *StreamKeeper) signalBack() {
+	k.mu.Lock()
+	close(k.back)
+	k.back = make(chan struct{})
+	k.mu.Unlock()
 }
 
 // NewStreamKeeper returns a keeper of the streams EnsureReplicatedStreams
@@ -116,7 +133,8 @@ type StreamKeeper struct {
 func NewStreamKeeper(js jetstream.JetStream, prefix string, subj Subjects, replicas int, log *slog.Logger) *StreamKeeper {
 	return &StreamKeeper{js: js, prefix: prefix, subj: subj, replicas: replicas, log: log,
 		kick: make(chan struct{}, 1), now: time.Now, created: map[StreamKind]time.Time{},
-		missing: map[string]time.Time{}, refusing: map[StreamKind]error{}, probed: map[StreamKind]time.Time{}}
+		missing: map[string]time.Time{}, refusing: map[StreamKind]error{}, probed: map[StreamKind]time.Time{},
+		back: make(chan struct{})}
 }
 
 // Kick asks for a check soon (a fetch failed); it never blocks.
@@ -227,10 +245,16 @@ func (k *StreamKeeper) gone(part string) bool {
 	return false
 }
 
+// present records that part exists; if it was missing (another replica
+// recreated it), the fetch loops waiting on Back resume.
 func (k *StreamKeeper) present(part string) {
 	k.mu.Lock()
+	_, was := k.missing[part]
 	delete(k.missing, part)
 	k.mu.Unlock()
+	if was {
+		k.signalBack()
+	}
 }
 
 func (k *StreamKeeper) check(ctx context.Context, kind StreamKind, subject string) error {
@@ -349,6 +373,7 @@ func (k *StreamKeeper) probe(ctx context.Context, kind StreamKind, name string, 
 	if err == nil {
 		if was {
 			k.log.Warn("stream accepts writes again", "stream", name)
+			k.signalBack()
 		}
 		if derr := st.DeleteMsg(ctx, ack.Sequence); derr != nil && !errors.Is(derr, jetstream.ErrMsgNotFound) {
 			k.log.Debug("probe message not deleted; the consumer acks it", "stream", name, "err", derr)
@@ -402,6 +427,7 @@ func (k *StreamKeeper) seen(kind StreamKind, name string, created time.Time, qui
 	if !known || prev.IsZero() || prev.Equal(created) {
 		return !known
 	}
+	k.signalBack()
 	if !quiet {
 		k.log.Warn("stream is a new one since the last check (recreated elsewhere); the messages the old one held are lost",
 			"stream", name, "created", created)
@@ -413,6 +439,7 @@ func (k *StreamKeeper) seen(kind StreamKind, name string, created time.Time, qui
 }
 
 func (k *StreamKeeper) recreated(kind StreamKind, name, part string) {
+	k.signalBack()
 	if part == PartStream {
 		k.log.Warn("stream was missing; recreated (messages it held are lost)", "stream", name)
 	} else {

@@ -224,7 +224,19 @@ func consumerConfig(kind StreamKind) jetstream.ConsumerConfig {
 // ConsumeOption adjusts Consume.
 type ConsumeOption func(*consumeOpts)
 
-type consumeOpts struct{ onFetchError func(error) }
+type consumeOpts struct {
+	onFetchError func(error)
+	resume       func() <-chan struct{}
+}
+
+// ResumeOn has a fetch loop that backs off after failed fetches try again
+// as soon as the channel f returns (read at each failure) is closed: a
+// StreamKeeper's Back, closed when it has recreated a stream or consumer.
+// Without it a loop whose backoff has grown to 5 s while its stream was
+// missing leaves the new stream unread that long.
+func ResumeOn(f func() <-chan struct{}) ConsumeOption {
+	return func(o *consumeOpts) { o.resume = f }
+}
 
 // OnFetchError has Consume call f (on its fetch goroutine, so f must not
 // block) whenever a fetch fails: a StreamKeeper's Kick.
@@ -291,12 +303,23 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 	sleep(ctx, start)
 	backoff := 100 * time.Millisecond
 	failed := func(err error) {
+		var back <-chan struct{}
+		if o.resume != nil {
+			back = o.resume()
+		}
 		log.Warn("fetch failed", "stream", stream, "err", err)
 		if o.onFetchError != nil {
 			o.onFetchError(err)
 		}
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			backoff = min(backoff*2, 5*time.Second)
+		case <-back:
+			backoff = 100 * time.Millisecond // the stream or its consumer is back
+		}
+		t.Stop()
 	}
 	for ctx.Err() == nil {
 		if hold != nil && hold() {
