@@ -274,7 +274,7 @@ func (k *StreamKeeper) check(ctx context.Context, kind StreamKind, subject strin
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 		if k.gone(cname) {
 			if err := k.recreateConsumer(ctx, kind, name); err != nil {
-				return err
+				return k.broken(ctx, kind, name, st, err)
 			}
 		}
 	case err != nil:
@@ -308,14 +308,14 @@ func (k *StreamKeeper) recreate(ctx context.Context, kind StreamKind, name, subj
 		}
 	}
 	k.present(name)
-	if err := ensureConsumer(ctx, k.js, name, consumerConfig(kind)); err != nil {
-		k.log.Error("stream recreated without its consumer", "stream", name, "err", err)
-		return err
-	}
 	if mine {
 		k.recreated(kind, name, PartStream)
 	}
 	k.seen(kind, name, st.CachedInfo().Created, mine)
+	if err := ensureConsumer(ctx, k.js, name, consumerConfig(kind)); err != nil {
+		k.log.Error("stream recreated without its consumer", "stream", name, "err", err)
+		return k.broken(ctx, kind, name, st, err)
+	}
 	return k.probe(ctx, kind, name, st)
 }
 
@@ -385,6 +385,29 @@ func (k *StreamKeeper) probe(ctx context.Context, kind StreamKind, name string, 
 	return k.repair(ctx, kind, name, st, apiErr)
 }
 
+// broken handles a consumer JetStream could not create in a present
+// stream: an API error there (nats-server 2.9: "open …/obs/<consumer>/
+// meta.inf: no such file or directory", err_code 10012, in a stream
+// recreated while the old one's files were being removed) means the stream
+// is broken like one that refuses writes, and it is reported and repaired
+// the same way. Any other error (NATS unreachable) is returned as it is.
+func (k *StreamKeeper) broken(ctx context.Context, kind StreamKind, name string, st jetstream.Stream, err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return err
+	}
+	k.mu.Lock()
+	k.refusing[kind] = err
+	k.probed[kind] = k.now()
+	k.mu.Unlock()
+	if k.OnProbe != nil {
+		k.OnProbe(kind, name, err)
+	}
+	k.log.Warn("stream takes no consumer: its inputs are not read until it is repaired", "stream", name,
+		"err_code", apiErr.ErrorCode, "err", err)
+	return k.repair(ctx, kind, name, st, apiErr)
+}
+
 // repair deletes a stream that refuses writes with a store failure and
 // holds no message (nothing is lost by it), so that the keeper recreates it
 // once it has stayed gone for the settle time. A stream that refuses for
@@ -395,7 +418,8 @@ func (k *StreamKeeper) repair(ctx context.Context, kind StreamKind, name string,
 	if err != nil {
 		return fmt.Errorf("bus: stream %s refuses writes; reading it for repair: %w", name, err)
 	}
-	if refusal.ErrorCode != jsErrStreamStoreFailed || info.State.Msgs > 0 {
+	if (refusal.ErrorCode != jsErrStreamStoreFailed && refusal.ErrorCode != jetstream.JSErrCodeConsumerCreate) ||
+		info.State.Msgs > 0 {
 		k.log.Error("stream refuses writes and is not repaired (not a store failure, or it holds messages)",
 			"stream", name, "err_code", refusal.ErrorCode, "msgs", info.State.Msgs)
 		return nil

@@ -199,7 +199,10 @@ func raceDeleteRecreate(ctx context.Context, js jetstream.JetStream, subj bus.Su
 		return false, fmt.Errorf("delete: %w", err)
 	}
 	if err := bus.EnsureStreams(ctx, js, "TROUPE", subj); err != nil {
-		return false, err
+		// The race hit the window: the stream is there, its files are not
+		// ("open …/obs/<consumer>/meta.inf: no such file or directory").
+		// The nodes must repair it.
+		return true, nil
 	}
 	return probe(ctx, js, subj, kind, name)
 }
