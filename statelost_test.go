@@ -19,10 +19,27 @@ import (
 // after (here its worker's result, then a cancel from the client).
 func TestClientIsToldOnceWhenItsJobsRecordWasLost(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) {
+	toldOnceWhenLost(t, 1)
+}
+
+// The same with two replicas: whichever reads the told outcome back from
+// the result stream acks it (it is no event for the job), so the job gets
+// exactly one DLQ entry per event of its own and one tell.
+func TestClientIsToldOnceWhenItsJobsRecordWasLostOnTwoReplicas(t *testing.T) {
+	t.Parallel()
+	toldOnceWhenLost(t, 2)
+}
+
+func toldOnceWhenLost(t *testing.T, replicas int) {
+	fast := func(c *troupe.Config) {
 		parkFast(c)
 		c.LockTTL = 1500 * time.Millisecond // the lease, and the epoch check, every 0.5 s
-	})
+	}
+	f := newFixture(t, fast)
+	nodes := []*troupe.Node{f.node}
+	if replicas == 2 {
+		nodes = append(nodes, newNodeOn(t, f, "node-b", fast))
+	}
 	const id = "job-told-lost"
 	told := make(chan *capv1.JobResult, 10)
 	sub, err := f.env.NATS.Subscribe(f.subj.Result, func(m *nats.Msg) {
@@ -47,7 +64,9 @@ func TestClientIsToldOnceWhenItsJobsRecordWasLost(t *testing.T) {
 	for _, k := range keys { // one by one: they span hash slots
 		f.env.Redis.Del(ctx, k)
 	}
-	waitCounter(t, f.node, "troupe_redis_data_loss_total", "", 1)
+	for _, n := range nodes {
+		waitCounter(t, n, "troupe_redis_data_loss_total", "", 1)
+	}
 	release.open(id)
 
 	select {
@@ -92,5 +111,21 @@ func TestClientIsToldOnceWhenItsJobsRecordWasLost(t *testing.T) {
 	case r := <-told:
 		t.Fatalf("told again: %v %q", r.Status, r.ErrorCode)
 	default:
+	}
+	// Every told outcome read back from the result stream, by any replica,
+	// is settled: no further DLQ entry came of it.
+	waitNoPending(t, f.js, bus.StreamName(f.env.StreamPrefix(), bus.StreamResult), bus.ConsumerName(bus.StreamResult))
+	es, err := f.node.Store().ListDLQ(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range es {
+		if e.JobID == id {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d DLQ entries for the job, want 2 (its result, the cancel)", n)
 	}
 }
