@@ -435,3 +435,45 @@ func TestReadyReportsAStreamThatRefusesWrites(t *testing.T) {
 	f.startWorker("w1", true, nil, worker.Echo)
 	f.waitStateWithin("after-repair", core.StateSucceeded, 20*time.Second)
 }
+
+// Three replicas started at the same moment against fresh streams, twenty
+// times (issue 27, item 9): none fails to start ("subjects overlap with an
+// existing stream" made one exit).
+func TestThreeReplicasStartTogether(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts 60 nodes")
+	}
+	pools, _ := parseTestPools()
+	for round := range 20 {
+		env := testenv.New(t)
+		nodes := make([]*troupe.Node, 3)
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range nodes {
+			n, err := troupe.NewNode(troupe.Config{NodeID: fmt.Sprintf("r%d-n%d", round, i), NATSURL: env.NATSURL,
+				RedisURL: env.RedisURL, KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix,
+				StreamPrefix: env.StreamPrefix(), Pools: pools, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodes[i] = n
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				errs[i] = n.Start(context.Background())
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, n := range nodes {
+			if errs[i] != nil {
+				t.Errorf("round %d: replica %d failed to start: %v", round, i, errs[i])
+				continue
+			}
+			_ = n.Stop(context.Background())
+		}
+	}
+}
