@@ -226,8 +226,10 @@ func (e *NotReadyError) FailedChecks() map[string]string {
 
 // Ready reports whether the node can do its work: NATS connected, the three
 // JetStream streams and their consumers present (a running node recreates
-// missing ones within bus.StreamCheckEvery), Redis answering, and the worker registry (the
-// router actor) answering after its warm start. It returns nil or a
+// missing ones within bus.StreamCheckEvery plus bus.RecreateSettleDefault)
+// and none refusing the stream keeper's last write probe, Redis answering,
+// and the worker registry (the router actor) answering after its warm
+// start. It returns nil or a
 // *NotReadyError; the checks run concurrently, each bounded by ctx.
 func (n *Node) Ready(ctx context.Context) error {
 	if n.sys == nil || n.nc == nil || n.store == nil {
@@ -249,6 +251,9 @@ func (n *Node) Ready(ctx context.Context) error {
 				if _, err := n.js.Consumer(ctx, name, bus.ConsumerName(k)); err != nil {
 					return fmt.Errorf("stream %s, consumer %s: %w", name, bus.ConsumerName(k), err)
 				}
+			}
+			if k := n.keeper.Load(); k != nil {
+				return k.Refusing()
 			}
 			return nil
 		},

@@ -2,7 +2,9 @@ package troupe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -365,4 +367,113 @@ func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 	t.Logf("%d jobs SUCCEEDED, each run once; %d submit tries refused; result stream resets %v, dispatches repeated %v", n,
 		refused, counter(t, f.node, "troupe_stream_resets_total", names[bus.StreamResult]),
 		counter(t, f.node, "troupe_dispatch_resent_total", ""))
+}
+
+// A stream that exists and refuses every write (here: the SUBMIT stream
+// replaced by one whose byte limit no message fits; one recreated while
+// nats-server still deleted the old one answers the same err_code 10077)
+// makes the node not ready, naming the stream, with
+// troupe_stream_refusing{stream} at 1. Once it is gone (deleted by the
+// operator, or by the keeper's repair once nothing is left in it), the node
+// recreates it, the probe passes, and the node is ready again.
+func TestReadyReportsAStreamThatRefusesWrites(t *testing.T) {
+	t.Parallel()
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.StreamCheck = 100 * time.Millisecond })
+	ctx := context.Background()
+	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit)
+	if err := f.js.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	cfg := jetstream.StreamConfig{Name: name, Subjects: []string{f.subj.Submit, f.subj.Probe(bus.StreamSubmit)},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}
+	if _, err := f.js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Held: the stream's consumer is gone with the old stream until the
+	// keeper recreates it, so nothing takes this message.
+	if _, err := f.js.Publish(ctx, f.subj.Submit, []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxBytes, cfg.Discard = 1, jetstream.DiscardNew
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := f.node.Ready(ctx)
+		var nr *troupe.NotReadyError
+		if errors.As(err, &nr) && strings.Contains(nr.FailedChecks()[troupe.ReadyStreams], "refuses writes") {
+			if !strings.Contains(nr.FailedChecks()[troupe.ReadyStreams], name) {
+				t.Fatalf("not ready for the wrong stream: %v", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready = %v 20 s after the stream began refusing writes", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := counter(t, f.node, "troupe_stream_refusing", name); got != 1 {
+		t.Fatalf("troupe_stream_refusing{%s} = %v, want 1", name, got)
+	}
+	if got := counter(t, f.node, "troupe_stream_probe_refusals_total", name); got < 1 {
+		t.Fatalf("troupe_stream_probe_refusals_total{%s} = %v, want at least 1", name, got)
+	}
+	if err := f.js.DeleteStream(ctx, name); err != nil { // the operator's repair
+		t.Fatal(err)
+	}
+	for err := f.node.Ready(ctx); err != nil; err = f.node.Ready(ctx) {
+		if time.Now().After(deadline.Add(20 * time.Second)) {
+			t.Fatalf("still not ready after the stream was deleted: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := counter(t, f.node, "troupe_stream_refusing", name); got != 0 {
+		t.Fatalf("troupe_stream_refusing{%s} = %v after the repair, want 0", name, got)
+	}
+	f.submit(echoReq("after-repair"))
+	f.startWorker("w1", true, nil, worker.Echo)
+	f.waitStateWithin("after-repair", core.StateSucceeded, 20*time.Second)
+}
+
+// Three replicas started at the same moment against fresh streams, twenty
+// times (issue 27, item 9): none fails to start ("subjects overlap with an
+// existing stream" made one exit).
+func TestThreeReplicasStartTogether(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts 60 nodes")
+	}
+	pools, _ := parseTestPools()
+	for round := range 20 {
+		env := testenv.New(t)
+		nodes := make([]*troupe.Node, 3)
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range nodes {
+			n, err := troupe.NewNode(troupe.Config{NodeID: fmt.Sprintf("r%d-n%d", round, i), NATSURL: env.NATSURL,
+				RedisURL: env.RedisURL, KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix,
+				StreamPrefix: env.StreamPrefix(), Pools: pools, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodes[i] = n
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				errs[i] = n.Start(context.Background())
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, n := range nodes {
+			if errs[i] != nil {
+				t.Errorf("round %d: replica %d failed to start: %v", round, i, errs[i])
+				continue
+			}
+			_ = n.Stop(context.Background())
+		}
+	}
 }

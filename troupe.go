@@ -52,6 +52,9 @@ type Node struct {
 	waiters   *waiters       // callers of Wait
 	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
 	dataLostAt atomic.Int64
+	// keeper recreates lost streams and probes them (nil with StreamCheck
+	// negative); Ready reports a stream it found refusing writes.
+	keeper atomic.Pointer[bus.StreamKeeper]
 
 	nc      *nats.Conn
 	ownNC   bool
@@ -505,17 +508,19 @@ func (n *Node) Start(ctx context.Context) error {
 		defer n.bg.Done()
 		recovery.RememberParked(cctx, n.store, n.cfg.NodeID, n.intake, n.log)
 	}()
-	kick := bus.OnFetchError(func(error) {})
+	kick, resume := bus.OnFetchError(func(error) {}), bus.ResumeOn(nil)
 	if n.cfg.StreamCheck >= 0 {
 		keeper := n.streamKeeper()
+		n.keeper.Store(keeper)
 		n.bg.Add(1)
 		go func() {
 			defer n.bg.Done()
 			keeper.Run(cctx)
 		}()
 		kick = bus.OnFetchError(func(error) { keeper.Kick() })
+		resume = bus.ResumeOn(keeper.Back)
 	}
-	if err := n.intake.Consume(cctx, n.js, n.cfg.StreamPrefix, n.holdSubmits, kick); err != nil {
+	if err := n.intake.Consume(cctx, n.js, n.cfg.StreamPrefix, n.holdSubmits, kick, resume); err != nil {
 		return err
 	}
 	stale := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stale_jobs",
@@ -564,8 +569,10 @@ func (n *Node) dlqMetrics() *prometheus.CounterVec {
 // streamKeeper returns the keeper that recreates the node's streams and
 // consumers when they go missing while it runs, counted in
 // troupe_streams_recreated_total{stream} and
-// troupe_stream_consumers_recreated_total{stream}. Until a missing one is
-// back, Ready reports the streams not ready.
+// troupe_stream_consumers_recreated_total{stream}, and proves each accepts
+// writes (troupe_stream_refusing{stream}, troupe_stream_probe_refusals_total
+// {stream}). Until a missing one is back, or while one refuses writes,
+// Ready reports the streams not ready.
 func (n *Node) streamKeeper() *bus.StreamKeeper {
 	streams := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_streams_recreated_total",
 		Help: "Input streams this node found missing while running and recreated (the messages they held are lost)."},
@@ -577,6 +584,21 @@ func (n *Node) streamKeeper() *bus.StreamKeeper {
 	_ = n.cfg.Metrics.Register(consumers)
 	k := bus.NewStreamKeeper(n.js, n.cfg.StreamPrefix, n.subj, n.cfg.StreamReplicas, n.log)
 	k.Every = n.cfg.StreamCheck
+	refusing := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stream_refusing",
+		Help: "1 while this node's last write probe of an input stream was refused (the stream exists and refuses publishes)."},
+		[]string{"stream"})
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_stream_probe_refusals_total",
+		Help: "Write probes of an input stream that JetStream refused."}, []string{"stream"})
+	_ = n.cfg.Metrics.Register(refusing)
+	_ = n.cfg.Metrics.Register(refusals)
+	k.OnProbe = func(_ bus.StreamKind, name string, err error) {
+		if err != nil {
+			refusing.WithLabelValues(name).Set(1)
+			refusals.WithLabelValues(name).Inc()
+			return
+		}
+		refusing.WithLabelValues(name).Set(0)
+	}
 	k.OnRecreated = func(_ bus.StreamKind, name, part string) {
 		if part == bus.PartStream {
 			streams.WithLabelValues(name).Inc()

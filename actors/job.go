@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -374,6 +375,10 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 // takes it for a worker's answer; the node that reads it back from the
 // result stream finds the job terminal and absorbs it.
 func (a *JobActor) tellClient(e lifecycle.TellClient) {
+	if e.Once && a.env.Writer != nil && a.env.Keys != nil {
+		a.tellClientOnce(e)
+		return
+	}
 	data, err := bus.EncodeResult(a.job.TraceID, a.env.NodeID, &capv1.JobResult{JobId: a.id, Status: e.Status,
 		ErrorCode: string(e.Code), ErrorMessage: e.Msg})
 	if err == nil {
@@ -382,6 +387,30 @@ func (a *JobActor) tellClient(e lifecycle.TellClient) {
 	if err != nil {
 		a.env.Log.Warn("outcome publish failed", "job_id", a.id, "trace_id", a.job.TraceID, "err", err)
 	}
+}
+
+// tellClientOnce tells the client only if no replica told it e's outcome
+// before: a claim of the job's told-key in Redis (kept for the retention of
+// idempotency keys) picks the one teller. If Redis cannot be asked, the
+// client is told anyway: a repeat is better than silence.
+func (a *JobActor) tellClientOnce(e lifecycle.TellClient) {
+	env, trace, id := a.env, a.job.TraceID, a.id
+	token := env.NodeID + "/" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	op := &store.Op{Kind: store.OpClaim, JobID: token, IdemKey: env.Keys.Tag(id) + "told:" + id}
+	op.Done = func(r *store.Result) {
+		if r.Err == nil && r.Holder != token {
+			return // told already
+		}
+		data, err := bus.EncodeResult(trace, env.NodeID, &capv1.JobResult{JobId: id, Status: e.Status,
+			ErrorCode: string(e.Code), ErrorMessage: e.Msg})
+		if err == nil {
+			err = env.Publish(env.Subjects.Result, data)
+		}
+		if err != nil {
+			env.Log.Warn("outcome publish failed", "job_id", id, "trace_id", trace, "err", err)
+		}
+	}
+	env.Writer.Submit(op)
 }
 
 // cancelWorker publishes a JobCancel on sys.job.cancel, where CAP workers

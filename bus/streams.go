@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -88,24 +89,126 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 	}
 	for kind, subject := range streamSubjects(subj) {
 		name := StreamName(prefix, kind)
-		if _, err := js.CreateOrUpdateStream(ctx, streamConfig(name, subject, replicas)); err != nil {
+		if _, err := ensureStream(ctx, js, streamConfig(name, subject, subj.Probe(kind), replicas)); err != nil {
 			return fmt.Errorf("bus: stream %s: %w", name, err)
 		}
-		if _, err := js.CreateOrUpdateConsumer(ctx, name, consumerConfig(kind)); err != nil {
+		if err := ensureConsumer(ctx, js, name, consumerConfig(kind)); err != nil {
 			return fmt.Errorf("bus: consumer %s/%s: %w", name, ConsumerName(kind), err)
 		}
 	}
 	return nil
 }
 
+// JetStream error codes that mean another creator got there first. Two
+// replicas starting at once both find a stream missing and both create it;
+// nats-server 2.9 can answer the loser "subjects overlap with an existing
+// stream" (the winner's stream holds the subjects) instead of taking the
+// identical config as a repeat.
+const (
+	jsErrStreamSubjectOverlap jetstream.ErrorCode = 10065
+)
+
+// Concurrent creation is retried this often, backoff doubling from
+// ensureBackoff: about 3 s in all, ample for the winner's create to land.
+const (
+	ensureTries   = 8
+	ensureBackoff = 25 * time.Millisecond
+)
+
+// onConcurrentCreate, when set (tests), is called each time a create loses
+// to a concurrent creator, before the stream is read again.
+var onConcurrentCreate func(name string)
+
+// lostCreateRace reports whether err says that someone else created the
+// stream or consumer (or holds its subjects) at the same moment.
+func lostCreateRace(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrStreamSubjectOverlap, jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeConsumerNameExists,
+			jetstream.JSErrCodeConsumerExists, jetstream.JSErrCodeConsumerAlreadyExists:
+			return true
+		}
+	}
+	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrConsumerExists)
+}
+
+// ensureStream creates the stream cfg describes, or updates it where its
+// settings differ, tolerating a concurrent creator: when the create loses
+// the race, the stream is read again and, if it is there with cfg's
+// settings, taken as it is; if its settings differ, the next try updates
+// it. A subject overlap that does not go away (another stream owns the
+// subjects for good) fails after ensureTries with JetStream's error.
+//
+// It reads before it writes, and updates only a stream it found: nats-server
+// 2.9 was seen to crash (a nil dereference in its stream update) when an
+// update reached a stream another client was creating at that moment, which
+// CreateOrUpdateStream from replicas starting together does.
+func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	backoff := ensureBackoff
+	for try := 1; ; try++ {
+		st, err := js.Stream(ctx, cfg.Name)
+		switch {
+		case err == nil && sameStream(st.CachedInfo().Config, cfg):
+			return st, nil
+		case err == nil:
+			st, err = js.UpdateStream(ctx, cfg)
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			st, err = js.CreateStream(ctx, cfg)
+		}
+		if err == nil {
+			return st, nil
+		}
+		if !lostCreateRace(err) || try == ensureTries {
+			return nil, err
+		}
+		if onConcurrentCreate != nil {
+			onConcurrentCreate(cfg.Name)
+		}
+		sleep(ctx, backoff)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (after %v)", err, ctx.Err())
+		}
+		backoff *= 2
+	}
+}
+
+// sameStream reports whether a stream's config has the settings Troupe
+// relies on.
+func sameStream(got, want jetstream.StreamConfig) bool {
+	return slices.Equal(got.Subjects, want.Subjects) && got.Retention == want.Retention && got.Storage == want.Storage && got.Replicas == want.Replicas &&
+		got.MaxAge == want.MaxAge && got.Discard == want.Discard
+}
+
+// ensureConsumer is ensureStream for a durable consumer.
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) error {
+	backoff := ensureBackoff
+	for try := 1; ; try++ {
+		_, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		if err == nil {
+			return nil
+		}
+		if !lostCreateRace(err) || try == ensureTries {
+			return err
+		}
+		sleep(ctx, backoff)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w (after %v)", err, ctx.Err())
+		}
+		backoff *= 2
+	}
+}
+
 func streamSubjects(subj Subjects) map[StreamKind]string {
 	return map[StreamKind]string{StreamSubmit: subj.Submit, StreamResult: subj.Result, StreamCancel: subj.Cancel}
 }
 
-func streamConfig(name, subject string, replicas int) jetstream.StreamConfig {
+// streamConfig is a stream's settings: the CAP subject it carries and the
+// keeper's probe subject (see Subjects.Probe).
+func streamConfig(name, subject, probe string, replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:      name,
-		Subjects:  []string{subject},
+		Subjects:  []string{subject, probe},
 		Retention: jetstream.WorkQueuePolicy,
 		Storage:   jetstream.FileStorage,
 		MaxAge:    StreamMaxAge,
@@ -131,7 +234,19 @@ func consumerConfig(kind StreamKind) jetstream.ConsumerConfig {
 // ConsumeOption adjusts Consume.
 type ConsumeOption func(*consumeOpts)
 
-type consumeOpts struct{ onFetchError func(error) }
+type consumeOpts struct {
+	onFetchError func(error)
+	resume       func() <-chan struct{}
+}
+
+// ResumeOn has a fetch loop that backs off after failed fetches try again
+// as soon as the channel f returns (read at each failure) is closed: a
+// StreamKeeper's Back, closed when it has recreated a stream or consumer.
+// Without it a loop whose backoff has grown to 5 s while its stream was
+// missing leaves the new stream unread that long.
+func ResumeOn(f func() <-chan struct{}) ConsumeOption {
+	return func(o *consumeOpts) { o.resume = f }
+}
 
 // OnFetchError has Consume call f (on its fetch goroutine, so f must not
 // block) whenever a fetch fails: a StreamKeeper's Kick.
@@ -198,12 +313,23 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 	sleep(ctx, start)
 	backoff := 100 * time.Millisecond
 	failed := func(err error) {
+		var back <-chan struct{}
+		if o.resume != nil {
+			back = o.resume()
+		}
 		log.Warn("fetch failed", "stream", stream, "err", err)
 		if o.onFetchError != nil {
 			o.onFetchError(err)
 		}
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			backoff = min(backoff*2, 5*time.Second)
+		case <-back:
+			backoff = 100 * time.Millisecond // the stream or its consumer is back
+		}
+		t.Stop()
 	}
 	for ctx.Err() == nil {
 		if hold != nil && hold() {
@@ -220,8 +346,12 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 		}
 		n := 0
 		for msg := range batch.Messages() {
-			handle(msg)
 			n++
+			if IsProbe(msg) {
+				_ = msg.Ack()
+				continue
+			}
+			handle(msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
 			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {

@@ -68,6 +68,14 @@ func (s Subjects) QueueList(nodeID string) string {
 // in flight on each worker (core NATS; see router/gossip.go).
 func (s Subjects) Capacity() string { return s.prefix + "troupe.capacity" }
 
+// Probe is the subject inside kind's stream that a StreamKeeper publishes
+// its write probes to. No CAP client or worker listens on it (a probe on the
+// CAP subject itself would reach their core subscriptions); the stream's
+// consumer takes it and Consume acks it unread.
+func (s Subjects) Probe(kind StreamKind) string {
+	return s.prefix + "troupe.probe." + strings.ToLower(string(kind))
+}
+
 // Pool is the subject a pool's stock CAP workers queue-subscribe to: the
 // job's topic itself (queue group = the subject).
 func (s Subjects) Pool(topic string) string { return s.prefix + topic }

@@ -196,10 +196,13 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		return
 	}
 	res := pkt.GetJobResult()
-	if res.WorkerId == "" && pkt.SenderId == in.Env.NodeID && (by == nil || by.Is(signing.RoleNode)) {
+	if res.WorkerId == "" && (by == nil || by.Is(signing.RoleNode)) &&
+		(pkt.SenderId == in.Env.NodeID || res.ErrorCode == string(core.ReasonStateLost)) {
 		// An outcome this node decided and told the job's client: the job
 		// is terminal already; reading it back would only cost an
-		// activation to absorb it.
+		// activation to absorb it. A state_lost outcome, told by any
+		// replica, is for a job with no record: taken as an event, it would
+		// be dead-lettered and told again, without end.
 		if in.OwnOutcomes != nil {
 			in.OwnOutcomes.Inc()
 		}

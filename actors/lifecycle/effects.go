@@ -72,6 +72,11 @@ type TellClient struct {
 	Status capv1.JobStatus
 	Code   core.Reason
 	Msg    string
+	// Once: the shell tells the client at most once per job across every
+	// replica (a claim in Redis). For outcomes no record makes terminal —
+	// state_lost — so that each event dead-lettered for the job, on any
+	// node, does not tell the client again.
+	Once bool
 }
 
 // CancelWorker publishes a JobCancel on sys.job.cancel.

@@ -336,8 +336,13 @@ func (j *Job) unknownJob() {
 	}
 	entry := &store.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
 		Subject: j.cfg.ResultSubject}
-	j.write(&pending{kind: wDLQ, op: &store.Op{Kind: store.OpDLQ, JobID: j.ID, DLQ: entry},
-		applied: []Effect{PublishDLQ{Entry: entry}}})
+	fx := []Effect{PublishDLQ{Entry: entry}}
+	if reason == core.ReasonStateLost {
+		// The job's client waits on the result subject like for every
+		// other outcome Troupe decides; no record will ever answer it.
+		fx = append(fx, TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: reason, Msg: msg, Once: true})
+	}
+	j.write(&pending{kind: wDLQ, op: &store.Op{Kind: store.OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
 	j.log(warn, "event for unknown job dead-lettered", "reason", reason)
 }
 
