@@ -94,10 +94,15 @@ type Withdraw struct {
 // WorkerID although this router did not place it there (the job was adopted
 // from another node, or this node restarted), so the slot counts until the
 // job's answer.
+//
+// For a worker this router has evicted, the job is lost with it as of the
+// eviction (OnEvictJobs) — unless Heard: the worker itself just spoke for
+// the job, so it is alive and its next heartbeat brings it back.
 type Occupied struct {
 	WorkerID string
 	JobID    string
 	Started  bool
+	Heard    bool
 }
 
 // Announce makes the router publish a full capacity report now: the node
@@ -241,11 +246,15 @@ type Config struct {
 	// the router's goroutine: it must return at once (send a message, do no
 	// I/O) and must not call back into the router synchronously.
 	OnEvict func(workerID string)
-	// OnEvictJobs, when set, is called with an evicted worker's id and the
+	// OnEvictJobs, when set, is called with an evicted worker's id, the
 	// jobs of this node that occupy it — waiting for it to start them, or
-	// started (a job decides what the loss means for it). Same rules as
-	// OnEvict.
-	OnEvictJobs func(workerID string, jobIDs []string)
+	// started (a job decides what the loss means for it) — and the time of
+	// the eviction; also later, for a job adopted or re-activated for a
+	// worker already evicted (router/eviction.go). Same rules as OnEvict.
+	OnEvictJobs func(workerID string, jobIDs []string, evictedAt time.Time)
+	// Beats, when set, receives what this router hears of each worker, for
+	// dispatches to carry (see Beats).
+	Beats *Beats
 	// Now is the router's clock (default time.Now; tests move it).
 	Now func() time.Time
 	// Link, when set, reports this node's NATS connection: whether it is
@@ -347,6 +356,12 @@ type Router struct {
 	lastSweep time.Time
 	// reconnects is Link's reconnect count at the last sweep.
 	reconnects uint64
+	// Eviction by evidence (eviction.go): evicted workers by id with their
+	// eviction time; the arrival of the latest heartbeat from any worker;
+	// since when every worker has been silent (zero: not now).
+	gone      evictedMemory
+	lastHeard time.Time
+	hushSince time.Time
 	// picks: slots counted for jobs that have not started on them nor
 	// given them back (picks.go).
 	picks map[string]pickRec
@@ -418,7 +433,10 @@ func (r *Router) Receive(c actor.Context) {
 			return
 		}
 		known := r.reg.Get(m.HB.WorkerId) != nil
+		r.heardAgain(m.At)
 		w := r.reg.ObserveSent(m.HB, m.At, m.Sent)
+		r.gone.forget(w.ID)
+		r.cfg.Beats.heard(w.ID, m.Sent, r.reg.Window(w))
 		if !known {
 			r.joined(c, w)
 			r.checkPool(w)
@@ -474,7 +492,12 @@ func (r *Router) Receive(c actor.Context) {
 		if m.Started {
 			r.confirmPick(m.JobID, m.WorkerID)
 		}
-		if w := r.reg.Get(m.WorkerID); w != nil && r.reg.Occupy(w, m.JobID) {
+		w := r.reg.Get(m.WorkerID)
+		if w == nil {
+			r.occupiedLost(m)
+			return
+		}
+		if r.reg.Occupy(w, m.JobID) {
 			r.changed(c, w)
 			if m.Started {
 				r.reg.Start(w, m.JobID)
@@ -541,7 +564,14 @@ func (r *Router) Receive(c actor.Context) {
 				return
 			}
 		}
-		r.sweep()
+		if r.sweep() {
+			// Every worker went silent at once: the replicas' reports
+			// cross the same bus, so their silence proves nothing either.
+			r.expireHandoffs(c)
+			r.expirePicks(c)
+			r.publish(true)
+			return
+		}
 		r.expirePeers(c)
 		r.expireHandoffs(c)
 		r.expirePicks(c)
@@ -569,9 +599,21 @@ func (r *Router) checkPool(w *registry.Worker) {
 		"worker_id", w.ID, "pool", w.Pool)
 }
 
-func (r *Router) sweep() {
+// sweep evicts the workers past their window that silence shows gone
+// (hold keeps the others) and reports whether the sweep is hushed: some
+// stale worker held because every worker went silent at once.
+func (r *Router) sweep() bool {
 	now := r.now()
-	for _, w := range r.reg.Sweep(now) {
+	r.gone.expire(now.Add(-EvictedMemory))
+	hushed := false
+	gone := r.reg.SweepExcept(now, func(w *registry.Worker) bool {
+		h := r.hold(w, now)
+		hushed = hushed || h
+		return h
+	})
+	for _, w := range gone {
+		r.gone.add(w.ID, now)
+		r.cfg.Beats.evicted(w.ID)
 		r.log.Info("worker evicted", "worker_id", w.ID, "pool", w.Pool, "last_seen", w.LastSeen)
 		if r.metrics != nil {
 			r.metrics.evicted.WithLabelValues(w.Pool).Inc()
@@ -580,12 +622,12 @@ func (r *Router) sweep() {
 			r.cfg.OnEvict(w.ID)
 		}
 		if ids := r.reg.Jobs(w); len(ids) > 0 && r.cfg.OnEvictJobs != nil {
-			r.cfg.OnEvictJobs(w.ID, ids)
+			r.cfg.OnEvictJobs(w.ID, ids, now)
 		}
 		delete(r.dirty, w)
 	}
 	if r.metrics == nil {
-		return
+		return hushed
 	}
 	live := r.reg.LivePerPool(now)
 	unrouted := 0
@@ -613,6 +655,7 @@ func (r *Router) sweep() {
 		r.metrics.live.WithLabelValues(p).Set(float64(n))
 		r.reported[p] = true
 	}
+	return hushed
 }
 
 func (r *Router) listWorkers() []WorkerInfo {
