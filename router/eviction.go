@@ -198,7 +198,9 @@ func (r *Router) hold(w *registry.Worker, now time.Time) bool {
 // to speak before it can be evicted (the heartbeats that queued during the
 // stall arrive in a burst, in no useful order).
 func (r *Router) heardAgain(now time.Time) {
-	r.lastHeard = now
+	if now.After(r.lastHeard) {
+		r.lastHeard = now
+	}
 	if r.hushSince.IsZero() {
 		return
 	}
