@@ -80,7 +80,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 	w1.kill()
 	// What each job was at the kill: n1's and n2's jobs running on w1.
 	adopted, own := map[string]bool{}, map[string]bool{}
-	for id, rec := range r.records(r.allIDs("nw", killAfter)) {
+	for id, rec := range r.records(r.allIDs("nw", jobs)) { // nil: not submitted yet
 		if rec == nil || rec.State != core.StateRunning || rec.Worker != "w1" {
 			continue // a job not yet started there is placed again elsewhere
 		}
@@ -90,11 +90,14 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 			own[id] = true
 		}
 	}
-	first, _, ok := r.waitEvicted(30 * time.Second)
-	if !ok {
-		t.Fatal("n2 never evicted w1")
+	var evicted time.Duration
+	for r.metric(1, "troupe_workers_evicted_total") < 1 {
+		if time.Since(killed) > 30*time.Second {
+			t.Fatal("n2 never evicted w1")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	evicted := first.Sub(killed)
+	evicted = time.Since(killed)
 	ids := <-done
 	bound := killed.Add(evicted + grace + 20*time.Second)
 	at, left := r.waitTerminalBy(ids, bound.Add(hold), func(_ string, s core.State) bool { return s.Terminal() })
