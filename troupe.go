@@ -316,6 +316,7 @@ func (n *Node) Start(ctx context.Context) error {
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
 		Gossip:  func(data []byte) { _ = n.nc.Publish(n.subj.Capacity(), data) },
 		Link:    func() (bool, uint64) { return n.nc.IsConnected(), n.nc.Stats().Reconnects },
+		Heard:   func() uint64 { return n.nc.Stats().InMsgs },
 		Beats:   beats,
 		OnEvictJobs: func(workerID string, jobIDs []string, evictedAt time.Time) {
 			if in := intakeRef.Load(); in != nil {

@@ -263,6 +263,13 @@ type Config struct {
 	// against it (registry.Reprieve): this node heard nobody, so silence
 	// proves nothing — the same rule as after a pause.
 	Link func() (up bool, reconnects uint64)
+	// Heard, when set, counts the messages this node's NATS connection has
+	// received (nats.Conn.Stats().InMsgs): traffic since a worker should
+	// have spoken shows the bus carried messages then, so the worker's
+	// silence is its own (see Router.hold). A node always has some: each
+	// JetStream fetch is answered within FetchMaxWait, if only by a
+	// timeout status.
+	Heard func() uint64
 	// NodeID and Gossip share this node's in-flight counts with the other
 	// replicas (see gossip.go): Gossip publishes an encoded report, and the
 	// node hands the reports it hears to the router as *PeerLoad. Nil
@@ -362,6 +369,12 @@ type Router struct {
 	gone      evictedMemory
 	lastHeard time.Time
 	hushSince time.Time
+	// heardMsgs is Heard's count at the last sweep; busAt the latest time
+	// the bus is known to have carried messages to this node (the sweep
+	// before the one that saw the count move: they came after it).
+	heardMsgs uint64
+	busAt     time.Time
+	prevSweep time.Time // the last sweep that noted traffic
 	// picks: slots counted for jobs that have not started on them nor
 	// given them back (picks.go).
 	picks map[string]pickRec
@@ -564,6 +577,7 @@ func (r *Router) Receive(c actor.Context) {
 				return
 			}
 		}
+		r.noteTraffic(now)
 		if r.sweep() {
 			// Every worker went silent at once: the replicas' reports
 			// cross the same bus, so their silence proves nothing either.

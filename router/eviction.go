@@ -164,21 +164,25 @@ func (r *Router) occupiedLost(m *Occupied) bool {
 }
 
 // hold reports whether the sweep must keep a stale worker for now: no
-// heartbeat from anyone has arrived since the worker should have spoken
-// (its last beat plus one interval), so its silence may be the bus's or
-// this node's, shared by every worker. A lone worker's silence has nothing
+// heartbeat from anyone, nor any other message (Config.Heard), has reached
+// this node since the worker should have spoken (its last beat plus one
+// interval), so its silence may be the bus's or this node's, shared by
+// every worker. A lone worker's silence has nothing
 // to be compared with; it is evicted by its window (the link rule still
 // holds). Past HushMax of such silence the workers are taken to be gone.
 func (r *Router) hold(w *registry.Worker, now time.Time) bool {
 	if r.reg.Len() < hushMinWorkers {
 		return false
 	}
-	every := w.Interval
-	if every <= 0 {
-		every = r.reg.Window(w) / registry.MissedIntervals
+	// When it should have spoken: an interval after its last beat, or less
+	// where the window is cut shorter than its intervals (Config.TTL).
+	every := r.reg.Window(w) / registry.MissedIntervals
+	if w.Interval > 0 {
+		every = min(every, w.Interval)
 	}
-	if r.lastHeard.After(w.LastSeen.Add(every)) {
-		return false // another worker spoke when this one should have
+	cut := w.LastSeen.Add(every)
+	if r.lastHeard.After(cut) || r.busAt.After(cut) {
+		return false // another worker, or the bus, spoke when this one should have
 	}
 	if r.hushSince.IsZero() {
 		r.hushSince = now
@@ -210,5 +214,15 @@ func (r *Router) heardAgain(now time.Time) {
 	r.hushSince = time.Time{}
 }
 
-// window is w's liveness window, for Beats.
-func (r *Router) window(w *registry.Worker) time.Duration { return r.reg.Window(w) }
+// noteTraffic records, at a sweep, whether this node's connection received
+// messages since the last one (Config.Heard).
+func (r *Router) noteTraffic(now time.Time) {
+	if r.cfg.Heard == nil {
+		return
+	}
+	if n := r.cfg.Heard(); n != r.heardMsgs {
+		r.heardMsgs = n
+		r.busAt = r.prevSweep
+	}
+	r.prevSweep = now
+}

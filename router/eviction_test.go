@@ -209,3 +209,33 @@ func TestRouterBeatsCarryTheLastHeartbeatHeard(t *testing.T) {
 		t.Fatal("an evicted worker still has a stamp")
 	}
 }
+
+// TestRouterSilentWorkersAreEvictedWhileTheBusCarriesTraffic: every worker
+// silent at once, but this node's connection still receives messages
+// (Config.Heard): the bus works, so the workers' silence is their own and
+// each is evicted at the end of its window; once the traffic stops too,
+// the next worker to fall silent is held.
+func TestRouterSilentWorkersAreEvictedWhileTheBusCarriesTraffic(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	clock := newFakeClock(t0)
+	evicted := make(chan string, 8)
+	var msgs atomic.Uint64
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 30 * time.Second,
+		SweepEach: time.Second, Now: clock.now, OnEvict: func(id string) { evicted <- id },
+		Heard: func() uint64 { return msgs.Add(1) }}) // a message between any two sweeps
+	b.beat(beatEvery("w1", 500*time.Millisecond), t0)
+	b.beat(beatEvery("w2", 500*time.Millisecond), t0)
+	for s := 1; s <= 3; s++ {
+		b.sweepAt(t, clock, t0.Add(time.Duration(s)*time.Second))
+	}
+	got := map[string]bool{}
+	for len(got) < 2 {
+		select {
+		case id := <-evicted:
+			got[id] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("evicted %v, want w1 and w2: the bus carried traffic while they were silent", got)
+		}
+	}
+}
