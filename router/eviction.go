@@ -45,22 +45,28 @@ const HushMax = 5 * time.Minute
 // bus's; it is evicted by its window alone (the link rule still holds).
 const hushMinWorkers = 2
 
-// evictedMemory remembers evicted workers' eviction times, oldest first.
+// evictedMemory remembers evicted workers' eviction times. order holds
+// every eviction in time order; an entry whose time no longer matches the
+// map (the worker came back, or was evicted again later) is stale and
+// skipped.
 type evictedMemory struct {
 	at    map[string]time.Time
-	order []string
+	order []eviction
+}
+
+type eviction struct {
+	id string
+	at time.Time
 }
 
 func (e *evictedMemory) add(id string, at time.Time) {
 	if e.at == nil {
 		e.at = map[string]time.Time{}
 	}
-	if _, ok := e.at[id]; !ok {
-		e.order = append(e.order, id)
-	}
 	e.at[id] = at
-	for len(e.order) > EvictedMemoryMax {
-		e.drop(0)
+	e.order = append(e.order, eviction{id, at})
+	for len(e.at) > EvictedMemoryMax || len(e.order) > 2*EvictedMemoryMax {
+		e.pop()
 	}
 }
 
@@ -70,34 +76,23 @@ func (e *evictedMemory) when(id string) (time.Time, bool) {
 	return at, ok
 }
 
-// forget drops id (it heartbeats again) and entries older than the memory.
-func (e *evictedMemory) forget(id string) {
-	if _, ok := e.at[id]; ok {
-		delete(e.at, id)
-	}
-}
+// forget drops id: it heartbeats again.
+func (e *evictedMemory) forget(id string) { delete(e.at, id) }
 
-// expire drops entries evicted before cutoff.
+// expire drops the evictions before cutoff.
 func (e *evictedMemory) expire(cutoff time.Time) {
-	n := 0
-	for _, id := range e.order {
-		at, ok := e.at[id]
-		if !ok {
-			n++ // forgotten already
-			continue
-		}
-		if !at.Before(cutoff) {
-			break
-		}
-		delete(e.at, id)
-		n++
+	for len(e.order) > 0 && e.order[0].at.Before(cutoff) {
+		e.pop()
 	}
-	e.order = e.order[n:]
 }
 
-func (e *evictedMemory) drop(i int) {
-	delete(e.at, e.order[i])
-	e.order = e.order[i+1:]
+// pop drops the oldest entry of order, and its worker if it is current.
+func (e *evictedMemory) pop() {
+	old := e.order[0]
+	e.order = e.order[1:]
+	if at, ok := e.at[old.id]; ok && at.Equal(old.at) {
+		delete(e.at, old.id)
+	}
 }
 
 // Beats is what a node has heard of each worker, for its dispatches to

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -237,5 +238,31 @@ func TestRouterSilentWorkersAreEvictedWhileTheBusCarriesTraffic(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("evicted %v, want w1 and w2: the bus carried traffic while they were silent", got)
 		}
+	}
+}
+
+// TestEvictedMemoryIsBounded: evicted workers are remembered up to
+// EvictedMemoryMax and EvictedMemory; a worker that came back and was
+// evicted again keeps its later time.
+func TestEvictedMemoryIsBounded(t *testing.T) {
+	t.Parallel()
+	var e evictedMemory
+	t0 := time.Now()
+	e.add("w", t0)
+	e.forget("w")
+	e.add("w", t0.Add(time.Minute))
+	e.expire(t0.Add(time.Second)) // the first eviction's entry goes, not the second's
+	if at, ok := e.when("w"); !ok || !at.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("w: %v %v, want its later eviction", at, ok)
+	}
+	for i := range EvictedMemoryMax + 10 {
+		e.add("x"+strconv.Itoa(i), t0.Add(2*time.Minute))
+	}
+	if len(e.at) != EvictedMemoryMax || len(e.order) > 2*EvictedMemoryMax {
+		t.Fatalf("%d remembered, %d in order; want %d at most", len(e.at), len(e.order), EvictedMemoryMax)
+	}
+	e.expire(t0.Add(2*time.Minute + EvictedMemory))
+	if len(e.at) != 0 || len(e.order) != 0 {
+		t.Fatalf("%d remembered an hour on", len(e.at))
 	}
 }
