@@ -32,7 +32,7 @@ test: vet
 # 5 minutes, whatever FAULTS_JOBS says).
 FAULTS_JOBS ?= 10000
 test-faults:
-	TROUPE_FAULTS=1 TROUPE_FAULTS_JOBS=$(FAULTS_JOBS) $(GO) test -count=1 -timeout 30m -v -run 'TestFaultSuite|TestFault(Worker|Node|Flushall|Stock)' ./faults/
+	TROUPE_FAULTS=1 TROUPE_FAULTS_JOBS=$(FAULTS_JOBS) $(GO) test -count=1 -timeout 30m -v -run 'TestFaultSuite|TestFault(Worker|Node|Flushall|Stock|NATS)' ./faults/
 
 # The end-to-end tests again, against the in-process NATS server and the
 # embedded Redis-protocol store, as on a machine with no services.

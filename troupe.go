@@ -316,6 +316,8 @@ func (n *Node) Start(ctx context.Context) error {
 	// waiting on an evicted worker are told through their shards (no spawn:
 	// a job with no live actor here is not waiting on this node).
 	var intakeRef atomic.Pointer[intake.Intake]
+	// What the router hears of each worker, for direct dispatches to carry.
+	beats := router.NewBeats()
 	n.router = root.SpawnPrefix(router.Props(router.Config{
 		Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
 		Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID, Bounds: n.cfg.WorkerBounds,
@@ -324,10 +326,12 @@ func (n *Node) Start(ctx context.Context) error {
 		PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
 		Gossip:  func(data []byte) { _ = n.nc.PublishMsg(bus.NewSignedMsg(n.subj.Capacity(), n.cfg.NodeID, data)) },
 		Link:    func() (bool, uint64) { return n.nc.IsConnected(), n.nc.Stats().Reconnects },
-		OnEvictJobs: func(workerID string, jobIDs []string) {
+		Heard:   func() uint64 { return n.nc.Stats().InMsgs },
+		Beats:   beats,
+		OnEvictJobs: func(workerID string, jobIDs []string, evictedAt time.Time) {
 			if in := intakeRef.Load(); in != nil {
 				for _, id := range jobIDs {
-					in.Tell(id, &actors.WorkerLost{WorkerID: workerID})
+					in.Tell(id, &actors.WorkerLost{WorkerID: workerID, At: evictedAt})
 				}
 			}
 		},
@@ -368,7 +372,8 @@ func (n *Node) Start(ctx context.Context) error {
 		MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
 		PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
 		ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: waiters,
-		DataLost: n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
+		DispatchStamp: beats.Stamp,
+		DataLost:      n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
 		OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL(),
 		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: actors.NewToucher(touchFor(n.cfg.CapacityGrace)),

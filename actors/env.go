@@ -114,11 +114,16 @@ type Env struct {
 	Subjects bus.Subjects
 	// Publish sends a core NATS message; it must not block on the network.
 	Publish func(subject string, data []byte) error
-	Log     *slog.Logger
-	Root    *actor.RootContext
-	Keys    *store.Keys
-	Wheel   *Wheel
-	Metrics *Metrics
+	// DispatchStamp, when set, says what the node has heard of a worker
+	// (router.Beats.Stamp): a direct dispatch carries it
+	// (registry.EnvHeardBeat, registry.EnvEvictAfter), so the worker drops
+	// one that reaches it after a silence it could have been evicted for.
+	DispatchStamp func(workerID string) (heard time.Time, window time.Duration, ok bool)
+	Log           *slog.Logger
+	Root          *actor.RootContext
+	Keys          *store.Keys
+	Wheel         *Wheel
+	Metrics       *Metrics
 	// Timeouts are the dispatch and running deadlines (default DefaultTimeouts).
 	Timeouts *Timeouts
 	// Forward hands a result or cancel to the node that owns the job: nil

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/actors/lifecycle"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
@@ -352,6 +354,7 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 	if a.trace != nil {
 		req = a.trace.request(req)
 	}
+	req = a.stampDispatch(req, e.Subject)
 	data, err := bus.EncodeRequest(j.TraceID, a.env.NodeID, req)
 	if err == nil {
 		err = a.env.Publish(e.Subject, data)
@@ -366,6 +369,31 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 		return &lifecycle.PublishFailed{Err: err}
 	}
 	return nil
+}
+
+// stampDispatch adds to a direct dispatch what the node has heard of its
+// worker (Env.DispatchStamp): `troupe worker` drops a dispatch that reaches
+// it after a silence the node could have evicted it for, since the node
+// may have placed the job elsewhere meanwhile (worker.StaleDispatch). A
+// pool-subject dispatch is not stamped: NATS picks its receiver, whose
+// heartbeats the stamp would not describe. The request is copied; the
+// job's own is never changed (its labels place it, its hash approves it).
+func (a *JobActor) stampDispatch(req *capv1.JobRequest, subject string) *capv1.JobRequest {
+	w := a.job.Worker
+	if a.env.DispatchStamp == nil || w == "" || subject != a.env.Subjects.Worker(w) {
+		return req
+	}
+	heard, window, ok := a.env.DispatchStamp(w)
+	if !ok {
+		return req
+	}
+	out := proto.Clone(req).(*capv1.JobRequest)
+	if out.Env == nil {
+		out.Env = make(map[string]string, 2)
+	}
+	out.Env[registry.EnvHeardBeat] = strconv.FormatInt(heard.UnixNano(), 10)
+	out.Env[registry.EnvEvictAfter] = strconv.FormatInt(window.Milliseconds(), 10)
+	return out
 }
 
 // tellClient publishes an outcome Troupe decided itself (cancelled, timed

@@ -187,8 +187,9 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 		"them to w2; %d it had received before SIGSTOP without the nodes hearing it start); run twice by one worker: %d; "+
 		"repeated deliveries deduped: w1 %d, w2 %d; dispatches resent: %.0f",
 		both, bothAfterResume, bothUnreported, sameWorker, w1Dups, w2Dups, r.metric(-1, "troupe_dispatch_resent_total"))
-	if n := both - bothAfterResume - bothUnreported; n != 0 {
-		t.Errorf("%d jobs ran on both workers although the nodes knew the paused worker had started them", n)
+	if n := both - bothUnreported; n != 0 {
+		t.Errorf("%d jobs ran on both workers although the nodes knew the paused worker had started them, or had placed them elsewhere "+
+			"(%d delivered from its socket after SIGCONT)", n, bothAfterResume)
 	}
 	if otherHold > pause+2*hold {
 		// The other worker is still running every job dispatched again
@@ -196,8 +197,17 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 		if redisp == 0 {
 			t.Error("no job was dispatched again; the scenario proved nothing")
 		}
-		if earlier != redisp {
-			t.Errorf("%d of %d jobs dispatched again ended by the stopped worker's earlier result", earlier, redisp)
+		// Except those it never ran: dispatches that reached its socket
+		// while it was stopped, which it drops on resuming (stale).
+		never := 0
+		for _, id := range ids {
+			if rec := recs[id]; rec != nil && redispatched(rec) && runs[id]["w1"] == 0 {
+				never++
+			}
+		}
+		if earlier != redisp-never {
+			t.Errorf("%d of %d jobs dispatched again (%d never run by the stopped worker) ended by its earlier result",
+				earlier, redisp, never)
 		}
 	}
 }

@@ -89,6 +89,19 @@ const (
 	ProgressStarted = "started"
 )
 
+// Env keys a node adds to a direct dispatch (JobRequest.env), so a worker
+// can tell a dispatch that reached it after a silence the node could have
+// evicted it for (and re-placed the job), and drop it instead of running
+// the job a second time. Both are in the worker's terms: EnvHeardBeat is
+// the send time (the heartbeat packet's created_at, Unix nanoseconds) of
+// the worker's latest heartbeat the node had heard when it sent the
+// dispatch, EnvEvictAfter the liveness window (milliseconds) the node
+// applied to the worker: a silence that long and the node evicts it.
+const (
+	EnvHeardBeat  = "troupe.heard_beat"
+	EnvEvictAfter = "troupe.evict_after_ms"
+)
+
 // Overload thresholds applied when a pool sets none (CAP's reference values).
 const (
 	// ActiveRatioDefault: a worker takes jobs until its in-flight count
@@ -460,6 +473,10 @@ func (r *Registry) ttlFor(w *Worker) time.Duration {
 	return min(t, r.ttl)
 }
 
+// Window is w's liveness window: how long it may stay silent before it is
+// stale.
+func (r *Registry) Window(w *Worker) time.Duration { return r.ttlFor(w) }
+
 // Get returns a worker by id, or nil.
 func (r *Registry) Get(id string) *Worker { return r.workers[id] }
 
@@ -747,11 +764,16 @@ func (r *Registry) Len() int { return len(r.workers) }
 
 // Sweep removes workers whose liveness window ended at or before now and
 // returns them. It also drops label selectors idle for SelectorIdle.
-func (r *Registry) Sweep(now time.Time) []*Worker {
+func (r *Registry) Sweep(now time.Time) []*Worker { return r.SweepExcept(now, nil) }
+
+// SweepExcept is Sweep keeping the stale workers hold reports true for
+// (nil: none): the caller has no evidence yet that their silence is their
+// own (router/eviction.go).
+func (r *Registry) SweepExcept(now time.Time, hold func(*Worker) bool) []*Worker {
 	r.dropIdleSelectors(now.Add(-SelectorIdle))
 	var gone []*Worker
 	for id, w := range r.workers {
-		if !r.Live(w, now) {
+		if !r.Live(w, now) && (hold == nil || !hold(w)) {
 			delete(r.workers, id)
 			r.detach(w)
 			gone = append(gone, w)

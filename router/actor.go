@@ -97,10 +97,15 @@ type Withdraw struct {
 // WorkerID although this router did not place it there (the job was adopted
 // from another node, or this node restarted), so the slot counts until the
 // job's answer.
+//
+// For a worker this router has evicted, the job is lost with it as of the
+// eviction (OnEvictJobs) — unless Heard: the worker itself just spoke for
+// the job, so it is alive and its next heartbeat brings it back.
 type Occupied struct {
 	WorkerID string
 	JobID    string
 	Started  bool
+	Heard    bool
 }
 
 // Announce makes the router publish a full capacity report now: the node
@@ -247,11 +252,15 @@ type Config struct {
 	// the router's goroutine: it must return at once (send a message, do no
 	// I/O) and must not call back into the router synchronously.
 	OnEvict func(workerID string)
-	// OnEvictJobs, when set, is called with an evicted worker's id and the
+	// OnEvictJobs, when set, is called with an evicted worker's id, the
 	// jobs of this node that occupy it — waiting for it to start them, or
-	// started (a job decides what the loss means for it). Same rules as
-	// OnEvict.
-	OnEvictJobs func(workerID string, jobIDs []string)
+	// started (a job decides what the loss means for it) — and the time of
+	// the eviction; also later, for a job adopted or re-activated for a
+	// worker already evicted (router/eviction.go). Same rules as OnEvict.
+	OnEvictJobs func(workerID string, jobIDs []string, evictedAt time.Time)
+	// Beats, when set, receives what this router hears of each worker, for
+	// dispatches to carry (see Beats).
+	Beats *Beats
 	// Now is the router's clock (default time.Now; tests move it).
 	Now func() time.Time
 	// Link, when set, reports this node's NATS connection: whether it is
@@ -260,6 +269,13 @@ type Config struct {
 	// against it (registry.Reprieve): this node heard nobody, so silence
 	// proves nothing — the same rule as after a pause.
 	Link func() (up bool, reconnects uint64)
+	// Heard, when set, counts the messages this node's NATS connection has
+	// received (nats.Conn.Stats().InMsgs): traffic since a worker should
+	// have spoken shows the bus carried messages then, so the worker's
+	// silence is its own (see Router.hold). A node always has some: each
+	// JetStream fetch is answered within FetchMaxWait, if only by a
+	// timeout status.
+	Heard func() uint64
 	// NodeID and Gossip share this node's in-flight counts with the other
 	// replicas (see gossip.go): Gossip publishes an encoded report, and the
 	// node hands the reports it hears to the router as *PeerLoad. Nil
@@ -353,6 +369,18 @@ type Router struct {
 	lastSweep time.Time
 	// reconnects is Link's reconnect count at the last sweep.
 	reconnects uint64
+	// Eviction by evidence (eviction.go): evicted workers by id with their
+	// eviction time; the arrival of the latest heartbeat from any worker;
+	// since when every worker has been silent (zero: not now).
+	gone      evictedMemory
+	lastHeard time.Time
+	hushSince time.Time
+	// heardMsgs is Heard's count at the last sweep; busAt the latest time
+	// the bus is known to have carried messages to this node (the sweep
+	// before the one that saw the count move: they came after it).
+	heardMsgs uint64
+	busAt     time.Time
+	prevSweep time.Time // the last sweep that noted traffic
 	// picks: slots counted for jobs that have not started on them nor
 	// given them back (picks.go).
 	picks map[string]pickRec
@@ -427,10 +455,13 @@ func (r *Router) Receive(c actor.Context) {
 			return
 		}
 		known := r.reg.Get(m.HB.WorkerId) != nil
+		r.heardAgain(m.At)
 		w := r.reg.ObserveSent(m.HB, m.At, m.Sent)
 		if w == nil { // refused by the registry's bounds (counted there)
 			return
 		}
+		r.gone.forget(w.ID)
+		r.cfg.Beats.heard(w.ID, m.Sent, r.reg.Window(w))
 		if !known {
 			r.joined(c, w)
 			r.checkPool(w)
@@ -486,7 +517,12 @@ func (r *Router) Receive(c actor.Context) {
 		if m.Started {
 			r.confirmPick(m.JobID, m.WorkerID)
 		}
-		if w := r.reg.Get(m.WorkerID); w != nil && r.reg.Occupy(w, m.JobID) {
+		w := r.reg.Get(m.WorkerID)
+		if w == nil {
+			r.occupiedLost(m)
+			return
+		}
+		if r.reg.Occupy(w, m.JobID) {
 			r.changed(c, w)
 			if m.Started {
 				r.reg.Start(w, m.JobID)
@@ -553,7 +589,15 @@ func (r *Router) Receive(c actor.Context) {
 				return
 			}
 		}
-		r.sweep()
+		r.noteTraffic(now)
+		if r.sweep() {
+			// Every worker went silent at once: the replicas' reports
+			// cross the same bus, so their silence proves nothing either.
+			r.expireHandoffs(c)
+			r.expirePicks(c)
+			r.publish(true)
+			return
+		}
 		r.expirePeers(c)
 		r.expireHandoffs(c)
 		r.expirePicks(c)
@@ -581,9 +625,21 @@ func (r *Router) checkPool(w *registry.Worker) {
 		"worker_id", w.ID, "pool", w.Pool)
 }
 
-func (r *Router) sweep() {
+// sweep evicts the workers past their window that silence shows gone
+// (hold keeps the others) and reports whether the sweep is hushed: some
+// stale worker held because every worker went silent at once.
+func (r *Router) sweep() bool {
 	now := r.now()
-	for _, w := range r.reg.Sweep(now) {
+	r.gone.expire(now.Add(-EvictedMemory))
+	hushed := false
+	gone := r.reg.SweepExcept(now, func(w *registry.Worker) bool {
+		h := r.hold(w, now)
+		hushed = hushed || h
+		return h
+	})
+	for _, w := range gone {
+		r.gone.add(w.ID, now)
+		r.cfg.Beats.evicted(w.ID)
 		r.log.Info("worker evicted", "worker_id", w.ID, "pool", w.Pool, "last_seen", w.LastSeen)
 		if r.metrics != nil {
 			r.metrics.evicted.WithLabelValues(w.Pool).Inc()
@@ -592,12 +648,12 @@ func (r *Router) sweep() {
 			r.cfg.OnEvict(w.ID)
 		}
 		if ids := r.reg.Jobs(w); len(ids) > 0 && r.cfg.OnEvictJobs != nil {
-			r.cfg.OnEvictJobs(w.ID, ids)
+			r.cfg.OnEvictJobs(w.ID, ids, now)
 		}
 		delete(r.dirty, w)
 	}
 	if r.metrics == nil {
-		return
+		return hushed
 	}
 	live := r.reg.LivePerPool(now)
 	unrouted := 0
@@ -625,6 +681,7 @@ func (r *Router) sweep() {
 		r.metrics.live.WithLabelValues(p).Set(float64(n))
 		r.reported[p] = true
 	}
+	return hushed
 }
 
 func (r *Router) listWorkers() []WorkerInfo {

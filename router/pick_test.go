@@ -30,7 +30,7 @@ func TestUnusedPickIsFreed(t *testing.T) {
 	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 30 * time.Second,
 		SweepEach: 24 * time.Hour, Now: func() time.Time { return time.Unix(0, clock.Load()) },
 		OnEvict:     func(id string) { evicted <- id },
-		OnEvictJobs: func(_ string, ids []string) { lost <- ids }})
+		OnEvictJobs: func(_ string, ids []string, _ time.Time) { lost <- ids }})
 	hb := &capv1.Heartbeat{WorkerId: "w1", Pool: "a", MaxParallelJobs: 8}
 	b.beat(hb, at(0))
 	for _, id := range []string{"unused", "started"} {

@@ -96,6 +96,10 @@ type Config struct {
 	// OnReject.
 	Verifier *signing.Verifier
 	OnReject func(subject string, err error)
+
+	// OnStale sees each dispatch dropped because it reached the worker
+	// after a silence its node could have evicted it for (StaleDispatch).
+	OnStale func(subject string, req *capv1.JobRequest)
 }
 
 // Worker is a running CAP worker.
@@ -111,6 +115,11 @@ type Worker struct {
 	enc    bus.Encoder
 
 	rejected atomic.Uint64
+
+	// beats: this worker's recent heartbeat send times; stale: dispatches
+	// dropped as stale (stale.go).
+	beats beatLog
+	stale atomic.Uint64
 
 	// running: job id → the cancel of its handler's context, so a JobCancel
 	// on sys.job.cancel stops the job here.
@@ -232,13 +241,17 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Beat() { w.beat() }
 
 func (w *Worker) beat() {
+	// Taken before the packet's created_at, so never after it; a beat sent
+	// while disconnected is not heard when sent, so it does not count.
+	at := time.Now()
+	connected := w.nc.IsConnected()
 	data, err := w.enc.Heartbeat(w.cfg.ID, &capv1.Heartbeat{
 		WorkerId: w.cfg.ID, Pool: w.cfg.Pool, Type: "troupe-demo", ActiveJobs: w.active.Load(),
 		MaxParallelJobs: w.cfg.MaxParallel, Labels: w.cfg.Labels,
 		Capabilities: w.cfg.Topics,
 	})
-	if err == nil {
-		_ = w.nc.Publish(w.cfg.Subjects.Heartbeat, data)
+	if err == nil && w.nc.Publish(w.cfg.Subjects.Heartbeat, data) == nil && connected {
+		w.beats.sent(at)
 	}
 }
 
@@ -267,6 +280,12 @@ func (w *Worker) onMsg(m *nats.Msg) {
 	req := pkt.GetJobRequest()
 	if w.cfg.Dedupe && !w.firstDelivery(req.JobId) {
 		w.duplicate(m.Subject, pkt.TraceId, req)
+		return
+	}
+	if w.dropStale(m.Subject, req) {
+		if w.cfg.Dedupe {
+			w.forget(req.JobId) // never run: a fresh repeat may run it
+		}
 		return
 	}
 	if w.cfg.OnReceive != nil {

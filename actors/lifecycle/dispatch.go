@@ -501,7 +501,7 @@ func (j *Job) markRunning(from string) {
 			if j.Worker != "" {
 				j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
 			}
-			j.toRouter(&router.Occupied{WorkerID: from, JobID: j.ID, Started: true})
+			j.toRouter(&router.Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
 			j.Worker = from
 		}
 		j.spoke = true
@@ -519,7 +519,7 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 		return
 	}
 	if j.State == core.StateRunning || j.startsOnDelivery {
-		j.lostWhileRunning(m.WorkerID)
+		j.lostWhileRunning(m.WorkerID, m.At)
 		return
 	}
 	if j.cfg.Redispatch != nil && !j.cfg.Redispatch(j.topic()) {
@@ -547,7 +547,10 @@ const runnerUnknownDetail = "picked worker lost; runner unknown; ends at its dea
 // worker_lost after WorkerLostGrace unless the worker's result or progress
 // comes first. Only for a direct dispatch: on a pool subject the job may be
 // running on another worker than the one Troupe picked.
-func (j *Job) lostWhileRunning(worker string) {
+//
+// evicted is when the worker was evicted (zero: now): the grace runs from
+// then, so a job adopted after the eviction does not get a fresh one.
+func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 	known := j.spoke || j.direct()
 	if !known {
 		// Picked, but maybe not the one running it: the deadline decides;
@@ -568,7 +571,11 @@ func (j *Job) lostWhileRunning(worker string) {
 	if grace <= 0 || j.deadlineWhy == core.ReasonWorkerLost {
 		return
 	}
-	at := j.now().Add(grace)
+	from := j.now()
+	if !evicted.IsZero() && evicted.Before(from) {
+		from = evicted
+	}
+	at := from.Add(grace)
 	if !j.deadline.IsZero() && j.deadline.Before(at) {
 		return // its own deadline comes first
 	}

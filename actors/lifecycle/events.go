@@ -91,8 +91,13 @@ type Wake struct {
 
 // WorkerLost tells a job that the worker it was dispatched to has been
 // evicted (no heartbeat within its liveness window). A job still waiting
-// for that worker to start it is dispatched elsewhere.
-type WorkerLost struct{ WorkerID string }
+// for that worker to start it is dispatched elsewhere. At is when the worker
+// was evicted (zero: now): a job adopted after the eviction counts its
+// worker-lost grace from then, not from its adoption.
+type WorkerLost struct {
+	WorkerID string
+	At       time.Time
+}
 
 // ResultsLost tells a job that results its worker sent may be gone: the
 // result stream was recreated (deleted, or lost with a JetStream store), and

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -129,14 +130,29 @@ func (o NATS) Warnings(urls string) []string {
 	return w
 }
 
+// NATSPingInterval and NATSMaxPingsOut: how often a connection pings its
+// server, and how many pings may go unanswered before the connection is
+// taken as dead and reconnected. nats.go's defaults (2 minutes, 2) let a
+// frozen server (SIGSTOP, a VM paused) pass for alive for up to 4 minutes,
+// while the node's router counted every worker's silence against the
+// worker and evicted them all (issue 29). With these a stalled server is
+// noticed in 4–6 s, before a worker's default liveness window (17.5 s at
+// a 5 s heartbeat) ends, and the router's link rule holds evictions back.
+// The cost is one PING/PONG pair per 2 s per connection.
+const (
+	NATSPingInterval = 2 * time.Second
+	NATSMaxPingsOut  = 2
+)
+
 // DialNATS connects to urls with o's credentials and TLS plus the caller's
-// options. The error names the server with credentials redacted and never
-// contains a secret.
+// options (which come last, so they win). The error names the server with
+// credentials redacted and never contains a secret.
 func DialNATS(urls string, o NATS, extra ...nats.Option) (*nats.Conn, error) {
 	opts, err := o.Options(urls)
 	if err != nil {
 		return nil, wrap("nats", urls, err, o.secrets(urls))
 	}
+	opts = append(opts, nats.PingInterval(NATSPingInterval), nats.MaxPingsOutstanding(NATSMaxPingsOut))
 	nc, err := nats.Connect(urls, append(opts, extra...)...)
 	if err != nil {
 		return nil, wrap("nats", urls, err, o.secrets(urls))
