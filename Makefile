@@ -28,11 +28,13 @@ test: vet
 # redis-server / nats-server / safety kernel; 10,000 jobs per scenario while
 # a node, Redis, NATS, a worker or the kernel breaks (RELIABILITY.md). Then
 # the process fault tests of a few hundred jobs each (worker or node paused,
-# FLUSHALL, a worker killed with started jobs, a stock worker killed; about
-# 5 minutes, whatever FAULTS_JOBS says).
+# a worker paused with free slots, FLUSHALL, a worker killed with started
+# jobs, a stock worker killed, a node and a worker killed together, NATS
+# paused 90 s, streams deleted mid-deletion; about 10 minutes, whatever
+# FAULTS_JOBS says).
 FAULTS_JOBS ?= 10000
 test-faults:
-	TROUPE_FAULTS=1 TROUPE_FAULTS_JOBS=$(FAULTS_JOBS) $(GO) test -count=1 -timeout 30m -v -run 'TestFaultSuite|TestFault(Worker|Node|Flushall|Stock|NATS)' ./faults/
+	TROUPE_FAULTS=1 TROUPE_FAULTS_JOBS=$(FAULTS_JOBS) $(GO) test -count=1 -timeout 30m -v -run 'TestFaultSuite|TestFault(Worker|Node|Flushall|Stock|NATS|StreamDeletedMidDeletion)' ./faults/
 
 # The end-to-end tests again, against the in-process NATS server and the
 # embedded Redis-protocol store, as on a machine with no services.
