@@ -131,6 +131,10 @@ func (c *conformance) step() bool {
 		op = &store.Op{Kind: store.OpClaim, JobID: job, IdemKey: c.idemKey(c.rng.IntN(2))}
 	case r < 84:
 		op = &store.Op{Kind: store.OpDLQ, JobID: job, DLQ: c.dlqEntry(job)}
+	case r < 88:
+		lv := c.lockChoice(job)
+		want := c.m.renew(job, lv)
+		return c.compareRenew(job, lv, want)
 	case r < 92:
 		c.expireLock(job)
 		return c.compare("lock of "+job+" expires", nil, nil, nil)
@@ -536,4 +540,27 @@ func (r *simRec) fenceOr(def int64) int64 {
 		return def
 	}
 	return r.fence
+}
+
+// compareRenew renews lv through the store's lock renewer (renew_many.lua)
+// and compares its outcome with the model's (1 renewed, 0 another's, -1
+// none), then the keys.
+func (c *conformance) compareRenew(job, lv string, want int) bool {
+	rn := c.st.NewLockRenewer(nil)
+	got := 1
+	rn.Hold(job, lv, func(vanished bool) {
+		got = 0
+		if vanished {
+			got = -1
+		}
+	})
+	rn.RenewOnce(c.ctx)
+	rn.Forget(job, lv)
+	what := fmt.Sprintf("renew %s lock=%q", job, lv)
+	if got != want {
+		c.t.Errorf("sequence %d, after %s: model %d, scripts %d\nthe operations:\n  %s", c.seq, what, want, got,
+			strings.Join(c.ops, "\n  "))
+		return false
+	}
+	return c.compare(what, nil, nil, nil)
 }
