@@ -46,8 +46,9 @@ func TestSimRegressions(t *testing.T) {
 
 // TestSimSoak runs seeds from TROUPE_SIM_SOAK_FIRST upward, one per CPU at
 // once (TROUPE_SIM_SOAK_PAR), until TROUPE_SIM_SOAK_STEPS steps in all have
-// run (or TROUPE_SIM_SOAK_SEEDS seeds), and lists every failing seed. It
-// runs only when TROUPE_SIM_SOAK_STEPS is set (`make soak`).
+// run (or TROUPE_SIM_SOAK_SEEDS seeds), each with TROUPE_SIM_STEPS steps of
+// faults before its calm, and lists every failing seed. It runs only when
+// TROUPE_SIM_SOAK_STEPS is set (`make soak`).
 func TestSimSoak(t *testing.T) {
 	target := envInt("TROUPE_SIM_SOAK_STEPS", 0)
 	if target == 0 {
@@ -56,6 +57,7 @@ func TestSimSoak(t *testing.T) {
 	first := uint64(envInt("TROUPE_SIM_SOAK_FIRST", 1_000_000))
 	maxSeeds := uint64(envInt("TROUPE_SIM_SOAK_SEEDS", 1<<40))
 	par := envInt("TROUPE_SIM_SOAK_PAR", runtime.GOMAXPROCS(0))
+	perSeed := envInt("TROUPE_SIM_STEPS", simMaxSteps)
 	var (
 		next, seeds atomic.Uint64
 		steps       atomic.Int64
@@ -90,7 +92,7 @@ func TestSimSoak(t *testing.T) {
 					return
 				}
 				s := newSim(t, seed)
-				s.run(simMaxSteps)
+				s.run(perSeed)
 				steps.Add(int64(s.steps))
 				seeds.Add(1)
 				if len(s.failures) > 0 {
@@ -108,7 +110,8 @@ func TestSimSoak(t *testing.T) {
 		first, next.Load()-1, seeds.Load(), steps.Load(), el.Round(time.Second),
 		float64(steps.Load())/el.Seconds(), par, len(failed))
 	for _, f := range failed {
-		t.Errorf("%s (replay: TROUPE_SIM_SEED=<seed> go test -run TestSimJobLifecycle ./actors/lifecycle/)", f)
+		t.Errorf("%s (replay: TROUPE_SIM_SEED=<seed> TROUPE_SIM_STEPS=%d go test -run TestSimJobLifecycle ./actors/lifecycle/)",
+			f, perSeed)
 	}
 }
 

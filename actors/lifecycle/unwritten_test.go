@@ -148,3 +148,31 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 			withdrawn, d.j.queued, d.j.unwritten, fx)
 	}
 }
+
+// A job waiting unwritten whose previous actor failed for good (Abandon)
+// has its wait written first, so the failure lands on a record: SCHEDULED
+// is created, the held submit acked with it, then FAILED actor_failed.
+func TestAbandonedUnwrittenWaitIsRecordedThenFailed(t *testing.T) {
+	d := newDriver(t)
+	sub := &submitDelivery{}
+	if !d.waitUnwritten(sub) {
+		t.Fatalf("no wait within the grace: %v", d.fx)
+	}
+	fx := d.feed(&Abandon{Detail: "actor failed"})
+	w, ok := find[Write](fx)
+	if !ok || w.Op.Kind != store.OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != core.StateScheduled {
+		t.Fatalf("abandoned unwritten wait: %v, want its wait written (created SCHEDULED)", fx)
+	}
+	if g, ok := find[Grace](fx); !ok || g.Delta != -1 {
+		t.Errorf("abandoned unwritten wait: grace not left: %v", fx)
+	}
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: core.StateScheduled, Fence: 1}})
+	if a, ok := find[Ack](fx); !ok || a.D != sub {
+		t.Errorf("wait written: held submit not acked: %v", fx)
+	}
+	w, ok = find[Write](fx)
+	if !ok || w.Op.Kind != store.OpTransition || w.Op.T.Final() != core.StateFailed ||
+		w.Op.T.Path[0].Reason != core.ReasonActorFailed {
+		t.Fatalf("after the wait was written: %v, want FAILED actor_failed", fx)
+	}
+}
