@@ -28,6 +28,12 @@ var simRegressions = []struct {
 	// recheck of the wait: the router's answer tried RUNNING → DISPATCHED,
 	// which is refused, and left the job with no timer (issue 27, item 1).
 	{"AdoptedUnwrittenWaitDropsItsCapacityRecheck", 212048},
+	// A result stream reset (ResultsLost, told to every live actor) reached
+	// a job waiting unwritten while a cancel for it was held: the activation
+	// found no record, the cancel was dead-lettered unknown_job and the
+	// job's held submit acked with it (found by make soak's range; issue
+	// 27, item 1).
+	{"ResultsLostToAnUnwrittenWaitKeepsItsSubmit", 204311},
 }
 
 func TestSimRegressions(t *testing.T) {
