@@ -766,6 +766,7 @@ func envInt(name string, def int) int {
 // TestSimJobLifecycle runs the simulator over many seeds (≥ 1,000,000
 // steps in all by default); TROUPE_SIM_SEED replays one.
 func TestSimJobLifecycle(t *testing.T) {
+	t.Parallel() // beside the conformance test, which mostly waits on Redis
 	seeds, steps := envInt("TROUPE_SIM_SEEDS", 170), envInt("TROUPE_SIM_STEPS", simMaxSteps)
 	first := uint64(envInt("TROUPE_SIM_FIRST", 1))
 	if v := os.Getenv("TROUPE_SIM_SEED"); v != "" {
