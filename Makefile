@@ -2,6 +2,7 @@
 #
 #   make run    the whole system in one process, no outside services
 #   make test   vet + every test (real Redis/NATS when reachable, embedded otherwise)
+#   make soak   the decision core's simulator, ≥ 50 M steps over many seeds
 
 GO            ?= go
 PROTOC        ?= protoc
@@ -10,7 +11,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN         := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: run test test-faults test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt vulncheck
+.PHONY: run test test-faults test-embedded fuzz-short vet build proto proto-tools bench bench-smoke fmt vulncheck soak
 
 build:
 	$(GO) build ./...
@@ -40,6 +41,15 @@ test-faults:
 # embedded Redis-protocol store, as on a machine with no services.
 test-embedded:
 	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -count=1 -timeout 10m . ./internal/... ./store/...
+
+# The decision core's simulator over a long range of seeds, one per CPU at
+# once: at least SOAK_STEPS simulated steps (seeds from SOAK_FIRST upward),
+# printing seeds, steps, steps/s and violations; fails on any violation.
+# `make test` runs 170 seeds (~1.1 M steps) and the named regressions.
+SOAK_STEPS ?= 50000000
+SOAK_FIRST ?= 1000000
+soak:
+	TROUPE_SIM_SOAK_STEPS=$(SOAK_STEPS) TROUPE_SIM_SOAK_FIRST=$(SOAK_FIRST) $(GO) test -count=1 -timeout 30m -v -run '^TestSimSoak$$' ./actors/lifecycle/
 
 # Troupe and the floor (same traffic, no scheduling logic) in one invocation;
 # adds rows to BENCHMARKS.md. See BENCHMARKS.md for the other runs.

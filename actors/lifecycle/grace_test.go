@@ -2,23 +2,10 @@ package lifecycle
 
 import (
 	"testing"
-	"time"
 
-	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/router"
 )
-
-// waitUnwritten takes a fresh job into a wait for room within its grace.
-func (d *driver) waitUnwritten() {
-	d.j.cfg.CapacityGrace, d.j.cfg.AdmissionHold = time.Minute, 2*time.Second
-	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
-	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
-	if g, ok := find[Grace](fx); !ok || g.Delta != 1 || !d.j.unwritten {
-		d.t.Fatalf("no unwritten wait: %v", fx)
-	}
-}
 
 // A recheck or a repeated submit of a job waiting within its grace that
 // the router answers with a worker ends the grace (issue 27, item 5): its
@@ -28,7 +15,9 @@ func TestGraceEndsWhenARecheckOrARepeatedSubmitIsPlaced(t *testing.T) {
 	for _, how := range []string{"recheck", "repeated submit"} {
 		t.Run(how, func(t *testing.T) {
 			d := newDriver(t)
-			d.waitUnwritten()
+			if !d.waitUnwritten(&submitDelivery{}) {
+				t.Fatal("no unwritten wait")
+			}
 			if how == "recheck" {
 				d.now = d.now.Add(CapacityRecheck)
 				fx := d.feed(&Timer{Epoch: d.timer})

@@ -411,17 +411,17 @@ func (j *Job) handle(m any) {
 		j.TraceID = r.TraceID
 	}
 	if !j.activated && needsRecord(m) {
-		if c, ok := m.(*Cancel); ok && j.unwritten {
-			// Waiting within its grace, not yet written: the job is
-			// created cancelled.
-			j.cancelUnwritten(c)
+		if j.unwritten {
+			if j.unwrittenEvent(m) {
+				return
+			}
+		} else {
+			// Known only from its record (an event for a job parked here,
+			// or owned elsewhere): the job is activated first, then the
+			// event handled.
+			j.activateFor(m)
 			return
 		}
-		// Known only from its record (an event for a job parked here, or
-		// owned elsewhere): the job is activated first, then the event
-		// handled.
-		j.activateFor(m)
-		return
 	}
 	switch m := m.(type) {
 	case *Submit:
@@ -498,6 +498,33 @@ func needsRecord(m any) bool {
 	case *Result, *Cancel, *Progress, *WorkerLost, *ResultsLost, *Abandon:
 		return true
 	}
+	return false
+}
+
+// unwrittenEvent handles an event that needs the job's record while the
+// job waits within its grace, not yet written; false: the event is handled
+// as usual, with no record. Such a job lives only in this actor and was
+// never dispatched; activating for the event would find no record,
+// dead-letter the event and ack the job's own held submit with it, and
+// leave the wait's state behind.
+func (j *Job) unwrittenEvent(m any) bool {
+	switch m := m.(type) {
+	case *Cancel:
+		// The job is created cancelled.
+		j.cancelUnwritten(m)
+		return true
+	case *Abandon:
+		// Its previous actor failed for good: the wait is written first,
+		// so the failure lands on the job's record.
+		j.deferred = append([]any{m}, j.deferred...)
+		j.disarm()
+		j.withdraw()
+		j.writeWait(j.now().Add(j.recheckDelay()))
+		return true
+	}
+	// A result or progress of no dispatch of this job, a lost worker or
+	// result stream it never used: handled below as its SCHEDULED wait
+	// would handle them — absorbed.
 	return false
 }
 

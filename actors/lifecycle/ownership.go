@@ -57,6 +57,10 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 	if !p.op.Create {
 		plan = nil
 	}
+	// Whatever the activation found, the job no longer waits unwritten
+	// within its grace: its record now decides (a wait that stayed would
+	// keep its budget, its touched submit and its capacity recheck).
+	j.leaveGrace()
 	switch r.Status {
 	case store.ActivateCreated:
 		j.activated = true
@@ -115,6 +119,11 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
 		j.adopt(r.Fields)
 		j.dropPick() // the plan's pick, if any, is not used
+		if j.State != core.StateScheduled {
+			// The record moved past the wait for room this actor was in
+			// (another node ran the job): its queue place is given up.
+			j.withdraw()
+		}
 		if active(j.State) && j.Worker != "" {
 			// The job holds a slot on its worker that this router may not
 			// have placed (adopted, or this node restarted). Counted as

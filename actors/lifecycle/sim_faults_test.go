@@ -27,18 +27,31 @@ func (s *sim) tick(n *simNode) {
 	slices.Sort(ids)
 	for _, id := range ids {
 		lv := n.held[id]
-		r := s.recs[id]
-		switch {
-		case r != nil && r.lock == lv && s.now.Before(r.lockExp):
-			r.lockExp = s.now.Add(simLockTTL)
+		switch got := s.renew(id, lv); {
+		case got == 1:
 		case n.live[id] != nil:
-			vanished := r == nil || !s.lockHeld(r)
 			delete(n.held, id)
-			s.send(&simMsg{node: n, job: id, at: s.now, ev: &LockLost{LockValue: lv, Vanished: vanished}})
+			s.send(&simMsg{node: n, job: id, at: s.now, ev: &LockLost{LockValue: lv, Vanished: got < 0}})
 		default:
 			delete(n.held, id)
 		}
 	}
+}
+
+// renew is the renewal script (renew_many.lua) for one lock: 1 renewed, 0
+// the lock is another's, -1 there is none.
+func (s *sim) renew(id, lv string) int {
+	r := s.recs[id]
+	switch {
+	case r == nil:
+		return -1
+	case r.lock == lv && s.now.Before(r.lockExp):
+		r.lockExp, r.lease = s.now.Add(simLockTTL), true
+		return 1
+	case s.lockKey(r) != "":
+		return 0
+	}
+	return -1
 }
 
 // dueTick is every node's due poller and the dead-node adoption: jobs due,

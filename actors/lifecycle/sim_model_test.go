@@ -283,7 +283,7 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 		s.dlq++
 		return &store.Result{}
 	case store.OpRelease:
-		if r != nil && r.lock == op.LockValue {
+		if r != nil && r.lock == op.LockValue && s.now.Before(r.lockExp) {
 			r.lock, r.lease = "", false
 			return &store.Result{Released: true}
 		}
@@ -301,9 +301,10 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 		if r == nil || (r.lock != op.LockValue || (r.parkedBy == "" && !s.now.Before(r.lockExp))) {
 			res := &store.Result{Step: store.StepFenced}
 			if r != nil {
-				if s.lockHeld(r) {
-					res.Before = core.State(r.lock)
-				}
+				// The lock's value as Redis holds it: a parked lock stays
+				// (whether or not its node's lease lapsed), a TTL lock
+				// lapses.
+				res.Before = core.State(s.lockKey(r))
 				res.LastOp, res.State = r.op, r.state
 			}
 			return res
@@ -317,10 +318,20 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 		if op.DLQ != nil {
 			s.dlq++
 		}
+		before := r.state
 		s.path(op.JobID, r, op.T)
-		return &store.Result{Step: store.StepOK, Before: r.state}
+		return &store.Result{Step: store.StepOK, Before: before}
 	}
 	return &store.Result{}
+}
+
+// lockKey is rec's lock value as Redis's lock key holds it ("" when it
+// lapsed): a parked lock has no TTL, whether or not its node is alive.
+func (s *sim) lockKey(r *simRec) string {
+	if r.parkedBy == "" && !s.now.Before(r.lockExp) {
+		return ""
+	}
+	return r.lock
 }
 
 func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
@@ -347,7 +358,8 @@ func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
 		if !op.Create {
 			return &store.Result{Status: store.ActivateNotFound}
 		}
-		r = &simRec{state: core.StatePending, fence: 1, fields: map[string]string{"req": string(op.Request)}}
+		r = &simRec{state: core.StatePending, fence: 1, fields: map[string]string{"req": string(op.Request),
+			"trace": op.TraceID, "created": strconv.FormatInt(s.now.UnixMilli(), 10), "reason": string(core.ReasonSubmitted)}}
 		s.recs[op.JobID] = r
 		r.due = s.now.Add(simRescue).UnixMilli()
 		t := op.T

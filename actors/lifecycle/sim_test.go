@@ -490,14 +490,16 @@ func (s *sim) next() bool {
 			nextMsg = m.at
 		}
 	}
+	// The earliest timer; a tie goes to the first node, then the smallest
+	// job id (found without sorting: this runs at every pause).
 	var fire *simActor
 	var fireNode *simNode
+	fireID := ""
 	for _, n := range s.nodes {
 		if !n.alive {
 			continue
 		}
-		for _, id := range sortedKeys(n.live) {
-			a := n.live[id]
+		for id, a := range n.live {
 			at := a.timerAt
 			if at.IsZero() {
 				continue
@@ -505,8 +507,8 @@ func (s *sim) next() bool {
 			if at.Before(n.pausedUntil) {
 				at = n.pausedUntil
 			}
-			if nextTimer.IsZero() || at.Before(nextTimer) {
-				nextTimer, fire, fireNode = at, a, n
+			if nextTimer.IsZero() || at.Before(nextTimer) || at.Equal(nextTimer) && fireNode == n && id < fireID {
+				nextTimer, fire, fireNode, fireID = at, a, n, id
 			}
 		}
 	}
@@ -764,6 +766,7 @@ func envInt(name string, def int) int {
 // TestSimJobLifecycle runs the simulator over many seeds (≥ 1,000,000
 // steps in all by default); TROUPE_SIM_SEED replays one.
 func TestSimJobLifecycle(t *testing.T) {
+	t.Parallel() // beside the conformance test, which mostly waits on Redis
 	seeds, steps := envInt("TROUPE_SIM_SEEDS", 170), envInt("TROUPE_SIM_STEPS", simMaxSteps)
 	first := uint64(envInt("TROUPE_SIM_FIRST", 1))
 	if v := os.Getenv("TROUPE_SIM_SEED"); v != "" {

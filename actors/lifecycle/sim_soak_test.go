@@ -1,0 +1,128 @@
+package lifecycle
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The soak: the simulator over a long range of seeds, several at once, and
+// the seeds that once failed, each named after what it caught.
+
+// simRegressions are seeds that once broke an invariant, named after the
+// defect they caught; each runs in every `go test` of the package.
+var simRegressions = []struct {
+	name string
+	seed uint64
+}{
+	// A result or cancel dead-lettered for a job waiting unwritten within
+	// its grace acked the job's own held submit: the job never ran, had no
+	// record, and its client was never told (issue 27, item 1).
+	{"UnwrittenWaitKeepsItsSubmitWhenAnEventNeedsTheRecord", 201626},
+	// An ADOPTED activation of a job waiting unwritten kept the capacity
+	// recheck of the wait: the router's answer tried RUNNING → DISPATCHED,
+	// which is refused, and left the job with no timer (issue 27, item 1).
+	{"AdoptedUnwrittenWaitDropsItsCapacityRecheck", 212048},
+	// A result stream reset (ResultsLost, told to every live actor) reached
+	// a job waiting unwritten while a cancel for it was held: the activation
+	// found no record, the cancel was dead-lettered unknown_job and the
+	// job's held submit acked with it (found by make soak's range; issue
+	// 27, item 1).
+	{"ResultsLostToAnUnwrittenWaitKeepsItsSubmit", 204311},
+}
+
+func TestSimRegressions(t *testing.T) {
+	for _, r := range simRegressions {
+		t.Run(r.name, func(t *testing.T) {
+			s := newSim(t, r.seed)
+			s.run(simMaxSteps)
+			if len(s.failures) > 0 {
+				t.Errorf("seed %d:\n  %s\nlast events:\n  %s", r.seed,
+					strings.Join(s.failures[:min(len(s.failures), 5)], "\n  "),
+					strings.Join(s.trace[max(0, len(s.trace)-40):], "\n  "))
+			}
+		})
+	}
+}
+
+// TestSimSoak runs seeds from TROUPE_SIM_SOAK_FIRST upward, one per CPU at
+// once (TROUPE_SIM_SOAK_PAR), until TROUPE_SIM_SOAK_STEPS steps in all have
+// run (or TROUPE_SIM_SOAK_SEEDS seeds), each with TROUPE_SIM_STEPS steps of
+// faults before its calm, and lists every failing seed. It runs only when
+// TROUPE_SIM_SOAK_STEPS is set (`make soak`).
+func TestSimSoak(t *testing.T) {
+	target := envInt("TROUPE_SIM_SOAK_STEPS", 0)
+	if target == 0 {
+		t.Skip("TROUPE_SIM_SOAK_STEPS not set (make soak)")
+	}
+	first := uint64(envInt("TROUPE_SIM_SOAK_FIRST", 1_000_000))
+	maxSeeds := uint64(envInt("TROUPE_SIM_SOAK_SEEDS", 1<<40))
+	par := envInt("TROUPE_SIM_SOAK_PAR", runtime.GOMAXPROCS(0))
+	perSeed := envInt("TROUPE_SIM_STEPS", simMaxSteps)
+	var (
+		next, seeds atomic.Uint64
+		steps       atomic.Int64
+		mu          sync.Mutex
+		failed      []string
+		wg          sync.WaitGroup
+	)
+	next.Store(first)
+	start := time.Now()
+	progress := time.NewTicker(30 * time.Second)
+	defer progress.Stop()
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-progress.C:
+				el := time.Since(start).Seconds()
+				fmt.Fprintf(os.Stderr, "soak: %d seeds, %d steps, %.0f steps/s, %d violations\n",
+					seeds.Load(), steps.Load(), float64(steps.Load())/el, len(failedSnapshot(&mu, &failed)))
+			}
+		}
+	}()
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for steps.Load() < int64(target) {
+				seed := next.Add(1) - 1
+				if seed >= first+maxSeeds {
+					return
+				}
+				s := newSim(t, seed)
+				s.run(perSeed)
+				steps.Add(int64(s.steps))
+				seeds.Add(1)
+				if len(s.failures) > 0 {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("seed %d: %s", seed, s.failures[0]))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	el := time.Since(start)
+	t.Logf("soak: seeds %d–%d (%d), %d steps in %s, %.0f steps/s on %d goroutines, %d violations",
+		first, next.Load()-1, seeds.Load(), steps.Load(), el.Round(time.Second),
+		float64(steps.Load())/el.Seconds(), par, len(failed))
+	for _, f := range failed {
+		t.Errorf("%s (replay: TROUPE_SIM_SEED=<seed> TROUPE_SIM_STEPS=%d go test -run TestSimJobLifecycle ./actors/lifecycle/)",
+			f, perSeed)
+	}
+}
+
+func failedSnapshot(mu *sync.Mutex, failed *[]string) []string {
+	mu.Lock()
+	defer mu.Unlock()
+	return append([]string(nil), *failed...)
+}
