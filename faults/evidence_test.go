@@ -100,16 +100,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 	evicted = time.Since(killed)
 	ids := <-done
 	bound := killed.Add(evicted + grace + 20*time.Second)
-	at, left := r.waitTerminalBy(ids, bound.Add(hold), func(_ string, s core.State) bool { return s.Terminal() })
-	recs := r.records(ids)
-	for _, id := range left {
-		if rec := recs[id]; rec != nil {
-			t.Errorf("%s still %s (%s, deadline %s) %v after the kill: %s", id, rec.State, rec.Reason,
-				rec.Fields["deadline_kind"], time.Since(killed).Round(time.Second), hops(rec))
-		} else {
-			t.Errorf("%s has no record", id)
-		}
-	}
+	at, recs := r.allTerminalBy(t, ids, bound.Add(hold), killed, "the kill")
 	var lostAdopted, lostOwn int
 	var latestAdopted, latestOwn time.Duration
 	for _, id := range ids {
@@ -194,15 +185,7 @@ func TestFaultWorkerPausedWithFreeSlots(t *testing.T) {
 	resumed := time.Now()
 	ids := <-done
 	const bound = 60 * time.Second
-	at, left := r.waitTerminalBy(ids, resumed.Add(bound), func(_ string, s core.State) bool { return s.Terminal() })
-	recs := r.records(ids)
-	for _, id := range left {
-		if rec := recs[id]; rec != nil {
-			t.Errorf("%s still %s (%s) %v after the worker resumed: %s", id, rec.State, rec.Reason, bound, hops(rec))
-		} else {
-			t.Errorf("%s has no record", id)
-		}
-	}
+	at, recs := r.allTerminalBy(t, ids, resumed.Add(bound), resumed, "the worker resumed")
 	redisp := 0
 	for _, id := range ids {
 		rec := recs[id]
@@ -269,15 +252,7 @@ func TestFaultNATSPaused90s(t *testing.T) {
 	}
 	resumed := time.Now()
 	ids := <-done
-	at, left := r.waitTerminalBy(ids, resumed.Add(bound), func(_ string, s core.State) bool { return s.Terminal() })
-	recs := r.records(ids)
-	for _, id := range left {
-		if rec := recs[id]; rec != nil {
-			t.Errorf("%s still %s (%s) %v after the server resumed: %s", id, rec.State, rec.Reason, bound, hops(rec))
-		} else {
-			t.Errorf("%s has no record", id)
-		}
-	}
+	at, recs := r.allTerminalBy(t, ids, resumed.Add(bound), resumed, "the server resumed")
 	lostHops := 0
 	for _, id := range ids {
 		rec := recs[id]

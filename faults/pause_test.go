@@ -85,15 +85,7 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 	}
 	resumed := time.Now()
 	ids := <-done
-	at, left := r.waitTerminalBy(ids, resumed.Add(60*time.Second), func(_ string, s core.State) bool { return s.Terminal() })
-	recs := r.records(ids)
-	for _, id := range left {
-		if rec := recs[id]; rec != nil {
-			t.Errorf("%s still %s (%s) 60 s after the worker resumed: %s", id, rec.State, rec.Reason, hops(rec))
-		} else {
-			t.Errorf("%s has no record", id)
-		}
-	}
+	at, recs := r.allTerminalBy(t, ids, resumed.Add(60*time.Second), resumed, "the worker resumed")
 
 	w1IDs, w1Dups := r.receiptLines("w1")
 	_, w2Dups := r.receiptLines("w2")
@@ -259,15 +251,7 @@ func TestFaultNodePausedPastTheWorkerTTL(t *testing.T) {
 	}
 	resumed := time.Now()
 	ids := <-done
-	at, left := r.waitTerminalBy(ids, resumed.Add(90*time.Second), func(_ string, s core.State) bool { return s.Terminal() })
-	recs := r.records(ids)
-	for _, id := range left {
-		if rec := recs[id]; rec != nil {
-			t.Errorf("%s still %s (%s) 90 s after the node resumed: %s", id, rec.State, rec.Reason, hops(rec))
-		} else {
-			t.Errorf("%s has no record", id)
-		}
-	}
+	at, recs := r.allTerminalBy(t, ids, resumed.Add(90*time.Second), resumed, "the node resumed")
 	runs := r.runs("w1", "w2")
 	twice, both, workerLost := 0, 0, 0
 	for _, id := range ids {

@@ -352,6 +352,25 @@ func (r *procRig) waitTerminalBy(ids []string, deadline time.Time, done func(id 
 	}
 }
 
+// allTerminalBy waits until every job is terminal or the deadline passes,
+// reports each job left over as an error (its state, reason, deadline kind
+// and history, time counted from since, "after <what>"), and returns when
+// the wait ended and every job's record.
+func (r *procRig) allTerminalBy(t *testing.T, ids []string, deadline, since time.Time, what string) (time.Time, map[string]*store.JobRecord) {
+	t.Helper()
+	at, left := r.waitTerminalBy(ids, deadline, func(_ string, s core.State) bool { return s.Terminal() })
+	recs := r.records(ids)
+	for _, id := range left {
+		if rec := recs[id]; rec != nil {
+			t.Errorf("%s still %s (%s, deadline %s) %v after %s: %s", id, rec.State, rec.Reason,
+				rec.Fields["deadline_kind"], time.Since(since).Round(time.Second), what, hops(rec))
+		} else {
+			t.Errorf("%s has no record", id)
+		}
+	}
+	return at, recs
+}
+
 // records reads every job's final record (nil: none).
 func (r *procRig) records(ids []string) map[string]*store.JobRecord {
 	out := make(map[string]*store.JobRecord, len(ids))

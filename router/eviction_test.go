@@ -176,15 +176,7 @@ func TestRouterEvictsASilentWorkerWhileAnotherSpeaks(t *testing.T) {
 	default:
 	}
 	b.sweepAt(t, clock, t0.Add(5*time.Second+HushMax))
-	got := map[string]bool{}
-	for len(got) < 2 {
-		select {
-		case id := <-evicted:
-			got[id] = true
-		case <-time.After(5 * time.Second):
-			t.Fatalf("evicted %v after HushMax of silence, want alive and third", got)
-		}
-	}
+	awaitEvictions(t, evicted, 2, "evicted %v after HushMax of silence, want alive and third")
 }
 
 // TestRouterBeatsCarryTheLastHeartbeatHeard: Beats gives, for dispatches
@@ -230,15 +222,7 @@ func TestRouterSilentWorkersAreEvictedWhileTheBusCarriesTraffic(t *testing.T) {
 	for s := 1; s <= 3; s++ {
 		b.sweepAt(t, clock, t0.Add(time.Duration(s)*time.Second))
 	}
-	got := map[string]bool{}
-	for len(got) < 2 {
-		select {
-		case id := <-evicted:
-			got[id] = true
-		case <-time.After(5 * time.Second):
-			t.Fatalf("evicted %v, want w1 and w2: the bus carried traffic while they were silent", got)
-		}
-	}
+	awaitEvictions(t, evicted, 2, "evicted %v, want w1 and w2: the bus carried traffic while they were silent")
 }
 
 // TestEvictedMemoryIsBounded: evicted workers are remembered up to
@@ -264,5 +248,20 @@ func TestEvictedMemoryIsBounded(t *testing.T) {
 	e.expire(t0.Add(2*time.Minute + EvictedMemory))
 	if len(e.at) != 0 || len(e.order) != 0 {
 		t.Fatalf("%d remembered an hour on", len(e.at))
+	}
+}
+
+// awaitEvictions waits (5 s at most for each) until n distinct workers were
+// evicted; failf formats the failure with the set evicted so far.
+func awaitEvictions(t *testing.T, evicted <-chan string, n int, failf string) {
+	t.Helper()
+	got := map[string]bool{}
+	for len(got) < n {
+		select {
+		case id := <-evicted:
+			got[id] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf(failf, got)
+		}
 	}
 }
