@@ -5,6 +5,11 @@
 #   make soak   the decision core's simulator, ≥ 50 M steps over many seeds
 
 GO            ?= go
+# go.mod's toolchain line names the Go release the node is built and tested
+# with (one without reachable standard-library vulnerabilities, see
+# `make vulncheck`); auto lets an older local Go fetch it through the module
+# proxy. Set GOTOOLCHAIN=local to build with whatever Go is installed.
+export GOTOOLCHAIN ?= auto
 PROTOC        ?= protoc
 # Generator versions are pinned so `make proto` is reproducible.
 PROTOC_GEN_GO_VERSION      := v1.36.12
