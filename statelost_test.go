@@ -55,7 +55,7 @@ func toldOnceWhenLost(t *testing.T, replicas int) {
 	release := f.holdingWorker("w1", rec)
 	f.submit(echoReq(id))
 	<-rec.ch
-	waitParked(t, f.node, 1)
+	waitParkedOnOne(t, nodes)
 	ctx := context.Background()
 	keys, err := f.env.Redis.Keys(ctx, f.env.KeyPrefix()+"*").Result()
 	if err != nil || len(keys) == 0 {
@@ -128,4 +128,27 @@ func toldOnceWhenLost(t *testing.T, replicas int) {
 	if n != 2 {
 		t.Fatalf("%d DLQ entries for the job, want 2 (its result, the cancel)", n)
 	}
+}
+
+// waitParkedOnOne waits until the one job is parked by whichever of the
+// nodes took its submit (any replica may), with no actor live on any.
+func waitParkedOnOne(t *testing.T, nodes []*troupe.Node) {
+	t.Helper()
+	ctx := context.Background()
+	var parked, live int64
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		parked, live = 0, 0
+		for _, n := range nodes {
+			p, err := n.Store().ParkedCount(ctx, n.ID())
+			if err != nil {
+				p = -1
+			}
+			l, _ := n.LiveJobActors()
+			parked, live = parked+p, live+int64(l)
+		}
+		if parked == 1 && live == 0 {
+			return
+		}
+	}
+	t.Fatalf("%d jobs parked and %d actors live on %d nodes, want 1 parked and none live", parked, live, len(nodes))
 }
