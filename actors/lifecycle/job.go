@@ -507,11 +507,24 @@ func needsRecord(m any) bool {
 // never dispatched; activating for the event would find no record,
 // dead-letter the event and ack the job's own held submit with it, and
 // leave the wait's state behind.
+// UnwrittenResultRetry is how soon a result that reached a job waiting
+// unwritten is offered again (to any node): long enough not to spin, short
+// beside a job's run.
+const UnwrittenResultRetry = time.Second
+
 func (j *Job) unwrittenEvent(m any) bool {
 	switch m := m.(type) {
 	case *Cancel:
 		// The job is created cancelled.
 		j.cancelUnwritten(m)
+		return true
+	case *Result:
+		// A result for this job id while it waits unwritten here: its
+		// submit may be a repeat of a job that exists, dispatched by
+		// another node (a client resubmitting, a SUBMIT stream lost). Taken
+		// here it would be lost; it is offered again in a moment, when
+		// the job's owner (or this job, once written) takes it.
+		j.emit(Nak{D: m.Delivery, Delay: UnwrittenResultRetry})
 		return true
 	case *Abandon:
 		// Its previous actor failed for good: the wait is written first,
