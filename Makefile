@@ -73,14 +73,14 @@ fuzz-short:
 	$(GO) test -run '^$$' -fuzz FuzzRequestBodies -fuzztime $(FUZZTIME) ./admin/
 
 bench:
-	$(GO) run ./cmd/troupe bench --compare
+	$(GO) run ./cmd/troupe-bench --compare
 
 # The bench harness's correctness smoke (all jobs SUCCEEDED, none received
 # twice; never a timing assertion), against the real servers and then the
 # embedded ones.
 bench-smoke:
-	$(GO) test -race -count=1 -run TestBenchSmoke ./bench/
-	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -race -count=1 -run TestBenchSmoke ./bench/
+	$(GO) test -race -count=1 -run TestBenchSmoke ./internal/bench/
+	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -race -count=1 -run TestBenchSmoke ./internal/bench/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')

@@ -6,7 +6,7 @@ import "github.com/troupe-run/troupe/router"
 const (
 	// PoolDefault takes the demo topics job.echo and job.sleep.
 	PoolDefault = "default"
-	// PoolBench takes job.bench, the topic of `troupe bench`.
+	// PoolBench takes job.bench, the topic of the benchmark (cmd/troupe-bench).
 	PoolBench = "bench"
 )
 

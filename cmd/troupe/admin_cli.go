@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/bench"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/store"
@@ -65,7 +64,14 @@ func (e *ctlEnv) printJSON(v any) error {
 func (e *ctlEnv) table() *tabwriter.Writer { return tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0) }
 
 func stdCtl() *ctlEnv {
-	return &ctlEnv{out: os.Stdout, errOut: os.Stderr, progress: bench.IsTerminal(os.Stderr)}
+	return &ctlEnv{out: os.Stdout, errOut: os.Stderr, progress: isTerminal(os.Stderr)}
+}
+
+// isTerminal reports whether f is a character device (a terminal), where a
+// \r-updated progress line makes sense.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 func runCtl(ctx context.Context, args []string) error { return stdCtl().run(ctx, args) }

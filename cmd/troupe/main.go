@@ -57,7 +57,7 @@ var commands = []command{
 	{"workers", "live workers and their pools' load", runWorkers},
 	{"ctl", "all of the above under one name (ctl job|dlq|pool|saga|trace|workers|stats|ready)", runCtl},
 	{"safety", "serve the built-in policy engine as a CAP SafetyKernel (gRPC), or query or validate policies", runSafety},
-	{"bench", "measure throughput, latency and cost per job with simulated workers (BENCHMARKS.md)", runBench},
+	{"bench", "moved: the benchmark is its own command, cmd/troupe-bench (make bench)", runBench},
 	{"keys", "generate a P-256 key pair for packet signatures (keys gen --out DIR --sender NAME)", runKeys},
 	{"version", "the module version and VCS revision of this binary", runVersion},
 }

@@ -12,17 +12,14 @@ import (
 	"strings"
 )
 
-// WriteOutputs writes res as JSON and its chart as PNG into dir, named after
-// the run, and records their paths in res.Files.
+// WriteOutputs writes res as JSON into dir, named after the run, and
+// records its path in res.Files. The JSON carries the latency histograms and
+// the throughput series for whatever plots them.
 func WriteOutputs(res *Result, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	base := filepath.Join(dir, fmt.Sprintf("%s-%s-%s", res.Started.Format("20060102-150405"), res.Target, res.RunID))
-	res.Files.JSON, res.Files.PNG = base+".json", base+".png"
-	if err := WriteChart(res, res.Files.PNG); err != nil {
-		return fmt.Errorf("bench: chart: %w", err)
-	}
+	res.Files.JSON = filepath.Join(dir, fmt.Sprintf("%s-%s-%s.json", res.Started.Format("20060102-150405"), res.Target, res.RunID))
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err
@@ -128,7 +125,7 @@ func FormatReport(w io.Writer, res *Result) {
 		fmt.Fprintf(w, "  note          %s\n", note)
 	}
 	if res.Files.JSON != "" {
-		fmt.Fprintf(w, "  files         %s %s", res.Files.JSON, res.Files.PNG)
+		fmt.Fprintf(w, "  files         %s", res.Files.JSON)
 		if res.Files.CPUProfile != "" {
 			fmt.Fprintf(w, " %s", res.Files.CPUProfile)
 		}
@@ -189,6 +186,13 @@ func stageText(p Percentiles) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.1f/%.1f", p.P50, p.P99)
+}
+
+func rateText(rate float64) string {
+	if rate <= 0 {
+		return "full speed"
+	}
+	return fmt.Sprintf("%.0f jobs/s offered", rate)
 }
 
 func pctText(p Percentiles) string {

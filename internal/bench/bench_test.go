@@ -2,8 +2,8 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"image/png"
 	"io"
 	"log/slog"
 	"os"
@@ -87,14 +87,15 @@ func TestBenchSmoke(t *testing.T) {
 			if err := WriteOutputs(res, dir); err != nil {
 				t.Fatal(err)
 			}
-			f, err := os.Open(res.Files.PNG)
+			b, err := os.ReadFile(res.Files.JSON)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer f.Close()
-			img, err := png.Decode(f)
-			if err != nil || img.Bounds().Dx() != chartW {
-				t.Errorf("chart: %v, bounds %v", err, img.Bounds())
+			var back Result
+			if err := json.Unmarshal(b, &back); err != nil || back.RunID != res.RunID ||
+				len(back.DispatchHist.Counts) == 0 || back.Jobs.Succeeded != cfg.Jobs {
+				t.Errorf("JSON output: %v, run %q, %d dispatch buckets, %d succeeded",
+					err, back.RunID, len(back.DispatchHist.Counts), back.Jobs.Succeeded)
 			}
 		})
 	}
@@ -312,14 +313,14 @@ func TestBenchHoldSmoke(t *testing.T) {
 // adopt all of them, and every job must still end SUCCEEDED exactly once.
 func TestBenchAdoptSmoke(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the troupe binary")
+		t.Skip("builds the troupe-bench binary")
 	}
 	t.Parallel()
 	env := testenv.New(t)
-	bin := troupeBinary(t)
+	bin := benchBinary(t)
 	cfg := smokeConfig(t, env, TargetTroupe)
 	cfg.RunID = env.Prefix + "a"
-	cfg.Node, cfg.ChildCommand = NodeChild, []string{bin, "bench", "__serve"}
+	cfg.Node, cfg.ChildCommand = NodeChild, []string{bin, ServeArg}
 	cfg.Adopt, cfg.HoldFor, cfg.ParkAfter, cfg.LockTTL = true, time.Second, 100*time.Millisecond, 2*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -387,38 +388,38 @@ func TestMaxParallelDefaults(t *testing.T) {
 	}
 }
 
-// troupeBinary builds the troupe binary once for the tests that run the node
+// benchBinary builds the troupe-bench binary once for the tests that run the node
 // in child processes.
-func troupeBinary(t *testing.T) string {
+func benchBinary(t *testing.T) string {
 	t.Helper()
-	troupeBuild.once.Do(func() {
+	benchBuild.once.Do(func() {
 		dir, err := os.MkdirTemp("", "troupe-bench-test-")
 		if err != nil {
-			troupeBuild.err = err
+			benchBuild.err = err
 			return
 		}
-		troupeBuild.path = filepath.Join(dir, "troupe")
-		if out, err := exec.Command("go", "build", "-o", troupeBuild.path, "github.com/troupe-run/troupe/cmd/troupe").CombinedOutput(); err != nil {
-			troupeBuild.err = fmt.Errorf("go build: %v: %s", err, out)
+		benchBuild.path = filepath.Join(dir, "troupe-bench")
+		if out, err := exec.Command("go", "build", "-o", benchBuild.path, "github.com/troupe-run/troupe/cmd/troupe-bench").CombinedOutput(); err != nil {
+			benchBuild.err = fmt.Errorf("go build: %v: %s", err, out)
 		}
 	})
-	if troupeBuild.err != nil {
-		t.Fatal(troupeBuild.err)
+	if benchBuild.err != nil {
+		t.Fatal(benchBuild.err)
 	}
-	return troupeBuild.path
+	return benchBuild.path
 }
 
-var troupeBuild struct {
+var benchBuild struct {
 	once sync.Once
 	path string
 	err  error
 }
 
-// TestMain removes the troupe binary the tests built, if any.
+// TestMain removes the troupe-bench binary the tests built, if any.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if troupeBuild.path != "" {
-		_ = os.RemoveAll(filepath.Dir(troupeBuild.path))
+	if benchBuild.path != "" {
+		_ = os.RemoveAll(filepath.Dir(benchBuild.path))
 	}
 	os.Exit(code)
 }
@@ -432,7 +433,7 @@ func TestBenchNodesSmoke(t *testing.T) {
 	for _, mode := range []NodeMode{NodeInProcess, NodeChild} {
 		t.Run(string(mode), func(t *testing.T) {
 			if mode == NodeChild && testing.Short() {
-				t.Skip("builds the troupe binary")
+				t.Skip("builds the troupe-bench binary")
 			}
 			t.Parallel()
 			env := testenv.New(t)
@@ -440,7 +441,7 @@ func TestBenchNodesSmoke(t *testing.T) {
 			cfg.RunID = env.Prefix + "n" + string(mode[0])
 			cfg.Nodes, cfg.Node = 2, mode
 			if mode == NodeChild {
-				cfg.ChildCommand = []string{troupeBinary(t), "bench", "__serve"}
+				cfg.ChildCommand = []string{benchBinary(t), ServeArg}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

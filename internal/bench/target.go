@@ -359,9 +359,13 @@ func writeHeapProfile(path string) error {
 	return f.Close()
 }
 
+// ServeArg is the hidden first argument with which the bench re-runs its
+// own binary as the child process that hosts the node under test.
+const ServeArg = "__serve"
+
 // ServeChild is the child side of child mode: it reads a sutSpec from in,
-// starts that system, and answers commands until "stop" or EOF. The troupe
-// binary runs it for `troupe bench __serve`; logs go to stderr.
+// starts that system, and answers commands until "stop" or EOF. The bench
+// binary runs it for `troupe-bench __serve`; logs go to stderr.
 func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writer) error {
 	r := bufio.NewReader(in)
 	enc := json.NewEncoder(out)

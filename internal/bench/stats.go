@@ -42,8 +42,8 @@ func rank(sorted []float64, q float64) float64 {
 // round3 keeps microsecond precision in milliseconds, so the JSON stays readable.
 func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
 
-// Histogram is a latency distribution in fixed-width buckets, for the chart
-// and the JSON. The last bucket also holds everything above its upper edge.
+// Histogram is a latency distribution in fixed-width buckets, written in
+// the JSON for plotting. The last bucket also holds everything above its upper edge.
 type Histogram struct {
 	BucketMs float64 `json:"bucket_ms"`
 	Counts   []int   `json:"counts"`

@@ -194,7 +194,6 @@ type HarnessCost struct {
 // Files are the outputs written for the run.
 type Files struct {
 	JSON       string `json:"json,omitempty"`
-	PNG        string `json:"png,omitempty"`
 	CPUProfile string `json:"cpu_profile,omitempty"`
 }
 

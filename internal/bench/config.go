@@ -1,12 +1,13 @@
 // Package bench is Troupe's end-to-end benchmark harness: simulated CAP
 // workers, a submitter at full speed or at a fixed rate, a node under test (in
 // a child process, in this process, or one the user runs), and the figures
-// the issue asks for — throughput, dispatch and submit → terminal latency,
+// it reports — throughput, dispatch and submit → terminal latency,
 // node CPU and RSS, Redis commands and round trips, NATS messages per job —
 // together with a check of every job's final state. It also runs the floor:
 // the same NATS and Redis traffic with no scheduling logic.
 //
-// `troupe bench` is its command line; TestBenchSmoke runs it for CI.
+// cmd/troupe-bench is its command line (`make bench`); TestBenchSmoke runs it
+// for CI. It is not linked into the troupe binary.
 package bench
 
 import (
