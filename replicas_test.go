@@ -114,7 +114,7 @@ func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
 func (f *fixture) loseJob(id string) {
 	keys := store.NewKeys(f.env.KeyPrefix())
 	ctx := context.Background()
-	f.env.Redis.Del(ctx, keys.Job(id), keys.History(id), keys.Lock(id))
+	f.env.Redis.Del(ctx, keys.Job(id), keys.Lock(id))
 	f.env.Redis.ZRem(ctx, keys.Due(store.Shard(id)), id)
 }
 

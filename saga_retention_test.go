@@ -24,13 +24,11 @@ func TestSagaCompensationRetainedWhileStackLives(t *testing.T) {
 
 	// The first step's record expires, as its retention would have it.
 	ctx, keys := context.Background(), w.node.Store().Keys()
-	for _, k := range []string{keys.Job(wf + "-s1"), keys.History(wf + "-s1")} {
-		if err := w.env.Redis.PExpire(ctx, k, time.Millisecond).Err(); err != nil {
-			t.Fatal(err)
-		}
+	if err := w.env.Redis.PExpire(ctx, keys.Job(wf+"-s1"), time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if n, _ := w.env.Redis.Exists(ctx, keys.Job(wf+"-s1"), keys.History(wf+"-s1")).Result(); n == 0 {
+		if n, _ := w.env.Redis.Exists(ctx, keys.Job(wf+"-s1")).Result(); n == 0 {
 			break
 		}
 		if time.Now().After(deadline) {

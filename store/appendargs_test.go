@@ -44,10 +44,10 @@ func TestAppendedScriptArgsFollowTheScriptsOrder(t *testing.T) {
 			plan: withPlan},
 			append([]string{"j", "l", "d", "le", "i", "a", "p"}, planKeys...),
 			append([]string{"n", "0", "0", "0", "id", "", "", "", "", "0", "keep", "0", "0", "po"}, planArgv...)},
-		{"transition, plan", &transitionCall{jobKey: "j", histKey: "h", lockKey: "l", dueKey: "d", leasesKey: "le",
+		{"transition, plan", &transitionCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le",
 			toIndexKey: "ti", fromIndexKeys: []string{"f1", "f2"}, lockValue: "n|1", node: "n", expected: "A,B",
 			nowMs: 12, jobID: "id", lockAfter: "terminal", retentionS: 90, dueMs: -1, plan: withPlan},
-			append([]string{"j", "h", "l", "d", "le", "ti", "f1", "f2"}, planKeys...),
+			append([]string{"j", "l", "d", "le", "ti", "f1", "f2"}, planKeys...),
 			append([]string{"n|1", "n", "A,B", "12", "id", "terminal", "90", "-1"}, planArgv...)},
 	}
 	for _, c := range cases {

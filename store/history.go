@@ -9,10 +9,9 @@ import (
 )
 
 // A job's history is kept in its record: hop fields written by the job
-// scripts (lua/lib/hops.lua). A separate list key per job cost Redis more
-// than the rest of the job's writes together (a key to create, expire and
-// delete); jobs written before the change keep their list, which the
-// scripts go on appending to.
+// scripts (lua/lib/hops.lua). A separate list key per job would cost Redis
+// more than the rest of the job's writes together (a key to create, expire
+// and delete).
 
 // Record fields a job's create writes about the time before it (see
 // lifecycle.Job.historyFields), in unix ms: when its submit was stored, and
@@ -25,17 +24,10 @@ const (
 )
 
 // History decodes a job's history from its record's fields (hop fields, see
-// lua/lib/hops.lua) and, for a job written before those, its history list
-// (lines "unix_ms|from|to|reason|node"), oldest first. Malformed entries
-// are skipped.
-func History(fields map[string]string, list []string) []HistoryEntry {
+// lua/lib/hops.lua), oldest first. Malformed entries are skipped.
+func History(fields map[string]string) []HistoryEntry {
 	n, _ := strconv.Atoi(fields["hn"])
-	out := make([]HistoryEntry, 0, len(list)+n)
-	for _, line := range list {
-		if e, ok := parseHistory(line); ok {
-			out = append(out, e)
-		}
-	}
+	out := make([]HistoryEntry, 0, n)
 	created, _ := strconv.ParseInt(fields["created"], 10, 64)
 	submitted, _ := strconv.ParseInt(fields[FieldSubmitted], 10, 64)
 	waited, _ := strconv.ParseInt(fields[FieldWaited], 10, 64)
@@ -71,14 +63,4 @@ func History(fields map[string]string, list []string) []HistoryEntry {
 		from = to
 	}
 	return out
-}
-
-// parseHistory parses a line of a history list, "unix_ms|from|to|reason|node".
-func parseHistory(line string) (HistoryEntry, bool) {
-	p := strings.SplitN(line, "|", 5)
-	if len(p) != 5 {
-		return HistoryEntry{}, false
-	}
-	return HistoryEntry{At: parseMillis(p[0]), From: core.State(p[1]), To: core.State(p[2]),
-		Reason: core.Reason(p[3]), Node: p[4]}, true
 }

@@ -2,8 +2,6 @@ package store_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +12,7 @@ import (
 // A job's history lives in its record: every hop of its life, from the
 // scripts of three kinds that write hops (activate, transition, downgrade),
 // read back in order with the state it left, its reason, the node that made
-// it and its time — and no history key is created.
+// it and its time.
 func TestHistoryIsKeptInTheRecord(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -72,9 +70,6 @@ func TestHistoryIsKeptInTheRecord(t *testing.T) {
 	if !rec.Updated.Equal(rec.History[len(rec.History)-1].At) {
 		t.Errorf("updated %v, want the last hop's time %v", rec.Updated, rec.History[len(rec.History)-1].At)
 	}
-	if n, _ := b.s.Client().Exists(ctx, b.s.Keys().History("h1")).Result(); n != 0 {
-		t.Error("a history list was written for a new job")
-	}
 	// The hop fields stay short enough for Redis's compact hash encoding,
 	// which is what makes keeping them in the record cheap (real Redis only:
 	// the embedded store does not answer OBJECT ENCODING).
@@ -118,51 +113,11 @@ func TestUpdatedOfANewRecordIsItsCreation(t *testing.T) {
 	}
 }
 
-// A job written before histories moved into records keeps its history in
-// its list: later hops are appended there, the list gets the record's
-// retention when the job ends, and GetJob reads it.
-func TestHistoryOfAJobWithAHistoryList(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	rdb, keys := b.s.Client(), b.s.Keys()
-	b.activate(t, "old1", "a", true)
-	// Make it look like an older node wrote it: no hop fields, a list.
-	created := time.Now().Add(-time.Minute).UnixMilli()
-	if err := rdb.HDel(ctx, keys.Job("old1"), "hn", "hl", "h1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.RPush(ctx, keys.History("old1"), strings.Join([]string{
-		strconv.FormatInt(created, 10), "", string(core.StatePending), "submitted", "a"}, "|")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if sr := b.step(t, "old1", "a", 1, core.StatePending, core.StateSucceeded); !sr.OK() {
-		t.Fatalf("finish: %+v", sr)
-	}
-	rec, err := b.s.GetJob(ctx, "old1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := states(rec.History); len(got) != 2 || got[0] != core.StatePending || got[1] != core.StateSucceeded ||
-		rec.History[1].From != core.StatePending || rec.History[1].Node != "a" {
-		t.Fatalf("history %+v", rec.History)
-	}
-	if n, _ := rdb.LLen(ctx, keys.History("old1")).Result(); n != 2 {
-		t.Errorf("the list holds %d entries, want 2 (the new hop appended)", n)
-	}
-	if _, ok := rec.Fields["hn"]; ok {
-		t.Error("hop fields were added to a job whose history is a list")
-	}
-	if ttl := rdb.TTL(ctx, keys.History("old1")).Val(); ttl <= 0 {
-		t.Errorf("the ended job's history list has no retention TTL (%v)", ttl)
-	}
-}
-
 // A hop written by a node whose clock is behind the creator's has a
 // negative offset, and is read back as such.
 func TestHistoryReadsANegativeOffset(t *testing.T) {
 	h := store.History(map[string]string{"created": "1000", "hn": "2",
-		"h1": "0|PENDING|submitted|a", "h2": "-7|SCHEDULED|allowed|b"}, nil)
+		"h1": "0|PENDING|submitted|a", "h2": "-7|SCHEDULED|allowed|b"})
 	if len(h) != 2 || h[1].At.UnixMilli() != 993 || h[1].Node != "b" {
 		t.Fatalf("history %+v", h)
 	}
@@ -171,8 +126,7 @@ func TestHistoryReadsANegativeOffset(t *testing.T) {
 // Entries that do not parse are skipped, not read as zero values.
 func TestHistorySkipsMalformedEntries(t *testing.T) {
 	h := store.History(map[string]string{"created": "1000", "hn": "3",
-		"h1": "0|PENDING|submitted|a", "h2": "oops", "h3": "5|SCHEDULED|allowed|"},
-		[]string{"not a line"})
+		"h1": "0|PENDING|submitted|a", "h2": "oops", "h3": "5|SCHEDULED|allowed|"})
 	if len(h) != 2 || h[1].To != core.StateScheduled || h[1].From != core.StatePending || h[1].Node != "a" ||
 		h[1].At.UnixMilli() != 1005 {
 		t.Fatalf("history %+v", h)
@@ -187,7 +141,7 @@ func TestHistoryDatesTheTimeBeforeTheCreate(t *testing.T) {
 	f := map[string]string{"created": "100000", "hn": "4", store.FieldSubmitted: "60000", store.FieldWaited: "61000",
 		"h1": "0|PENDING|submitted|n1", "h2": "0|SCHEDULED|pool_overloaded|", "h3": "0|DISPATCHED|dispatched|",
 		"h4": "500|SCHEDULED|worker_lost|"}
-	h := store.History(f, nil)
+	h := store.History(f)
 	want := []int64{60000, 61000, 100000, 100500}
 	if len(h) != len(want) {
 		t.Fatalf("history %+v", h)

@@ -105,9 +105,6 @@ func Shard(jobID string) int {
 // Job is the hash holding a job's record.
 func (k *Keys) Job(jobID string) string { return k.tags[Shard(jobID)] + "job:" + jobID }
 
-// History is the list of a job's transitions, oldest first.
-func (k *Keys) History(jobID string) string { return k.tags[Shard(jobID)] + "hist:" + jobID }
-
 // Lock is the job's ownership lock: value "<node>|<fence>", with a TTL.
 func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:" + jobID }
 

@@ -77,7 +77,7 @@ var transitionScript = luaScript("transition", "shard_writes", "hops")
 
 // transitionCall is a call of transitionScript.
 type transitionCall struct {
-	jobKey, histKey, lockKey, dueKey, leasesKey string
+	jobKey, lockKey, dueKey, leasesKey string
 	// toIndexKey is the shard's index of the last hop's state;
 	// fromIndexKeys the shard's index of each state of expected, in order.
 	toIndexKey    string
@@ -99,10 +99,10 @@ func (transitionCall) script() *redis.Script { return transitionScript }
 func (c transitionCall) keys() []string      { return keyStrings(c.appendKeys(nil)) }
 func (c transitionCall) args() []interface{} { return c.appendArgs(nil) }
 
-func (c *transitionCall) keyCount() int { return 6 + len(c.fromIndexKeys) + c.plan.writeCount() }
+func (c *transitionCall) keyCount() int { return 5 + len(c.fromIndexKeys) + c.plan.writeCount() }
 func (c *transitionCall) argCount() int { return c.keyCount() + 8 + c.plan.argCount() }
 func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
-	dst = append(dst, &c.jobKey, &c.histKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.toIndexKey)
+	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.toIndexKey)
 	for i := range c.fromIndexKeys {
 		dst = append(dst, &c.fromIndexKeys[i])
 	}
@@ -241,17 +241,6 @@ func (releaseCall) script() *redis.Script { return releaseScript }
 func (c releaseCall) keys() []string      { return []string{c.lockKey, c.leasesKey} }
 func (c releaseCall) args() []interface{} { return []interface{}{c.lockValue, c.jobID} }
 
-// renewScript (lua/renew.lua) extends one lock, and moves its lease, if the
-// caller still holds the lock. It is loaded but nothing calls it: the
-// renewer uses renewManyScript.
-//
-// The lease (a per-shard sorted set, score = when the owner must have
-// renewed by) is what makes a dead owner visible: when a node dies its
-// leases stop moving, and the due poller wakes every job whose lease ran
-// out, so another replica adopts it without waiting for a result or a
-// deadline.
-var renewScript = luaScript("renew")
-
 // parkScript (lua/park.lua) parks a DISPATCHED or RUNNING job whose actor
 // stops: its lock is then held through the node's lease (Keys.Alive), and
 // the job waits in the node's parked set.
@@ -356,7 +345,14 @@ func (c admitCall) keys() []string      { return []string{c.activeKey} }
 func (c admitCall) args() []interface{} { return []interface{}{c.jobID, c.limit, c.nowMs} }
 
 // renewManyScript (lua/renew_many.lua) renews many live locks of one shard,
-// and their leases, in one call.
+// and their leases, in one call: each lock only while its caller still
+// holds it.
+//
+// The lease (a per-shard sorted set, score = when the owner must have
+// renewed by) is what makes a dead owner visible: when a node dies its
+// leases stop moving, and the due poller wakes every job whose lease ran
+// out, so another replica adopts it without waiting for a result or a
+// deadline.
 var renewManyScript = luaScript("renew_many")
 
 // renewManyCall renews locks, all of one shard.
@@ -412,15 +408,15 @@ func (c approveCall) args() []interface{} {
 var downgradeScript = luaScript("downgrade", "hops")
 
 type downgradeCall struct {
-	jobKey, histKey, fromIndexKey, toIndexKey string
-	nowMs                                     int64
-	reason, node, jobID                       string
-	fields                                    []string // field, value, ...
+	jobKey, fromIndexKey, toIndexKey string
+	nowMs                            int64
+	reason, node, jobID              string
+	fields                           []string // field, value, ...
 }
 
 func (downgradeCall) script() *redis.Script { return downgradeScript }
 func (c downgradeCall) keys() []string {
-	return []string{c.jobKey, c.histKey, c.fromIndexKey, c.toIndexKey}
+	return []string{c.jobKey, c.fromIndexKey, c.toIndexKey}
 }
 func (c downgradeCall) args() []interface{} {
 	args := make([]interface{}, 0, 4+len(c.fields))
@@ -434,5 +430,5 @@ func (c downgradeCall) args() []interface{} {
 // allScripts are the scripts LoadScripts loads: those sent with EVALSHA in
 // pipelines. The DLQ scripts go with EVAL, and the lease scripts with
 // Script.Run, which needs no prior load.
-var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript, renewScript,
+var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript,
 	approveScript, claimScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}

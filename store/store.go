@@ -148,11 +148,10 @@ type JobRecord struct {
 	Fields map[string]string
 }
 
-// GetJob reads a job's record, history and lock in one round trip.
+// GetJob reads a job's record (with its history) and lock in one round trip.
 func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	pipe := s.rdb.Pipeline()
 	h := pipe.HGetAll(ctx, s.keys.Job(jobID))
-	hist := pipe.LRange(ctx, s.keys.History(jobID), 0, -1)
 	lock := pipe.Get(ctx, s.keys.Lock(jobID))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("store: read job %s: %w", jobID, err)
@@ -171,7 +170,7 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	r.Attempts, _ = strconv.Atoi(f["attempts"])
 	r.Created = parseMillis(f["created"])
 	r.Updated = updatedAt(f["updated"], r.Created)
-	r.History = History(f, hist.Val())
+	r.History = History(f)
 	return r, nil
 }
 

@@ -527,7 +527,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
 	case OpTransition:
 		call := &transitionCall{
-			jobKey: k.Job(op.JobID), histKey: k.History(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())),
 			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
 			lockAfter: op.T.lockAfter(), retentionS: retention, dueMs: due(op.T),
@@ -553,7 +553,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
 		}
 	case OpDowngrade:
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID), histKey: k.History(op.JobID),
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID),
 			fromIndexKey: k.Index(sh, string(core.StateSucceeded)), toIndexKey: k.Index(sh, string(core.StateOutputQuarantined)),
 			nowMs: now, reason: string(op.T.Path[0].Reason), node: op.Node, jobID: op.JobID, fields: op.T.Fields}))
 	case OpDLQ:

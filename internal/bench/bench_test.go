@@ -388,8 +388,8 @@ func TestMaxParallelDefaults(t *testing.T) {
 	}
 }
 
-// benchBinary builds the troupe-bench binary once for the tests that run the node
-// in child processes.
+// benchBinary builds the troupe-bench binary once for the tests that run
+// the node in child processes.
 func benchBinary(t *testing.T) string {
 	t.Helper()
 	benchBuild.once.Do(func() {

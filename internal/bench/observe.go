@@ -75,7 +75,7 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 				r.state = core.State(f["s"])
 				r.createdMs, _ = strconv.ParseInt(f["created"], 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(f["updated"], 10, 64)
-				for _, e := range store.History(f, nil) {
+				for _, e := range store.History(f) {
 					if e.To == core.StateDispatched && r.dispatchedMs == 0 {
 						r.dispatchedMs = e.At.UnixMilli()
 					}

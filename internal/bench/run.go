@@ -722,7 +722,7 @@ func (r *runner) deleteJobs(ctx context.Context) error {
 	for chunk := range slices.Chunk(ids, recordBatch) {
 		pipe := r.rdb.Pipeline()
 		for _, id := range chunk {
-			pipe.Del(ctx, keys.Job(id), keys.History(id), keys.Lock(id))
+			pipe.Del(ctx, keys.Job(id), keys.Lock(id))
 			for _, s := range core.AllStates {
 				pipe.ZRem(ctx, keys.Index(store.Shard(id), string(s)), id)
 			}

@@ -1,14 +1,11 @@
 -- downgrade: moves a SUCCEEDED job to OUTPUT_QUARANTINED, the one exit from
 -- a terminal state, only if it is still SUCCEEDED. A terminal job holds no
 -- lock; the compare-and-set on its state is the ownership check. The hop
--- goes where the job's history is: its record's fields (lib/hops.lua), or
--- the list of a job written before those.
+-- goes into the job's history, its record's fields (lib/hops.lua).
 --
 -- KEYS[1]  job_key         the job's record (Keys.Job)
--- KEYS[2]  hist_key        the job's history list (Keys.History), for a
---                          job that has one
--- KEYS[3]  from_index_key  the shard's SUCCEEDED index (Keys.Index)
--- KEYS[4]  to_index_key    the shard's OUTPUT_QUARANTINED index
+-- KEYS[2]  from_index_key  the shard's SUCCEEDED index (Keys.Index)
+-- KEYS[3]  to_index_key    the shard's OUTPUT_QUARANTINED index
 -- ARGV[1]  now_ms
 -- ARGV[2]  reason
 -- ARGV[3]  node
@@ -18,9 +15,8 @@
 -- Returns {status, state}: OK, or CONFLICT with the job's state ('' if it
 -- has no record).
 local job_key = KEYS[1]
-local hist_key = KEYS[2]
-local from_index_key = KEYS[3]
-local to_index_key = KEYS[4]
+local from_index_key = KEYS[2]
+local to_index_key = KEYS[3]
 local now_ms = ARGV[1]
 local reason = ARGV[2]
 local node = ARGV[3]
@@ -31,11 +27,7 @@ local rec = redis.call('HMGET', job_key, 's', 'hn', 'created', 'hl')
 local st = rec[1]
 if st ~= 'SUCCEEDED' then return {'CONFLICT', st or ''} end
 local f = {'s', 'OUTPUT_QUARANTINED', 'updated', now_ms, 'reason', reason}
-if rec[2] then
-  hopFields(f, tonumber(rec[2]), rec[4] or '', rec[3], now_ms, node, {'OUTPUT_QUARANTINED', reason})
-else
-  redis.call('RPUSH', hist_key, now_ms .. '|SUCCEEDED|OUTPUT_QUARANTINED|' .. reason .. '|' .. node)
-end
+hopFields(f, tonumber(rec[2]) or 0, rec[4] or '', rec[3], now_ms, node, {'OUTPUT_QUARANTINED', reason})
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', job_key, unpack(f))
 redis.call('ZREM', from_index_key, job_id)

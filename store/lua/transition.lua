@@ -1,32 +1,29 @@
 -- transition: moves a job along a path of states in one atomic step, only
 -- if it is in one of the expected states and only while the caller's lock
 -- value ("<node>|<fence>") is the current one. It records each hop in the
--- job's history (fields of the record, see lib/hops.lua; a job written
--- before those has a list of "unix_ms|from|to|reason|node"), moves the job from its
+-- job's history (fields of the record, see lib/hops.lua), moves the job from its
 -- state's index to the last hop's, sets its due time, gives the lock up
 -- when asked (or when the job ends, which also starts the retention
 -- clock), and makes the Transition's writes in the job's shard (see
 -- lib/shard_writes.lua, which runs in front of this).
 --
 -- KEYS[1]  job_key       the job's record (Keys.Job)
--- KEYS[2]  hist_key      the job's history list (Keys.History), written
---                        only for a job that has one already
--- KEYS[3]  lock_key      the job's lock (Keys.Lock)
--- KEYS[4]  due_key       the shard's due set (Keys.Due)
--- KEYS[5]  leases_key    the shard's lease set (Keys.Leases)
--- KEYS[6]  to_index_key  the shard's index of the last hop's state
+-- KEYS[2]  lock_key      the job's lock (Keys.Lock)
+-- KEYS[3]  due_key       the shard's due set (Keys.Due)
+-- KEYS[4]  leases_key    the shard's lease set (Keys.Leases)
+-- KEYS[5]  to_index_key  the shard's index of the last hop's state
 --                        (Keys.Index)
--- KEYS[7 .. 6+e]         the shard's index of each expected state, in the
+-- KEYS[6 .. 5+e]         the shard's index of each expected state, in the
 --                        order of ARGV[3] (e states)
--- KEYS[7+e ..]           the shard-write keys (see shardWrites)
+-- KEYS[6+e ..]           the shard-write keys (see shardWrites)
 -- ARGV[1]  lock_value    the caller's lock value
 -- ARGV[2]  node
 -- ARGV[3]  expected      the states the job may be in, comma-separated
 -- ARGV[4]  now_ms
 -- ARGV[5]  job_id
 -- ARGV[6]  lock_after    keep, release or terminal
--- ARGV[7]  retention_s   how long a terminal job's record and history are
---                        kept (0: for ever)
+-- ARGV[7]  retention_s   how long a terminal job's record (with its
+--                        history) is kept (0: for ever)
 -- ARGV[8]  due_ms        0 keeps the due time, -1 clears it, > 0 sets it
 -- ARGV[9]  n             the number of hops (at least 1)
 -- ARGV[10 ..]            n × (to, reason), then the shard writes' arguments
@@ -41,12 +38,11 @@
 -- "op" field tells a retried write whether its first try applied: a write
 -- that released the lock (a terminal one) is FENCED when tried again.
 local job_key = KEYS[1]
-local hist_key = KEYS[2]
-local lock_key = KEYS[3]
-local due_key = KEYS[4]
-local leases_key = KEYS[5]
-local to_index_key = KEYS[6]
-local first_from_index = 7
+local lock_key = KEYS[2]
+local due_key = KEYS[3]
+local leases_key = KEYS[4]
+local to_index_key = KEYS[5]
+local first_from_index = 6
 local lock_value = ARGV[1]
 local node = ARGV[2]
 local expected = ARGV[3]
@@ -82,21 +78,9 @@ end
 local prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
 local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
 local f = {'s', prev, 'updated', now_ms, 'reason', reason}
--- hn is missing only from a job written before its history moved into its
--- record: its history stays in its list.
-local legacy = not rec[2]
-if legacy then
-  local hist, from = {}, st
-  for i = first_hop, first_hop + 2 * n - 1, 2 do
-    hist[#hist + 1] = now_ms .. '|' .. from .. '|' .. ARGV[i] .. '|' .. ARGV[i + 1] .. '|' .. node
-    from = ARGV[i]
-  end
-  redis.call('RPUSH', hist_key, unpack(hist))
-else
-  local hops = {}
-  for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
-  hopFields(f, tonumber(rec[2]), rec[4] or '', rec[3], now_ms, node, hops)
-end
+local hops = {}
+for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
+hopFields(f, tonumber(rec[2]) or 0, rec[4] or '', rec[3], now_ms, node, hops)
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', job_key, unpack(f))
 if st ~= prev then
@@ -117,7 +101,6 @@ elseif lock_after == 'terminal' then
   local keep = tonumber(retention_s)
   if keep > 0 then
     redis.call('EXPIRE', job_key, keep)
-    if legacy then redis.call('EXPIRE', hist_key, keep) end
   end
 end
 return {'OK', st}

@@ -1,7 +1,7 @@
 -- hopFields, shared by activate.lua, transition.lua and downgrade.lua,
 -- records a job's transitions as fields of its record rather than in a list
 -- of their own: a key per job costs Redis more than the commands on it (to
--- create, expire and delete it; the history list was about a fifth of a
+-- create, expire and delete it; a history list would be about a fifth of a
 -- job's Redis time). Field "hn" is the number of hops; hop i is field
 -- "h<i>" = "<ms after the record's created>|<to>|<reason>|<node>", where
 -- node is empty when it is the previous hop's node (field "hl") and the
