@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -154,13 +153,6 @@ func (s *Store) AddDLQ(ctx context.Context, e *DLQEntry) error {
 		return fmt.Errorf("store: dlq write: %w", err)
 	}
 	return nil
-}
-
-// IsOOM reports whether err is Redis refusing a write for want of memory
-// (maxmemory reached with noeviction).
-func IsOOM(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "OOM ")
 }
 
 // DLQBytes returns the bytes the DLQ's entries hold (as AddDLQ counts them;

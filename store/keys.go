@@ -6,6 +6,10 @@
 // Shards. One Lua script can therefore update the record, its history, its
 // lock and the indexes atomically on a single cluster node, and a scan of "all
 // RUNNING jobs" is Shards small reads rather than a cross-slot query.
+//
+// Redis Cluster: every script and MULTI of this package touches one hash
+// slot (see Keys); nothing scans the keyspace (a SCAN would see one
+// master's keys only): what must be found again is listed in a set.
 package store
 
 import (

@@ -1,17 +1,10 @@
 package main
 
 import (
-	"context"
-	"time"
-
 	"github.com/nats-io/nats.go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/internal/connect"
 )
-
-// DialTimeout bounds a CLI command's first connection to Redis.
-const DialTimeout = 10 * time.Second
 
 // Every command that dials NATS or Redis goes through these, so each takes
 // the same --nats-*/--redis-* flags, TROUPE_* variables and --conn-config
@@ -45,16 +38,4 @@ func (c *common) dialNATS(name string, opts ...nats.Option) (*nats.Conn, error) 
 		return nil, err
 	}
 	return connect.DialNATS(s.NATSURL, s.NATS, append([]nats.Option{nats.Name(name)}, opts...)...)
-}
-
-// dialRedis connects to Redis (a cluster when several addresses are given)
-// and checks the connection.
-func (c *common) dialRedis(ctx context.Context) (redis.UniversalClient, error) {
-	s, err := c.conns()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
-	defer cancel()
-	return connect.DialRedis(ctx, s.RedisURL, s.Redis)
 }
