@@ -50,7 +50,7 @@ func WriteComparison(c *Comparison, dir string) (string, error) {
 // FormatReport writes a human summary of res.
 func FormatReport(w io.Writer, res *Result) {
 	p := res.Params
-	fmt.Fprintf(w, "troupe bench: %s, node %s", res.Target, res.NodeMode)
+	fmt.Fprintf(w, "troupe-bench: %s, node %s", res.Target, res.NodeMode)
 	if p.Nodes > 1 {
 		fmt.Fprintf(w, " ×%d (replicas on one Redis and NATS)", p.Nodes)
 	}
@@ -230,7 +230,7 @@ func byNameText(m map[string]float64) string {
 }
 
 // RunsMarker ends the runs table in BENCHMARKS.md; rows are inserted above it.
-const RunsMarker = "<!-- troupe bench: new rows go above this line -->"
+const RunsMarker = "<!-- troupe-bench: new rows go above this line -->"
 
 // Row is res as one line of BENCHMARKS.md's runs table. note (may be empty)
 // goes in the last column.
