@@ -217,7 +217,11 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	t.Parallel()
 	// One scheduling attempt: a wait that counted attempts would fail the
 	// job at its first pool_paused answer.
-	b := setup(t, options{keys: testKeys, node: func(c *troupe.Config) { c.MaxSchedulingAttempts = 1 }})
+	const keyAllClient = "all-tenants-client-key-0123"
+	b := setup(t, options{keys: testKeys, node: func(c *troupe.Config) { c.MaxSchedulingAttempts = 1 },
+		admin: func(c *admin.Config) {
+			c.Keys = map[string]admin.Key{keyAllClient: {Tenant: admin.AllTenants, Role: admin.RoleClient}}
+		}})
 	ctx := context.Background()
 	all := b.client(keyAll)
 	var ran atomic.Int64
@@ -230,6 +234,9 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	}
 	if _, err := b.client(keyA).PauseTopic(ctx, "job.echo", false); apiStatus(err) != 403 {
 		t.Fatalf("a tenant key resuming: %v, want 403", err)
+	}
+	if _, err := b.client(keyAllClient).PauseTopic(ctx, "job.echo", false); apiStatus(err) != 403 {
+		t.Fatalf("an all-tenant client key resuming: %v, want 403", err)
 	}
 	pl, err := all.Pools(ctx)
 	if err != nil || !slices.ContainsFunc(pl.Topics, func(m admin.TopicMapping) bool { return m.Topic == "job.echo" && m.Paused }) {
