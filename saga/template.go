@@ -9,7 +9,9 @@
 // without the other and the write stays on one Redis Cluster node. A
 // workflow's stack is the union of those sets over the 64 shards, newest
 // first. A FAILED_FATAL step adds its workflow to its shard's
-// "<shard tag>saga:triggers" set in its FAILED write.
+// "<shard tag>saga:triggers" set in its FAILED write. Both writes also put
+// the workflow in its shard's "<shard tag>saga:index" (index.go), which
+// lists the kept sagas.
 //
 // Retention: the template is not kept on the step's record, which expires
 // with the job retention (24 h by default), but next to the stack entry
@@ -69,7 +71,8 @@ func stepTopicField(jobID string) string { return "t:" + jobID }
 func RecordStep(t *store.Transition, workflowID, jobID, topic string, tmpl []byte, nowMs int64, retention time.Duration) {
 	ttl := retentionOr(retention)
 	tk := TemplatesPrefix + workflowID
-	t.Adds = append(t.Adds, store.ShardZAdd{Suffix: StackPrefix + workflowID, Score: nowMs, Member: jobID, TTL: ttl})
+	t.Adds = append(t.Adds, store.ShardZAdd{Suffix: StackPrefix + workflowID, Score: nowMs, Member: jobID, TTL: ttl},
+		indexAdd(workflowID, nowMs, ttl))
 	t.Sets = append(t.Sets, store.ShardHSet{Suffix: tk, Field: StepTemplateField(jobID), Value: string(tmpl), TTL: ttl},
 		store.ShardHSet{Suffix: tk, Field: stepTopicField(jobID), Value: topic, TTL: ttl})
 }
@@ -82,7 +85,7 @@ func RecordStep(t *store.Transition, workflowID, jobID, topic string, tmpl []byt
 func RecordTrigger(t *store.Transition, workflowID string, nowMs int64, retention time.Duration) {
 	ttl := retentionOr(retention)
 	t.Adds = append(t.Adds, store.ShardZAdd{Suffix: Triggers, Score: nowMs, Member: workflowID,
-		TrimBelow: nowMs - ttl.Milliseconds(), TTL: ttl})
+		TrimBelow: nowMs - ttl.Milliseconds(), TTL: ttl}, indexAdd(workflowID, nowMs, ttl))
 }
 
 func retentionOr(d time.Duration) time.Duration {
