@@ -345,16 +345,19 @@ func (e *ctlEnv) jobWait(ctx context.Context, args []string) error {
 // waitAndPrint waits for a job to end and prints it; a job that does not
 // end SUCCEEDED is an error, so the command exits 1.
 func (e *ctlEnv) waitAndPrint(ctx context.Context, id string, timeout time.Duration) error {
-	j, err := e.waitJob(ctx, e.client(), id, timeout)
+	c := e.client()
+	j, err := e.waitJob(ctx, c, id, timeout)
 	if err != nil {
 		return err
 	}
+	d := jobDataOf(ctx, c, j.ID) // payload.go
 	if e.asJSON {
-		if err := e.printJSON(j); err != nil {
+		if err := e.printJSON(jobWithData{Job: j, Data: d}); err != nil {
 			return err
 		}
 	} else {
 		printAPIJob(e.out, j)
+		printJobData(e.out, d)
 	}
 	if j.State != string(core.StateSucceeded) {
 		return fmt.Errorf("job %s ended %s", j.ID, j.State)
