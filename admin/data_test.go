@@ -193,3 +193,23 @@ func asAPIError(err error, out **admin.APIError) bool {
 	*out = ae
 	return ok
 }
+
+// A body longer than DataBodyBytes is cut, and says so; its size is the
+// whole value's.
+func TestJobDataCutsALongBody(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{admin: func(c *admin.Config) { c.DataBodyBytes = 8 }})
+	ctx := context.Background()
+	c := b.client("")
+	b.startWorker("w1", echoToResult(b))
+	id := b.dataIDs("long")[0]
+	if _, err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: id, Topic: "job.echo"}, []byte(`{"k": "0123456789"}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.waitState(c, id, "SUCCEEDED")
+	d, err := c.JobData(ctx, id)
+	if err != nil || !d.Input.Truncated || d.Input.Body != `{"k": "0` || d.Input.Size != 19 ||
+		d.Input.ContentType != jobdata.TypeJSON {
+		t.Fatalf("cut input: %+v %v", d.Input, err)
+	}
+}
