@@ -216,21 +216,53 @@ func (s *Server) jobData(w http.ResponseWriter, r *http.Request, p principal) er
 	return nil
 }
 
-// owns reports whether ptr names data of job id — or, for a saga's
-// compensation job, of the step it compensates, which the principal must
-// see too — so that a request pointing at another job's data shows the
-// pointer only.
+// dataHops bounds how far owns follows a job's origin (a retry of a
+// retry of a compensation ...).
+const dataHops = 8
+
+// owns reports whether ptr names data of job id, or of the job it came
+// from — the step a saga's compensation undoes, the job a retry repeats
+// (label retry_of, or a DLQ retry's link), and so on — each of which the
+// principal must see too; so a request pointing at another job's data
+// shows the pointer only.
 func (s *Server) owns(r *http.Request, p principal, id string, req *capv1.JobRequest, ptr string) bool {
-	if jobdata.OwnedBy(ptr, id) {
-		return true
+	for hop := 0; ; hop++ {
+		if jobdata.OwnedBy(ptr, id) {
+			return true
+		}
+		next := s.origin(r, id, req)
+		if next == "" || hop == dataHops {
+			return false
+		}
+		rec, err := s.visibleJob(r, p, next)
+		if err != nil {
+			return false
+		}
+		id, req = rec.ID, &capv1.JobRequest{}
+		if len(rec.Request) > 0 {
+			_ = proto.Unmarshal(rec.Request, req)
+		}
 	}
-	parent := req.GetParentJobId()
-	if parent == "" || req.GetLabels()[saga.LabelIsCompensation] == "" || !jobdata.OwnedBy(ptr, parent) {
-		return false
-	}
-	_, err := s.visibleJob(r, p, parent)
-	return err == nil
 }
+
+// origin is the job whose data job id may point at: a compensation's
+// step, a retry's original ("" for none).
+func (s *Server) origin(r *http.Request, id string, req *capv1.JobRequest) string {
+	if req.GetLabels()[saga.LabelIsCompensation] != "" && req.GetParentJobId() != "" {
+		return req.GetParentJobId()
+	}
+	if o := req.GetLabels()[retryOfLabel]; o != "" && o != id {
+		return o
+	}
+	if links, err := s.cfg.Node.JobLinks(r.Context(), id); err == nil && links.RetryOf != id {
+		return links.RetryOf
+	}
+	return ""
+}
+
+// retryOfLabel is the label a retried job carries, naming the job it
+// repeats.
+const retryOfLabel = "retry_of"
 
 // datum reads ptr's content when held, at most DataBodyBytes of it.
 func (s *Server) datum(ctx context.Context, ptr string, held bool) *Datum {
