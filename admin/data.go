@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -156,13 +157,17 @@ func (s *Server) storePayloads(ctx context.Context, req *capv1.JobRequest, p pay
 	}
 	st := dn.JobData()
 	st.MaxBytes = s.cfg.MaxPayloadBytes
-	put := func(ptr string, data []byte) error {
-		err := st.Put(ctx, ptr, data)
-		if errors.Is(err, jobdata.ErrTooLarge) {
-			return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Msg: err.Error()}
-		}
-		return err
+	if st.MaxBytes <= 0 {
+		st.MaxBytes = jobdata.MaxBytesDefault
 	}
+	// Both sizes first: nothing is stored for a submit that is refused.
+	for _, data := range [][]byte{p.input, p.comp} {
+		if n := int64(len(data)); n > st.MaxBytes {
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large",
+				Msg: fmt.Sprintf("payload of %d bytes; at most %d are stored (--max-payload)", n, st.MaxBytes)}
+		}
+	}
+	put := func(ptr string, data []byte) error { return st.Put(ctx, ptr, data) }
 	if p.hasComp {
 		ptr := jobdata.CompensationPointer(req.JobId)
 		if err := put(ptr, p.comp); err != nil {
