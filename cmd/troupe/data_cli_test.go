@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -181,5 +183,59 @@ func TestCLIDemoFailureAndSagaRollback(t *testing.T) {
 	}
 	if body, _ := json.Marshal(j.Data.Input.Body); j.Topic != "job.undo" || string(body) != `{"undo":"s0"}` {
 		t.Fatalf("compensation topic %s input %s", j.Topic, body)
+	}
+}
+
+// quickStartData is README's lines on job data, failures and a saga
+// rollback, as printed (ids added, to check each job), against `troupe dev`
+// in a network namespace of its own (see quickStart).
+const quickStartData = `
+set -eu
+ip link set lo up
+"$T" dev > dev.log 2>&1 &
+trap 'kill $! 2>/dev/null || true' EXIT
+i=0
+until "$T" workers > /dev/null 2>&1; do
+  i=$((i+1)); [ "$i" -lt 300 ] || { echo "dev never answered"; cat dev.log; exit 1; }
+  sleep 0.1
+done
+"$T" submit --payload-json '{"n": 3}' --wait | grep -q '"n":3'
+echo hello | "$T" submit --payload - --id hi-1 && "$T" job hi-1 | grep -q '^    hello$'
+if "$T" submit --env demo.fail=1 --env demo.error=boom --id f-1 --wait; then exit 1; fi
+"$T" job f-1 | grep -q 'error demo_failed: boom'
+if "$T" submit --topic job.unrouted --id u-1 --wait; then exit 1; fi
+"$T" dlq | grep -q u-1
+"$T" submit --workflow-id wf-1 --step 0 --compensation 'job.echo:{"undo": "step 0"}' --wait
+if "$T" submit --workflow-id wf-1 --step 1 --env demo.fatal=1 --wait; then exit 1; fi
+i=0
+until "$T" saga wf-1 | grep -q 'rollback completed'; do
+  i=$((i+1)); [ "$i" -lt 100 ] || { "$T" saga wf-1; exit 1; }
+  sleep 0.1
+done
+"$T" saga wf-1 | grep -q 'succeeded  SUCCEEDED'
+echo data quick start ok
+`
+
+func TestQuickStartJobDataFromTheREADME(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs troupe dev")
+	}
+	if err := exec.Command("unshare", "-n", "true").Run(); err != nil {
+		t.Skipf("no network namespace here (unshare -n: %v): the standard ports may be taken", err)
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no ip command to bring the namespace's loopback up")
+	}
+	bin := troupeBinary(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "unshare", "-n", "sh", "-c", quickStartData)
+	cmd.Dir = dir
+	cmd.Env = append(cliEnv(), "T="+bin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "dev.log"))
+		t.Fatalf("data quick start: %v\n%s\ndev log:\n%s", err, out, log)
 	}
 }
