@@ -279,7 +279,7 @@ func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
 	var data jobDataFlags // payload.go
 	data.register(fs)
 	var bc common
-	bc.register(fs, true, false)
+	bc.register(fs, true, true) // Redis: where --bus stores a payload
 	var sf signFlags
 	sf.registerCLI(fs)
 	if _, err := e.parse(fs, args); err != nil {

@@ -109,7 +109,7 @@ func dataIDs(t *testing.T, env *testenv.Env, names ...string) []string {
 func TestCLISubmitPayloadIsShownByJob(t *testing.T) {
 	t.Parallel()
 	env, te := dataNode(t)
-	ids := dataIDs(t, te, "p1", "p2")
+	ids := dataIDs(t, te, "p1", "p2", "p3")
 	if r := runBin(t, env, "submit", "--id", ids[0], "--payload-json", `{"x": 1}`, "--wait"); r.code != 0 {
 		t.Fatalf("submit --payload-json --wait: %s", r)
 	}
@@ -137,6 +137,11 @@ func TestCLISubmitPayloadIsShownByJob(t *testing.T) {
 	}
 	if r := runBin(t, env, "submit", "--payload-json", `{nope`); r.code != 2 || !strings.Contains(r.errOut, "not JSON") {
 		t.Fatalf("a --payload-json that is not JSON: %s", r)
+	}
+	// --bus stores the payload in Redis itself, then publishes as a CAP client.
+	if r := runBin(t, env, "submit", "--bus", "--nats", te.NATSURL, "--subject-prefix", te.Prefix, "--redis", te.RedisURL,
+		"--id", ids[2], "--payload-json", `[1, 2]`, "--wait"); r.code != 0 || !strings.Contains(r.out, "    [1,2]") {
+		t.Fatalf("submit --bus --payload-json: %s", r)
 	}
 }
 
