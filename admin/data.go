@@ -294,7 +294,8 @@ func (s *Server) readDatum(ctx context.Context, ptr string, held bool) (*Datum, 
 		return d, nil
 	}
 	d.Held, d.Size = true, size
-	d.setBody(s.cut(data))
+	shown, cut := s.cut(data)
+	d.setBody(shown, cut || size > int64(len(data)))
 	return d, data
 }
 
