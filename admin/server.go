@@ -38,9 +38,9 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	// MaxBodyBytesDefault bounds a request body. A JobRequest carries
-	// pointers to its context, not the context, so 1 MiB is generous.
-	MaxBodyBytesDefault = 1 << 20
+	// MaxBodyBytesDefault bounds a request body: room for a submit whose
+	// payload is jobdata.MaxBytesDefault (1 MiB) of bytes in base64.
+	MaxBodyBytesDefault = 2 << 20
 	// RequestTimeoutDefault bounds the work behind one request.
 	RequestTimeoutDefault = 30 * time.Second
 	// ReadyTimeoutDefault bounds the readiness checks; a probe that takes
@@ -129,8 +129,15 @@ type Config struct {
 	// private) and /readyz any valid key (its body names the failing
 	// dependency). /healthz stays open: it says nothing but "alive".
 	MetricsNeedKey bool
-	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault).
+	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault,
+	// raised to hold a MaxPayloadBytes payload in base64).
 	MaxBodyBytes int64
+	// MaxPayloadBytes bounds the payload a submit stores as the job's
+	// input (default jobdata.MaxBytesDefault); a larger one is refused 413.
+	MaxPayloadBytes int64
+	// DataBodyBytes bounds each body GET /v1/jobs/{id}/data returns
+	// (default DataBodyBytesDefault); the rest is cut.
+	DataBodyBytes int64
 	// RequestTimeout bounds each API request (default RequestTimeoutDefault).
 	RequestTimeout time.Duration
 	// ReadyTimeout bounds /readyz (default ReadyTimeoutDefault).
@@ -192,6 +199,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if need := cfg.MaxPayloadBytes/3*4 + 64<<10; cfg.MaxBodyBytes < need {
+		cfg.MaxBodyBytes = need // a payload as large as allowed, in base64, fits in a body
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = RequestTimeoutDefault
@@ -314,6 +324,7 @@ func (s *Server) routes() http.Handler {
 	api("POST /v1/jobs/{id}/retry", anyTenant, s.retryJob)
 	api("POST /v1/jobs/bulk", anyTenant, s.bulkJobs)
 	api("GET /v1/series", allTenants, s.series)
+	api("GET /v1/jobs/{id}/data", anyTenant, s.jobData)
 	api("GET /v1/dlq", anyTenant, s.listDLQ)
 	api("POST /v1/dlq/{id}/retry", anyTenant, s.retryDLQ)
 	api("DELETE /v1/dlq/{id}", anyTenant, s.deleteDLQ)

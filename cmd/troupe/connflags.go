@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
+	"time"
+
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/internal/connect"
 )
@@ -38,4 +42,16 @@ func (c *common) dialNATS(name string, opts ...nats.Option) (*nats.Conn, error) 
 		return nil, err
 	}
 	return connect.DialNATS(s.NATSURL, s.NATS, append([]nats.Option{nats.Name(name)}, opts...)...)
+}
+
+// dialRedis connects to Redis with the flags' settings, as a command that
+// dialed Redis would (a cluster when several addresses are given).
+func (c *common) dialRedis(ctx context.Context) (redis.UniversalClient, error) {
+	s, err := c.conns()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return connect.DialRedis(ctx, s.RedisURL, s.Redis)
 }

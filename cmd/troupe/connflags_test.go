@@ -7,9 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/connect/conntest"
 )
 
@@ -100,16 +98,4 @@ func TestCLINATSCommandsNameNoSecret(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "connect: nats") {
 		t.Fatalf("right credentials: %v, want to get past connecting", err)
 	}
-}
-
-// dialRedis connects to Redis with the flags' settings, as a command that
-// dialed Redis would (a cluster when several addresses are given).
-func (c *common) dialRedis(ctx context.Context) (redis.UniversalClient, error) {
-	s, err := c.conns()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return connect.DialRedis(ctx, s.RedisURL, s.Redis)
 }

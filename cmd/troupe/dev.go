@@ -127,7 +127,13 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		id := fmt.Sprintf("demo-%d-%s", i+1, newID("")[:6])
 		ids = append(ids, id)
-		req := &capv1.JobRequest{JobId: id, Topic: topic, ContextPtr: "redis://ctx:" + id, TenantId: "demo"}
+		// Each demo job has an input, shown by `troupe job <id>` and the
+		// dashboard (the echo workers' result points back at it).
+		ptr, err := node.JobData().PutInput(ctx, id, fmt.Appendf(nil, `{"demo": %d, "topic": %q}`, i+1, topic))
+		if err != nil {
+			return err
+		}
+		req := &capv1.JobRequest{JobId: id, Topic: topic, ContextPtr: ptr, TenantId: "demo"}
 		data, err := bus.EncodeRequest(id, "troupe-dev", req)
 		if err != nil {
 			return err
@@ -260,11 +266,14 @@ func devTryHint(natsURL, redisURL, apiURL string) string {
 	return b.String()
 }
 
+// demoHandler is the dev workers': job.sleep sleeps, anything else
+// echoes, and a job's env may make it fail (worker.Demo: demo.fail=1,
+// demo.fatal=1, demo.sleep=2s).
 func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 	if req.Topic == "job.sleep" {
-		return worker.Sleep(50*time.Millisecond)(ctx, req)
+		return worker.Demo(worker.Sleep(50*time.Millisecond))(ctx, req)
 	}
-	return worker.Echo(ctx, req)
+	return worker.Demo(worker.Echo)(ctx, req)
 }
 
 func waitWorkers(ctx context.Context, node *troupe.Node, n int) {
