@@ -1,4 +1,5 @@
-// Package charttest renders the Troupe Helm chart (deploy/helm/troupe) with
+// Package charttest lints (Helm's linter) and renders the Troupe Helm chart
+// (deploy/helm/troupe) with
 // Helm's own Go packages (chart loader, chartutil, template engine) and
 // checks the rendered objects: each decodes strictly — no unknown or
 // duplicate fields — into its Kubernetes API type (k8s.io/api, the
