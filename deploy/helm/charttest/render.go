@@ -1,10 +1,10 @@
-// Package charttest lints (Helm's linter) and renders the Troupe Helm chart
-// (deploy/helm/troupe) with
-// Helm's own Go packages (chart loader, chartutil, template engine) and
-// checks the rendered objects: each decodes strictly — no unknown or
-// duplicate fields — into its Kubernetes API type (k8s.io/api, the
-// Prometheus Operator's ServiceMonitor), and the tests check what the
-// chart promises against the real troupe binary's flags.
+// Package charttest lints the Troupe Helm chart (deploy/helm/troupe) with
+// Helm's linter, renders it with Helm's own Go packages (chart loader,
+// chartutil, template engine) and checks the rendered objects: each
+// decodes strictly — no unknown or duplicate fields — into its Kubernetes
+// API type (k8s.io/api, the Prometheus Operator's ServiceMonitor), and the
+// tests check what the chart promises against the real troupe binary's
+// flags.
 //
 // It is a module of its own so that Helm and the Kubernetes API types
 // stay out of the node's go.mod (and its vulnerability scan).
