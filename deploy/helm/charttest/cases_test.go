@@ -130,6 +130,15 @@ worker: {enabled: true, replicaCount: 4, pool: echo, topics: [job.echo]}
 	if got := string(o.Secrets["rel-troupe-secrets"].Data["redis-password"]); got != "s3cret" {
 		t.Errorf("redis-password = %q", got)
 	}
+	// No secret reaches a pod spec: they are files from Secret volumes.
+	for _, d := range o.Deployments {
+		spec, _ := yaml.Marshal(d.Spec.Template)
+		for _, secret := range []string{"s3cret", "0123456789abcdef0123456789abcdef", "BEGIN PRIVATE KEY"} {
+			if strings.Contains(string(spec), secret) {
+				t.Errorf("Deployment %s: the pod spec holds the secret %q", d.Name, secret)
+			}
+		}
+	}
 
 	sm, ok := o.ServiceMonitors["rel-troupe"]
 	if !ok {
