@@ -205,13 +205,19 @@ redis: {existingSecret: redis-auth, existingSecretPasswordKey: pw}
 }
 
 // TestChartRefuses checks that values the node cannot run with fail the
-// render with a message naming the value.
+// render (the chart's checks or values.schema.json) with a message naming
+// the value.
 func TestChartRefuses(t *testing.T) {
 	for values, want := range map[string]string{
-		`redis: {urls: []}`:        "redis.urls",
-		`nats: {urls: []}`:         "nats.urls",
-		`signing: {enabled: true}`: "signing.signKey",
-		`config: {pools: null}`:    "config.pools",
+		`redis: {urls: []}`:            "/redis/urls",
+		`nats: {urls: []}`:             "/nats/urls",
+		`signing: {enabled: true}`:     "signing.signKey",
+		`config: {pools: null}`:        "config.pools",
+		`replicas: 3`:                  "replicas",
+		`admin: {port: "8080x"}`:       "/admin/port",
+		`node: {retention: 3 days}`:    "/node/retention",
+		`worker: {handler: crash}`:     "/worker/handler",
+		`redis: {url: redis://r:6379}`: "url",
 		`nats: {auth: {existingSecret: nats-auth, passwordKey: pw}}`: "nats.auth.user",
 	} {
 		var v map[string]any
