@@ -101,7 +101,7 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 	fields := make([]string, 0, 16+len(j.decision))
 	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
 		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
-	fresh := !j.activated
+	fresh := !j.live()
 	fields = appendFlag(fields, fresh, "tslot", j.admitted)
 	fields = appendFlag(fields, fresh, "resend", p.Resend)
 	fields = appendFlag(fields, fresh, "sod", p.StartsOnDelivery)
@@ -136,7 +136,7 @@ func (j *Job) dispatched(p *pending) {
 // onPublishFailed: the dispatch just recorded could not be published; the
 // job goes back to SCHEDULED and retries.
 func (j *Job) onPublishFailed(m *PublishFailed) {
-	if j.done || j.busy || j.State != core.StateDispatched {
+	if j.res.Gone() || j.busy || j.State != core.StateDispatched {
 		return
 	}
 	j.log(warn, "dispatch publish failed", "subject", j.Subject, "err", m.Err)
@@ -304,7 +304,7 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		changed = changed || again
 	}
 	recheck := j.recheckDelay()
-	if j.unwritten {
+	if j.res == Unwritten {
 		// Asked again within its grace (a recheck, a repeated submit):
 		// still nothing is written, but a pool left with no live worker
 		// shortens the grace.
@@ -313,17 +313,20 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		return
 	}
 	at := j.now().Add(recheck)
-	if !changed && j.activated {
+	if !changed && j.live() {
 		j.arm(at)
 		return
 	}
-	if !j.activated && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
+	if !j.live() && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
 		// Within the grace: nothing is written yet; the submit stays
 		// un-acked in JetStream (the node keeps telling JetStream it is
 		// in progress), which keeps it as durably. For its first
 		// AdmissionHold it still counts in the node's admissions.
 		now := j.now()
-		j.unwritten = true
+		if !j.moveTo(Unwritten) {
+			j.writeWait(at)
+			return
+		}
 		if j.waitedAt.IsZero() {
 			j.waitedAt = now
 		}
@@ -420,8 +423,8 @@ func (j *Job) writeWait(at time.Time) {
 
 // leaveGrace ends a wait within the grace (written, placed or finished).
 func (j *Job) leaveGrace() {
-	if j.unwritten {
-		j.unwritten = false
+	if j.res == Unwritten {
+		j.moveTo(Fresh)
 		j.endHold(time.Time{})
 		j.emit(Grace{Delta: -1})
 	}

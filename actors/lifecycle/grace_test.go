@@ -37,8 +37,8 @@ func TestGraceEndsWhenARecheckOrARepeatedSubmitIsPlaced(t *testing.T) {
 					admitted = true
 				}
 			}
-			if !graced || d.j.unwritten {
-				t.Fatalf("placed on a %s: grace not left (unwritten %v)", how, d.j.unwritten)
+			if !graced || (d.j.res == Unwritten) {
+				t.Fatalf("placed on a %s: grace not left (unwritten %v)", how, (d.j.res == Unwritten))
 			}
 			if how == "repeated submit" && !admitted {
 				t.Fatalf("placed on a %s within the admission hold: admission not ended", how)

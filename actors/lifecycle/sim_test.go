@@ -247,7 +247,7 @@ func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
 	}
 	_, wl := ev.(*WorkerLost)
 	_, pr := ev.(*Progress)
-	passOn := a.j.done && a.j.parked && a.j.State == core.StateDispatched && (wl || pr)
+	passOn := a.j.res == Parked && a.j.State == core.StateDispatched && (wl || pr)
 	redelivered := s.redelivered
 	s.step(n, a, ev)
 	if passOn && s.redelivered == redelivered {
@@ -452,7 +452,11 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			s.fail("%s: Admitted outside a wait within the grace, or twice in one", j.ID)
 		}
 		a.admitted = true
-	case PublishDLQ, TellClient, Log, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+	case Log:
+		if e.Msg == MsgIllegalMove {
+			s.fail("%s: %s %v", j.ID, e.Msg, e.Args)
+		}
+	case PublishDLQ, TellClient, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
 	}
 	return nil
 }
@@ -636,7 +640,7 @@ func (s *sim) hasWakeSource(id string, r *simRec) bool {
 		if !n.alive {
 			continue
 		}
-		if a := n.live[id]; a != nil && (a.j.activated || a.j.busy) {
+		if a := n.live[id]; a != nil && (a.j.live() || a.j.busy) {
 			if a.j.busy || !a.timerAt.IsZero() || n.queue[id] != 0 && a.j.queued {
 				return true
 			}
@@ -645,7 +649,7 @@ func (s *sim) hasWakeSource(id string, r *simRec) bool {
 					return true
 				}
 			}
-			if a.j.State == core.StateApprovalRequired && a.j.done {
+			if a.j.State == core.StateApprovalRequired && a.j.res.Gone() {
 				return true
 			}
 			return false

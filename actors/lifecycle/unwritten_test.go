@@ -25,7 +25,7 @@ func (d *driver) waitUnwritten(sub *submitDelivery) bool {
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
 	g, ok := find[Grace](fx)
-	return ok && g.Delta == 1 && d.j.unwritten
+	return ok && g.Delta == 1 && (d.j.res == Unwritten)
 }
 
 // An event that needs the job's record (a result, a progress, a worker's
@@ -69,9 +69,9 @@ func TestUnwrittenWaitAbsorbsEventsThatNeedTheRecord(t *testing.T) {
 				t.Errorf("result of no dispatch of this actor acked (lost if another node dispatched the job): %v", fx)
 			}
 		}
-		if !d.j.unwritten || !d.j.queued || d.j.busy || d.timer != timer {
+		if !(d.j.res == Unwritten) || !d.j.queued || d.j.busy || d.timer != timer {
 			t.Errorf("%T: the wait did not go on (unwritten %v, queued %v, busy %v, timer %d→%d)",
-				ev, d.j.unwritten, d.j.queued, d.j.busy, timer, d.timer)
+				ev, (d.j.res == Unwritten), d.j.queued, d.j.busy, timer, d.timer)
 		}
 	}
 }
@@ -109,8 +109,8 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 			left += g.Delta
 		}
 	}
-	if left != -1 || d.j.unwritten {
-		t.Errorf("adopted RUNNING: grace not left once (delta %d, unwritten %v): %v then %v", left, d.j.unwritten, picked, fx)
+	if left != -1 || (d.j.res == Unwritten) {
+		t.Errorf("adopted RUNNING: grace not left once (delta %d, unwritten %v): %v then %v", left, (d.j.res == Unwritten), picked, fx)
 	}
 	if a, ok := find[Ack](fx); !ok || a.D != sub {
 		t.Errorf("adopted: the held submit was not acked (the job exists): %v", fx)
@@ -158,9 +158,9 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 			}
 		}
 	}
-	if !withdrawn || d.j.queued || d.j.unwritten {
+	if !withdrawn || d.j.queued || (d.j.res == Unwritten) {
 		t.Errorf("adopted RUNNING at the grace's end: queue place kept (withdrawn %v, queued %v, unwritten %v): %v",
-			withdrawn, d.j.queued, d.j.unwritten, fx)
+			withdrawn, d.j.queued, (d.j.res == Unwritten), fx)
 	}
 }
 

@@ -136,7 +136,7 @@ func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 		t.Fields = append(t.Fields, j.decision...)
 		j.decision = nil
 	}
-	if j.activated {
+	if j.live() {
 		j.transition(t, dlq, p)
 		return
 	}
@@ -262,7 +262,7 @@ func (j *Job) transitioned(p *pending, r *store.Result) {
 	}
 	j.ackAll()
 	j.then(p)
-	if (j.State.Terminal() || t.Release) && !j.done {
+	if (j.State.Terminal() || t.Release) && !j.res.Gone() {
 		j.finish()
 	}
 }
