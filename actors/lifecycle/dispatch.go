@@ -318,29 +318,68 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		return
 	}
 	if !j.live() && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
-		// Within the grace: nothing is written yet; the submit stays
-		// un-acked in JetStream (the node keeps telling JetStream it is
-		// in progress), which keeps it as durably. For its first
-		// AdmissionHold it still counts in the node's admissions.
-		now := j.now()
-		if !j.moveTo(Unwritten) {
-			j.writeWait(at)
+		if !j.probed {
+			// First, is the job new? A submit may repeat a job that
+			// exists (a client resubmitting, a SUBMIT stream lost and
+			// refilled): one read of its record (an activation that
+			// creates nothing) takes such a job over, or hands it to its
+			// owner, rather than holding it here as a new wait for up to
+			// the grace. A job with no record waits (probedAbsent).
+			j.probed = true
+			j.activate(false, &pending{probe: true})
 			return
 		}
-		if j.waitedAt.IsZero() {
-			j.waitedAt = now
-		}
-		j.graceEnd = now.Add(j.cfg.CapacityGrace)
-		j.recheckAt = now.Add(recheck)
-		j.graceFor(p.Reason, now)
-		if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
-			j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
-		}
-		j.emit(Grace{Delta: 1, Deliveries: j.acks})
-		j.armUnwritten()
+		j.waitUnwritten()
 		return
 	}
 	j.writeWait(at)
+}
+
+// probedAbsent: the read before a wait within the grace found no record;
+// the job waits as a new one.
+func (j *Job) probedAbsent() {
+	switch {
+	case !j.queued:
+		// Placed meanwhile: the placement, deferred, is acted on first,
+		// so that the job is created before an event deferred with it
+		// that needs its record (a cancel) is handled.
+		for i, m := range j.deferred {
+			if pl, ok := m.(*router.Placed); ok {
+				j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
+				j.handle(pl)
+				return
+			}
+		}
+		j.writeWait(j.now().Add(j.recheckDelay()))
+	case !j.in.GraceRoom():
+		j.writeWait(j.now().Add(j.recheckDelay()))
+	default:
+		j.waitUnwritten()
+	}
+}
+
+// waitUnwritten starts a wait within the grace: nothing is written yet;
+// the submit stays un-acked in JetStream (the node keeps telling
+// JetStream it is in progress), which keeps it as durably. For its first
+// AdmissionHold it still counts in the node's admissions.
+func (j *Job) waitUnwritten() {
+	now := j.now()
+	recheck := j.recheckDelay()
+	if !j.moveTo(Unwritten) {
+		j.writeWait(now.Add(recheck))
+		return
+	}
+	if j.waitedAt.IsZero() {
+		j.waitedAt = now
+	}
+	j.graceEnd = now.Add(j.cfg.CapacityGrace)
+	j.recheckAt = now.Add(recheck)
+	j.graceFor(j.capReason, now)
+	if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
+		j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
+	}
+	j.emit(Grace{Delta: 1, Deliveries: j.acks})
+	j.armUnwritten()
 }
 
 // graceFor shortens the grace of a wait with no live worker to wait for

@@ -163,6 +163,10 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		j.forwardToOwner(r.Holder)
 		j.finish()
 	case store.ActivateNotFound:
+		if p.probe {
+			j.probedAbsent()
+			return
+		}
 		if j.lost != "" {
 			j.recreate()
 			return

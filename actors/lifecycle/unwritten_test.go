@@ -24,8 +24,55 @@ func (d *driver) waitUnwritten(sub *submitDelivery) bool {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, Delivery: sub})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != store.OpActivate || w.Op.Create {
+		return false // no look for the record first
+	}
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateNotFound}})
 	g, ok := find[Grace](fx)
 	return ok && g.Delta == 1 && (d.j.res == Unwritten)
+}
+
+// A submit about to wait for room within its grace first looks for the
+// job's record (one activation that creates nothing): a repeated submit of
+// a job that exists — running elsewhere, parked or passivated, or ended —
+// is not held here as a new wait for up to the grace, with its submit and
+// a grace budget, but acked and the job handed to its owner, taken over,
+// or left ended at once.
+func TestRepeatedSubmitFindsTheRecordBeforeWaiting(t *testing.T) {
+	found := map[string]*store.Result{
+		"owned elsewhere": {Status: store.ActivateBusy, State: core.StateRunning, Holder: "n2|4"},
+		"taken over": {Status: store.ActivateAdopted, State: core.StateRunning, Fence: 3,
+			Fields: map[string]string{"reason": string(core.ReasonStarted), "worker": "w2",
+				"deadline": "9999999999999", "deadline_kind": string(core.ReasonRunningTimeout)}},
+		"ended": {Status: store.ActivateTerminal, State: core.StateSucceeded},
+	}
+	for name, r := range found {
+		t.Run(name, func(t *testing.T) {
+			d := newDriver(t)
+			d.j.cfg.CapacityGrace, d.j.cfg.AdmissionHold = time.Minute, 2*time.Second
+			sub := &submitDelivery{}
+			d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, Delivery: sub})
+			d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+			fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
+			if _, ok := find[Grace](fx); ok {
+				t.Fatalf("a submit began a wait within the grace before looking for its record: %v", fx)
+			}
+			w, ok := find[Write](fx)
+			if !ok || w.Op.Kind != store.OpActivate || w.Op.Create {
+				t.Fatalf("no look for the record before the wait: %v", fx)
+			}
+			fx = d.feed(&WriteDone{Epoch: d.step, Res: r})
+			if _, ok := find[Grace](fx); ok || d.j.res == Unwritten {
+				t.Errorf("the job of an existing record waits unwritten: %v", fx)
+			}
+			if a, ok := find[Ack](fx); !ok || a.D != sub {
+				t.Errorf("the repeated submit was not acked: %v", fx)
+			}
+			if r.State != core.StateScheduled && d.j.queued {
+				t.Errorf("still queued for room, the record %s", r.State)
+			}
+		})
+	}
 }
 
 // An event that needs the job's record (a result, a progress, a worker's

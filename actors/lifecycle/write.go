@@ -47,6 +47,9 @@ type pending struct {
 	dlq  *store.DLQEntry   // wActivate: the plan's DLQ entry
 	// freesSlot: the transition gives the tenant slot back.
 	freesSlot bool
+	// probe: a wActivate that creates nothing, looking for the record of
+	// a job about to wait within its grace (see waitCapacity).
+	probe bool
 	// applied are the effects owed once the write applied (publishes,
 	// announcements, logs); a refused or failed write emits none of them.
 	applied []Effect
