@@ -318,44 +318,44 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		return
 	}
 	if !j.live() && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
-		if !j.probed {
-			// First, is the job new? A submit may repeat a job that
-			// exists (a client resubmitting, a SUBMIT stream lost and
-			// refilled): one read of its record (an activation that
-			// creates nothing) takes such a job over, or hands it to its
-			// owner, rather than holding it here as a new wait for up to
-			// the grace. A job with no record waits (probedAbsent).
-			j.probed = true
-			j.activate(false, &pending{probe: true})
-			return
-		}
 		j.waitUnwritten()
 		return
 	}
 	j.writeWait(at)
 }
 
-// probedAbsent: the read before a wait within the grace found no record;
-// the job waits as a new one.
+// probe looks for the record of a job waiting within its grace, once, at
+// the wait's first timer: its submit may repeat a job that exists (a
+// client resubmitting, a SUBMIT stream lost and refilled). One activation
+// that creates nothing takes such a job over, hands it to its owner or
+// finds it ended, rather than holding it here as a new wait for up to the
+// grace; a job with no record waits on (probedAbsent). At the first timer,
+// not as the wait begins: most waits (a burst the pools drain) end sooner
+// and cost no read.
+func (j *Job) probe() {
+	j.probed = true
+	j.activate(false, &pending{probe: true})
+}
+
+// probedAbsent: the job waiting within its grace has no record; it waits
+// on as a new one.
 func (j *Job) probedAbsent() {
-	switch {
-	case !j.queued:
-		// Placed meanwhile: the placement, deferred, is acted on first,
-		// so that the job is created before an event deferred with it
-		// that needs its record (a cancel) is handled.
-		for i, m := range j.deferred {
-			if pl, ok := m.(*router.Placed); ok {
-				j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
-				j.handle(pl)
-				return
-			}
-		}
-		j.writeWait(j.now().Add(j.recheckDelay()))
-	case !j.in.GraceRoom():
-		j.writeWait(j.now().Add(j.recheckDelay()))
-	default:
-		j.waitUnwritten()
+	if j.queued {
+		j.onUnwrittenTimer()
+		return
 	}
+	// Placed meanwhile: the placement, deferred, is acted on first, so
+	// that the job is created before an event deferred with it that needs
+	// its record (a cancel) is handled.
+	for i, m := range j.deferred {
+		if pl, ok := m.(*router.Placed); ok {
+			j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
+			j.handle(pl)
+			return
+		}
+	}
+	j.leaveGrace()
+	j.writeWait(j.now().Add(j.recheckDelay()))
 }
 
 // waitUnwritten starts a wait within the grace: nothing is written yet;
@@ -431,6 +431,10 @@ func (j *Job) onUnwrittenTimer() {
 	recheck := j.recheckDelay()
 	if !now.Before(j.graceEnd) {
 		j.writeWait(now.Add(recheck))
+		return
+	}
+	if !j.probed {
+		j.probe()
 		return
 	}
 	if !now.Before(j.recheckAt) {

@@ -57,6 +57,10 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 	if !p.op.Create {
 		plan = nil
 	}
+	if p.probe && r.Status == store.ActivateNotFound {
+		j.probedAbsent()
+		return
+	}
 	// Whatever the activation found, the job no longer waits unwritten
 	// within its grace: its record now decides (a wait that stayed would
 	// keep its budget, its touched submit and its capacity recheck).
@@ -163,10 +167,6 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		j.forwardToOwner(r.Holder)
 		j.finish()
 	case store.ActivateNotFound:
-		if p.probe {
-			j.probedAbsent()
-			return
-		}
 		if j.lost != "" {
 			j.recreate()
 			return
