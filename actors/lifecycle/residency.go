@@ -205,8 +205,9 @@ func (o Outcome) String() string {
 //   - Unwritten × progress, worker_lost, results_lost: handled as the
 //     SCHEDULED wait would handle them — they name no dispatch of this
 //     job, so nothing changes, and nothing is activated.
-//   - Unwritten × submit: a repeated submit joins the wait (its delivery
-//     is held with the first).
+//   - Unwritten × submit: a repeated submit is decided again (policy,
+//     router: the wait keeps its queue place), its delivery held with the
+//     first.
 //   - Parked × progress: a DISPATCHED job's first progress is its
 //     start, for the next actor; a RUNNING job's changes nothing.
 //   - Gone × lock_taken, lock_vanished, timer, placed: the lock and the
