@@ -62,8 +62,9 @@ type sim struct {
 	faults          bool
 	steps           int
 	redelivered     int
-	graceWaits      int // waits within the capacity grace begun
-	holdsEnded      int // of those, admission holds that ended (Admitted)
+	graceWaits      int             // waits within the capacity grace begun
+	holdsEnded      int             // of those, admission holds that ended (Admitted)
+	probes          map[string]bool // jobs that looked their record up while waiting unwritten
 	deliveries      []*simDelivery
 	resent          int // results a deduping worker sent again
 
@@ -346,6 +347,12 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	switch e := e.(type) {
 	case Write:
 		op := e.Op
+		if op.Kind == store.OpActivate && !op.Create && a.j.res == Unwritten {
+			if s.probes == nil {
+				s.probes = map[string]bool{}
+			}
+			s.probes[j.ID] = true
+		}
 		if e.Epoch == 0 {
 			s.after(s.latency(), func() { s.apply(n, op) })
 			return nil
@@ -777,7 +784,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total, resent, graceWaits, holdsEnded := 0, 0, 0, 0
+	total, resent, graceWaits, holdsEnded, probes := 0, 0, 0, 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
@@ -786,6 +793,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		resent += s.resent
 		graceWaits += s.graceWaits
 		holdsEnded += s.holdsEnded
+		probes += len(s.probes)
 		for k, v := range s.outcomes {
 			outcomes[k] += v
 		}
@@ -801,10 +809,10 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d",
-		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded)
-	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0) {
-		t.Errorf("the simulation never had a job wait within its capacity grace (%d) or outlast its admission hold (%d)",
-			graceWaits, holdsEnded)
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes)
+	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0 || probes == 0) {
+		t.Errorf("the simulation never had a job wait within its capacity grace (%d), outlast its admission hold (%d) or look its record up while waiting (%d)",
+			graceWaits, holdsEnded, probes)
 	}
 }
