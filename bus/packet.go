@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +97,10 @@ func (e Encoder) Request(traceID, sender string, req *capv1.JobRequest) ([]byte,
 // map entry replaces an earlier one of the same key). A signed packet is
 // signed over what it carries, so req is copied and stamped first.
 func (e Encoder) RequestEnv(traceID, sender string, req *capv1.JobRequest, kv ...string) ([]byte, error) {
-	if len(kv) == 0 || len(kv)%2 != 0 {
+	if len(kv)%2 != 0 {
+		return nil, errors.New("bus: env entries must come as key, value pairs")
+	}
+	if len(kv) == 0 {
 		return e.Request(traceID, sender, req)
 	}
 	if e.signs(sender) {

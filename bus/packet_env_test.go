@@ -56,6 +56,10 @@ func TestRequestEnvAppendsTheStampToTheEncodedRequest(t *testing.T) {
 	if q, _ := bus.Decode(plain); len(q.GetJobRequest().GetEnv()) != 2 {
 		t.Errorf("unstamped env = %v", q.GetJobRequest().GetEnv())
 	}
+	// A key with no value is refused, not sent half-stamped.
+	if _, err := bus.EncodeRequestEnv("tr", "node-1", req, "troupe.x"); err == nil {
+		t.Error("an odd list of env entries was encoded")
+	}
 }
 
 // A signed packet carries the stamp too, and its signature verifies.
