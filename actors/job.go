@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/actors/lifecycle"
 	"github.com/troupe-run/troupe/bus"
@@ -354,8 +353,7 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 	if a.trace != nil {
 		req = a.trace.request(req)
 	}
-	req = a.stampDispatch(req, e.Subject)
-	data, err := bus.EncodeRequest(j.TraceID, a.env.NodeID, req)
+	data, err := bus.EncodeRequestEnv(j.TraceID, a.env.NodeID, req, a.stampDispatch(e.Subject)...)
 	if err == nil {
 		err = a.env.Publish(e.Subject, data)
 	}
@@ -371,29 +369,26 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 	return nil
 }
 
-// stampDispatch adds to a direct dispatch what the node has heard of its
-// worker (Env.DispatchStamp): `troupe worker` drops a dispatch that reaches
-// it after a silence the node could have evicted it for, since the node
-// may have placed the job elsewhere meanwhile (worker.StaleDispatch). A
-// pool-subject dispatch is not stamped: NATS picks its receiver, whose
-// heartbeats the stamp would not describe. The request is copied; the
-// job's own is never changed (its labels place it, its hash approves it).
-func (a *JobActor) stampDispatch(req *capv1.JobRequest, subject string) *capv1.JobRequest {
+// stampDispatch is what a direct dispatch adds to its request's env: what
+// the node has heard of its worker (Env.DispatchStamp). `troupe worker`
+// drops a dispatch that reaches it after a silence the node could have
+// evicted it for, since the node may have placed the job elsewhere
+// meanwhile (worker.StaleDispatch). A pool-subject dispatch is not stamped
+// (nil): NATS picks its receiver, whose heartbeats the stamp would not
+// describe. The entries are appended to the encoded request
+// (bus.Encoder.RequestEnv): the job's own request is never changed (its
+// labels place it, its hash approves it), nor copied.
+func (a *JobActor) stampDispatch(subject string) []string {
 	w := a.job.Worker
 	if a.env.DispatchStamp == nil || w == "" || subject != a.env.Subjects.Worker(w) {
-		return req
+		return nil
 	}
 	heard, window, ok := a.env.DispatchStamp(w)
 	if !ok {
-		return req
+		return nil
 	}
-	out := proto.Clone(req).(*capv1.JobRequest)
-	if out.Env == nil {
-		out.Env = make(map[string]string, 2)
-	}
-	out.Env[registry.EnvHeardBeat] = strconv.FormatInt(heard.UnixNano(), 10)
-	out.Env[registry.EnvEvictAfter] = strconv.FormatInt(window.Milliseconds(), 10)
-	return out
+	return []string{registry.EnvHeardBeat, strconv.FormatInt(heard.UnixNano(), 10),
+		registry.EnvEvictAfter, strconv.FormatInt(window.Milliseconds(), 10)}
 }
 
 // tellClient publishes an outcome Troupe decided itself (cancelled, timed

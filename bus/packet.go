@@ -1,11 +1,13 @@
 package bus
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -88,6 +90,89 @@ func (e Encoder) Request(traceID, sender string, req *capv1.JobRequest) ([]byte,
 	return e.Marshal(p)
 }
 
+// RequestEnv marshals a JobRequest packet whose env also holds kv (key,
+// value pairs; a key req's env has already is overridden), without copying
+// or changing req: an unsigned packet gets the entries appended to its
+// encoded request (protobuf concatenates a message's fields, and a later
+// map entry replaces an earlier one of the same key). A signed packet is
+// signed over what it carries, so req is copied and stamped first.
+func (e Encoder) RequestEnv(traceID, sender string, req *capv1.JobRequest, kv ...string) ([]byte, error) {
+	if len(kv)%2 != 0 {
+		return nil, errors.New("bus: env entries must come as key, value pairs")
+	}
+	if len(kv) == 0 {
+		return e.Request(traceID, sender, req)
+	}
+	if e.signs(sender) {
+		out := proto.Clone(req).(*capv1.JobRequest)
+		if out.Env == nil {
+			out.Env = make(map[string]string, len(kv)/2)
+		}
+		for i := 0; i < len(kv); i += 2 {
+			out.Env[kv[i]] = kv[i+1]
+		}
+		return e.Request(traceID, sender, out)
+	}
+	extra := 0
+	for i := 0; i < len(kv); i += 2 {
+		n := envEntrySize(kv[i], kv[i+1])
+		extra += protowire.SizeTag(envField) + protowire.SizeBytes(n)
+	}
+	p := NewPacket(traceID, sender)
+	size := proto.Size(req)
+	// Room for the envelope's own fields (ids, a timestamp) besides.
+	buf := make([]byte, 0, size+extra+len(traceID)+len(sender)+48)
+	buf, err := proto.MarshalOptions{}.MarshalAppend(buf, p)
+	if err != nil {
+		return nil, err
+	}
+	buf = protowire.AppendTag(buf, requestField, protowire.BytesType)
+	buf = protowire.AppendVarint(buf, uint64(size+extra))
+	start := len(buf)
+	// Sized a moment ago: encoded with that size (a request is not changed
+	// once built; the length check below catches one that was).
+	buf, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(buf)-start != size {
+		// req changed between its sizing and its encoding: encode a copy.
+		return e.RequestEnv(traceID, sender, proto.Clone(req).(*capv1.JobRequest), kv...)
+	}
+	for i := 0; i < len(kv); i += 2 {
+		buf = protowire.AppendTag(buf, envField, protowire.BytesType)
+		buf = protowire.AppendVarint(buf, uint64(envEntrySize(kv[i], kv[i+1])))
+		buf = protowire.AppendTag(buf, 1, protowire.BytesType)
+		buf = protowire.AppendString(buf, kv[i])
+		buf = protowire.AppendTag(buf, 2, protowire.BytesType)
+		buf = protowire.AppendString(buf, kv[i+1])
+	}
+	return buf, nil
+}
+
+// CAP field numbers RequestEnv writes: BusPacket.job_request and
+// JobRequest.env (a map entry: key 1, value 2).
+const (
+	requestField protowire.Number = 10
+	envField     protowire.Number = 6
+)
+
+func envEntrySize(k, v string) int {
+	return protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+}
+
+// signs reports whether e signs packets from sender.
+func (e Encoder) signs(sender string) bool {
+	if e.Signer != nil {
+		return true
+	}
+	if m := signers.Load(); m != nil {
+		_, ok := (*m)[sender]
+		return ok
+	}
+	return false
+}
+
 // Result marshals a JobResult packet.
 func (e Encoder) Result(traceID, sender string, res *capv1.JobResult) ([]byte, error) {
 	p := NewPacket(traceID, sender)
@@ -119,6 +204,12 @@ func (e Encoder) Cancel(traceID, sender string, c *capv1.JobCancel) ([]byte, err
 // EncodeRequest marshals a JobRequest packet.
 func EncodeRequest(traceID, sender string, req *capv1.JobRequest) ([]byte, error) {
 	return Encoder{}.Request(traceID, sender, req)
+}
+
+// EncodeRequestEnv marshals a JobRequest packet with kv added to its env
+// (see Encoder.RequestEnv).
+func EncodeRequestEnv(traceID, sender string, req *capv1.JobRequest, kv ...string) ([]byte, error) {
+	return Encoder{}.RequestEnv(traceID, sender, req, kv...)
 }
 
 // EncodeResult marshals a JobResult packet.

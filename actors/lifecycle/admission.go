@@ -19,7 +19,7 @@ func (j *Job) onSubmit(m *Submit) {
 	if j.TraceID == "" {
 		j.TraceID = m.TraceID
 	}
-	if j.activated {
+	if j.live() {
 		// A duplicate submit of a live job: nothing changes.
 		j.count(MAbsorbed, "submit")
 		j.ack(m.Delivery)
@@ -47,9 +47,8 @@ func (j *Job) claimed(r *store.Result) {
 		j.count(MIdemDuplicates, "")
 		j.log(info, "submit is an idempotent duplicate", "existing_job_id", r.Holder,
 			"reason", core.ReasonIdempotentDuplicate)
-		j.ackAfterDone = true
 		j.ackAll()
-		j.finish()
+		j.finishIn(Ended)
 		return
 	}
 	j.decideFresh()
@@ -118,7 +117,7 @@ func (j *Job) onDecision(dec *capv1.PolicyCheckResponse, err error) {
 // job not yet created is created first (PENDING), so its submit can be
 // acked and its wait survives this node.
 func (j *Job) waitForPolicy() {
-	if !j.activated {
+	if !j.live() {
 		j.activate(true, nil) // then advance() asks again
 		return
 	}
@@ -200,7 +199,7 @@ func (j *Job) fail(reason core.Reason, detail string, last core.Reason) {
 
 // retryIn waits d (a throttling policy's answer) and decides again.
 func (j *Job) retryIn(why core.Reason, d time.Duration) {
-	if !j.activated {
+	if !j.live() {
 		j.activate(true, nil)
 		return
 	}
@@ -211,7 +210,7 @@ func (j *Job) retryIn(why core.Reason, d time.Duration) {
 // retryLater waits and advances again without a state change, counting a
 // scheduling attempt. A job not yet created is created first.
 func (j *Job) retryLater(why core.Reason) {
-	if !j.activated {
+	if !j.live() {
 		j.activate(true, nil)
 		return
 	}

@@ -101,7 +101,7 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 	fields := make([]string, 0, 16+len(j.decision))
 	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
 		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
-	fresh := !j.activated
+	fresh := !j.live()
 	fields = appendFlag(fields, fresh, "tslot", j.admitted)
 	fields = appendFlag(fields, fresh, "resend", p.Resend)
 	fields = appendFlag(fields, fresh, "sod", p.StartsOnDelivery)
@@ -136,7 +136,7 @@ func (j *Job) dispatched(p *pending) {
 // onPublishFailed: the dispatch just recorded could not be published; the
 // job goes back to SCHEDULED and retries.
 func (j *Job) onPublishFailed(m *PublishFailed) {
-	if j.done || j.busy || j.State != core.StateDispatched {
+	if j.res.Gone() || j.busy || j.State != core.StateDispatched {
 		return
 	}
 	j.log(warn, "dispatch publish failed", "subject", j.Subject, "err", m.Err)
@@ -305,7 +305,7 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		changed = changed || again
 	}
 	recheck := j.recheckDelay()
-	if j.unwritten {
+	if j.res == Unwritten {
 		// Asked again within its grace (a recheck, a repeated submit):
 		// still nothing is written, but a pool left with no live worker
 		// shortens the grace.
@@ -314,28 +314,12 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 		return
 	}
 	at := j.now().Add(recheck)
-	if !changed && j.activated {
+	if !changed && j.live() {
 		j.arm(at)
 		return
 	}
-	if !j.activated && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
-		// Within the grace: nothing is written yet; the submit stays
-		// un-acked in JetStream (the node keeps telling JetStream it is
-		// in progress), which keeps it as durably. For its first
-		// AdmissionHold it still counts in the node's admissions.
-		now := j.now()
-		j.unwritten = true
-		if j.waitedAt.IsZero() {
-			j.waitedAt = now
-		}
-		j.graceEnd = now.Add(j.cfg.CapacityGrace)
-		j.recheckAt = now.Add(recheck)
-		j.graceFor(p.Reason, now)
-		if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
-			j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
-		}
-		j.emit(Grace{Delta: 1, Deliveries: j.acks})
-		j.armUnwritten()
+	if !j.live() && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
+		j.waitUnwritten()
 		return
 	}
 	j.writeWait(at)
@@ -347,6 +331,64 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 // the scheduling backoff and bounded by the attempts.
 func waitsUnbounded(reason core.Reason) bool {
 	return reason == core.ReasonPoolOverloaded || reason == core.ReasonPoolPaused
+}
+
+// probe looks for the record of a job waiting within its grace, once, at
+// the wait's first timer: its submit may repeat a job that exists (a
+// client resubmitting, a SUBMIT stream lost and refilled). One activation
+// that creates nothing takes such a job over, hands it to its owner or
+// finds it ended, rather than holding it here as a new wait for up to the
+// grace; a job with no record waits on (probedAbsent). At the first timer,
+// not as the wait begins: most waits (a burst the pools drain) end sooner
+// and cost no read.
+func (j *Job) probe() {
+	j.probed = true
+	j.activate(false, &pending{probe: true})
+}
+
+// probedAbsent: the job waiting within its grace has no record; it waits
+// on as a new one.
+func (j *Job) probedAbsent() {
+	if j.queued {
+		j.onUnwrittenTimer()
+		return
+	}
+	// Placed meanwhile: the placement, deferred, is acted on first, so
+	// that the job is created before an event deferred with it that needs
+	// its record (a cancel) is handled.
+	for i, m := range j.deferred {
+		if pl, ok := m.(*router.Placed); ok {
+			j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
+			j.handle(pl)
+			return
+		}
+	}
+	j.leaveGrace()
+	j.writeWait(j.now().Add(j.recheckDelay()))
+}
+
+// waitUnwritten starts a wait within the grace: nothing is written yet;
+// the submit stays un-acked in JetStream (the node keeps telling
+// JetStream it is in progress), which keeps it as durably. For its first
+// AdmissionHold it still counts in the node's admissions.
+func (j *Job) waitUnwritten() {
+	now := j.now()
+	recheck := j.recheckDelay()
+	if !j.moveTo(Unwritten) {
+		j.writeWait(now.Add(recheck))
+		return
+	}
+	if j.waitedAt.IsZero() {
+		j.waitedAt = now
+	}
+	j.graceEnd = now.Add(j.cfg.CapacityGrace)
+	j.recheckAt = now.Add(recheck)
+	j.graceFor(j.capReason, now)
+	if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
+		j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
+	}
+	j.emit(Grace{Delta: 1, Deliveries: j.acks})
+	j.armUnwritten()
 }
 
 // graceFor shortens the grace of a wait with no live worker to wait for
@@ -400,6 +442,10 @@ func (j *Job) onUnwrittenTimer() {
 		j.writeWait(now.Add(recheck))
 		return
 	}
+	if !j.probed {
+		j.probe()
+		return
+	}
 	if !now.Before(j.recheckAt) {
 		j.recheckAt = now.Add(recheck)
 		j.askRouter()
@@ -429,8 +475,8 @@ func (j *Job) writeWait(at time.Time) {
 
 // leaveGrace ends a wait within the grace (written, placed or finished).
 func (j *Job) leaveGrace() {
-	if j.unwritten {
-		j.unwritten = false
+	if j.res == Unwritten {
+		j.moveTo(Fresh)
 		j.endHold(time.Time{})
 		j.emit(Grace{Delta: -1})
 	}

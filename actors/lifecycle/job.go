@@ -162,20 +162,17 @@ type Inputs interface {
 type Job struct {
 	cfg *Config
 
-	ID        string
-	activated bool
-	done      bool
-	// ackAfterDone: events reaching the finished job are acked (it is
-	// terminal, or the submit was an idempotent duplicate) rather than handed
-	// back to JetStream for the node that owns the job.
-	ackAfterDone bool
-	State        core.State
-	LockValue    string
-	Fence        int64
-	Req          *capv1.JobRequest
-	TraceID      string
-	Worker       string
-	Subject      string
+	ID string
+	// res is where the job lives (see Residency): every change goes
+	// through moveTo, checked against the table of legal moves.
+	res       Residency
+	State     core.State
+	LockValue string
+	Fence     int64
+	Req       *capv1.JobRequest
+	TraceID   string
+	Worker    string
+	Subject   string
 	// pool is the pool of the dispatch's worker (recorded as "pool"): on a
 	// pool subject, a worker key of that pool may speak for the job first.
 	pool       string
@@ -197,9 +194,8 @@ type Job struct {
 	firstEvent  time.Time
 	idemChecked bool
 	// parkAt is when a job waiting for its worker parks (zero: not
-	// waiting); parked is set once it has.
+	// waiting).
 	parkAt time.Time
-	parked bool
 	// resend: the dispatch may be repeated (the worker dedupes); resendAt
 	// is when, while DISPATCHED (or recalling); resends counts the repeats
 	// made.
@@ -213,17 +209,25 @@ type Job struct {
 	// startsOnDelivery: the worker sends no progress; the job counts as
 	// started once delivered.
 	startsOnDelivery bool
-	waitingPolicy    bool
-	// queued: the job waits in the router's capacity queue under ticket
-	// (a new ticket per wait), for capReason.
+	// waitingPolicy: the node keeps this job among the waiters on an
+	// unavailable policy (a registration to undo, within Live; not where
+	// the job lives).
+	waitingPolicy bool
+	// queued: the job holds a place in the router's capacity queue under
+	// ticket (a new ticket per wait), for capReason. A place in the queue
+	// is held while Unwritten (always) or Live (a written wait); it is the
+	// router's memory, to be given back on every exit, not a residency.
 	queued    bool
 	ticket    uint64
 	capReason core.Reason
-	// unwritten: a fresh job waiting within its grace, not yet written,
-	// until graceEnd; the router is asked again at recheckAt; until
-	// holdEnd (zero: over) it counts in the node's admissions.
-	unwritten                    bool
+	// While Unwritten: the grace ends at graceEnd; the router is asked
+	// again at recheckAt; until holdEnd (zero: over) the job counts in the
+	// node's admissions.
 	graceEnd, recheckAt, holdEnd time.Time
+	// probed: the job's record was looked for before its first wait
+	// within the grace (a repeated submit of a job that exists elsewhere
+	// must not wait here as a new one).
+	probed bool
 	// submitted is when the job's submit was stored (zero: unknown), and
 	// waitedAt when its wait within the grace began (zero: none): the
 	// record created after them says so (historyFields).
@@ -269,7 +273,7 @@ func New(cfg *Config, id string, seed uint64) *Job {
 }
 
 // Done reports whether the job's actor has nothing left to do.
-func (j *Job) Done() bool { return j.done }
+func (j *Job) Done() bool { return j.res.Gone() }
 
 // Step handles one event and returns the effects to carry out, in order.
 // The returned slice is valid until the next Step.
@@ -290,16 +294,68 @@ func (j *Job) now() time.Time {
 }
 
 // receive is the job's mailbox: replies to its own steps first, then input
-// events, handled now or deferred while a step is outstanding.
+// events, routed by what they do in the job's residency (OutcomeOf):
+// handled now, or deferred while a step is outstanding. A gone actor has
+// no step outstanding: a late reply is dropped.
 func (j *Job) receive(ev any) {
+	if j.reply(ev) {
+		return
+	}
+	k, ok := KindOf(ev)
+	if !ok {
+		j.event(ev)
+		return
+	}
 	switch m := ev.(type) {
 	case *Restarting:
-		j.onRestarting()
+		if OutcomeOf(j.res, k) == Stop {
+			j.onRestarting()
+		}
+		return
 	case *Stopping:
-		j.onStopping()
+		if o := OutcomeOf(j.res, k); o == Stop || o == Release {
+			j.onStopping()
+		}
+		return
+	case *Timer:
+		if m.Epoch != j.timerEpoch {
+			return
+		}
+		j.timerAt = time.Time{}
+	case *LockLost:
+		if m.LockValue != j.LockValue {
+			return
+		}
+		switch OutcomeOf(j.res, k) {
+		case Handle:
+			// Nobody holds the lock (it expired, or Redis lost its data):
+			// nothing else owns the job, so take it again, in order with
+			// the job's other events.
+			j.event(m)
+		case Stop:
+			j.lockTaken()
+		}
+		return
+	case *router.Placed:
+		// Answered at once, busy or not, so the router knows the slot is
+		// taken (or free again); acted on in order with other events.
+		used := j.queued && m.Ticket == j.ticket && !j.res.Gone()
+		j.toRouter(&router.Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
+		if !used {
+			return
+		}
+		j.queued = false
+	}
+	j.event(ev)
+}
+
+// reply handles an answer to one of the job's own steps (false: ev is
+// not one).
+func (j *Job) reply(ev any) bool {
+	switch m := ev.(type) {
 	case *WriteDone:
 		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {
-			return
+			return true
 		}
 		p := j.pending
 		j.busy, j.pending = false, nil
@@ -307,7 +363,7 @@ func (j *Job) receive(ev any) {
 		j.drain()
 	case *RetryNow:
 		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {
-			return
+			return true
 		}
 		j.busy = false
 		p := j.pending
@@ -315,49 +371,22 @@ func (j *Job) receive(ev any) {
 		j.write(p)
 	case *PolicyDone:
 		if m.Epoch != j.opEpoch || !j.busy {
-			return
+			return true
 		}
 		j.busy = false
 		j.onDecision(m.Dec, m.Err)
 		j.drain()
 	case *OutputDone:
 		if m.Epoch != j.opEpoch || !j.busy {
-			return
+			return true
 		}
 		j.busy = false
 		j.onOutput(m)
 		j.drain()
 	case *PublishFailed:
-		j.onPublishFailed(m)
-		j.drain()
-	case *Timer:
-		if m.Epoch != j.timerEpoch {
-			return
-		}
-		j.timerAt = time.Time{}
-		j.event(m)
-	case *LockLost:
-		if m.LockValue != j.LockValue || j.done {
-			return
-		}
-		if m.Vanished && j.activated && j.Req != nil {
-			// Nobody holds the lock (it expired, or Redis lost its data):
-			// nothing else owns the job, so take it again, in order with
-			// the job's other events.
-			j.event(m)
-			return
-		}
-		j.log(warn, "job lock lost; stopping without side effects")
-		j.LockValue = ""
-		j.finish()
-	case *router.Placed:
-		// Answered at once, busy or not, so the router knows the slot is
-		// taken (or free again); acted on in order with other events.
-		used := j.queued && m.Ticket == j.ticket && !j.done
-		j.toRouter(&router.Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
-		if used {
-			j.queued = false
-			j.event(m)
+		if !j.res.Gone() {
+			j.onPublishFailed(m)
+			j.drain()
 		}
 	case *router.PickReply:
 		if m.Epoch != j.opEpoch || !j.busy {
@@ -366,14 +395,23 @@ func (j *Job) receive(ev any) {
 			if m.WorkerID != "" && !m.Queued && m.WorkerID != j.Worker && m.WorkerID != j.picked {
 				j.toRouter(&router.Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
 			}
-			return
+			return true
 		}
 		j.busy = false
 		j.onPick(m)
 		j.drain()
 	default:
-		j.event(ev)
+		return false
 	}
+	return true
+}
+
+// lockTaken: another holder has the job's lock; the actor stops without
+// side effects, and what it held goes back to JetStream for the owner.
+func (j *Job) lockTaken() {
+	j.log(warn, "job lock lost; stopping without side effects")
+	j.LockValue = ""
+	j.finish()
 }
 
 // event handles an input event now, or later if a step is outstanding.
@@ -398,10 +436,12 @@ func (j *Job) drain() {
 	}
 }
 
-// handle processes one input event.
+// handle processes one input event, as its residency says (OutcomeOf).
 func (j *Job) handle(m any) {
-	if j.done {
-		j.absorb(m)
+	k, _ := KindOf(m)
+	o := OutcomeOf(j.res, k)
+	if j.res.Gone() {
+		j.absorb(m, o)
 		return
 	}
 	if j.firstEvent.IsZero() {
@@ -410,18 +450,41 @@ func (j *Job) handle(m any) {
 	if r, ok := m.(*Result); ok && j.TraceID == "" {
 		j.TraceID = r.TraceID
 	}
-	if !j.activated && needsRecord(m) {
-		if j.unwritten {
-			if j.unwrittenEvent(m) {
-				return
-			}
-		} else {
-			// Known only from its record (an event for a job parked here,
-			// or owned elsewhere): the job is activated first, then the
-			// event handled.
-			j.activateFor(m)
+	switch o {
+	case Ignore:
+		return
+	case Activate:
+		// Known only from its record (an event for a job parked here,
+		// or owned elsewhere): the job is activated first, then the
+		// event handled.
+		if w, ok := m.(*Wake); ok {
+			j.woken, j.lapsedAt = true, w.LapsedAt
+			j.activate(false, nil)
 			return
 		}
+		j.activateFor(m)
+		return
+	case CreateCancelled:
+		j.cancelUnwritten(m.(*Cancel))
+		return
+	case Retry:
+		// A result for this job id while it waits unwritten here: its
+		// submit may be a repeat of a job that exists, dispatched by
+		// another node (a client resubmitting, a SUBMIT stream lost). Taken
+		// here it would be lost; it is offered again in a moment, when
+		// the job's owner (or this job, once written) takes it.
+		if r, ok := m.(*Result); ok {
+			j.emit(Nak{D: r.Delivery, Delay: UnwrittenResultRetry})
+		}
+		return
+	case WriteWait:
+		// Its previous actor failed for good: the wait is written first,
+		// so the failure lands on the job's record.
+		j.deferred = append([]any{m}, j.deferred...)
+		j.disarm()
+		j.withdraw()
+		j.writeWait(j.now().Add(j.recheckDelay()))
+		return
 	}
 	switch m := m.(type) {
 	case *Submit:
@@ -431,39 +494,7 @@ func (j *Job) handle(m any) {
 	case *Cancel:
 		j.onCancel(m)
 	case *Progress:
-		if !j.mayReport(m.By, m.From) {
-			j.refuse(core.ReasonNotJobWorker, "progress from worker "+m.From+", not the job's", m.Refuse, nil)
-			return
-		}
-		heard := j.recall && (m.From == "" || m.From == j.Worker)
-		if heard {
-			// The worker answered a repeat: it holds the job, and its
-			// result will come.
-			j.recall, j.resendAt = false, time.Time{}
-		}
-		from := m.From
-		if from != "" && from != j.Worker && (j.lostWorker(from) || j.direct()) {
-			// A worker of an earlier dispatch still running the job (its
-			// result will end it, see onResult), or a stray: the job's
-			// worker stays the one it is dispatched to.
-			from = ""
-		}
-		if j.State == core.StateDispatched || j.State == core.StateRunning &&
-			(j.deadlineWhy == core.ReasonWorkerLost || from != "" && from != j.Worker) {
-			j.markRunning(from)
-		} else {
-			if from != "" && from == j.Worker {
-				j.spoke = true
-			}
-			if heard {
-				j.armWait()
-			}
-		}
-	case *Wake:
-		if !j.activated {
-			j.woken, j.lapsedAt = true, m.LapsedAt
-			j.activate(false, nil)
-		}
+		j.onProgress(m)
 	case *WorkerLost:
 		j.onWorkerLost(m)
 	case *ResultsLost:
@@ -476,11 +507,16 @@ func (j *Job) handle(m any) {
 		j.onPlaced(m)
 	case *LockLost:
 		// A renewal found no lock (see receive).
-		if m.LockValue == j.LockValue && !j.done {
-			j.log(warn, "job lock vanished at renewal; re-activating", "state", j.State)
-			j.disarm()
-			j.recover()
+		if m.LockValue != j.LockValue {
+			return // a lock given up meanwhile
 		}
+		if j.Req == nil {
+			j.lockTaken() // nothing to take the job again with
+			return
+		}
+		j.log(warn, "job lock vanished at renewal; re-activating", "state", j.State)
+		j.disarm()
+		j.recover()
 	case *PolicyBack:
 		if j.waitingPolicy {
 			// Woken early: another job's check has just succeeded.
@@ -491,55 +527,41 @@ func (j *Job) handle(m any) {
 	}
 }
 
-// needsRecord reports whether m is about a job that must exist already (it
-// must not create one): it needs the job's state from its record.
-func needsRecord(m any) bool {
-	switch m.(type) {
-	case *Result, *Cancel, *Progress, *WorkerLost, *ResultsLost, *Abandon:
-		return true
+func (j *Job) onProgress(m *Progress) {
+	if !j.mayReport(m.By, m.From) {
+		j.refuse(core.ReasonNotJobWorker, "progress from worker "+m.From+", not the job's", m.Refuse, nil)
+		return
 	}
-	return false
+	heard := j.recall && (m.From == "" || m.From == j.Worker)
+	if heard {
+		// The worker answered a repeat: it holds the job, and its
+		// result will come.
+		j.recall, j.resendAt = false, time.Time{}
+	}
+	from := m.From
+	if from != "" && from != j.Worker && (j.lostWorker(from) || j.direct()) {
+		// A worker of an earlier dispatch still running the job (its
+		// result will end it, see onResult), or a stray: the job's
+		// worker stays the one it is dispatched to.
+		from = ""
+	}
+	if j.State == core.StateDispatched || j.State == core.StateRunning &&
+		(j.deadlineWhy == core.ReasonWorkerLost || from != "" && from != j.Worker) {
+		j.markRunning(from)
+		return
+	}
+	if from != "" && from == j.Worker {
+		j.spoke = true
+	}
+	if heard {
+		j.armWait()
+	}
 }
 
-// unwrittenEvent handles an event that needs the job's record while the
-// job waits within its grace, not yet written; false: the event is handled
-// as usual, with no record. Such a job lives only in this actor and was
-// never dispatched; activating for the event would find no record,
-// dead-letter the event and ack the job's own held submit with it, and
-// leave the wait's state behind.
 // UnwrittenResultRetry is how soon a result that reached a job waiting
 // unwritten is offered again (to any node): long enough not to spin, short
 // beside a job's run.
 const UnwrittenResultRetry = time.Second
-
-func (j *Job) unwrittenEvent(m any) bool {
-	switch m := m.(type) {
-	case *Cancel:
-		// The job is created cancelled.
-		j.cancelUnwritten(m)
-		return true
-	case *Result:
-		// A result for this job id while it waits unwritten here: its
-		// submit may be a repeat of a job that exists, dispatched by
-		// another node (a client resubmitting, a SUBMIT stream lost). Taken
-		// here it would be lost; it is offered again in a moment, when
-		// the job's owner (or this job, once written) takes it.
-		j.emit(Nak{D: m.Delivery, Delay: UnwrittenResultRetry})
-		return true
-	case *Abandon:
-		// Its previous actor failed for good: the wait is written first,
-		// so the failure lands on the job's record.
-		j.deferred = append([]any{m}, j.deferred...)
-		j.disarm()
-		j.withdraw()
-		j.writeWait(j.now().Add(j.recheckDelay()))
-		return true
-	}
-	// A result or progress of no dispatch of this job, a lost worker or
-	// result stream it never used: handled below as its SCHEDULED wait
-	// would handle them — absorbed.
-	return false
-}
 
 // activateFor activates an existing job for an event that must not create
 // one; the event is handled once the job's state is known.
@@ -548,8 +570,9 @@ func (j *Job) activateFor(m any) {
 	j.activate(false, nil)
 }
 
-// absorb handles an event that reaches the job after its actor finished.
-func (j *Job) absorb(m any) {
+// absorb handles an event that reaches the job after its actor finished,
+// with its outcome o in the job's residency.
+func (j *Job) absorb(m any, o Outcome) {
 	var d Delivery
 	kind := "submit"
 	switch m := m.(type) {
@@ -559,26 +582,28 @@ func (j *Job) absorb(m any) {
 		d, kind = m.Delivery, "result"
 	case *Cancel:
 		d, kind = m.Delivery, "cancel"
-	case *Progress, *WorkerLost, *ResultsLost:
-		_, progress := m.(*Progress)
-		if j.parked && (j.State == core.StateDispatched || !progress && j.State == core.StateRunning) {
-			// The job parked a moment ago: its worker's first progress,
-			// its eviction or a lost result stream is for the job's next
-			// actor, which the supervisor spawns for it (a parked
-			// DISPATCHED job is remembered).
+	case *Progress:
+		if o == PassOn && j.State == core.StateDispatched {
+			// The job parked a moment ago: its worker's first progress
+			// is for the job's next actor, which the supervisor spawns for
+			// it (a parked DISPATCHED job is remembered).
 			j.emit(Redeliver{Msgs: []any{m}})
 		}
 		return
 	default:
+		if o == PassOn {
+			// Its eviction or a lost result stream, likewise.
+			j.emit(Redeliver{Msgs: []any{m}})
+		}
 		return
 	}
-	if j.ackAfterDone || j.State.Terminal() {
+	if o == Absorb || j.State.Terminal() {
 		j.count(MAbsorbed, kind)
 		j.ack(d)
 		return
 	}
-	// The job lives elsewhere (another node owns it, or it was passivated a
-	// moment ago): let JetStream offer the message again.
+	// The job lives elsewhere (another node owns it, it is parked, or it
+	// was passivated a moment ago): let JetStream offer the message again.
 	j.nak(d, time.Second)
 }
 
@@ -604,7 +629,7 @@ func (j *Job) advance() {
 // or the end of a capacity grace.
 func (j *Job) onTimer() {
 	j.stopWaitingPolicy()
-	if j.unwritten && j.queued {
+	if j.res == Unwritten && j.queued {
 		j.onUnwrittenTimer()
 		return
 	}
@@ -633,47 +658,71 @@ func (j *Job) disarm() {
 	j.timerEpoch++
 }
 
-// finish ends the actor's work: its supervisor will stop it.
+// finish ends the actor's work: its supervisor will stop it. The job is
+// then Ended (terminal), Parked (parkedAt) or Away; see finishIn.
 func (j *Job) finish() {
-	if j.done {
+	switch {
+	case j.State.Terminal():
+		j.finishIn(Ended)
+	default:
+		j.finishIn(Away)
+	}
+}
+
+// finishIn ends the actor's work with the job in residency gone (Parked:
+// its lock held by the node lease; Away: elsewhere; Ended: terminal, or
+// the submit a duplicate).
+func (j *Job) finishIn(gone Residency) {
+	if j.res.Gone() {
 		return
 	}
-	j.done = true
 	j.disarm()
 	j.stopWaitingPolicy()
 	j.withdraw()
 	j.dropPick()
 	j.leaveGrace()
+	if gone == Parked && !active(j.State) {
+		gone = Away
+	}
+	if gone == Away && j.State.Terminal() {
+		gone = Ended
+	}
+	if !j.moveTo(gone) {
+		return
+	}
+	if j.busy {
+		// A step was outstanding (the lock was taken meanwhile): its
+		// answer will be dropped, and what it held goes back.
+		j.busy, j.pending = false, nil
+		j.nakAll(second)
+	}
 	if j.LockValue != "" {
 		j.emit(Forget{LockValue: j.LockValue})
 	}
-	if j.State == core.StateDispatched && !j.parked {
+	parked := gone == Parked
+	if j.State == core.StateDispatched && !parked {
 		j.release(false)
 	}
-	if j.State.Terminal() {
-		j.ackAfterDone = true
-	}
-	parkedDispatched := j.parked && j.State == core.StateDispatched
 	var again []any
 	// Anything still deferred is absorbed — except the progress and
 	// eviction of a parked job, which go to its next actor.
 	for _, m := range j.deferred {
 		switch m.(type) {
 		case *Progress:
-			if parkedDispatched {
+			if parked && j.State == core.StateDispatched {
 				again = append(again, m)
 				continue
 			}
 		case *WorkerLost, *ResultsLost:
-			if j.parked && active(j.State) {
+			if parked {
 				again = append(again, m)
 				continue
 			}
 		}
-		j.absorb(m)
+		k, _ := KindOf(m)
+		j.absorb(m, OutcomeOf(gone, k))
 	}
 	j.deferred = nil
-	parked := j.parked && active(j.State)
 	j.emit(Finish{Parked: parked, Running: parked && j.State == core.StateRunning, Redeliver: again})
 }
 

@@ -57,13 +57,17 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 	if !p.op.Create {
 		plan = nil
 	}
+	if p.probe && r.Status == store.ActivateNotFound {
+		j.probedAbsent()
+		return
+	}
 	// Whatever the activation found, the job no longer waits unwritten
 	// within its grace: its record now decides (a wait that stayed would
 	// keep its budget, its touched submit and its capacity recheck).
 	j.leaveGrace()
 	switch r.Status {
 	case store.ActivateCreated:
-		j.activated = true
+		j.moveTo(Live)
 		j.created = j.now()
 		j.observe(MActivationDelay, j.firstEvent)
 		j.count(MReceived, "")
@@ -85,7 +89,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			return
 		}
 		j.then(p)
-		if (j.State.Terminal() || plan.Release) && !j.done {
+		if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
 			j.finish()
 		}
 	case store.ActivateAdopted:
@@ -94,7 +98,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			// reply was lost: the job is where the plan put it, and the
 			// plan's side effects are still owed — nobody else can have
 			// done them.
-			j.activated = true
+			j.moveTo(Live)
 			j.created = j.now()
 			j.State, j.Fence = r.State, r.Fence
 			j.LastReason = plan.Path[len(plan.Path)-1].Reason
@@ -104,12 +108,12 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			}
 			j.ackAll()
 			j.then(p)
-			if (j.State.Terminal() || plan.Release) && !j.done {
+			if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
 				j.finish()
 			}
 			return
 		}
-		j.activated = true
+		j.moveTo(Live)
 		j.observe(MActivationDelay, j.firstEvent)
 		j.State, j.Fence = r.State, r.Fence
 		j.LastReason = core.Reason(r.Fields["reason"])
@@ -224,7 +228,7 @@ func (j *Job) forwardToOwner(holder string) {
 func (j *Job) recover() {
 	j.emit(Forget{LockValue: store.LockValue(j.cfg.NodeID, j.Fence)})
 	j.lost = j.State
-	j.activated = false
+	j.moveTo(Fresh)
 	j.activate(false, nil)
 }
 
@@ -361,7 +365,7 @@ func (j *Job) deadLettered(p *pending) {
 	if len(j.deferred) > 0 {
 		return // a submit is waiting: it activates with create
 	}
-	// Not ackAfterDone: a submit that reaches the job after it finished
+	// Away, not Ended: a submit that reaches the job after it finished
 	// must go back to JetStream and create the job.
 	j.finish()
 }
@@ -404,9 +408,8 @@ func (j *Job) parkedAt(r *store.Result) {
 		j.recover()
 		return
 	}
-	j.parked = true
 	j.count(MParked, "")
-	j.finish()
+	j.finishIn(Parked)
 }
 
 // onStopping releases the lock of a job still in flight when the actor is
@@ -421,7 +424,7 @@ func (j *Job) onStopping() {
 	j.withdraw()
 	j.dropPick()
 	j.leaveGrace()
-	if j.LockValue != "" && !j.done {
+	if j.LockValue != "" && !j.res.Gone() {
 		j.emit(Forget{LockValue: j.LockValue})
 		op := &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: j.LockValue}
 		if queued && j.State == core.StateScheduled {

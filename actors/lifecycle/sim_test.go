@@ -62,8 +62,9 @@ type sim struct {
 	faults          bool
 	steps           int
 	redelivered     int
-	graceWaits      int // waits within the capacity grace begun
-	holdsEnded      int // of those, admission holds that ended (Admitted)
+	graceWaits      int             // waits within the capacity grace begun
+	holdsEnded      int             // of those, admission holds that ended (Admitted)
+	probes          map[string]bool // jobs that looked their record up while waiting unwritten
 	deliveries      []*simDelivery
 	resent          int // results a deduping worker sent again
 
@@ -247,7 +248,7 @@ func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
 	}
 	_, wl := ev.(*WorkerLost)
 	_, pr := ev.(*Progress)
-	passOn := a.j.done && a.j.parked && a.j.State == core.StateDispatched && (wl || pr)
+	passOn := a.j.res == Parked && a.j.State == core.StateDispatched && (wl || pr)
 	redelivered := s.redelivered
 	s.step(n, a, ev)
 	if passOn && s.redelivered == redelivered {
@@ -346,6 +347,12 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	switch e := e.(type) {
 	case Write:
 		op := e.Op
+		if op.Kind == store.OpActivate && !op.Create && a.j.res == Unwritten {
+			if s.probes == nil {
+				s.probes = map[string]bool{}
+			}
+			s.probes[j.ID] = true
+		}
 		if e.Epoch == 0 {
 			s.after(s.latency(), func() { s.apply(n, op) })
 			return nil
@@ -452,7 +459,11 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			s.fail("%s: Admitted outside a wait within the grace, or twice in one", j.ID)
 		}
 		a.admitted = true
-	case PublishDLQ, TellClient, Log, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+	case Log:
+		if e.Msg == MsgIllegalMove {
+			s.fail("%s: %s %v", j.ID, e.Msg, e.Args)
+		}
+	case PublishDLQ, TellClient, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
 	}
 	return nil
 }
@@ -636,7 +647,7 @@ func (s *sim) hasWakeSource(id string, r *simRec) bool {
 		if !n.alive {
 			continue
 		}
-		if a := n.live[id]; a != nil && (a.j.activated || a.j.busy) {
+		if a := n.live[id]; a != nil && (a.j.live() || a.j.busy) {
 			if a.j.busy || !a.timerAt.IsZero() || n.queue[id] != 0 && a.j.queued {
 				return true
 			}
@@ -645,7 +656,7 @@ func (s *sim) hasWakeSource(id string, r *simRec) bool {
 					return true
 				}
 			}
-			if a.j.State == core.StateApprovalRequired && a.j.done {
+			if a.j.State == core.StateApprovalRequired && a.j.res.Gone() {
 				return true
 			}
 			return false
@@ -773,7 +784,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total, resent, graceWaits, holdsEnded := 0, 0, 0, 0
+	total, resent, graceWaits, holdsEnded, probes := 0, 0, 0, 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
@@ -782,6 +793,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		resent += s.resent
 		graceWaits += s.graceWaits
 		holdsEnded += s.holdsEnded
+		probes += len(s.probes)
 		for k, v := range s.outcomes {
 			outcomes[k] += v
 		}
@@ -797,10 +809,10 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d",
-		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded)
-	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0) {
-		t.Errorf("the simulation never had a job wait within its capacity grace (%d) or outlast its admission hold (%d)",
-			graceWaits, holdsEnded)
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes)
+	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0 || probes == 0) {
+		t.Errorf("the simulation never had a job wait within its capacity grace (%d), outlast its admission hold (%d) or look its record up while waiting (%d)",
+			graceWaits, holdsEnded, probes)
 	}
 }

@@ -18,14 +18,76 @@ func (d *submitDelivery) NakWithDelay(time.Duration) error { d.naked++; return n
 func (d *submitDelivery) InProgress() error                { return nil }
 
 // waitUnwritten takes a fresh job into a wait for room within its capacity
-// grace (nothing written, its submit held).
+// grace (nothing written, its submit held), past the wait's first timer,
+// where it looked for its record and found none.
 func (d *driver) waitUnwritten(sub *submitDelivery) bool {
+	if !d.beginUnwritten(sub) {
+		return false
+	}
+	d.now = d.j.timerAt
+	fx := d.feed(&Timer{Epoch: d.timer})
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != store.OpActivate || w.Op.Create {
+		return false // no look for the record at the first timer
+	}
+	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateNotFound}})
+	return d.j.res == Unwritten && !d.j.busy && !d.j.timerAt.IsZero()
+}
+
+// beginUnwritten takes a fresh job into a wait for room within its grace.
+func (d *driver) beginUnwritten(sub *submitDelivery) bool {
 	d.j.cfg.CapacityGrace, d.j.cfg.AdmissionHold = time.Minute, 2*time.Second
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, Delivery: sub})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: core.ReasonPoolOverloaded})
 	g, ok := find[Grace](fx)
-	return ok && g.Delta == 1 && d.j.unwritten
+	return ok && g.Delta == 1 && d.j.res == Unwritten
+}
+
+// A job waiting for room within its grace looks for its record once, at
+// the wait's first timer (one activation that creates nothing; none as the
+// wait begins, so a wait a burst's drain ends sooner costs no read): a
+// repeated submit of a job that exists — owned elsewhere, taken over here,
+// or ended — is then no longer held as a new wait for up to the grace, with
+// its submit and a grace budget, but acked, and the wait ended.
+func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
+	found := map[string]*store.Result{
+		"owned elsewhere": {Status: store.ActivateBusy, State: core.StateRunning, Holder: "n2|4"},
+		"taken over": {Status: store.ActivateAdopted, State: core.StateRunning, Fence: 3,
+			Fields: map[string]string{"reason": string(core.ReasonStarted), "worker": "w2",
+				"deadline": "9999999999999", "deadline_kind": string(core.ReasonRunningTimeout)}},
+		"ended": {Status: store.ActivateTerminal, State: core.StateSucceeded},
+	}
+	for name, r := range found {
+		t.Run(name, func(t *testing.T) {
+			d := newDriver(t)
+			sub := &submitDelivery{}
+			if !d.beginUnwritten(sub) {
+				t.Fatalf("no wait within the grace: %v", d.fx)
+			}
+			if _, ok := find[Write](d.fx); ok {
+				t.Fatalf("a read as the wait began: %v", d.fx)
+			}
+			if at := d.j.timerAt; at.After(d.now.Add(2 * time.Second)) {
+				t.Fatalf("first timer %v after the wait began, want the admission hold's end", at.Sub(d.now))
+			}
+			d.now = d.j.timerAt
+			fx := d.feed(&Timer{Epoch: d.timer})
+			w, ok := find[Write](fx)
+			if !ok || w.Op.Kind != store.OpActivate || w.Op.Create {
+				t.Fatalf("no look for the record at the wait's first timer: %v", fx)
+			}
+			fx = d.feed(&WriteDone{Epoch: d.step, Res: r})
+			if g, ok := find[Grace](fx); !ok || g.Delta != -1 || d.j.res == Unwritten {
+				t.Errorf("the job of an existing record still waits unwritten (%s): %v", d.j.res, fx)
+			}
+			if a, ok := find[Ack](fx); !ok || a.D != sub {
+				t.Errorf("the repeated submit was not acked: %v", fx)
+			}
+			if d.j.queued {
+				t.Errorf("still queued for room, the record %s", r.State)
+			}
+		})
+	}
 }
 
 // An event that needs the job's record (a result, a progress, a worker's
@@ -69,9 +131,9 @@ func TestUnwrittenWaitAbsorbsEventsThatNeedTheRecord(t *testing.T) {
 				t.Errorf("result of no dispatch of this actor acked (lost if another node dispatched the job): %v", fx)
 			}
 		}
-		if !d.j.unwritten || !d.j.queued || d.j.busy || d.timer != timer {
+		if !(d.j.res == Unwritten) || !d.j.queued || d.j.busy || d.timer != timer {
 			t.Errorf("%T: the wait did not go on (unwritten %v, queued %v, busy %v, timer %d→%d)",
-				ev, d.j.unwritten, d.j.queued, d.j.busy, timer, d.timer)
+				ev, (d.j.res == Unwritten), d.j.queued, d.j.busy, timer, d.timer)
 		}
 	}
 }
@@ -109,8 +171,8 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 			left += g.Delta
 		}
 	}
-	if left != -1 || d.j.unwritten {
-		t.Errorf("adopted RUNNING: grace not left once (delta %d, unwritten %v): %v then %v", left, d.j.unwritten, picked, fx)
+	if left != -1 || (d.j.res == Unwritten) {
+		t.Errorf("adopted RUNNING: grace not left once (delta %d, unwritten %v): %v then %v", left, (d.j.res == Unwritten), picked, fx)
 	}
 	if a, ok := find[Ack](fx); !ok || a.D != sub {
 		t.Errorf("adopted: the held submit was not acked (the job exists): %v", fx)
@@ -158,9 +220,9 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 			}
 		}
 	}
-	if !withdrawn || d.j.queued || d.j.unwritten {
+	if !withdrawn || d.j.queued || (d.j.res == Unwritten) {
 		t.Errorf("adopted RUNNING at the grace's end: queue place kept (withdrawn %v, queued %v, unwritten %v): %v",
-			withdrawn, d.j.queued, d.j.unwritten, fx)
+			withdrawn, d.j.queued, (d.j.res == Unwritten), fx)
 	}
 }
 

@@ -47,6 +47,9 @@ type pending struct {
 	dlq  *store.DLQEntry   // wActivate: the plan's DLQ entry
 	// freesSlot: the transition gives the tenant slot back.
 	freesSlot bool
+	// probe: a wActivate that creates nothing, looking for the record of
+	// a job about to wait within its grace (see waitCapacity).
+	probe bool
 	// applied are the effects owed once the write applied (publishes,
 	// announcements, logs); a refused or failed write emits none of them.
 	applied []Effect
@@ -136,7 +139,7 @@ func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 		t.Fields = append(t.Fields, j.decision...)
 		j.decision = nil
 	}
-	if j.activated {
+	if j.live() {
 		j.transition(t, dlq, p)
 		return
 	}
@@ -262,7 +265,7 @@ func (j *Job) transitioned(p *pending, r *store.Result) {
 	}
 	j.ackAll()
 	j.then(p)
-	if (j.State.Terminal() || t.Release) && !j.done {
+	if (j.State.Terminal() || t.Release) && !j.res.Gone() {
 		j.finish()
 	}
 }
