@@ -106,6 +106,11 @@ func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix
 // identical config as a repeat.
 const (
 	jsErrStreamSubjectOverlap jetstream.ErrorCode = 10065
+	// "error creating store for stream": nats-server 2.9 removes an
+	// account's empty streams directory when its last stream goes, and a
+	// create racing that removal fails its mkdir (ENOENT). The next try
+	// finds the directory made again.
+	jsErrStreamStoreCreate jetstream.ErrorCode = 10049
 )
 
 // Concurrent creation is retried this often, backoff doubling from
@@ -125,7 +130,7 @@ func lostCreateRace(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jsErrStreamSubjectOverlap, jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeConsumerNameExists,
+		case jsErrStreamSubjectOverlap, jsErrStreamStoreCreate, jetstream.JSErrCodeStreamNameInUse, jetstream.JSErrCodeConsumerNameExists,
 			jetstream.JSErrCodeConsumerExists, jetstream.JSErrCodeConsumerAlreadyExists:
 			return true
 		}
