@@ -388,3 +388,93 @@ func TestAWaitBeforeTheRecordIsItsOwnSpan(t *testing.T) {
 		t.Fatalf("PENDING span %v, SCHEDULED %v: the wait is still shown as PENDING", pend, wait)
 	}
 }
+
+// TestSpansOfAJobHeldInTheStreamStartAtItsSubmit: a job whose submit
+// waited in the stream (the node at MaxAdmitting), then waited for room
+// on the node, has a PENDING span from its submit's stored time — the
+// record's sub field, where its history starts too — not from when a node
+// took it, and its wait for room as its own SCHEDULED span with its
+// reason; the job span begins with the PENDING span.
+func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
+	t.Parallel()
+	recv, addr := startOTLPReceiver(t)
+	f := newFixture(t, func(c *troupe.Config) {
+		noBackoff(c)
+		c.MaxAdmitting = 1
+		c.AdmissionHold = time.Hour
+		c.CapacityGrace = time.Hour
+		c.OTLPEndpoint = addr
+	})
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	ctx := context.Background()
+	waiting := func(id string) {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if wj, _ := f.node.WaitingJob(ctx, id); wj != nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never waited for room", id)
+			}
+		}
+	}
+	f.submit(echoReq("sp-a"))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("sp-b"))
+	waiting("sp-b")
+	f.untilAdmitting(1)
+	f.untilNoPulls()
+	f.submit(echoReq("sp-c")) // held in the stream
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n, _ := f.node.CountStates(ctx); n[core.StateScheduled] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sp-c never counted SCHEDULED in the stream")
+		}
+	}
+	opened := time.Now() // no node has taken sp-c before this
+	g.open("sp-a", true)
+	if got := w.waitGot(5 * time.Second); got != "sp-b" {
+		t.Fatalf("got %s, want sp-b", got)
+	}
+	waiting("sp-c")
+	g.open("sp-b", true)
+	if got := w.waitGot(5 * time.Second); got != "sp-c" {
+		t.Fatalf("got %s, want sp-c", got)
+	}
+	g.open("sp-c", true)
+	rec := f.waitState("sp-c", core.StateSucceeded)
+	f.stopAndFlush()
+
+	sub, err := strconv.ParseInt(rec.Fields["sub"], 10, 64)
+	if err != nil || sub <= 0 || !time.UnixMilli(sub).Before(opened) {
+		t.Fatalf("record sub %q, want a time before %v", rec.Fields["sub"], opened)
+	}
+	if at := rec.History[0].At.UnixMilli(); at != sub {
+		t.Fatalf("history starts at %d, want the submit's %d", at, sub)
+	}
+	jobs, states := recv.jobSpans("sp-c")
+	by := map[string]*tracepb.Span{}
+	for _, s := range states {
+		by[s.GetName()] = s
+	}
+	pending, scheduled := by[tracing.SpanStatePrefix+string(core.StatePending)], by[tracing.SpanStatePrefix+string(core.StateScheduled)]
+	if len(jobs) != 1 || pending == nil || scheduled == nil {
+		t.Fatalf("job spans %d, state spans %v; want one job span, PENDING and SCHEDULED", len(jobs), states)
+	}
+	startMs := func(s *tracepb.Span) int64 { return int64(s.GetStartTimeUnixNano() / uint64(time.Millisecond)) }
+	if got := startMs(pending); got != sub {
+		t.Fatalf("PENDING span starts at %d, want the submit's stored time %d (%d ms later)", got, sub, got-sub)
+	}
+	if jobs[0].GetStartTimeUnixNano() > pending.GetStartTimeUnixNano() {
+		t.Fatal("the job span starts after its PENDING span")
+	}
+	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(core.ReasonPoolOverloaded) {
+		t.Fatalf("SCHEDULED span reason %q, want pool_overloaded", r)
+	}
+	if scheduled.GetStartTimeUnixNano() < pending.GetEndTimeUnixNano() || scheduled.GetStartTimeUnixNano() < uint64(opened.UnixNano()) {
+		t.Fatal("the SCHEDULED span does not follow the PENDING span from when the node took the job")
+	}
+}
