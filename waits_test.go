@@ -434,7 +434,11 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 			t.Fatal("sp-c never counted SCHEDULED in the stream")
 		}
 	}
-	opened := time.Now() // no node has taken sp-c before this
+	if wj, _ := f.node.WaitingJob(ctx, "sp-c"); wj != nil {
+		t.Fatal("sp-c was taken by the node, not held in the stream")
+	}
+	time.Sleep(300 * time.Millisecond) // the wait in the stream the spans must show
+	opened := time.Now()                // no node has taken sp-c before this
 	g.open("sp-a", true)
 	if got := w.waitGot(5 * time.Second); got != "sp-b" {
 		t.Fatalf("got %s, want sp-b", got)
@@ -467,6 +471,12 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 	startMs := func(s *tracepb.Span) int64 { return int64(s.GetStartTimeUnixNano() / uint64(time.Millisecond)) }
 	if got := startMs(pending); got != sub {
 		t.Fatalf("PENDING span starts at %d, want the submit's stored time %d (%d ms later)", got, sub, got-sub)
+	}
+	t.Logf("sp-c: PENDING %v (submit to taken), SCHEDULED %v",
+		time.Duration(pending.GetEndTimeUnixNano()-pending.GetStartTimeUnixNano()),
+		time.Duration(scheduled.GetEndTimeUnixNano()-scheduled.GetStartTimeUnixNano()))
+	if pend := time.Duration(pending.GetEndTimeUnixNano() - pending.GetStartTimeUnixNano()); pend < 300*time.Millisecond {
+		t.Fatalf("PENDING span lasted %v; the submit waited in the stream at least 300 ms", pend)
 	}
 	if jobs[0].GetStartTimeUnixNano() > pending.GetStartTimeUnixNano() {
 		t.Fatal("the job span starts after its PENDING span")
