@@ -2,6 +2,7 @@ package troupe_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"strconv"
 	"strings"
@@ -266,6 +267,68 @@ func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
 	}
 	// (Which member takes a job on a pool subject is NATS's choice, so a
 	// member may get a job while the other is free: counts hold per pool.)
+}
+
+// TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker: item 8 with two
+// replicas sharing two stock-like workers (max_parallel 1, a pool subject,
+// no progress). A job is lost on a worker (taken, never answered): both
+// replicas free its slot from the workers' heartbeats of 0 active jobs —
+// each counts nothing in flight on either worker, and never less than
+// nothing — then every later job succeeds, and once the workers are idle
+// again both replicas count nothing in flight.
+func TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", noBackoff)
+	f.node = a
+	answer := func(id string) bool { return !strings.HasPrefix(id, "lost-") }
+	w1 := startCapWorker(t, f.env.NATS, f.subj, "stock-1", 1, 100*time.Millisecond, answer)
+	w2 := startCapWorker(t, f.env.NATS, f.subj, "stock-2", 1, 100*time.Millisecond, answer)
+	for _, n := range []*troupe.Node{a, b} {
+		f.node = n
+		f.waitWorkers(2)
+	}
+	f.node = a
+	f.submit(echoReq("lost-1"))
+	f.waitState("lost-1", core.StateDispatched) // started on delivery: it stays so until its deadline
+	for deadline := time.Now().Add(10 * time.Second); w1.received.Load()+w2.received.Load() < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("no worker took the lost job")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	idle := func(when string) {
+		for _, node := range []*troupe.Node{a, b} {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				ws, err := node.Workers()
+				if err != nil {
+					t.Fatal(err)
+				}
+				busy := ""
+				for _, w := range ws {
+					if w.InFlight != 0 || w.Others < 0 || w.Foreign < 0 {
+						busy += fmt.Sprintf(" %s in flight %d (others %d, foreign %d)", w.ID, w.InFlight, w.Others, w.Foreign)
+					}
+				}
+				if busy == "" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s, node %s counts on idle workers:%s", when, node.ID(), busy)
+				}
+			}
+		}
+	}
+	idle("after the lost job")
+	const n = 200
+	for i := range n {
+		f.submit(echoReq("after2-" + strconv.Itoa(i)))
+	}
+	for i := range n {
+		f.waitStateWithin("after2-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+	}
+	idle("after the later jobs")
 }
 
 // TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory: a job that waited for
