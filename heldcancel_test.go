@@ -182,3 +182,45 @@ func (f *fixture) untilNoPulls() {
 		}
 	}
 }
+
+// TestAWrittenWaitShowsItsQueuePosition: jobs whose wait for room is
+// written SCHEDULED at once (CapacityGrace negative) show their place in
+// the pool's queue in GET /v1/jobs/{id}, as unwritten waits do: 0 for the
+// first, 1 for the next.
+func TestAWrittenWaitShowsItsQueuePosition(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(c *troupe.Config) {
+		noBackoff(c)
+		c.CapacityGrace = -1
+	})
+	srv, err := admin.NewServer(admin.Config{Node: f.node, Registry: f.node.Metrics(), Listen: "127.0.0.1:0",
+		Log: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	api := admin.NewClient("http://"+srv.Addr(), "")
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "qpos", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	f.submit(echoReq("qpos-0"))
+	w.waitGot(5 * time.Second)
+	ctx := context.Background()
+	for i, id := range []string{"qpos-1", "qpos-2"} {
+		f.submit(echoReq(id))
+		if r := f.waitState(id, core.StateScheduled); r.Reason != core.ReasonPoolOverloaded {
+			t.Fatalf("%s waits for %s, want pool_overloaded", id, r.Reason)
+		}
+		j, err := api.Job(ctx, id)
+		if err != nil || j.Unwritten || j.QueuePosition == nil || *j.QueuePosition != i {
+			t.Fatalf("GET %s: %+v, %v; want a written wait at queue position %d", id, j, err, i)
+		}
+	}
+	for _, id := range []string{"qpos-0", "qpos-1", "qpos-2"} {
+		g.open(id, true)
+		f.waitState(id, core.StateSucceeded)
+	}
+}
