@@ -38,7 +38,10 @@ const markBudget = 2 * time.Second
 // dead-lettered unknown_job, for a canceller that may cancel for no tenant
 // or when Redis cannot be asked.
 func (in *Intake) markHeld(jobID string, c *actors.Cancel) bool {
-	if in.Store == nil {
+	if in.Store == nil || in.Env.DataLost != nil && in.Env.DataLost() {
+		// After a loss of Redis's data a job with no record may be one
+		// Redis lost: its cancel is dead-lettered state_lost, the client
+		// told, as any event for such a job (see actors.Env.DataLost).
 		return false
 	}
 	tenants := markTenants(c.By)

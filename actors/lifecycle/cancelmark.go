@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/store"
 )
 
@@ -19,6 +20,12 @@ func (j *Job) createdCancelled(r *store.Result) {
 	j.LastReason = core.ReasonCancelRequested
 	if j.cfg.Trace {
 		j.emit(Moved{Created: true, Path: []store.Hop{{To: core.StateCancelled, Reason: core.ReasonCancelRequested}}})
+	}
+	if j.Worker != "" {
+		// A record Redis lost, written back (recreate): the job is with its
+		// worker, which hears the cancel on the bus; its slot stays counted
+		// until the worker lets go, as for any job cancelled there.
+		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
 	}
 	j.ended()
 	j.ackAll()
