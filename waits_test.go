@@ -2,8 +2,8 @@ package troupe_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -501,7 +501,7 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 		t.Fatal("sp-c was taken by the node, not held in the stream")
 	}
 	time.Sleep(300 * time.Millisecond) // the wait in the stream the spans must show
-	opened := time.Now()                // no node has taken sp-c before this
+	opened := time.Now()               // no node has taken sp-c before this
 	g.open("sp-a", true)
 	if got := w.waitGot(5 * time.Second); got != "sp-b" {
 		t.Fatalf("got %s, want sp-b", got)
