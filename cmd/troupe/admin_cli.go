@@ -562,6 +562,12 @@ func (e *ctlEnv) jobCancel(ctx context.Context, args []string) error {
 	if e.asJSON {
 		return e.printJSON(a)
 	}
+	if a.Note == admin.CancelRecordedNote {
+		// No record and waiting on no node: its submit may still be held
+		// in the stream.
+		fmt.Fprintf(e.out, "job %s: no record yet; %s\n", a.JobID, a.Note)
+		return nil
+	}
 	fmt.Fprintf(e.out, "job %s: cancel requested\n", a.JobID)
 	return nil
 }
