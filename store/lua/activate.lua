@@ -119,6 +119,9 @@ local function createCancelled(mark)
   redis.call('HSET', job_key, unpack(f))
   redis.call('ZADD', cancelled_key, now_ms, job_id)
   redis.call('ZREM', due_key, job_id)
+  -- Any lock left here is this node's own (another's answered BUSY above).
+  redis.call('DEL', lock_key)
+  redis.call('ZREM', leases_key, job_id)
   if tonumber(retention_s) > 0 then
     redis.call('EXPIRE', job_key, retention_s)
   end
