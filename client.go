@@ -38,6 +38,15 @@ func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
 	return err
 }
 
+// MarkCancel records the cancel of a job that has no record and waits on
+// no node — its submit, if it comes, still held in the stream — for a job
+// of one of tenants (store.AnyTenant: any): the job is created CANCELLED
+// when a node takes it, and never dispatched. store.ErrJobExists: the job
+// has a record (cancel it with Cancel).
+func (n *Node) MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error {
+	return n.store.MarkCancel(ctx, jobID, tenants, by, reason)
+}
+
 // Decide records a human decision on a job waiting for approval; the job
 // resumes (or is denied) on whichever replica wakes it. hash, when set, must
 // match the job hash recorded when approval was requested.

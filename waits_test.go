@@ -3,6 +3,7 @@ package troupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -268,6 +269,68 @@ func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
 	// member may get a job while the other is free: counts hold per pool.)
 }
 
+// TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker: item 8 with two
+// replicas sharing two stock-like workers (max_parallel 1, a pool subject,
+// no progress). A job is lost on a worker (taken, never answered): both
+// replicas free its slot from the workers' heartbeats of 0 active jobs —
+// each counts nothing in flight on either worker, and never less than
+// nothing — then every later job succeeds, and once the workers are idle
+// again both replicas count nothing in flight.
+func TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, noBackoff)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", noBackoff)
+	f.node = a
+	answer := func(id string) bool { return !strings.HasPrefix(id, "lost-") }
+	w1 := startCapWorker(t, f.env.NATS, f.subj, "stock-1", 1, 100*time.Millisecond, answer)
+	w2 := startCapWorker(t, f.env.NATS, f.subj, "stock-2", 1, 100*time.Millisecond, answer)
+	for _, n := range []*troupe.Node{a, b} {
+		f.node = n
+		f.waitWorkers(2)
+	}
+	f.node = a
+	f.submit(echoReq("lost-1"))
+	f.waitState("lost-1", core.StateDispatched) // started on delivery: it stays so until its deadline
+	for deadline := time.Now().Add(10 * time.Second); w1.received.Load()+w2.received.Load() < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("no worker took the lost job")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	idle := func(when string) {
+		for _, node := range []*troupe.Node{a, b} {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				ws, err := node.Workers()
+				if err != nil {
+					t.Fatal(err)
+				}
+				busy := ""
+				for _, w := range ws {
+					if w.InFlight != 0 || w.Others < 0 || w.Foreign < 0 {
+						busy += fmt.Sprintf(" %s in flight %d (others %d, foreign %d)", w.ID, w.InFlight, w.Others, w.Foreign)
+					}
+				}
+				if busy == "" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s, node %s counts on idle workers:%s", when, node.ID(), busy)
+				}
+			}
+		}
+	}
+	idle("after the lost job")
+	const n = 200
+	for i := range n {
+		f.submit(echoReq("after2-" + strconv.Itoa(i)))
+	}
+	for i := range n {
+		f.waitStateWithin("after2-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+	}
+	idle("after the later jobs")
+}
+
 // TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory: a job that waited for
 // room with no record has a history that starts at its submit and shows
 // the wait as its own step — PENDING at the submit, SCHEDULED
@@ -386,5 +449,105 @@ func TestAWaitBeforeTheRecordIsItsOwnSpan(t *testing.T) {
 	}
 	if pend := time.Duration(pending.GetEndTimeUnixNano() - pending.GetStartTimeUnixNano()); pend >= wait {
 		t.Fatalf("PENDING span %v, SCHEDULED %v: the wait is still shown as PENDING", pend, wait)
+	}
+}
+
+// TestSpansOfAJobHeldInTheStreamStartAtItsSubmit: a job whose submit
+// waited in the stream (the node at MaxAdmitting), then waited for room
+// on the node, has a PENDING span from its submit's stored time — the
+// record's sub field, where its history starts too — not from when a node
+// took it, and its wait for room as its own SCHEDULED span with its
+// reason; the job span begins with the PENDING span.
+func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
+	t.Parallel()
+	recv, addr := startOTLPReceiver(t)
+	f := newFixture(t, func(c *troupe.Config) {
+		noBackoff(c)
+		c.MaxAdmitting = 1
+		c.AdmissionHold = time.Hour
+		c.CapacityGrace = time.Hour
+		c.OTLPEndpoint = addr
+	})
+	g := newJobGates()
+	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
+	f.waitWorkers(1)
+	ctx := context.Background()
+	waiting := func(id string) {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if wj, _ := f.node.WaitingJob(ctx, id); wj != nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never waited for room", id)
+			}
+		}
+	}
+	f.submit(echoReq("sp-a"))
+	w.waitGot(5 * time.Second)
+	f.submit(echoReq("sp-b"))
+	waiting("sp-b")
+	f.untilAdmitting(1)
+	f.untilNoPulls()
+	f.submit(echoReq("sp-c")) // held in the stream
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n, _ := f.node.CountStates(ctx); n[core.StateScheduled] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sp-c never counted SCHEDULED in the stream")
+		}
+	}
+	if wj, _ := f.node.WaitingJob(ctx, "sp-c"); wj != nil {
+		t.Fatal("sp-c was taken by the node, not held in the stream")
+	}
+	time.Sleep(300 * time.Millisecond) // the wait in the stream the spans must show
+	opened := time.Now()               // no node has taken sp-c before this
+	g.open("sp-a", true)
+	if got := w.waitGot(5 * time.Second); got != "sp-b" {
+		t.Fatalf("got %s, want sp-b", got)
+	}
+	waiting("sp-c")
+	g.open("sp-b", true)
+	if got := w.waitGot(5 * time.Second); got != "sp-c" {
+		t.Fatalf("got %s, want sp-c", got)
+	}
+	g.open("sp-c", true)
+	rec := f.waitState("sp-c", core.StateSucceeded)
+	f.stopAndFlush()
+
+	sub, err := strconv.ParseInt(rec.Fields["sub"], 10, 64)
+	if err != nil || sub <= 0 || !time.UnixMilli(sub).Before(opened) {
+		t.Fatalf("record sub %q, want a time before %v", rec.Fields["sub"], opened)
+	}
+	if at := rec.History[0].At.UnixMilli(); at != sub {
+		t.Fatalf("history starts at %d, want the submit's %d", at, sub)
+	}
+	jobs, states := recv.jobSpans("sp-c")
+	by := map[string]*tracepb.Span{}
+	for _, s := range states {
+		by[s.GetName()] = s
+	}
+	pending, scheduled := by[tracing.SpanStatePrefix+string(core.StatePending)], by[tracing.SpanStatePrefix+string(core.StateScheduled)]
+	if len(jobs) != 1 || pending == nil || scheduled == nil {
+		t.Fatalf("job spans %d, state spans %v; want one job span, PENDING and SCHEDULED", len(jobs), states)
+	}
+	startMs := func(s *tracepb.Span) int64 { return int64(s.GetStartTimeUnixNano() / uint64(time.Millisecond)) }
+	if got := startMs(pending); got != sub {
+		t.Fatalf("PENDING span starts at %d, want the submit's stored time %d (%d ms later)", got, sub, got-sub)
+	}
+	t.Logf("sp-c: PENDING %v (submit to taken), SCHEDULED %v",
+		time.Duration(pending.GetEndTimeUnixNano()-pending.GetStartTimeUnixNano()),
+		time.Duration(scheduled.GetEndTimeUnixNano()-scheduled.GetStartTimeUnixNano()))
+	if pend := time.Duration(pending.GetEndTimeUnixNano() - pending.GetStartTimeUnixNano()); pend < 300*time.Millisecond {
+		t.Fatalf("PENDING span lasted %v; the submit waited in the stream at least 300 ms", pend)
+	}
+	if jobs[0].GetStartTimeUnixNano() > pending.GetStartTimeUnixNano() {
+		t.Fatal("the job span starts after its PENDING span")
+	}
+	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(core.ReasonPoolOverloaded) {
+		t.Fatalf("SCHEDULED span reason %q, want pool_overloaded", r)
+	}
+	if scheduled.GetStartTimeUnixNano() < pending.GetEndTimeUnixNano() || scheduled.GetStartTimeUnixNano() < uint64(opened.UnixNano()) {
+		t.Fatal("the SCHEDULED span does not follow the PENDING span from when the node took the job")
 	}
 }

@@ -35,6 +35,9 @@ type jobSpans struct {
 	// ending is how the spans end once the current message is handled (a
 	// Finish effect decided it), "" while the job goes on.
 	ending string
+	// submitted is when the stream stored the job's submit (the earliest
+	// of the submits this actor got; zero: none or unknown).
+	submitted time.Time
 }
 
 func newJobSpans(t *tracing.Tracer, id string, m *Metrics) *jobSpans {
@@ -46,6 +49,10 @@ func newJobSpans(t *tracing.Tracer, id string, m *Metrics) *jobSpans {
 // end the step decided.
 func (a *JobActor) stepTraced(c actor.Context, m any) {
 	ts := a.trace
+	if sub, ok := m.(*Submit); ok && !sub.Published.IsZero() &&
+		(ts.submitted.IsZero() || sub.Published.Before(ts.submitted)) {
+		ts.submitted = sub.Published
+	}
 	if !a.env.Tracing.Mailbox() {
 		a.step(c, m)
 		ts.settle()
@@ -81,6 +88,13 @@ func (a *JobActor) traceMoved(m lifecycle.Moved) {
 	}
 	tj := a.trace.job
 	if !tj.Started() {
+		if m.Created {
+			// A job this activation creates begins where its submit was
+			// stored, not where this actor began: the time the submit
+			// waited in the stream (back pressure, every node busy) is its
+			// PENDING time, as in its history.
+			tj.Backdate(a.trace.submitted)
+		}
 		a.startSpan(false)
 	}
 	if m.Created && tj.State() == "" {

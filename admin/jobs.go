@@ -277,25 +277,40 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request, p principal) 
 	if err := readJSON(r, &body); err != nil {
 		return err
 	}
-	rec, err := s.visibleJob(r, p, r.PathValue("id"))
+	if body.By == "" {
+		body.By = p.by()
+	}
+	if body.Reason == "" {
+		body.Reason = "cancelled through the admin API"
+	}
+	id := r.PathValue("id")
+	rec, err := s.cancellable(r, p, id)
 	if errors.Is(err, store.ErrNotFound) {
-		// No record: a job waiting for room within its capacity grace is
-		// cancelled like any other (the node holding it takes the cancel).
-		if wj, werr := s.cfg.Node.WaitingJob(r.Context(), r.PathValue("id")); werr == nil && wj != nil && p.sees(wj.Tenant) {
-			rec, err = &store.JobRecord{ID: wj.JobID, Topic: wj.Topic, Tenant: wj.Tenant, State: core.StateScheduled}, nil
+		// No record and waiting on no node: the submit may still be held
+		// in the stream (taken by no node yet). The cancel is recorded, for
+		// this key's tenant only, and the job is created CANCELLED when a
+		// node takes it; a job that got its record meanwhile is cancelled
+		// the usual way.
+		tenant := p.tenant
+		if p.all() {
+			tenant = store.AnyTenant
 		}
+		err = s.cfg.Node.MarkCancel(r.Context(), id, []string{tenant}, body.By, body.Reason)
+		if err == nil {
+			s.audit("job cancel recorded before admission", "job_id", id, "by", body.By, "key_tenant", p.tenant)
+			writeJSON(w, http.StatusAccepted, Accepted{JobID: id, Action: "cancel", Note: CancelRecordedNote})
+			return nil
+		}
+		if !errors.Is(err, store.ErrJobExists) {
+			return err
+		}
+		rec, err = s.cancellable(r, p, id)
 	}
 	if err != nil {
 		return err
 	}
 	if rec.State.Terminal() {
 		return errConflict("job " + rec.ID + " is already " + string(rec.State))
-	}
-	if body.By == "" {
-		body.By = p.by()
-	}
-	if body.Reason == "" {
-		body.Reason = "cancelled through the admin API"
 	}
 	if err := s.cfg.Node.Cancel(r.Context(), rec.ID, body.Reason, body.By); err != nil {
 		return err
@@ -304,6 +319,26 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request, p principal) 
 		"key_tenant", p.tenant)
 	writeJSON(w, http.StatusAccepted, Accepted{JobID: rec.ID, Action: "cancel", Note: "cancel published"})
 	return nil
+}
+
+// CancelRecordedNote is the note of a cancel's answer for a job with no
+// record that waits on no node: its submit, if it comes, is still held in
+// the stream; the job is created CANCELLED when a node takes it.
+const CancelRecordedNote = "cancel recorded; takes effect when admitted"
+
+// cancellable finds the job a cancel names: its record, or a job waiting
+// for room with no record yet (the node holding it takes the cancel).
+// store.ErrNotFound: neither, or not one p may see.
+func (s *Server) cancellable(r *http.Request, p principal, id string) (*store.JobRecord, error) {
+	rec, err := s.visibleJob(r, p, id)
+	if !errors.Is(err, store.ErrNotFound) {
+		return rec, err
+	}
+	wj, werr := s.cfg.Node.WaitingJob(r.Context(), id)
+	if werr == nil && wj != nil && p.sees(wj.Tenant) {
+		return &store.JobRecord{ID: wj.JobID, Topic: wj.Topic, Tenant: wj.Tenant, State: core.StateScheduled}, nil
+	}
+	return nil, err
 }
 
 func (s *Server) jobTrace(w http.ResponseWriter, r *http.Request, p principal) error {

@@ -77,6 +77,7 @@ type Node interface {
 	CountStates(ctx context.Context) (map[core.State]int64, error)
 	Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error
 	Cancel(ctx context.Context, jobID, reason, by string) error
+	MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error
 	JobTrace(ctx context.Context, jobID string) ([]jobtrace.Entry, error)
 	JobTraceEnabled() bool
 

@@ -416,6 +416,9 @@ func (in *Intake) cancelWaiting(jobID string, c *actors.Cancel) {
 		in.Log.Info("cancel of a job waiting on a replica not taken there; handled here", "job_id", jobID,
 			"trace_id", c.TraceID, "node", node)
 	}
+	if node == "" && in.markHeld(jobID, c) {
+		return
+	}
 	in.route(jobID, c, true)
 }
 

@@ -112,6 +112,11 @@ func (k *Keys) Job(jobID string) string { return k.tags[Shard(jobID)] + "job:" +
 // Lock is the job's ownership lock: value "<node>|<fence>", with a TTL.
 func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:" + jobID }
 
+// CancelMark is the hash that records a cancel of a job with no record yet
+// (its submit held in the stream): the job is created CANCELLED when a node
+// takes it. See lua/cancel_mark.lua.
+func (k *Keys) CancelMark(jobID string) string { return k.tags[Shard(jobID)] + "cmark:" + jobID }
+
 // Tag is the key prefix of jobID's shard ("<prefix>{NN}:"). A key of the
 // shard is the tag followed by a suffix (see ShardZAdd).
 func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }

@@ -28,6 +28,9 @@ type activateCall struct {
 	// ownerAliveKey and ownerParkedKey are parkedOwner's lease and parked
 	// set in the job's shard.
 	ownerAliveKey, ownerParkedKey string
+	// markKey is the job's cancel mark; cancelledKey the shard's index of
+	// CANCELLED, where a job created cancelled by its mark goes.
+	markKey, cancelledKey string
 
 	node        string
 	nowMs       int64
@@ -50,10 +53,11 @@ func (activateCall) script() *redis.Script { return activateScript }
 func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)) }
 func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
-func (c *activateCall) keyCount() int { return 7 + c.plan.writeCount() }
-func (c *activateCall) argCount() int { return 7 + c.plan.writeCount() + 14 + c.plan.argCount() }
+func (c *activateCall) keyCount() int { return 9 + c.plan.writeCount() }
+func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 14 + c.plan.argCount() }
 func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
-	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey)
+	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey,
+		&c.markKey, &c.cancelledKey)
 	return c.plan.appendKeys(dst)
 }
 func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
@@ -277,6 +281,27 @@ func (deadNodeCall) script() *redis.Script { return deadNodeScript }
 func (c deadNodeCall) keys() []string      { return []string{c.nodesKey} }
 func (c deadNodeCall) args() []interface{} { return []interface{}{c.node, c.beforeMs, c.mark} }
 
+// cancelMarkScript (lua/cancel_mark.lua) records a cancel of a job that
+// has no record yet, or says that it has one.
+var cancelMarkScript = luaScript("cancel_mark")
+
+type cancelMarkCall struct {
+	jobKey, markKey string
+	by, reason      string
+	ttlMs           int64
+	tenants         []string
+}
+
+func (cancelMarkCall) script() *redis.Script { return cancelMarkScript }
+func (c cancelMarkCall) keys() []string      { return []string{c.jobKey, c.markKey} }
+func (c cancelMarkCall) args() []interface{} {
+	out := []interface{}{c.by, c.reason, c.ttlMs}
+	for _, t := range c.tenants {
+		out = append(out, t)
+	}
+	return out
+}
+
 // claimScript (lua/claim.lua) claims an idempotency key for a job, or names
 // the job that holds it already.
 var claimScript = luaScript("claim")
@@ -431,4 +456,4 @@ func (c downgradeCall) args() []interface{} {
 // pipelines. The DLQ scripts go with EVAL, and the lease scripts with
 // Script.Run, which needs no prior load.
 var allScripts = []*redis.Script{downgradeScript, admitScript, activateScript, transitionScript, releaseScript,
-	approveScript, claimScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}
+	approveScript, claimScript, cancelMarkScript, dueScript, dueScoresScript, trimScript, parkScript, renewManyScript, deadNodeScript}

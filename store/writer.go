@@ -294,6 +294,10 @@ const (
 	ActivateBusy     ActivateStatus = "BUSY"
 	ActivateTerminal ActivateStatus = "TERMINAL"
 	ActivateNotFound ActivateStatus = "NOTFOUND"
+	// ActivateCancelled: the job had no record and a cancel mark for its
+	// tenant (Store.MarkCancel): it was created CANCELLED, not with the
+	// plan. Fields holds cancel_reason and cancelled_by.
+	ActivateCancelled ActivateStatus = "CANCELLED"
 )
 
 // StepStatus is the outcome of a Transition.
@@ -520,6 +524,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
+			markKey: k.CancelMark(op.JobID), cancelledKey: k.Index(sh, string(core.StateCancelled)),
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
 			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
 			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.lockAfter(), dueMs: due(op.T),

@@ -139,6 +139,15 @@ func (j *Job) Started() bool { return j.span != nil }
 // First is when the activation's first message arrived.
 func (j *Job) First() time.Time { return j.first }
 
+// Backdate moves the activation's start back to at (when the job's submit
+// was stored), if at is earlier and the job span has not started: the job
+// span and its PENDING span then begin there.
+func (j *Job) Backdate(at time.Time) {
+	if j.span == nil && !at.IsZero() && at.Before(j.first) {
+		j.first = at
+	}
+}
+
 // State is the state whose span is current ("" before the first).
 func (j *Job) State() string { return j.cur }
 

@@ -153,6 +153,8 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		j.State = r.State
 		j.ackAll()
 		j.finish()
+	case store.ActivateCancelled:
+		j.createdCancelled(r) // cancelmark.go
 	case store.ActivateBusy:
 		// Another node owns the job. Submits are duplicates of a live job;
 		// results and cancels go to the owner (or back to JetStream). A

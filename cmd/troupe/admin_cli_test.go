@@ -225,3 +225,18 @@ func TestCtlDefaultAPIIsTheNodesListenAddress(t *testing.T) {
 		t.Fatalf("ctl usage does not name the default %s:\n%s", e.api, ctlUsage)
 	}
 }
+
+// TestCtlJobShowsAWaitingJobsQueuePosition: `troupe ctl job status` prints
+// where a waiting job stands in its pool's queue, and that a job with no
+// record waits in a node's memory.
+func TestCtlJobShowsAWaitingJobsQueuePosition(t *testing.T) {
+	pos := 3
+	var b bytes.Buffer
+	printAPIJob(&b, admin.Job{ID: "job-q", State: "SCHEDULED", Topic: "job.echo", Reason: "pool_overloaded",
+		QueuePosition: &pos, Unwritten: true, Node: "node-a", Created: time.Now()})
+	out := b.String()
+	if !strings.Contains(out, "waiting for capacity: 3 jobs ahead in the queue") ||
+		!strings.Contains(out, "no record yet: waiting within its capacity grace in node node-a's memory") {
+		t.Fatalf("printed:\n%s", out)
+	}
+}

@@ -199,6 +199,12 @@ func (e *ctlEnv) jobAction(ctx context.Context, action string, args []string) er
 	if e.asJSON {
 		return e.printJSON(a)
 	}
+	if a.Note == admin.CancelRecordedNote {
+		// No record and waiting on no node: its submit may still be held
+		// in the stream.
+		fmt.Fprintf(e.out, "job %s: no record yet; %s\n", a.JobID, a.Note)
+		return nil
+	}
 	fmt.Fprintf(e.out, "job %s: cancel requested\n", a.JobID)
 	return nil
 }

@@ -33,7 +33,10 @@
 -- KEYS[6]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
 -- KEYS[7]  owner_parked_key  parked_owner's parked set in the shard
 --                            (Keys.Parked)
--- KEYS[8 ..]                 the shard-write keys (see shardWrites)
+-- KEYS[8]  mark_key          the job's cancel mark (Keys.CancelMark, see
+--                            cancel_mark.lua)
+-- KEYS[9]  cancelled_key     the shard's index of CANCELLED (Keys.Index)
+-- KEYS[10 ..]                the shard-write keys (see shardWrites)
 -- ARGV[1]  node              the activating node
 -- ARGV[2]  now_ms
 -- ARGV[3]  lock_ttl_ms
@@ -54,8 +57,14 @@
 --                            arguments (see shardWrites), then record
 --                            fields to set: field, value, ...
 --
+-- A job created while a cancel mark for its tenant (or '*') exists is
+-- created CANCELLED instead of with the plan (history PENDING submitted →
+-- CANCELLED cancel_requested, the plan's submit time kept, its writes and
+-- other fields left out, no lock, no due entry) and the mark is deleted.
+--
 -- Returns {status, state, fence, holder, field, value, ...} with status
--- CREATED (state = where the plan left it), ADOPTED (holder = the lock
+-- CANCELLED (created cancelled by a mark; cancel_reason and cancelled_by
+-- follow), CREATED (state = where the plan left it), ADOPTED (holder = the lock
 -- value before, so the caller sees whether the job was parked; the
 -- record's fields follow), BUSY (another node holds the lock; holder = its
 -- value), TERMINAL (no lock taken), NOTFOUND, or PARKED_BY (another node
@@ -69,7 +78,9 @@ local leases_key = KEYS[4]
 local index_key = KEYS[5]
 local owner_alive_key = KEYS[6]
 local owner_parked_key = KEYS[7]
-local first_write_key = 8
+local mark_key = KEYS[8]
+local cancelled_key = KEYS[9]
+local first_write_key = 10
 local node = ARGV[1]
 local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
@@ -86,6 +97,36 @@ local retention_s = ARGV[13]
 local parked_owner = ARGV[14]
 local n = tonumber(ARGV[15])
 local first_hop = 16
+
+-- createCancelled creates the job CANCELLED, as a cancel mark asks (mark:
+-- "<by>\n<reason>"). Of the plan only the submit time is kept (field
+-- sub, among the record fields after the shard writes' arguments).
+local function createCancelled(mark)
+  local by, why = string.match(mark, '^([^\n]*)\n(.*)$')
+  by, why = by or '', why or ''
+  local a = first_hop + 2 * n
+  a = a + 1 + 4 * tonumber(ARGV[a])
+  a = a + 1 + 3 * tonumber(ARGV[a])
+  local f = {'s', 'CANCELLED', 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
+    'created', now_ms, 'node', node, 'reason', 'cancel_requested', 'cancel_reason', why, 'cancelled_by', by}
+  for i = a, #ARGV - 1, 2 do
+    if ARGV[i] == 'sub' then
+      f[#f + 1] = 'sub'
+      f[#f + 1] = ARGV[i + 1]
+    end
+  end
+  hopFields(f, 0, '', now_ms, now_ms, node, {'PENDING', 'submitted', 'CANCELLED', 'cancel_requested'})
+  redis.call('HSET', job_key, unpack(f))
+  redis.call('ZADD', cancelled_key, now_ms, job_id)
+  redis.call('ZREM', due_key, job_id)
+  -- Any lock left here is this node's own (another's answered BUSY above).
+  redis.call('DEL', lock_key)
+  redis.call('ZREM', leases_key, job_id)
+  if tonumber(retention_s) > 0 then
+    redis.call('EXPIRE', job_key, retention_s)
+  end
+  return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
+end
 
 local cur = redis.call('GET', lock_key)
 local st = redis.call('HGET', job_key, 's')
@@ -123,6 +164,13 @@ if not st then
     redis.call('ZREM', due_key, job_id)
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
+  end
+  if redis.call('EXISTS', mark_key) == 1 then
+    local mark = redis.call('HGET', mark_key, tenant) or redis.call('HGET', mark_key, '*')
+    redis.call('DEL', mark_key)
+    if mark then
+      return createCancelled(mark)
+    end
   end
   local hops = {'PENDING', 'submitted'}
   for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
