@@ -31,7 +31,7 @@ func (d *jobDataFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.payloadFile, "payload", "", "the job's input: a file, or - for stdin; Troupe stores it under ctx:<job_id> and sets context_ptr redis://ctx:<job_id>, where CAP workers read it (at most 1 MiB by default)")
 	fs.StringVar(&d.payloadJSON, "payload-json", "", "the job's input given inline, e.g. '{\"n\": 3}' (instead of --payload)")
 	d.env = labelsFlag{}
-	fs.Var(d.env, "env", "job env entry key=value (repeatable); `troupe worker` honours demo.fail=1, demo.fatal=1, demo.sleep=2s, demo.error=<message>")
+	fs.Var(d.env, "env", "job env entry key=value (repeatable); troupe worker honours demo.fail=1, demo.fatal=1, demo.sleep=2s, demo.error=<message>")
 	fs.StringVar(&d.workflowID, "workflow-id", "", "the workflow (saga) this job is a step of")
 	fs.IntVar(&d.step, "step", 0, "the step's index in its workflow (--workflow-id)")
 	fs.StringVar(&d.compensation, "compensation", "", "TOPIC[:payload]: the job that undoes this step if a later step of the workflow fails fatally; the payload (JSON or text) is the compensation's input, else it gets the step's")
