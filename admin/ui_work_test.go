@@ -1,0 +1,215 @@
+package admin_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/saga"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// pageWait bounds one condition on the page: the page polls every 3 s, and
+// a job's way through the node on two busy cores takes a few seconds more.
+const pageWait = 30 * time.Second
+
+// demoHandler succeeds, except: a job labelled cordum.demo=fail fails (retryable
+// status, with an error), step 2 of a workflow fails fatally (so the
+// workflow rolls back), and a compensation succeeds.
+func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
+	switch {
+	case req.Labels[saga.LabelIsCompensation] == "true":
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}
+	case req.Labels["cordum.demo"] == "fail":
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: "demo_fail",
+			ErrorMessage: "boom: the job asked to fail"}
+	case req.WorkflowId != "" && req.StepIndex == 2:
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED_FATAL, ErrorCode: "step_failed",
+			ErrorMessage: "step 2 cannot go on"}
+	}
+	return worker.Echo(ctx, req)
+}
+
+func labelled(id string, labels map[string]string) *capv1.JobRequest {
+	r := echoReq(id, "acme")
+	r.Labels = labels
+	return r
+}
+
+// TestDashboardWorkflows does an operator's work through the dashboard in
+// headless Chromium against a real node (labels under cordum. describe a
+// job without constraining its placement): filter the job list by topic,
+// open a failed job and read its payload and attempts, retry it, pause a
+// pool and see a job wait pool_paused, bulk-cancel the jobs a filter
+// matches, resume the pool, see the charts drawn, and open a workflow that
+// rolled back. It ends with a screenshot of the page.
+func TestDashboardWorkflows(t *testing.T) {
+	bin := findChromium()
+	if bin == "" {
+		t.Skip("chromium is not installed (Debian: apt-get install chromium; or set TROUPE_CHROMIUM): dashboard not tested")
+	}
+	b := setup(t, options{})
+	ctx := context.Background()
+	c := b.client("")
+	b.startWorker("w1", demoHandler)
+
+	submit := func(r *capv1.JobRequest) {
+		t.Helper()
+		if _, err := c.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit(labelled("job-w-ok", map[string]string{"cordum.team": "blue"}))
+	submit(labelled("job-w-fail", map[string]string{"cordum.demo": "fail"}))
+	submit(&capv1.JobRequest{JobId: "job-w-lost", Topic: "job.unmapped", TenantId: "acme"})
+	const wf = "wf-ui-1"
+	for i := int32(0); i < 3; i++ {
+		s := echoReq(fmt.Sprintf("%s-s%d", wf, i), "acme")
+		s.WorkflowId, s.StepIndex = wf, i
+		s.Compensation = &capv1.Compensation{Topic: "job.echo", Capability: "undo"}
+		submit(s)
+		want := "SUCCEEDED"
+		if i == 2 {
+			want = "FAILED"
+		}
+		b.waitState(c, s.JobId, want)
+	}
+	b.waitState(c, "job-w-ok", "SUCCEEDED")
+	b.waitState(c, "job-w-fail", "FAILED")
+	b.waitState(c, "job-w-lost", "FAILED")
+
+	br := startBrowser(t, bin)
+	br.navigate(t, b.base + "/ui/")
+	br.waitFor(t, "the first refresh", `document.body.dataset.loaded === "true"`, pageWait)
+
+	// filter by topic
+	t.Log("step: filter by topic")
+	{
+		br.do(t, "fill in the filter", `const f = document.getElementById("filter");
+			f.elements.topic.value = "job.unmapped"; f.requestSubmit();`)
+		br.waitFor(t, "the filtered list", `document.getElementById("jobs-panel").dataset.filter === "topic=job.unmapped" &&
+			document.querySelector('#jobs tr[data-job-id="job-w-lost"]') &&
+			!document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
+		if h := br.waitFor(t, "the fragment", `location.hash`, pageWait); !strings.Contains(h, "topic=job.unmapped") {
+			t.Errorf("fragment %q does not keep the filter", h)
+		}
+		br.do(t, "clear the filter", `document.getElementById("filter-clear").click()`)
+		br.waitFor(t, "the whole list", `document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
+	}
+
+	// job detail: payload and attempts
+	t.Log("step: job detail: payload and attempts")
+	{
+		br.do(t, "open the failed job", `document.querySelector('#jobs tr[data-job-id="job-w-fail"] a').click()`)
+		br.waitFor(t, "the job panel", `document.getElementById("job-panel").dataset.state === "FAILED" &&
+			document.getElementById("job-panel").dataset.jobId === "job-w-fail"`, pageWait)
+		att := br.waitFor(t, "the attempt with its error", `(() => { const r = document.querySelector('#attempts tr[data-attempt="1"]');
+			return r && r.textContent; })()`, pageWait)
+		if !strings.Contains(att, "w1") || !strings.Contains(att, "boom: the job asked to fail") {
+			t.Errorf("attempt row %q lacks the worker or the error", att)
+		}
+		in := br.waitFor(t, "the input payload", `document.getElementById("job-input").dataset.present === "true" &&
+			document.getElementById("job-input").textContent`, pageWait)
+		if !strings.Contains(in, "redis://ctx:job-w-fail") {
+			t.Errorf("input box %q lacks the job's context pointer", in)
+		}
+	}
+
+	// retry a failed job
+	t.Log("step: retry a failed job")
+	{
+		br.do(t, "retry", `document.querySelector('#job-actions button[data-action="retry"]').click()`)
+		id := br.waitFor(t, "the new job opened", `(() => { const p = document.getElementById("job-panel");
+			return p.dataset.jobId !== "job-w-fail" && p.dataset.jobId; })()`, pageWait)
+		j := b.waitState(c, id, "FAILED") // the new job fails as its original did
+		if j.RetryOf != "job-w-fail" {
+			t.Errorf("job %s: retry_of %q, want job-w-fail", id, j.RetryOf)
+		}
+		br.waitFor(t, "the retry's link to its original", `[...document.querySelectorAll("#job-meta a")].some(a => a.textContent === "job-w-fail")`, pageWait)
+	}
+
+	// pause a pool, bulk cancel, resume
+	t.Log("step: pause a pool, bulk cancel, resume")
+	{
+		br.do(t, "pause job.echo", `document.querySelector('#topics tr[data-topic="job.echo"] button').click()`)
+		br.waitFor(t, "the topic paused", `document.querySelector('#topics tr[data-topic="job.echo"]').dataset.paused === "true"`, pageWait)
+		submit(labelled("job-w-wait", map[string]string{"cordum.team": "red"}))
+		for i := 0; i < 3; i++ {
+			submit(labelled(fmt.Sprintf("job-w-batch-%d", i), map[string]string{"cordum.batch": "b1"}))
+		}
+		br.navigate(t, b.base + "/ui/#job=job-w-wait")
+		br.waitFor(t, "the waiting job", `(() => { const w = document.getElementById("job-wait");
+			return !w.hidden && w.dataset.reason === "pool_paused" &&
+				document.getElementById("job-panel").dataset.state === "SCHEDULED"; })()`, pageWait)
+		if note := br.waitFor(t, "the trace note", `document.getElementById("trace-note").textContent || "-"`, pageWait); strings.Contains(note, "not found") {
+			t.Errorf("a waiting job's trace says %q", note)
+		}
+
+		br.do(t, "filter by label", `const f = document.getElementById("filter");
+			f.elements.label.value = "cordum.batch=b1"; f.requestSubmit();`)
+		br.waitFor(t, "the batch listed", `document.querySelectorAll('#jobs tr[data-job-id^="job-w-batch-"]').length === 3`, pageWait)
+		br.do(t, "ask to cancel them", `document.getElementById("bulk-cancel").click()`)
+		br.waitFor(t, "the confirmation", `!document.getElementById("bulk-confirm").hidden`, pageWait)
+		br.do(t, "confirm", `document.getElementById("bulk-go").click()`)
+		done := br.waitFor(t, "the bulk result", `document.getElementById("bulk-result").dataset.done`, pageWait)
+		if done != "3" {
+			t.Errorf("bulk cancel did %s jobs, want 3", done)
+		}
+		for i := 0; i < 3; i++ {
+			b.waitState(c, fmt.Sprintf("job-w-batch-%d", i), "CANCELLED")
+		}
+		if j, err := c.Job(ctx, "job-w-wait"); err != nil || j.State != "SCHEDULED" {
+			t.Errorf("job-w-wait, outside the filter: %+v %v, want still SCHEDULED", j.State, err)
+		}
+
+		br.do(t, "resume job.echo", `document.querySelector('#topics tr[data-topic="job.echo"] button').click()`)
+		br.waitFor(t, "the topic resumed", `document.querySelector('#topics tr[data-topic="job.echo"]').dataset.paused === "false"`, pageWait)
+		b.waitState(c, "job-w-wait", "SUCCEEDED")
+		br.navigate(t, b.base + "/ui/#job=job-w-wait")
+		br.waitFor(t, "the job done", `document.getElementById("job-panel").dataset.state === "SUCCEEDED"`, pageWait)
+	}
+
+	// charts
+	t.Log("step: charts")
+	{
+		for _, id := range []string{"chart", "chart-depth", "chart-latency", "chart-failures"} {
+			br.waitFor(t, "a line in "+id, `[...document.querySelectorAll("#`+id+` path")].some(p => /^M[0-9.]+,[0-9.]+/.test(p.getAttribute("d") || ""))`, pageWait)
+		}
+	}
+
+	// workflow
+	t.Log("step: workflow")
+	{
+		br.navigate(t, b.base + "/ui/#saga=" + wf)
+		br.waitFor(t, "the rollback's outcome", `document.getElementById("saga").dataset.status === "completed"`, pageWait)
+		steps := br.waitFor(t, "the steps and their compensations", `(() => {
+			const li = [...document.querySelectorAll("#saga-steps li[data-step]")];
+			return li.length === 2 && li.every(x => x.dataset.compState === "SUCCEEDED") && li.map(x => x.dataset.step).join(",");
+		})()`, pageWait)
+		if steps != wf+"-s1,"+wf+"-s0" {
+			t.Errorf("steps %q, want the stack newest first: %s-s1,%s-s0", steps, wf, wf)
+		}
+	}
+
+	if errs := br.pageErrors(); len(errs) > 0 {
+		t.Errorf("the page logged errors: %v", errs)
+	}
+	if t.Failed() {
+		return
+	}
+	if err := os.MkdirAll(artifactsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	br.navigate(t, b.base + "/ui/#job=job-w-fail")
+	br.waitFor(t, "the failed job", `document.getElementById("job-panel").dataset.jobId === "job-w-fail" &&
+		document.getElementById("job-panel").dataset.state === "FAILED" &&
+		document.querySelector('#attempts tr[data-attempt="1"]')`, pageWait)
+	shot := filepath.Join(artifactsDir, "dashboard-work.png")
+	br.screenshot(t, shot)
+	t.Logf("dashboard screenshot: %s", shot)
+}
