@@ -73,7 +73,7 @@ export function drawThroughput(history) {
     { name: "completed", cls: "completed", values: completed }], { unit: "/s" });
   const last = completed.length - 1;
   $("rates").textContent = last >= 0 ?
-    `now ${completed[last].v.toFixed(1)} done/s, ${received[last].v.toFixed(1)} in/s` : "";
+    `· now ${completed[last].v.toFixed(1)} / ${received[last].v.toFixed(1)}` : "";
 }
 
 // refreshSeries draws the three charts of GET /v1/series.

@@ -28,7 +28,7 @@ export async function refreshSagas() {
     tr.dataset.saga = s.id;
     const a = el("a", s.id);
     a.addEventListener("click", () => setHash({ saga: s.id }));
-    tr.append(cell(a), cell(s.state ? badge(s.state) : ""), el("td", s.steps), el("td", fmtWhen(s.updated_at)));
+    tr.append(cell(a), cell(s.state ? el("span", s.state, "badge st-" + s.state + " rb-" + s.state) : ""), el("td", s.steps), el("td", fmtWhen(s.updated_at)));
     body.append(tr);
   }
   if (!sagas.length) body.append(emptyRow(4, list ? "no workflows with compensations" : "—"));
