@@ -24,9 +24,15 @@ import (
 // submitJob publishes a CAP JobRequest given as JSON (protojson: job_id,
 // topic, tenant_id, labels, ... — snake_case or lowerCamel). A tenant key's
 // jobs belong to its tenant whatever the body says; a body naming another
-// tenant is refused rather than silently rewritten.
+// tenant is refused rather than silently rewritten. A field "payload"
+// beside the request's (a JSON value, or a base64 string of bytes) is
+// stored as the job's input and becomes its context_ptr (data.go).
 func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) error {
 	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		return err
+	}
+	data, payload, hasPayload, err := splitPayload(data) // data.go
 	if err != nil {
 		return err
 	}
@@ -65,6 +71,11 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) 
 		out.Duplicate, out.State, out.Tenant = true, string(rec.State), rec.Tenant
 	case !errors.Is(err, store.ErrNotFound):
 		return err
+	}
+	if hasPayload && !out.Duplicate {
+		if err := s.storePayload(r.Context(), req, payload); err != nil { // data.go
+			return err
+		}
 	}
 	if err := s.cfg.Node.Submit(r.Context(), req); err != nil {
 		return err

@@ -38,9 +38,9 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	// MaxBodyBytesDefault bounds a request body. A JobRequest carries
-	// pointers to its context, not the context, so 1 MiB is generous.
-	MaxBodyBytesDefault = 1 << 20
+	// MaxBodyBytesDefault bounds a request body: room for a submit whose
+	// payload is jobdata.MaxBytesDefault (1 MiB) of bytes in base64.
+	MaxBodyBytesDefault = 2 << 20
 	// RequestTimeoutDefault bounds the work behind one request.
 	RequestTimeoutDefault = 30 * time.Second
 	// ReadyTimeoutDefault bounds the readiness checks; a probe that takes
@@ -127,6 +127,12 @@ type Config struct {
 	MetricsNeedKey bool
 	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault).
 	MaxBodyBytes int64
+	// MaxPayloadBytes bounds the payload a submit stores as the job's
+	// input (default jobdata.MaxBytesDefault); a larger one is refused 413.
+	MaxPayloadBytes int64
+	// DataBodyBytes bounds each body GET /v1/jobs/{id}/data returns
+	// (default DataBodyBytesDefault); the rest is cut.
+	DataBodyBytes int64
 	// RequestTimeout bounds each API request (default RequestTimeoutDefault).
 	RequestTimeout time.Duration
 	// ReadyTimeout bounds /readyz (default ReadyTimeoutDefault).
@@ -300,6 +306,7 @@ func (s *Server) routes() http.Handler {
 	api("POST /v1/jobs/{id}/reject", operators, s.decideJob(store.DecisionRejected))
 	api("POST /v1/jobs/{id}/cancel", anyTenant, s.cancelJob)
 	api("GET /v1/jobs/{id}/trace", anyTenant, s.jobTrace)
+	api("GET /v1/jobs/{id}/data", anyTenant, s.jobData)
 	api("GET /v1/dlq", anyTenant, s.listDLQ)
 	api("POST /v1/dlq/{id}/retry", anyTenant, s.retryDLQ)
 	api("DELETE /v1/dlq/{id}", anyTenant, s.deleteDLQ)
