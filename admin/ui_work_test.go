@@ -3,6 +3,8 @@ package admin_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +37,20 @@ func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 	return worker.Echo(ctx, req)
 }
 
+// postJob submits a job through the API as JSON (with a payload).
+func postJob(t *testing.T, base, body string) {
+	t.Helper()
+	res, err := http.Post(base+"/v1/jobs", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusAccepted {
+		msg, _ := io.ReadAll(res.Body)
+		t.Fatalf("submit: %s %s", res.Status, msg)
+	}
+}
+
 func labelled(id string, labels map[string]string) *capv1.JobRequest {
 	r := echoReq(id, "acme")
 	r.Labels = labels
@@ -65,7 +81,9 @@ func TestDashboardWorkflows(t *testing.T) {
 		}
 	}
 	submit(labelled("job-w-ok", map[string]string{"cordum.team": "blue"}))
-	submit(labelled("job-w-fail", map[string]string{"cordum.demo": "fail"}))
+	// The failed job carries a payload, stored by the API as its input.
+	postJob(t, b.base, `{"job_id": "job-w-fail", "topic": "job.echo", "tenant_id": "acme",
+		"labels": {"cordum.demo": "fail"}, "payload": {"order": 4217, "items": ["tea", "cups"]}}`)
 	submit(&capv1.JobRequest{JobId: "job-w-lost", Topic: "job.unmapped", TenantId: "acme"})
 	const wf = "wf-ui-1"
 	for i := int32(0); i < 3; i++ {
@@ -115,8 +133,8 @@ func TestDashboardWorkflows(t *testing.T) {
 		}
 		in := br.waitFor(t, "the input payload", `document.getElementById("job-input").dataset.present === "true" &&
 			document.getElementById("job-input").textContent`, pageWait)
-		if !strings.Contains(in, "redis://ctx:job-w-fail") {
-			t.Errorf("input box %q lacks the job's context pointer", in)
+		if !strings.Contains(in, "ctx:job-w-fail") || !strings.Contains(in, `"order": 4217`) || !strings.Contains(in, `"cups"`) {
+			t.Errorf("input box %q lacks the job's pointer or its payload", in)
 		}
 	}
 

@@ -174,8 +174,9 @@ function renderDatum(box, d, none) {
   const head = el("div", null, "datum-head");
   head.append(el("code", d.pointer || ""), el("span", " " + facts.filter(Boolean).join(" · "), "muted"));
   box.append(head);
+  if (d.note) box.append(el("div", d.note, "muted"));
   if (d.held === false) {
-    box.append(el("div", "not stored by Troupe: shown as a pointer, not read", "muted"));
+    if (!d.note) box.append(el("div", "not held by Troupe: shown as a pointer, not read", "muted"));
     return;
   }
   let text = d.body;

@@ -5,6 +5,8 @@ import { $, el, clear, api, ui, status, emptyRow, badge, jobLink, cell, fmtWhen,
   setHash, filterQuery, filterBody, filterEmpty, FILTER_KEYS, STATES } from "./api.js";
 
 const PAGE = 50;
+// FILL_CALLS bounds the calls one page of a narrow filter takes.
+const FILL_CALLS = 4;
 // BULK_LIMIT is the most jobs one bulk action touches (the API's bound).
 const BULK_LIMIT = 1000;
 
@@ -14,7 +16,7 @@ export function readFilter(h) {
   for (const k of FILTER_KEYS) {
     if (k === "label") { const v = h.getAll("label"); if (v.length) f.label = v; } else if (h.get(k)) f[k] = h.get(k);
   }
-  if (JSON.stringify(f) !== JSON.stringify(ui.filter)) { ui.filter = f; ui.cursor = ""; }
+  if (JSON.stringify(f) !== JSON.stringify(ui.filter)) { ui.filter = f; ui.cursor = ""; paged = false; }
 }
 
 // The form shows the filter in force (not while someone types in it).
@@ -64,16 +66,38 @@ function jobRow(j) {
   return tr;
 }
 
+// fetchJobs reads a page of the filter's jobs from cursor. The API scans
+// a bounded stretch of the index per call, so a narrow filter may give a
+// short page with a cursor: a few more calls fill it.
+async function fetchJobs(cursor) {
+  const jobs = [];
+  for (let calls = 0; calls < FILL_CALLS; calls++) {
+    const q = filterQuery();
+    q.set("limit", PAGE - jobs.length);
+    if (cursor) q.set("cursor", cursor);
+    const page = await api("/v1/jobs?" + q.toString());
+    jobs.push(...page.jobs);
+    cursor = page.next || "";
+    if (!cursor || jobs.length >= PAGE) break;
+  }
+  return { jobs, next: cursor };
+}
+
+// paged: older pages were added with More; the poll leaves the list as it
+// is until the filter changes or Search is pressed.
+let paged = false;
+
 export async function refreshJobs() {
   showFilter();
-  const q = filterQuery();
-  q.set("limit", PAGE);
-  const page = await api("/v1/jobs?" + q.toString());
+  if (paged) return;
+  const page = await fetchJobs("");
   const body = $("jobs").tBodies[0];
   clear(body);
   for (const j of page.jobs) body.append(jobRow(j));
-  if (page.jobs.length === 0) body.append(emptyRow(10, filterEmpty() ? "no jobs" : "no job matches"));
-  ui.cursor = page.next || "";
+  if (page.jobs.length === 0) {
+    body.append(emptyRow(10, filterEmpty() ? "no jobs" : page.next ? "none among the newest jobs: More searches older ones" : "no job matches"));
+  }
+  ui.cursor = page.next;
   $("jobs-more").hidden = !ui.cursor;
   $("jobs-title").textContent = filterEmpty() ? "Recent jobs" : "Jobs: " + describe(ui.filter);
   $("jobs-panel").dataset.filter = filterQuery().toString();
@@ -82,13 +106,11 @@ export async function refreshJobs() {
 
 async function moreJobs() {
   if (!ui.cursor) return;
-  const q = filterQuery();
-  q.set("limit", PAGE);
-  q.set("cursor", ui.cursor);
-  const page = await api("/v1/jobs?" + q.toString());
+  const page = await fetchJobs(ui.cursor);
   for (const j of page.jobs) $("jobs").tBodies[0].append(jobRow(j));
-  ui.cursor = page.next || "";
+  ui.cursor = page.next;
   $("jobs-more").hidden = !ui.cursor;
+  paged = true;
 }
 
 // --- bulk actions: asked, confirmed, then one request ---------------------
@@ -132,6 +154,7 @@ async function runBulk(refresh) {
     out.className = "error";
   }
   out.hidden = false;
+  paged = false;
   refresh();
 }
 
@@ -141,7 +164,11 @@ export function initJobs(refresh) {
   $("filter").addEventListener("submit", ev => {
     ev.preventDefault();
     document.activeElement.blur();
+    const before = location.hash;
+    paged = false;
     setHash({ ...Object.fromEntries(FILTER_KEYS.map(k => [k, ""])), ...formFilter() });
+    if (location.hash === before) refresh(); // the same filter: search again
+
   });
   $("filter-clear").addEventListener("click", () => {
     $("filter").reset();
