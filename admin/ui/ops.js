@@ -1,7 +1,7 @@
 // The cluster's side: topic routes with pause and resume, live workers per
 // pool, and the dead-letter queue.
 
-import { $, el, clear, api, ui, status, emptyRow, cell, jobLink, fmtTime, ago } from "./api.js";
+import { $, el, clear, api, ui, status, emptyRow, cell, jobLink, fmtTime, ago, setHash, FILTER_KEYS } from "./api.js";
 
 function actionButton(label, fn, refresh, cls) {
   const b = el("button", label, cls);
@@ -65,7 +65,10 @@ export async function refreshWorkers() {
     tr.dataset.worker = x.id;
     const name = el("a", x.id);
     name.title = "jobs of this worker";
-    name.addEventListener("click", () => { location.hash = "worker=" + encodeURIComponent(x.id); });
+    name.addEventListener("click", () => {
+      setHash({ ...Object.fromEntries(FILTER_KEYS.map(k => [k, ""])), worker: x.id });
+      $("jobs-panel").scrollIntoView();
+    });
     tr.append(cell(name), el("td", x.unrouted ? x.pool + " (no topic routes here)" : x.pool), el("td", x.in_flight),
       el("td", x.active_jobs), el("td", x.max_parallel || "∞"), el("td", x.cpu_load ? x.cpu_load.toFixed(0) + "%" : ""),
       el("td", ago(x.last_seen)));
