@@ -49,6 +49,14 @@ func (s *Server) mappings(ctx context.Context) (PoolList, error) {
 	for t, ps := range rt.Topics {
 		topics[t] = TopicMapping{Topic: t, Pools: ps, Source: "runtime"}
 	}
+	for t := range rt.Paused {
+		m, ok := topics[t]
+		if !ok {
+			m = TopicMapping{Topic: t, Pools: []string{}, Source: "unmapped"}
+		}
+		m.Paused = true
+		topics[t] = m
+	}
 	for _, m := range topics {
 		out.Topics = append(out.Topics, m)
 	}

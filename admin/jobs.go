@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/troupe-run/troupe/intake"
 	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/store"
 )
@@ -126,57 +128,6 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request, p principal) err
 	return nil
 }
 
-// listJobs lists jobs newest first: ?state=RUNNING&limit=50&cursor=...
-// lists one state's, no state the newest of every state; an all-tenant key
-// may narrow with &tenant=.
-func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) error {
-	q := r.URL.Query()
-	state := core.State(q.Get("state"))
-	if state != "" && !state.Valid() {
-		return errBadRequest("state must be one of the job states (PENDING, RUNNING, SUCCEEDED, ...)")
-	}
-	lq := store.ListQuery{State: state, Cursor: q.Get("cursor"), Tenant: q.Get("tenant")}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return errBadRequest("limit must be a positive integer")
-		}
-		lq.Limit = n
-	}
-	if !p.all() {
-		if lq.Tenant != "" && lq.Tenant != p.tenant {
-			return errForbidden("this key lists tenant " + p.tenant + " only")
-		}
-		lq.Tenant = p.tenant
-	}
-	out := JobList{State: string(state), Jobs: []JobSummary{}}
-	if state == "" || state == core.StateScheduled {
-		// Jobs waiting for room within their capacity grace have no record
-		// yet: the nodes list them, newest first, on the pages before the
-		// records' (cursor waitingCursor<n>: n of them listed already).
-		full, next, err := s.listWaiting(r, &lq, &out)
-		if err != nil {
-			return err
-		}
-		if full {
-			out.Next = next
-			writeJSON(w, http.StatusOK, out)
-			return nil
-		}
-	}
-	page, err := s.cfg.Node.ListJobs(r.Context(), lq)
-	if err != nil {
-		return err
-	}
-	out.Next = page.Next
-	for _, j := range page.Jobs {
-		out.Jobs = append(out.Jobs, JobSummary{ID: j.ID, State: string(j.State), Topic: j.Topic, Tenant: j.Tenant,
-			Reason: string(j.Reason), Worker: j.Worker, Created: j.Created, Updated: j.Updated})
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
-}
-
 // SubmittedByLabel is the label the API sets on every job it submits to
 // the principal that submitted it (a body's own value is replaced), so an
 // approval can tell a submitter from a second reviewer. Labels under
@@ -191,7 +142,7 @@ const waitingCursor = "waiting:"
 // asks for into out. full: the page is full of them, and next continues
 // it; otherwise lq is set for the records that fill the rest of the page
 // (from their first). A cursor of the records' own is left to them.
-func (s *Server) listWaiting(r *http.Request, lq *store.ListQuery, out *JobList) (full bool, next string, err error) {
+func (s *Server) listWaiting(r *http.Request, lq *store.ListQuery, out *JobList, m *jobMatch) (full bool, next string, err error) {
 	skip := 0
 	switch {
 	case lq.Cursor == "":
@@ -212,6 +163,11 @@ func (s *Server) listWaiting(r *http.Request, lq *store.ListQuery, out *JobList)
 	if err != nil {
 		ws = nil // best effort: the nodes' memory, the records are listed anyway
 	}
+	ws = slices.DeleteFunc(ws, func(w router.Waiting) bool {
+		// No labels known: a label filter leaves them out, as a worker one.
+		return !m.keeps(&store.JobSummary{ID: w.JobID, State: core.StateScheduled, Topic: w.Topic, Tenant: w.Tenant,
+			Created: w.Since}, nil)
+	})
 	ws = ws[min(skip, len(ws)):]
 	more := len(ws) > limit
 	ws = ws[:min(limit, len(ws))]

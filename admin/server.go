@@ -97,6 +97,8 @@ type Node interface {
 	Ready(ctx context.Context) error
 
 	Saga(ctx context.Context, workflowID string) (*saga.Report, error)
+	ListSagas(ctx context.Context, limit int, cursor string) ([]saga.Listed, string, error)
+	RetryJob(ctx context.Context, jobID string) (string, error)
 }
 
 // Config configures a Server.
@@ -140,6 +142,9 @@ type Config struct {
 	// SampleEvery is the throughput sampling period behind the dashboard's
 	// chart (default ThroughputSampleEvery); ThroughputWindow is kept.
 	SampleEvery time.Duration
+	// SeriesStep is the step of GET /v1/series (default SeriesStep; taken
+	// on the throughput sampler's ticks, so at least SampleEvery).
+	SeriesStep time.Duration
 	// Log receives the server's lines (default slog.Default()).
 	Log *slog.Logger
 }
@@ -201,6 +206,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = ThroughputSampleEvery
 	}
+	if cfg.SeriesStep <= 0 {
+		cfg.SeriesStep = SeriesStep
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -210,6 +218,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Log.With("component", "admin"), keys: keys,
 		sampler: newSampler(cfg.Registry, cfg.SampleEvery, ThroughputWindow), refused: refused}
+	s.sampler.series = newSeries(cfg.Node.CountStates, cfg.SeriesStep)
 	s.handler = s.routes()
 	return s, nil
 }
@@ -307,6 +316,9 @@ func (s *Server) routes() http.Handler {
 	api("POST /v1/jobs/{id}/cancel", anyTenant, s.cancelJob)
 	api("GET /v1/jobs/{id}/trace", anyTenant, s.jobTrace)
 	api("GET /v1/jobs/{id}/data", anyTenant, s.jobData)
+	api("POST /v1/jobs/{id}/retry", anyTenant, s.retryJob)
+	api("POST /v1/jobs/bulk", anyTenant, s.bulkJobs)
+	api("GET /v1/series", allTenants, s.series)
 	api("GET /v1/dlq", anyTenant, s.listDLQ)
 	api("POST /v1/dlq/{id}/retry", anyTenant, s.retryDLQ)
 	api("DELETE /v1/dlq/{id}", anyTenant, s.deleteDLQ)
@@ -315,9 +327,13 @@ func (s *Server) routes() http.Handler {
 	api("GET /v1/pools/{topic...}", anyTenant, s.getPool)
 	api("PUT /v1/pools/{topic...}", allTenants, s.putPool)
 	api("DELETE /v1/pools/{topic...}", allTenants, s.deletePool)
+	// POST /v1/pools/{topic}/pause and /resume (a {topic...} wildcard
+	// must end the pattern).
+	api("POST /v1/pools/{topic...}", allTenants, s.pausePool)
 	api("GET /v1/stats", allTenants, s.stats)
 	api("GET /v1/whoami", anyTenant, s.whoami)
 	// A workflow's steps may belong to several tenants: all-tenant keys only.
+	api("GET /v1/sagas", allTenants, s.listSagas)
 	api("GET /v1/sagas/{id}", allTenants, s.getSaga)
 
 	// OpenMetrics for scrapers that ask for it: the only format that

@@ -30,6 +30,8 @@ type ThroughputSample struct {
 type sampler struct {
 	reg   *prometheus.Registry
 	every time.Duration
+	// series takes a point every SeriesStep of these ticks (series.go).
+	series *series
 
 	mu      sync.Mutex
 	samples []ThroughputSample // oldest first, at most window/every
@@ -67,7 +69,11 @@ func (s *sampler) sample() {
 	for _, v := range c.completed {
 		completed += v
 	}
-	smp := ThroughputSample{At: time.Now(), Received: c.received, Completed: completed}
+	now := time.Now()
+	if s.series != nil {
+		s.series.tick(now, s.reg)
+	}
+	smp := ThroughputSample{At: now, Received: c.received, Completed: completed}
 	s.mu.Lock()
 	if len(s.samples) == cap(s.samples) {
 		copy(s.samples, s.samples[1:])

@@ -46,13 +46,16 @@ type Job struct {
 	Created   time.Time `json:"created"`
 	Updated   time.Time `json:"updated"`
 	// Owner is the lock holder ("<node>|<fence>"), empty when unlocked.
-	Owner     string          `json:"owner,omitempty"`
-	History   []HistoryEntry  `json:"history"`
-	Decisions []Decision      `json:"decisions,omitempty"`
-	RetryOf   string          `json:"retry_of,omitempty"`
-	DLQEntry  string          `json:"dlq_entry,omitempty"`
-	Retries   []string        `json:"retries,omitempty"`
-	Request   json.RawMessage `json:"request,omitempty"`
+	Owner     string         `json:"owner,omitempty"`
+	History   []HistoryEntry `json:"history"`
+	Decisions []Decision     `json:"decisions,omitempty"`
+	RetryOf   string         `json:"retry_of,omitempty"`
+	DLQEntry  string         `json:"dlq_entry,omitempty"`
+	Retries   []string       `json:"retries,omitempty"`
+	// RetriedAs is the latest of Retries; AttemptList each dispatch.
+	RetriedAs   string          `json:"retried_as,omitempty"`
+	AttemptList []Attempt       `json:"attempt_list"`
+	Request     json.RawMessage `json:"request,omitempty"`
 	// Fields is the raw record minus the request bytes.
 	Fields map[string]string `json:"fields,omitempty"`
 }
@@ -92,7 +95,11 @@ func jobView(r *store.JobRecord, links store.JobLinks) Job {
 		Worker: r.Worker, Subject: r.Subject, Reason: string(r.Reason), ResultPtr: r.ResultPtr,
 		ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage, Attempts: r.Attempts, Fence: r.Fence,
 		Created: r.Created, Updated: r.Updated, Owner: r.LockHolder, History: []HistoryEntry{},
-		RetryOf: links.RetryOf, DLQEntry: links.DLQEntry, Retries: links.Retries, Fields: map[string]string{}}
+		RetryOf: links.RetryOf, DLQEntry: links.DLQEntry, Retries: links.Retries, Fields: map[string]string{},
+		AttemptList: attemptsOf(r)}
+	if n := len(links.Retries); n > 0 {
+		j.RetriedAs = links.Retries[n-1]
+	}
 	for _, h := range r.History {
 		j.History = append(j.History, HistoryEntry{At: h.At, From: string(h.From), To: string(h.To),
 			Reason: string(h.Reason), Node: h.Node})
@@ -146,14 +153,17 @@ func policyOutcome(r *store.JobRecord) string {
 
 // JobSummary is one line of GET /v1/jobs.
 type JobSummary struct {
-	ID      string    `json:"id"`
-	State   string    `json:"state"`
-	Topic   string    `json:"topic"`
-	Tenant  string    `json:"tenant"`
-	Reason  string    `json:"reason,omitempty"`
-	Worker  string    `json:"worker,omitempty"`
-	Created time.Time `json:"created"`
-	Updated time.Time `json:"updated"`
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Topic  string `json:"topic"`
+	Tenant string `json:"tenant"`
+	Reason string `json:"reason,omitempty"`
+	Worker string `json:"worker,omitempty"`
+	// Labels are the request's labels; Attempts counts its dispatches.
+	Labels   map[string]string `json:"labels,omitempty"`
+	Attempts int               `json:"attempts"`
+	Created  time.Time         `json:"created"`
+	Updated  time.Time         `json:"updated"`
 	// Unwritten: waiting for room within its capacity grace, with no
 	// record yet (listed by the nodes, on the first page, before the
 	// records).
@@ -303,8 +313,12 @@ type TopicMapping struct {
 	Topic string   `json:"topic"`
 	Pools []string `json:"pools"`
 	// Source is "runtime" (set through the API or `troupe pool`, shared by
-	// every replica through Redis) or "file" (pools.yaml).
+	// every replica through Redis), "file" (pools.yaml), or "unmapped" (a
+	// paused topic no pool is mapped to).
 	Source string `json:"source"`
+	// Paused: the topic's jobs are not dispatched; they wait SCHEDULED
+	// pool_paused until it is resumed.
+	Paused bool `json:"paused"`
 }
 
 // Pool is one pool's settings.

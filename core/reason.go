@@ -44,6 +44,9 @@ const (
 	ReasonStaleWorker           Reason = "stale_worker"
 	ReasonTenantLimit           Reason = "tenant_limit"
 	ReasonDispatchFailed        Reason = "dispatch_failed"
+	// ReasonPoolPaused: an operator paused the job's topic; the job waits
+	// SCHEDULED, in order, until the topic is resumed.
+	ReasonPoolPaused Reason = "pool_paused"
 	// ReasonWorkerLost: the worker a job was dispatched to was evicted.
 	// Before it reported progress: the job is dispatched elsewhere
 	// (DISPATCHED → SCHEDULED). After, on the worker known to run it: the

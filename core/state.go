@@ -39,6 +39,14 @@ func (s State) Terminal() bool {
 	return false
 }
 
+// Retryable reports whether a job that ended in s may be retried by an
+// operator (a new job with the same request): it failed, timed out or was
+// cancelled. A success is submitted again, not retried; a denial or a
+// quarantined output would meet the same policy again.
+func (s State) Retryable() bool {
+	return s == StateFailed || s == StateTimeout || s == StateCancelled
+}
+
 // Valid reports whether s is one of the known states.
 func (s State) Valid() bool {
 	for _, k := range AllStates {

@@ -151,7 +151,7 @@ type ListPeers struct{}
 // with a freed slot, a heartbeat or a new worker.
 func Waitable(r core.Reason) bool {
 	switch r {
-	case core.ReasonPoolOverloaded, core.ReasonNoWorkers, core.ReasonStaleWorker:
+	case core.ReasonPoolOverloaded, core.ReasonNoWorkers, core.ReasonStaleWorker, core.ReasonPoolPaused:
 		return true
 	}
 	return false

@@ -15,6 +15,7 @@ import (
 const (
 	mappingsKeySuffix = "{routing}:topics"  // hash: topic → "pool1,pool2"
 	versionKeySuffix  = "{routing}:version" // counter: bumped on every change
+	pausedKeySuffix   = "{routing}:paused"  // set: paused topics (pause.go)
 )
 
 // ErrInvalidMapping is returned for a mapping the store refuses to keep.
@@ -24,6 +25,8 @@ var ErrInvalidMapping = errors.New("invalid topic mapping")
 type Mappings struct {
 	Version int64
 	Topics  map[string][]string
+	// Paused are the topics paused at run time (pause.go).
+	Paused map[string]bool
 }
 
 // MappingStore keeps topic → pool mappings added at runtime (CLI/API) in
@@ -35,11 +38,13 @@ type MappingStore struct {
 	rdb        redis.UniversalClient
 	key        string
 	versionKey string
+	pausedKey  string
 }
 
 // NewMappingStore returns a store whose keys start with prefix.
 func NewMappingStore(rdb redis.UniversalClient, prefix string) *MappingStore {
-	return &MappingStore{rdb: rdb, key: prefix + mappingsKeySuffix, versionKey: prefix + versionKeySuffix}
+	return &MappingStore{rdb: rdb, key: prefix + mappingsKeySuffix, versionKey: prefix + versionKeySuffix,
+		pausedKey: prefix + pausedKeySuffix}
 }
 
 // Set maps topic to pools, replacing any runtime mapping of the topic (a
@@ -90,18 +95,23 @@ func (s *MappingStore) Version(ctx context.Context) (int64, error) {
 // hand must not hide the others.
 func (s *MappingStore) Load(ctx context.Context) (Mappings, error) {
 	var (
-		ver *redis.StringCmd
-		all *redis.MapStringStringCmd
+		ver    *redis.StringCmd
+		all    *redis.MapStringStringCmd
+		paused *redis.StringSliceCmd
 	)
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		ver = p.Get(ctx, s.versionKey)
 		all = p.HGetAll(ctx, s.key)
+		paused = p.SMembers(ctx, s.pausedKey)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Mappings{}, fmt.Errorf("router: load mappings: %w", err)
 	}
-	m := Mappings{Topics: map[string][]string{}}
+	m := Mappings{Topics: map[string][]string{}, Paused: map[string]bool{}}
+	for _, t := range paused.Val() {
+		m.Paused[t] = true
+	}
 	if v, err := ver.Result(); err == nil {
 		m.Version, _ = strconv.ParseInt(v, 10, 64)
 	}

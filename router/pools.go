@@ -50,6 +50,8 @@ type Pool struct {
 type PoolConfig struct {
 	Topics map[string][]string
 	Pools  map[string]Pool
+	// Paused are the topics whose jobs are not dispatched (pause.go).
+	Paused map[string]bool
 }
 
 // ErrInvalidPools wraps every pools.yaml validation error.

@@ -281,6 +281,11 @@ func (s *Strategy) route(req *capv1.JobRequest) (*route, Pick) {
 		return nil, Pick{Reason: core.ReasonRequiresUnsatisfied,
 			Detail: "no pool of topic " + topic + " provides " + strings.Join(requires, ",")}
 	}
+	if s.cfg.Paused[topic] {
+		// Checked last: a paused job waits in its candidate pools' queues
+		// (Candidates), in order, for the resume.
+		return nil, Pick{Reason: core.ReasonPoolPaused, Detail: "topic " + topic + " is paused"}
+	}
 	return rt, Pick{}
 }
 

@@ -106,7 +106,7 @@ func (w *PoolsWatcher) Load(ctx context.Context) (*PoolConfig, error) {
 		w.file, w.fileHash = cfg, sha256.Sum256(data)
 	}
 	w.loadMappings(ctx, true)
-	w.current = w.file.WithMappings(w.runtime.Topics)
+	w.current = w.file.WithMappings(w.runtime.Topics).WithPaused(w.runtime.Paused)
 	return w.current, nil
 }
 
@@ -174,7 +174,7 @@ func (w *PoolsWatcher) reload(onDemand bool) error {
 		changed = true
 	}
 	if changed && w.file != nil {
-		w.current = w.file.WithMappings(w.runtime.Topics)
+		w.current = w.file.WithMappings(w.runtime.Topics).WithPaused(w.runtime.Paused)
 		w.log.Info("pools config applied", "topics", len(w.current.Topics), "pools", len(w.current.Pools),
 			"runtime_mappings", len(w.runtime.Topics), "mapping_version", w.runtime.Version)
 		if w.deliver != nil {

@@ -69,7 +69,8 @@ func stepTopicField(jobID string) string { return "t:" + jobID }
 func RecordStep(t *store.Transition, workflowID, jobID, topic string, tmpl []byte, nowMs int64, retention time.Duration) {
 	ttl := retentionOr(retention)
 	tk := TemplatesPrefix + workflowID
-	t.Adds = append(t.Adds, store.ShardZAdd{Suffix: StackPrefix + workflowID, Score: nowMs, Member: jobID, TTL: ttl})
+	t.Adds = append(t.Adds, store.ShardZAdd{Suffix: StackPrefix + workflowID, Score: nowMs, Member: jobID, TTL: ttl},
+		indexAdd(workflowID, nowMs, ttl))
 	t.Sets = append(t.Sets, store.ShardHSet{Suffix: tk, Field: StepTemplateField(jobID), Value: string(tmpl), TTL: ttl},
 		store.ShardHSet{Suffix: tk, Field: stepTopicField(jobID), Value: topic, TTL: ttl})
 }
@@ -82,7 +83,7 @@ func RecordStep(t *store.Transition, workflowID, jobID, topic string, tmpl []byt
 func RecordTrigger(t *store.Transition, workflowID string, nowMs int64, retention time.Duration) {
 	ttl := retentionOr(retention)
 	t.Adds = append(t.Adds, store.ShardZAdd{Suffix: Triggers, Score: nowMs, Member: workflowID,
-		TrimBelow: nowMs - ttl.Milliseconds(), TTL: ttl})
+		TrimBelow: nowMs - ttl.Milliseconds(), TTL: ttl}, indexAdd(workflowID, nowMs, ttl))
 }
 
 func retentionOr(d time.Duration) time.Duration {

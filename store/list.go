@@ -46,6 +46,32 @@ type ListQuery struct {
 	Limit int
 	// Cursor continues a previous page ("" = from the newest).
 	Cursor string
+	// Since, when set, keeps the jobs created at or after it. No job is
+	// updated before it is created, so the scan, which runs newest update
+	// first, ends at the first index entry updated before Since.
+	Since time.Time
+	// Match, when set, keeps only the jobs it accepts (the caller's
+	// filters: topic, worker, labels, ...). It sees each record the scan
+	// reads, within the scan budget (listScanPages index pages), so a
+	// filter that matches few jobs returns short pages with a cursor.
+	Match func(*JobSummary) bool
+}
+
+// keeps reports whether the listing q keeps sum.
+func (q *ListQuery) keeps(sum *JobSummary) bool {
+	switch {
+	case sum == nil, q.Tenant != "" && sum.Tenant != q.Tenant:
+		return false
+	case !q.Since.IsZero() && sum.Created.Before(q.Since):
+		return false
+	}
+	return q.Match == nil || q.Match(sum)
+}
+
+// pastSince reports whether an index entry scored score (its update, unix
+// ms) and every entry after it are updated, and so created, before Since.
+func (q *ListQuery) pastSince(score int64) bool {
+	return !q.Since.IsZero() && score < q.Since.UnixMilli()
 }
 
 // JobSummary is one line of a job listing: the few fields a table shows,
@@ -60,6 +86,11 @@ type JobSummary struct {
 	Worker  string
 	Updated time.Time
 	Created time.Time
+	// Attempts counts the job's dispatches so far.
+	Attempts int
+	// Request is the job's stored CAP JobRequest (protobuf), for filters and
+	// views that need more than these fields (its labels).
+	Request []byte
 }
 
 // JobPage is one page of a listing; Next is "" after the last page.
@@ -148,7 +179,7 @@ func (s *Store) listPages(ctx context.Context, q ListQuery, limit int,
 			return JobPage{}, err
 		}
 		for i, sum := range sums {
-			if sum == nil || (q.Tenant != "" && sum.Tenant != q.Tenant) {
+			if !q.keeps(sum) {
 				continue
 			}
 			out = append(out, *sum)
@@ -161,7 +192,7 @@ func (s *Store) listPages(ctx context.Context, q ListQuery, limit int,
 		}
 		c := cursorAt(entries, cur)
 		cur = &c
-		if !more {
+		if !more || q.pastSince(entries[len(entries)-1].score) {
 			return JobPage{Jobs: out}, nil
 		}
 	}
@@ -224,7 +255,7 @@ func sortEntries(es []indexEntry) {
 }
 
 // summaryFields are the record fields a JobSummary reads.
-var summaryFields = []string{"s", "topic", "tenant", "reason", "worker", "updated", "created"}
+var summaryFields = []string{"s", "topic", "tenant", "reason", "worker", "updated", "created", "attempts", "req"}
 
 // summaries reads the summary fields of every entry's record in one
 // pipeline; a nil element means the record is gone.
@@ -247,6 +278,10 @@ func (s *Store) summaries(ctx context.Context, entries []indexEntry) ([]*JobSumm
 		out[i] = &JobSummary{ID: entries[i].id, State: core.State(str(0)), Topic: str(1), Tenant: str(2),
 			Reason: core.Reason(str(3)), Worker: str(4), Created: parseMillis(str(6))}
 		out[i].Updated = updatedAt(str(5), out[i].Created)
+		out[i].Attempts, _ = strconv.Atoi(str(7))
+		if req := str(8); req != "" {
+			out[i].Request = []byte(req)
+		}
 	}
 	return out, nil
 }

@@ -285,7 +285,8 @@ func (j *Job) onResultsLost() {
 // begins or its reason changes, with no due time (the lock, kept by the
 // node lease, covers the job; a graceful stop hands it on). A recheck in
 // memory every CapacityRecheck guards against a lost wake. A pool with
-// workers but no room is waited on for as long as it takes; a pool with no
+// workers but no room, or a paused topic, is waited on for as long as it
+// takes; a pool with no
 // live workers is rechecked on the scheduling backoff and counts attempts,
 // so a pool that never gets a worker fails the job (max_scheduling_retries).
 func (j *Job) waitCapacity(p *router.PickReply) {
@@ -293,7 +294,7 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 	j.queued = true
 	changed := !again || j.capReason != p.Reason
 	j.capReason = p.Reason
-	if p.Reason != core.ReasonPoolOverloaded {
+	if !waitsUnbounded(p.Reason) {
 		j.attempts++
 		if j.attempts >= j.cfg.MaxSchedulingAttempts {
 			j.withdraw()
@@ -340,6 +341,14 @@ func (j *Job) waitCapacity(p *router.PickReply) {
 	j.writeWait(at)
 }
 
+// waitsUnbounded reports whether a wait for reason lasts as long as it
+// takes, counting no scheduling attempt: a full pool (room comes), a
+// paused topic (an operator resumes it). Every other wait is rechecked on
+// the scheduling backoff and bounded by the attempts.
+func waitsUnbounded(reason core.Reason) bool {
+	return reason == core.ReasonPoolOverloaded || reason == core.ReasonPoolPaused
+}
+
 // graceFor shortens the grace of a wait with no live worker to wait for
 // (reason other than pool_overloaded) to NoWorkersGrace from now: such a
 // wait may last until the job fails, so it is shown in Redis soon, and not
@@ -358,7 +367,7 @@ func (j *Job) graceFor(reason core.Reason, now time.Time) {
 // router again: CapacityRecheck for a full pool (the safety net of a lost
 // wake), the scheduling backoff when no worker is live.
 func (j *Job) recheckDelay() time.Duration {
-	if j.capReason != core.ReasonPoolOverloaded {
+	if !waitsUnbounded(j.capReason) {
 		return j.cfg.Backoff(max(j.attempts, 1))
 	}
 	return CapacityRecheck
