@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -262,6 +263,12 @@ func (b *browser) waitFor(t *testing.T, what, expression string, timeout time.Du
 })`, timeout.Milliseconds(), expression)
 	var v string
 	if err := b.eval(js, &v); err != nil {
+		// What the page showed instead, for whoever reads the failure.
+		if os.MkdirAll(artifactsDir, 0o755) == nil {
+			shot := filepath.Join(artifactsDir, "failed.png")
+			b.screenshot(t, shot)
+			t.Logf("the page as it was: %s", shot)
+		}
 		t.Fatalf("dashboard never showed %s (%s): %v\npage errors: %v", what, expression, err, b.pageErrors())
 	}
 	return v

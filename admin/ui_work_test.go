@@ -37,6 +37,19 @@ func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 	return worker.Echo(ctx, req)
 }
 
+// waitPaused waits until the node applies a pause or a resume of topic.
+func (b *bundle) waitPaused(topic string, want bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if b.node.PoolConfig().Paused[topic] == want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.t.Fatalf("node never applied paused=%v to %s", want, topic)
+}
+
 // postJob submits a job through the API as JSON (with a payload).
 func postJob(t *testing.T, base, body string) {
 	t.Helper()
@@ -116,8 +129,14 @@ func TestDashboardWorkflows(t *testing.T) {
 		if h := br.waitFor(t, "the fragment", `location.hash`, pageWait); !strings.Contains(h, "topic=job.unmapped") {
 			t.Errorf("fragment %q does not keep the filter", h)
 		}
+		br.do(t, "filter by label and state", `const f = document.getElementById("filter");
+			f.elements.topic.value = ""; f.elements.label.value = "cordum.team=blue"; f.elements.state.value = "SUCCEEDED";
+			f.requestSubmit();`)
+		br.waitFor(t, "the labelled job alone", `document.getElementById("jobs-panel").dataset.rows === "1" &&
+			document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
 		br.do(t, "clear the filter", `document.getElementById("filter-clear").click()`)
-		br.waitFor(t, "the whole list", `document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
+		br.waitFor(t, "the whole list", `document.getElementById("jobs-panel").dataset.filter === "" &&
+			document.querySelector('#jobs tr[data-job-id="job-w-fail"]')`, pageWait)
 	}
 
 	// job detail: payload and attempts
@@ -144,9 +163,10 @@ func TestDashboardWorkflows(t *testing.T) {
 		br.do(t, "retry", `document.querySelector('#job-actions button[data-action="retry"]').click()`)
 		id := br.waitFor(t, "the new job opened", `(() => { const p = document.getElementById("job-panel");
 			return p.dataset.jobId !== "job-w-fail" && p.dataset.jobId; })()`, pageWait)
-		j := b.waitState(c, id, "FAILED") // the new job fails as its original did
-		if j.RetryOf != "job-w-fail" {
-			t.Errorf("job %s: retry_of %q, want job-w-fail", id, j.RetryOf)
+		j := b.waitState(c, id, "FAILED") // the new job runs and fails as its original did
+		if j.RetryOf != "job-w-fail" || j.Reason != "worker_failed" || j.Worker != "w1" {
+			t.Errorf("job %s: retry_of %q, ended %s on worker %q; want a retry of job-w-fail run by w1 (worker_failed)",
+				id, j.RetryOf, j.Reason, j.Worker)
 		}
 		br.waitFor(t, "the retry's link to its original", `[...document.querySelectorAll("#job-meta a")].some(a => a.textContent === "job-w-fail")`, pageWait)
 	}
@@ -156,6 +176,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	{
 		br.do(t, "pause job.echo", `document.querySelector('#topics tr[data-topic="job.echo"] button').click()`)
 		br.waitFor(t, "the topic paused", `document.querySelector('#topics tr[data-topic="job.echo"]').dataset.paused === "true"`, pageWait)
+		b.waitPaused("job.echo", true) // the node applies it on its next mappings poll
 		submit(labelled("job-w-wait", map[string]string{"cordum.team": "red"}))
 		for i := 0; i < 3; i++ {
 			submit(labelled(fmt.Sprintf("job-w-batch-%d", i), map[string]string{"cordum.batch": "b1"}))
@@ -168,15 +189,15 @@ func TestDashboardWorkflows(t *testing.T) {
 			t.Errorf("a waiting job's trace says %q", note)
 		}
 
-		br.do(t, "filter by label", `const f = document.getElementById("filter");
-			f.elements.label.value = "cordum.batch=b1"; f.requestSubmit();`)
+		br.do(t, "filter by id", `const f = document.getElementById("filter");
+			f.elements.q.value = "job-w-batch-"; f.requestSubmit();`)
 		br.waitFor(t, "the batch listed", `document.querySelectorAll('#jobs tr[data-job-id^="job-w-batch-"]').length === 3`, pageWait)
 		br.do(t, "ask to cancel them", `document.getElementById("bulk-cancel").click()`)
 		br.waitFor(t, "the confirmation", `!document.getElementById("bulk-confirm").hidden`, pageWait)
 		br.do(t, "confirm", `document.getElementById("bulk-go").click()`)
 		done := br.waitFor(t, "the bulk result", `document.getElementById("bulk-result").dataset.done`, pageWait)
 		if done != "3" {
-			t.Errorf("bulk cancel did %s jobs, want 3", done)
+			t.Errorf("bulk cancel did %s jobs, want 3: %s", done, br.waitFor(t, "the bulk result", `document.getElementById("bulk-result").textContent`, pageWait))
 		}
 		for i := 0; i < 3; i++ {
 			b.waitState(c, fmt.Sprintf("job-w-batch-%d", i), "CANCELLED")
@@ -187,6 +208,7 @@ func TestDashboardWorkflows(t *testing.T) {
 
 		br.do(t, "resume job.echo", `document.querySelector('#topics tr[data-topic="job.echo"] button').click()`)
 		br.waitFor(t, "the topic resumed", `document.querySelector('#topics tr[data-topic="job.echo"]').dataset.paused === "false"`, pageWait)
+		b.waitPaused("job.echo", false)
 		b.waitState(c, "job-w-wait", "SUCCEEDED")
 		br.navigate(t, b.base + "/ui/#job=job-w-wait")
 		br.waitFor(t, "the job done", `document.getElementById("job-panel").dataset.state === "SUCCEEDED"`, pageWait)

@@ -53,7 +53,7 @@ export function lineChart(svg, series, { unit = "", max = 1, empty = "no data ye
   }
   svg.append(svgEl("text", { x: 4, y: 12 }, fmtValue(top / 1.08, unit)));
   const span_s = Math.round(span / 1000);
-  svg.append(svgEl("text", { x: W - 4, y: H - 4, "text-anchor": "end" },
+  if (span_s > 0) svg.append(svgEl("text", { x: W - 4, y: H - 4, "text-anchor": "end" },
     "last " + (span_s < 120 ? span_s + " s" : Math.round(span_s / 60) + " min")));
   svg.dataset.points = String(pts.length);
 }

@@ -119,7 +119,8 @@ function renderAttempts(j) {
     tr.dataset.state = a.state || "";
     const took = a.dispatched_at && a.ended_at ? new Date(a.ended_at) - new Date(a.dispatched_at) : NaN;
     tr.append(el("td", a.n), el("td", a.worker || ""), el("td", fmtTime(a.dispatched_at)), el("td", fmtTime(a.ended_at)),
-      el("td", fmtDuration(took)), cell(a.state ? badge(a.state) : ""), el("td", a.error || "", a.error ? "error wrap" : ""));
+      el("td", fmtDuration(took)), cell(a.state ? badge(a.state) : "", a.reason ? " " + a.reason : ""),
+      el("td", a.error || "", a.error ? "error wrap" : ""));
     body.append(tr);
   }
   if (!atts.length) body.append(emptyRow(7, j.unwritten || !j.attempts ? "not dispatched yet" : "no attempt recorded"));
