@@ -245,10 +245,11 @@ func TestDashboardWorkflows(t *testing.T) {
 	if err := os.MkdirAll(artifactsDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	br.navigate(t, b.base + "/ui/#job=job-w-fail")
+	br.navigate(t, b.base + "/ui/#job=job-w-fail&saga=" + wf)
 	br.waitFor(t, "the failed job", `document.getElementById("job-panel").dataset.jobId === "job-w-fail" &&
 		document.getElementById("job-panel").dataset.state === "FAILED" &&
-		document.querySelector('#attempts tr[data-attempt="1"]')`, pageWait)
+		document.querySelector('#attempts tr[data-attempt="1"]') && document.getElementById("saga").dataset.status`, pageWait)
+	br.do(t, "scroll to the top", `window.scrollTo(0, 0)`)
 	shot := filepath.Join(artifactsDir, "dashboard-work.png")
 	br.screenshot(t, shot)
 	t.Logf("dashboard screenshot: %s", shot)

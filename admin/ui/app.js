@@ -63,7 +63,7 @@ function renderStates(states) {
     const t = el("div", null, "tile st-" + st + (ui.filter.state === st ? " selected" : ""));
     t.dataset.state = st;
     t.dataset.count = states[st] || 0;
-    t.append(el("div", states[st] || 0, "n"), el("div", st, "s"));
+    t.append(el("div", states[st] || 0, "n"), el("div", st.replace(/_/g, " "), "s"));
     t.addEventListener("click", () => setHash({ state: ui.filter.state === st ? "" : st }));
     box.append(t);
   }

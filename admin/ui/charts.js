@@ -38,18 +38,22 @@ export function lineChart(svg, series, { unit = "", max = 1, empty = "no data ye
   }
   const t0 = Math.min(...pts.map(p => p.t)), t1 = Math.max(...pts.map(p => p.t));
   const span = Math.max(1, t1 - t0);
-  const x = t => (pts.length === 1 ? W : ((t - t0) / span) * W);
+  const x = t => (t1 === t0 ? W - 4 : 4 + ((t - t0) / span) * (W - 8));
   const y = v => H - PAD - (v / top) * (H - 2 * PAD);
   for (const s of series) {
-    let d = "", pen = false;
-    for (const p of s.values) {
-      if (p.v === null || !isFinite(p.v)) { pen = false; continue; }
+    let d = "", run = 0;
+    const dots = [];
+    s.values.forEach((p, i) => {
+      if (p.v === null || !isFinite(p.v)) { run = 0; return; }
       const xy = x(p.t).toFixed(1) + "," + y(p.v).toFixed(1);
-      // A point alone (the first sample, or between gaps) is a short dash.
-      d += pen ? "L" + xy : "M" + xy + "h" + (pts.length === 1 ? -W : 2);
-      pen = true;
-    }
+      d += run ? "L" + xy : "M" + xy;
+      run++;
+      const next = s.values[i + 1];
+      // A point alone (the first sample, or between gaps) gets a dot.
+      if (run === 1 && (!next || next.v === null || !isFinite(next.v))) dots.push([x(p.t), y(p.v)]);
+    });
     if (d) svg.append(svgEl("path", { d, class: s.cls, "data-series": s.name }));
+    for (const [cx, cy] of dots) svg.append(svgEl("circle", { cx, cy, r: 3, class: s.cls + " dot" }));
   }
   svg.append(svgEl("text", { x: 4, y: 12 }, fmtValue(top / 1.08, unit)));
   const span_s = Math.round(span / 1000);
