@@ -68,14 +68,30 @@ func (n *Node) RetryJob(ctx context.Context, jobID string) (string, error) {
 
 // PauseTopic stops dispatching topic's jobs on every replica until
 // ResumeTopic; they wait SCHEDULED pool_paused (router.MappingStore.Pause).
+// This node applies it before returning, the other replicas within
+// router.PoolsPollDefault.
 func (n *Node) PauseTopic(ctx context.Context, topic string) error {
-	return n.Mappings().Pause(ctx, topic)
+	if err := n.Mappings().Pause(ctx, topic); err != nil {
+		return err
+	}
+	n.applyPools()
+	return nil
 }
 
-// ResumeTopic dispatches topic's jobs again, the waiting ones in order.
+// ResumeTopic dispatches topic's jobs again, the waiting ones in order;
+// applied as PauseTopic is.
 func (n *Node) ResumeTopic(ctx context.Context, topic string) error {
-	return n.Mappings().Resume(ctx, topic)
+	if err := n.Mappings().Resume(ctx, topic); err != nil {
+		return err
+	}
+	n.applyPools()
+	return nil
 }
+
+// applyPools reloads the runtime mappings now rather than at the next poll
+// (a pools file that fails to parse keeps its last good version, as on any
+// reload, and is logged there).
+func (n *Node) applyPools() { _ = n.pools.Reload() }
 
 // ListSagas lists the workflows whose sagas are kept, newest first
 // (saga.List).

@@ -6,7 +6,9 @@ import (
 )
 
 // Pausing a topic's dispatch (router.MappingStore.Pause): its jobs wait
-// SCHEDULED pool_paused, on every replica, until it is resumed.
+// SCHEDULED pool_paused, on every replica, until it is resumed. The node
+// serving the request applies it before answering; the other replicas
+// within a second (their pools watcher's poll).
 
 // Paused answers POST /v1/pools/{topic}/pause and /resume.
 type Paused struct {
@@ -29,12 +31,11 @@ func (s *Server) pausePool(w http.ResponseWriter, r *http.Request, p principal) 
 		s.refused.WithLabelValues(RefusedNotOperator).Inc()
 		return errForbidden("pausing a topic needs a key with role " + string(RoleOperator))
 	}
-	ms := s.cfg.Node.Mappings()
 	var err error
 	if action == "pause" {
-		err = ms.Pause(r.Context(), topic)
+		err = s.cfg.Node.PauseTopic(r.Context(), topic)
 	} else {
-		err = ms.Resume(r.Context(), topic)
+		err = s.cfg.Node.ResumeTopic(r.Context(), topic)
 	}
 	if err != nil {
 		return err

@@ -99,6 +99,8 @@ type Node interface {
 	Saga(ctx context.Context, workflowID string) (*saga.Report, error)
 	ListSagas(ctx context.Context, limit int, cursor string) ([]saga.Listed, string, error)
 	RetryJob(ctx context.Context, jobID string) (string, error)
+	PauseTopic(ctx context.Context, topic string) error
+	ResumeTopic(ctx context.Context, topic string) error
 }
 
 // Config configures a Server.

@@ -27,7 +27,7 @@ const (
 
 // PlacementLabels returns the labels a worker must carry to take req:
 // req.labels minus the ones that describe the job rather than constrain where
-// it runs (CAP's exclusion list, plus Troupe's saga labels).
+// it runs (CAP's exclusion list, plus Troupe's saga labels and retry_of).
 func PlacementLabels(labels map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range labels {
@@ -48,7 +48,7 @@ func excludedFromPlacement(k string) bool {
 	}
 	switch k {
 	case "approval_granted", "secrets_present", "workflow_id", "run_id", "step_id", "node_id", "worker_id",
-		"saga_compensation", "is_compensation", "saga_workflow_id":
+		"saga_compensation", "is_compensation", "saga_workflow_id", "retry_of":
 		return true
 	}
 	return false

@@ -88,11 +88,15 @@ const (
 	jobUsage = `usage: troupe job <job_id>                      a job's state, history and decisions
        troupe job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--context-ptr P]
                          [--wait [--timeout D]] [--bus [--nats URL] [--sign-key F --sender S]]
-       troupe job list [STATE] [--state S] [--limit N] [--cursor C] [--tenant T] [--all]
+       troupe job list [STATE] [filters] [--limit N] [--cursor C] [--all]     (troupe ctl jobs)
        troupe job status <job_id>
        troupe job approve <job_id> [--reason R] [--hash H]
        troupe job reject <job_id> [--reason R] [--hash H]
-       troupe job cancel <job_id> [--reason R]
+       troupe job cancel <job_id> [--reason R]  |  troupe job cancel --filter [filters] [--limit N]
+       troupe job retry <job_id>                |  troupe job retry --filter [filters] [--limit N]
+                                        a FAILED, TIMEOUT or CANCELLED job again, under a new id
+filters: --state S --topic T --tenant T --worker W --label k=v (repeatable)
+         --since T --until T (created time: RFC 3339, or a duration ago: 15m) --q ID_PART
        troupe job wait <job_id> [--timeout D]          until it ends; exit 1 unless SUCCEEDED
 `
 	dlqUsage = `usage: troupe dlq [list] [--limit N]     dead-lettered jobs and inputs, newest first
@@ -103,9 +107,13 @@ const (
        troupe pool get <topic>
        troupe pool map <topic> <pool>[,<pool>...]    (or set) every replica within about a second
        troupe pool unmap <topic>                     (or delete) pools.yaml applies again
+       troupe pool pause <topic>                     dispatch none of its jobs (they wait SCHEDULED
+                                                     pool_paused) on every replica, until resume
+       troupe pool resume <topic>
 `
 	sagaUsage = `usage: troupe saga <workflow_id>    the compensation stack (newest first), the rollback's progress
                                   and each compensation's job state (an all-tenant key)
+       troupe saga list [--limit N] [--cursor C]   the workflows with compensations, newest first
 `
 	traceUsage = `usage: troupe trace <job_id>       every message the job's actor received, in order
 `
@@ -118,13 +126,15 @@ const (
 
 const ctlUsage = `usage: troupe ctl <command> [arguments] [flags]
 
-  job <job_id> | submit|status|list|approve|reject|cancel   jobs
+  job <job_id> | submit|status|list|approve|reject|cancel|retry   jobs
+  jobs [filters]                                           search jobs (state, topic, label, time, ...)
+  bulk cancel|retry [filters]                              act on every job a filter selects
   dlq list|retry|delete                                    the dead-letter queue
   workers                                                  live workers and pool load
-  pool list|get|map|unmap                                  topic → pool mappings
-  saga <workflow_id>                                       a workflow's compensations
+  pool list|get|map|unmap|pause|resume                     topic → pool mappings, pausing a topic
+  saga <workflow_id> | list, sagas                         a workflow's compensations, the workflows
   trace <job_id>                                           a job's mailbox trace
-  stats | ready                                            node counters, readiness
+  stats | ready | series                                   node counters, readiness, chart series
 
 The same commands without "ctl": troupe job, dlq, workers, pool, saga, trace.
 ` + ctlFlagsUsage
@@ -147,6 +157,14 @@ func helpFor(group string) string {
 		return workersUsage
 	case "stats", "ready":
 		return statsUsage
+	case "jobs":
+		return jobsUsage
+	case "bulk":
+		return bulkUsage
+	case "sagas":
+		return sagasUsage
+	case "series":
+		return seriesUsage
 	}
 	return ctlUsage + "\n"
 }
@@ -175,7 +193,9 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		case "status", "get", "show":
 			return e.jobStatus(ctx, rest)
 		case "list", "ls":
-			return e.jobList(ctx, rest)
+			return e.jobSearch(ctx, rest)
+		case "retry":
+			return e.jobRetry(ctx, rest)
 		case "approve", "reject":
 			return e.jobDecide(ctx, verb, rest)
 		case "cancel":
@@ -200,9 +220,20 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		return e.usage("dlq", fmt.Errorf("unknown dlq command %q (list, retry, delete)", verb))
 	case "workers":
 		return e.workers(ctx, args[1:])
+	case "jobs":
+		return e.jobSearch(ctx, args[1:])
+	case "bulk":
+		return e.bulk(ctx, args[1:])
+	case "sagas":
+		return e.sagas(ctx, args[1:])
+	case "series":
+		return e.series(ctx, args[1:])
 	case "pools", "pool":
 		return e.pools(ctx, args[1:])
 	case "saga":
+		if verb == "list" || verb == "ls" {
+			return e.sagas(ctx, rest)
+		}
 		return e.saga(ctx, args[1:])
 	case "trace":
 		return e.trace(ctx, args[1:])
@@ -457,68 +488,6 @@ func printAPIJob(w io.Writer, j admin.Job) {
 	}
 }
 
-func (e *ctlEnv) jobList(ctx context.Context, args []string) error {
-	fs := e.flags("ctl job list")
-	state := fs.String("state", "", "state to list (PENDING, RUNNING, SUCCEEDED, ...; default: every state)")
-	limit := fs.Int("limit", 50, "jobs per page")
-	cursor := fs.String("cursor", "", "continue after a previous page")
-	tenant := fs.String("tenant", "", "only this tenant (an all-tenant key)")
-	all := fs.Bool("all", false, "follow every page")
-	pos, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if *state == "" && len(pos) == 1 {
-		*state = pos[0]
-	}
-	*state = strings.ToUpper(*state)
-	if *state != "" && !core.State(*state).Valid() {
-		return fmt.Errorf("--state must be one of %v (or none for every state)", core.AllStates)
-	}
-	c := e.client()
-	var jobs []admin.JobSummary
-	next := *cursor
-	for {
-		page, err := c.ListJobs(ctx, *state, *limit, next, *tenant)
-		if err != nil {
-			return err
-		}
-		jobs = append(jobs, page.Jobs...)
-		next = page.Next
-		if !*all || next == "" {
-			break
-		}
-	}
-	if e.asJSON {
-		return e.printJSON(admin.JobList{State: *state, Jobs: jobs, Next: next})
-	}
-	if len(jobs) == 0 {
-		if *state == "" {
-			fmt.Fprintln(e.out, "no jobs")
-		} else {
-			fmt.Fprintf(e.out, "no %s jobs\n", *state)
-		}
-		return nil
-	}
-	tw := e.table()
-	fmt.Fprintln(tw, "JOB\tSTATE\tTOPIC\tTENANT\tREASON\tWORKER\tUPDATED")
-	for _, j := range jobs {
-		worker := orDash(j.Worker)
-		if j.Unwritten {
-			worker = "(unwritten)" // waiting within its capacity grace, no record yet
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.Topic, j.Tenant, orDash(j.Reason),
-			worker, j.Updated.Format("2006-01-02 15:04:05.000"))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if next != "" {
-		fmt.Fprintf(e.out, "more: --cursor %s\n", next)
-	}
-	return nil
-}
-
 func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) error {
 	fs := e.flags("ctl job " + verb)
 	reason := fs.String("reason", "", "why (recorded on the job)")
@@ -541,28 +510,6 @@ func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) erro
 		return e.printJSON(a)
 	}
 	fmt.Fprintf(e.out, "job %s: %s %s\n", a.JobID, a.Action, a.Note)
-	return nil
-}
-
-func (e *ctlEnv) jobCancel(ctx context.Context, args []string) error {
-	fs := e.flags("ctl job cancel")
-	reason := fs.String("reason", "", "why")
-	by := fs.String("by", envOr("USER", ""), "who cancels, sent with the cancel (the server may take it from the API key instead)")
-	pos, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := exactly(pos, 1, "exactly one job id"); err != nil {
-		return err
-	}
-	a, err := e.client().Cancel(ctx, pos[0], *reason, *by)
-	if err != nil {
-		return err
-	}
-	if e.asJSON {
-		return e.printJSON(a)
-	}
-	fmt.Fprintf(e.out, "job %s: cancel requested\n", a.JobID)
 	return nil
 }
 
@@ -713,9 +660,13 @@ func (e *ctlEnv) pools(ctx context.Context, args []string) error {
 			return e.printJSON(pl)
 		}
 		tw := e.table()
-		fmt.Fprintf(tw, "TOPIC\tPOOLS\tSOURCE\t(runtime version %d)\n", pl.Version)
+		fmt.Fprintf(tw, "TOPIC\tPOOLS\tSOURCE\tPAUSED\t(runtime version %d)\n", pl.Version)
 		for _, m := range pl.Topics {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", m.Topic, strings.Join(m.Pools, ","), m.Source)
+			paused := "-"
+			if m.Paused {
+				paused = "paused"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", m.Topic, strings.Join(m.Pools, ","), m.Source, paused)
 		}
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "POOL\tREQUIRES\tDISPATCH\t")
@@ -736,6 +687,8 @@ func (e *ctlEnv) pools(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(e.out, "%s → %s (%s)\n", m.Topic, strings.Join(m.Pools, ","), m.Source)
 		return nil
+	case "pause", "resume":
+		return e.poolPause(ctx, c, pos)
 	case "set", "map":
 		if err := exactly(pos, 3, "a topic and pools: pools set <topic> <pool>[,<pool>...]"); err != nil {
 			return err
