@@ -176,7 +176,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	{
 		br.do(t, "pause job.echo", `document.querySelector('#topics tr[data-topic="job.echo"] button').click()`)
 		br.waitFor(t, "the topic paused", `document.querySelector('#topics tr[data-topic="job.echo"]').dataset.paused === "true"`, pageWait)
-		b.waitPaused("job.echo", true) // the node applies it on its next mappings poll
+		b.waitPaused("job.echo", true) // the node has it (the call applies it before answering)
 		submit(labelled("job-w-wait", map[string]string{"cordum.team": "red"}))
 		for i := 0; i < 3; i++ {
 			submit(labelled(fmt.Sprintf("job-w-batch-%d", i), map[string]string{"cordum.batch": "b1"}))

@@ -7,7 +7,7 @@ export const STATES = ["PENDING", "APPROVAL_REQUIRED", "SCHEDULED", "DISPATCHED"
 export const TERMINAL = ["SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "DENIED", "OUTPUT_QUARANTINED"];
 // Terminal states a job may be retried from (a new job with the same
 // request); a live job is cancelled, never retried.
-export const RETRYABLE = ["FAILED", "TIMEOUT", "CANCELLED", "DENIED", "OUTPUT_QUARANTINED"];
+export const RETRYABLE = ["FAILED", "TIMEOUT", "CANCELLED"];
 
 // The job list's filter, as the URL fragment and GET /v1/jobs name it.
 export const FILTER_KEYS = ["state", "topic", "tenant", "worker", "label", "since", "until", "q"];
