@@ -72,11 +72,11 @@ func labelled(id string, labels map[string]string) *capv1.JobRequest {
 
 // TestDashboardWorkflows does an operator's work through the dashboard in
 // headless Chromium against a real node (labels under cordum. describe a
-// job without constraining its placement): filter the job list by topic,
-// open a failed job and read its payload and attempts, retry it, pause a
-// pool and see a job wait pool_paused, bulk-cancel the jobs a filter
-// matches, resume the pool, see the charts drawn, and open a workflow that
-// rolled back. It ends with a screenshot of the page.
+// job without constraining its placement): filter the job list by topic
+// and by label, open a failed job and read its payload and attempts, retry
+// it, pause a pool and see a job wait pool_paused, bulk-cancel the jobs a
+// filter matches, resume the pool, bulk-retry them, see the charts drawn,
+// and open a workflow that rolled back. It ends with a screenshot.
 func TestDashboardWorkflows(t *testing.T) {
 	bin := findChromium()
 	if bin == "" {
@@ -210,6 +210,22 @@ func TestDashboardWorkflows(t *testing.T) {
 		br.waitFor(t, "the topic resumed", `document.querySelector('#topics tr[data-topic="job.echo"]').dataset.paused === "false"`, pageWait)
 		b.waitPaused("job.echo", false)
 		b.waitState(c, "job-w-wait", "SUCCEEDED")
+
+		br.do(t, "filter the cancelled batch", `const f = document.getElementById("filter");
+			f.elements.state.value = "CANCELLED"; f.requestSubmit();`)
+		br.waitFor(t, "the cancelled batch listed", `document.getElementById("jobs-panel").dataset.filter === "state=CANCELLED&q=job-w-batch-" &&
+			document.getElementById("jobs-panel").dataset.rows === "3"`, pageWait)
+		br.do(t, "ask to retry them", `document.getElementById("bulk-retry").click()`)
+		br.waitFor(t, "the confirmation", `!document.getElementById("bulk-confirm").hidden`, pageWait)
+		br.do(t, "confirm", `document.getElementById("bulk-go").click()`)
+		if done := br.waitFor(t, "the bulk retry's result", `(() => { const r = document.getElementById("bulk-result");
+			return r.dataset.action === "retry" && r.dataset.done; })()`, pageWait); done != "3" {
+			t.Errorf("bulk retry did %s jobs, want 3", done)
+		}
+		for i := 0; i < 3; i++ {
+			b.waitState(c, fmt.Sprintf("job-w-batch-%d-retry1", i), "SUCCEEDED")
+		}
+		br.do(t, "clear the filter", `document.getElementById("filter-clear").click()`)
 		br.navigate(t, b.base + "/ui/#job=job-w-wait")
 		br.waitFor(t, "the job done", `document.getElementById("job-panel").dataset.state === "SUCCEEDED"`, pageWait)
 	}

@@ -7,6 +7,12 @@ import { $, el, clear, api, ui, status, emptyRow, badge, jobLink, cell, fmtWhen,
 const PAGE = 50;
 // FILL_CALLS bounds the calls one page of a narrow filter takes.
 const FILL_CALLS = 4;
+
+// paged: older pages were added with More; the poll leaves the list as it
+// is until the filter changes or Search is pressed.
+let paged = false;
+// pendingBulk is the bulk action waiting for its confirmation.
+let pendingBulk = "";
 // BULK_LIMIT is the most jobs one bulk action touches (the API's bound).
 const BULK_LIMIT = 1000;
 
@@ -16,7 +22,14 @@ export function readFilter(h) {
   for (const k of FILTER_KEYS) {
     if (k === "label") { const v = h.getAll("label"); if (v.length) f.label = v; } else if (h.get(k)) f[k] = h.get(k);
   }
-  if (JSON.stringify(f) !== JSON.stringify(ui.filter)) { ui.filter = f; ui.cursor = ""; paged = false; }
+  if (JSON.stringify(f) === JSON.stringify(ui.filter)) return;
+  ui.filter = f;
+  ui.cursor = "";
+  paged = false;
+  // A bulk action's result belongs to the filter it ran on.
+  $("bulk-result").hidden = true;
+  $("bulk-confirm").hidden = true;
+  pendingBulk = "";
 }
 
 // The form shows the filter in force (not while someone types in it).
@@ -83,10 +96,6 @@ async function fetchJobs(cursor) {
   return { jobs, next: cursor };
 }
 
-// paged: older pages were added with More; the poll leaves the list as it
-// is until the filter changes or Search is pressed.
-let paged = false;
-
 export async function refreshJobs() {
   showFilter();
   if (paged) return;
@@ -114,8 +123,6 @@ async function moreJobs() {
 }
 
 // --- bulk actions: asked, confirmed, then one request ---------------------
-
-let pendingBulk = "";
 
 function askBulk(action) {
   if (filterEmpty()) {
