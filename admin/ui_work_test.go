@@ -270,3 +270,54 @@ func TestDashboardWorkflows(t *testing.T) {
 	br.screenshot(t, shot)
 	t.Logf("dashboard screenshot: %s", shot)
 }
+
+// TestDashboardShowsAnUnwrittenWait opens a job that waits for room in a
+// full pool within its capacity grace (no record yet): the page says what
+// it waits for and its place in the queue, and no panel reports the
+// missing record as an error.
+func TestDashboardShowsAnUnwrittenWait(t *testing.T) {
+	bin := findChromium()
+	if bin == "" {
+		t.Skip("chromium is not installed (Debian: apt-get install chromium; or set TROUPE_CHROMIUM): dashboard not tested")
+	}
+	b := setup(t, options{})
+	ctx := context.Background()
+	c := b.client("")
+	b.startWorker("w-full", hang) // max_parallel 4, never answers
+	for i := range 4 {
+		id := fmt.Sprintf("busy-%d", i)
+		if _, err := c.Submit(ctx, echoReq(id, "acme")); err != nil {
+			t.Fatal(err)
+		}
+		b.waitState(c, id, "DISPATCHED")
+	}
+	if _, err := c.Submit(ctx, echoReq("queued", "acme")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for j, err := c.Job(ctx, "queued"); err != nil || !j.Unwritten; j, err = c.Job(ctx, "queued") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job never waited unwritten: %+v %v", j, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	br := startBrowser(t, bin)
+	br.navigate(t, b.base+"/ui/#job=queued")
+	wait := br.waitFor(t, "the wait", `(() => { const w = document.getElementById("job-wait");
+		return !w.hidden && w.dataset.reason === "pool_overloaded" &&
+			document.getElementById("job-panel").dataset.state === "SCHEDULED" && w.textContent; })()`, pageWait)
+	if !strings.Contains(wait, "0 jobs before it") || !strings.Contains(wait, "every worker of its pool is at its limit") {
+		t.Errorf("the wait says %q; want the reason in words and the queue position", wait)
+	}
+	panel := br.waitFor(t, "the job panel's text", `document.getElementById("job-panel").textContent`, pageWait)
+	if strings.Contains(panel, "not found") {
+		t.Errorf("a waiting job's panel reports a missing record: %q", panel)
+	}
+	if errs := br.pageErrors(); len(errs) > 0 {
+		t.Errorf("the page logged errors: %v", errs)
+	}
+	if err := os.MkdirAll(artifactsDir, 0o755); err == nil {
+		br.screenshot(t, filepath.Join(artifactsDir, "dashboard-wait.png"))
+	}
+}

@@ -146,11 +146,6 @@ function renderTimeline(j) {
 
 async function refreshData(j) {
   const inBox = $("job-input"), outBox = $("job-result");
-  if (j.unwritten) {
-    renderDatum(inBox, null, "stored with the job when its record is written");
-    renderDatum(outBox, null, "none yet");
-    return;
-  }
   let d;
   try {
     d = await api("/v1/jobs/" + encodeURIComponent(j.id) + "/data");
