@@ -72,8 +72,8 @@ func labelled(id string, labels map[string]string) *capv1.JobRequest {
 
 // TestDashboardWorkflows does an operator's work through the dashboard in
 // headless Chromium against a real node (labels under cordum. describe a
-// job without constraining its placement): filter the job list by topic
-// and by label, open a failed job and read its payload and attempts, retry
+// job without constraining its placement): filter the job list by topic,
+// label and time, open a failed job and read its payload and attempts, retry
 // it, pause a pool and see a job wait pool_paused, bulk-cancel the jobs a
 // filter matches, resume the pool, bulk-retry them, see the charts drawn,
 // and open a workflow that rolled back. It ends with a screenshot.
@@ -118,8 +118,8 @@ func TestDashboardWorkflows(t *testing.T) {
 	br.navigate(t, b.base + "/ui/")
 	br.waitFor(t, "the first refresh", `document.body.dataset.loaded === "true"`, pageWait)
 
-	// filter by topic
-	t.Log("step: filter by topic")
+	// filter by topic, label and time
+	t.Log("step: filter by topic, label and time")
 	{
 		br.do(t, "fill in the filter", `const f = document.getElementById("filter");
 			f.elements.topic.value = "job.unmapped"; f.requestSubmit();`)
@@ -134,6 +134,20 @@ func TestDashboardWorkflows(t *testing.T) {
 			f.requestSubmit();`)
 		br.waitFor(t, "the labelled job alone", `document.getElementById("jobs-panel").dataset.rows === "1" &&
 			document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
+		// Times as a person types them (local, to the minute).
+		setSince := func(offset string) {
+			br.do(t, "filter by time", `const f = document.getElementById("filter");
+				const d = new Date(Date.now() + (`+offset+`)), p = n => String(n).padStart(2, "0");
+				f.elements.label.value = ""; f.elements.state.value = "";
+				f.elements.since.value = d.getFullYear() + "-" + p(d.getMonth() + 1) + "-" + p(d.getDate()) + "T" + p(d.getHours()) + ":" + p(d.getMinutes());
+				f.requestSubmit();`)
+		}
+		setSince("-3600e3")
+		br.waitFor(t, "the jobs created in the last hour", `document.getElementById("jobs-panel").dataset.filter.startsWith("since=") &&
+			document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
+		setSince("3600e3")
+		br.waitFor(t, "no job created in the next hour", `document.getElementById("jobs-panel").dataset.rows === "0" &&
+			!document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
 		br.do(t, "clear the filter", `document.getElementById("filter-clear").click()`)
 		br.waitFor(t, "the whole list", `document.getElementById("jobs-panel").dataset.filter === "" &&
 			document.querySelector('#jobs tr[data-job-id="job-w-fail"]')`, pageWait)
