@@ -82,6 +82,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	if bin == "" {
 		t.Skip("chromium is not installed (Debian: apt-get install chromium; or set TROUPE_CHROMIUM): dashboard not tested")
 	}
+	t.Parallel()
 	b := setup(t, options{})
 	ctx := context.Background()
 	c := b.client("")
@@ -294,6 +295,7 @@ func TestDashboardShowsAnUnwrittenWait(t *testing.T) {
 	if bin == "" {
 		t.Skip("chromium is not installed (Debian: apt-get install chromium; or set TROUPE_CHROMIUM): dashboard not tested")
 	}
+	t.Parallel()
 	b := setup(t, options{})
 	ctx := context.Background()
 	c := b.client("")
