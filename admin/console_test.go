@@ -215,7 +215,13 @@ func TestBulkCancelAndRetryByFilter(t *testing.T) {
 // rest run.
 func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{keys: testKeys})
+	// One scheduling attempt: a wait that counted attempts would fail the
+	// job at its first pool_paused answer.
+	const keyAllClient = "all-tenants-client-key-0123"
+	b := setup(t, options{keys: testKeys, node: func(c *troupe.Config) { c.MaxSchedulingAttempts = 1 },
+		admin: func(c *admin.Config) {
+			c.Keys = map[string]admin.Key{keyAllClient: {Tenant: admin.AllTenants, Role: admin.RoleClient}}
+		}})
 	ctx := context.Background()
 	all := b.client(keyAll)
 	var ran atomic.Int64
@@ -229,6 +235,9 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	if _, err := b.client(keyA).PauseTopic(ctx, "job.echo", false); apiStatus(err) != 403 {
 		t.Fatalf("a tenant key resuming: %v, want 403", err)
 	}
+	if _, err := b.client(keyAllClient).PauseTopic(ctx, "job.echo", false); apiStatus(err) != 403 {
+		t.Fatalf("an all-tenant client key resuming: %v, want 403", err)
+	}
 	pl, err := all.Pools(ctx)
 	if err != nil || !slices.ContainsFunc(pl.Topics, func(m admin.TopicMapping) bool { return m.Topic == "job.echo" && m.Paused }) {
 		t.Fatalf("pools: %+v, %v: want job.echo paused", pl.Topics, err)
@@ -238,7 +247,7 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	nb, err := troupe.NewNode(troupe.Config{NodeID: "node-b", NATSURL: b.env.NATSURL, RedisURL: b.env.RedisURL,
 		KeyPrefix: b.env.KeyPrefix(), SubjectPrefix: b.env.Prefix, StreamPrefix: b.env.StreamPrefix(),
 		Pools: pools, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-		PermanentGrace: 100 * time.Millisecond, Logger: quiet()})
+		PermanentGrace: 100 * time.Millisecond, MaxSchedulingAttempts: 1, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,6 +281,10 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitState(all, "pz-4", "CANCELLED")
+	waitFor(t, "node-b hears the worker", func() bool {
+		ws, err := nb.Workers()
+		return err == nil && slices.ContainsFunc(ws, func(w router.WorkerInfo) bool { return w.ID == "w-pause" })
+	})
 	if err := nb.ResumeTopic(ctx, "job.echo"); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@
 // without the other and the write stays on one Redis Cluster node. A
 // workflow's stack is the union of those sets over the 64 shards, newest
 // first. A FAILED_FATAL step adds its workflow to its shard's
-// "<shard tag>saga:triggers" set in its FAILED write.
+// "<shard tag>saga:triggers" set in its FAILED write. Both writes also put
+// the workflow in its shard's "<shard tag>saga:index" (index.go), which
+// lists the kept sagas.
 //
 // Retention: the template is not kept on the step's record, which expires
 // with the job retention (24 h by default), but next to the stack entry
