@@ -12,6 +12,7 @@ import (
 
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
 	"github.com/troupe-run/troupe/store"
@@ -47,9 +48,14 @@ type ClientConfig struct {
 	// ClientSenderDefault); Signer, when set, signs them under it.
 	Sender string
 	Signer *signing.Signer
-	// WaitPoll is how often Wait reads a job's record (default
+	// WaitPoll is how often Wait and Watch read a job's record (default
 	// ClientWaitPollDefault).
 	WaitPoll time.Duration
+	// MaxPayloadBytes bounds a payload SubmitPayload stores (default
+	// jobdata.MaxBytesDefault); DataTTL is its expiry (default
+	// jobdata.TTLDefault, twice the default retention; negative: none).
+	MaxPayloadBytes int64
+	DataTTL         time.Duration
 }
 
 // Client submits, cancels, waits for and lists jobs and runs no scheduler:
@@ -70,6 +76,7 @@ type Client struct {
 	js     jetstream.JetStream
 	rdb    redis.UniversalClient
 	store  *store.Store
+	data   *jobdata.Store
 	subj   bus.Subjects
 	enc    bus.Encoder
 	ownNC  bool
@@ -122,6 +129,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		c.rdb, c.ownRDB = rdb, true
 	}
 	c.store = store.New(c.rdb, store.Config{Prefix: cfg.KeyPrefix})
+	c.data = &jobdata.Store{Client: c.rdb, MaxBytes: cfg.MaxPayloadBytes, TTL: cfg.DataTTL}
 	return c, nil
 }
 

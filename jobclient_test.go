@@ -2,12 +2,14 @@ package troupe_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
@@ -56,5 +58,49 @@ func TestClientSubmitsWaitsListsAndCancels(t *testing.T) {
 	}
 	if err := c.Submit(ctx, &capv1.JobRequest{Topic: "job.echo"}); err == nil {
 		t.Fatal("a submit without a job id was accepted")
+	}
+}
+
+// A Client's payload is stored where CAP workers read it, within its size
+// cap (an oversize one submits nothing), and Watch sends every state of
+// the job, the last with its record.
+func TestClientPayloadCapAndWatch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	f.startWorker("w1", true, nil, worker.Echo)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := troupe.NewClient(ctx, troupe.ClientConfig{NATSURL: f.env.NATSURL, RedisURL: f.env.RedisURL,
+		KeyPrefix: f.env.KeyPrefix(), SubjectPrefix: f.env.Prefix, WaitPoll: 10 * time.Millisecond, MaxPayloadBytes: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	big, small := f.env.Prefix+"-big", f.env.Prefix+"-small"
+	t.Cleanup(func() { f.env.Client.Del(context.Background(), "ctx:"+big, "ctx:"+small) })
+
+	err = c.SubmitPayload(ctx, &capv1.JobRequest{JobId: big, Topic: "job.echo"}, []byte(`"more than sixteen bytes"`))
+	if !errors.Is(err, jobdata.ErrTooLarge) {
+		t.Fatalf("oversize payload: %v", err)
+	}
+	if err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: small, Topic: "job.echo"}, []byte(`{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	var states []core.State
+	var last troupe.JobEvent
+	for ev := range c.Watch(ctx, small) {
+		states = append(states, ev.State)
+		last = ev
+	}
+	if len(states) < 3 || states[0] != core.StatePending || last.State != core.StateSucceeded || last.Record == nil {
+		t.Fatalf("watched states %v, last %+v", states, last)
+	}
+	// Echo's result is its input: the client reads it back.
+	if res, err := c.Result(ctx, small); err != nil || string(res) != `{"a":1}` {
+		t.Fatalf("result %q %v", res, err)
+	}
+	// The oversize job was never submitted.
+	if _, err := c.Job(ctx, big); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("oversize job: %v", err)
 	}
 }

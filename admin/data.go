@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -75,47 +76,80 @@ func (s *Server) dataBodyBytes() int64 {
 	return DataBodyBytesDefault
 }
 
-// splitPayload takes the field "payload" out of a submit body: a JSON
-// value is stored as its JSON text, a JSON string is base64 of the bytes.
-// rest is the body without it (a CAP JobRequest).
-func splitPayload(body []byte) (rest, payload []byte, has bool, err error) {
-	if !bytes.Contains(body, []byte(`"payload"`)) {
-		return body, nil, false, nil
+// Body fields of a submit beside the CAP JobRequest's: data Troupe stores
+// and points the request at.
+const (
+	// PayloadField is the job's input (its context_ptr).
+	PayloadField = "payload"
+	// CompensationPayloadField is the input of the job's compensation
+	// (compensation.context_ptr), when it is a workflow step with one.
+	CompensationPayloadField = "compensation_payload"
+)
+
+// payloads are the data fields taken out of a submit body.
+type payloads struct {
+	input, comp       []byte
+	hasInput, hasComp bool
+}
+
+// splitPayload takes the data fields out of a submit body: a JSON value is
+// stored as its JSON text, a JSON string is base64 of the bytes. rest is
+// the body without them (a CAP JobRequest).
+func splitPayload(body []byte) (rest []byte, p payloads, err error) {
+	if !bytes.Contains(body, []byte(`"`+PayloadField)) && !bytes.Contains(body, []byte(`"`+CompensationPayloadField)) {
+		return body, p, nil
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
-		return body, nil, false, nil // protojson reports it
+		return body, p, nil // protojson reports it
 	}
-	raw, ok := fields["payload"]
+	if p.input, p.hasInput, err = takePayload(fields, PayloadField); err != nil {
+		return nil, p, err
+	}
+	if p.comp, p.hasComp, err = takePayload(fields, CompensationPayloadField); err != nil {
+		return nil, p, err
+	}
+	rest, err = json.Marshal(fields)
+	return rest, p, err
+}
+
+func takePayload(fields map[string]json.RawMessage, name string) ([]byte, bool, error) {
+	raw, ok := fields[name]
 	if !ok {
-		return body, nil, false, nil
+		return nil, false, nil
 	}
-	delete(fields, "payload")
-	if rest, err = json.Marshal(fields); err != nil {
-		return nil, nil, false, err
-	}
+	delete(fields, name)
 	raw = bytes.TrimSpace(raw)
 	switch {
 	case bytes.Equal(raw, []byte("null")):
-		return rest, nil, false, nil
+		return nil, false, nil
 	case len(raw) > 0 && raw[0] == '"':
 		var b64 string
 		if err := json.Unmarshal(raw, &b64); err != nil {
-			return nil, nil, false, errBadRequest("payload: " + err.Error())
+			return nil, false, errBadRequest(name + ": " + err.Error())
 		}
-		if payload, err = base64.StdEncoding.DecodeString(b64); err != nil {
-			return nil, nil, false, errBadRequest("payload: a string payload is base64 of the bytes: " + err.Error())
+		data, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil {
+			return nil, false, errBadRequest(name + ": a string is base64 of the bytes: " + err.Error())
 		}
-		return rest, payload, true, nil
+		return data, true, nil
 	}
-	return rest, raw, true, nil
+	return raw, true, nil
 }
 
-// storePayload stores a submit's payload as the job's input and points
-// the request at it.
-func (s *Server) storePayload(ctx context.Context, req *capv1.JobRequest, payload []byte) error {
-	if req.ContextPtr != "" {
+// storePayloads stores a submit's data and points the request at it.
+func (s *Server) storePayloads(ctx context.Context, req *capv1.JobRequest, p payloads) error {
+	if !p.hasInput && !p.hasComp {
+		return nil
+	}
+	if p.hasInput && req.ContextPtr != "" {
 		return errBadRequest("give payload or context_ptr, not both (the payload's pointer is the context_ptr)")
+	}
+	if p.hasComp && (req.GetCompensation() == nil || req.WorkflowId == "") {
+		return errBadRequest("compensation_payload needs a compensation and a workflow_id")
+	}
+	if p.hasComp && req.Compensation.ContextPtr != "" {
+		return errBadRequest("give compensation_payload or compensation.context_ptr, not both")
 	}
 	dn := s.dataNode()
 	if dn == nil {
@@ -123,14 +157,31 @@ func (s *Server) storePayload(ctx context.Context, req *capv1.JobRequest, payloa
 	}
 	st := dn.JobData()
 	st.MaxBytes = s.cfg.MaxPayloadBytes
-	ptr, err := st.PutInput(ctx, req.JobId, payload)
-	if errors.Is(err, jobdata.ErrTooLarge) {
-		return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Msg: err.Error()}
+	if st.MaxBytes <= 0 {
+		st.MaxBytes = jobdata.MaxBytesDefault
 	}
-	if err != nil {
-		return err
+	// Both sizes first: nothing is stored for a submit that is refused.
+	for _, data := range [][]byte{p.input, p.comp} {
+		if n := int64(len(data)); n > st.MaxBytes {
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large",
+				Msg: fmt.Sprintf("payload of %d bytes; at most %d are stored (--max-payload)", n, st.MaxBytes)}
+		}
 	}
-	req.ContextPtr = ptr
+	put := func(ptr string, data []byte) error { return st.Put(ctx, ptr, data) }
+	if p.hasComp {
+		ptr := jobdata.CompensationPointer(req.JobId)
+		if err := put(ptr, p.comp); err != nil {
+			return err
+		}
+		req.Compensation.ContextPtr = ptr
+	}
+	if p.hasInput {
+		ptr := jobdata.InputPointer(req.JobId)
+		if err := put(ptr, p.input); err != nil {
+			return err
+		}
+		req.ContextPtr = ptr
+	}
 	return nil
 }
 
@@ -170,21 +221,53 @@ func (s *Server) jobData(w http.ResponseWriter, r *http.Request, p principal) er
 	return nil
 }
 
-// owns reports whether ptr names data of job id — or, for a saga's
-// compensation job, of the step it compensates, which the principal must
-// see too — so that a request pointing at another job's data shows the
-// pointer only.
+// dataHops bounds how far owns follows a job's origin (a retry of a
+// retry of a compensation ...).
+const dataHops = 8
+
+// owns reports whether ptr names data of job id, or of the job it came
+// from — the step a saga's compensation undoes, the job a retry repeats
+// (label retry_of, or a DLQ retry's link), and so on — each of which the
+// principal must see too; so a request pointing at another job's data
+// shows the pointer only.
 func (s *Server) owns(r *http.Request, p principal, id string, req *capv1.JobRequest, ptr string) bool {
-	if jobdata.OwnedBy(ptr, id) {
-		return true
+	for hop := 0; ; hop++ {
+		if jobdata.OwnedBy(ptr, id) {
+			return true
+		}
+		next := s.origin(r, id, req)
+		if next == "" || hop == dataHops {
+			return false
+		}
+		rec, err := s.visibleJob(r, p, next)
+		if err != nil {
+			return false
+		}
+		id, req = rec.ID, &capv1.JobRequest{}
+		if len(rec.Request) > 0 {
+			_ = proto.Unmarshal(rec.Request, req)
+		}
 	}
-	parent := req.GetParentJobId()
-	if parent == "" || req.GetLabels()[saga.LabelIsCompensation] == "" || !jobdata.OwnedBy(ptr, parent) {
-		return false
-	}
-	_, err := s.visibleJob(r, p, parent)
-	return err == nil
 }
+
+// origin is the job whose data job id may point at: a compensation's
+// step, a retry's original ("" for none).
+func (s *Server) origin(r *http.Request, id string, req *capv1.JobRequest) string {
+	if req.GetLabels()[saga.LabelIsCompensation] != "" && req.GetParentJobId() != "" {
+		return req.GetParentJobId()
+	}
+	if o := req.GetLabels()[retryOfLabel]; o != "" && o != id {
+		return o
+	}
+	if links, err := s.cfg.Node.JobLinks(r.Context(), id); err == nil && links.RetryOf != id {
+		return links.RetryOf
+	}
+	return ""
+}
+
+// retryOfLabel is the label a retried job carries, naming the job it
+// repeats.
+const retryOfLabel = "retry_of"
 
 // datum reads ptr's content when held, at most DataBodyBytes of it.
 func (s *Server) datum(ctx context.Context, ptr string, held bool) *Datum {
@@ -295,23 +378,38 @@ func withheld(d *Datum, note string) *Datum {
 // as a JSON value, anything else as base64. The node stores it and sets
 // the request's context_ptr.
 func (c *Client) SubmitPayload(ctx context.Context, req *capv1.JobRequest, payload []byte) (Submitted, error) {
+	return c.SubmitWithData(ctx, req, payload, nil)
+}
+
+// SubmitWithData submits req with input as its payload and compensation
+// as its compensation's (each left out when nil).
+func (c *Client) SubmitWithData(ctx context.Context, req *capv1.JobRequest, input, compensation []byte) (Submitted, error) {
 	body, err := protojson.Marshal(req)
 	if err != nil {
 		return Submitted{}, err
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return Submitted{}, err
+	// The payload goes in as given (a JSON value is not re-encoded, so the
+	// bytes stored are the bytes sent).
+	body = bytes.TrimSuffix(bytes.TrimSpace(body), []byte("}"))
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{PayloadField, input}, {CompensationPayloadField, compensation}} {
+		if f.data == nil {
+			continue
+		}
+		if len(bytes.TrimSpace(body)) > 1 {
+			body = append(body, ',')
+		}
+		body = append(body, `"`+f.name+`":`...)
+		if json.Valid(f.data) && !bytes.HasPrefix(bytes.TrimSpace(f.data), []byte(`"`)) {
+			body = append(body, f.data...)
+		} else {
+			b64, _ := json.Marshal(base64.StdEncoding.EncodeToString(f.data))
+			body = append(body, b64...)
+		}
 	}
-	if json.Valid(payload) && !bytes.HasPrefix(bytes.TrimSpace(payload), []byte(`"`)) {
-		fields["payload"] = json.RawMessage(payload)
-	} else {
-		b64, _ := json.Marshal(base64.StdEncoding.EncodeToString(payload))
-		fields["payload"] = b64
-	}
-	if body, err = json.Marshal(fields); err != nil {
-		return Submitted{}, err
-	}
+	body = append(body, '}')
 	var out Submitted
 	err = c.do(ctx, http.MethodPost, "/v1/jobs", body, &out)
 	return out, err

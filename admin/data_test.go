@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/admin"
@@ -192,4 +193,59 @@ func asAPIError(err error, out **admin.APIError) bool {
 	ae, ok := err.(*admin.APIError)
 	*out = ae
 	return ok
+}
+
+// A body longer than DataBodyBytes is cut, and says so; its size is the
+// whole value's.
+func TestJobDataCutsALongBody(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{admin: func(c *admin.Config) { c.DataBodyBytes = 8 }})
+	ctx := context.Background()
+	c := b.client("")
+	b.startWorker("w1", echoToResult(b))
+	id := b.dataIDs("long")[0]
+	if _, err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: id, Topic: "job.echo"}, []byte(`{"k": "0123456789"}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.waitState(c, id, "SUCCEEDED")
+	d, err := c.JobData(ctx, id)
+	if err != nil || !d.Input.Truncated || d.Input.Body != `{"k": "0` || d.Input.Size != 19 ||
+		d.Input.ContentType != jobdata.TypeJSON {
+		t.Fatalf("cut input: %+v %v", d.Input, err)
+	}
+}
+
+// A retried job's request still points at the original's input: the data
+// endpoint follows the retry's link and shows it.
+func TestJobDataOfARetryShowsTheOriginalsInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := context.Background()
+	c := b.client("")
+	id := b.dataIDs("lost")[0]
+	if _, err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: id, Topic: "job.unmapped"}, []byte(`{"again": true}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.waitState(c, id, "FAILED")
+	entry := ""
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && entry == ""; time.Sleep(20 * time.Millisecond) {
+		d, err := c.DLQ(ctx, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range d.Entries {
+			if e.JobID == id {
+				entry = e.ID
+			}
+		}
+	}
+	retried, err := c.RetryDLQ(ctx, entry, false)
+	if err != nil {
+		t.Fatalf("retry %q: %v", entry, err)
+	}
+	b.waitState(c, retried.JobID, "FAILED")
+	d, err := c.JobData(ctx, retried.JobID)
+	if body, _ := json.Marshal(d.Input.Body); err != nil || !d.Input.Held || string(body) != `{"again":true}` {
+		t.Fatalf("the retry's input: %+v %v", d.Input, err)
+	}
 }

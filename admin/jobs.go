@@ -34,7 +34,7 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) 
 	if err != nil {
 		return err
 	}
-	data, payload, hasPayload, err := splitPayload(data) // data.go
+	data, payload, err := splitPayload(data) // data.go
 	if err != nil {
 		return err
 	}
@@ -74,8 +74,8 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request, p principal) 
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
-	if hasPayload && !out.Duplicate {
-		if err := s.storePayload(r.Context(), req, payload); err != nil { // data.go
+	if !out.Duplicate {
+		if err := s.storePayloads(r.Context(), req, payload); err != nil { // data.go
 			return err
 		}
 	}

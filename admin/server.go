@@ -199,6 +199,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = MaxBodyBytesDefault
 	}
+	if need := cfg.MaxPayloadBytes/3*4 + 64<<10; cfg.MaxBodyBytes < need {
+		cfg.MaxBodyBytes = need // a payload as large as allowed, in base64, fits in a body
+	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = RequestTimeoutDefault
 	}

@@ -5,6 +5,11 @@
 // result stream acknowledges it; optionally it runs each job id once however
 // often it is delivered. It is what `troupe worker`, `troupe dev` and the
 // tests run.
+//
+// Handlers: Echo and Sleep; Fail, and Demo, which fails a job whose env
+// asks it to (demo.go); Typed, a function with typed arguments whose input
+// and result are JSON kept where CAP's Redis convention puts them
+// (typed.go, package jobdata).
 package worker
 
 import (

@@ -85,8 +85,10 @@ default ` + admin.URLDefault + `), --key KEY (env TROUPE_API_KEY), --json (the A
 
 // The usage of each command group, what -h prints.
 const (
-	jobUsage = `usage: troupe job <job_id>                      a job's state, history and decisions
+	jobUsage = `usage: troupe job <job_id>                      a job's state, history, decisions, input and result
        troupe job submit [--topic T] [--id ID] [--tenant T] [--label k=v] [--context-ptr P]
+                         [--payload FILE|- | --payload-json JSON] [--env k=v]
+                         [--workflow-id W [--step N] [--compensation TOPIC[:payload]]]
                          [--wait [--timeout D]] [--bus [--nats URL] [--sign-key F --sender S]]
        troupe job list [STATE] [filters] [--limit N] [--cursor C] [--all]     (troupe ctl jobs)
        troupe job status <job_id>
@@ -304,18 +306,29 @@ func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
 	timeout := fs.Duration("timeout", WaitTimeoutDefault, "how long --wait waits")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "job label key=value (repeatable)")
-	onBus := fs.Bool("bus", false, "publish the JobRequest on sys.job.submit as a CAP client does (--nats, --sign-key), not through the API; --wait still asks the API")
+	onBus := fs.Bool("bus", false, "publish the JobRequest on sys.job.submit as a CAP client does (--nats, --sign-key; a payload is written to --redis), not through the API; --wait still asks the API")
+	var data jobDataFlags // payload.go
+	data.register(fs)
 	var bc common
-	bc.register(fs, true, false)
+	bc.register(fs, true, true) // Redis: where --bus stores a payload
 	var sf signFlags
 	sf.registerCLI(fs)
 	if _, err := e.parse(fs, args); err != nil {
 		return err
 	}
 	req := &capv1.JobRequest{JobId: *id, Topic: *topic, TenantId: *tenant, ContextPtr: *ctxPtr, Labels: labels}
+	input, comp, err := data.apply(req)
+	if err != nil {
+		return e.usage("job", err)
+	}
 	var sub admin.Submitted
 	if *onBus {
-		var err error
+		if req.JobId == "" {
+			req.JobId = newID("job-")
+		}
+		if err := storeOnBus(ctx, &bc, req, input, comp); err != nil {
+			return err
+		}
 		if sub, err = submitOnBus(ctx, &bc, &sf, req); err != nil {
 			return err
 		}
@@ -323,8 +336,12 @@ func (e *ctlEnv) jobSubmit(ctx context.Context, args []string) error {
 		if sf.signKey != "" {
 			return errors.New("--sign-key signs what the CLI publishes itself: use it with --bus (through the API the node signs)")
 		}
-		var err error
-		if sub, err = e.client().Submit(ctx, req); err != nil {
+		if input == nil && comp == nil {
+			sub, err = e.client().Submit(ctx, req)
+		} else {
+			sub, err = e.client().SubmitWithData(ctx, req, input, comp)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -359,16 +376,19 @@ func (e *ctlEnv) jobWait(ctx context.Context, args []string) error {
 // waitAndPrint waits for a job to end and prints it; a job that does not
 // end SUCCEEDED is an error, so the command exits 1.
 func (e *ctlEnv) waitAndPrint(ctx context.Context, id string, timeout time.Duration) error {
-	j, err := e.waitJob(ctx, e.client(), id, timeout)
+	c := e.client()
+	j, err := e.waitJob(ctx, c, id, timeout)
 	if err != nil {
 		return err
 	}
+	d := jobDataOf(ctx, c, j.ID) // payload.go
 	if e.asJSON {
-		if err := e.printJSON(j); err != nil {
+		if err := e.printJSON(jobWithData{Job: j, Data: d}); err != nil {
 			return err
 		}
 	} else {
 		printAPIJob(e.out, j)
+		printJobData(e.out, d)
 	}
 	if j.State != string(core.StateSucceeded) {
 		return fmt.Errorf("job %s ended %s", j.ID, j.State)
@@ -444,14 +464,17 @@ func (e *ctlEnv) jobStatus(ctx context.Context, args []string) error {
 	if err := exactly(pos, 1, "exactly one job id"); err != nil {
 		return err
 	}
-	j, err := e.client().Job(ctx, pos[0])
+	c := e.client()
+	j, err := c.Job(ctx, pos[0])
 	if err != nil {
 		return err
 	}
+	d := jobDataOf(ctx, c, j.ID) // payload.go
 	if e.asJSON {
-		return e.printJSON(j)
+		return e.printJSON(jobWithData{Job: j, Data: d})
 	}
 	printAPIJob(e.out, j)
+	printJobData(e.out, d)
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/jobdata"
 )
 
 // adminFlags start the node's admin HTTP server: /metrics, /healthz,
@@ -20,6 +21,7 @@ type adminFlags struct {
 	keysFile       string
 	metricsNeedKey bool
 	selfApproval   bool
+	maxPayload     int64
 }
 
 func (a *adminFlags) register(fs *flag.FlagSet) {
@@ -31,6 +33,8 @@ func (a *adminFlags) register(fs *flag.FlagSet) {
 		"/metrics needs an all-tenant API key and /readyz any API key (also TROUPE_METRICS_NEED_KEY=1)")
 	fs.BoolVar(&a.selfApproval, "allow-self-approval", envBool("TROUPE_ALLOW_SELF_APPROVAL"),
 		"let an API principal approve or reject a job it submitted (also TROUPE_ALLOW_SELF_APPROVAL=1)")
+	fs.Int64Var(&a.maxPayload, "max-payload", jobdata.MaxBytesDefault,
+		"the largest payload (bytes) a submit through the API stores as a job's input; a larger one is refused 413")
 }
 
 // envBool reads a boolean variable: 1, true, yes (any case) are true.
@@ -61,7 +65,7 @@ func (a *adminFlags) start(node *troupe.Node, log *slog.Logger) (func(), error) 
 		return nil, err
 	}
 	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: a.listen, Keys: keys,
-		MetricsNeedKey: a.metricsNeedKey, AllowSelfApproval: a.selfApproval, Log: log})
+		MetricsNeedKey: a.metricsNeedKey, AllowSelfApproval: a.selfApproval, MaxPayloadBytes: a.maxPayload, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -227,9 +227,9 @@ func TestCLIReadsPrintJSON(t *testing.T) {
 		args []string
 		into any
 	}{
-		{[]string{"job", "js-1", "--json"}, &admin.Job{}},
-		{[]string{"job", "--json", "js-1"}, &admin.Job{}},
-		{[]string{"job", "status", "js-1", "--json"}, &admin.Job{}},
+		{[]string{"job", "js-1", "--json"}, &jobWithData{}},
+		{[]string{"job", "--json", "js-1"}, &jobWithData{}},
+		{[]string{"job", "status", "js-1", "--json"}, &jobWithData{}},
 		{[]string{"job", "list", "--json"}, &admin.JobList{}},
 		{[]string{"dlq", "--json"}, &admin.DLQList{}},
 		{[]string{"dlq", "list", "--json"}, &admin.DLQList{}},

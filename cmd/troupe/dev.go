@@ -260,11 +260,14 @@ func devTryHint(natsURL, redisURL, apiURL string) string {
 	return b.String()
 }
 
+// demoHandler is the dev workers': job.sleep sleeps, anything else
+// echoes, and a job's env may make it fail (worker.Demo: demo.fail=1,
+// demo.fatal=1, demo.sleep=2s).
 func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 	if req.Topic == "job.sleep" {
-		return worker.Sleep(50*time.Millisecond)(ctx, req)
+		return worker.Demo(worker.Sleep(50*time.Millisecond))(ctx, req)
 	}
-	return worker.Echo(ctx, req)
+	return worker.Demo(worker.Echo)(ctx, req)
 }
 
 func waitWorkers(ctx context.Context, node *troupe.Node, n int) {

@@ -21,7 +21,7 @@ func runWorker(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "worker id (default worker-<random>)")
 	pool := fs.String("pool", "default", "the pool this worker joins (announced in heartbeats): the node routes a job's topic to pools (pools.yaml, troupe pool map) and picks a worker of the pool, whatever topics it lists")
 	topics := fs.String("topics", "job.echo,job.sleep", "comma-separated topics whose subjects the worker also queue-subscribes to, for jobs the node publishes to a pool subject rather than to this worker (--direct); announced as the worker's capabilities. Not a filter: a job routed to --pool and sent directly runs whatever its topic")
-	handler := fs.String("handler", "echo", "what each job does: echo (succeed at once) or sleep (succeed after --sleep)")
+	handler := fs.String("handler", "echo", "what each job does: echo (succeed at once, the result pointing at the input), sleep (succeed after --sleep), fail (end FAILED: a DLQ entry) or fatal (end FAILED_FATAL: a workflow step's failure rolls its saga back). Whatever the handler, a job's env switches it: demo.fail=1, demo.fatal=1, demo.sleep=<duration> (before the outcome), demo.error=<message> (`troupe submit --env k=v`)")
 	sleep := fs.Duration("sleep", time.Second, "how long --handler sleep takes")
 	direct := fs.Bool("direct", true, "take jobs the node sends to this worker alone, on worker.<id>.jobs (announced with label troupe.dispatch=direct)")
 	hb := fs.Duration("heartbeat", worker.HeartbeatDefault, "heartbeat interval")
@@ -46,9 +46,12 @@ func runWorker(ctx context.Context, args []string) error {
 		h = worker.Echo
 	case "sleep":
 		h = worker.Sleep(*sleep)
+	case "fail", "fatal":
+		h = worker.Fail(*handler == "fatal")
 	default:
-		return fmt.Errorf("unknown handler %q (echo or sleep)", *handler)
+		return fmt.Errorf("unknown handler %q (echo, sleep, fail or fatal)", *handler)
 	}
+	h = worker.Demo(h)
 	signer, err := sf.signer()
 	if err != nil {
 		return err
