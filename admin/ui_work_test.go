@@ -184,6 +184,7 @@ func TestDashboardWorkflows(t *testing.T) {
 				id, j.RetryOf, j.Reason, j.Worker)
 		}
 		br.waitFor(t, "the retry's link to its original", `[...document.querySelectorAll("#job-meta a")].some(a => a.textContent === "job-w-fail")`, pageWait)
+		br.waitFor(t, "the retry's input, its original's payload", `document.getElementById("job-input").textContent.includes('"order": 4217')`, pageWait)
 	}
 
 	// pause a pool, bulk cancel, resume
