@@ -338,3 +338,48 @@ func TestDashboardShowsAnUnwrittenWait(t *testing.T) {
 		br.screenshot(t, filepath.Join(artifactsDir, "dashboard-wait.png"))
 	}
 }
+
+// TestDashboardWithATenantKey opens the page with a tenant's key handed
+// over in the fragment: it lists that tenant's jobs only, hides what needs
+// an all-tenant key (counts, charts, workflows, pausing), and drops the key
+// from the address.
+func TestDashboardWithATenantKey(t *testing.T) {
+	bin := findChromium()
+	if bin == "" {
+		t.Skip("chromium is not installed (Debian: apt-get install chromium; or set TROUPE_CHROMIUM): dashboard not tested")
+	}
+	t.Parallel()
+	b := setup(t, options{keys: testKeys})
+	ctx := context.Background()
+	b.startWorker("w1", worker.Echo)
+	for key, id := range map[string]string{keyA: "job-of-a", keyB: "job-of-b"} {
+		c := b.client(key)
+		if _, err := c.Submit(ctx, echoReq(id, "")); err != nil {
+			t.Fatal(err)
+		}
+		b.waitState(c, id, "SUCCEEDED")
+	}
+
+	br := startBrowser(t, bin)
+	br.navigate(t, b.base+"/ui/#key="+keyA)
+	br.waitFor(t, "tenant a's job", `document.querySelector('#jobs tr[data-job-id="job-of-a"]') &&
+		document.querySelector('#topics tr[data-topic="job.echo"]')`, pageWait)
+	var seen struct {
+		OtherJob, Pause, Hash bool
+		Hidden                []bool
+	}
+	if err := br.eval(`({
+		OtherJob: !!document.querySelector('#jobs tr[data-job-id="job-of-b"]'),
+		Pause: !!document.querySelector('#topics button'),
+		Hash: location.hash.includes("key="),
+		Hidden: ["states-panel", "series-panel", "sagas-panel"].map(id => document.getElementById(id).hidden),
+	})`, &seen); err != nil {
+		t.Fatal(err)
+	}
+	if seen.OtherJob || seen.Pause || seen.Hash || len(seen.Hidden) != 3 || !seen.Hidden[0] || !seen.Hidden[1] || !seen.Hidden[2] {
+		t.Errorf("tenant a's page: %+v; want no job of b, no pause button, no key in the address, the all-tenant panels hidden", seen)
+	}
+	if errs := br.pageErrors(); len(errs) > 0 {
+		t.Errorf("the page logged errors: %v", errs)
+	}
+}
