@@ -21,7 +21,8 @@ export async function refreshSagas() {
   const list = await optional("sagas", "/v1/sagas?limit=" + PAGE);
   const body = $("sagas").tBodies[0];
   clear(body);
-  $("sagas-note").textContent = list ? "" : "(this node does not list workflows; open one by id above)";
+  $("sagas-note").textContent = !list ? "(this node does not list workflows; open one by id above)" :
+    list.next ? `(the newest ${PAGE}; open others by id above)` : "";
   const sagas = (list && list.sagas) || [];
   for (const s of sagas) {
     const tr = el("tr");
