@@ -257,6 +257,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	// workflow
 	t.Log("step: workflow")
 	{
+		br.waitFor(t, "the workflow listed", `document.querySelector('#sagas tr[data-saga="`+wf+`"]')`, pageWait)
 		br.navigate(t, b.base + "/ui/#saga=" + wf)
 		br.waitFor(t, "the rollback's outcome", `document.getElementById("saga").dataset.status === "completed"`, pageWait)
 		steps := br.waitFor(t, "the steps and their compensations", `(() => {

@@ -5,6 +5,10 @@ import { $, el, clear, api, ui, optional, emptyRow, badge, cell, jobLink, fmtWhe
   setHash } from "./api.js";
 
 const PAGE = 20;
+// Each listed workflow costs the server a few Redis round trips, so the
+// list is read every LIST_EVERY_MS rather than on every 3 s poll.
+const LIST_EVERY_MS = 15000;
+let listedAt = 0;
 
 // pick reads a field under its JSON name or its Go field name (a report
 // encoded without tags).
@@ -18,6 +22,14 @@ export async function refreshSagas() {
   const panel = $("sagas-panel");
   if (!ui.statsAllowed) { panel.hidden = true; return; }
   panel.hidden = false;
+  if (Date.now() - listedAt >= LIST_EVERY_MS) {
+    await listSagas();
+    listedAt = Date.now();
+  }
+  await refreshSaga();
+}
+
+async function listSagas() {
   const list = await optional("sagas", "/v1/sagas?limit=" + PAGE);
   const body = $("sagas").tBodies[0];
   clear(body);
@@ -33,7 +45,6 @@ export async function refreshSagas() {
     body.append(tr);
   }
   if (!sagas.length) body.append(emptyRow(4, list ? "no workflows with compensations" : "—"));
-  await refreshSaga();
 }
 
 async function refreshSaga() {
