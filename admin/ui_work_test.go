@@ -73,10 +73,11 @@ func labelled(id string, labels map[string]string) *capv1.JobRequest {
 // TestDashboardWorkflows does an operator's work through the dashboard in
 // headless Chromium against a real node (labels under cordum. describe a
 // job without constraining its placement): filter the job list by topic,
-// label and time, open a failed job and read its payload and attempts, retry
-// it, pause a pool and see a job wait pool_paused, bulk-cancel the jobs a
-// filter matches, resume the pool, bulk-retry them, see the charts drawn,
-// and open a workflow that rolled back. It ends with a screenshot.
+// label, state, tenant, worker and time; open a failed job and read its
+// payload and attempts; retry it; pause a pool and see a job wait
+// pool_paused; bulk-cancel the jobs a filter matches; resume the pool;
+// bulk-retry them; see the charts drawn; open a workflow that rolled back.
+// It ends with a screenshot.
 func TestDashboardWorkflows(t *testing.T) {
 	bin := findChromium()
 	if bin == "" {
@@ -139,11 +140,16 @@ func TestDashboardWorkflows(t *testing.T) {
 			f.requestSubmit();`)
 		br.waitFor(t, "the labelled job alone", `document.getElementById("jobs-panel").dataset.rows === "1" &&
 			document.querySelector('#jobs tr[data-job-id="job-w-ok"]')`, pageWait)
+		br.do(t, "filter by tenant and worker", `const f = document.getElementById("filter");
+			f.elements.label.value = ""; f.elements.state.value = ""; f.elements.tenant.value = "acme"; f.elements.worker.value = "w1";
+			f.requestSubmit();`)
+		br.waitFor(t, "the jobs w1 ran", `document.getElementById("jobs-panel").dataset.filter === "tenant=acme&worker=w1" &&
+			document.querySelector('#jobs tr[data-job-id="job-w-ok"]') && !document.querySelector('#jobs tr[data-job-id="job-w-lost"]')`, pageWait)
 		// Times as a person types them (local, to the minute).
 		setSince := func(offset string) {
 			br.do(t, "filter by time", `const f = document.getElementById("filter");
 				const d = new Date(Date.now() + (`+offset+`)), p = n => String(n).padStart(2, "0");
-				f.elements.label.value = ""; f.elements.state.value = "";
+				f.elements.tenant.value = ""; f.elements.worker.value = "";
 				f.elements.since.value = d.getFullYear() + "-" + p(d.getMonth() + 1) + "-" + p(d.getDate()) + "T" + p(d.getHours()) + ":" + p(d.getMinutes());
 				f.requestSubmit();`)
 		}
