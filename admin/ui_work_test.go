@@ -117,7 +117,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	b.waitState(c, "job-w-lost", "FAILED")
 
 	br := startBrowser(t, bin)
-	br.navigate(t, b.base + "/ui/")
+	br.navigate(t, b.base+"/ui/")
 	br.waitFor(t, "the first refresh", `document.body.dataset.loaded === "true"`, pageWait)
 	var firstMs float64
 	if err := br.eval(`performance.now()`, &firstMs); err == nil {
@@ -207,7 +207,7 @@ func TestDashboardWorkflows(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			submit(labelled(fmt.Sprintf("job-w-batch-%d", i), map[string]string{"cordum.batch": "b1"}))
 		}
-		br.navigate(t, b.base + "/ui/#job=job-w-wait")
+		br.navigate(t, b.base+"/ui/#job=job-w-wait")
 		br.waitFor(t, "the waiting job", `(() => { const w = document.getElementById("job-wait");
 			return !w.hidden && w.dataset.reason === "pool_paused" &&
 				document.getElementById("job-panel").dataset.state === "SCHEDULED"; })()`, pageWait)
@@ -252,7 +252,7 @@ func TestDashboardWorkflows(t *testing.T) {
 			b.waitState(c, fmt.Sprintf("job-w-batch-%d-retry1", i), "SUCCEEDED")
 		}
 		br.do(t, "clear the filter", `document.getElementById("filter-clear").click()`)
-		br.navigate(t, b.base + "/ui/#job=job-w-wait")
+		br.navigate(t, b.base+"/ui/#job=job-w-wait")
 		br.waitFor(t, "the job done", `document.getElementById("job-panel").dataset.state === "SUCCEEDED"`, pageWait)
 	}
 
@@ -268,7 +268,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	t.Log("step: workflow")
 	{
 		br.waitFor(t, "the workflow listed", `document.querySelector('#sagas tr[data-saga="`+wf+`"]')`, pageWait)
-		br.navigate(t, b.base + "/ui/#saga=" + wf)
+		br.navigate(t, b.base+"/ui/#saga="+wf)
 		br.waitFor(t, "the rollback's outcome", `document.getElementById("saga").dataset.status === "completed"`, pageWait)
 		steps := br.waitFor(t, "the steps and their compensations", `(() => {
 			const li = [...document.querySelectorAll("#saga-steps li[data-step]")];
@@ -288,7 +288,7 @@ func TestDashboardWorkflows(t *testing.T) {
 	if err := os.MkdirAll(artifactsDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	br.navigate(t, b.base + "/ui/#job=job-w-fail&saga=" + wf)
+	br.navigate(t, b.base+"/ui/#job=job-w-fail&saga="+wf)
 	br.waitFor(t, "the failed job", `document.getElementById("job-panel").dataset.jobId === "job-w-fail" &&
 		document.getElementById("job-panel").dataset.state === "FAILED" &&
 		document.querySelector('#attempts tr[data-attempt="1"]') && document.getElementById("saga").dataset.status`, pageWait)
