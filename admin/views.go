@@ -87,7 +87,7 @@ func waitingView(w *router.Waiting) Job {
 	pos := w.Position
 	return Job{ID: w.JobID, State: string(core.StateScheduled), Topic: w.Topic, Tenant: w.Tenant, Node: w.Node,
 		Reason: string(w.Reason), QueuePosition: &pos, Unwritten: true, Created: w.Since, Updated: w.Since,
-		History: []HistoryEntry{}}
+		History: []HistoryEntry{}, AttemptList: []Attempt{}}
 }
 
 func jobView(r *store.JobRecord, links store.JobLinks) Job {
