@@ -271,23 +271,43 @@ const retryOfLabel = "retry_of"
 
 // datum reads ptr's content when held, at most DataBodyBytes of it.
 func (s *Server) datum(ctx context.Context, ptr string, held bool) *Datum {
+	d, _ := s.readDatum(ctx, ptr, held)
+	return d
+}
+
+// readDatum is datum, and the bytes read.
+func (s *Server) readDatum(ctx context.Context, ptr string, held bool) (*Datum, []byte) {
 	d := &Datum{Pointer: ptr}
 	dn := s.dataNode()
 	if !held || dn == nil {
-		return d
+		return d, nil
 	}
-	data, size, err := dn.JobData().Read(ctx, ptr, s.dataBodyBytes())
+	// A little past what is shown, so that the output policy's scan sees
+	// a finding the cut would split (resultDatum).
+	data, size, err := dn.JobData().Read(ctx, ptr, s.dataBodyBytes()+scanOverlap)
 	switch {
 	case errors.Is(err, jobdata.ErrMissing):
 		d.Note = "nothing stored under the pointer (never written, or expired)"
-		return d
+		return d, nil
 	case err != nil:
 		d.Note = "could not be read: " + err.Error()
-		return d
+		return d, nil
 	}
 	d.Held, d.Size = true, size
-	d.setBody(data, size > int64(len(data)))
-	return d
+	shown, cut := s.cut(data)
+	d.setBody(shown, cut || size > int64(len(data)))
+	return d, data
+}
+
+// scanOverlap is how far past the shown body a result is read and scanned.
+const scanOverlap = 512
+
+// cut returns data as shown: at most DataBodyBytes, and whether it is cut.
+func (s *Server) cut(data []byte) ([]byte, bool) {
+	if n := s.dataBodyBytes(); int64(len(data)) > n {
+		return data[:n], true
+	}
+	return data, false
 }
 
 // setBody fills the body from data (truncated: data is a prefix of the
@@ -329,7 +349,7 @@ func (s *Server) resultDatum(ctx context.Context, rec *store.JobRecord, req *cap
 	if rec.State == core.StateOutputQuarantined {
 		return &Datum{Pointer: ptr, Held: held, Redacted: true, Note: "withheld: the output policy quarantined this result"}
 	}
-	d := s.datum(ctx, ptr, held)
+	d, data := s.readDatum(ctx, ptr, held)
 	if !d.Held {
 		return d
 	}
@@ -345,10 +365,6 @@ func (s *Server) resultDatum(ctx context.Context, rec *store.JobRecord, req *cap
 	if r, ok := checker.(interface{ ReadsContentItself() bool }); ok && r.ReadsContentItself() {
 		return withheld(d, "withheld: the output policy's checker reads content itself and was not asked")
 	}
-	data, size, err := dn.JobData().Read(ctx, ptr, s.dataBodyBytes())
-	if err != nil {
-		return withheld(d, "withheld: could not be read for the output policy")
-	}
 	oreq := safety.OutputRequest(req, &capv1.JobResult{JobId: rec.ID, Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED,
 		ResultPtr: ptr, WorkerId: rec.Worker, ErrorCode: rec.ErrorCode, ErrorMessage: rec.ErrorMessage})
 	v, err := checker.ScanContent(ctx, oreq, data)
@@ -360,7 +376,8 @@ func (s *Server) resultDatum(ctx context.Context, rec *store.JobRecord, req *cap
 		return d
 	case capv1.OutputDecision_OUTPUT_DECISION_REDACT:
 		if v.Redacted != nil {
-			d.setBody(v.Redacted, size > int64(len(data)))
+			red, cut := s.cut(v.Redacted)
+			d.setBody(red, cut || d.Size > int64(len(data)))
 			d.Redacted = true
 			d.Note = "redacted by the output policy (" + v.RuleID + ")"
 			return d

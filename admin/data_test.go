@@ -249,3 +249,28 @@ func TestJobDataOfARetryShowsTheOriginalsInput(t *testing.T) {
 		t.Fatalf("the retry's input: %+v %v", d.Input, err)
 	}
 }
+
+// A secret the body's cut would split is still found and redacted: the
+// scan reads past the cut.
+func TestJobDataRedactsASecretAcrossTheCut(t *testing.T) {
+	t.Parallel()
+	pol, err := safety.ParseOutputPolicy([]byte(redactPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, options{node: func(c *troupe.Config) { c.Output = pol }, admin: func(c *admin.Config) { c.DataBodyBytes = 20 }})
+	ctx := context.Background()
+	c := b.client("")
+	b.startWorker("w1", echoToResult(b))
+	id := b.dataIDs("cut")[0]
+	// The address starts at byte 10 and runs past byte 20.
+	if _, err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: id, Topic: "job.echo"}, []byte(`"0123456 alice@example.com and more text"`)); err != nil {
+		t.Fatal(err)
+	}
+	b.waitState(c, id, "SUCCEEDED")
+	d, err := c.JobData(ctx, id)
+	body, _ := d.Result.Body.(string)
+	if err != nil || !d.Result.Redacted || !d.Result.Truncated || strings.Contains(body, "alice") || !strings.Contains(body, "[REDACTED") {
+		t.Fatalf("cut result: %+v %v", d.Result, err)
+	}
+}

@@ -129,7 +129,8 @@ type Config struct {
 	// private) and /readyz any valid key (its body names the failing
 	// dependency). /healthz stays open: it says nothing but "alive".
 	MetricsNeedKey bool
-	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault).
+	// MaxBodyBytes bounds request bodies (default MaxBodyBytesDefault,
+	// raised to hold a MaxPayloadBytes payload in base64).
 	MaxBodyBytes int64
 	// MaxPayloadBytes bounds the payload a submit stores as the job's
 	// input (default jobdata.MaxBytesDefault); a larger one is refused 413.

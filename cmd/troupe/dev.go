@@ -127,7 +127,13 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		id := fmt.Sprintf("demo-%d-%s", i+1, newID("")[:6])
 		ids = append(ids, id)
-		req := &capv1.JobRequest{JobId: id, Topic: topic, ContextPtr: "redis://ctx:" + id, TenantId: "demo"}
+		// Each demo job has an input, shown by `troupe job <id>` and the
+		// dashboard (the echo workers' result points back at it).
+		ptr, err := node.JobData().PutInput(ctx, id, fmt.Appendf(nil, `{"demo": %d, "topic": %q}`, i+1, topic))
+		if err != nil {
+			return err
+		}
+		req := &capv1.JobRequest{JobId: id, Topic: topic, ContextPtr: ptr, TenantId: "demo"}
 		data, err := bus.EncodeRequest(id, "troupe-dev", req)
 		if err != nil {
 			return err
