@@ -125,6 +125,10 @@ function init() {
     for (const id of ["states-panel", "series-panel", "sagas-panel"]) $(id).hidden = false;
     refresh();
   });
+  document.addEventListener("keydown", ev => {
+    // Escape closes the open job and workflow (not while typing).
+    if (ev.key === "Escape" && !/INPUT|SELECT|TEXTAREA/.test(document.activeElement.tagName)) setHash({ job: "", saga: "" });
+  });
   initJobs(refresh);
   initJob(refresh);
   initSagas();
