@@ -45,8 +45,8 @@ function renderMeta(j) {
     meta.append(d);
   };
   add("topic", j.topic); add("tenant", j.tenant); add("reason", j.reason); add("worker", j.worker);
-  add("subject", j.subject); add("attempts", Array.isArray(j.attempts) ? j.attempts.length : j.attempts); add("trace id", j.trace_id); add("owner", j.owner);
-  add("created", fmtWhen(j.created_at || j.created)); add("updated", fmtWhen(j.updated_at || j.updated));
+  add("subject", j.subject); add("attempts", j.attempts); add("trace id", j.trace_id); add("owner", j.owner);
+  add("created", fmtWhen(j.created)); add("updated", fmtWhen(j.updated));
   if (j.error_code || j.error_message) add("error", (j.error_code || "") + ": " + (j.error_message || ""));
   if (j.retry_of) add("retry of", jobLink(j.retry_of));
   const retried = [].concat(j.retried_as || [], j.retries || []).filter((x, i, a) => x && a.indexOf(x) === i);
@@ -72,7 +72,7 @@ function renderMeta(j) {
 function requestField(j, k) { return j.request && typeof j.request === "object" ? j.request[k] : undefined; }
 
 function requestLabels(j) {
-  const l = j.labels || requestField(j, "labels") || {};
+  const l = requestField(j, "labels") || {};
   return Object.entries(l).filter(([k]) => !k.startsWith("approval_")).map(([k, v]) => k + "=" + v).join(" ");
 }
 
@@ -90,7 +90,7 @@ function renderWait(j) {
     no_workers: "no live worker is in its pool",
   }[j.reason] || (j.state === "APPROVAL_REQUIRED" ? "a person's approval" : j.reason || "its turn");
   box.append(el("b", "Waiting: "), document.createTextNode(why));
-  const since = (j.history && j.history.length) ? j.history[j.history.length - 1].at : (j.created_at || j.created);
+  const since = (j.history && j.history.length) ? j.history[j.history.length - 1].at : j.created;
   const bits = [];
   if (j.queue_position !== undefined && j.queue_position !== null) bits.push(j.queue_position + " jobs before it");
   if (since) bits.push("since " + fmtWhen(since));
@@ -111,8 +111,7 @@ function renderActions(j) {
 function renderAttempts(j) {
   const body = $("attempts").tBodies[0];
   clear(body);
-  // "attempts" is the list of them, or (from an earlier node) their count.
-  const atts = Array.isArray(j.attempts) ? j.attempts : (j.attempt_list || []);
+  const atts = j.attempt_list || [];
   for (const a of atts) {
     const tr = el("tr");
     tr.dataset.attempt = a.n;

@@ -70,12 +70,11 @@ function jobRow(j) {
   const tr = el("tr");
   tr.dataset.jobId = j.id;
   tr.dataset.state = j.state;
-  const created = j.created_at || j.created, updated = j.updated_at || j.updated;
   const labels = labelText(j.labels);
   const lc = el("td", labels, "labels");
   lc.title = labels;
   tr.append(cell(jobLink(j.id)), cell(badge(j.state)), el("td", j.topic), el("td", j.tenant), el("td", j.worker || ""),
-    el("td", j.attempts || ""), el("td", j.reason || ""), lc, el("td", fmtWhen(created)), el("td", fmtTime(updated)));
+    el("td", j.attempts || ""), el("td", j.reason || ""), lc, el("td", fmtWhen(j.created)), el("td", fmtTime(j.updated)));
   return tr;
 }
 
