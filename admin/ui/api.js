@@ -19,7 +19,6 @@ export const ui = {
   saga: "",            // selected workflow id
   cursor: "",          // next page of the job list
   statsAllowed: true,  // an all-tenant key: stats, series, sagas
-  missing: new Set(),  // endpoints this node does not serve (404): panels say so
 };
 
 export function $(id) { return document.getElementById(id); }
@@ -97,17 +96,12 @@ export async function api(path, opts = {}) {
 }
 
 // optional calls an endpoint a node of an earlier version may not serve:
-// a 404 or 405 on the route itself gives null and marks it missing.
-export async function optional(name, path) {
+// a 404 or 405 gives null, and the panel says the node lacks it.
+export async function optional(path) {
   try {
-    const out = await api(path);
-    ui.missing.delete(name);
-    return out;
+    return await api(path);
   } catch (e) {
-    if (e.status === 404 || e.status === 405) {
-      ui.missing.add(name);
-      return null;
-    }
+    if (e.status === 404 || e.status === 405) return null;
     throw e;
   }
 }

@@ -84,7 +84,7 @@ export function drawThroughput(history) {
 export async function refreshSeries() {
   const panel = $("series-panel");
   if (!ui.statsAllowed) { panel.hidden = true; return; }
-  const s = await optional("series", "/v1/series?window=" + SERIES_WINDOW);
+  const s = await optional("/v1/series?window=" + SERIES_WINDOW);
   panel.hidden = false;
   $("series-note").textContent = s ? `(last ${SERIES_WINDOW}, ${s.step_s} s steps)` : "(this node serves no /v1/series)";
   const points = (s && s.points) || [];

@@ -30,7 +30,7 @@ export async function refreshSagas() {
 }
 
 async function listSagas() {
-  const list = await optional("sagas", "/v1/sagas?limit=" + PAGE);
+  const list = await optional("/v1/sagas?limit=" + PAGE);
   const body = $("sagas").tBodies[0];
   clear(body);
   $("sagas-note").textContent = !list ? "(this node does not list workflows; open one by id above)" :
