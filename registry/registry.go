@@ -666,7 +666,7 @@ func (r *Registry) Vacate(w *Worker, job string) bool {
 // LingerFor bounds how long a job that ended without its worker's answer
 // stays in the worker's job set (Linger). Its slot is counted right well
 // before that — the worker's heartbeats stop counting it within two
-// intervals — so this only bounds the memory of jobs never answered.
+// intervals (three on a pool subject) — so this only bounds the memory of jobs never answered.
 const LingerFor = 5 * time.Minute
 
 // Linger keeps job counted on w as started until the worker answers for it
@@ -684,7 +684,8 @@ func (r *Registry) Linger(w *Worker, job string, until time.Time) {
 
 // Reconciles reports whether w's heartbeats reconcile this node's count
 // (it has reported active_jobs > 0): a job of ours it no longer holds
-// stops counting within two heartbeats.
+// stops counting within two heartbeats (on a pool subject, three of every
+// member of its pool: poolcount.go).
 func (r *Registry) Reconciles(w *Worker) bool { return w.reported }
 
 // Waiting returns the jobs occupying w that have not started (the ones
