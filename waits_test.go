@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,14 +276,27 @@ func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
 // replicas free its slot from the workers' heartbeats of 0 active jobs —
 // each counts nothing in flight on either worker, and never less than
 // nothing — then every later job succeeds, and once the workers are idle
-// again both replicas count nothing in flight.
+// again both replicas count nothing in flight. Throughout, the pool never
+// runs more jobs at once than its two slots (a job counted on one worker
+// may run on the other: its slot is freed only by the pool's reports).
 func TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, noBackoff)
 	a := f.node
 	b := newNodeOn(t, f, "node-b", noBackoff)
 	f.node = a
-	answer := func(id string) bool { return !strings.HasPrefix(id, "lost-") }
+	var running, most atomic.Int32 // pool-wide, as the workers see it
+	answer := func(id string) bool {
+		if strings.HasPrefix(id, "lost-") {
+			return false
+		}
+		n := running.Add(1)
+		for old := most.Load(); n > old && !most.CompareAndSwap(old, n); old = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond) // the job's run
+		running.Add(-1)
+		return true
+	}
 	w1 := startCapWorker(t, f.env.NATS, f.subj, "stock-1", 1, 100*time.Millisecond, answer)
 	w2 := startCapWorker(t, f.env.NATS, f.subj, "stock-2", 1, 100*time.Millisecond, answer)
 	for _, n := range []*troupe.Node{a, b} {
@@ -329,6 +343,9 @@ func TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker(t *testing.T) {
 		f.waitStateWithin("after2-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
 	}
 	idle("after the later jobs")
+	if m := most.Load(); m > 2 {
+		t.Fatalf("the pool ran %d jobs at once on its 2 slots", m)
+	}
 }
 
 // TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory: a job that waited for

@@ -185,14 +185,21 @@ type Worker struct {
 	// counted them in active_jobs; oldCap is that heartbeat's active_jobs.
 	// When oldOwn > oldCap, the worker no longer holds some of them (it
 	// restarted, or their results were lost) and their slots are free.
-	oldOwn   int32
-	oldCap   int32
-	reported bool // the worker has reported active_jobs > 0 at least once
-	away     bool // another replica owns placement on it (SetAway)
-	beats    uint32
-	young    [3]int32 // own jobs by beats%3 at placement, not yet old
-	jobs     map[string]uint32
-	linger   map[string]time.Time // jobs ended without the worker's answer (Linger)
+	//
+	// A shared worker (one on the pool subject, poolcount.go) is
+	// reconciled with its pool instead: its jobs are old by the pool's
+	// rounds, and gone of them (assigned by the pool) stop counting.
+	oldOwn    int32
+	oldCap    int32
+	gone      int32
+	reported  bool // the worker has reported active_jobs > 0 at least once
+	away      bool // another replica owns placement on it (SetAway)
+	shared    bool // reconciled with its pool (poolcount.go)
+	beats     uint32
+	roundSeen uint32        // the pool round of its last beat
+	young     [stamps]int32 // own jobs by stamp%stamps at placement, not yet old
+	jobs      map[string]uint32
+	linger    map[string]time.Time // jobs ended without the worker's answer (Linger)
 	// main is the worker's entry in its pool's index, sel its entries in
 	// the pool's label selectors.
 	main member
@@ -240,7 +247,9 @@ func (w *Worker) Load() float64 {
 // and jobs sent since the last heartbeat are never forgotten by it.
 func (w *Worker) InFlight() int32 {
 	own := w.Dispatched
-	if w.reported && w.oldOwn > w.oldCap {
+	if w.shared {
+		own -= w.gone
+	} else if w.reported && w.oldOwn > w.oldCap {
 		own -= w.oldOwn - w.oldCap
 	}
 	return max(own, 0) + w.Others + w.Foreign
@@ -286,6 +295,7 @@ func (w *Worker) HasLabels(want map[string]string) bool {
 // selectors.
 type poolIndex struct {
 	index
+	poolCounts
 	name       string
 	th         Thresholds // with defaults applied
 	members    []*Worker
@@ -344,6 +354,9 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 	if w.pool != nil && w.Pool != hb.Pool {
 		r.detach(w)
 	}
+	if w.pool != nil {
+		w.pool.unsum(w)
+	}
 	relabel := w.pool != nil && !labelsEqual(w.Labels, hb.Labels)
 	if relabel {
 		r.unlinkSelectors(w)
@@ -355,7 +368,22 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 	w.Direct = strings.EqualFold(hb.Labels[LabelDispatch], DispatchDirect)
 	w.Dedupe = strings.EqualFold(hb.Labels[LabelDedupe], DedupeJobID)
 	w.Reports = strings.EqualFold(hb.Labels[LabelProgress], ProgressStarted)
-	w.reconcile()
+	if w.ActiveJobs > 0 || w.MaxParallel > 0 {
+		w.reported = true
+	}
+	if w.pool == nil {
+		r.attach(w)
+	} else {
+		if w.shared == w.Direct { // its dispatch changed
+			w.shared = !w.Direct
+			w.restamp()
+		}
+		w.pool.sum(w)
+		if relabel {
+			r.linkSelectors(w)
+		}
+	}
+	r.reconcile(w)
 	for job, until := range w.linger {
 		if now.After(until) {
 			r.Vacate(w, job)
@@ -364,11 +392,6 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 	r.learnInterval(w, now, sent)
 	w.LastSeen = now
 	w.deadline = now.Add(r.ttlFor(w))
-	if w.pool == nil {
-		r.attach(w)
-	} else if relabel {
-		r.linkSelectors(w)
-	}
 	r.rekey(w)
 	r.place(w, r.wanted(w))
 	return w
@@ -376,7 +399,9 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 
 func newWorker(id string) *Worker { return &Worker{ID: id} }
 
-// reconcile takes in a heartbeat's active_jobs (already in ActiveJobs).
+// reconcile takes in a heartbeat's active_jobs (already in ActiveJobs,
+// and in its pool's sums). A shared worker is reconciled with its pool
+// (poolcount.go); the rest of this comment is about the others.
 //
 // Jobs this node placed before the worker's previous heartbeat have had a
 // whole interval to arrive, so the worker should count them: they become
@@ -396,18 +421,16 @@ func newWorker(id string) *Worker { return &Worker{ID: id} }
 // count is then trusted alone. (Waiting for a first active_jobs > 0 kept
 // the slots of jobs that NATS handed to another member of a pool subject,
 // then lost, counted on an idle worker until their running deadline.)
-func (w *Worker) reconcile() {
+func (r *Registry) reconcile(w *Worker) {
 	w.beats++
-	b := w.beats
-	if b >= 2 {
-		i := (b - 2) % 3
+	if b := w.beats; !w.shared && b >= 2 {
+		i := (b - 2) % stamps
 		w.oldOwn += w.young[i]
 		w.young[i] = 0
 	}
-	if w.ActiveJobs > 0 || w.MaxParallel > 0 {
-		w.reported = true
-	}
 	w.oldCap = w.ActiveJobs
+	r.beatCounts(w)
+	r.rebalance(w.pool, w)
 	own := w.InFlight() - w.Others - w.Foreign
 	w.Foreign = max(0, w.ActiveJobs-own-w.Others)
 }
@@ -598,8 +621,9 @@ func (r *Registry) Occupy(w *Worker, job string) bool {
 	if w.jobs == nil {
 		w.jobs = make(map[string]uint32)
 	}
-	w.jobs[job] = w.beats
-	w.young[w.beats%3]++
+	s := w.stamp()
+	w.jobs[job] = s
+	w.young[s%stamps]++
 	w.Dispatched++
 	r.reload(w)
 	return true
@@ -629,12 +653,12 @@ func (r *Registry) Vacate(w *Worker, job string) bool {
 	}
 	delete(w.jobs, job)
 	delete(w.linger, job)
-	if placed := m &^ jobStarted; placed+2 <= w.beats {
-		w.oldOwn--
-	} else {
-		w.young[placed%3]--
-	}
 	w.Dispatched--
+	if placed := m &^ jobStarted; !w.isOld(placed) {
+		w.young[placed%stamps]--
+	} else if w.oldOwn--; w.shared {
+		r.vacateShared(w)
+	}
 	r.reload(w)
 	return true
 }
@@ -642,7 +666,7 @@ func (r *Registry) Vacate(w *Worker, job string) bool {
 // LingerFor bounds how long a job that ended without its worker's answer
 // stays in the worker's job set (Linger). Its slot is counted right well
 // before that — the worker's heartbeats stop counting it within two
-// intervals — so this only bounds the memory of jobs never answered.
+// intervals (three on a pool subject) — so this only bounds the memory of jobs never answered.
 const LingerFor = 5 * time.Minute
 
 // Linger keeps job counted on w as started until the worker answers for it
@@ -660,7 +684,8 @@ func (r *Registry) Linger(w *Worker, job string, until time.Time) {
 
 // Reconciles reports whether w's heartbeats reconcile this node's count
 // (it has reported active_jobs > 0): a job of ours it no longer holds
-// stops counting within two heartbeats.
+// stops counting within two heartbeats (on a pool subject, three of every
+// member of its pool: poolcount.go).
 func (r *Registry) Reconciles(w *Worker) bool { return w.reported }
 
 // Waiting returns the jobs occupying w that have not started (the ones
@@ -821,6 +846,7 @@ func (r *Registry) attach(w *Worker) {
 	w.poolPos = len(p.members)
 	p.members = append(p.members, w)
 	r.linkSelectors(w)
+	r.joinCounts(w, p)
 }
 
 func (r *Registry) detach(w *Worker) {
@@ -828,6 +854,7 @@ func (r *Registry) detach(w *Worker) {
 	if p == nil {
 		return
 	}
+	r.leaveCounts(w, p)
 	r.unlinkSelectors(w)
 	r.place(w, placedNone)
 	p.release(w.main.id)
@@ -840,6 +867,8 @@ func (r *Registry) detach(w *Worker) {
 	w.pool = nil
 	if len(p.members) == 0 {
 		delete(r.pools, p.name)
+	} else {
+		r.afterLeave(p)
 	}
 }
 

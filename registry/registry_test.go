@@ -290,10 +290,20 @@ func TestRegistryIndexesStayConsistent(t *testing.T) {
 			hb.ActiveJobs, hb.MaxParallelJobs = int32(rnd.IntN(5)), int32(rnd.IntN(8))
 			hb.CpuLoad = float32(rnd.IntN(100))
 			hb.Labels = map[string]string{"zone": zones[rnd.IntN(2)]}
+			if rnd.IntN(3) == 0 {
+				hb.Labels[LabelDispatch] = DispatchDirect
+			}
 			r.Observe(hb, now)
 		case op < 8:
-			if w := r.Get(id); w != nil {
+			w := r.Get(id)
+			switch job := "j" + strconv.Itoa(rnd.IntN(60)); {
+			case w == nil:
+			case op == 5:
 				r.CountDispatch(w)
+			case op == 6:
+				r.Occupy(w, job)
+			default:
+				r.Vacate(w, job)
 			}
 		case op < 9:
 			if w := r.Get(id); w != nil {
@@ -329,6 +339,7 @@ func TestRegistryIndexesStayConsistent(t *testing.T) {
 				t.Fatalf("step %d: pool %s counts heap %d/%d over %d/%d stale %d/%d", step, name,
 					heap, len(p.heap), over, p.overloaded, stale, p.stale)
 			}
+			checkPoolCounts(t, step, p)
 			for _, ss := range p.selectors {
 				for _, s := range ss {
 					checkIndex(t, &s.index)
@@ -449,5 +460,87 @@ func TestRegistryIdleWorkerWithMaxParallelFreesJobsItDoesNotHold(t *testing.T) {
 	r.Observe(hb, t0.Add(3*time.Second))
 	if w.InFlight() != 0 || !r.HasRoom(w) {
 		t.Fatalf("in flight %d after heartbeats showing 0 active jobs, want 0", w.InFlight())
+	}
+}
+
+// TestRegistryPoolSubjectJobRunningOnAnotherMemberKeepsItsSlot: on a pool
+// subject NATS, not the router, picks the member. A job counted on X runs
+// on Y; X's heartbeats (0 active jobs) must not free its slot while Y has
+// not reported since the job could have reached it — nobody would count
+// the running job, and the pool would take a third job on its two slots.
+// Once every member has reported after the job, the pool's reports (Y's 1)
+// keep it counted; a job no member holds (lost) is still freed.
+func TestRegistryPoolSubjectJobRunningOnAnotherMemberKeepsItsSlot(t *testing.T) {
+	t.Parallel()
+	r := New(time.Hour)
+	hx, hy := beat("x", "p"), beat("y", "p")
+	hx.MaxParallelJobs, hy.MaxParallelJobs = 1, 1
+	x := r.Observe(hx, t0)
+	y := r.Observe(hy, t0.Add(500*time.Millisecond))
+	inFlight := func() int32 { return x.InFlight() + y.InFlight() }
+	r.Occupy(x, "j") // NATS hands it to y
+	r.Start(x, "j")
+	for i := 1; i <= 4; i++ { // x beats, 0 active; y is late
+		r.Observe(hx, t0.Add(time.Duration(i)*time.Second))
+		if got := inFlight(); got < 1 {
+			t.Fatalf("after x's beat %d (0 active; y silent since before the job): pool in flight %d, want ≥ 1", i, got)
+		}
+	}
+	hy.ActiveJobs = 1 // y runs j
+	for i := 5; i <= 9; i++ {
+		r.Observe(hy, t0.Add(time.Duration(i)*time.Second+500*time.Millisecond))
+		r.Observe(hx, t0.Add(time.Duration(i+1)*time.Second))
+		if got := inFlight(); got < 1 || r.Room(x)+r.Room(y) > 1 {
+			t.Fatalf("round %d (y reports j): pool in flight %d, room %d+%d; want ≥ 1 and at most one slot free",
+				i, got, r.Room(x), r.Room(y))
+		}
+	}
+	r.Vacate(x, "j") // its result
+	hy.ActiveJobs = 0
+	r.Observe(hy, t0.Add(11*time.Second))
+	if got := inFlight(); got != 0 {
+		t.Fatalf("pool in flight %d after j's result and y's 0, want 0", got)
+	}
+	// A job lost (taken, never answered): every member reports 0, so its
+	// slot is freed within a few rounds.
+	r.Occupy(y, "lost")
+	r.Start(y, "lost")
+	for i := 12; i <= 15; i++ {
+		r.Observe(hx, t0.Add(time.Duration(i)*time.Second))
+		r.Observe(hy, t0.Add(time.Duration(i)*time.Second+500*time.Millisecond))
+	}
+	if got := inFlight(); got != 0 || !r.HasRoom(x) || !r.HasRoom(y) {
+		t.Fatalf("pool in flight %d after four rounds of 0 active jobs, want 0 (the lost job's slot freed)", got)
+	}
+}
+
+// checkPoolCounts asserts that p's reconciliation sums are its members'.
+func checkPoolCounts(t *testing.T, step int, p *poolIndex) {
+	t.Helper()
+	var c poolCounts
+	for _, w := range p.members {
+		if w.roundSeen != p.round {
+			c.pending++
+		}
+		c.active += w.ActiveJobs
+		if !w.reported {
+			c.unreported++
+		}
+		if w.shared != !w.Direct || w.gone < 0 || w.gone > w.oldOwn || w.oldOwn < 0 {
+			t.Fatalf("step %d: %s shared %v direct %v gone %d old %d", step, w.ID, w.shared, w.Direct, w.gone, w.oldOwn)
+		}
+		if w.shared {
+			c.old += w.oldOwn
+			c.gone += w.gone
+		}
+	}
+	c.round = p.round
+	want := int32(0)
+	if c.unreported == 0 {
+		want = max(0, c.old-c.active)
+	}
+	if c.active != p.active || c.old != p.old || c.gone != p.gone || c.unreported != p.unreported ||
+		c.gone != want || c.pending != p.pending || p.pending <= 0 {
+		t.Fatalf("step %d: pool %s sums %+v, members' %+v (gone should be %d)", step, p.name, p.poolCounts, c, want)
 	}
 }

@@ -362,6 +362,7 @@ type Router struct {
 	dirty map[*registry.Worker]struct{}
 	armed bool
 	full  bool // the next report is a full one
+	hello bool // the next report asks the others for theirs (Announce)
 	// warned: workers already warned about (checkPool).
 	warned map[string]bool
 	// lastSweep is when the last sweep ran: a much longer gap means this
@@ -544,6 +545,7 @@ func (r *Router) Receive(c actor.Context) {
 		r.armed = false
 		r.publish(false)
 	case *Announce:
+		r.hello = true
 		r.publish(true)
 	case *SetPools:
 		r.strategy.SetConfig(m.Config)

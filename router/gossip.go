@@ -48,7 +48,11 @@ type PeerLoad struct {
 	Node string
 	// Full: Counts is everything the replica has in flight; workers it
 	// does not name have none of its jobs. Otherwise only changed counts.
-	Full   bool
+	Full bool
+	// Hello: the replica has just begun to listen for reports; every
+	// replica answers with a full one. (Its reports from before may have
+	// been heard, and their answers missed.)
+	Hello  bool
 	Counts map[string]int32
 	// Waiting is how many jobs wait in the replica's queue, per pool (all
 	// of them: a pool it does not name has none).
@@ -94,8 +98,8 @@ func (r *Router) kick(c actor.Context) {
 // publish sends a report: the changed counts (with full, every non-zero
 // one), the queue lengths, and the offers and acks waiting to go. A full
 // report goes out every sweep, empty or not, when the router starts, and
-// in answer to a replica heard for the first time, so replicas know each
-// other at once.
+// in answer to a replica heard for the first time or saying Hello, so
+// replicas know each other at once.
 func (r *Router) publish(full bool) {
 	if r.cfg.Gossip == nil {
 		return
@@ -105,8 +109,8 @@ func (r *Router) publish(full bool) {
 		clear(r.dirty) // nobody to tell; the next full report says it all
 		return
 	}
-	m := &PeerLoad{Node: r.cfg.NodeID, Full: full, Counts: map[string]int32{}, Waiting: r.waitingPerPool(),
-		Offers: r.outOffers, Acks: r.outAcks}
+	m := &PeerLoad{Node: r.cfg.NodeID, Full: full, Hello: r.hello, Counts: map[string]int32{},
+		Waiting: r.waitingPerPool(), Offers: r.outOffers, Acks: r.outAcks}
 	if full {
 		for _, p := range r.reg.Pools() {
 			for _, w := range r.reg.Pool(p) {
@@ -121,7 +125,7 @@ func (r *Router) publish(full bool) {
 		}
 	}
 	clear(r.dirty)
-	r.outOffers, r.outAcks, r.full = nil, nil, false
+	r.outOffers, r.outAcks, r.full, r.hello = nil, nil, false, false
 	r.cfg.Gossip(EncodePeerLoad(m))
 }
 
@@ -140,6 +144,9 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 		r.peers[m.Node] = p
 		r.reown(c)
 		r.full = true // the newcomer learns this node's counts at once
+		r.kick(c)
+	} else if m.Hello {
+		r.full = true // it may have missed the answer to its first report
 		r.kick(c)
 	}
 	p.seen = m.At
@@ -220,6 +227,9 @@ func EncodePeerLoad(m *PeerLoad) []byte {
 	if m.Full {
 		flags = 1
 	}
+	if m.Hello {
+		flags |= 2
+	}
 	b = append(b, gossipVersion, flags)
 	b = appendString(b, m.Node)
 	b = binary.AppendUvarint(b, uint64(len(ids)))
@@ -296,11 +306,11 @@ func (d *decoder) entries() int {
 // DecodePeerLoad decodes EncodePeerLoad's output; anything else is an
 // error, never a panic.
 func DecodePeerLoad(b []byte) (*PeerLoad, error) {
-	if len(b) < 2 || b[0] != gossipVersion || b[1]&^1 != 0 {
+	if len(b) < 2 || b[0] != gossipVersion || b[1]&^3 != 0 {
 		return nil, errBadPeerLoad
 	}
 	d := &decoder{b: b[2:], ok: true}
-	m := &PeerLoad{Full: b[1]&1 != 0}
+	m := &PeerLoad{Full: b[1]&1 != 0, Hello: b[1]&2 != 0}
 	if m.Node = d.str(); m.Node == "" {
 		return nil, errBadPeerLoad
 	}

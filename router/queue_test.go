@@ -258,21 +258,64 @@ func TestCapacityRecheckKeepsAPlacementOnItsWay(t *testing.T) {
 // an error, never a panic, and a real one round-trips.
 func TestPeerLoadDecodeRejectsGarbage(t *testing.T) {
 	t.Parallel()
-	in := &PeerLoad{Node: "node-a", Full: true, Counts: map[string]int32{"w1": 3, "w2": 0, "worker-with-a-long-id": 64},
+	in := &PeerLoad{Node: "node-a", Full: true, Hello: true, Counts: map[string]int32{"w1": 3, "w2": 0, "worker-with-a-long-id": 64},
 		Waiting: map[string]int32{"gpu": 7}, Offers: []Offer{{To: "node-b", ID: 9, Worker: "w1", N: 2}},
 		Acks: []OfferAck{{To: "node-c", ID: 4, Worker: "w2", Used: 1, Count: 5}}}
 	m, err := DecodePeerLoad(EncodePeerLoad(in))
-	if err != nil || m.Node != "node-a" || !m.Full || len(m.Counts) != 3 || m.Counts["w1"] != 3 ||
+	if err != nil || m.Node != "node-a" || !m.Full || !m.Hello || len(m.Counts) != 3 || m.Counts["w1"] != 3 ||
 		m.Counts["worker-with-a-long-id"] != 64 || m.Waiting["gpu"] != 7 || len(m.Offers) != 1 ||
 		m.Offers[0] != in.Offers[0] || len(m.Acks) != 1 || m.Acks[0] != in.Acks[0] {
 		t.Fatalf("round trip = %+v, %v", m, err)
 	}
 	good := EncodePeerLoad(&PeerLoad{Node: "n", Counts: map[string]int32{"w": 1}})
 	for _, bad := range [][]byte{nil, {}, {9, 0}, good[:len(good)-1], append(append([]byte{}, good...), 0),
-		{2, 0, 0}, {2, 2, 1, 'n', 0, 0, 0, 0}, {2, 0, 1, 'n', 0xff, 0xff, 0xff, 0xff, 0x0f}} {
+		{2, 0, 0}, {2, 4, 1, 'n', 0, 0, 0, 0}, {2, 0, 1, 'n', 0xff, 0xff, 0xff, 0xff, 0x0f}} {
 		if _, err := DecodePeerLoad(bad); err == nil {
 			t.Errorf("decoded %v without error", bad)
 		}
+	}
+}
+
+// TestCapacityHelloIsAnsweredByAReplicaThatKnowsTheSender: a replica's
+// first report can go out before it listens for the others' (its router
+// starts first), and their answer to it is lost. Its Hello, sent once it
+// listens, makes every replica answer with a full report — also one that
+// has heard it before — so it learns of them at once (not at their next
+// sweep) and does not take every worker as its own meanwhile.
+func TestCapacityHelloIsAnsweredByAReplicaThatKnowsTheSender(t *testing.T) {
+	t.Parallel()
+	sent := make(chan *PeerLoad, 64)
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), NodeID: "node-a",
+		SweepEach: time.Hour, // no periodic full report: only answers
+		Gossip: func(data []byte) {
+			if m, err := DecodePeerLoad(data); err == nil {
+				sent <- m
+			}
+		}})
+	next := func(what string) *PeerLoad {
+		t.Helper()
+		select {
+		case m := <-sent:
+			return m
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no report from node-a %s", what)
+			return nil
+		}
+	}
+	if m := next("at its start"); !m.Full || m.Hello {
+		t.Fatalf("start report %+v, want full without hello", m)
+	}
+	b.sys.Root.Send(b.pid, &PeerLoad{Node: "node-b", Full: true, At: time.Now()}) // heard for the first time
+	if m := next("for a new replica"); !m.Full || m.Hello {
+		t.Fatalf("answer %+v, want full without hello", m)
+	}
+	b.sys.Root.Send(b.pid, &PeerLoad{Node: "node-b", Full: true, Hello: true, At: time.Now()})
+	if m := next("in answer to node-b's hello"); !m.Full || m.Hello {
+		t.Fatalf("answer %+v, want full without hello", m)
+	}
+	b.sys.Root.Send(b.pid, &Announce{})
+	if m := next("on its announce"); !m.Full || !m.Hello {
+		t.Fatalf("announce %+v, want full with hello", m)
 	}
 }
 
