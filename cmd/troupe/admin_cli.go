@@ -515,7 +515,29 @@ func printAPIJob(w io.Writer, j admin.Job) {
 	if len(j.Retries) > 0 {
 		fmt.Fprintf(w, "  retried as %s\n", strings.Join(j.Retries, ", "))
 	}
+	printAttempts(w, j.AttemptList)
 }
+
+// printAttempts lists a job's dispatches (the API's attempt_list): the
+// worker, when, and how each ended; the record keeps only the last one's
+// worker and error.
+func printAttempts(w io.Writer, list []admin.Attempt) {
+	for _, a := range list {
+		end := "still running"
+		if a.EndedAt != nil {
+			end = fmt.Sprintf("ended %s %s %s", a.EndedAt.Format(timeOfDay), orDash(a.State), a.Reason)
+		}
+		fmt.Fprintf(w, "  attempt %d: worker %s, dispatched %s, %s", a.N, orDash(a.Worker),
+			a.DispatchedAt.Format(timeOfDay), strings.TrimSpace(end))
+		if a.Error != "" {
+			fmt.Fprintf(w, ": %s", a.Error)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// timeOfDay is how attempts print their times.
+const timeOfDay = "15:04:05.000"
 
 func (e *ctlEnv) jobDecide(ctx context.Context, verb string, args []string) error {
 	fs := e.flags("ctl job " + verb)

@@ -240,3 +240,26 @@ func TestCtlJobShowsAWaitingJobsQueuePosition(t *testing.T) {
 		t.Fatalf("printed:\n%s", out)
 	}
 }
+
+// TestCtlJobListsItsAttempts: `troupe job <id>` prints each dispatch of the
+// job, with its worker, how it ended and the last one's error.
+func TestCtlJobListsItsAttempts(t *testing.T) {
+	at := time.Date(2026, 11, 26, 13, 38, 40, 585e6, time.UTC)
+	end := at.Add(13 * time.Millisecond)
+	var b bytes.Buffer
+	printAPIJob(&b, admin.Job{ID: "job-f", State: "FAILED", Topic: "job.echo", Reason: "worker_failed",
+		AttemptList: []admin.Attempt{
+			{N: 1, Worker: "w1", DispatchedAt: at, EndedAt: &end, State: "SCHEDULED", Reason: "worker_lost"},
+			{N: 2, Worker: "w2", DispatchedAt: end, EndedAt: &end, State: "FAILED", Reason: "worker_failed", Error: "boom"},
+			{N: 3, DispatchedAt: end}}})
+	out := b.String()
+	for _, want := range []string{
+		"attempt 1: worker w1, dispatched 13:38:40.585, ended 13:38:40.598 SCHEDULED worker_lost\n",
+		"attempt 2: worker w2, dispatched 13:38:40.598, ended 13:38:40.598 FAILED worker_failed: boom\n",
+		"attempt 3: worker -, dispatched 13:38:40.598, still running\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("want %q in:\n%s", want, out)
+		}
+	}
+}
