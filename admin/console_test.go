@@ -262,7 +262,9 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	}
 	ids := []string{"pz-1", "pz-2", "pz-3", "pz-4"}
 	for _, id := range ids {
-		if err := nb.Submit(ctx, echoReq(id, "a")); err != nil {
+		req := echoReq(id, "a")
+		req.Labels = map[string]string{"cordum.batch": "pz"} // not a placement label
+		if err := nb.Submit(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -276,6 +278,11 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	}
 	if l, err := all.SearchJobs(ctx, admin.JobFilter{State: "SCHEDULED", Q: "pz-"}, 10, ""); err != nil || len(l.Jobs) != 4 {
 		t.Fatalf("paused jobs listed: %+v, %v", l.Jobs, err)
+	}
+	// A label filter finds them too, waiting with a record or without one
+	// (the router's queue keeps each waiting job's labels).
+	if l, err := all.SearchJobs(ctx, admin.JobFilter{Labels: []string{"cordum.batch=pz"}}, 10, ""); err != nil || len(l.Jobs) != 4 {
+		t.Fatalf("paused jobs by label: %+v, %v", l.Jobs, err)
 	}
 	if _, err := all.Cancel(ctx, "pz-4", "not needed", ""); err != nil {
 		t.Fatal(err)

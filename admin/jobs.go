@@ -164,16 +164,17 @@ func (s *Server) listWaiting(r *http.Request, lq *store.ListQuery, out *JobList,
 		ws = nil // best effort: the nodes' memory, the records are listed anyway
 	}
 	ws = slices.DeleteFunc(ws, func(w router.Waiting) bool {
-		// No labels known: a label filter leaves them out, as a worker one.
+		// No worker yet: a worker filter leaves them out.
 		return !m.keeps(&store.JobSummary{ID: w.JobID, State: core.StateScheduled, Topic: w.Topic, Tenant: w.Tenant,
-			Created: w.Since}, nil)
+			Created: w.Since}, w.Labels)
 	})
 	ws = ws[min(skip, len(ws)):]
 	more := len(ws) > limit
 	ws = ws[:min(limit, len(ws))]
 	for _, w := range ws {
 		out.Jobs = append(out.Jobs, JobSummary{ID: w.JobID, State: string(core.StateScheduled), Topic: w.Topic,
-			Tenant: w.Tenant, Reason: string(w.Reason), Created: w.Since, Updated: w.Since, Unwritten: true})
+			Tenant: w.Tenant, Reason: string(w.Reason), Created: w.Since, Updated: w.Since, Unwritten: true,
+			Labels: w.Labels})
 	}
 	if more || len(ws) == limit {
 		return true, waitingCursor + strconv.Itoa(skip+len(ws)), nil

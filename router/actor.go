@@ -132,6 +132,8 @@ type Waiting struct {
 	Pools    []string    `json:"pools,omitempty"`
 	Since    time.Time   `json:"since"`
 	Node     string      `json:"node"`
+	// Labels are the job's request labels (a copy), for filters.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ListWaiting asks for the jobs waiting in this router's capacity queue,

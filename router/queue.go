@@ -1,6 +1,7 @@
 package router
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -239,7 +240,7 @@ func (r *Router) waitingView(job string) *Waiting {
 // view describes w, standing pos in its queue (-1: not computed).
 func (r *Router) view(w *waiter, pos int) Waiting {
 	return Waiting{JobID: w.jobID, Topic: w.req.GetTopic(), Tenant: w.tenant, Reason: w.reason,
-		Position: pos, Since: w.since, Node: r.cfg.NodeID}
+		Position: pos, Since: w.since, Node: r.cfg.NodeID, Labels: maps.Clone(w.req.GetLabels())}
 }
 
 // listWaiting lists the waiting jobs of tenant ("": all), newest first,

@@ -108,10 +108,8 @@ export async function refreshJobs() {
   ui.cursor = page.next;
   $("jobs-more").hidden = !ui.cursor;
   $("jobs-title").textContent = filterEmpty() ? "Recent jobs" : "Jobs: " + describe(ui.filter);
-  // The API knows no labels or worker of a job that waits before its
-  // record is written (the first minute of a wait for room or a paused
-  // pool): such a filter cannot match it.
-  $("jobs-note").hidden = !(ui.filter.label || ui.filter.worker);
+  // A job that waits has no worker: a worker filter cannot match it.
+  $("jobs-note").hidden = !ui.filter.worker;
   $("jobs-panel").dataset.filter = filterQuery().toString();
   $("jobs-panel").dataset.rows = String(page.jobs.length);
 }
