@@ -108,6 +108,7 @@ type StreamKeeper struct {
 	missing  map[string]time.Time     // stream or "stream/consumer" → first seen missing
 	refusing map[StreamKind]error     // the last probe's refusal
 	probed   map[StreamKind]time.Time // the last probe's time
+	limits   map[StreamKind]string    // each stream's write limits, as last seen
 	due      time.Time                // a missing part's settle ends: check then
 	back     chan struct{}            // closed (and replaced) when a part is back
 }
@@ -134,7 +135,7 @@ func NewStreamKeeper(js jetstream.JetStream, prefix string, subj Subjects, repli
 	return &StreamKeeper{js: js, prefix: prefix, subj: subj, replicas: replicas, log: log,
 		kick: make(chan struct{}, 1), now: time.Now, created: map[StreamKind]time.Time{},
 		missing: map[string]time.Time{}, refusing: map[StreamKind]error{}, probed: map[StreamKind]time.Time{},
-		back: make(chan struct{})}
+		limits: map[StreamKind]string{}, back: make(chan struct{})}
 }
 
 // Kick asks for a check soon (a fetch failed); it never blocks.
@@ -268,6 +269,7 @@ func (k *StreamKeeper) check(ctx context.Context, kind StreamKind, subject strin
 	}
 	k.present(name)
 	fresh := k.seen(kind, name, st.CachedInfo().Created, false)
+	fresh = k.limitsChanged(kind, st.CachedInfo().Config) || fresh
 	cname := name + "/" + ConsumerName(kind)
 	_, err = k.js.Consumer(ctx, name, ConsumerName(kind))
 	switch {
@@ -460,6 +462,20 @@ func (k *StreamKeeper) seen(kind StreamKind, name string, created time.Time, qui
 		k.OnReset(kind, name)
 	}
 	return true
+}
+
+// limitsChanged reports whether the settings that decide what a stream
+// takes (its limits, discard policy, subjects, seal) differ from the last
+// check: an operator's update can make a stream refuse writes, and a probe
+// made just before it proves nothing, so the changed stream is probed again.
+func (k *StreamKeeper) limitsChanged(kind StreamKind, c jetstream.StreamConfig) bool {
+	sig := fmt.Sprintf("%d|%d|%d|%d|%d|%v|%v|%v|%v", c.MaxBytes, c.MaxMsgs, c.MaxMsgSize, c.MaxMsgsPerSubject,
+		c.Discard, c.Subjects, c.Sealed, c.DenyDelete, c.MaxAge)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	prev, known := k.limits[kind]
+	k.limits[kind] = sig
+	return known && prev != sig
 }
 
 func (k *StreamKeeper) recreated(kind StreamKind, name, part string) {

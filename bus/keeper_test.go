@@ -296,3 +296,35 @@ func TestConsumeSkipsProbes(t *testing.T) {
 	default:
 	}
 }
+
+// A stream whose limits an operator changes after its last probe (here:
+// a byte limit no message fits, with a message held so that it is reported,
+// not repaired) is probed at the next check, not at the next ProbeEvery: a
+// probe made just before the change proved nothing.
+func TestStreamKeeperProbesAStreamWhoseLimitsChanged(t *testing.T) {
+	f := newKeeperFixture(t)
+	f.k.ProbeEvery = time.Hour
+	ctx := context.Background()
+	name := bus.StreamName(f.prefix, bus.StreamSubmit)
+	if _, err := f.js.Publish(ctx, f.subj.Submit, []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	f.check(t)
+	if err := f.k.Refusing(); err != nil {
+		t.Fatalf("before the change: %v", err)
+	}
+	st, err := f.js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxBytes, cfg.Discard = 1, jetstream.DiscardNew
+	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	f.advance(time.Second)
+	f.check(t)
+	if err := f.k.Refusing(); err == nil || !strings.Contains(err.Error(), name) {
+		t.Fatalf("Refusing() = %v after the limit change, want the submit stream named", err)
+	}
+}
