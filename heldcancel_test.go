@@ -32,17 +32,9 @@ func TestCancelOfASubmitHeldInTheStreamTakesEffect(t *testing.T) {
 		c.CapacityGrace = time.Hour
 	})
 	const keyAll, keyX = "held27-all-tenants-key-0123456789", "held27-tenant-x-key-0123456789ab"
-	srv, err := admin.NewServer(admin.Config{Node: f.node, Registry: f.node.Metrics(), Listen: "127.0.0.1:0",
-		Log: quietLogger(), APIKeys: map[string]string{keyAll: admin.AllTenants, keyX: "tenant-x"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
-	api := admin.NewClient("http://"+srv.Addr(), keyAll)
-	apiX := admin.NewClient("http://"+srv.Addr(), keyX)
+	addr := startAdmin(t, f.node, map[string]string{keyAll: admin.AllTenants, keyX: "tenant-x"})
+	api := admin.NewClient(addr, keyAll)
+	apiX := admin.NewClient(addr, keyX)
 	results := f.results()
 
 	g := newJobGates()
@@ -193,16 +185,7 @@ func TestAWrittenWaitShowsItsQueuePosition(t *testing.T) {
 		noBackoff(c)
 		c.CapacityGrace = -1
 	})
-	srv, err := admin.NewServer(admin.Config{Node: f.node, Registry: f.node.Metrics(), Listen: "127.0.0.1:0",
-		Log: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
-	api := admin.NewClient("http://"+srv.Addr(), "")
+	api := admin.NewClient(startAdmin(t, f.node, nil), "")
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "qpos", 1, time.Hour, g.wait)
 	f.waitWorkers(1)

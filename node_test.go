@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/bus"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/intake"
@@ -513,3 +514,20 @@ func TestStoredRequestRoundTrips(t *testing.T) {
 }
 
 var _ = nats.DefaultURL
+
+// startAdmin serves node's admin API on a loopback port for the test's
+// life, with keys (API key → tenant; none: no auth), and returns its
+// address.
+func startAdmin(t *testing.T, node *troupe.Node, keys map[string]string) string {
+	t.Helper()
+	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+		Log: quietLogger(), APIKeys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	return "http://" + srv.Addr()
+}

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
 	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/saga"
@@ -114,18 +113,11 @@ func TestNodeRollsAWorkflowBack(t *testing.T) {
 	case <-time.After(500 * time.Millisecond):
 	}
 	// The operators' view of it: GET /v1/sagas/{workflow}.
-	srv, err := admin.NewServer(admin.Config{Node: f.node, Registry: f.node.Metrics(), Listen: "127.0.0.1:0", Log: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop(context.Background())
+	addr := startAdmin(t, f.node, nil)
 	var rep saga.Report
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := http.Get("http://" + srv.Addr() + "/v1/sagas/wf-node")
+		resp, err := http.Get(addr + "/v1/sagas/wf-node")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +134,7 @@ func TestNodeRollsAWorkflowBack(t *testing.T) {
 	if len(rep.Steps) != 2 || rep.Steps[0].CompState != core.StateSucceeded {
 		t.Fatalf("saga report steps %+v", rep.Steps)
 	}
-	if resp, err := http.Get("http://" + srv.Addr() + "/v1/sagas/no-such-workflow"); err != nil || resp.StatusCode != http.StatusNotFound {
+	if resp, err := http.Get(addr + "/v1/sagas/no-such-workflow"); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown workflow: %v %v", resp, err)
 	}
 }

@@ -123,15 +123,7 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 	a := f.node
 	b := newNodeOn(t, f, "node-b", opts)
 	f.node = a
-	srv, err := admin.NewServer(admin.Config{Node: b, Registry: b.Metrics(), Listen: "127.0.0.1:0", Log: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
-	api := admin.NewClient("http://"+srv.Addr(), "")
+	api := admin.NewClient(startAdmin(t, b, nil), "")
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "pair", 2, time.Hour, g.wait)
 	f.waitWorkers(1)
