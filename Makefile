@@ -64,7 +64,7 @@ test-faults:
 # The end-to-end tests again, against the in-process NATS server and the
 # embedded Redis-protocol store, as on a machine with no services.
 test-embedded:
-	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -count=1 -timeout 10m . ./internal/... ./store/...
+	TROUPE_TEST_REDIS=embedded TROUPE_TEST_NATS=embedded $(GO) test -count=1 -timeout 10m . ./internal/bench/... ./internal/connect/... ./internal/logx/... ./internal/metricsx/... ./internal/testenv/... ./internal/store/...
 
 # The decision core's simulator over a long range of seeds, one per CPU at
 # once: at least SOAK_STEPS simulated steps (seeds from SOAK_FIRST upward),
@@ -73,23 +73,23 @@ test-embedded:
 SOAK_STEPS ?= 50000000
 SOAK_FIRST ?= 1000000
 soak:
-	TROUPE_SIM_SOAK_STEPS=$(SOAK_STEPS) TROUPE_SIM_SOAK_FIRST=$(SOAK_FIRST) $(GO) test -count=1 -timeout 30m -v -run '^TestSimSoak$$' ./actors/lifecycle/
+	TROUPE_SIM_SOAK_STEPS=$(SOAK_STEPS) TROUPE_SIM_SOAK_FIRST=$(SOAK_FIRST) $(GO) test -count=1 -timeout 30m -v -run '^TestSimSoak$$' ./internal/lifecycle/
 
 # Troupe and the floor (same traffic, no scheduling logic) in one invocation;
 # adds rows to BENCHMARKS.md. See BENCHMARKS.md for the other runs.
 # A few seconds of each fuzz target (CI); run one longer with e.g.
-#   go test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime 10m ./intake/
+#   go test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime 10m ./internal/intake/
 # The budget is a count of executions, not a duration: with a duration, Go
 # 1.26's fuzz coordinator can fail a target at the deadline with "context
 # deadline exceeded" and no crasher (golang/go#75804, fixed in Go 1.27).
 FUZZTIME ?= 20000x
 fuzz-short:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./intake/
-	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./router/
-	$(GO) test -run '^$$' -fuzz FuzzDecodePeerLoad -fuzztime $(FUZZTIME) ./router/
-	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./actors/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./internal/intake/
+	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./internal/router/
+	$(GO) test -run '^$$' -fuzz FuzzDecodePeerLoad -fuzztime $(FUZZTIME) ./internal/router/
+	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./internal/jobactor/
 	$(GO) test -run '^$$' -fuzz FuzzPolicyEngine -fuzztime $(FUZZTIME) ./safety/
-	$(GO) test -run '^$$' -fuzz FuzzRequestBodies -fuzztime $(FUZZTIME) ./admin/
+	$(GO) test -run '^$$' -fuzz FuzzRequestBodies -fuzztime $(FUZZTIME) ./internal/admin/
 
 bench:
 	$(GO) run ./cmd/troupe-bench --compare

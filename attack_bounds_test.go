@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -32,8 +32,8 @@ func TestAttackIdempotencyKeysDoNotCollideAcrossTenants(t *testing.T) {
 		req.Meta = &capv1.JobMetadata{IdempotencyKey: c.key}
 		f.submit(req)
 	}
-	f.waitState("job-org", core.StateSucceeded)
-	f.waitState("job-orgteam", core.StateSucceeded)
+	f.waitState("job-org", jobstate.StateSucceeded)
+	f.waitState("job-orgteam", jobstate.StateSucceeded)
 	if n := counter(t, f.node, "troupe_idempotent_duplicates_total", ""); n != 0 {
 		t.Fatalf("%v submits taken for duplicates", n)
 	}
@@ -64,8 +64,8 @@ func TestAttackUnboundedTenantFromEnvAndOversizedEnvAreRefused(t *testing.T) {
 	}
 	for id := range bad {
 		e := f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == id })
-		if e.Reason != core.ReasonInvalidRequest {
-			t.Errorf("%s: DLQ reason %s, want %s", id, e.Reason, core.ReasonInvalidRequest)
+		if e.Reason != jobstate.ReasonInvalidRequest {
+			t.Errorf("%s: DLQ reason %s, want %s", id, e.Reason, jobstate.ReasonInvalidRequest)
 		}
 		if _, err := f.node.Job(context.Background(), id); err == nil {
 			t.Errorf("%s: a job was created", id)

@@ -13,12 +13,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/signing"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -117,12 +117,12 @@ func sealed(t *testing.T, k *signing.Signer, p *capv1.BusPacket) []byte {
 	return b
 }
 
-func (f *fixture) waitDLQReason(jobID string, reason core.Reason) {
+func (f *fixture) waitDLQReason(jobID string, reason jobstate.Reason) {
 	f.t.Helper()
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == jobID && e.Reason == reason })
 }
 
-func (f *fixture) requireState(id string, want core.State) {
+func (f *fixture) requireState(id string, want jobstate.State) {
 	f.t.Helper()
 	r, err := f.node.Job(context.Background(), id)
 	if err != nil || r.State != want {
@@ -141,7 +141,7 @@ func TestAttack1ForgedResultFromAnotherWorkersKey(t *testing.T) {
 	release := make(chan struct{})
 	s.startW1(f, s.keys, nil, release)
 	f.signedSubmit(s.kA, s.cliA, tenantReq("job-a1", "tenantA"))
-	f.waitState("job-a1", core.StateRunning)
+	f.waitState("job-a1", jobstate.StateRunning)
 
 	forge := func(workerID string) []byte {
 		res := &capv1.JobResult{JobId: "job-a1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: workerID,
@@ -155,10 +155,10 @@ func TestAttack1ForgedResultFromAnotherWorkersKey(t *testing.T) {
 	f.publishRaw(f.subj.Result, forge(s.w1)) // speaks for a worker its key does not list
 	f.publishRaw(f.subj.Result, forge(""))   // speaks for no worker
 	f.publishRaw(f.subj.Result, forge(s.w2)) // its own id, but the job is not dispatched to it
-	waitRejected(t, f.node, "result", signing.Reason(core.ReasonOutOfScope), 2)
-	waitRejected(t, f.node, "result", signing.Reason(core.ReasonNotJobWorker), 1)
-	f.waitDLQReason("job-a1", core.ReasonOutOfScope)
-	f.waitDLQReason("job-a1", core.ReasonNotJobWorker)
+	waitRejected(t, f.node, "result", signing.Reason(jobstate.ReasonOutOfScope), 2)
+	waitRejected(t, f.node, "result", signing.Reason(jobstate.ReasonNotJobWorker), 1)
+	f.waitDLQReason("job-a1", jobstate.ReasonOutOfScope)
+	f.waitDLQReason("job-a1", jobstate.ReasonNotJobWorker)
 	// A progress from the other worker's key: refused by the job, counted.
 	pr, err := bus.Encoder{Signer: s.kw2}.Progress("trace-job-a1", s.w2, &capv1.JobProgress{JobId: "job-a1", Percent: 50})
 	if err != nil {
@@ -167,11 +167,11 @@ func TestAttack1ForgedResultFromAnotherWorkersKey(t *testing.T) {
 	if err := f.env.NATS.Publish(f.subj.Progress, pr); err != nil {
 		t.Fatal(err)
 	}
-	waitRejected(t, f.node, "progress", signing.Reason(core.ReasonNotJobWorker), 1)
-	f.requireState("job-a1", core.StateRunning)
+	waitRejected(t, f.node, "progress", signing.Reason(jobstate.ReasonNotJobWorker), 1)
+	f.requireState("job-a1", jobstate.StateRunning)
 
 	close(release)
-	r := f.waitState("job-a1", core.StateSucceeded)
+	r := f.waitState("job-a1", jobstate.StateSucceeded)
 	if r.ResultPtr == "redis://forged" {
 		t.Fatalf("the forged result_ptr was recorded: %+v", r)
 	}
@@ -199,7 +199,7 @@ func TestAttack2HeartbeatImpersonation(t *testing.T) {
 	beat(&capv1.Heartbeat{WorkerId: "evil", Pool: "echo", MaxParallelJobs: 4, Labels: direct})
 	beat(&capv1.Heartbeat{WorkerId: s.w1, Pool: "secure", MaxParallelJobs: 4, Labels: direct})
 	beat(&capv1.Heartbeat{WorkerId: s.w2, Pool: "nowhere", ActiveJobs: 500, MaxParallelJobs: 4})
-	waitRejected(t, f.node, "heartbeat", signing.Reason(core.ReasonOutOfScope), 3)
+	waitRejected(t, f.node, "heartbeat", signing.Reason(jobstate.ReasonOutOfScope), 3)
 	ws, err := f.node.Workers()
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +243,7 @@ func TestAttack3WorkerRunsOnlyNodeDispatches(t *testing.T) {
 	}
 	// The node's own dispatch still runs.
 	f.signedSubmit(s.kA, s.cliA, tenantReq("job-a3", "tenantA"))
-	f.waitState("job-a3", core.StateSucceeded)
+	f.waitState("job-a3", jobstate.StateSucceeded)
 }
 
 // Attack 4: unsigned capacity gossip claiming the worker is full, and
@@ -274,7 +274,7 @@ func TestAttack4UnsignedGossipAndWaitlist(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 	waitRejected(t, f.node, "capacity", signing.ReasonUnsigned, 2)
 	f.signedSubmit(s.kA, s.cliA, tenantReq("job-a4", "tenantA"))
-	f.waitState("job-a4", core.StateSucceeded)
+	f.waitState("job-a4", jobstate.StateSucceeded)
 
 	body, _ := json.Marshal(map[string]any{"tenant": "", "limit": 100})
 	for _, subj := range []string{f.subj.QueueList(s.nodeID), f.subj.QueueFind(s.nodeID), f.subj.QueueAsk(s.nodeID)} {
@@ -296,7 +296,7 @@ func TestAttack4UnsignedGossipAndWaitlist(t *testing.T) {
 	if _, err := f.env.NATS.RequestMsg(m, 300*time.Millisecond); err == nil {
 		t.Fatal("the waitlist answered a worker key")
 	}
-	waitRejected(t, f.node, "queue", signing.Reason(core.ReasonForbiddenRole), 1)
+	waitRejected(t, f.node, "queue", signing.Reason(jobstate.ReasonForbiddenRole), 1)
 	// Signed by a node key: answered.
 	at, sig, _ = s.node.SignMessage(m.Subject, time.Now(), body)
 	m.Header.Set(signing.HeaderSender, s.nodeID)
@@ -319,11 +319,11 @@ func TestAttack8WorkerKeyCancelsAndSubmits(t *testing.T) {
 	s.startW1(f, nil, nil, release)
 
 	f.signedSubmit(s.kw1, s.w1, tenantReq("job-a8-byworker", "tenantA"))
-	f.waitDLQReason("job-a8-byworker", core.ReasonForbiddenRole)
+	f.waitDLQReason("job-a8-byworker", jobstate.ReasonForbiddenRole)
 	f.signedSubmit(s.kA, s.cliA, tenantReq("job-a8-othertenant", "tenantB"))
-	f.waitDLQReason("job-a8-othertenant", core.ReasonOutOfScope)
-	waitRejected(t, f.node, "submit", signing.Reason(core.ReasonForbiddenRole), 1)
-	waitRejected(t, f.node, "submit", signing.Reason(core.ReasonOutOfScope), 1)
+	f.waitDLQReason("job-a8-othertenant", jobstate.ReasonOutOfScope)
+	waitRejected(t, f.node, "submit", signing.Reason(jobstate.ReasonForbiddenRole), 1)
+	waitRejected(t, f.node, "submit", signing.Reason(jobstate.ReasonOutOfScope), 1)
 	for _, id := range []string{"job-a8-byworker", "job-a8-othertenant"} {
 		if r, err := f.node.Job(context.Background(), id); err == nil {
 			t.Fatalf("refused submit created %s: %+v", id, r)
@@ -331,7 +331,7 @@ func TestAttack8WorkerKeyCancelsAndSubmits(t *testing.T) {
 	}
 
 	f.signedSubmit(s.kB, s.cliB, tenantReq("job-a8", "tenantB"))
-	f.waitState("job-a8", core.StateRunning)
+	f.waitState("job-a8", jobstate.StateRunning)
 	cancel := func(k *signing.Signer, sender string) {
 		b, err := bus.Encoder{Signer: k}.Cancel("t", sender, &capv1.JobCancel{JobId: "job-a8", Reason: "attack"})
 		if err != nil {
@@ -340,14 +340,14 @@ func TestAttack8WorkerKeyCancelsAndSubmits(t *testing.T) {
 		f.publishRaw(f.subj.Cancel, b)
 	}
 	cancel(s.kw1, s.w1)
-	f.waitDLQReason("job-a8", core.ReasonForbiddenRole)
+	f.waitDLQReason("job-a8", jobstate.ReasonForbiddenRole)
 	cancel(s.kA, s.cliA) // tenantA's client, tenantB's job
-	f.waitDLQReason("job-a8", core.ReasonOutOfScope)
-	waitRejected(t, f.node, "cancel", signing.Reason(core.ReasonForbiddenRole), 1)
-	waitRejected(t, f.node, "cancel", signing.Reason(core.ReasonOutOfScope), 1)
-	f.requireState("job-a8", core.StateRunning)
+	f.waitDLQReason("job-a8", jobstate.ReasonOutOfScope)
+	waitRejected(t, f.node, "cancel", signing.Reason(jobstate.ReasonForbiddenRole), 1)
+	waitRejected(t, f.node, "cancel", signing.Reason(jobstate.ReasonOutOfScope), 1)
+	f.requireState("job-a8", jobstate.StateRunning)
 	cancel(s.kOp, s.op)
-	f.waitState("job-a8", core.StateCancelled)
+	f.waitState("job-a8", jobstate.StateCancelled)
 }
 
 // Attack 5 (replay): a captured signed submit, result or cancel published
@@ -364,22 +364,22 @@ func TestAttack5ReplayedPacketsAreRefused(t *testing.T) {
 	submit := sealed(t, s.kA, &capv1.BusPacket{SenderId: s.cliA, CreatedAt: timestamppb.Now(), ProtocolVersion: 1,
 		Payload: &capv1.BusPacket_JobRequest{JobRequest: tenantReq("job-a5", "tenantA")}})
 	f.publishRaw(f.subj.Submit, submit)
-	f.waitState("job-a5", core.StateRunning)
+	f.waitState("job-a5", jobstate.StateRunning)
 	f.publishRaw(f.subj.Submit, submit)
-	f.waitDLQReason("job-a5", core.ReasonReplayed)
+	f.waitDLQReason("job-a5", jobstate.ReasonReplayed)
 	waitRejected(t, f.node, "submit", signing.ReasonReplayed, 1)
 
 	cancel := sealed(t, s.kOp, &capv1.BusPacket{SenderId: s.op, CreatedAt: timestamppb.Now(), ProtocolVersion: 1,
 		Payload: &capv1.BusPacket_JobCancel{JobCancel: &capv1.JobCancel{JobId: "job-a5", Reason: "op"}}})
 	f.publishRaw(f.subj.Cancel, cancel)
-	f.waitState("job-a5", core.StateCancelled)
+	f.waitState("job-a5", jobstate.StateCancelled)
 	f.publishRaw(f.subj.Cancel, cancel)
 	waitRejected(t, f.node, "cancel", signing.ReasonReplayed, 1)
 	close(release)
 
 	// A result: taken once, refused the second time.
 	f.signedSubmit(s.kA, s.cliA, tenantReq("job-a5r", "tenantA"))
-	f.waitState("job-a5r", core.StateSucceeded)
+	f.waitState("job-a5r", jobstate.StateSucceeded)
 	result := sealed(t, s.kw1, &capv1.BusPacket{SenderId: s.w1, CreatedAt: timestamppb.Now(), ProtocolVersion: 1,
 		Payload: &capv1.BusPacket_JobResult{JobResult: &capv1.JobResult{JobId: "job-a5r", WorkerId: s.w1,
 			Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}}})
@@ -390,7 +390,7 @@ func TestAttack5ReplayedPacketsAreRefused(t *testing.T) {
 	old := sealed(t, s.kA, &capv1.BusPacket{SenderId: s.cliA, CreatedAt: timestamppb.New(time.Now().Add(-10 * time.Minute)),
 		ProtocolVersion: 1, Payload: &capv1.BusPacket_JobRequest{JobRequest: tenantReq("job-a5-old", "tenantA")}})
 	f.publishRaw(f.subj.Submit, old)
-	f.waitDLQReason("job-a5-old", core.ReasonStalePacket)
+	f.waitDLQReason("job-a5-old", jobstate.ReasonStalePacket)
 	waitRejected(t, f.node, "submit", signing.ReasonStale, 1)
 	if _, err := f.node.Job(context.Background(), "job-a5-old"); err == nil {
 		t.Fatal("a stale submit created its job")
@@ -414,7 +414,7 @@ func TestSignedReplicasForwardAndGossipWithRoles(t *testing.T) {
 		f.signedSubmit(s.kA, s.cliA, tenantReq(fmt.Sprintf("rep-%d", i), "tenantA"))
 	}
 	for i := range jobs {
-		f.waitState(fmt.Sprintf("rep-%d", i), core.StateSucceeded)
+		f.waitState(fmt.Sprintf("rep-%d", i), jobstate.StateSucceeded)
 	}
 	if _, err := b.WaitingJobs(context.Background(), "", 10); err != nil {
 		t.Fatal(err)

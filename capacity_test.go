@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 )
 
 // capWorker is what a stock CAP SDK worker looks like to Troupe: it takes
@@ -288,14 +288,14 @@ func TestCapacityBurstOnAWorkerOfMaxParallelOne(t *testing.T) {
 	}
 	last := time.Now()
 	for i := range jobs {
-		f.waitStateWithin("burst-"+strconv.Itoa(i), core.StateSucceeded, time.Minute-time.Since(last)+time.Millisecond)
+		f.waitStateWithin("burst-"+strconv.Itoa(i), jobstate.StateSucceeded, time.Minute-time.Since(last)+time.Millisecond)
 	}
 	t.Logf("200 jobs on max_parallel 1: all SUCCEEDED %v after the last submit; worker held at most %d",
 		time.Since(last).Round(time.Millisecond), w.maxHeld.Load())
 	if got := w.maxHeld.Load(); got != 1 {
 		t.Fatalf("worker held %d jobs at once, want 1 (max_parallel 1)", got)
 	}
-	if n := counter(t, f.node, "troupe_scheduling_retries_total", string(core.ReasonPoolOverloaded)); n != 0 {
+	if n := counter(t, f.node, "troupe_scheduling_retries_total", string(jobstate.ReasonPoolOverloaded)); n != 0 {
 		t.Fatalf("%v backoff retries for pool_overloaded, want 0 (jobs wait in the queue)", n)
 	}
 }
@@ -319,7 +319,7 @@ func TestCapacitySlotFreesOnTheAnswer(t *testing.T) {
 		t.Fatal("cap-3 has a record while it waits within its grace")
 	}
 	wj, err := f.node.WaitingJob(context.Background(), "cap-3")
-	if err != nil || wj == nil || wj.Reason != core.ReasonPoolOverloaded || wj.Position != 0 || wj.Node != "node-a" {
+	if err != nil || wj == nil || wj.Reason != jobstate.ReasonPoolOverloaded || wj.Position != 0 || wj.Node != "node-a" {
 		t.Fatalf("cap-3 waiting = %+v, %v; want pool_overloaded at position 0 on node-a", wj, err)
 	}
 	for id := range first {
@@ -352,13 +352,13 @@ func TestCapacityWaitingJobsWakeWhenAWorkerJoins(t *testing.T) {
 	f.waitQueued(5)
 	for i := range 5 {
 		if wj, err := f.node.WaitingJob(context.Background(), "late-"+strconv.Itoa(i)); err != nil || wj == nil ||
-			wj.Reason != core.ReasonNoWorkers {
+			wj.Reason != jobstate.ReasonNoWorkers {
 			t.Fatalf("late-%d waiting = %+v, %v; want no_workers", i, wj, err)
 		}
 	}
 	startCapWorker(t, f.env.NATS, f.subj, "joiner", 4, time.Hour, nil)
 	for i := range 5 {
-		f.waitStateWithin("late-"+strconv.Itoa(i), core.StateSucceeded, 5*time.Second)
+		f.waitStateWithin("late-"+strconv.Itoa(i), jobstate.StateSucceeded, 5*time.Second)
 	}
 }
 
@@ -383,8 +383,8 @@ func TestCapacityWorkerRestartFreesItsSlots(t *testing.T) {
 		t.Fatalf("got %s, want next", got)
 	}
 	g.open("next", true)
-	f.waitStateWithin("next", core.StateSucceeded, 5*time.Second)
-	if r := f.waitState("lost", core.StateDispatched); r.Reason != core.ReasonDispatched {
+	f.waitStateWithin("next", jobstate.StateSucceeded, 5*time.Second)
+	if r := f.waitState("lost", jobstate.StateDispatched); r.Reason != jobstate.ReasonDispatched {
 		t.Fatalf("lost: %s %s", r.State, r.Reason)
 	}
 }
@@ -429,14 +429,14 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 		f.submit(echoReq("two-" + strconv.Itoa(i)))
 	}
 	for i := range jobs {
-		f.waitStateWithin("two-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+		f.waitStateWithin("two-"+strconv.Itoa(i), jobstate.StateSucceeded, 60*time.Second)
 	}
 	elapsed := time.Since(start)
 	over, maxHeld := fleetCounts(ws)
 	t.Logf("400 jobs of 20 ms on 4 workers × 2 slots over two nodes: %v (capacity %v), max held %d, overfills %d, node-a waits %v, node-b waits %v",
 		elapsed.Round(time.Millisecond), (jobs / 8 * 20 * time.Millisecond).Round(time.Millisecond), maxHeld, over,
-		counter(t, a, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)),
-		counter(t, b, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)))
+		counter(t, a, "troupe_capacity_waits_total", string(jobstate.ReasonPoolOverloaded)),
+		counter(t, b, "troupe_capacity_waits_total", string(jobstate.ReasonPoolOverloaded)))
 	if over != 0 || maxHeld > 2 {
 		t.Fatalf("workers held up to %d jobs (%d of %d receipts over max_parallel 2)", maxHeld, over, jobs)
 	}
@@ -483,17 +483,17 @@ func TestCapacityShortWaitWritesNothing(t *testing.T) {
 // DISPATCHED), dated from when the wait began.
 func (f *fixture) succeededWithNoWaitWritten(job string) {
 	f.t.Helper()
-	r := f.waitState(job, core.StateSucceeded)
-	if len(r.History) < 3 || r.History[1].Reason != core.ReasonPoolOverloaded ||
-		r.History[2].To != core.StateDispatched || r.History[1].At.After(r.History[2].At) {
+	r := f.waitState(job, jobstate.StateSucceeded)
+	if len(r.History) < 3 || r.History[1].Reason != jobstate.ReasonPoolOverloaded ||
+		r.History[2].To != jobstate.StateDispatched || r.History[1].At.After(r.History[2].At) {
 		f.t.Fatalf("%s: history %+v; want PENDING, SCHEDULED pool_overloaded, DISPATCHED", job, r.History)
 	}
 	for _, h := range r.History[2:] {
-		if h.Reason == core.ReasonPoolOverloaded {
+		if h.Reason == jobstate.ReasonPoolOverloaded {
 			f.t.Fatalf("%s: history has a second pool_overloaded step: %+v", job, r.History)
 		}
 	}
-	if n := counter(f.t, f.node, "troupe_capacity_waits_total", string(core.ReasonPoolOverloaded)); n != 0 {
+	if n := counter(f.t, f.node, "troupe_capacity_waits_total", string(jobstate.ReasonPoolOverloaded)); n != 0 {
 		f.t.Fatalf("capacity waits written = %v, want 0", n)
 	}
 }
@@ -506,8 +506,8 @@ func TestCapacityCancelWithinTheGrace(t *testing.T) {
 	if err := f.node.Cancel(context.Background(), "doomed", "changed my mind", "test"); err != nil {
 		t.Fatal(err)
 	}
-	r := f.waitState("doomed", core.StateCancelled)
-	if r.Reason != core.ReasonCancelRequested {
+	r := f.waitState("doomed", jobstate.StateCancelled)
+	if r.Reason != jobstate.ReasonCancelRequested {
 		t.Fatalf("reason %q", r.Reason)
 	}
 	g.open("busy", true)
@@ -535,7 +535,7 @@ func TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo(t *testing.T) {
 	if err := f.node.Cancel(context.Background(), "to-cancel", "stop", "test"); err != nil {
 		t.Fatal(err)
 	}
-	f.waitState("to-cancel", core.StateCancelled)
+	f.waitState("to-cancel", jobstate.StateCancelled)
 	f.submit(echoReq("next"))
 	f.waitQueued(1) // waits: the worker still runs the cancelled job
 	g.open("to-cancel", true)
@@ -543,7 +543,7 @@ func TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo(t *testing.T) {
 		t.Fatalf("got %s, want next", got)
 	}
 	g.open("next", true)
-	f.waitState("next", core.StateSucceeded)
+	f.waitState("next", jobstate.StateSucceeded)
 	if w.overfills.Load() != 0 || w.maxHeld.Load() != 1 {
 		t.Fatalf("worker held up to %d (%d overfills)", w.maxHeld.Load(), w.overfills.Load())
 	}
@@ -633,7 +633,7 @@ func TestCapacityABurstWaitsInTheStreamAtMaxAdmitting(t *testing.T) {
 		}
 	}()
 	for i := range 32 {
-		f.waitStateWithin("adm-"+strconv.Itoa(i), core.StateSucceeded, 20*time.Second)
+		f.waitStateWithin("adm-"+strconv.Itoa(i), jobstate.StateSucceeded, 20*time.Second)
 	}
 	f.submit(echoReq("adm-0")) // a duplicate of a finished job
 	deadline = time.Now().Add(10 * time.Second)
@@ -763,7 +763,7 @@ func TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica(t *testing.T) {
 		for _, id := range []string{"rep-2", "rep-3"} {
 			for _, n := range []*troupe.Node{a, b} {
 				if wj, err := n.WaitingJob(ctx, id); err == nil && wj != nil {
-					if wj.Reason != core.ReasonPoolOverloaded || wj.Topic != "job.echo" {
+					if wj.Reason != jobstate.ReasonPoolOverloaded || wj.Topic != "job.echo" {
 						t.Fatalf("%s waiting = %+v", id, wj)
 					}
 					if prev, ok := found[id]; ok && prev != wj.Node {
@@ -805,6 +805,6 @@ func TestCapacityAnUnwrittenWaitIsFoundFromAnyReplica(t *testing.T) {
 	for range 2 {
 		g.open(w.waitGot(10*time.Second), true)
 	}
-	f.waitState("rep-2", core.StateSucceeded)
-	f.waitState("rep-3", core.StateSucceeded)
+	f.waitState("rep-2", jobstate.StateSucceeded)
+	f.waitState("rep-3", jobstate.StateSucceeded)
 }

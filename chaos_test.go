@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/actors/lifecycle"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -33,7 +33,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 		jobs = 300
 	}
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &actors.Timeouts{Dispatch: 2 * time.Second, Running: 2 * time.Second}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: 2 * time.Second, Running: 2 * time.Second}
 		c.DuePoll = 50 * time.Millisecond
 		c.DueSlack = 50 * time.Millisecond
 		c.RescueAfter = time.Second
@@ -99,7 +99,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 			case 3: // another owner holds the lock for a moment
 				f.env.Redis.Set(ctx, keys.Lock(id), "intruder|999", time.Duration(50+intn(200))*time.Millisecond)
 			case 4:
-				f.node.DeliverToJob(id, &actors.Crash{})
+				f.node.DeliverToJob(id, &jobactor.Crash{})
 			}
 			if n%20 == 0 {
 				time.Sleep(time.Millisecond)
@@ -128,7 +128,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	byState := map[core.State]int{}
+	byState := map[jobstate.State]int{}
 	for _, id := range ids {
 		r, err := f.node.Job(ctx, id)
 		if err != nil {

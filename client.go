@@ -9,12 +9,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/internal/supervisor"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 )
 
 // Submit publishes req on the submit subject, as any CAP client would.
@@ -88,7 +88,7 @@ func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if rec.State != core.StateScheduled {
+	if rec.State != jobstate.StateScheduled {
 		return -1, nil
 	}
 	owner, _, _ := strings.Cut(rec.LockHolder, "|")

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/jobdata"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 )
 
 // SubmitPayload stores payload as req's input where CAP workers read it
@@ -45,7 +45,7 @@ func (c *Client) Result(ctx context.Context, jobID string) ([]byte, error) {
 	if rec.ResultPtr == "" {
 		return nil, fmt.Errorf("troupe: client: job %s (%s) has no result", jobID, rec.State)
 	}
-	if rec.State == core.StateOutputQuarantined || !jobdata.OwnedBy(rec.ResultPtr, jobID) {
+	if rec.State == jobstate.StateOutputQuarantined || !jobdata.OwnedBy(rec.ResultPtr, jobID) {
 		return nil, fmt.Errorf("%w: %s", jobdata.ErrNotHeld, rec.ResultPtr)
 	}
 	return c.data.Get(ctx, rec.ResultPtr)
@@ -54,8 +54,8 @@ func (c *Client) Result(ctx context.Context, jobID string) ([]byte, error) {
 // JobEvent is one state a watched job entered.
 type JobEvent struct {
 	JobID  string
-	State  core.State
-	Reason core.Reason
+	State  jobstate.State
+	Reason jobstate.Reason
 	At     time.Time
 	// Record is the job's record as read with this event, set on the
 	// terminal event (the last one).

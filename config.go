@@ -9,11 +9,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/troupe-run/troupe/actors"
 	"github.com/troupe-run/troupe/internal/connect"
-	"github.com/troupe-run/troupe/jobtrace"
-	"github.com/troupe-run/troupe/registry"
-	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobtrace"
+	"github.com/troupe-run/troupe/internal/registry"
+	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/signing"
 )
@@ -89,22 +89,22 @@ type Config struct {
 	WorkerBounds registry.Bounds
 	// JobShards is the number of job supervisor shards (default JobShardsDefault).
 	JobShards int
-	// MaxSchedulingAttempts before a job fails (default actors.MaxSchedulingAttemptsDefault).
+	// MaxSchedulingAttempts before a job fails (default jobactor.MaxSchedulingAttemptsDefault).
 	MaxSchedulingAttempts int
 	// Backoff overrides the scheduling retry delay (tests).
 	Backoff func(attempt int) time.Duration
 	// PermanentGrace is how long permanent routing errors are retried
-	// before the job fails (default actors.PermanentGraceDefault).
+	// before the job fails (default jobactor.PermanentGraceDefault).
 	PermanentGrace time.Duration
 	// ParkAfter is how long a job waiting for its worker (DISPATCHED or
 	// RUNNING) keeps a live actor before it parks: the actor stops, and the
 	// job waits in Redis, held by this node through its node lease (default
-	// actors.ParkAfterDefault; negative: never park).
+	// jobactor.ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
 	// CapacityGrace is how long a new job that finds no room in its pools
 	// waits before its record is written (SCHEDULED pool_overloaded /
 	// no_workers): until then its submit stays un-acked in JetStream
-	// (default actors.CapacityGraceDefault, 1 min; negative: write at
+	// (default jobactor.CapacityGraceDefault, 1 min; negative: write at
 	// once). Meanwhile Node.WaitingJob describes it. See README, "Routing
 	// and capacity".
 	CapacityGrace time.Duration
@@ -115,19 +115,19 @@ type Config struct {
 	// stream and not yet dispatched, written as waiting for capacity,
 	// finished, or kept waiting past their AdmissionHold: at the bound it pulls no more submits, so a burst waits in
 	// JetStream instead of in the node's memory (default
-	// actors.MaxAdmittingDefault, 2,000; negative: no bound). Gauge
+	// jobactor.MaxAdmittingDefault, 2,000; negative: no bound). Gauge
 	// troupe_jobs_admitting.
 	MaxAdmitting int
 	// ResendAfter is how long a job directly dispatched to a worker that
 	// dedupes by job id (heartbeat label troupe.dedupe=job_id) may stay
 	// DISPATCHED with no progress or result before the dispatch is
 	// repeated, then 2×, 4×… capped at 30 s (default
-	// actors.ResendAfterDefault; negative: never).
+	// jobactor.ResendAfterDefault; negative: never).
 	ResendAfter time.Duration
 
 	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
-	// when Timeouts is nil (default actors.DefaultTimeouts()).
-	Timeouts     *actors.Timeouts
+	// when Timeouts is nil (default jobactor.DefaultTimeouts()).
+	Timeouts     *jobactor.Timeouts
 	TimeoutsFile string
 	// DuePoll is the due poller's interval (default recovery.DuePollDefault);
 	// DueSlack how long past due a job must be before the poller, rather
@@ -206,7 +206,7 @@ type Config struct {
 	// UnknownHold is how long a result or cancel for a job with no record
 	// is handed back to JetStream, waiting for a replica that lost the
 	// record with Redis to recreate it, before it is dead-lettered
-	// (default actors.UnknownHoldDefault, 30 s; negative: at once).
+	// (default jobactor.UnknownHoldDefault, 30 s; negative: at once).
 	UnknownHold time.Duration
 	// SagaRetention is how long a workflow's saga records (compensation
 	// templates, stacks, triggers, rollback progress) are kept after its

@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
 	"github.com/troupe-run/troupe/internal/connect/conntest"
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -126,10 +126,10 @@ func TestNodeRunsAJobOverTLSWithAuthAndLogsNoSecret(t *testing.T) {
 	if err := node.Submit(ctx, &capv1.JobRequest{JobId: "secure-1", Topic: "job.echo", ContextPtr: "redis://ctx:secure-1"}); err != nil {
 		t.Fatal(err)
 	}
-	var last core.State
+	var last jobstate.State
 	for i := 0; ; i++ {
 		r, err := node.Job(ctx, "secure-1")
-		if err == nil && r.State == core.StateSucceeded {
+		if err == nil && r.State == jobstate.StateSucceeded {
 			break
 		}
 		if err == nil {

@@ -7,9 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -32,7 +32,7 @@ func TestDirectDispatchCarriesItsEnvAndTheStamp(t *testing.T) {
 	req := echoReq("job-stamp")
 	req.Env = map[string]string{"K": "V", "L": "W"}
 	f.submit(req)
-	r := f.waitState("job-stamp", core.StateSucceeded)
+	r := f.waitState("job-stamp", jobstate.StateSucceeded)
 	var in *capv1.JobRequest
 	select {
 	case in = <-got:

@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -22,7 +22,7 @@ func TestDLQKeepsABoundedPrefixOfBadPackets(t *testing.T) {
 	f := newFixture(t, nil)
 	garbage := bytes.Repeat([]byte{0xff}, 1<<20-4096) // under NATS's 1 MiB payload limit; never decodes
 	f.publishRaw(f.subj.Submit, garbage)
-	e := f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonDecodeFailed })
+	e := f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonDecodeFailed })
 
 	sum := sha256.Sum256(garbage)
 	if len(e.Raw) > 4096 || !bytes.HasPrefix(garbage, e.Raw) || len(e.Raw) == 0 {
@@ -63,9 +63,9 @@ func TestDLQWriteFailureDropsTheBadPacketAndJobsRun(t *testing.T) {
 		f.publishRaw(f.subj.Submit, bytes.Repeat([]byte{0xff}, 1000+i))
 	}
 	waitNoPending(t, f.js, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
-	if got := counter(t, f.node, "troupe_dlq_write_failures_total", string(core.ReasonDecodeFailed)); got != 5 {
+	if got := counter(t, f.node, "troupe_dlq_write_failures_total", string(jobstate.ReasonDecodeFailed)); got != 5 {
 		t.Fatalf("dlq write failures counted %v, want 5", got)
 	}
 	f.submit(echoReq("after-bad-input"))
-	f.waitState("after-bad-input", core.StateSucceeded)
+	f.waitState("after-bad-input", jobstate.StateSucceeded)
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/embedded"
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/embedded"
+	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )

@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/embedded"
+	"github.com/troupe-run/troupe/internal/embedded"
+	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/worker"
 )
 

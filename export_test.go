@@ -3,7 +3,7 @@ package troupe
 import (
 	"time"
 
-	"github.com/troupe-run/troupe/supervisor"
+	"github.com/troupe-run/troupe/internal/supervisor"
 )
 
 // DeliverToJob sends msg to the live actor of jobID (tests inject faults

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 )
 
 // TestCancelOfASubmitHeldInTheStreamTakesEffect: submits acknowledged by
@@ -79,7 +79,7 @@ func TestCancelOfASubmitHeldInTheStreamTakesEffect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.States[string(core.StateScheduled)] == 4 {
+		if st.States[string(jobstate.StateScheduled)] == 4 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -122,22 +122,22 @@ func TestCancelOfASubmitHeldInTheStreamTakesEffect(t *testing.T) {
 	}
 	g.open("held-b", true)
 	for _, c := range []struct{ id, by, why string }{{"held-c", "alice", "not wanted"}, {"held-d", "bob", "not wanted either"}} {
-		rec := f.waitState(c.id, core.StateCancelled)
-		if rec.Fields["cancelled_by"] != c.by || rec.Fields["cancel_reason"] != c.why || rec.Reason != core.ReasonCancelRequested {
+		rec := f.waitState(c.id, jobstate.StateCancelled)
+		if rec.Fields["cancelled_by"] != c.by || rec.Fields["cancel_reason"] != c.why || rec.Reason != jobstate.ReasonCancelRequested {
 			t.Fatalf("%s: by %q why %q reason %s", c.id, rec.Fields["cancelled_by"], rec.Fields["cancel_reason"], rec.Reason)
 		}
-		if h := rec.History; len(h) != 2 || h[0].To != core.StatePending || h[1].To != core.StateCancelled {
+		if h := rec.History; len(h) != 2 || h[0].To != jobstate.StatePending || h[1].To != jobstate.StateCancelled {
 			t.Fatalf("%s history: %s", c.id, reasons(h))
 		}
 		if r := results(c.id); r.Status != capv1.JobStatus_JOB_STATUS_CANCELLED {
 			t.Fatalf("%s: client told %v, want CANCELLED", c.id, r.Status)
 		}
 	}
-	f.waitState("held-e", core.StateSucceeded)
+	f.waitState("held-e", jobstate.StateSucceeded)
 	// After e, one more job: whatever c and d would have been sent, the
 	// worker had it by now.
 	f.submit(echoReq("held-f"))
-	f.waitState("held-f", core.StateSucceeded)
+	f.waitState("held-f", jobstate.StateSucceeded)
 	mu.Lock()
 	defer mu.Unlock()
 	if receipts["held-c"]+receipts["held-d"] != 0 || receipts["held-e"] != 1 {
@@ -194,7 +194,7 @@ func TestAWrittenWaitShowsItsQueuePosition(t *testing.T) {
 	ctx := context.Background()
 	for i, id := range []string{"qpos-1", "qpos-2"} {
 		f.submit(echoReq(id))
-		if r := f.waitState(id, core.StateScheduled); r.Reason != core.ReasonPoolOverloaded {
+		if r := f.waitState(id, jobstate.StateScheduled); r.Reason != jobstate.ReasonPoolOverloaded {
 			t.Fatalf("%s waits for %s, want pool_overloaded", id, r.Reason)
 		}
 		j, err := api.Job(ctx, id)
@@ -204,6 +204,6 @@ func TestAWrittenWaitShowsItsQueuePosition(t *testing.T) {
 	}
 	for _, id := range []string{"qpos-0", "qpos-1", "qpos-2"} {
 		g.open(id, true)
-		f.waitState(id, core.StateSucceeded)
+		f.waitState(id, jobstate.StateSucceeded)
 	}
 }

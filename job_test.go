@@ -14,13 +14,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -87,7 +87,7 @@ func waitFor(t *testing.T, ch chan string, want string) {
 func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &actors.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
 	})
 	cancels := f.cancels()
 	// A worker that says it reports starts, and never starts the job.
@@ -100,8 +100,8 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	t.Cleanup(w.Stop)
 	f.waitWorkers(1)
 	f.submit(echoReq("job-dto"))
-	r := f.waitState("job-dto", core.StateTimeout)
-	if r.Reason != core.ReasonDispatchTimeout {
+	r := f.waitState("job-dto", jobstate.StateTimeout)
+	if r.Reason != jobstate.ReasonDispatchTimeout {
 		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
 	}
 	waitFor(t, cancels, "job-dto")
@@ -114,7 +114,7 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &actors.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
 	})
 	f.startWorker("stock", false, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		select {
@@ -124,17 +124,17 @@ func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 		return worker.Echo(ctx, req)
 	})
 	f.submit(echoReq("job-long"))
-	r := f.waitState("job-long", core.StateSucceeded)
-	if r.Reason != core.ReasonCompleted {
+	r := f.waitState("job-long", jobstate.StateSucceeded)
+	if r.Reason != jobstate.ReasonCompleted {
 		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
 	}
 	// The same with the running timeout short: that is what bounds it.
 	g := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &actors.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
 	})
 	g.startWorker("stock", false, nil, hang)
 	g.submit(echoReq("job-stuck"))
-	if r := g.waitState("job-stuck", core.StateTimeout); r.Reason != core.ReasonRunningTimeout {
+	if r := g.waitState("job-stuck", jobstate.StateTimeout); r.Reason != jobstate.ReasonRunningTimeout {
 		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
 	}
 }
@@ -142,7 +142,7 @@ func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &actors.Timeouts{Dispatch: time.Hour, Running: time.Hour,
+		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Hour, Running: time.Hour,
 			PerTopic: map[string]time.Duration{"job.echo": 300 * time.Millisecond}}
 	})
 	cancels := f.cancels()
@@ -154,8 +154,8 @@ func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
 	defer w.Stop()
 	f.waitWorkers(1)
 	f.submit(echoReq("job-rto"))
-	r := f.waitState("job-rto", core.StateTimeout)
-	if r.Reason != core.ReasonRunningTimeout || r.History[len(r.History)-2].To != core.StateRunning {
+	r := f.waitState("job-rto", jobstate.StateTimeout)
+	if r.Reason != jobstate.ReasonRunningTimeout || r.History[len(r.History)-2].To != jobstate.StateRunning {
 		t.Fatalf("history %s", reasons(r.History))
 	}
 	waitFor(t, cancels, "job-rto")
@@ -168,8 +168,8 @@ func TestBudgetDeadlineWinsOverTheDispatchTimeout(t *testing.T) {
 	req := echoReq("job-budget")
 	req.Budget = &capv1.Budget{DeadlineMs: 300}
 	f.submit(req)
-	r := f.waitState("job-budget", core.StateTimeout)
-	if r.Reason != core.ReasonDeadlineExceeded {
+	r := f.waitState("job-budget", jobstate.StateTimeout)
+	if r.Reason != jobstate.ReasonDeadlineExceeded {
 		t.Fatalf("reason %s", r.Reason)
 	}
 }
@@ -180,11 +180,11 @@ func TestPolicyDenyGoesToDLQ(t *testing.T) {
 	req := echoReq("job-deny")
 	req.Labels = map[string]string{"cordum.policy": "deny"}
 	f.submit(req)
-	r := f.waitState("job-deny", core.StateDenied)
-	if r.Reason != core.ReasonSafetyDenied || r.Fields["rule_id"] != "r-deny" {
+	r := f.waitState("job-deny", jobstate.StateDenied)
+	if r.Reason != jobstate.ReasonSafetyDenied || r.Fields["rule_id"] != "r-deny" {
 		t.Fatalf("record %+v", r.Fields)
 	}
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-deny" && e.Reason == core.ReasonSafetyDenied })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-deny" && e.Reason == jobstate.ReasonSafetyDenied })
 }
 
 func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
@@ -201,7 +201,7 @@ func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
 		req := echoReq(id)
 		req.Labels = map[string]string{"cordum.policy": "approve"}
 		f.submit(req)
-		f.waitState(id, core.StateApprovalRequired)
+		f.waitState(id, jobstate.StateApprovalRequired)
 	}
 	// Waiting for a human holds no live actor and no lock.
 	deadline := time.Now().Add(10 * time.Second)
@@ -225,13 +225,13 @@ func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
 	if err := f.node.Decide(ctx, "job-reject", store.DecisionRejected, "bob", "too risky", ""); err != nil {
 		t.Fatal(err)
 	}
-	r = f.waitState("job-approve", core.StateSucceeded)
+	r = f.waitState("job-approve", jobstate.StateSucceeded)
 	if !strings.Contains(reasons(r.History), "APPROVAL_REQUIRED:approval_required SCHEDULED:approval_granted DISPATCHED") ||
 		r.Fields["approved_by"] != "alice" || r.Fields["approval_reason"] != "looks fine" {
 		t.Fatalf("history %s fields %v", reasons(r.History), r.Fields)
 	}
-	r = f.waitState("job-reject", core.StateDenied)
-	if r.Reason != core.ReasonApprovalRejected || r.Fields["approved_by"] != "bob" {
+	r = f.waitState("job-reject", jobstate.StateDenied)
+	if r.Reason != jobstate.ReasonApprovalRejected || r.Fields["approved_by"] != "bob" {
 		t.Fatalf("rejected job: %s %v", r.Reason, r.Fields)
 	}
 	if rec.count("job-reject") != 0 {
@@ -247,12 +247,12 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 	ctx := context.Background()
 	// Before dispatch: no worker yet.
 	f.submit(echoReq("job-c1"))
-	f.waitState("job-c1", core.StateScheduled)
+	f.waitState("job-c1", jobstate.StateScheduled)
 	if err := f.node.Cancel(ctx, "job-c1", "changed my mind", "tester"); err != nil {
 		t.Fatal(err)
 	}
-	r := f.waitState("job-c1", core.StateCancelled)
-	if r.Reason != core.ReasonCancelRequested || r.Fields["cancelled_by"] != "tester" {
+	r := f.waitState("job-c1", jobstate.StateCancelled)
+	if r.Reason != jobstate.ReasonCancelRequested || r.Fields["cancelled_by"] != "tester" {
 		t.Fatalf("%s %v", r.Reason, r.Fields)
 	}
 	// While the worker holds it; a late SUCCEEDED (a worker that hears no
@@ -270,11 +270,11 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 	})
 	f.submit(echoReq("job-c2"))
 	<-rec.ch
-	f.waitState("job-c2", core.StateDispatched)
+	f.waitState("job-c2", jobstate.StateDispatched)
 	if err := f.node.Cancel(ctx, "job-c2", "stop", "tester"); err != nil {
 		t.Fatal(err)
 	}
-	f.waitState("job-c2", core.StateCancelled)
+	f.waitState("job-c2", jobstate.StateCancelled)
 	before := counter(t, f.node, "troupe_duplicates_absorbed_total", "result")
 	late, _ := bus.EncodeResult("trace-job-c2", "w1", &capv1.JobResult{JobId: "job-c2",
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"})
@@ -287,7 +287,7 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	r, _ = f.node.Job(ctx, "job-c2")
-	if r.State != core.StateCancelled || r.History[len(r.History)-1].To != core.StateCancelled {
+	if r.State != jobstate.StateCancelled || r.History[len(r.History)-1].To != jobstate.StateCancelled {
 		t.Fatalf("terminal job changed: %s", reasons(r.History))
 	}
 	// A cancel for a job that has no record (yet) is recorded for it: its
@@ -319,7 +319,7 @@ func TestIdempotencyKeyReturnsTheFirstJob(t *testing.T) {
 	other.TenantId = "globex"
 	other.Meta = &capv1.JobMetadata{IdempotencyKey: "order-42"}
 	f.submit(other)
-	f.waitState("job-i3", core.StateSucceeded)
+	f.waitState("job-i3", jobstate.StateSucceeded)
 	deadline := time.Now().Add(10 * time.Second)
 	for counter(t, f.node, "troupe_idempotent_duplicates_total", "") < 1 {
 		if time.Now().After(deadline) {
@@ -339,7 +339,7 @@ func TestIdempotencyKeyReturnsTheFirstJob(t *testing.T) {
 	if (err1 == nil) == (err2 == nil) {
 		t.Fatalf("want exactly one job for the key: job-i1 %v, job-i2 %v", err1, err2)
 	}
-	f.waitState(winner, core.StateSucceeded)
+	f.waitState(winner, jobstate.StateSucceeded)
 	if rec.count(loser) != 0 || rec.count(winner) != 1 {
 		t.Fatalf("receipts: %s %d, %s %d", winner, rec.count(winner), loser, rec.count(loser))
 	}
@@ -353,7 +353,7 @@ func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 		c.DuePoll = 50 * time.Millisecond
 	})
 	env.submit(echoReq("job-durable"))
-	env.waitState("job-durable", core.StateScheduled)
+	env.waitState("job-durable", jobstate.StateScheduled)
 	// Node A goes away with the job waiting for a retry.
 	_ = env.node.Stop(context.Background())
 	// Node B, same Redis and streams, a worker this time.
@@ -364,7 +364,7 @@ func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	r := env.waitState("job-durable", core.StateSucceeded)
+	r := env.waitState("job-durable", jobstate.StateSucceeded)
 	if r.History[len(r.History)-1].Node != "node-b" || b.ID() != "node-b" {
 		t.Fatalf("history %+v", r.History)
 	}
@@ -445,12 +445,12 @@ func TestFailClosedOnUnknownState(t *testing.T) {
 	}
 	_ = env.NATS.Flush()
 	f.submit(echoReq("marker-after")) // flows through the same stream after the duplicate
-	f.waitState("marker-after", core.StateSucceeded)
+	f.waitState("marker-after", jobstate.StateSucceeded)
 	if got := published.Load(); got != 1 { // the marker only
 		t.Fatalf("%d publishes; the running job was dispatched again", got-1)
 	}
 	r, _ := n.Job(ctx, "fail-closed-job")
-	if r.State != core.StateRunning {
+	if r.State != jobstate.StateRunning {
 		t.Fatalf("state %s", r.State)
 	}
 }
@@ -569,7 +569,7 @@ rules:
 		req.GetBudget().GetDeadlineMs() != 60000 {
 		t.Fatalf("worker got env %v budget %v", req.Env, req.Budget)
 	}
-	r := f.waitState("job-constrained", core.StateSucceeded)
+	r := f.waitState("job-constrained", jobstate.StateSucceeded)
 	if r.Fields["policy_decision"] != "allow_with_constraints" || r.Fields["rule_id"] != "echo-constrained" ||
 		!strings.HasPrefix(r.Fields["policy_snapshot"], "t1:") {
 		t.Fatalf("decision not recorded: %v", r.Fields)
@@ -623,7 +623,7 @@ func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = labelPolicy{}
 		c.PermanentGrace = 100 * time.Millisecond
-		c.Timeouts = &actors.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
 	})
 	result := f.results()
 	f.startWorker("w1", true, nil, hang)
@@ -635,11 +635,11 @@ func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 	cases := []struct {
 		id     string
 		status capv1.JobStatus
-		code   core.Reason
+		code   jobstate.Reason
 	}{
-		{"out-denied", capv1.JobStatus_JOB_STATUS_DENIED, core.ReasonSafetyDenied},
-		{"out-unmapped", capv1.JobStatus_JOB_STATUS_FAILED, core.ReasonTopicUnmapped},
-		{"out-timeout", capv1.JobStatus_JOB_STATUS_TIMEOUT, core.ReasonRunningTimeout},
+		{"out-denied", capv1.JobStatus_JOB_STATUS_DENIED, jobstate.ReasonSafetyDenied},
+		{"out-unmapped", capv1.JobStatus_JOB_STATUS_FAILED, jobstate.ReasonTopicUnmapped},
+		{"out-timeout", capv1.JobStatus_JOB_STATUS_TIMEOUT, jobstate.ReasonRunningTimeout},
 	}
 	for _, c := range cases {
 		r := result(c.id)
@@ -648,19 +648,19 @@ func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 		}
 	}
 	f.submit(echoReq("out-cancel"))
-	f.waitState("out-cancel", core.StateDispatched)
+	f.waitState("out-cancel", jobstate.StateDispatched)
 	if err := f.node.Cancel(context.Background(), "out-cancel", "not needed", "test"); err != nil {
 		t.Fatal(err)
 	}
 	if r := result("out-cancel"); r.Status != capv1.JobStatus_JOB_STATUS_CANCELLED ||
-		r.ErrorCode != string(core.ReasonCancelRequested) {
+		r.ErrorCode != string(jobstate.ReasonCancelRequested) {
 		t.Errorf("out-cancel: result %v %q", r.Status, r.ErrorCode)
 	}
 	// Read back from the result stream, these change nothing, and the node
 	// does not take its own outcomes for workers' results: it skips them
 	// without activating the jobs.
 	for _, c := range cases {
-		if r := f.waitState(c.id, core.State(strings.TrimPrefix(c.status.String(), "JOB_STATUS_"))); r == nil {
+		if r := f.waitState(c.id, jobstate.State(strings.TrimPrefix(c.status.String(), "JOB_STATUS_"))); r == nil {
 			t.Fatal(c.id)
 		}
 	}

@@ -10,12 +10,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/connect"
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/jobdata"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
-	"github.com/troupe-run/troupe/store"
 )
 
 // Defaults for ClientConfig fields left zero.

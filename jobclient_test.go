@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/jobdata"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -34,10 +34,10 @@ func TestClientSubmitsWaitsListsAndCancels(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err := c.Wait(ctx, "client-1")
-	if err != nil || rec.State != core.StateSucceeded {
+	if err != nil || rec.State != jobstate.StateSucceeded {
 		t.Fatalf("wait: %v %+v", err, rec)
 	}
-	page, err := c.List(ctx, store.ListQuery{State: core.StateSucceeded})
+	page, err := c.List(ctx, store.ListQuery{State: jobstate.StateSucceeded})
 	if err != nil || !slices.ContainsFunc(page.Jobs, func(j store.JobSummary) bool { return j.ID == "client-1" }) {
 		t.Fatalf("list SUCCEEDED: %v %+v", err, page)
 	}
@@ -53,7 +53,7 @@ func TestClientSubmitsWaitsListsAndCancels(t *testing.T) {
 	if err := c.Cancel(ctx, "client-2", "not wanted", "test"); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err = c.Wait(ctx, "client-2"); err != nil || rec.State != core.StateCancelled {
+	if rec, err = c.Wait(ctx, "client-2"); err != nil || rec.State != jobstate.StateCancelled {
 		t.Fatalf("cancelled job: %v %+v", err, rec)
 	}
 	if err := c.Submit(ctx, &capv1.JobRequest{Topic: "job.echo"}); err == nil {
@@ -86,13 +86,13 @@ func TestClientPayloadCapAndWatch(t *testing.T) {
 	if err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: small, Topic: "job.echo"}, []byte(`{"a":1}`)); err != nil {
 		t.Fatal(err)
 	}
-	var states []core.State
+	var states []jobstate.State
 	var last troupe.JobEvent
 	for ev := range c.Watch(ctx, small) {
 		states = append(states, ev.State)
 		last = ev
 	}
-	if len(states) < 3 || states[0] != core.StatePending || last.State != core.StateSucceeded || last.Record == nil {
+	if len(states) < 3 || states[0] != jobstate.StatePending || last.State != jobstate.StateSucceeded || last.Record == nil {
 		t.Fatalf("watched states %v, last %+v", states, last)
 	}
 	// Echo's result is its input: the client reads it back.

@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -40,11 +40,11 @@ func TestKernelOutageNeverFailsALoneJob(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	r, err := f.node.Job(context.Background(), "lone-outage")
-	if err != nil || r.State != core.StatePending {
+	if err != nil || r.State != jobstate.StatePending {
 		t.Fatalf("after %d refused checks: %v %v", pol.checks.Load(), r, err)
 	}
 	pol.up.Store(true)
-	f.waitState("lone-outage", core.StateSucceeded)
+	f.waitState("lone-outage", jobstate.StateSucceeded)
 }
 
 // A job waiting for a human can be cancelled: the cancel is applied (the
@@ -56,11 +56,11 @@ func TestCancelOfJobAwaitingApproval(t *testing.T) {
 	req := echoReq("approve-then-cancel")
 	req.Labels = map[string]string{"cordum.policy": "approve"}
 	f.submit(req)
-	f.waitState("approve-then-cancel", core.StateApprovalRequired)
+	f.waitState("approve-then-cancel", jobstate.StateApprovalRequired)
 	if err := f.node.Cancel(context.Background(), "approve-then-cancel", "no longer needed", "carol"); err != nil {
 		t.Fatal(err)
 	}
-	r := f.waitStateWithin("approve-then-cancel", core.StateCancelled, 10*time.Second)
+	r := f.waitStateWithin("approve-then-cancel", jobstate.StateCancelled, 10*time.Second)
 	if r.Fields["cancelled_by"] != "carol" {
 		t.Fatalf("cancelled record %v", r.Fields)
 	}
@@ -95,7 +95,7 @@ func TestResultForAMissingRecordIsHeld(t *testing.T) {
 		}
 	}
 	f.submit(echoReq("held-result"))
-	f.waitState("held-result", core.StateSucceeded)
+	f.waitState("held-result", jobstate.StateSucceeded)
 }
 
 // Node.Wait returns a job's record once it is terminal — at once for a job
@@ -132,7 +132,7 @@ func TestWaitReturnsTheTerminalRecord(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := 0; i < 2; i++ {
-			if r := <-done; r == nil || r.State != core.StateSucceeded {
+			if r := <-done; r == nil || r.State != jobstate.StateSucceeded {
 				t.Fatalf("waited record %+v", r)
 			}
 		}

@@ -15,14 +15,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/intake"
-	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/intake"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/jobtrace"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/saga"
-	"github.com/troupe-run/troupe/store"
 )
 
 // The operators' side of a node: what the admin API (package admin) and
@@ -45,13 +45,13 @@ func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, 
 // the jobs still retained). SCHEDULED includes the jobs waiting with no
 // record yet (SubmitsWaiting): it counts every job whose submit was
 // acknowledged and that is not yet dispatched or ended.
-func (n *Node) CountStates(ctx context.Context) (map[core.State]int64, error) {
+func (n *Node) CountStates(ctx context.Context) (map[jobstate.State]int64, error) {
 	counts, err := n.store.CountStates(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if held, taken, err := n.SubmitsWaiting(ctx); err == nil {
-		counts[core.StateScheduled] += held + taken
+		counts[jobstate.StateScheduled] += held + taken
 	} else {
 		n.log.Debug("stats: submit consumer unread; waits with no record left out", "err", err)
 	}

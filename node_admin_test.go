@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
-	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/store"
 )
 
 // adminNode builds a node for the operators' methods (node_admin.go); it is
@@ -103,8 +103,8 @@ func TestRetryDLQRefusesWhatCannotRunAgain(t *testing.T) {
 	st := node.Store()
 	// An input that never became a job, and a job whose record is gone.
 	for _, e := range []*store.DLQEntry{
-		{Reason: core.ReasonDecodeFailed, Raw: []byte{0xff}},
-		{JobID: "expired-job", Reason: core.ReasonTopicUnmapped},
+		{Reason: jobstate.ReasonDecodeFailed, Raw: []byte{0xff}},
+		{JobID: "expired-job", Reason: jobstate.ReasonTopicUnmapped},
 	} {
 		if err := st.AddDLQ(ctx, e); err != nil {
 			t.Fatal(err)
@@ -127,10 +127,10 @@ func TestRetryDLQRefusesWhatCannotRunAgain(t *testing.T) {
 		t.Errorf("retry of an unknown entry: %v", err)
 	}
 	// The listing and the counts work on an empty cluster too.
-	if p, err := node.ListJobs(ctx, store.ListQuery{State: core.StateRunning}); err != nil || len(p.Jobs) != 0 {
+	if p, err := node.ListJobs(ctx, store.ListQuery{State: jobstate.StateRunning}); err != nil || len(p.Jobs) != 0 {
 		t.Errorf("list: %+v %v", p, err)
 	}
-	if c, err := node.CountStates(ctx); err != nil || len(c) != len(core.AllStates) {
+	if c, err := node.CountStates(ctx); err != nil || len(c) != len(jobstate.AllStates) {
 		t.Errorf("counts: %v %v", c, err)
 	}
 	if topics := node.PoolConfig().TopicNames(); !slices.Equal(topics, []string{"job.echo"}) {

@@ -9,10 +9,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/troupe-run/troupe/intake"
+	"github.com/troupe-run/troupe/internal/intake"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/saga"
-	"github.com/troupe-run/troupe/store"
 )
 
 // What the dashboard's actions need beyond node_admin.go: the retry of a

@@ -1,7 +1,7 @@
 package troupe
 
 import (
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/safety"
 )
 

@@ -15,14 +15,14 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/intake"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/intake"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -161,13 +161,13 @@ func (f *fixture) publishRaw(subject string, data []byte) {
 }
 
 // waitState polls the job record until it reaches want (bounded).
-func (f *fixture) waitState(id string, want core.State) *store.JobRecord {
+func (f *fixture) waitState(id string, want jobstate.State) *store.JobRecord {
 	f.t.Helper()
 	return f.waitStateWithin(id, want, 15*time.Second)
 }
 
 // waitStateWithin is waitState with its own bound.
-func (f *fixture) waitStateWithin(id string, want core.State, within time.Duration) *store.JobRecord {
+func (f *fixture) waitStateWithin(id string, want jobstate.State, within time.Duration) *store.JobRecord {
 	f.t.Helper()
 	deadline := time.Now().Add(within)
 	var last *store.JobRecord
@@ -212,8 +212,8 @@ func (f *fixture) waitDLQWithin(match func(store.DLQEntry) bool, within time.Dur
 	return store.DLQEntry{}
 }
 
-func states(h []store.HistoryEntry) []core.State {
-	out := make([]core.State, len(h))
+func states(h []store.HistoryEntry) []jobstate.State {
+	out := make([]jobstate.State, len(h))
 	for i, e := range h {
 		out[i] = e.To
 	}
@@ -231,9 +231,9 @@ func TestJobPathReachesSucceededThroughEveryState(t *testing.T) {
 	f.startWorker("w1", true, rec, worker.Echo)
 
 	f.submit(echoReq("job-1"))
-	r := f.waitState("job-1", core.StateSucceeded)
+	r := f.waitState("job-1", jobstate.StateSucceeded)
 
-	want := []core.State{core.StatePending, core.StateScheduled, core.StateDispatched, core.StateRunning, core.StateSucceeded}
+	want := []jobstate.State{jobstate.StatePending, jobstate.StateScheduled, jobstate.StateDispatched, jobstate.StateRunning, jobstate.StateSucceeded}
 	if got := states(r.History); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("history %v, want %v", got, want)
 	}
@@ -276,7 +276,7 @@ func TestStockWorkerGetsJobsOnThePoolSubject(t *testing.T) {
 	f.startWorker("stock-1", false, rec, worker.Echo)
 
 	f.submit(echoReq("job-stock"))
-	r := f.waitState("job-stock", core.StateSucceeded)
+	r := f.waitState("job-stock", jobstate.StateSucceeded)
 	if r.Subject != f.subj.Pool("job.echo") {
 		t.Fatalf("dispatched on %q, want pool subject %q", r.Subject, f.subj.Pool("job.echo"))
 	}
@@ -303,7 +303,7 @@ func TestDuplicateSubmitOfLiveJobChangesNothing(t *testing.T) {
 
 	f.submit(echoReq("job-dup"))
 	<-rec.ch // the worker holds the job
-	f.waitState("job-dup", core.StateDispatched)
+	f.waitState("job-dup", jobstate.StateDispatched)
 	f.submit(echoReq("job-dup"))
 	f.submit(echoReq("job-dup"))
 	// A marker job submitted after the duplicates: once it has been
@@ -311,13 +311,13 @@ func TestDuplicateSubmitOfLiveJobChangesNothing(t *testing.T) {
 	f.submit(echoReq("job-marker"))
 	<-rec.ch
 	close(release)
-	r := f.waitState("job-dup", core.StateSucceeded)
+	r := f.waitState("job-dup", jobstate.StateSucceeded)
 	if n := rec.count("job-dup"); n != 1 {
 		t.Fatalf("duplicate submits dispatched the job %d times", n)
 	}
 	pending := 0
 	for _, h := range r.History {
-		if h.To == core.StatePending {
+		if h.To == jobstate.StatePending {
 			pending++
 		}
 	}
@@ -328,7 +328,7 @@ func TestDuplicateSubmitOfLiveJobChangesNothing(t *testing.T) {
 	f.submit(echoReq("job-dup"))
 	f.submit(echoReq("job-marker2"))
 	<-rec.ch
-	f.waitState("job-marker2", core.StateSucceeded)
+	f.waitState("job-marker2", jobstate.StateSucceeded)
 	if n := rec.count("job-dup"); n != 1 {
 		t.Fatalf("submit after SUCCEEDED dispatched again (%d receipts)", n)
 	}
@@ -338,12 +338,12 @@ func TestNoWorkersRetriesUntilAWorkerAppears(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	f.submit(echoReq("job-wait"))
-	r := f.waitState("job-wait", core.StateScheduled)
-	if r.Reason != core.ReasonNoWorkers {
-		t.Fatalf("reason %q, want %q", r.Reason, core.ReasonNoWorkers)
+	r := f.waitState("job-wait", jobstate.StateScheduled)
+	if r.Reason != jobstate.ReasonNoWorkers {
+		t.Fatalf("reason %q, want %q", r.Reason, jobstate.ReasonNoWorkers)
 	}
 	f.startWorker("late", true, nil, worker.Echo)
-	r = f.waitState("job-wait", core.StateSucceeded)
+	r = f.waitState("job-wait", jobstate.StateSucceeded)
 	if r.Attempts < 2 {
 		t.Fatalf("attempts %d, want ≥ 2 (one failed placement, one dispatch)", r.Attempts)
 	}
@@ -354,13 +354,15 @@ func TestPermanentRoutingErrorFailsAfterGraceWithDLQ(t *testing.T) {
 	f := newFixture(t, func(c *troupe.Config) { c.PermanentGrace = 200 * time.Millisecond })
 	f.submit(&capv1.JobRequest{JobId: "job-unmapped", Topic: "job.nowhere"})
 	f.submit(&capv1.JobRequest{JobId: "job-requires", Topic: "job.strict", Meta: &capv1.JobMetadata{Requires: []string{"tpu"}}})
-	r := f.waitState("job-unmapped", core.StateFailed)
-	if r.Reason != core.ReasonTopicUnmapped || r.ErrorCode != string(core.ReasonTopicUnmapped) {
+	r := f.waitState("job-unmapped", jobstate.StateFailed)
+	if r.Reason != jobstate.ReasonTopicUnmapped || r.ErrorCode != string(jobstate.ReasonTopicUnmapped) {
 		t.Fatalf("reason %q error_code %q", r.Reason, r.ErrorCode)
 	}
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-unmapped" && e.Reason == core.ReasonTopicUnmapped })
-	r = f.waitState("job-requires", core.StateFailed)
-	if r.Reason != core.ReasonRequiresUnsatisfied {
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.JobID == "job-unmapped" && e.Reason == jobstate.ReasonTopicUnmapped
+	})
+	r = f.waitState("job-requires", jobstate.StateFailed)
+	if r.Reason != jobstate.ReasonRequiresUnsatisfied {
 		t.Fatalf("reason %q", r.Reason)
 	}
 }
@@ -372,12 +374,12 @@ func TestMaxSchedulingRetriesKeepsTheLastReason(t *testing.T) {
 		c.Backoff = func(int) time.Duration { return time.Millisecond }
 	})
 	f.submit(echoReq("job-giveup"))
-	r := f.waitState("job-giveup", core.StateFailed)
-	if r.Reason != core.ReasonMaxSchedulingRetries {
+	r := f.waitState("job-giveup", jobstate.StateFailed)
+	if r.Reason != jobstate.ReasonMaxSchedulingRetries {
 		t.Fatalf("reason %q", r.Reason)
 	}
 	e := f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-giveup" })
-	if e.Reason != core.ReasonMaxSchedulingRetries || e.LastReason != core.ReasonNoWorkers {
+	if e.Reason != jobstate.ReasonMaxSchedulingRetries || e.LastReason != jobstate.ReasonNoWorkers {
 		t.Fatalf("dlq entry reason %q last %q", e.Reason, e.LastReason)
 	}
 }
@@ -406,16 +408,22 @@ func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 	f.publishRaw(f.subj.Result, res)
 	f.publishRaw(f.subj.Result, []byte("not a packet at all"))
 
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonDecodeFailed && e.Subject == f.subj.Submit })
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonInvalidRequest && e.JobID == "no-topic" })
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonInvalidRequest && e.JobID == "" })
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonInvalidRequest && e.JobID == "bad id*>" })
 	f.waitDLQ(func(e store.DLQEntry) bool {
-		return e.Reason == core.ReasonInvalidRequest && e.JobID == "too-many-labels" && strings.Contains(e.Message, "labels")
+		return e.Reason == jobstate.ReasonDecodeFailed && e.Subject == f.subj.Submit
 	})
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonUnexpectedKind })
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonUnknownJob && e.JobID == "never-submitted" })
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonDecodeFailed && e.Subject == f.subj.Result })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonInvalidRequest && e.JobID == "no-topic" })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonInvalidRequest && e.JobID == "" })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonInvalidRequest && e.JobID == "bad id*>" })
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.Reason == jobstate.ReasonInvalidRequest && e.JobID == "too-many-labels" && strings.Contains(e.Message, "labels")
+	})
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonUnexpectedKind })
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.Reason == jobstate.ReasonUnknownJob && e.JobID == "never-submitted"
+	})
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.Reason == jobstate.ReasonDecodeFailed && e.Subject == f.subj.Result
+	})
 
 	// Each rejection was announced on sys.job.dlq as a CAP JobResult.
 	seen := map[string]bool{}
@@ -433,7 +441,7 @@ func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 
 	// Nothing is left un-acked (no redelivery loop), and good jobs still flow.
 	f.submit(echoReq("job-after-garbage"))
-	f.waitState("job-after-garbage", core.StateSucceeded)
+	f.waitState("job-after-garbage", jobstate.StateSucceeded)
 	for _, kind := range []bus.StreamKind{bus.StreamSubmit, bus.StreamResult} {
 		waitNoPending(t, f.js, bus.StreamName(f.env.StreamPrefix(), kind), bus.ConsumerName(kind))
 	}
@@ -464,8 +472,8 @@ func TestWorkerFailureIsRecorded(t *testing.T) {
 		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: "boom", ErrorMessage: "it broke"}
 	})
 	f.submit(echoReq("job-fails"))
-	r := f.waitState("job-fails", core.StateFailed)
-	if r.Reason != core.ReasonWorkerFailed || r.ErrorCode != "boom" || r.ErrorMessage != "it broke" {
+	r := f.waitState("job-fails", jobstate.StateFailed)
+	if r.Reason != jobstate.ReasonWorkerFailed || r.ErrorCode != "boom" || r.ErrorMessage != "it broke" {
 		t.Fatalf("record %+v", r)
 	}
 }
@@ -487,10 +495,10 @@ func TestProgressMovesDispatchedToRunning(t *testing.T) {
 	defer w.Stop()
 	f.waitWorkers(1)
 	f.submit(echoReq("job-progress"))
-	f.waitState("job-progress", core.StateRunning)
+	f.waitState("job-progress", jobstate.StateRunning)
 	close(release)
-	r := f.waitState("job-progress", core.StateSucceeded)
-	if r.History[3].Reason != core.ReasonStarted {
+	r := f.waitState("job-progress", jobstate.StateSucceeded)
+	if r.History[3].Reason != jobstate.ReasonStarted {
 		t.Fatalf("RUNNING entry reason %q", r.History[3].Reason)
 	}
 }
@@ -506,7 +514,7 @@ func TestStoredRequestRoundTrips(t *testing.T) {
 	req.Env = map[string]string{"K": "V"}
 	req.Budget = &capv1.Budget{DeadlineMs: 1234}
 	f.submit(req)
-	r := f.waitState("job-rt", core.StateSucceeded)
+	r := f.waitState("job-rt", jobstate.StateSucceeded)
 	got := &capv1.JobRequest{}
 	if err := proto.Unmarshal(r.Request, got); err != nil || !proto.Equal(got, req) {
 		t.Fatalf("stored request differs: %v / %v", got, err)

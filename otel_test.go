@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/tracing"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/tracing"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -197,7 +197,7 @@ func TestJobSpanContinuesTheClientsTraceWithAStateSpanPerStateAndTheWorkerGetsTh
 	f.tracingWorker(tp, nil)
 
 	f.submitTraced(echoReq("job-otel"))
-	r := f.waitState("job-otel", core.StateSucceeded)
+	r := f.waitState("job-otel", jobstate.StateSucceeded)
 	if r.TraceID != clientTraceID {
 		t.Fatalf("record trace id %q", r.TraceID)
 	}
@@ -224,12 +224,12 @@ func TestJobSpanContinuesTheClientsTraceWithAStateSpanPerStateAndTheWorkerGetsTh
 
 	// One child span per state, in order, each with the reason it was
 	// entered for.
-	want := []struct{ state, reason core.State }{
-		{core.StatePending, core.State(core.ReasonSubmitted)},
-		{core.StateScheduled, core.State(core.ReasonAllowed)},
-		{core.StateDispatched, core.State(core.ReasonDispatched)},
-		{core.StateRunning, core.State(core.ReasonStarted)},
-		{core.StateSucceeded, ""},
+	want := []struct{ state, reason jobstate.State }{
+		{jobstate.StatePending, jobstate.State(jobstate.ReasonSubmitted)},
+		{jobstate.StateScheduled, jobstate.State(jobstate.ReasonAllowed)},
+		{jobstate.StateDispatched, jobstate.State(jobstate.ReasonDispatched)},
+		{jobstate.StateRunning, jobstate.State(jobstate.ReasonStarted)},
+		{jobstate.StateSucceeded, ""},
 	}
 	if len(states) != len(want) {
 		t.Fatalf("%d state spans, want %d: %v", len(states), len(want), states)
@@ -256,7 +256,7 @@ func TestJobSpanContinuesTheClientsTraceWithAStateSpanPerStateAndTheWorkerGetsTh
 		}
 		prevEnd = s.GetEndTimeUnixNano()
 	}
-	dispatched := byName[tracing.SpanStatePrefix+string(core.StateDispatched)]
+	dispatched := byName[tracing.SpanStatePrefix+string(jobstate.StateDispatched)]
 	if strAttr(dispatched.GetAttributes(), string(tracing.AttrWorkerID)) != "w1" || len(dispatched.GetEvents()) == 0 ||
 		dispatched.GetEvents()[0].GetName() != tracing.EventDispatch {
 		t.Fatalf("DISPATCHED span: attrs %v events %v", dispatched.GetAttributes(), dispatched.GetEvents())
@@ -331,10 +331,10 @@ func TestParkedJobEndsItsSpanParkedAndItsResumedSpanEndsTheJobInTheSameTrace(t *
 	f.tracingWorker(tp, func(string) <-chan struct{} { return release })
 
 	f.submitTraced(echoReq("job-otel-park"))
-	f.waitState("job-otel-park", core.StateRunning)
+	f.waitState("job-otel-park", jobstate.StateRunning)
 	waitParked(t, f.node, 1)
 	close(release)
-	f.waitState("job-otel-park", core.StateSucceeded)
+	f.waitState("job-otel-park", jobstate.StateSucceeded)
 	f.stopAndFlush()
 
 	jobs, states := recv.jobSpans("job-otel-park")
@@ -382,7 +382,7 @@ func TestTracingIsOffWithoutAnEndpoint(t *testing.T) {
 	tp := newTraceparents()
 	f.tracingWorker(tp, nil)
 	f.submitTraced(echoReq("job-otel-off"))
-	f.waitState("job-otel-off", core.StateSucceeded)
+	f.waitState("job-otel-off", jobstate.StateSucceeded)
 	if got := tp.of("job-otel-off"); got != "00-"+clientTraceID+"-"+clientSpanID+"-01" {
 		t.Fatalf("worker got traceparent %q, want the client's own, untouched", got)
 	}

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/worker"
@@ -97,8 +97,8 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	back := time.Now()
 	denied := 0
 	for i := 0; i < jobs; i++ {
-		r := f.waitStateWithin(fmt.Sprintf("out-%d", i), core.StateSucceeded, within)
-		if r.State == core.StateDenied {
+		r := f.waitStateWithin(fmt.Sprintf("out-%d", i), jobstate.StateSucceeded, within)
+		if r.State == jobstate.StateDenied {
 			denied++
 		}
 	}
@@ -107,7 +107,7 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	}
 	t.Logf("%d jobs submitted during a %v outage: all SUCCEEDED %v after the kernel returned, 0 DENIED",
 		jobs, outage, time.Since(back).Round(time.Millisecond))
-	if got := counter(t, f.node, "troupe_scheduling_retries_total", string(core.ReasonSafetyUnavailable)); got == 0 {
+	if got := counter(t, f.node, "troupe_scheduling_retries_total", string(jobstate.ReasonSafetyUnavailable)); got == 0 {
 		t.Fatal("no job ever waited for the kernel")
 	}
 }

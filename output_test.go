@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/store"
 )
 
 // The output policy in both phases: a result whose metadata carries a
@@ -42,23 +42,25 @@ func TestOutputPolicyPhases(t *testing.T) {
 	for _, id := range []string{"out-meta", "out-content", "out-clean"} {
 		f.submit(echoReq(id))
 	}
-	r := f.waitState("out-meta", core.StateOutputQuarantined)
-	if r.History[len(r.History)-2].To != core.StateRunning || r.Fields["output_meta_decision"] == "" {
+	r := f.waitState("out-meta", jobstate.StateOutputQuarantined)
+	if r.History[len(r.History)-2].To != jobstate.StateRunning || r.Fields["output_meta_decision"] == "" {
 		t.Fatalf("phase 1: %s %v", reasons(r.History), r.Fields)
 	}
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "out-meta" && e.Reason == core.ReasonOutputQuarantined })
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.JobID == "out-meta" && e.Reason == jobstate.ReasonOutputQuarantined
+	})
 	// The client, which heard SUCCEEDED from the worker, hears the verdict.
 	if res := result("out-meta"); res.Status != capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED ||
-		res.ErrorCode != string(core.ReasonOutputQuarantined) {
+		res.ErrorCode != string(jobstate.ReasonOutputQuarantined) {
 		t.Fatalf("outcome published: %v %q", res.Status, res.ErrorCode)
 	}
 
-	r = f.waitState("out-content", core.StateOutputQuarantined)
+	r = f.waitState("out-content", jobstate.StateOutputQuarantined)
 	n := len(r.History)
-	if r.History[n-2].To != core.StateSucceeded || r.History[n-1].Reason != core.ReasonOutputQuarantined {
+	if r.History[n-2].To != jobstate.StateSucceeded || r.History[n-1].Reason != jobstate.ReasonOutputQuarantined {
 		t.Fatalf("phase 2: %s", reasons(r.History))
 	}
-	r = f.waitState("out-clean", core.StateSucceeded)
+	r = f.waitState("out-clean", jobstate.StateSucceeded)
 	if r.Fields["output_meta_decision"] != "allow" {
 		t.Fatalf("clean: %v", r.Fields)
 	}
@@ -104,7 +106,7 @@ func TestAsyncDowngradeRacingACancel(t *testing.T) {
 	if id := <-scan.started; id != "race-1" {
 		t.Fatalf("scan of %s", id)
 	}
-	f.waitState("race-1", core.StateSucceeded)
+	f.waitState("race-1", jobstate.StateSucceeded)
 	before := counter(t, f.node, "troupe_duplicates_absorbed_total", "cancel")
 	if err := f.node.Cancel(ctx, "race-1", "too late", "tester"); err != nil {
 		t.Fatal(err)
@@ -116,13 +118,13 @@ func TestAsyncDowngradeRacingACancel(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	close(scan.release)
-	r := f.waitState("race-1", core.StateOutputQuarantined)
-	var got []core.State
+	r := f.waitState("race-1", jobstate.StateOutputQuarantined)
+	var got []jobstate.State
 	for _, h := range r.History {
 		got = append(got, h.To)
 	}
-	want := []core.State{core.StatePending, core.StateScheduled, core.StateDispatched, core.StateRunning,
-		core.StateSucceeded, core.StateOutputQuarantined}
+	want := []jobstate.State{jobstate.StatePending, jobstate.StateScheduled, jobstate.StateDispatched, jobstate.StateRunning,
+		jobstate.StateSucceeded, jobstate.StateOutputQuarantined}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("history %v, want %v", got, want)
 	}

@@ -12,12 +12,12 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -125,7 +125,7 @@ func TestParkedJobCompletesWhenItsResultArrives(t *testing.T) {
 		t.Fatalf("parked lock %q", lock)
 	}
 	release.open("job-park-ok")
-	r := f.waitState("job-park-ok", core.StateSucceeded)
+	r := f.waitState("job-park-ok", jobstate.StateSucceeded)
 	if last := r.History[len(r.History)-1]; last.Node != "node-a" || r.LockHolder != "" {
 		t.Fatalf("finished by %s, lock %q", last.Node, r.LockHolder)
 	}
@@ -151,14 +151,14 @@ func TestParkedJobIsCancelled(t *testing.T) {
 	if err := f.node.Cancel(context.Background(), "job-park-cancel", "changed my mind", "tester"); err != nil {
 		t.Fatal(err)
 	}
-	r := f.waitState("job-park-cancel", core.StateCancelled)
-	if r.Reason != core.ReasonCancelRequested || r.LockHolder != "" {
+	r := f.waitState("job-park-cancel", jobstate.StateCancelled)
+	if r.Reason != jobstate.ReasonCancelRequested || r.LockHolder != "" {
 		t.Fatalf("reason %s lock %q", r.Reason, r.LockHolder)
 	}
 	// The worker's late answer is absorbed.
 	release.open("job-park-cancel")
 	time.Sleep(200 * time.Millisecond)
-	if r, _ := f.node.Job(context.Background(), "job-park-cancel"); r.State != core.StateCancelled {
+	if r, _ := f.node.Job(context.Background(), "job-park-cancel"); r.State != jobstate.StateCancelled {
 		t.Fatalf("state %s after the late result", r.State)
 	}
 }
@@ -167,7 +167,7 @@ func TestParkedJobsDeadlineFires(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.Timeouts = &actors.Timeouts{Dispatch: time.Second, Running: time.Hour}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Second, Running: time.Hour}
 	})
 	rec := newReceipts()
 	f.holdingWorker("w1", rec) // never answers
@@ -175,8 +175,8 @@ func TestParkedJobsDeadlineFires(t *testing.T) {
 	f.submit(echoReq("job-park-timeout"))
 	<-rec.ch
 	waitParked(t, f.node, 1)
-	r := f.waitState("job-park-timeout", core.StateTimeout)
-	if r.Reason != core.ReasonDispatchTimeout {
+	r := f.waitState("job-park-timeout", jobstate.StateTimeout)
+	if r.Reason != jobstate.ReasonDispatchTimeout {
 		t.Fatalf("reason %s", r.Reason)
 	}
 	select {
@@ -201,13 +201,13 @@ func TestParkedJobsProgressIsRecorded(t *testing.T) {
 	<-rec.ch
 	waitParked(t, f.node, 1)
 	f.publishProgress("job-park-progress", "w1")
-	r := f.waitState("job-park-progress", core.StateRunning)
-	if r.Reason != core.ReasonStarted || r.Fields["deadline_kind"] != string(core.ReasonRunningTimeout) {
+	r := f.waitState("job-park-progress", jobstate.StateRunning)
+	if r.Reason != jobstate.ReasonStarted || r.Fields["deadline_kind"] != string(jobstate.ReasonRunningTimeout) {
 		t.Fatalf("reason %s deadline kind %s", r.Reason, r.Fields["deadline_kind"])
 	}
 	waitParked(t, f.node, 1) // parked again, now RUNNING
 	release.open("job-park-progress")
-	f.waitState("job-park-progress", core.StateSucceeded)
+	f.waitState("job-park-progress", jobstate.StateSucceeded)
 }
 
 // A worker that dies holding a parked job it never started costs the job a
@@ -229,7 +229,7 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 	die() // the worker dies holding the parked job
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
-	r := f.waitState("job-park-evict", core.StateSucceeded)
+	r := f.waitState("job-park-evict", jobstate.StateSucceeded)
 	if !redispatched.MatchString(reasons(r.History)) || r.Worker != "survivor" {
 		t.Fatalf("history %s worker %s", reasons(r.History), r.Worker)
 	}
@@ -269,7 +269,7 @@ func TestDeadNodesParkedJobsAreAdopted(t *testing.T) {
 	res, _ := bus.EncodeResult("parked-orphan", "w-gone", &capv1.JobResult{JobId: "parked-orphan", WorkerId: "w-gone",
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
 	f.publishRaw(f.subj.Result, res)
-	r := f.waitState("parked-orphan", core.StateSucceeded)
+	r := f.waitState("parked-orphan", jobstate.StateSucceeded)
 	// Fence 4 was the dead node's; the adoption took 5, and the adopted
 	// job may park again before the result comes (parkFast), which takes
 	// one more activation.
@@ -314,7 +314,7 @@ func TestGracefulStopHandsParkedJobsOver(t *testing.T) {
 	waitParked(t, b, 2) // adopted, then parked again on b
 	for _, id := range []string{"job-park-h1", "job-park-h2"} {
 		release.open(id)
-		r := f.waitState(id, core.StateSucceeded)
+		r := f.waitState(id, jobstate.StateSucceeded)
 		if last := r.History[len(r.History)-1]; last.Node != "node-b" {
 			t.Fatalf("%s finished by %s", id, last.Node)
 		}
@@ -355,9 +355,9 @@ func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	f.publishProgress("job-park-restart", "w1")
-	f.waitState("job-park-restart", core.StateRunning)
+	f.waitState("job-park-restart", jobstate.StateRunning)
 	release.open("job-park-restart")
-	f.waitState("job-park-restart", core.StateSucceeded)
+	f.waitState("job-park-restart", jobstate.StateSucceeded)
 }
 
 // argString is a Redis command's argument as text: the store passes a
@@ -430,13 +430,13 @@ func TestProgressWhileParkingIsRecorded(t *testing.T) {
 	// completes; nothing observable says so, so give it a moment.
 	time.Sleep(200 * time.Millisecond)
 	close(hook.proceed)
-	r := f.waitState("job-park-race", core.StateRunning)
-	if r.Reason != core.ReasonStarted {
+	r := f.waitState("job-park-race", jobstate.StateRunning)
+	if r.Reason != jobstate.ReasonStarted {
 		t.Fatalf("RUNNING for %s", r.Reason)
 	}
 	waitParked(t, n, 1) // parked again, RUNNING
 	release.open("job-park-race")
-	f.waitState("job-park-race", core.StateSucceeded)
+	f.waitState("job-park-race", jobstate.StateSucceeded)
 }
 
 // Redis loses its data (here: every key of this test's prefix) while a job
@@ -467,7 +467,7 @@ func TestResultOfAJobRedisLostIsDeadLetteredAsStateLost(t *testing.T) {
 	}
 	release.open("job-redis-lost")
 	e := f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-redis-lost" })
-	if e.Reason != core.ReasonStateLost {
-		t.Fatalf("dead-lettered as %s (%s), want %s", e.Reason, e.Message, core.ReasonStateLost)
+	if e.Reason != jobstate.ReasonStateLost {
+		t.Fatalf("dead-lettered as %s (%s), want %s", e.Reason, e.Message, jobstate.ReasonStateLost)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -58,17 +58,17 @@ func policyComesBack(t *testing.T, withNewJob bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for i := 0; i < waiting; i += 37 {
-		f.waitState(fmt.Sprintf("pw-%d", i), core.StatePending)
+		f.waitState(fmt.Sprintf("pw-%d", i), jobstate.StatePending)
 	}
 	pol.up.Store(true)
 	if withNewJob {
 		f.submit(echoReq("pw-after")) // its check is the first to succeed
-		f.waitState("pw-after", core.StateSucceeded)
+		f.waitState("pw-after", jobstate.StateSucceeded)
 	}
 	// Otherwise the node's prober wakes one waiter a second; its success
 	// wakes the rest.
 	for i := 0; i < waiting; i++ {
-		f.waitStateWithin(fmt.Sprintf("pw-%d", i), core.StateSucceeded, 15*time.Second)
+		f.waitStateWithin(fmt.Sprintf("pw-%d", i), jobstate.StateSucceeded, 15*time.Second)
 	}
 }
 

@@ -1,6 +1,6 @@
 package troupe
 
-import "github.com/troupe-run/troupe/router"
+import "github.com/troupe-run/troupe/internal/router"
 
 // Pool names of DefaultPools.
 const (

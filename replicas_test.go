@@ -11,10 +11,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -45,7 +45,7 @@ func TestResultsReachTheOwningReplica(t *testing.T) {
 	}
 	owners := map[string]int{}
 	for i := 0; i < jobs; i++ {
-		r := f.waitState(fmt.Sprintf("rep-%d", i), core.StateSucceeded)
+		r := f.waitState(fmt.Sprintf("rep-%d", i), jobstate.StateSucceeded)
 		owners[r.History[0].Node]++
 		if n := rec.count(r.ID); n != 1 {
 			t.Fatalf("%s received %d times", r.ID, n)
@@ -96,11 +96,11 @@ func TestLostRecordIsRecreatedByItsOwner(t *testing.T) {
 	})
 	f.submit(echoReq("job-lost"))
 	<-rec.ch
-	f.waitState("job-lost", core.StateDispatched)
+	f.waitState("job-lost", jobstate.StateDispatched)
 	// Everything Redis knew about the job is gone.
 	f.loseJob("job-lost")
 	close(release)
-	r := f.waitState("job-lost", core.StateSucceeded)
+	r := f.waitState("job-lost", jobstate.StateSucceeded)
 	if !strings.Contains(reasons(r.History), "SCHEDULED:state_lost DISPATCHED:state_lost") || r.Worker != "w1" {
 		t.Fatalf("history %s", reasons(r.History))
 	}
@@ -138,9 +138,9 @@ func TestLostRecordOfAnIdleJobIsRecreatedAtRenewal(t *testing.T) {
 	defer close(release)
 	f.submit(echoReq("job-lost-idle"))
 	<-rec.ch
-	f.waitState("job-lost-idle", core.StateDispatched)
+	f.waitState("job-lost-idle", jobstate.StateDispatched)
 	f.loseJob("job-lost-idle")
-	r := f.waitState("job-lost-idle", core.StateDispatched) // back, with no result yet
+	r := f.waitState("job-lost-idle", jobstate.StateDispatched) // back, with no result yet
 	if !strings.Contains(reasons(r.History), "DISPATCHED:state_lost") || r.Worker != "w1" {
 		t.Fatalf("history %s, worker %s", reasons(r.History), r.Worker)
 	}
@@ -162,7 +162,7 @@ func TestGracefulStopHandsJobsOver(t *testing.T) {
 	})
 	f.submit(echoReq("job-handover"))
 	<-rec.ch
-	f.waitState("job-handover", core.StateDispatched)
+	f.waitState("job-handover", jobstate.StateDispatched)
 	a := f.node
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -177,7 +177,7 @@ func TestGracefulStopHandsJobsOver(t *testing.T) {
 	t.Logf("stop took %v", time.Since(start))
 	newNodeOn(t, f, "node-b")
 	close(release)
-	r := f.waitState("job-handover", core.StateSucceeded)
+	r := f.waitState("job-handover", jobstate.StateSucceeded)
 	if last := r.History[len(r.History)-1]; last.Node != "node-b" {
 		t.Fatalf("finished by %s", last.Node)
 	}
@@ -224,7 +224,7 @@ func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 	res, _ := bus.EncodeResult("orphan-1", "w-gone", &capv1.JobResult{JobId: "orphan-1", WorkerId: "w-gone",
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
 	f.publishRaw(f.subj.Result, res)
-	r := f.waitState("orphan-1", core.StateSucceeded)
+	r := f.waitState("orphan-1", jobstate.StateSucceeded)
 	if last := r.History[len(r.History)-1]; last.Node != "node-a" {
 		t.Fatalf("finished by %s", last.Node)
 	}

@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -103,7 +103,7 @@ func TestLostDirectDispatchIsResentToADedupingWorker(t *testing.T) {
 		f.submit(echoReq(id))
 	}
 	for _, id := range ids {
-		rec := f.waitState(id, core.StateSucceeded)
+		rec := f.waitState(id, jobstate.StateSucceeded)
 		if rec.Attempts != 1 {
 			t.Errorf("%s: %d scheduling attempts, want 1 (a resend is the same dispatch)", id, rec.Attempts)
 		}
@@ -144,7 +144,7 @@ func TestResendStopsOnceTheDedupingWorkerConfirms(t *testing.T) {
 	f.submit(echoReq("rs-held"))
 	// The worker never reports progress by itself: the job becomes RUNNING
 	// only through the worker's answer to a repeated dispatch.
-	rec := f.waitState("rs-held", core.StateRunning)
+	rec := f.waitState("rs-held", jobstate.StateRunning)
 	if dups.Load() < 1 {
 		t.Fatalf("RUNNING (%s) without a repeated delivery", reasons(rec.History))
 	}
@@ -160,7 +160,7 @@ func TestResendStopsOnceTheDedupingWorkerConfirms(t *testing.T) {
 		t.Errorf("dispatch repeated %v more times after the worker confirmed it", n-atRunning)
 	}
 	free()
-	f.waitState("rs-held", core.StateSucceeded)
+	f.waitState("rs-held", jobstate.StateSucceeded)
 	if r := runs.Load(); r != 1 {
 		t.Errorf("handler ran %d times, want 1", r)
 	}
@@ -172,7 +172,7 @@ func TestNoResendToAWorkerThatDoesNotDedupe(t *testing.T) {
 	rec := newReceipts()
 	f.startWorker("plain", true, rec, worker.Sleep(time.Second))
 	f.submit(echoReq("rs-plain"))
-	f.waitState("rs-plain", core.StateSucceeded)
+	f.waitState("rs-plain", jobstate.StateSucceeded)
 	if n := rec.count("rs-plain"); n != 1 {
 		t.Errorf("delivered %d times to a worker that does not dedupe, want 1", n)
 	}

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -30,7 +30,7 @@ func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
 			f := newFixture(t, func(cfg *troupe.Config) { cfg.Retention = c.retention })
 			f.startWorker("w1", true, nil, worker.Echo)
 			f.submit(echoReq("kept-1"))
-			f.waitState("kept-1", core.StateSucceeded)
+			f.waitState("kept-1", jobstate.StateSucceeded)
 			keys := f.node.Store().Keys()
 			for _, k := range []string{keys.Job("kept-1")} {
 				ttl, err := f.env.Redis.PTTL(context.Background(), k).Result()
@@ -59,7 +59,7 @@ func TestDLQRetentionDropsOldEntries(t *testing.T) {
 		c.DuePoll = 20 * time.Millisecond
 	})
 	f.publishRaw(f.subj.Submit, []byte{0xff, 0xff, 0xff, 0x01})
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == core.ReasonDecodeFailed })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonDecodeFailed })
 	ctx := context.Background()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		es, err := f.node.Store().ListDLQ(ctx, 10)

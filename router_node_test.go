@@ -12,12 +12,12 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -40,7 +40,7 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	die() // the worker dies holding the job
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
-	r := f.waitState("job-orphan", core.StateSucceeded)
+	r := f.waitState("job-orphan", jobstate.StateSucceeded)
 	// Re-placed after the loss; it may wait a moment (stale_worker,
 	// no_workers) if the survivor's first heartbeat is not in yet.
 	if !redispatched.MatchString(reasons(r.History)) || r.Worker != "survivor" {
@@ -60,7 +60,7 @@ func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.WorkerTTL = time.Second
-		c.Timeouts = &actors.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
 	})
 	dead := make(chan struct{})
 	doomed := startCapWorker(t, f.env.NATS, f.subj, "doomed", 4, 100*time.Millisecond,
@@ -71,11 +71,11 @@ func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	close(dead)    // it dies holding the job: no result, ever…
 	doomed.close() // …and no more heartbeats: it is evicted within a second
 	survivor := startCapWorker(t, f.env.NATS, f.subj, "survivor", 4, 100*time.Millisecond, nil)
-	r := f.waitState("job-stock", core.StateTimeout)
+	r := f.waitState("job-stock", jobstate.StateTimeout)
 	// The history names what happened: the picked worker was lost, but no
 	// worker had spoken for the job, so its deadline decided.
 	h := reasons(r.History)
-	if r.Reason != core.ReasonRunningTimeout || strings.Contains(h, "SCHEDULED:worker_lost") ||
+	if r.Reason != jobstate.ReasonRunningTimeout || strings.Contains(h, "SCHEDULED:worker_lost") ||
 		!strings.Contains(h, "DISPATCHED:worker_lost_runner_unknown") {
 		t.Fatalf("history %s", h)
 	}
@@ -104,7 +104,7 @@ func TestRuntimeTopicMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.submit(&capv1.JobRequest{JobId: "job-mapped", Topic: "job.new"})
-	r := f.waitState("job-mapped", core.StateSucceeded)
+	r := f.waitState("job-mapped", jobstate.StateSucceeded)
 	if r.Worker != "wn" {
 		t.Fatalf("worker %s", r.Worker)
 	}
@@ -143,7 +143,7 @@ func TestTenantLimitAcrossReplicas(t *testing.T) {
 	other := echoReq("globex-1")
 	other.TenantId = "globex"
 	f.submit(other)
-	f.waitState("globex-1", core.StateSucceeded)
+	f.waitState("globex-1", jobstate.StateSucceeded)
 	// Two acme jobs wait for the cap, with the reason recorded.
 	waiting := 0
 	deadline := time.Now().Add(10 * time.Second)
@@ -151,7 +151,7 @@ func TestTenantLimitAcrossReplicas(t *testing.T) {
 		waiting = 0
 		for i := 0; i < 3; i++ {
 			if r, err := f.node.Job(context.Background(), fmt.Sprintf("acme-%d", i)); err == nil &&
-				r.State == core.StateScheduled && r.Reason == core.ReasonTenantLimit {
+				r.State == jobstate.StateScheduled && r.Reason == jobstate.ReasonTenantLimit {
 				waiting++
 			}
 		}
@@ -162,7 +162,7 @@ func TestTenantLimitAcrossReplicas(t *testing.T) {
 	}
 	close(release)
 	for i := 0; i < 3; i++ {
-		f.waitState(fmt.Sprintf("acme-%d", i), core.StateSucceeded)
+		f.waitState(fmt.Sprintf("acme-%d", i), jobstate.StateSucceeded)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -193,7 +193,7 @@ func TestFinishedJobsFreeTheirWorkerBeforeTheNextHeartbeat(t *testing.T) {
 		f.submit(echoReq(fmt.Sprintf("quick-%d", i)))
 	}
 	for i := 0; i < 10; i++ {
-		f.waitStateWithin(fmt.Sprintf("quick-%d", i), core.StateSucceeded, 4*time.Second)
+		f.waitStateWithin(fmt.Sprintf("quick-%d", i), jobstate.StateSucceeded, 4*time.Second)
 	}
 	if el := time.Since(start); el > 4*time.Second {
 		t.Fatalf("ten quick jobs took %v: the worker stayed full until its heartbeat", el)
@@ -229,21 +229,23 @@ func startedJobOfALostWorker(t *testing.T, park bool) {
 		t.Fatalf("doomed worker got %s", id)
 	}
 	f.publishProgress("job-lost-running", "doomed")
-	f.waitState("job-lost-running", core.StateRunning)
+	f.waitState("job-lost-running", jobstate.StateRunning)
 	if park {
 		waitParked(t, f.node, 1)
 	}
 	rec := newReceipts()
 	f.startWorker("survivor", true, rec, worker.Echo)
 	die() // the worker dies while running the job
-	r := f.waitStateWithin("job-lost-running", core.StateFailed, 20*time.Second)
-	if r.Reason != core.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
+	r := f.waitStateWithin("job-lost-running", jobstate.StateFailed, 20*time.Second)
+	if r.Reason != jobstate.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
 		t.Fatalf("reason %s, history %s", r.Reason, reasons(r.History))
 	}
 	if rec.count("job-lost-running") != 0 {
 		t.Fatal("the started job was run again on the survivor")
 	}
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-lost-running" && e.Reason == core.ReasonWorkerLost })
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.JobID == "job-lost-running" && e.Reason == jobstate.ReasonWorkerLost
+	})
 }
 
 // doomedWorker is a direct-dispatch worker that reports progress: it
@@ -339,7 +341,7 @@ func TestPoolSubjectJobIsChargedToTheWorkerThatSpoke(t *testing.T) {
 	stopRunner := beating("runner")
 	f.waitWorkers(2)
 	f.publishProgress("job-spoken-for", "runner")
-	r := f.waitState("job-spoken-for", core.StateRunning)
+	r := f.waitState("job-spoken-for", jobstate.StateRunning)
 	if r.Worker != "runner" {
 		t.Fatalf("job's worker %q after the runner spoke, want runner", r.Worker)
 	}
@@ -347,13 +349,13 @@ func TestPoolSubjectJobIsChargedToTheWorkerThatSpoke(t *testing.T) {
 	stopPicked()
 	f.waitWorkers(1)
 	r, err = f.node.Job(context.Background(), "job-spoken-for")
-	if err != nil || r.State != core.StateRunning || strings.Contains(reasons(r.History), "worker_lost") {
+	if err != nil || r.State != jobstate.StateRunning || strings.Contains(reasons(r.History), "worker_lost") {
 		t.Fatalf("after the picked worker's loss: %v %s %v", r.State, reasons(r.History), err)
 	}
 	// The runner dies: the job is lost with it.
 	stopRunner()
-	r = f.waitStateWithin("job-spoken-for", core.StateFailed, 20*time.Second)
-	if r.Reason != core.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
+	r = f.waitStateWithin("job-spoken-for", jobstate.StateFailed, 20*time.Second)
+	if r.Reason != jobstate.ReasonWorkerLost || !strings.Contains(reasons(r.History), "RUNNING:worker_lost FAILED:worker_lost") {
 		t.Fatalf("reason %s, history %s", r.Reason, reasons(r.History))
 	}
 }

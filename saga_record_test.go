@@ -11,10 +11,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/saga"
-	"github.com/troupe-run/troupe/store"
 )
 
 // A workflow step that succeeds records its compensation template and joins
@@ -36,7 +36,7 @@ func TestSagaRecordingIsPartOfTheTerminalWrite(t *testing.T) {
 		return r
 	}
 	f.submit(step("wf1-s1", 1))
-	f.waitState("wf1-s1", core.StateSucceeded)
+	f.waitState("wf1-s1", jobstate.StateSucceeded)
 	keys := store.NewKeys(f.env.KeyPrefix())
 	ctx := context.Background()
 	raw, err := f.env.Redis.HGet(ctx, saga.TemplatesKey(keys, store.Shard("wf1-s1"), "wf-1"),
@@ -57,8 +57,8 @@ func TestSagaRecordingIsPartOfTheTerminalWrite(t *testing.T) {
 		t.Fatalf("step not on its workflow's stack %s", stack)
 	}
 	f.submit(step("wf1-s2", 2))
-	rec := f.waitState("wf1-s2", core.StateFailed)
-	if rec.Reason != core.ReasonWorkerFailedFatal {
+	rec := f.waitState("wf1-s2", jobstate.StateFailed)
+	if rec.Reason != jobstate.ReasonWorkerFailedFatal {
 		t.Fatalf("reason %s", rec.Reason)
 	}
 	if _, err := f.env.Redis.ZScore(ctx, keys.Tag("wf1-s2")+saga.Triggers, "wf-1").Result(); err != nil {
@@ -88,9 +88,9 @@ func TestNodeRollsAWorkflowBack(t *testing.T) {
 		r.WorkflowId, r.StepIndex = "wf-node", i
 		r.Compensation = &capv1.Compensation{Topic: "job.echo", Env: map[string]string{"UNDO": id}}
 		f.submit(r)
-		want := core.StateSucceeded
+		want := jobstate.StateSucceeded
 		if i == 3 {
-			want = core.StateFailed
+			want = jobstate.StateFailed
 		}
 		f.waitState(id, want)
 	}
@@ -131,7 +131,7 @@ func TestNodeRollsAWorkflowBack(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if len(rep.Steps) != 2 || rep.Steps[0].CompState != core.StateSucceeded {
+	if len(rep.Steps) != 2 || rep.Steps[0].CompState != jobstate.StateSucceeded {
 		t.Fatalf("saga report steps %+v", rep.Steps)
 	}
 	if resp, err := http.Get(addr + "/v1/sagas/no-such-workflow"); err != nil || resp.StatusCode != http.StatusNotFound {

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/saga"
 )
 
 // A step's record expires 24 h after it ends; its compensation must not:
@@ -78,9 +78,9 @@ func TestSagaKeysExpire(t *testing.T) {
 		for i := int32(1); i <= n; i++ {
 			s := step(wf, i, "job.echo")
 			f.submit(s)
-			want := core.StateSucceeded
+			want := jobstate.StateSucceeded
 			if i == 3 {
-				want = core.StateFailed
+				want = jobstate.StateFailed
 			}
 			f.waitState(s.JobId, want)
 		}

@@ -13,11 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/saga"
-	"github.com/troupe-run/troupe/store"
 )
 
 // sagaWorld is one saga test's node, worker and what the worker saw.
@@ -99,9 +99,9 @@ func (w *sagaWorld) runSteps(steps []*capv1.JobRequest, failAt int32) {
 	w.t.Helper()
 	for _, s := range steps {
 		w.submit(s)
-		want := core.StateSucceeded
+		want := jobstate.StateSucceeded
 		if s.StepIndex == failAt {
-			want = core.StateFailed
+			want = jobstate.StateFailed
 		}
 		w.waitState(s.JobId, want)
 	}
@@ -188,7 +188,7 @@ func TestSagaRollbackCompensatesInReverseOrderOnce(t *testing.T) {
 	}
 	w.mu.Unlock()
 	for _, id := range []string{wf + "-s1", wf + "-s2"} {
-		if sp := p.Steps[id]; sp.Outcome != saga.OutcomeSucceeded || sp.State != core.StateSucceeded {
+		if sp := p.Steps[id]; sp.Outcome != saga.OutcomeSucceeded || sp.State != jobstate.StateSucceeded {
 			t.Errorf("step %s progress %+v", id, sp)
 		}
 	}
@@ -209,7 +209,7 @@ func TestSagaRollbackCompensatesInReverseOrderOnce(t *testing.T) {
 			break
 		}
 	}
-	if rep.Triggered || len(rep.Steps) != 2 || rep.Steps[0].CompState != core.StateSucceeded {
+	if rep.Triggered || len(rep.Steps) != 2 || rep.Steps[0].CompState != jobstate.StateSucceeded {
 		t.Fatalf("report %+v", rep)
 	}
 }

@@ -10,13 +10,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/intake"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/intake"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -179,7 +179,7 @@ func TestSignedJobSucceedsWithVerificationOn(t *testing.T) {
 	w := s.startWorker(f, s.keys, rec, worker.Echo)
 
 	f.signedSubmit(s.client, "client", echoReq("job-signed"))
-	r := f.waitState("job-signed", core.StateSucceeded)
+	r := f.waitState("job-signed", jobstate.StateSucceeded)
 	if r.Worker != s.workerID || rec.count("job-signed") != 1 {
 		t.Fatalf("worker %q, receipts %d", r.Worker, rec.count("job-signed"))
 	}
@@ -231,11 +231,11 @@ func TestBadlySignedSubmitsAreDeadLettered(t *testing.T) {
 	f.publishRaw(f.subj.Submit, tampered)
 	f.signedSubmit(s.client, "client", echoReq("job-good"))
 
-	for id, reason := range map[string]core.Reason{
-		"job-unsigned":  core.ReasonUnsignedPacket,
-		"job-stranger":  core.ReasonUnknownSender,
-		"job-wrong-key": core.ReasonBadSignature,
-		"job-tampered":  core.ReasonBadSignature,
+	for id, reason := range map[string]jobstate.Reason{
+		"job-unsigned":  jobstate.ReasonUnsignedPacket,
+		"job-stranger":  jobstate.ReasonUnknownSender,
+		"job-wrong-key": jobstate.ReasonBadSignature,
+		"job-tampered":  jobstate.ReasonBadSignature,
 	} {
 		e := f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == id })
 		if e.Reason != reason || e.Subject != f.subj.Submit || len(e.Raw) == 0 {
@@ -249,7 +249,7 @@ func TestBadlySignedSubmitsAreDeadLettered(t *testing.T) {
 		nextVerified(t, dlqEvents, "sys.job.dlq announcement")
 	}
 
-	f.waitState("job-good", core.StateSucceeded)
+	f.waitState("job-good", jobstate.StateSucceeded)
 	for _, id := range []string{"job-unsigned", "job-stranger", "job-wrong-key", "job-tampered"} {
 		if _, err := f.node.Job(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s: a rejected submit has a job record (err %v)", id, err)
@@ -277,7 +277,7 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 		return worker.Echo(ctx, req)
 	})
 	f.signedSubmit(s.client, "client", echoReq("job-forge"))
-	f.waitState("job-forge", core.StateRunning)
+	f.waitState("job-forge", jobstate.StateRunning)
 
 	failed := &capv1.JobResult{JobId: "job-forge", Status: capv1.JobStatus_JOB_STATUS_FAILED, WorkerId: s.workerID,
 		ErrorCode: "forged"}
@@ -288,19 +288,19 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 	cancel, _ := bus.EncodeCancel("trace-job-forge", "client", &capv1.JobCancel{JobId: "job-forge", Reason: "forged"})
 	f.publishRaw(f.subj.Cancel, cancel)
 
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-forge" && e.Reason == core.ReasonBadSignature })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-forge" && e.Reason == jobstate.ReasonBadSignature })
 	f.waitDLQ(func(e store.DLQEntry) bool {
-		return e.JobID == "job-forge" && e.Reason == core.ReasonUnsignedPacket && e.Subject == f.subj.Result
+		return e.JobID == "job-forge" && e.Reason == jobstate.ReasonUnsignedPacket && e.Subject == f.subj.Result
 	})
 	f.waitDLQ(func(e store.DLQEntry) bool {
-		return e.JobID == "job-forge" && e.Reason == core.ReasonUnsignedPacket && e.Subject == f.subj.Cancel
+		return e.JobID == "job-forge" && e.Reason == jobstate.ReasonUnsignedPacket && e.Subject == f.subj.Cancel
 	})
 	waitRejected(t, f.node, "result", signing.ReasonBadSignature, 1)
 	waitRejected(t, f.node, "result", signing.ReasonUnsigned, 1)
 	waitRejected(t, f.node, "cancel", signing.ReasonUnsigned, 1)
 	// Straight to the owner's inbox, as if another replica forwarded it.
 	m := nats.NewMsg(f.subj.Inbox(s.nodeID))
-	m.Header.Set(intake.HeaderKind, actors.ForwardResult)
+	m.Header.Set(intake.HeaderKind, jobactor.ForwardResult)
 	m.Data = forged
 	reply, err := f.env.NATS.RequestMsg(m, 10*time.Second)
 	if err != nil || string(reply.Data) != "nak" {
@@ -309,14 +309,14 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 	// The forward itself carries no node signature (Troupe-Signature): it
 	// is refused before its packet is looked at.
 	waitRejected(t, f.node, "result", signing.ReasonUnsigned, 2)
-	if r, err := f.node.Job(context.Background(), "job-forge"); err != nil || r.State != core.StateRunning {
+	if r, err := f.node.Job(context.Background(), "job-forge"); err != nil || r.State != jobstate.StateRunning {
 		t.Fatalf("after forged packets: %v %+v", err, r)
 	}
 
 	close(release)
-	r := f.waitState("job-forge", core.StateSucceeded)
+	r := f.waitState("job-forge", jobstate.StateSucceeded)
 	for _, h := range r.History {
-		if h.To == core.StateFailed || h.To == core.StateCancelled {
+		if h.To == jobstate.StateFailed || h.To == jobstate.StateCancelled {
 			t.Fatalf("a forged packet moved the job: %s", reasons(r.History))
 		}
 	}
@@ -330,11 +330,11 @@ func TestAPICancelIsSignedAsTheNode(t *testing.T) {
 	f := newFixture(t, s.nodeConfig(true))
 	s.startWorker(f, s.keys, nil, hang)
 	f.signedSubmit(s.client, "client", echoReq("job-api-cancel"))
-	f.waitState("job-api-cancel", core.StateRunning)
+	f.waitState("job-api-cancel", jobstate.StateRunning)
 	if err := f.node.Cancel(context.Background(), "job-api-cancel", "test", "operator"); err != nil {
 		t.Fatal(err)
 	}
-	f.waitState("job-api-cancel", core.StateCancelled)
+	f.waitState("job-api-cancel", jobstate.StateCancelled)
 }
 
 // A worker that does not know the node's key drops its dispatches; the job
@@ -344,14 +344,14 @@ func TestWorkerDropsDispatchesItCannotVerify(t *testing.T) {
 	t.Parallel()
 	s := newSigSetup(t, "wdrop")
 	f := newFixture(t, s.nodeConfig(true, func(c *troupe.Config) {
-		c.Timeouts = &actors.Timeouts{Dispatch: 500 * time.Millisecond, Running: time.Hour}
+		c.Timeouts = &jobactor.Timeouts{Dispatch: 500 * time.Millisecond, Running: time.Hour}
 	}))
 	other := newSigSetup(t, "wdrop-other") // a key set where the node id is another key
 	rec := newReceipts()
 	w := s.startWorker(f, other.keys, rec, worker.Echo)
 	f.signedSubmit(s.client, "client", echoReq("job-dropped"))
-	r := f.waitState("job-dropped", core.StateTimeout)
-	if r.Reason != core.ReasonDispatchTimeout || rec.count("job-dropped") != 0 || w.Rejected() == 0 {
+	r := f.waitState("job-dropped", jobstate.StateTimeout)
+	if r.Reason != jobstate.ReasonDispatchTimeout || rec.count("job-dropped") != 0 || w.Rejected() == 0 {
 		t.Fatalf("reason %s, receipts %d, worker rejected %d", r.Reason, rec.count("job-dropped"), w.Rejected())
 	}
 	if n := rejected(t, f.node, "cancel", signing.ReasonBadSignature) + rejected(t, f.node, "cancel", signing.ReasonUnsigned) +
@@ -403,6 +403,6 @@ func TestVerificationOffAcceptsUnsignedPackets(t *testing.T) {
 	t.Cleanup(w.Stop)
 	f.waitWorkers(1)
 	f.submit(echoReq("job-plain"))
-	f.waitState("job-plain", core.StateSucceeded)
+	f.waitState("job-plain", jobstate.StateSucceeded)
 	nextVerified(t, dispatches, "dispatch of a node that signs but does not verify")
 }

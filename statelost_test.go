@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -71,7 +71,7 @@ func toldOnceWhenLost(t *testing.T, replicas int) {
 
 	select {
 	case r := <-told:
-		if r.Status != capv1.JobStatus_JOB_STATUS_FAILED || r.ErrorCode != string(core.ReasonStateLost) {
+		if r.Status != capv1.JobStatus_JOB_STATUS_FAILED || r.ErrorCode != string(jobstate.ReasonStateLost) {
 			t.Fatalf("told %v %q, want FAILED state_lost", r.Status, r.ErrorCode)
 		}
 	case <-time.After(20 * time.Second):
@@ -98,7 +98,7 @@ func toldOnceWhenLost(t *testing.T, replicas int) {
 		}
 		lost = 0
 		for _, e := range es {
-			if e.JobID == id && e.Reason == core.ReasonStateLost {
+			if e.JobID == id && e.Reason == jobstate.ReasonStateLost {
 				lost++
 			}
 		}

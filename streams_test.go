@@ -13,11 +13,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -43,7 +43,7 @@ func TestGuardSurvivesARecreatedStream(t *testing.T) {
 		f.submit(echoReq(fmt.Sprintf("before-%d", i)))
 	}
 	for i := 0; i < n; i++ {
-		f.waitState(fmt.Sprintf("before-%d", i), core.StateSucceeded)
+		f.waitState(fmt.Sprintf("before-%d", i), jobstate.StateSucceeded)
 	}
 	waitNoPending(t, f.js, resultStream, consumer) // every result acked: marked 1..n
 
@@ -83,7 +83,7 @@ func TestGuardSurvivesARecreatedStream(t *testing.T) {
 	}
 	t.Logf("%d of %d results redelivered to the node", stolen, n)
 	for i := 0; i < n; i++ {
-		f.waitStateWithin(fmt.Sprintf("after-%d", i), core.StateSucceeded, 30*time.Second)
+		f.waitStateWithin(fmt.Sprintf("after-%d", i), jobstate.StateSucceeded, 30*time.Second)
 	}
 	if got := counter(t, f.node, "troupe_redeliveries_skipped_total", resultStream); got != 0 {
 		t.Fatalf("the guard skipped %v redelivered results of the recreated stream", got)
@@ -99,7 +99,7 @@ func TestFaultStreamDeletedWhileRunning(t *testing.T) {
 	f.startWorker("w1", true, nil, worker.Echo)
 	ctx := context.Background()
 	f.submit(echoReq("before"))
-	f.waitState("before", core.StateSucceeded)
+	f.waitState("before", jobstate.StateSucceeded)
 
 	names := map[bus.StreamKind]string{}
 	deleted := time.Now()
@@ -130,7 +130,7 @@ func TestFaultStreamDeletedWhileRunning(t *testing.T) {
 		f.submit(echoReq(fmt.Sprintf("after-%d", i)))
 	}
 	for i := 0; i < n; i++ {
-		f.waitStateWithin(fmt.Sprintf("after-%d", i), core.StateSucceeded, 20*time.Second)
+		f.waitStateWithin(fmt.Sprintf("after-%d", i), jobstate.StateSucceeded, 20*time.Second)
 	}
 	for kind, name := range names {
 		if got := counter(t, f.node, "troupe_streams_recreated_total", name); got != 1 {
@@ -210,17 +210,17 @@ func TestResultStreamLossAsksDedupingWorkersAgain(t *testing.T) {
 	})
 	sw := startStreamLossWorker(t, f, "forgetful")
 	f.submit(echoReq("sl-parked"))
-	f.waitState("sl-parked", core.StateRunning)
+	f.waitState("sl-parked", jobstate.StateRunning)
 	waitParked(t, f.node, 1)
 	f.submit(echoReq("sl-live"))
-	f.waitState("sl-live", core.StateRunning)
+	f.waitState("sl-live", jobstate.StateRunning)
 
 	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamResult)
 	if err := f.js.DeleteStream(context.Background(), name); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"sl-parked", "sl-live"} {
-		rec := f.waitStateWithin(id, core.StateSucceeded, 20*time.Second)
+		rec := f.waitStateWithin(id, jobstate.StateSucceeded, 20*time.Second)
 		if n := sw.delivered(id); n < 2 {
 			t.Fatalf("%s: delivered %d times, want its dispatch repeated after the stream loss", id, n)
 		}
@@ -352,7 +352,7 @@ func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // ~200 submits/s: jobs finish while the streams are gone
 	}
 	for i := 0; i < n; i++ {
-		f.waitStateWithin(fmt.Sprintf("ld-%d", i), core.StateSucceeded, 60*time.Second)
+		f.waitStateWithin(fmt.Sprintf("ld-%d", i), jobstate.StateSucceeded, 60*time.Second)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -433,7 +433,7 @@ func TestReadyReportsAStreamThatRefusesWrites(t *testing.T) {
 	}
 	f.submit(echoReq("after-repair"))
 	f.startWorker("w1", true, nil, worker.Echo)
-	f.waitStateWithin("after-repair", core.StateSucceeded, 20*time.Second)
+	f.waitStateWithin("after-repair", jobstate.StateSucceeded, 20*time.Second)
 }
 
 // Three replicas started at the same moment against fresh streams, twenty

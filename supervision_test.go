@@ -5,11 +5,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/internal/supervisor"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -24,16 +24,16 @@ func TestFatalActorFailureMarksTheJobFailed(t *testing.T) {
 	f.startWorker("w1", true, rec, hang)
 	f.submit(echoReq("job-fatal"))
 	waitFor(t, rec.ch, "job-fatal") // the worker holds it: DISPATCHED
-	f.node.DeliverToJob("job-fatal", &actors.Crash{Fatal: true})
+	f.node.DeliverToJob("job-fatal", &jobactor.Crash{Fatal: true})
 
-	r := f.waitState("job-fatal", core.StateFailed)
-	if r.Reason != core.ReasonActorFailed {
+	r := f.waitState("job-fatal", jobstate.StateFailed)
+	if r.Reason != jobstate.ReasonActorFailed {
 		t.Fatalf("reason %s: %s", r.Reason, reasons(r.History))
 	}
 	if !strings.Contains(r.ErrorMessage, "injected fatal crash") {
 		t.Fatalf("error message %q does not say why", r.ErrorMessage)
 	}
-	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-fatal" && e.Reason == core.ReasonActorFailed })
+	f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "job-fatal" && e.Reason == jobstate.ReasonActorFailed })
 	waitFor(t, cancels, "job-fatal")
 }
 
@@ -49,18 +49,18 @@ func TestTransientFailuresRestartWithinTheBudget(t *testing.T) {
 
 	f.submit(echoReq("job-blip"))
 	waitFor(t, rec.ch, "job-blip")
-	f.node.DeliverToJob("job-blip", &actors.Crash{})
+	f.node.DeliverToJob("job-blip", &jobactor.Crash{})
 	f.submit(echoReq("job-flaky"))
 	waitFor(t, rec.ch, "job-flaky")
 	for i := 0; i <= supervisor.RestartBudget; i++ {
-		f.node.DeliverToJob("job-flaky", &actors.Crash{})
+		f.node.DeliverToJob("job-flaky", &jobactor.Crash{})
 	}
-	r := f.waitState("job-flaky", core.StateFailed)
-	if r.Reason != core.ReasonActorFailed || !strings.Contains(r.ErrorMessage, "transient") {
+	r := f.waitState("job-flaky", jobstate.StateFailed)
+	if r.Reason != jobstate.ReasonActorFailed || !strings.Contains(r.ErrorMessage, "transient") {
 		t.Fatalf("past the budget: %s %q: %s", r.Reason, r.ErrorMessage, reasons(r.History))
 	}
 	close(release)
-	r = f.waitState("job-blip", core.StateSucceeded)
+	r = f.waitState("job-blip", jobstate.StateSucceeded)
 	if n := rec.count("job-blip"); n != 1 {
 		t.Fatalf("the restarted job reached the worker %d times", n)
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/troupe-run/troupe/tracing"
+	"github.com/troupe-run/troupe/internal/tracing"
 )
 
 // tracingShutdownTimeout bounds the flush of the last spans in Stop.

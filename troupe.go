@@ -26,21 +26,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/intake"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/intake"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/jobtrace"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/internal/metricsx"
-	"github.com/troupe-run/troupe/jobtrace"
-	"github.com/troupe-run/troupe/recovery"
-	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/internal/recovery"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/internal/supervisor"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/signing"
-	"github.com/troupe-run/troupe/store"
-	"github.com/troupe-run/troupe/supervisor"
 )
 
 // Node is one Troupe replica.
@@ -69,16 +69,16 @@ type Node struct {
 	sys    *actor.ActorSystem
 	router *actor.PID
 	shards []*actor.PID
-	env    *actors.Env
+	env    *jobactor.Env
 	intake *intake.Intake
 	guard  *intake.Guard
-	wheel  *actors.Wheel
+	wheel  *jobactor.Wheel
 	due    *recovery.DuePoller
 
 	dispatcher *supervisor.PoolDispatcher
 	resolver   *supervisor.Resolver
 	sagas      *saga.Sagas
-	scans      *actors.ScanPool
+	scans      *jobactor.ScanPool
 
 	cancel context.CancelFunc
 	subs   []*nats.Subscription
@@ -151,9 +151,9 @@ func NewNode(cfg Config) (*Node, error) {
 		}
 	}
 	if cfg.Timeouts == nil {
-		cfg.Timeouts = actors.DefaultTimeouts()
+		cfg.Timeouts = jobactor.DefaultTimeouts()
 		if cfg.TimeoutsFile != "" {
-			t, err := actors.LoadTimeouts(cfg.TimeoutsFile)
+			t, err := jobactor.LoadTimeouts(cfg.TimeoutsFile)
 			if err != nil {
 				return nil, fmt.Errorf("troupe: %w", err)
 			}
@@ -331,7 +331,7 @@ func (n *Node) Start(ctx context.Context) error {
 		OnEvictJobs: func(workerID string, jobIDs []string, evictedAt time.Time) {
 			if in := intakeRef.Load(); in != nil {
 				for _, id := range jobIDs {
-					in.Tell(id, &actors.WorkerLost{WorkerID: workerID, At: evictedAt})
+					in.Tell(id, &jobactor.WorkerLost{WorkerID: workerID, At: evictedAt})
 				}
 			}
 		},
@@ -344,11 +344,11 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	n.snap.WarmStart(ctx)
 	n.snap.Start()
-	n.wheel = actors.NewWheel(root)
+	n.wheel = jobactor.NewWheel(root)
 	if n.cfg.Output != nil {
-		n.scans = actors.NewScanPool(ScanWorkers, ScanQueue)
+		n.scans = jobactor.NewScanPool(ScanWorkers, ScanQueue)
 	}
-	waiters := actors.NewSafetyWaiters()
+	waiters := jobactor.NewSafetyWaiters()
 	n.bg.Add(2)
 	go func() {
 		defer n.bg.Done()
@@ -362,10 +362,10 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
-	n.env = (&actors.Env{
+	n.env = (&jobactor.Env{
 		NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 		Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: root,
-		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: actors.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
+		Keys: n.store.Keys(), Wheel: n.wheel, Metrics: jobactor.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
 		Forward: intake.ForwarderFrom(n.nc, n.subj, n.cfg.NodeID), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
 		TenantLimit: tenantLimit(n.cfg.TenantLimits),
 		Output:      n.outputGate(), Scans: n.scans,
@@ -376,13 +376,13 @@ func (n *Node) Start(ctx context.Context) error {
 		DataLost:      n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
 		WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: jobSpans,
 		OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL(),
-		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: actors.NewToucher(touchFor(n.cfg.CapacityGrace)),
+		MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: jobactor.NewToucher(touchFor(n.cfg.CapacityGrace)),
 	}).WithDefaults()
 	n.dispatcher = supervisor.NewPoolDispatcher()
 	onPool := actor.WithDispatcher(n.dispatcher)
 	tc := n.cfg.JobTrace
 	tc.Redis, tc.Keys, tc.NodeID, tc.Retention = n.rdb, n.store.Keys(), n.cfg.NodeID, n.store.Retention()
-	tc.Log, tc.Metrics, tc.Origin = n.log, n.cfg.Metrics, actors.TraceOrigin
+	tc.Log, tc.Metrics, tc.Origin = n.log, n.cfg.Metrics, jobactor.TraceOrigin
 	tracer, err := jobtrace.New(n.sys, tc) // nil when off: no middleware at all
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
@@ -390,7 +390,7 @@ func (n *Node) Start(ctx context.Context) error {
 	env := n.env
 	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "troupe_jobs_admitting",
-		Help: "Jobs taken from the submit stream and not yet dispatched, written as waiting, or finished; at actors.MaxAdmittingDefault the node pulls no more submits.",
+		Help: "Jobs taken from the submit stream and not yet dispatched, written as waiting, or finished; at jobactor.MaxAdmittingDefault the node pulls no more submits.",
 	}, func() float64 { return float64(env.Admitting.Load()) }))
 	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "troupe_capacity_waits_unwritten",
@@ -405,7 +405,7 @@ func (n *Node) Start(ctx context.Context) error {
 	n.resolver = supervisor.NewResolver(supervisor.ResolverConfig{NodeID: n.cfg.NodeID, Holders: n.store.LockHolders,
 		ForwardBatch: intake.BatchForwarderFrom(n.nc, n.subj, n.cfg.NodeID), Forwarded: n.env.Metrics.Forwarded, Root: root, Log: n.log, Registerer: n.cfg.Metrics,
 		OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL()})
-	shardProps := supervisor.ShardPropsResolving(actors.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
+	shardProps := supervisor.ShardPropsResolving(jobactor.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
 	for i := 0; i < n.cfg.JobShards; i++ {
 		pid, err := root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
 		if err != nil {
@@ -631,16 +631,16 @@ func (n *Node) streamKeeper() *bus.StreamKeeper {
 // them again (lifecycle.Job.onResultsLost); the others wait as before.
 func (n *Node) resultsLost(stream string) {
 	defer n.bg.Done()
-	n.intake.TellLive(&actors.ResultsLost{})
+	n.intake.TellLive(&jobactor.ResultsLost{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	count := 0
 	err := n.store.ParkedIn(ctx, n.cfg.NodeID, func(ids []string) {
 		count += len(ids)
 		for _, id := range ids {
-			n.intake.TellSpawn(id, &actors.ResultsLost{})
+			n.intake.TellSpawn(id, &jobactor.ResultsLost{})
 		}
-	}, core.StateDispatched, core.StateRunning)
+	}, jobstate.StateDispatched, jobstate.StateRunning)
 	if err != nil {
 		n.log.Warn("reading this node's parked jobs after a result stream reset failed; they wait for their results or deadlines",
 			"stream", stream, "err", err)
@@ -699,7 +699,7 @@ func (n *Node) connect(ctx context.Context) error {
 // most: its capacity grace, and half a minute for the write that ends it.
 func touchFor(grace time.Duration) time.Duration {
 	if grace <= 0 {
-		grace = actors.CapacityGraceDefault
+		grace = jobactor.CapacityGraceDefault
 	}
 	return grace + 30*time.Second
 }

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // WaitPoll is how often a node looks, in one Redis pipeline for all of its

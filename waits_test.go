@@ -14,13 +14,13 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/intake"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/intake"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/tracing"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/tracing"
 )
 
 // untilAdmitting polls the node's admissions count until it is want (10 s).
@@ -63,7 +63,7 @@ func TestWaitsForATenantSlotLeaveTheNodesAdmissions(t *testing.T) {
 		f.submit(hog("hog-" + strconv.Itoa(i)))
 	}
 	for i := 1; i <= 8; i++ {
-		if r := f.waitState("hog-"+strconv.Itoa(i), core.StateScheduled); r.Reason != core.ReasonTenantLimit {
+		if r := f.waitState("hog-"+strconv.Itoa(i), jobstate.StateScheduled); r.Reason != jobstate.ReasonTenantLimit {
 			t.Fatalf("hog-%d waits for %s, want tenant_limit", i, r.Reason)
 		}
 	}
@@ -73,9 +73,9 @@ func TestWaitsForATenantSlotLeaveTheNodesAdmissions(t *testing.T) {
 		t.Fatalf("got %s, want other (another tenant's job, past the hog's waits)", got)
 	}
 	g.open("other", true)
-	f.waitState("other", core.StateSucceeded)
+	f.waitState("other", jobstate.StateSucceeded)
 	g.open("hog-0", true)
-	f.waitState("hog-0", core.StateSucceeded)
+	f.waitState("hog-0", jobstate.StateSucceeded)
 }
 
 // TestStopKeepsTheInboxUntilTheLocksAreReleased: while a stopping node's
@@ -93,13 +93,13 @@ func TestStopKeepsTheInboxUntilTheLocksAreReleased(t *testing.T) {
 	}
 	forward := intake.Forwarder(f.env.NATS, f.subj)
 	var during error
-	f.node.BeforeActorsStop(func() { during = forward(f.node.ID(), actors.ForwardResult, raw) })
+	f.node.BeforeActorsStop(func() { during = forward(f.node.ID(), jobactor.ForwardResult, raw) })
 	if err := f.node.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	// Answered: neither "no responders" nor silence (a timeout, where the
 	// server cannot tell that no one listens).
-	if during == nil || errors.Is(during, actors.ErrOwnerGone) || errors.Is(during, nats.ErrTimeout) {
+	if during == nil || errors.Is(during, jobactor.ErrOwnerGone) || errors.Is(during, nats.ErrTimeout) {
 		t.Fatalf("forward while the actors stop: %v; want the owner's refusal", during)
 	}
 }
@@ -160,7 +160,7 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := st.States[string(core.StateScheduled)]; n == int64(len(waiting)) {
+		if n := st.States[string(jobstate.StateScheduled)]; n == int64(len(waiting)) {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("stats: SCHEDULED %d, want %d (states %v)", n, len(waiting), st.States)
@@ -169,7 +169,7 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 	// The API: each is SCHEDULED with its reason and queue position.
 	for id := range waiting {
 		j, err := api.Job(ctx, id)
-		if err != nil || j.State != string(core.StateScheduled) || j.Reason != string(core.ReasonPoolOverloaded) ||
+		if err != nil || j.State != string(jobstate.StateScheduled) || j.Reason != string(jobstate.ReasonPoolOverloaded) ||
 			j.QueuePosition == nil || *j.QueuePosition < 0 {
 			t.Fatalf("GET %s: %+v, %v; want SCHEDULED pool_overloaded with a queue position", id, j, err)
 		}
@@ -177,7 +177,7 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 	// Lists: every page, 3 jobs a page.
 	listed := map[string]bool{}
 	for cursor, pages := "", 0; ; pages++ {
-		page, err := api.ListJobs(ctx, string(core.StateScheduled), 3, cursor, "")
+		page, err := api.ListJobs(ctx, string(jobstate.StateScheduled), 3, cursor, "")
 		if err != nil || pages > 10 {
 			t.Fatalf("list page %d: %v", pages, err)
 		}
@@ -194,8 +194,8 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 		}
 	}
 	// The metric: this node's and the other's waits, by reason.
-	if n := counter(t, a, "troupe_jobs_waiting", string(core.ReasonPoolOverloaded)) +
-		counter(t, b, "troupe_jobs_waiting", string(core.ReasonPoolOverloaded)); n != float64(len(waiting)) {
+	if n := counter(t, a, "troupe_jobs_waiting", string(jobstate.ReasonPoolOverloaded)) +
+		counter(t, b, "troupe_jobs_waiting", string(jobstate.ReasonPoolOverloaded)); n != float64(len(waiting)) {
 		t.Fatalf("troupe_jobs_waiting{pool_overloaded} %v across the nodes, want %d", n, len(waiting))
 	}
 	// Cancel every waiting job through the second replica's API.
@@ -205,27 +205,27 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 		}
 	}
 	for id := range waiting {
-		f.waitState(id, core.StateCancelled)
+		f.waitState(id, jobstate.StateCancelled)
 	}
 	es, err := a.Store().ListDLQ(ctx, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range es {
-		if e.Reason == core.ReasonUnknownJob {
+		if e.Reason == jobstate.ReasonUnknownJob {
 			t.Fatalf("cancel dead-lettered: %+v", e)
 		}
 	}
 	for _, id := range running {
 		g.open(id, true)
-		f.waitState(id, core.StateSucceeded)
+		f.waitState(id, jobstate.StateSucceeded)
 	}
 	f.submit(echoReq("ov-after"))
 	if got := w.waitGot(5 * time.Second); got != "ov-after" {
 		t.Fatalf("worker got %s after the cancels, want ov-after (no cancelled job is dispatched)", got)
 	}
 	g.open("ov-after", true)
-	f.waitState("ov-after", core.StateSucceeded)
+	f.waitState("ov-after", jobstate.StateSucceeded)
 }
 
 // TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs: two stock-like
@@ -243,7 +243,7 @@ func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
 	f.waitWorkers(2)
 	for _, id := range []string{"lost-1", "lost-2"} {
 		f.submit(echoReq(id))
-		f.waitState(id, core.StateDispatched) // started on delivery: it stays so until its deadline
+		f.waitState(id, jobstate.StateDispatched) // started on delivery: it stays so until its deadline
 	}
 	for deadline := time.Now().Add(10 * time.Second); w1.received.Load()+w2.received.Load() < 2; {
 		if time.Now().After(deadline) {
@@ -256,7 +256,7 @@ func TestStockWorkersOnAPoolSubjectRecoverTheSlotsOfLostJobs(t *testing.T) {
 		f.submit(echoReq("after-" + strconv.Itoa(i)))
 	}
 	for i := range n {
-		f.waitStateWithin("after-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+		f.waitStateWithin("after-"+strconv.Itoa(i), jobstate.StateSucceeded, 60*time.Second)
 	}
 	// (Which member takes a job on a pool subject is NATS's choice, so a
 	// member may get a job while the other is free: counts hold per pool.)
@@ -297,7 +297,7 @@ func TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker(t *testing.T) {
 	}
 	f.node = a
 	f.submit(echoReq("lost-1"))
-	f.waitState("lost-1", core.StateDispatched) // started on delivery: it stays so until its deadline
+	f.waitState("lost-1", jobstate.StateDispatched) // started on delivery: it stays so until its deadline
 	for deadline := time.Now().Add(10 * time.Second); w1.received.Load()+w2.received.Load() < 1; {
 		if time.Now().After(deadline) {
 			t.Fatal("no worker took the lost job")
@@ -332,7 +332,7 @@ func TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker(t *testing.T) {
 		f.submit(echoReq("after2-" + strconv.Itoa(i)))
 	}
 	for i := range n {
-		f.waitStateWithin("after2-"+strconv.Itoa(i), core.StateSucceeded, 60*time.Second)
+		f.waitStateWithin("after2-"+strconv.Itoa(i), jobstate.StateSucceeded, 60*time.Second)
 	}
 	idle("after the later jobs")
 	if m := most.Load(); m > 2 {
@@ -356,10 +356,10 @@ func TestAWaitBeforeTheRecordIsItsOwnStepInTheHistory(t *testing.T) {
 	}
 	placed := time.Now()
 	g.open("hist-2", true)
-	r := f.waitState("hist-2", core.StateSucceeded)
+	r := f.waitState("hist-2", jobstate.StateSucceeded)
 	h := r.History
-	if len(h) < 3 || h[0].To != core.StatePending || h[1].To != core.StateScheduled ||
-		h[1].Reason != core.ReasonPoolOverloaded || h[2].To != core.StateDispatched {
+	if len(h) < 3 || h[0].To != jobstate.StatePending || h[1].To != jobstate.StateScheduled ||
+		h[1].Reason != jobstate.ReasonPoolOverloaded || h[2].To != jobstate.StateDispatched {
 		t.Fatalf("history %+v; want PENDING, SCHEDULED pool_overloaded, DISPATCHED", h)
 	}
 	if h[0].At.After(queued) || h[1].At.After(queued) {
@@ -403,14 +403,14 @@ func TestWaitsOnThePolicyLeaveTheNodesAdmissions(t *testing.T) {
 		f.submit(r)
 	}
 	for i := range 8 {
-		f.waitState("pol-"+strconv.Itoa(i), core.StatePending)
+		f.waitState("pol-"+strconv.Itoa(i), jobstate.StatePending)
 	}
 	f.untilAdmitting(0)
 	f.submit(echoReq("pol-other"))
 	if got := w.waitGot(10 * time.Second); got != "pol-other" {
 		t.Fatalf("got %s, want pol-other", got)
 	}
-	f.waitState("pol-other", core.StateSucceeded)
+	f.waitState("pol-other", jobstate.StateSucceeded)
 }
 
 // TestAWaitBeforeTheRecordIsItsOwnSpan: the OpenTelemetry spans of a job
@@ -438,18 +438,18 @@ func TestAWaitBeforeTheRecordIsItsOwnSpan(t *testing.T) {
 		t.Fatalf("got %s, want span-2", got)
 	}
 	g.open("span-2", true)
-	f.waitState("span-2", core.StateSucceeded)
+	f.waitState("span-2", jobstate.StateSucceeded)
 	f.stopAndFlush()
 	_, states := recv.jobSpans("span-2")
 	by := map[string]*tracepb.Span{}
 	for _, s := range states {
 		by[s.GetName()] = s
 	}
-	pending, scheduled := by[tracing.SpanStatePrefix+string(core.StatePending)], by[tracing.SpanStatePrefix+string(core.StateScheduled)]
+	pending, scheduled := by[tracing.SpanStatePrefix+string(jobstate.StatePending)], by[tracing.SpanStatePrefix+string(jobstate.StateScheduled)]
 	if pending == nil || scheduled == nil {
 		t.Fatalf("state spans %v; want PENDING and SCHEDULED", states)
 	}
-	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(core.ReasonPoolOverloaded) {
+	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(jobstate.ReasonPoolOverloaded) {
 		t.Fatalf("SCHEDULED span reason %q, want pool_overloaded", r)
 	}
 	wait := time.Duration(scheduled.GetEndTimeUnixNano() - scheduled.GetStartTimeUnixNano())
@@ -499,7 +499,7 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 	f.untilNoPulls()
 	f.submit(echoReq("sp-c")) // held in the stream
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if n, _ := f.node.CountStates(ctx); n[core.StateScheduled] == 2 {
+		if n, _ := f.node.CountStates(ctx); n[jobstate.StateScheduled] == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -521,7 +521,7 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 		t.Fatalf("got %s, want sp-c", got)
 	}
 	g.open("sp-c", true)
-	rec := f.waitState("sp-c", core.StateSucceeded)
+	rec := f.waitState("sp-c", jobstate.StateSucceeded)
 	f.stopAndFlush()
 
 	sub, err := strconv.ParseInt(rec.Fields["sub"], 10, 64)
@@ -536,7 +536,7 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 	for _, s := range states {
 		by[s.GetName()] = s
 	}
-	pending, scheduled := by[tracing.SpanStatePrefix+string(core.StatePending)], by[tracing.SpanStatePrefix+string(core.StateScheduled)]
+	pending, scheduled := by[tracing.SpanStatePrefix+string(jobstate.StatePending)], by[tracing.SpanStatePrefix+string(jobstate.StateScheduled)]
 	if len(jobs) != 1 || pending == nil || scheduled == nil {
 		t.Fatalf("job spans %d, state spans %v; want one job span, PENDING and SCHEDULED", len(jobs), states)
 	}
@@ -553,7 +553,7 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 	if jobs[0].GetStartTimeUnixNano() > pending.GetStartTimeUnixNano() {
 		t.Fatal("the job span starts after its PENDING span")
 	}
-	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(core.ReasonPoolOverloaded) {
+	if r := strAttr(scheduled.GetAttributes(), string(tracing.AttrTransition)); r != string(jobstate.ReasonPoolOverloaded) {
 		t.Fatalf("SCHEDULED span reason %q, want pool_overloaded", r)
 	}
 	if scheduled.GetStartTimeUnixNano() < pending.GetEndTimeUnixNano() || scheduled.GetStartTimeUnixNano() < uint64(opened.UnixNano()) {

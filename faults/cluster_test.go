@@ -24,16 +24,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/jobtrace"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
-	"github.com/troupe-run/troupe/jobtrace"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/saga"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -194,7 +194,7 @@ func clusterWaitWorkers(t *testing.T, node *troupe.Node, n int) {
 // clusterWaitState polls a job until it is terminal (or has state want, for a
 // non-terminal wait), bounded by within; it fails the test with the job's
 // history otherwise.
-func clusterWaitState(t *testing.T, st *store.Store, id string, want core.State, within time.Duration) *store.JobRecord {
+func clusterWaitState(t *testing.T, st *store.Store, id string, want jobstate.State, within time.Duration) *store.JobRecord {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(within)
@@ -249,7 +249,7 @@ func TestRedisCluster(t *testing.T) {
 		n, err := troupe.NewNode(troupe.Config{NodeID: id, NATSURL: env.NATSURL, Redis: clusterClient(t, rc.addrs, hook),
 			KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
 			Policy: safety.TopicRules{Approve: []string{"job.approve"}}, TenantLimits: tenants,
-			Timeouts: &actors.Timeouts{Dispatch: time.Minute, Running: time.Minute},
+			Timeouts: &jobactor.Timeouts{Dispatch: time.Minute, Running: time.Minute},
 			SagaPoll: 100 * time.Millisecond, DuePoll: 200 * time.Millisecond, JobTrace: jobtrace.Config{Enabled: true},
 			Backoff: func(int) time.Duration { return 100 * time.Millisecond },
 			Logger:  clusterLogger()})
@@ -280,12 +280,12 @@ func TestRedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := map[string]core.State{}
+	want := map[string]jobstate.State{}
 
 	for i := 0; i < 200; i++ {
 		id := fmt.Sprintf("rc-echo-%d", i)
 		submit(&capv1.JobRequest{JobId: id, Topic: "job.echo", TenantId: fmt.Sprintf("t%d", i%5)})
-		want[id] = core.StateSucceeded
+		want[id] = jobstate.StateSucceeded
 	}
 	var idem [][2]string
 	for i := 0; i < 40; i++ {
@@ -299,21 +299,21 @@ func TestRedisCluster(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		id := fmt.Sprintf("rc-timeout-%d", i)
 		submit(&capv1.JobRequest{JobId: id, Topic: "job.hang", Budget: &capv1.Budget{DeadlineMs: 1500}})
-		want[id] = core.StateTimeout
+		want[id] = jobstate.StateTimeout
 	}
 	var cancels []string
 	for i := 0; i < 5; i++ {
 		id := fmt.Sprintf("rc-cancel-%d", i)
 		submit(&capv1.JobRequest{JobId: id, Topic: "job.hang"})
-		want[id], cancels = core.StateCancelled, append(cancels, id)
+		want[id], cancels = jobstate.StateCancelled, append(cancels, id)
 	}
 	var approvals []string
 	for i := 0; i < 5; i++ {
 		id := fmt.Sprintf("rc-approve-%d", i)
 		submit(&capv1.JobRequest{JobId: id, Topic: "job.approve"})
 		approvals = append(approvals, id)
-		if want[id] = core.StateSucceeded; i >= 3 {
-			want[id] = core.StateDenied
+		if want[id] = jobstate.StateSucceeded; i >= 3 {
+			want[id] = jobstate.StateDenied
 		}
 	}
 	// A saga: step 0 succeeds with a compensation, step 1 fails fatally,
@@ -321,9 +321,9 @@ func TestRedisCluster(t *testing.T) {
 	s0 := &capv1.JobRequest{JobId: "rc-wf-s0", Topic: "job.echo", WorkflowId: "rc-wf", StepIndex: 0,
 		Compensation: &capv1.Compensation{Topic: "job.undo", Capability: "undo"}}
 	submit(s0)
-	clusterWaitState(t, st, s0.JobId, core.StateSucceeded, 30*time.Second)
+	clusterWaitState(t, st, s0.JobId, jobstate.StateSucceeded, 30*time.Second)
 	submit(&capv1.JobRequest{JobId: "rc-wf-s1", Topic: "job.fatal", WorkflowId: "rc-wf", StepIndex: 1})
-	want["rc-wf-s1"] = core.StateFailed
+	want["rc-wf-s1"] = jobstate.StateFailed
 
 	for _, id := range cancels {
 		clusterWaitRunning(t, st, id)
@@ -332,7 +332,7 @@ func TestRedisCluster(t *testing.T) {
 		}
 	}
 	for i, id := range approvals {
-		clusterWaitState(t, st, id, core.StateApprovalRequired, 30*time.Second)
+		clusterWaitState(t, st, id, jobstate.StateApprovalRequired, 30*time.Second)
 		d := store.DecisionApproved
 		if i >= 3 {
 			d = store.DecisionRejected
@@ -355,7 +355,7 @@ func TestRedisCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			created++
-			clusterWaitState(t, st, r.ID, core.StateSucceeded, 30*time.Second)
+			clusterWaitState(t, st, r.ID, jobstate.StateSucceeded, 30*time.Second)
 		}
 		if created != 1 {
 			t.Fatalf("idempotency pair %v: %d jobs created, want 1", pair, created)
@@ -383,10 +383,10 @@ func TestRedisCluster(t *testing.T) {
 	// A DLQ entry (a refused approval's) is retried once as a new job,
 	// which waits for approval again, and then deleted.
 	retried := clusterDLQRetry(t, a, "rc-approve-3")
-	clusterWaitState(t, st, retried, core.StateApprovalRequired, 30*time.Second)
+	clusterWaitState(t, st, retried, jobstate.StateApprovalRequired, 30*time.Second)
 
 	// Listings and counts read every shard across the three masters.
-	page, err := a.ListJobs(ctx, store.ListQuery{State: core.StateSucceeded, Limit: store.ListLimitMax})
+	page, err := a.ListJobs(ctx, store.ListQuery{State: jobstate.StateSucceeded, Limit: store.ListLimitMax})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,7 @@ func TestRedisCluster(t *testing.T) {
 	t.Run("store package tests", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "github.com/troupe-run/troupe/store")
+		cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "github.com/troupe-run/troupe/internal/store")
 		cmd.Env = append(os.Environ(), "TROUPE_TEST_REDIS_CLUSTER="+strings.Join(rc.addrs, ","))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -444,7 +444,7 @@ func TestRedisCluster(t *testing.T) {
 func clusterWaitRunning(t *testing.T, st *store.Store, id string) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if r, err := st.GetJob(context.Background(), id); err == nil && (r.State == core.StateRunning) {
+		if r, err := st.GetJob(context.Background(), id); err == nil && (r.State == jobstate.StateRunning) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -549,7 +549,7 @@ func TestNATSClusterR3(t *testing.T) {
 		for attempt := 1; ; attempt++ {
 			var err error
 			n, err = troupe.NewNode(troupe.Config{NodeID: id, NATS: nc, Redis: env.Client, StreamReplicas: 3,
-				Timeouts:  &actors.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second},
+				Timeouts:  &jobactor.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second},
 				KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
 				Backoff: func(int) time.Duration { return 100 * time.Millisecond },
 				Logger:  clusterLogger()})
@@ -679,8 +679,8 @@ func TestNATSClusterR3(t *testing.T) {
 	submitEnd := time.Now()
 
 	st := nodes[0].Store()
-	done := map[string]time.Time{}    // SUCCEEDED jobs → when
-	failed := map[string]core.State{} // other terminal states
+	done := map[string]time.Time{}        // SUCCEEDED jobs → when
+	failed := map[string]jobstate.State{} // other terminal states
 	deadline := time.Now().Add(120 * time.Second)
 	for len(done)+len(failed) < len(ids) && time.Now().Before(deadline) {
 		pipe := st.Client().Pipeline()
@@ -698,8 +698,8 @@ func TestNATSClusterR3(t *testing.T) {
 				continue
 			}
 			s, _ := v[0].(string)
-			switch state := core.State(s); {
-			case state == core.StateSucceeded:
+			switch state := jobstate.State(s); {
+			case state == jobstate.StateSucceeded:
 				ms, _ := v[1].(string)
 				var at int64
 				fmt.Sscan(ms, &at)

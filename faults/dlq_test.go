@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // Oversize garbage (1 MiB packets that never decode) arrives while jobs
@@ -56,7 +56,7 @@ func TestFaultOversizeGarbageUnderRedisMaxmemory(t *testing.T) {
 		es, err := w.node.ListDLQ(ctx, 2*packets)
 		n := 0
 		for _, e := range es {
-			if e.Reason == core.ReasonDecodeFailed {
+			if e.Reason == jobstate.ReasonDecodeFailed {
 				n++
 			}
 		}

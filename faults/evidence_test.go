@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // endedAt is when the record reached its terminal state (zero: not yet).
@@ -55,7 +55,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 		killAfter = 100
 		hold      = 30 * time.Second
 		lockTTL   = 10 * time.Second
-		grace     = actors.WorkerLostGraceDefault
+		grace     = jobactor.WorkerLostGraceDefault
 	)
 	r := newProcRig(t, procRigOptions{lock: lockTTL, dispatch: 60 * time.Second, running: 9000 * time.Second})
 	for _, id := range []string{"w1", "w2"} {
@@ -81,7 +81,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 	// What each job was at the kill: n1's and n2's jobs running on w1.
 	adopted, own := map[string]bool{}, map[string]bool{}
 	for id, rec := range r.records(r.allIDs("nw", jobs)) { // nil: not submitted yet
-		if rec == nil || rec.State != core.StateRunning || rec.Worker != "w1" {
+		if rec == nil || rec.State != jobstate.StateRunning || rec.Worker != "w1" {
 			continue // a job not yet started there is placed again elsewhere
 		}
 		if rec.Node == "n1" {
@@ -110,7 +110,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 		}
 		switch {
 		case adopted[id] || own[id]:
-			if rec.State != core.StateFailed || rec.Reason != core.ReasonWorkerLost {
+			if rec.State != jobstate.StateFailed || rec.Reason != jobstate.ReasonWorkerLost {
 				t.Errorf("%s (on w1 at the kill): %s %s, want FAILED worker_lost: %s", id, rec.State, rec.Reason, hops(rec))
 				continue
 			}
@@ -125,7 +125,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 			if endedAt(rec).After(bound) {
 				t.Errorf("%s ended %v after the kill, past the eviction + grace (%v + %v)", id, d.Round(time.Second), evicted, grace)
 			}
-		case rec.State != core.StateSucceeded:
+		case rec.State != jobstate.StateSucceeded:
 			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 	}
@@ -192,7 +192,7 @@ func TestFaultWorkerPausedWithFreeSlots(t *testing.T) {
 		if rec == nil || !rec.State.Terminal() {
 			continue
 		}
-		if rec.State != core.StateSucceeded {
+		if rec.State != jobstate.StateSucceeded {
 			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 		if redispatched(rec) {
@@ -259,11 +259,11 @@ func TestFaultNATSPaused90s(t *testing.T) {
 		if rec == nil || !rec.State.Terminal() {
 			continue
 		}
-		if rec.State != core.StateSucceeded {
+		if rec.State != jobstate.StateSucceeded {
 			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 		for _, h := range rec.History {
-			if h.Reason == core.ReasonWorkerLost {
+			if h.Reason == jobstate.ReasonWorkerLost {
 				lostHops++
 				break
 			}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // FLUSHALL of the nodes' Redis while 300 jobs of 2 s arrive at 20/s on two
@@ -73,10 +73,10 @@ func flushall(t *testing.T, lockTTL time.Duration) {
 		t.Fatalf("MULTI/FLUSHALL: %v", err)
 	}
 	flushed := time.Now()
-	before := map[string]core.State{}
+	before := map[string]jobstate.State{}
 	beforeCounts := map[string]int{}
 	for i, c := range reads {
-		s := core.State(c.Val())
+		s := jobstate.State(c.Val())
 		before[all[i]] = s
 		k := string(s)
 		if k == "" {
@@ -89,8 +89,8 @@ func flushall(t *testing.T, lockTTL time.Duration) {
 	// A job has ended when its record is terminal, or when it has no
 	// record and its result was dead-lettered; a job already terminal
 	// before the flush ended then.
-	dead := map[string]core.Reason{}
-	ended := func(id string, s core.State) bool {
+	dead := map[string]jobstate.Reason{}
+	ended := func(id string, s jobstate.State) bool {
 		switch {
 		case s.Terminal():
 			return true
@@ -145,7 +145,7 @@ func flushall(t *testing.T, lockTTL time.Duration) {
 		case rec != nil:
 			o = string(rec.State) + "/" + string(rec.Reason)
 			for _, h := range rec.History {
-				if h.Reason == core.ReasonStateLost {
+				if h.Reason == jobstate.ReasonStateLost {
 					recreated++
 					break
 				}
@@ -171,8 +171,8 @@ func flushall(t *testing.T, lockTTL time.Duration) {
 			// older than ParkAfter), or not yet created: its record must
 			// be written back or created, not its result dead-lettered.
 			t.Errorf("%s (before the flush: %q): no record at the end (DLQ %q)", id, before[id], dead[id])
-		case rec.State != core.StateSucceeded:
-			if rec.State == core.StateTimeout && dead[id] != "" {
+		case rec.State != jobstate.StateSucceeded:
+			if rec.State == jobstate.StateTimeout && dead[id] != "" {
 				lostResults++ // written back, but its result dead-lettered
 			}
 			t.Errorf("%s (before the flush: %q): %s (%s), DLQ %q: %s", id, before[id], rec.State, rec.Reason, dead[id], hops(rec))
@@ -188,7 +188,7 @@ func flushall(t *testing.T, lockTTL time.Duration) {
 		bc = append(bc, fmt.Sprintf("%s=%d", k, n))
 	}
 	sort.Strings(bc)
-	deadByReason := map[core.Reason]int{}
+	deadByReason := map[jobstate.Reason]int{}
 	for _, reason := range dead {
 		deadByReason[reason]++
 	}

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // TestFaultNodeKilledResultsWaitForItsLocks: a node killed with kill -9
@@ -42,11 +42,11 @@ func TestFaultNodeKilledResultsWaitForItsLocks(t *testing.T) {
 	r.nodes[0].kill()
 	killed := time.Now()
 	at, left := r.waitTerminalBy(ids, killed.Add(2*lock+20*time.Second),
-		func(_ string, s core.State) bool { return s.Terminal() })
+		func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
 	succeeded := 0
 	for _, rec := range recs {
-		if rec != nil && rec.State == core.StateSucceeded {
+		if rec != nil && rec.State == jobstate.StateSucceeded {
 			succeeded++
 		}
 	}
@@ -60,7 +60,7 @@ func TestFaultNodeKilledResultsWaitForItsLocks(t *testing.T) {
 	if succeeded != jobs {
 		bad := map[string]*store.JobRecord{}
 		for id, rec := range recs {
-			if rec == nil || rec.State != core.StateSucceeded {
+			if rec == nil || rec.State != jobstate.StateSucceeded {
 				bad[id] = rec
 			}
 		}

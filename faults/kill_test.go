@@ -15,11 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -179,7 +179,7 @@ func TestKillNodeMidRun(t *testing.T) {
 		id := fmt.Sprintf("kill-%d", i)
 		for {
 			r, err := st.GetJob(ctx, id)
-			if err == nil && r.State == core.StateSucceeded {
+			if err == nil && r.State == jobstate.StateSucceeded {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // A `troupe worker` stopped with SIGSTOP past its liveness window (2 s: it
@@ -105,8 +105,8 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 			continue
 		}
 		switch rec.State {
-		case core.StateSucceeded:
-		case core.StateTimeout:
+		case jobstate.StateSucceeded:
+		case jobstate.StateTimeout:
 			t.Errorf("%s: TIMEOUT (%s) although no job outlived its deadline: %s", id, rec.Reason, hops(rec))
 		default:
 			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
@@ -125,9 +125,9 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 			t.Errorf("%s: recorded RUNNING, then dispatched again: %s", id, hops(rec))
 		}
 		for _, h := range rec.History {
-			if h.From == core.StateRunning && h.To == core.StateRunning && h.Reason == core.ReasonWorkerLost {
+			if h.From == jobstate.StateRunning && h.To == jobstate.StateRunning && h.Reason == jobstate.ReasonWorkerLost {
 				keptForW1++
-				if rec.State != core.StateSucceeded || rec.Worker != "w1" {
+				if rec.State != jobstate.StateSucceeded || rec.Worker != "w1" {
 					t.Errorf("%s: started on the paused worker, ended %s by %q: %s", id, rec.State, rec.Worker, hops(rec))
 				}
 				break
@@ -141,7 +141,7 @@ func workerPause(t *testing.T, pause, otherHold time.Duration) {
 			// The hop into the terminal state says where the later
 			// dispatch was: with its worker (cancelled) or still queued.
 			last := rec.History[len(rec.History)-1]
-			if last.From == core.StateDispatched || last.From == core.StateRunning {
+			if last.From == jobstate.StateDispatched || last.From == jobstate.StateRunning {
 				earlierActive++
 				if slices.Contains(cancels.reasons(id), "result_of_earlier_dispatch") {
 					cancelled++
@@ -256,12 +256,12 @@ func TestFaultNodePausedPastTheWorkerTTL(t *testing.T) {
 	twice, both, workerLost := 0, 0, 0
 	for _, id := range ids {
 		rec := recs[id]
-		if rec != nil && rec.State != core.StateSucceeded && rec.State.Terminal() {
+		if rec != nil && rec.State != jobstate.StateSucceeded && rec.State.Terminal() {
 			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 		if rec != nil {
 			for _, h := range rec.History {
-				if h.Reason == core.ReasonWorkerLost {
+				if h.Reason == jobstate.ReasonWorkerLost {
 					workerLost++
 					t.Errorf("%s: a worker_lost hop although no worker stopped: %s", id, hops(rec))
 					break

@@ -26,9 +26,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // procRig is one test's cluster of processes.
@@ -318,7 +318,7 @@ func (r *procRig) submitAt(prefix string, n, rate int, onSubmit func(i int)) <-c
 }
 
 // states reads the state of every job (one pipeline); "" for no record.
-func (r *procRig) states(ids []string) map[string]core.State {
+func (r *procRig) states(ids []string) map[string]jobstate.State {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	pipe := r.rdb.Pipeline()
@@ -327,16 +327,16 @@ func (r *procRig) states(ids []string) map[string]core.State {
 		cmds[i] = pipe.HGet(ctx, r.st.Keys().Job(id), "s")
 	}
 	_, _ = pipe.Exec(ctx)
-	out := make(map[string]core.State, len(ids))
+	out := make(map[string]jobstate.State, len(ids))
 	for i, c := range cmds {
-		out[ids[i]] = core.State(c.Val())
+		out[ids[i]] = jobstate.State(c.Val())
 	}
 	return out
 }
 
 // waitTerminalBy polls until done(id, state) holds for every job, or the
 // deadline passes; it returns when that was, and the jobs still not done.
-func (r *procRig) waitTerminalBy(ids []string, deadline time.Time, done func(id string, s core.State) bool) (time.Time, []string) {
+func (r *procRig) waitTerminalBy(ids []string, deadline time.Time, done func(id string, s jobstate.State) bool) (time.Time, []string) {
 	for {
 		var left []string
 		for id, s := range r.states(ids) {
@@ -358,7 +358,7 @@ func (r *procRig) waitTerminalBy(ids []string, deadline time.Time, done func(id 
 // the wait ended and every job's record.
 func (r *procRig) allTerminalBy(t *testing.T, ids []string, deadline, since time.Time, what string) (time.Time, map[string]*store.JobRecord) {
 	t.Helper()
-	at, left := r.waitTerminalBy(ids, deadline, func(_ string, s core.State) bool { return s.Terminal() })
+	at, left := r.waitTerminalBy(ids, deadline, func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
 	for _, id := range left {
 		if rec := recs[id]; rec != nil {
@@ -484,10 +484,10 @@ func hops(rec *store.JobRecord) string {
 func startedThenRedispatched(rec *store.JobRecord) bool {
 	started := false
 	for _, h := range rec.History {
-		if h.To == core.StateRunning {
+		if h.To == jobstate.StateRunning {
 			started = true
 		}
-		if started && h.To == core.StateScheduled && h.Reason == core.ReasonWorkerLost {
+		if started && h.To == jobstate.StateScheduled && h.Reason == jobstate.ReasonWorkerLost {
 			return true
 		}
 	}
@@ -498,7 +498,7 @@ func startedThenRedispatched(rec *store.JobRecord) bool {
 // worker.
 func redispatched(rec *store.JobRecord) bool {
 	for _, h := range rec.History {
-		if h.To == core.StateScheduled && h.Reason == core.ReasonWorkerLost {
+		if h.To == jobstate.StateScheduled && h.Reason == jobstate.ReasonWorkerLost {
 			return true
 		}
 	}

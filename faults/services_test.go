@@ -18,10 +18,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -151,7 +151,7 @@ func (w *world) check(ids []string, within time.Duration) {
 	for _, id := range ids {
 		for {
 			r, err := w.node.Job(ctx, id)
-			if err == nil && r.State == core.StateSucceeded {
+			if err == nil && r.State == jobstate.StateSucceeded {
 				break
 			}
 			if time.Now().After(deadline) {

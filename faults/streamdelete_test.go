@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // The RESULT (or SUBMIT) stream deleted under load, again and again, each
@@ -91,8 +91,8 @@ func streamDeletedMidDeletion(t *testing.T, kind bus.StreamKind) {
 	// deleted stream took with it (or that the refusing stand-in's byte
 	// limit dropped): resubmitted once, as a client with no answer does
 	// (a duplicate of a job that exists changes nothing).
-	terminal := func(_ string, s core.State) bool { return s.Terminal() }
-	settled := func(_ string, s core.State) bool { return s == "" || s.Terminal() }
+	terminal := func(_ string, s jobstate.State) bool { return s.Terminal() }
+	settled := func(_ string, s jobstate.State) bool { return s == "" || s.Terminal() }
 	r.waitTerminalBy(ids, lastDeletion.Add(bound/2), settled)
 	var noRecord []string
 	for id, s := range r.states(ids) {
@@ -118,7 +118,7 @@ func streamDeletedMidDeletion(t *testing.T, kind bus.StreamKind) {
 	}
 	succeeded := 0
 	for _, id := range ids {
-		if rec := recs[id]; rec != nil && rec.State == core.StateSucceeded {
+		if rec := recs[id]; rec != nil && rec.State == jobstate.StateSucceeded {
 			succeeded++
 		}
 	}

@@ -30,10 +30,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 )
 
 // Suite settings; TROUPE_FAULTS_JOBS and TROUPE_FAULTS_RATE override the
@@ -54,8 +54,8 @@ const (
 	suiteSettle = 3 * time.Minute
 )
 
-var terminalStates = []core.State{core.StateSucceeded, core.StateFailed, core.StateTimeout, core.StateCancelled,
-	core.StateDenied, core.StateOutputQuarantined}
+var terminalStates = []jobstate.State{jobstate.StateSucceeded, jobstate.StateFailed, jobstate.StateTimeout, jobstate.StateCancelled,
+	jobstate.StateDenied, jobstate.StateOutputQuarantined}
 
 func init() { redis.SetLogger(quietRedis{}) }
 
@@ -293,7 +293,7 @@ func (r *rig) warmUp() {
 		id := fmt.Sprintf("probe-%d", i)
 		for {
 			rec, err := r.st.GetJob(ctx, id)
-			if err == nil && rec.State == core.StateSucceeded {
+			if err == nil && rec.State == jobstate.StateSucceeded {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -476,7 +476,7 @@ func (r *rig) receipts() (map[string]map[string]int, int) {
 // verdict checks every job's final record and the receipts, and returns a
 // summary. allowed says which non-SUCCEEDED outcomes a job may have.
 type verdict struct {
-	states       map[core.State]int
+	states       map[jobstate.State]int
 	lost         int
 	sameWorker   int // jobs a worker ran more than once (a worker logs a run once per job: it dedupes)
 	deduped      int // repeated deliveries a worker recognised and did not run
@@ -492,7 +492,7 @@ type verdict struct {
 
 func (r *rig) verify() verdict {
 	ctx := context.Background()
-	v := verdict{states: map[core.State]int{}}
+	v := verdict{states: map[jobstate.State]int{}}
 	for i := 0; i < r.jobs; i++ {
 		id := r.jobID(i)
 		rec, err := r.st.GetJob(ctx, id)
@@ -505,10 +505,10 @@ func (r *rig) verify() verdict {
 		if !rec.State.Terminal() {
 			r.t.Errorf("%s still %s (%s)", id, rec.State, rec.Reason)
 		}
-		if rec.State == core.StateDenied {
+		if rec.State == jobstate.StateDenied {
 			v.deniedOutage++ // the suite's policy allows everything
 		}
-		if rec.State != core.StateSucceeded {
+		if rec.State != jobstate.StateSucceeded {
 			v.notSucceeded = append(v.notSucceeded, id+" "+string(rec.State)+" "+string(rec.Reason))
 		}
 	}
@@ -531,7 +531,7 @@ func (r *rig) verify() verdict {
 	kept := v.notSucceeded[:0]
 	for _, desc := range v.notSucceeded {
 		id, rest, _ := strings.Cut(desc, " ")
-		if !v.received[id] && rest == string(core.StateTimeout)+" "+string(core.ReasonDispatchTimeout) {
+		if !v.received[id] && rest == string(jobstate.StateTimeout)+" "+string(jobstate.ReasonDispatchTimeout) {
 			v.dispatchLost++
 			continue
 		}
@@ -760,7 +760,7 @@ func (r *rig) inFlightOwnedBy(node string) []string {
 		}
 		st, _ := v[0].(string)
 		owner, _ := v[1].(string)
-		if owner == node && st != "" && !core.State(st).Terminal() {
+		if owner == node && st != "" && !jobstate.State(st).Terminal() {
 			ids = append(ids, r.jobID(i))
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // TestFaultNodeKilledWithUnwrittenWaits: jobs waiting for room within their
@@ -35,7 +35,7 @@ func TestFaultNodeKilledWithUnwrittenWaits(t *testing.T) {
 	r.nodes[0].kill()
 	killed := time.Now()
 	at, left := r.waitTerminalBy(ids, killed.Add(90*time.Second),
-		func(_ string, s core.State) bool { return s == core.StateSucceeded })
+		func(_ string, s jobstate.State) bool { return s == jobstate.StateSucceeded })
 	recs := r.records(ids)
 	for _, id := range left {
 		t.Errorf("%s not SUCCEEDED 90 s after the kill: %s", id, hopsOrNone(recs[id]))

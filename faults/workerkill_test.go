@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // waitEvicted polls every node's troupe_workers_evicted_total until each
@@ -54,7 +54,7 @@ func (r *procRig) waitEvicted(within time.Duration) (first, last time.Time, ok b
 func dispatchedAt(rec *store.JobRecord) time.Time {
 	var at time.Time
 	for _, h := range rec.History {
-		if h.To == core.StateDispatched && h.From != core.StateDispatched {
+		if h.To == jobstate.StateDispatched && h.From != jobstate.StateDispatched {
 			at = h.At
 		}
 	}
@@ -73,7 +73,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		jobs    = 40
 		hold    = 30 * time.Second
 		running = 300 * time.Second
-		grace   = actors.WorkerLostGraceDefault
+		grace   = jobactor.WorkerLostGraceDefault
 	)
 	r := newProcRig(t, procRigOptions{dispatch: 60 * time.Second, running: running})
 	began := time.Now()
@@ -91,7 +91,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 	start := time.Now()
 	ids := <-r.submitAt("wk", jobs, 200, nil)
 	if _, left := r.waitTerminalBy(ids, time.Now().Add(20*time.Second),
-		func(_ string, s core.State) bool { return s == core.StateRunning }); len(left) > 0 {
+		func(_ string, s jobstate.State) bool { return s == jobstate.StateRunning }); len(left) > 0 {
 		t.Fatalf("%d of %d jobs not RUNNING 20 s after their submit: %v", len(left), jobs, left)
 	}
 	held, _ := r.receiptLines("w1")
@@ -105,7 +105,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		t.Fatal("the killed worker was not evicted by every node within 30 s")
 	}
 	at, left := r.waitTerminalBy(ids, lastEvict.Add(grace+30*time.Second),
-		func(_ string, s core.State) bool { return s.Terminal() })
+		func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
 	for _, id := range left {
 		t.Errorf("%s not terminal %v after the eviction: %s", id, grace+30*time.Second, stateCounts(map[string]*store.JobRecord{id: recs[id]}))
@@ -129,7 +129,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 			}
 		}
 		if !heldSet[id] {
-			if rec.State != core.StateSucceeded {
+			if rec.State != jobstate.StateSucceeded {
 				t.Errorf("%s (w2's): %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 			}
 			continue
@@ -138,7 +138,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 			runAgain++
 			t.Errorf("%s: started on the killed worker, then run by w2: %s", id, hops(rec))
 		}
-		if rec.State != core.StateFailed || rec.Reason != core.ReasonWorkerLost {
+		if rec.State != jobstate.StateFailed || rec.Reason != jobstate.ReasonWorkerLost {
 			t.Errorf("%s (the killed worker's): %s (%s), want FAILED worker_lost: %s", id, rec.State, rec.Reason, hops(rec))
 			continue
 		}
@@ -163,7 +163,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 	}
 	dead := 0
 	for _, e := range dlq {
-		if e.Reason == core.ReasonWorkerLost && heldSet[e.JobID] {
+		if e.Reason == jobstate.ReasonWorkerLost && heldSet[e.JobID] {
 			dead++
 		}
 	}
@@ -238,7 +238,7 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 		t.Fatal("the killed worker was not evicted by every node within 30 s")
 	}
 	at, left := r.waitTerminalBy(ids, start.Add(running+45*time.Second),
-		func(_ string, s core.State) bool { return s.Terminal() })
+		func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
 	for _, id := range left {
 		t.Errorf("%s not terminal %v after the first submit: %s", id, running+45*time.Second, stateCounts(map[string]*store.JobRecord{id: recs[id]}))
@@ -269,12 +269,12 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 			pickedSurvivorRanVictim++
 		}
 		if !heldSet[id] {
-			if rec.State != core.StateSucceeded {
+			if rec.State != jobstate.StateSucceeded {
 				t.Errorf("%s (run by the survivor, picked %s): %s (%s): %s", id, picked[id], rec.State, rec.Reason, hops(rec))
 			}
 			continue
 		}
-		if rec.State != core.StateTimeout || rec.Reason != core.ReasonRunningTimeout {
+		if rec.State != jobstate.StateTimeout || rec.Reason != jobstate.ReasonRunningTimeout {
 			t.Errorf("%s (run by the killed worker, picked %s): %s (%s), want TIMEOUT running_timeout: %s",
 				id, picked[id], rec.State, rec.Reason, hops(rec))
 			continue

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 )
 
 // Stale dispatches. A node evicts a worker it has not heard for its

@@ -8,10 +8,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/worker"
 )
 

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/internal/testenv"
-	"github.com/troupe-run/troupe/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )

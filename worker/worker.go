@@ -25,12 +25,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/registry"
+	"github.com/troupe-run/troupe/internal/tracing"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 	"github.com/troupe-run/troupe/signing"
-	"github.com/troupe-run/troupe/tracing"
 )
 
 // HeartbeatDefault is the CAP SDKs' heartbeat interval.

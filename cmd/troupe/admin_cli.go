@@ -12,10 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/store"
 )
 
 // The admin API's command-line client. Every operator command goes
@@ -396,7 +396,7 @@ func (e *ctlEnv) waitAndPrint(ctx context.Context, id string, timeout time.Durat
 		printAPIJob(e.out, j)
 		printJobData(e.out, d)
 	}
-	if j.State != string(core.StateSucceeded) {
+	if j.State != string(jobstate.StateSucceeded) {
 		return fmt.Errorf("job %s ended %s", j.ID, j.State)
 	}
 	return nil
@@ -434,7 +434,7 @@ func (e *ctlEnv) waitJob(ctx context.Context, c *admin.Client, id string, timeou
 			fmt.Fprintf(e.errOut, "%6s  %s\n", elapsed, path)
 		}
 		lastPath = path
-		if core.State(j.State).Terminal() {
+		if jobstate.State(j.State).Terminal() {
 			return j, nil
 		}
 		select {
@@ -487,13 +487,13 @@ func (e *ctlEnv) jobStatus(ctx context.Context, args []string) error {
 // printAPIJob prints a job as `troupe job` does, plus what only the API
 // knows (decisions, retry links).
 func printAPIJob(w io.Writer, j admin.Job) {
-	rec := &store.JobRecord{ID: j.ID, State: core.State(j.State), Topic: j.Topic, Tenant: j.Tenant, TraceID: j.TraceID,
-		Node: j.Node, Worker: j.Worker, Subject: j.Subject, Reason: core.Reason(j.Reason), ResultPtr: j.ResultPtr,
+	rec := &store.JobRecord{ID: j.ID, State: jobstate.State(j.State), Topic: j.Topic, Tenant: j.Tenant, TraceID: j.TraceID,
+		Node: j.Node, Worker: j.Worker, Subject: j.Subject, Reason: jobstate.Reason(j.Reason), ResultPtr: j.ResultPtr,
 		ErrorCode: j.ErrorCode, ErrorMessage: j.ErrorMessage, Fence: j.Fence, Attempts: j.Attempts,
 		Created: j.Created, Updated: j.Updated, LockHolder: j.Owner, Fields: j.Fields}
 	for _, h := range j.History {
-		rec.History = append(rec.History, store.HistoryEntry{At: h.At, From: core.State(h.From), To: core.State(h.To),
-			Reason: core.Reason(h.Reason), Node: h.Node})
+		rec.History = append(rec.History, store.HistoryEntry{At: h.At, From: jobstate.State(h.From), To: jobstate.State(h.To),
+			Reason: jobstate.Reason(h.Reason), Node: h.Node})
 	}
 	printJob(w, rec)
 	fmt.Fprintf(w, "  tenant %s\n", orDash(j.Tenant))
@@ -838,7 +838,7 @@ func (e *ctlEnv) stats(ctx context.Context, args []string) error {
 	tw := e.table()
 	fmt.Fprintf(tw, "node %s at %s\n\n", s.Node, s.At.Format(time.RFC3339))
 	fmt.Fprintln(tw, "STATE\tJOBS")
-	for _, st := range core.AllStates {
+	for _, st := range jobstate.AllStates {
 		fmt.Fprintf(tw, "%s\t%d\n", st, s.States[string(st)])
 	}
 	fmt.Fprintf(tw, "\nreceived %.0f, dispatched %.0f, live job actors %d\n", s.Received, s.Dispatched, s.LiveJobActors)

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/worker"
 )
 

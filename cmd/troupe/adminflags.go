@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/jobdata"
 )
 
 // adminFlags start the node's admin HTTP server: /metrics, /healthz,

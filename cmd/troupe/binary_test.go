@@ -21,12 +21,12 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/router"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/saga"
 	"github.com/troupe-run/troupe/worker"
 )
 

@@ -8,8 +8,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/router"
 )
 
 // TestHelmChartConfig parses the Helm chart's default pools.yaml and
@@ -47,11 +47,11 @@ func TestHelmChartConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm, err := actors.ParseTimeouts(timeouts)
+	tm, err := jobactor.ParseTimeouts(timeouts)
 	if err != nil {
 		t.Fatalf("config.timeouts: %v\n%s", err, timeouts)
 	}
-	if want := actors.DefaultTimeouts(); !reflect.DeepEqual(tm, want) {
+	if want := jobactor.DefaultTimeouts(); !reflect.DeepEqual(tm, want) {
 		t.Errorf("config.timeouts = %+v, want the node's defaults %+v", tm, want)
 	}
 }

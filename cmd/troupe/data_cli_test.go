@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/testenv"
-	"github.com/troupe-run/troupe/router"
-	"github.com/troupe-run/troupe/saga"
 )
 
 // dataNode starts a node and its API, and a `troupe worker` process (the

@@ -13,15 +13,15 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/embedded"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/connect"
-	"github.com/troupe-run/troupe/jobtrace"
+	"github.com/troupe-run/troupe/internal/embedded"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/jobtrace"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/store"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -150,7 +150,7 @@ func runDev(ctx context.Context, args []string) error {
 		}
 		printJob(os.Stdout, rec)
 		fmt.Println()
-		if rec.State == core.StateSucceeded {
+		if rec.State == jobstate.StateSucceeded {
 			ok++
 		}
 	}

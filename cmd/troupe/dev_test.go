@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/connect"
 )
 

@@ -31,9 +31,9 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/connect"
-	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/internal/router"
 )
 
 // GCPercentDefault is the node's GOGC unless the environment sets one.

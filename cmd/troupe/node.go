@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/signing"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/troupe-run/troupe/admin"
+	"github.com/troupe-run/troupe/internal/admin"
 )
 
 // decodeOut parses a run's stdout as JSON into v, refusing unknown fields.

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/core"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // Search, retry, bulk actions and pausing a topic, through the admin API.
@@ -54,8 +54,8 @@ func (f *filterFlags) register(fs *flag.FlagSet) {
 func (f *filterFlags) filter(now time.Time) (admin.JobFilter, error) {
 	out := admin.JobFilter{State: strings.ToUpper(f.state), Topic: f.topic, Tenant: f.tenant, Worker: f.worker,
 		Labels: f.labels, Q: f.q}
-	if out.State != "" && !core.State(out.State).Valid() {
-		return out, fmt.Errorf("--state must be one of %v", core.AllStates)
+	if out.State != "" && !jobstate.State(out.State).Valid() {
+		return out, fmt.Errorf("--state must be one of %v", jobstate.AllStates)
 	}
 	var err error
 	if out.Since, err = timeArg("since", f.since, now); err != nil {

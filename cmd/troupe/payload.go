@@ -10,8 +10,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/jobdata"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 

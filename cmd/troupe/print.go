@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // printJob writes a job's record and history for humans.

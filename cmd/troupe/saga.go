@@ -8,8 +8,8 @@ import (
 	"net/http"
 	"text/tabwriter"
 
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/saga"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/saga"
 )
 
 // saga prints a workflow's saga: its compensation stack (newest first,

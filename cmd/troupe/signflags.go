@@ -4,7 +4,7 @@ import (
 	"flag"
 	"os"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/signing"
 )
 

@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/troupe-run/troupe/admin"
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/testenv"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // floor moves the NATS and Redis traffic of one job with no scheduling logic:
@@ -176,8 +176,8 @@ func (f *floor) onSubmits(batch []jetstream.Msg) {
 			}
 			id := pkt.GetJobRequest().GetJobId()
 			ids[i] = id
-			p.HSet(ctx, f.keys.Job(id), "s", string(core.StateDispatched), "created", nowS, "updated", nowS)
-			p.ZAdd(ctx, f.keys.Index(store.Shard(id), string(core.StateDispatched)), redis.Z{Score: float64(now), Member: id})
+			p.HSet(ctx, f.keys.Job(id), "s", string(jobstate.StateDispatched), "created", nowS, "updated", nowS)
+			p.ZAdd(ctx, f.keys.Index(store.Shard(id), string(jobstate.StateDispatched)), redis.Z{Score: float64(now), Member: id})
 			n++
 		}
 		return n
@@ -207,8 +207,8 @@ func (f *floor) onResults(batch []jetstream.Msg) {
 				continue
 			}
 			id := pkt.GetJobResult().GetJobId()
-			p.HSet(ctx, f.keys.Job(id), "s", string(core.StateSucceeded), "updated", nowS)
-			p.ZAdd(ctx, f.keys.Index(store.Shard(id), string(core.StateSucceeded)), redis.Z{Score: float64(now), Member: id})
+			p.HSet(ctx, f.keys.Job(id), "s", string(jobstate.StateSucceeded), "updated", nowS)
+			p.ZAdd(ctx, f.keys.Index(store.Shard(id), string(jobstate.StateSucceeded)), redis.Z{Score: float64(now), Member: id})
 			n++
 		}
 		return n

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // How the bench learns that jobs are terminal, and when.
@@ -29,12 +29,12 @@ import (
 
 // terminalStates other than SUCCEEDED: counted less often, only to stop a run
 // that can no longer complete.
-var otherTerminal = []core.State{core.StateFailed, core.StateTimeout, core.StateCancelled, core.StateDenied,
-	core.StateOutputQuarantined}
+var otherTerminal = []jobstate.State{jobstate.StateFailed, jobstate.StateTimeout, jobstate.StateCancelled, jobstate.StateDenied,
+	jobstate.StateOutputQuarantined}
 
 // record is what the bench reads back of one job.
 type record struct {
-	state        core.State
+	state        jobstate.State
 	createdMs    int64
 	updatedMs    int64
 	dispatchedMs int64 // first DISPATCHED in the history (0: none or not read)
@@ -72,11 +72,11 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 			r := &out[i]
 			if a := all[i-start]; a != nil {
 				f := a.Val()
-				r.state = core.State(f["s"])
+				r.state = jobstate.State(f["s"])
 				r.createdMs, _ = strconv.ParseInt(f["created"], 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(f["updated"], 10, 64)
 				for _, e := range store.History(f) {
-					if e.To == core.StateDispatched && r.dispatchedMs == 0 {
+					if e.To == jobstate.StateDispatched && r.dispatchedMs == 0 {
 						r.dispatchedMs = e.At.UnixMilli()
 					}
 					if e.To.Terminal() && r.terminalMs == 0 {
@@ -84,7 +84,7 @@ func readRecords(ctx context.Context, rdb redis.UniversalClient, keys *store.Key
 					}
 				}
 			} else if v := hm[i-start].Val(); len(v) == 3 {
-				r.state = core.State(str(v[0]))
+				r.state = jobstate.State(str(v[0]))
 				r.createdMs, _ = strconv.ParseInt(str(v[1]), 10, 64)
 				r.updatedMs, _ = strconv.ParseInt(str(v[2]), 10, 64)
 			}
@@ -118,7 +118,7 @@ type counter struct {
 const otherEvery = 20
 
 func (c *counter) baseline(ctx context.Context) error {
-	ok, err := c.st.CountIndex(ctx, core.StateSucceeded)
+	ok, err := c.st.CountIndex(ctx, jobstate.StateSucceeded)
 	if err != nil {
 		return err
 	}
@@ -144,7 +144,7 @@ func (c *counter) countOther(ctx context.Context) (int64, error) {
 
 // poll returns succeeded and other-terminal jobs above the baseline.
 func (c *counter) poll(ctx context.Context, full bool) (ok, other int64, err error) {
-	n, err := c.st.CountIndex(ctx, core.StateSucceeded)
+	n, err := c.st.CountIndex(ctx, jobstate.StateSucceeded)
 	if err != nil {
 		return 0, 0, err
 	}

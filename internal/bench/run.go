@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/bus"
-	"github.com/troupe-run/troupe/core"
-	"github.com/troupe-run/troupe/store"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // ErrRunFailed is returned (wrapped) with the Result of a run whose jobs did
@@ -472,7 +472,7 @@ func (r *runner) compute(recs []record, before, after snapshot) {
 		}
 		res.Jobs.FinalStates[st]++
 		switch {
-		case rec.state == core.StateSucceeded:
+		case rec.state == jobstate.StateSucceeded:
 			res.Jobs.Terminal++
 			res.Jobs.Succeeded++
 		case rec.state.Terminal():
@@ -723,7 +723,7 @@ func (r *runner) deleteJobs(ctx context.Context) error {
 		pipe := r.rdb.Pipeline()
 		for _, id := range chunk {
 			pipe.Del(ctx, keys.Job(id), keys.Lock(id))
-			for _, s := range core.AllStates {
+			for _, s := range jobstate.AllStates {
 				pipe.ZRem(ctx, keys.Index(store.Shard(id), string(s)), id)
 			}
 		}

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/actors"
-	"github.com/troupe-run/troupe/router"
+	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/router"
 )
 
 // sutSpec says what system under test to start and where: a Troupe node or
@@ -79,9 +79,9 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 			s.close()
 			return nil, err
 		}
-		var timeouts *actors.Timeouts
+		var timeouts *jobactor.Timeouts
 		if spec.DispatchTimeout > 0 {
-			timeouts = actors.DefaultTimeouts()
+			timeouts = jobactor.DefaultTimeouts()
 			timeouts.Dispatch = spec.DispatchTimeout
 			timeouts.Running = max(timeouts.Running, spec.DispatchTimeout)
 		}
@@ -162,7 +162,7 @@ type Snap struct {
 }
 
 // NodeCounters are counters the bench reads from a node's Prometheus
-// registry (actors.Metrics), each summed over its labels unless split here.
+// registry (jobactor.Metrics), each summed over its labels unless split here.
 type NodeCounters struct {
 	// Received: jobs this node created from a submit
 	// (troupe_jobs_received_total).
@@ -200,7 +200,7 @@ func (s *sut) counters() Snap {
 	return sn
 }
 
-// Node metrics the bench reads (actors.Metrics).
+// Node metrics the bench reads (jobactor.Metrics).
 const (
 	// capacityWaitsMetric counts jobs written SCHEDULED to wait for room in
 	// their pool.

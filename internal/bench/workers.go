@@ -9,9 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/troupe-run/troupe/bus"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/registry"
 )
 
 // fleet is W simulated CAP workers sharing one NATS connection. Each is what a

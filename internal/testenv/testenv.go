@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/troupe-run/troupe/embedded"
+	"github.com/troupe-run/troupe/internal/embedded"
 )
 
 // Default service addresses (override with TROUPE_TEST_REDIS / TROUPE_TEST_NATS,

@@ -1,0 +1,74 @@
+package bus_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/testenv"
+)
+
+// Consume keeps FetchLoops pulls waiting at the server for each stream, so
+// that one fetch nats.go fails to see end (it then waits about a second
+// more) does not hold back the messages that arrive meanwhile: the server
+// hands them to the other pull. Every message is handled once.
+func TestConsumeKeepsSeveralPullsWaiting(t *testing.T) {
+	env := testenv.NewWithPrivateNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 100)
+	handle := func(m jetstream.Msg) {
+		_ = m.Ack()
+		got <- string(m.Data())
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, log, handle, nil); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, bus.StreamName(prefix, bus.StreamResult), bus.ConsumerName(bus.StreamResult))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		info, err := cons.Info(ctx)
+		if err == nil && info.NumWaiting >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pulls waiting at the server: %+v (err %v), want 2 (bus.FetchLoops = %d)", info, err, bus.FetchLoops)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	seen := map[string]int{}
+	for i := 0; i < 50; i++ {
+		if _, err := js.Publish(ctx, subj.Result, []byte{byte('a' + i%26), byte('0' + i/26)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for len(seen) < 50 {
+		select {
+		case m := <-got:
+			seen[m]++
+			if seen[m] > 1 {
+				t.Fatalf("message %q handled twice", m)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 50 messages handled", len(seen))
+		}
+	}
+}

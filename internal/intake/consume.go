@@ -1,0 +1,50 @@
+package intake
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/troupe-run/troupe/internal/bus"
+)
+
+// What the intake listens to: the three work-queue streams through their
+// shared durable consumers (any replica may take any message), and three
+// core NATS subjects every replica hears (heartbeats, progress) or only this
+// one does (its forwarding inbox).
+
+// Subscribe subscribes the intake's core NATS inputs: heartbeats, progress
+// and this node's forwarding inbox, subj.Inbox(nodeID). The subscriptions
+// are returned in that order; the caller unsubscribes them.
+func (in *Intake) Subscribe(nc *nats.Conn, subj bus.Subjects, nodeID string) ([]*nats.Subscription, error) {
+	hb, err := nc.Subscribe(subj.Heartbeat, in.HandleHeartbeat)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe heartbeats: %w", err)
+	}
+	pr, err := nc.Subscribe(subj.Progress, in.HandleProgress)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe progress: %w", err)
+	}
+	inbox, err := nc.Subscribe(subj.Inbox(nodeID), in.HandleInbox)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe inbox: %w", err)
+	}
+	return []*nats.Subscription{hb, pr, inbox}, nil
+}
+
+// Consume starts the fetch loops (bus.Consume) of the submit, result and
+// cancel streams under prefix, until ctx ends. holdSubmits, when set, pauses
+// the submit stream's loop (the node's backpressure); opts apply to every
+// loop.
+func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix string, holdSubmits func() bool,
+	opts ...bus.ConsumeOption) error {
+	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, holdSubmits, opts...); err != nil {
+		return err
+	}
+	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, nil, opts...); err != nil {
+		return err
+	}
+	return bus.Consume(ctx, js, prefix, bus.StreamCancel, in.Log, in.HandleCancel, nil, opts...)
+}

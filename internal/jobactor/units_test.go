@@ -1,0 +1,129 @@
+package jobactor_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/internal/jobactor"
+)
+
+func TestBackoffDoublesWithJitterAndCaps(t *testing.T) {
+	t.Parallel()
+	for attempt := 0; attempt < 60; attempt++ {
+		base := jobactor.BackoffCap
+		if attempt < 5 {
+			base = min(jobactor.BackoffBase<<attempt, jobactor.BackoffCap)
+		}
+		for i := 0; i < 50; i++ {
+			d := jobactor.Backoff(attempt)
+			if d < base || d > jobactor.BackoffCap || d >= base+500*time.Millisecond {
+				t.Fatalf("attempt %d: %v outside [%v, min(%v+500ms, cap))", attempt, d, base, base)
+			}
+		}
+	}
+	// Jitter really varies.
+	seen := map[time.Duration]bool{}
+	for i := 0; i < 20; i++ {
+		seen[jobactor.Backoff(1)] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("jitter produced only %d distinct delays in 20 draws", len(seen))
+	}
+}
+
+type wakeCounter struct{ got chan struct{} }
+
+func (w *wakeCounter) Receive(c actor.Context) {
+	if _, ok := c.Message().(*actor.Started); ok {
+		return
+	}
+	switch c.Message().(type) {
+	case *actor.Stopping, *actor.Stopped:
+		return
+	}
+	w.got <- struct{}{}
+}
+
+func TestWheelFiresInOrderAndCancelRemoves(t *testing.T) {
+	t.Parallel()
+	sys := actor.NewActorSystem()
+	w := jobactor.NewWheel(sys.Root)
+	defer w.Stop()
+	sink := &wakeCounter{got: make(chan struct{}, 10)}
+	pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sink }))
+	start := time.Now()
+	w.Schedule(80*time.Millisecond, pid, 1)
+	cancelled := w.Schedule(40*time.Millisecond, pid, 2)
+	far := w.Schedule(time.Hour, pid, 3) // beyond one rotation
+	w.Cancel(cancelled)
+	w.Cancel(cancelled) // twice is harmless
+	if w.Len() != 2 {
+		t.Fatalf("len %d, want 2", w.Len())
+	}
+	select {
+	case <-sink.got:
+		if el := time.Since(start); el < 80*time.Millisecond {
+			t.Fatalf("fired after %v, before its time", el)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("entry never fired")
+	}
+	select {
+	case <-sink.got:
+		t.Fatal("cancelled or far entry fired")
+	case <-time.After(150 * time.Millisecond):
+	}
+	w.Cancel(far)
+	if w.Len() != 0 {
+		t.Fatalf("len %d after cancelling everything", w.Len())
+	}
+}
+
+// An idle wheel (no entries) does not tick — an idle node is not woken 100
+// times a second — and an entry scheduled after an idle spell fires on
+// time.
+func TestIdleWheelStopsTickingAndResumes(t *testing.T) {
+	t.Parallel()
+	sys := actor.NewActorSystem()
+	w := jobactor.NewWheel(sys.Root)
+	defer w.Stop()
+	sink := &wakeCounter{got: make(chan struct{}, 10)}
+	pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sink }))
+	for round := 0; round < 2; round++ {
+		before := w.Ticks()
+		time.Sleep(100 * time.Millisecond) // ten ticks' worth, idle
+		if n := w.Ticks() - before; n > 1 {
+			t.Fatalf("round %d: %d ticks while idle, want none (one may be in progress)", round, n)
+		}
+		start := time.Now()
+		w.Schedule(30*time.Millisecond, pid, uint64(round))
+		select {
+		case <-sink.got:
+			if el := time.Since(start); el < 30*time.Millisecond {
+				t.Fatalf("round %d: fired after %v, before its time", round, el)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: entry scheduled after an idle spell never fired", round)
+		}
+	}
+}
+
+func TestParseTimeouts(t *testing.T) {
+	t.Parallel()
+	tm, err := jobactor.ParseTimeouts([]byte("reconciler:\n  dispatch_timeout_seconds: 60\ntopics:\n  job.slow:\n    timeout_seconds: 36000\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tm.Dispatch != time.Minute || tm.Running != jobactor.RunningTimeoutDefault ||
+		tm.RunningFor("job.slow") != 10*time.Hour || tm.RunningFor("job.other") != jobactor.RunningTimeoutDefault {
+		t.Fatalf("%+v", tm)
+	}
+	if _, err := jobactor.ParseTimeouts([]byte("reconciler:\n  dispatch_timeout: 5\n")); err == nil {
+		t.Fatal("unknown key accepted")
+	}
+	if _, err := jobactor.ParseTimeouts([]byte("topics:\n  job.x:\n    timeout_seconds: 0\n")); err == nil {
+		t.Fatal("zero topic timeout accepted")
+	}
+}

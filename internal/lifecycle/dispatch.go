@@ -1,0 +1,644 @@
+package lifecycle
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/safety"
+)
+
+// Dispatch: asking the router for a worker, waiting for capacity, the
+// tenant's concurrency slot, the dispatch itself and its resends, the wait
+// for the worker (deadlines, parking), its start, and its loss.
+
+// askRouter asks for a worker; the answer arrives as a *router.PickReply.
+// With no room the router queues the job (see waitCapacity).
+func (j *Job) askRouter() {
+	j.dropPick()
+	j.opEpoch++
+	j.busy = true
+	if !j.queued {
+		j.ticket++
+	}
+	submitted := j.created
+	if submitted.IsZero() {
+		submitted = j.firstEvent
+	}
+	j.emit(AskRouter{Req: &router.PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
+		Wait: true, Ticket: j.ticket, Submitted: submitted}})
+}
+
+func (j *Job) onPick(p *router.PickReply) {
+	if p.Queued {
+		j.waitCapacity(p)
+		return
+	}
+	j.queued = false // placed (or refused) on a recheck: not queued any more
+	// Nor waiting within its grace (a recheck or a repeated submit was
+	// answered): its budget and its submit's touches are released here,
+	// as a placement's are (onPlaced), before the job is written.
+	j.leaveGrace()
+	if p.Reason != "" {
+		j.placementFailed(p)
+		return
+	}
+	j.picked = p.WorkerID
+	limit := j.tenantLimit()
+	if limit <= 0 || j.admitted {
+		j.dispatchTo(p)
+		return
+	}
+	// The tenant has a concurrency limit: take a slot (shared by every
+	// replica) before dispatching, or wait like any transient failure.
+	j.write(&pending{kind: wAdmit, pick: p, op: &store.Op{Kind: store.OpAdmit, JobID: j.ID,
+		TenantKey: j.cfg.TenantKey(safety.TenantOf(j.Req)), Limit: limit}})
+}
+
+func (j *Job) admittedTo(p *pending, r *store.Result) {
+	if !r.Admitted {
+		j.dropPick()
+		j.placementFailed(&router.PickReply{Reason: jobstate.ReasonTenantLimit,
+			Detail: "tenant " + safety.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
+		return
+	}
+	j.admitted = true
+	j.dispatchTo(p.pick)
+}
+
+// tenantLimit is the job's tenant concurrency limit (0: none): the node's
+// per-tenant setting, lowered by the policy's max_concurrent_jobs.
+func (j *Job) tenantLimit() int {
+	limit := 0
+	if j.cfg.TenantLimit != nil {
+		limit = j.cfg.TenantLimit(safety.TenantOf(j.Req))
+	}
+	if j.policyLimit > 0 && (limit == 0 || j.policyLimit < limit) {
+		limit = j.policyLimit
+	}
+	return limit
+}
+
+// dispatchTo records the job as dispatched to the picked worker; the
+// request is published once that is durable (dispatched).
+func (j *Job) dispatchTo(p *router.PickReply) {
+	path := make([]store.Hop, 0, 2)
+	if j.State == jobstate.StatePending {
+		path = append(path, store.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
+	}
+	path = append(path, store.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
+	j.attempts++
+	dl := j.deadlineFor(jobstate.StateDispatched)
+	if p.StartsOnDelivery {
+		// The worker will not say when it starts (stock CAP workers send
+		// no progress): the job is bounded by its run, not by the wait for
+		// a start that never gets reported.
+		dl = j.deadlineFor(jobstate.StateRunning)
+	}
+	// Room for the policy decision's fields, which apply adds: one slice.
+	fields := make([]string, 0, 16+len(j.decision))
+	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
+		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
+	fresh := !j.live()
+	fields = appendFlag(fields, fresh, "tslot", j.admitted)
+	fields = appendFlag(fields, fresh, "resend", p.Resend)
+	fields = appendFlag(fields, fresh, "sod", p.StartsOnDelivery)
+	if p.Pool != "" {
+		fields = append(fields, "pool", p.Pool)
+	}
+	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
+		Due: dl.at.UnixMilli(), Fields: fields},
+		nil, &pending{then: nDispatched, pick: p, dl: dl})
+}
+
+// dispatched: DISPATCHED is durable; publish the request.
+func (j *Job) dispatched(p *pending) {
+	j.Worker, j.Subject, j.pool = p.pick.WorkerID, p.pick.Subject, p.pick.Pool
+	j.picked = ""
+	j.resend, j.resends = p.pick.Resend, 0
+	j.startsOnDelivery = p.pick.StartsOnDelivery
+	j.deadline, j.deadlineWhy = p.dl.at, p.dl.why
+	j.emit(PublishRequest{Subject: j.Subject})
+	if j.startsOnDelivery {
+		// Started on delivery as far as anyone can tell: the worker's
+		// eviction must not place it again (it may be running, on that
+		// worker or — on a pool subject — on another); its run's deadline
+		// bounds it.
+		j.release(false)
+	}
+	j.count(MDispatched, "")
+	j.observe(MDispatchLatency, j.firstEvent)
+	j.waitWorker()
+}
+
+// onPublishFailed: the dispatch just recorded could not be published; the
+// job goes back to SCHEDULED and retries.
+func (j *Job) onPublishFailed(m *PublishFailed) {
+	if j.res.Gone() || j.busy || j.State != jobstate.StateDispatched {
+		return
+	}
+	j.log(warn, "dispatch publish failed", "subject", j.Subject, "err", m.Err)
+	j.disarm()
+	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched),
+		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonDispatchFailed}}, Due: -1}, nil,
+		&pending{then: nRetryLater})
+}
+
+// deadlineFor returns when a job entering state times out, and why: the
+// state's own timeout or the job's budget deadline, whichever is first.
+func (j *Job) deadlineFor(state jobstate.State) deadline {
+	now := j.now()
+	d := deadline{now.Add(j.cfg.Dispatch), jobstate.ReasonDispatchTimeout}
+	if state == jobstate.StateRunning {
+		d = deadline{now.Add(j.cfg.RunningFor(j.topic())), jobstate.ReasonRunningTimeout}
+	}
+	created := j.created
+	if created.IsZero() {
+		created = now // not yet written: it is being created now
+	}
+	if ms := j.Req.GetBudget().GetDeadlineMs(); ms > 0 {
+		if b := created.Add(time.Duration(ms) * time.Millisecond); b.Before(d.at) {
+			d = deadline{b, jobstate.ReasonDeadlineExceeded}
+		}
+	}
+	return d
+}
+
+// watchDeadline arms the deadline of a DISPATCHED or RUNNING job, or times
+// it out if the deadline has passed, repeats its dispatch when a resend is
+// due, or parks the job once it has waited ParkAfter.
+func (j *Job) watchDeadline() {
+	if j.deadline.IsZero() {
+		d := j.deadlineFor(j.State)
+		j.deadline, j.deadlineWhy = d.at, d.why
+	}
+	now := j.now()
+	switch {
+	case !now.Before(j.deadline):
+		j.timeout()
+	case j.parkAt.IsZero():
+		j.waitWorker()
+	case j.resendDue(now):
+		j.resendDispatch(now)
+	case !now.Before(j.parkAt) && !j.parkHeld():
+		j.park()
+	default:
+		j.armWait()
+	}
+}
+
+// waitWorker starts the wait of a job that is with its worker: its one
+// timer fires at the deadline or, when sooner, when its dispatch is to be
+// repeated or it parks.
+func (j *Job) waitWorker() {
+	now := j.now()
+	j.parkAt = time.Time{}
+	if j.cfg.ParkAfter > 0 {
+		j.parkAt = now.Add(j.cfg.ParkAfter)
+	}
+	j.resendAt = time.Time{}
+	if j.State == jobstate.StateRunning {
+		j.recall = false // it started: the worker has it
+	}
+	if j.resend && (j.State == jobstate.StateDispatched || j.recall) && j.cfg.ResendAfter > 0 && j.Req != nil {
+		j.resendAt = now.Add(j.resendDelay())
+	}
+	j.armWait()
+}
+
+func (j *Job) armWait() {
+	at := j.deadline
+	if !j.parkAt.IsZero() && j.parkAt.Before(at) && !j.parkHeld() {
+		at = j.parkAt
+	}
+	if j.resendPending() && j.resendAt.Before(at) {
+		at = j.resendAt
+	}
+	j.arm(at)
+}
+
+// Resending a dispatch. A direct dispatch is one core NATS publish: it is
+// lost if the server restarts or the worker is reconnecting at that moment,
+// and nothing tells the node. A worker that dedupes by job id lets the node
+// repeat the publish while the job is DISPATCHED with no sign of the
+// worker; a worker that already holds the job answers the repeat with a
+// RUNNING progress, which ends the repeats.
+
+func (j *Job) resendPending() bool {
+	return (j.State == jobstate.StateDispatched || j.recall) && !j.resendAt.IsZero()
+}
+
+func (j *Job) resendDue(now time.Time) bool { return j.resendPending() && !now.Before(j.resendAt) }
+
+// parkHeld: a DISPATCHED job parks only once its resends are spent.
+func (j *Job) parkHeld() bool { return j.resendPending() && j.resends < ResendsBeforePark }
+
+// resendDelay is the wait before repeat number resends+1.
+func (j *Job) resendDelay() time.Duration {
+	d := ResendCap
+	if j.resends < 8 {
+		d = min(j.cfg.ResendAfter<<j.resends, ResendCap)
+	}
+	return d
+}
+
+// resendDispatch repeats the dispatch to the same subject, or, while the
+// node's NATS connection is down, waits a second for it to come back.
+func (j *Job) resendDispatch(now time.Time) {
+	if !j.in.Connected() {
+		j.resendAt = now.Add(time.Second)
+		j.armWait()
+		return
+	}
+	j.emit(PublishRequest{Subject: j.Subject, Resend: true})
+	j.count(MResent, "")
+	j.resends++
+	j.resendAt = now.Add(j.resendDelay())
+	j.armWait()
+}
+
+// onResultsLost: the result stream was recreated, so a result the job's
+// worker sent may have gone with it, and nothing else would end the job
+// before its deadline (hours, once RUNNING). A worker that dedupes by job id
+// answers a repeat of a job it finished with its result again, and of one
+// it still runs with a RUNNING progress; the dispatch is repeated, as for a
+// lost dispatch, until it answers. Other workers would run the job again:
+// their jobs wait for their results or deadlines, as before.
+func (j *Job) onResultsLost() {
+	if j.State != jobstate.StateDispatched && j.State != jobstate.StateRunning || !j.resend || j.Req == nil ||
+		j.cfg.ResendAfter <= 0 {
+		return
+	}
+	j.log(info, "result stream recreated; asking the worker again", "worker_id", j.Worker, "state", j.State)
+	j.recall, j.resends = true, 0
+	if j.parkAt.IsZero() {
+		j.waitWorker()
+	}
+	j.resendAt = j.now()
+	j.watchDeadline()
+}
+
+// waitCapacity keeps a job the router has queued for room. The wait costs
+// no Redis traffic: SCHEDULED with its reason is written when the wait
+// begins or its reason changes, with no due time (the lock, kept by the
+// node lease, covers the job; a graceful stop hands it on). A recheck in
+// memory every CapacityRecheck guards against a lost wake. A pool with
+// workers but no room, or a paused topic, is waited on for as long as it
+// takes; a pool with no
+// live workers is rechecked on the scheduling backoff and counts attempts,
+// so a pool that never gets a worker fails the job (max_scheduling_retries).
+func (j *Job) waitCapacity(p *router.PickReply) {
+	again := j.queued
+	j.queued = true
+	changed := !again || j.capReason != p.Reason
+	j.capReason = p.Reason
+	if !waitsUnbounded(p.Reason) {
+		j.attempts++
+		if j.attempts >= j.cfg.MaxSchedulingAttempts {
+			j.withdraw()
+			j.fail(jobstate.ReasonMaxSchedulingRetries,
+				"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
+			return
+		}
+		changed = changed || again
+	}
+	recheck := j.recheckDelay()
+	if j.res == Unwritten {
+		// Asked again within its grace (a recheck, a repeated submit):
+		// still nothing is written, but a pool left with no live worker
+		// shortens the grace.
+		j.graceFor(p.Reason, j.now())
+		j.armUnwritten()
+		return
+	}
+	at := j.now().Add(recheck)
+	if !changed && j.live() {
+		j.arm(at)
+		return
+	}
+	if !j.live() && j.cfg.CapacityGrace > 0 && j.in.GraceRoom() {
+		j.waitUnwritten()
+		return
+	}
+	j.writeWait(at)
+}
+
+// waitsUnbounded reports whether a wait for reason lasts as long as it
+// takes, counting no scheduling attempt: a full pool (room comes), a
+// paused topic (an operator resumes it). Every other wait is rechecked on
+// the scheduling backoff and bounded by the attempts.
+func waitsUnbounded(reason jobstate.Reason) bool {
+	return reason == jobstate.ReasonPoolOverloaded || reason == jobstate.ReasonPoolPaused
+}
+
+// probe looks for the record of a job waiting within its grace, once, at
+// the wait's first timer: its submit may repeat a job that exists (a
+// client resubmitting, a SUBMIT stream lost and refilled). One activation
+// that creates nothing takes such a job over, hands it to its owner or
+// finds it ended, rather than holding it here as a new wait for up to the
+// grace; a job with no record waits on (probedAbsent). At the first timer,
+// not as the wait begins: most waits (a burst the pools drain) end sooner
+// and cost no read.
+func (j *Job) probe() {
+	j.probed = true
+	j.activate(false, &pending{probe: true})
+}
+
+// probedAbsent: the job waiting within its grace has no record; it waits
+// on as a new one.
+func (j *Job) probedAbsent() {
+	if j.queued {
+		j.onUnwrittenTimer()
+		return
+	}
+	// Placed meanwhile: the placement, deferred, is acted on first, so
+	// that the job is created before an event deferred with it that needs
+	// its record (a cancel) is handled.
+	for i, m := range j.deferred {
+		if pl, ok := m.(*router.Placed); ok {
+			j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
+			j.handle(pl)
+			return
+		}
+	}
+	j.leaveGrace()
+	j.writeWait(j.now().Add(j.recheckDelay()))
+}
+
+// waitUnwritten starts a wait within the grace: nothing is written yet;
+// the submit stays un-acked in JetStream (the node keeps telling
+// JetStream it is in progress), which keeps it as durably. For its first
+// AdmissionHold it still counts in the node's admissions.
+func (j *Job) waitUnwritten() {
+	now := j.now()
+	recheck := j.recheckDelay()
+	if !j.moveTo(Unwritten) {
+		j.writeWait(now.Add(recheck))
+		return
+	}
+	if j.waitedAt.IsZero() {
+		j.waitedAt = now
+	}
+	j.graceEnd = now.Add(j.cfg.CapacityGrace)
+	j.recheckAt = now.Add(recheck)
+	j.graceFor(j.capReason, now)
+	if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
+		j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
+	}
+	j.emit(Grace{Delta: 1, Deliveries: j.acks})
+	j.armUnwritten()
+}
+
+// graceFor shortens the grace of a wait with no live worker to wait for
+// (reason other than pool_overloaded) to NoWorkersGrace from now: such a
+// wait may last until the job fails, so it is shown in Redis soon, and not
+// rechecked before.
+func (j *Job) graceFor(reason jobstate.Reason, now time.Time) {
+	if reason == jobstate.ReasonPoolOverloaded {
+		return
+	}
+	if end := now.Add(min(j.cfg.CapacityGrace, NoWorkersGrace)); end.Before(j.graceEnd) {
+		j.graceEnd = end
+	}
+	j.recheckAt = j.graceEnd
+}
+
+// recheckDelay is how long a job waiting for room waits before it asks the
+// router again: CapacityRecheck for a full pool (the safety net of a lost
+// wake), the scheduling backoff when no worker is live.
+func (j *Job) recheckDelay() time.Duration {
+	if !waitsUnbounded(j.capReason) {
+		return j.cfg.Backoff(max(j.attempts, 1))
+	}
+	return CapacityRecheck
+}
+
+// armUnwritten sets the timer of a job waiting within its grace to the
+// first of: the end of its admission hold, its next recheck, the end of
+// its grace.
+func (j *Job) armUnwritten() {
+	at := j.graceEnd
+	if j.recheckAt.Before(at) {
+		at = j.recheckAt
+	}
+	if !j.holdEnd.IsZero() && j.holdEnd.Before(at) {
+		at = j.holdEnd
+	}
+	j.arm(at)
+}
+
+// onUnwrittenTimer: the timer of a job waiting within its grace fired. Its
+// admission hold may be over (the node's fetch loops stop counting it), a
+// recheck may be due (the safety net for a lost wake: the router is asked
+// again, the job keeps its place), or the grace is over (the job still
+// waits, now in Redis too).
+func (j *Job) onUnwrittenTimer() {
+	now := j.now()
+	j.endHold(now)
+	recheck := j.recheckDelay()
+	if !now.Before(j.graceEnd) {
+		j.writeWait(now.Add(recheck))
+		return
+	}
+	if !j.probed {
+		j.probe()
+		return
+	}
+	if !now.Before(j.recheckAt) {
+		j.recheckAt = now.Add(recheck)
+		j.askRouter()
+		return
+	}
+	j.armUnwritten()
+}
+
+// endHold ends the job's admission hold once it is due (zero now: at once).
+func (j *Job) endHold(now time.Time) {
+	if !j.holdEnd.IsZero() && (now.IsZero() || !now.Before(j.holdEnd)) {
+		j.holdEnd = time.Time{}
+		j.emit(Admitted{})
+	}
+}
+
+// writeWait records that the job waits for capacity: SCHEDULED with the
+// reason, no due time, then the recheck at at.
+func (j *Job) writeWait(at time.Time) {
+	j.leaveGrace()
+	j.count(MCapacityWaits, string(j.capReason))
+	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled),
+		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(j.capReason)}},
+		nil, &pending{then: nArm, at: at})
+}
+
+// leaveGrace ends a wait within the grace (written, placed or finished).
+func (j *Job) leaveGrace() {
+	if j.res == Unwritten {
+		j.moveTo(Fresh)
+		j.endHold(time.Time{})
+		j.emit(Grace{Delta: -1})
+	}
+}
+
+// onPlaced acts on a placement the router made for the queued job.
+func (j *Job) onPlaced(m *router.Placed) {
+	if j.State != jobstate.StatePending && j.State != jobstate.StateScheduled {
+		// Moved on meanwhile (dispatched on a recheck, cancelled): the
+		// slot goes back, and the job's own wait (its timer) stays.
+		if m.Reply.WorkerID != "" {
+			j.toRouter(&router.Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
+		}
+		return
+	}
+	j.disarm()
+	j.leaveGrace()
+	j.onPick(m.Reply)
+}
+
+// dropPick tells the router that a pick this job was given will not be
+// dispatched, so the slot it counted is freed.
+func (j *Job) dropPick() {
+	if j.picked != "" {
+		j.toRouter(&router.Released{WorkerID: j.picked, JobID: j.ID, Done: true})
+		j.picked = ""
+	}
+}
+
+// withdraw takes the job out of the router's queue.
+func (j *Job) withdraw() {
+	if j.queued {
+		j.queued = false
+		j.toRouter(&router.Withdraw{JobID: j.ID, Ticket: j.ticket})
+	}
+}
+
+func (j *Job) placementFailed(p *router.PickReply) {
+	if router.Permanent(p.Reason) {
+		if j.firstFail.IsZero() {
+			j.firstFail = j.now()
+		}
+		if j.now().Sub(j.firstFail) >= j.cfg.PermanentGrace {
+			j.fail(p.Reason, p.Detail, "")
+			return
+		}
+	}
+	j.attempts++
+	if j.attempts >= j.cfg.MaxSchedulingAttempts {
+		j.fail(jobstate.ReasonMaxSchedulingRetries,
+			"no placement after "+strconv.Itoa(j.attempts)+" attempts: "+p.Detail, p.Reason)
+		return
+	}
+	j.count(MRetries, string(p.Reason))
+	// Record the attempt, its reason and when the job wakes (PENDING →
+	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
+	at := j.now().Add(j.cfg.Backoff(j.attempts))
+	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled),
+		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
+		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
+		nil, &pending{then: nArm, at: at})
+}
+
+// markRunning records DISPATCHED → RUNNING (or, after its worker was
+// reported lost, RUNNING → RUNNING: it answered after all) and moves the
+// deadline to the running timeout.
+//
+// from is the worker that spoke (the progress's sender; "" unknown). On a
+// pool subject NATS chose the receiver: a worker other than the one picked
+// speaking for the job runs it, so the job counts on that worker from now
+// on — its loss, not the picked worker's, is the job's.
+func (j *Job) markRunning(from string) {
+	dl := j.deadlineFor(jobstate.StateRunning)
+	fields := []string{"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why)}
+	if from != "" {
+		if from != j.Worker {
+			if j.Worker != "" {
+				j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
+			}
+			j.toRouter(&router.Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
+			j.Worker = from
+		}
+		j.spoke = true
+		fields = append(fields, "worker", from, "runner", from)
+	}
+	j.transition(&store.Transition{Expect: store.Expect(j.State),
+		Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),
+		Fields: fields}, nil, &pending{then: nRunning, dl: dl})
+}
+
+// onWorkerLost dispatches elsewhere a job whose worker was evicted before
+// it started the job.
+func (j *Job) onWorkerLost(m *WorkerLost) {
+	if !active(j.State) || j.Worker != m.WorkerID {
+		return
+	}
+	if j.State == jobstate.StateRunning || j.startsOnDelivery {
+		j.lostWhileRunning(m.WorkerID, m.At)
+		return
+	}
+	if j.cfg.Redispatch != nil && !j.cfg.Redispatch(j.topic()) {
+		return
+	}
+	j.log(info, "worker lost; dispatching elsewhere", "topic", j.topic(), "worker_id", m.WorkerID)
+	lost := m.WorkerID
+	if j.lostWorkers != "" {
+		lost = j.lostWorkers + "," + m.WorkerID
+	}
+	j.lostWorkers = lost
+	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched),
+		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonWorkerLost}}, Due: -1,
+		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
+}
+
+// runnerUnknownDetail is the record's lost_detail when a started job's
+// picked worker is lost and NATS chose its runner (short: a record's
+// fields stay within Redis's compact hash encoding, 64 bytes a value).
+const runnerUnknownDetail = "picked worker lost; runner unknown; ends at its deadline"
+
+// lostWhileRunning: the worker of a started job was evicted. Running it
+// again is not safe (it may have run, or still run); waiting for the job's
+// own deadline (hours) is not useful either: the job ends FAILED
+// worker_lost after WorkerLostGrace unless the worker's result or progress
+// comes first. Only for a direct dispatch: on a pool subject the job may be
+// running on another worker than the one Troupe picked.
+//
+// evicted is when the worker was evicted (zero: now): the grace runs from
+// then, so a job adopted after the eviction does not get a fresh one.
+func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
+	known := j.spoke || j.direct()
+	if !known {
+		// Picked, but maybe not the one running it: the deadline decides;
+		// the history says so, once.
+		if j.lostNoted {
+			return
+		}
+		j.lostNoted = true
+		j.count(MRunnerUnknown, "")
+		j.log(warn, "worker picked for a started job lost; its runner is unknown and may be lost too, so its deadline decides",
+			"worker_id", worker, "deadline", j.deadline)
+		j.transition(&store.Transition{Expect: store.Expect(j.State),
+			Path:   []store.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLostRunnerUnknown}},
+			Fields: []string{"lost_worker", worker, "lost_detail", runnerUnknownDetail}}, nil, &pending{then: nWatch})
+		return
+	}
+	grace := j.cfg.WorkerLostGrace
+	if grace <= 0 || j.deadlineWhy == jobstate.ReasonWorkerLost {
+		return
+	}
+	from := j.now()
+	if !evicted.IsZero() && evicted.Before(from) {
+		from = evicted
+	}
+	at := from.Add(grace)
+	if !j.deadline.IsZero() && j.deadline.Before(at) {
+		return // its own deadline comes first
+	}
+	j.log(warn, "worker of a started job lost; failing it unless the worker answers", "worker_id", worker,
+		"grace", grace)
+	j.transition(&store.Transition{Expect: store.Expect(j.State),
+		Path: []store.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLost}}, Due: at.UnixMilli(),
+		Fields: []string{"lost_worker", worker, "deadline", strconv.FormatInt(at.UnixMilli(), 10),
+			"deadline_kind", string(jobstate.ReasonWorkerLost)}},
+		nil, &pending{then: nDeadline, dl: deadline{at, jobstate.ReasonWorkerLost}})
+}

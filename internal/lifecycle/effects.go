@@ -1,0 +1,253 @@
+package lifecycle
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+// Effect is one thing the shell must do for the job, in order. The core
+// never does any of them itself: it only returns them from Step.
+type Effect interface{ effect() }
+
+// Write hands Op to the store writer; its outcome comes back as a
+// WriteDone with Epoch.
+type Write struct {
+	Epoch uint64
+	Op    *store.Op
+}
+
+// RetryWrite: the write failed (Redis unavailable); send RetryNow with
+// Epoch after After.
+type RetryWrite struct {
+	Epoch uint64
+	After time.Duration
+}
+
+// AskRouter sends Req to the router; the answer (a *router.PickReply with
+// Req.Epoch) comes back as an event.
+type AskRouter struct{ Req any }
+
+// ToRouter sends Msg to the router (Released, Took, Occupied, Withdraw).
+type ToRouter struct{ Msg any }
+
+// AskPolicy asks the input policy about Req; the answer comes back as a
+// PolicyDone with Epoch.
+type AskPolicy struct {
+	Epoch uint64
+	Req   *capv1.JobRequest
+}
+
+// WakePolicyWaiters: a check succeeded; wake jobs waiting on the policy.
+type WakePolicyWaiters struct{}
+
+// WaitPolicy adds (On) or removes the job from the node's policy waiters.
+type WaitPolicy struct{ On bool }
+
+// AskOutput runs the output policy's phase 1 on Res; the outcome comes
+// back as an OutputDone with Epoch, Res and Path.
+type AskOutput struct {
+	Epoch   uint64
+	Res     *Result
+	Path    []store.Hop
+	Applied []Effect // handed back in OutputDone
+}
+
+// ScanContent queues the output policy's phase 2 for a SUCCEEDED job.
+type ScanContent struct{ Req *capv1.OutputCheckRequest }
+
+// PublishRequest publishes the job's request to Subject. A failure of a
+// first dispatch (not Resend) comes back as PublishFailed.
+type PublishRequest struct {
+	Subject string
+	Resend  bool
+}
+
+// TellClient publishes an outcome Troupe decided as a JobResult on the
+// result subject, where CAP clients wait for it.
+type TellClient struct {
+	Status capv1.JobStatus
+	Code   jobstate.Reason
+	Msg    string
+	// Once: the shell tells the client at most once per job across every
+	// replica (a claim in Redis). For outcomes no record makes terminal —
+	// state_lost — so that each event dead-lettered for the job, on any
+	// node, does not tell the client again.
+	Once bool
+}
+
+// CancelWorker publishes a JobCancel on sys.job.cancel.
+type CancelWorker struct{ Reason string }
+
+// Refusal settles an event the job refuses from its verified sender: Refuse
+// (set by intake) dead-letters and counts it and settles D; without Refuse
+// the shell acks D. The job is left as it was.
+type Refusal struct {
+	Reason jobstate.Reason
+	Detail string
+	Refuse func(reason jobstate.Reason, detail string)
+	D      Delivery
+}
+
+// PublishDLQ announces a DLQ entry on sys.job.dlq.
+type PublishDLQ struct{ Entry *store.DLQEntry }
+
+// Arm sets the job's one timer to fire Timer{Epoch} at At, replacing any
+// other; Disarm cancels it.
+type Arm struct {
+	At    time.Time
+	Epoch uint64
+}
+type Disarm struct{}
+
+// Ack, Nak and Touch (in progress) answer a JetStream delivery.
+type Ack struct{ D Delivery }
+type Nak struct {
+	D     Delivery
+	Delay time.Duration
+}
+type Touch struct{ D Delivery }
+
+// Hold registers LockValue with the lock renewer; Forget unregisters it.
+type Hold struct{ LockValue string }
+type Forget struct{ LockValue string }
+
+// Forward hands a result or cancel to the node that owns the job; the
+// delivery is acked if the owner takes it, handed back otherwise.
+type Forward struct {
+	Owner, Kind string
+	Raw         []byte
+	D           Delivery
+}
+
+// Finish tells the supervisor the actor has nothing left to do.
+type Finish struct {
+	Parked    bool // DISPATCHED or RUNNING, with no actor
+	Running   bool // parked in RUNNING
+	Redeliver []any
+}
+
+// Terminal: the job's terminal state is durable (waiters may be told).
+type Terminal struct{}
+
+// Moved: a write that changes the job's state applied: the job went from
+// From through each hop of Path, in order. Created: the write created the
+// job's record, so the job began PENDING (submitted) before Path (which is
+// then empty for a plain create). Emitted only with Config.Trace (the
+// node's OpenTelemetry spans follow it), before the effects the write owed.
+type Moved struct {
+	From    jobstate.State
+	Path    []store.Hop
+	Created bool
+	// WaitedAt: the job waited for room, with no record, from then; the
+	// SCHEDULED hop created with it began there (zero: no such wait).
+	WaitedAt time.Time
+}
+
+// Resumed: an activation found the job's record, written earlier by
+// another actor of the job (parked, passivated, or on another node): the
+// job is in State, entered for Reason. Emitted only with Config.Trace.
+type Resumed struct {
+	State  jobstate.State
+	Reason jobstate.Reason
+}
+
+// Redeliver hands events that reached a job after it parked back to the
+// supervisor, for the job's next actor.
+type Redeliver struct{ Msgs []any }
+
+// Grace changes the node's count of jobs waiting unwritten within their
+// capacity grace by Delta. With Delta 1, Deliveries are the job's submits,
+// which the node keeps telling JetStream are in progress until the
+// matching Delta −1 (the wait ended: placed, written or finished).
+type Grace struct {
+	Delta      int64
+	Deliveries []Delivery
+}
+
+// Admitted: the job no longer counts in the node's admissions (see
+// AdmissionHoldDefault); it was counted from its submit. Dispatching, writing
+// and finishing end the count too, without this effect.
+type Admitted struct{}
+
+// Log is a log line about the job.
+type Log struct {
+	Level slog.Level
+	Msg   string
+	Args  []any
+}
+
+// Metric names the counters and histograms the core reports.
+type Metric int
+
+const (
+	MAbsorbed Metric = iota // label: submit, result, cancel
+	MIdemDuplicates
+	MActivationDelay // seconds
+	MReceived
+	MCompleted // label: state
+	MUnparked
+	MOrphanReplayed  // label: topic
+	MAdoptionLatency // seconds
+	MRetries         // label: reason
+	MDispatched
+	MDispatchLatency // seconds
+	MResent
+	MParked
+	MTimeouts      // label: reason
+	MCapacityWaits // label: reason
+	MFenced
+	MFailClosed // label: topic
+	MQuarantined
+	MHeld // a result or cancel for a job with no record, handed back
+	MBusy // an activation found the job's lock held by another owner
+	// MRunnerUnknown: a started job's picked worker was lost, and its
+	// runner is unknown (a pool subject).
+	MRunnerUnknown
+)
+
+// Count adds one to a counter; Observe records a value in a histogram.
+type Count struct {
+	M     Metric
+	Label string
+}
+type Observe struct {
+	M     Metric
+	Value float64
+}
+
+func (Refusal) effect()           {}
+func (Write) effect()             {}
+func (RetryWrite) effect()        {}
+func (AskRouter) effect()         {}
+func (ToRouter) effect()          {}
+func (AskPolicy) effect()         {}
+func (WakePolicyWaiters) effect() {}
+func (WaitPolicy) effect()        {}
+func (AskOutput) effect()         {}
+func (ScanContent) effect()       {}
+func (PublishRequest) effect()    {}
+func (TellClient) effect()        {}
+func (CancelWorker) effect()      {}
+func (PublishDLQ) effect()        {}
+func (Arm) effect()               {}
+func (Disarm) effect()            {}
+func (Ack) effect()               {}
+func (Nak) effect()               {}
+func (Touch) effect()             {}
+func (Admitted) effect()          {}
+func (Hold) effect()              {}
+func (Forget) effect()            {}
+func (Forward) effect()           {}
+func (Finish) effect()            {}
+func (Redeliver) effect()         {}
+func (Terminal) effect()          {}
+func (Moved) effect()             {}
+func (Resumed) effect()           {}
+func (Grace) effect()             {}
+func (Log) effect()               {}
+func (Count) effect()             {}
+func (Observe) effect()           {}

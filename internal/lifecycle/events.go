@@ -1,0 +1,165 @@
+package lifecycle
+
+import (
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/signing"
+)
+
+// Delivery is the JetStream message an event came in, as the job sees it.
+// A delivery is acked only once the event's effect is durable in Redis
+// (Ack effect); the core never calls it, the shell does.
+type Delivery interface {
+	Ack() error
+	NakWithDelay(delay time.Duration) error
+	InProgress() error
+}
+
+// The events from outside the job: what intake, the due poller, the router
+// and the supervisor send.
+
+// Submit is a JobRequest taken from sys.job.submit.
+type Submit struct {
+	Req      *capv1.JobRequest
+	TraceID  string
+	Delivery Delivery
+	// Published is when the submit stream stored it (zero: unknown): the
+	// job's history starts there, however long the stream held it.
+	Published time.Time
+}
+
+// Result is a JobResult taken from sys.job.result.
+type Result struct {
+	Res      *capv1.JobResult
+	TraceID  string
+	Delivery Delivery
+	// Raw is the packet as received, for forwarding to the owning node.
+	Raw []byte
+	// Forwarded marks a result another node passed to this one (the owner);
+	// it is never forwarded again.
+	Forwarded bool
+	// Published is when the message entered its stream (zero: unknown).
+	Published time.Time
+	// By is the verified sender (nil: the node does not verify, and trusts
+	// everyone on the bus); Refuse settles a result the job refuses from
+	// it (see Refusal).
+	By     *signing.Principal
+	Refuse func(reason jobstate.Reason, detail string)
+}
+
+// Progress is a JobProgress seen on sys.job.progress (core NATS, no ack).
+// From is the packet's sender: the worker speaking for the job.
+type Progress struct {
+	P    *capv1.JobProgress
+	From string
+	// By and Refuse as for Result (a progress has nothing to settle:
+	// Refuse only counts it).
+	By     *signing.Principal
+	Refuse func(reason jobstate.Reason, detail string)
+}
+
+// Cancel is a JobCancel taken from sys.job.cancel.
+type Cancel struct {
+	C         *capv1.JobCancel
+	TraceID   string
+	Delivery  Delivery
+	Raw       []byte
+	Forwarded bool
+	Published time.Time
+	By        *signing.Principal
+	Refuse    func(reason jobstate.Reason, detail string)
+}
+
+// Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.
+const (
+	ForwardResult = "result"
+	ForwardCancel = "cancel"
+)
+
+// Wake is sent by the due poller to a job whose due time has passed and
+// whose owner did not act (it died, or the job was passivated and an
+// approval arrived). The job activates and does what its state calls for.
+type Wake struct {
+	// LapsedAt, for a job woken because its owner stopped renewing its
+	// lease: when the owner's lock lapsed (for troupe_adoption_latency_seconds).
+	LapsedAt time.Time
+}
+
+// WorkerLost tells a job that the worker it was dispatched to has been
+// evicted (no heartbeat within its liveness window). A job still waiting
+// for that worker to start it is dispatched elsewhere. At is when the worker
+// was evicted (zero: now): a job adopted after the eviction counts its
+// worker-lost grace from then, not from its adoption.
+type WorkerLost struct {
+	WorkerID string
+	At       time.Time
+}
+
+// ResultsLost tells a job that results its worker sent may be gone: the
+// result stream was recreated (deleted, or lost with a JetStream store), and
+// the messages it held went with it. A job with its worker that may be
+// asked again (it dedupes: see Job.onResultsLost) repeats its dispatch.
+type ResultsLost struct{}
+
+// Abandon tells a job's fresh actor that the previous one failed for good:
+// the job is marked FAILED (reason actor_failed, dead-lettered), and its
+// worker, if it has one, is told to cancel.
+type Abandon struct{ Detail string }
+
+// The replies to the job's own asynchronous steps, and its timer. Each
+// carries the epoch of the step it answers; an answer to a step the job no
+// longer waits for is dropped.
+
+// WriteDone is a store.Writer outcome.
+type WriteDone struct {
+	Epoch uint64
+	Res   *store.Result
+}
+
+// RetryNow: StateRetryDelay has passed since a write failed; try it again.
+type RetryNow struct{ Epoch uint64 }
+
+// PolicyDone is the input policy's answer.
+type PolicyDone struct {
+	Epoch uint64
+	Dec   *capv1.PolicyCheckResponse
+	Err   error
+}
+
+// OutputDone is the output policy's phase-1 outcome for a result.
+type OutputDone struct {
+	Epoch   uint64
+	Outcome safety.OutputOutcome
+	Res     *Result
+	Path    []store.Hop
+	// Applied: effects owed once the outcome is written (AskOutput's).
+	Applied []Effect
+}
+
+// PublishFailed: the dispatch the job asked for (a PublishRequest effect
+// that was not a resend) could not be published.
+type PublishFailed struct{ Err error }
+
+// Timer is the job's one timer firing.
+type Timer struct{ Epoch uint64 }
+
+// LockLost is the lock renewer's report that the job's lock could not be
+// kept: another holder has it, or (Vanished) nobody does.
+type LockLost struct {
+	LockValue string
+	Vanished  bool
+}
+
+// PolicyBack: another job's check has just succeeded; a job waiting on an
+// unavailable policy asks again now.
+type PolicyBack struct{}
+
+// Stopping: the actor is stopped from outside (node shutdown).
+type Stopping struct{}
+
+// Restarting: supervision replaces the actor after a transient failure.
+type Restarting struct{}

@@ -1,0 +1,441 @@
+package lifecycle
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
+)
+
+// Ownership: taking the job's lock (activation), adopting a record another
+// node wrote, recreating a record Redis lost, handing events to the node
+// that owns the job, giving the lock up (passivation) and parking.
+
+const second = time.Second
+
+// activate takes the job's lock and learns its state; a missing job is not
+// created (events that must not create one).
+func (j *Job) activate(create bool, p *pending) {
+	op := &store.Op{Kind: store.OpActivate, JobID: j.ID, Node: j.cfg.NodeID, Create: create, TraceID: j.TraceID}
+	if p == nil {
+		p = &pending{}
+	}
+	if create && j.Req != nil {
+		op.Topic = j.Req.Topic
+		op.Tenant = safety.TenantOf(j.Req)
+		op.Request, _ = proto.Marshal(j.Req)
+		if p.t != nil {
+			p.t.Op = j.opID()
+			op.T = p.t
+		}
+		op.DLQ = p.dlq
+	}
+	p.kind, p.op = wActivate, op
+	j.write(p)
+}
+
+// activatePlan creates the job (if it does not exist) with t applied to it
+// in the same script call; p's effects run only if it was.
+func (j *Job) activatePlan(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+	if p == nil {
+		p = &pending{}
+	}
+	p.t, p.dlq = t, dlq
+	j.activate(true, p)
+}
+
+// activated1 decides what an activation found.
+func (j *Job) activated1(p *pending, r *store.Result) {
+	plan := p.t
+	if !p.op.Create {
+		plan = nil
+	}
+	if p.probe && r.Status == store.ActivateNotFound {
+		j.probedAbsent()
+		return
+	}
+	// Whatever the activation found, the job no longer waits unwritten
+	// within its grace: its record now decides (a wait that stayed would
+	// keep its budget, its touched submit and its capacity recheck).
+	j.leaveGrace()
+	switch r.Status {
+	case store.ActivateCreated:
+		j.moveTo(Live)
+		j.created = j.now()
+		j.observe(MActivationDelay, j.firstEvent)
+		j.count(MReceived, "")
+		j.State, j.Fence = r.State, r.Fence
+		j.LastReason = jobstate.ReasonSubmitted
+		if plan != nil {
+			j.LastReason = plan.Path[len(plan.Path)-1].Reason
+		}
+		j.moved(plan)
+		if plan == nil || plan.LockKept() {
+			j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+		}
+		if j.State.Terminal() {
+			j.ended()
+		}
+		j.ackAll()
+		if plan == nil {
+			j.advance()
+			return
+		}
+		j.then(p)
+		if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
+			j.finish()
+		}
+	case store.ActivateAdopted:
+		if plan != nil && plan.Op != "" && r.Fields["op"] == plan.Op && r.State == plan.Final() {
+			// An earlier try of this very activation landed although its
+			// reply was lost: the job is where the plan put it, and the
+			// plan's side effects are still owed — nobody else can have
+			// done them.
+			j.moveTo(Live)
+			j.created = j.now()
+			j.State, j.Fence = r.State, r.Fence
+			j.LastReason = plan.Path[len(plan.Path)-1].Reason
+			j.moved(plan)
+			if plan.LockKept() {
+				j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+			}
+			j.ackAll()
+			j.then(p)
+			if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
+				j.finish()
+			}
+			return
+		}
+		j.moveTo(Live)
+		j.observe(MActivationDelay, j.firstEvent)
+		j.State, j.Fence = r.State, r.Fence
+		j.LastReason = jobstate.Reason(r.Fields["reason"])
+		if j.cfg.Trace {
+			j.emit(Resumed{State: j.State, Reason: j.LastReason})
+		}
+		j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+		j.adopt(r.Fields)
+		j.dropPick() // the plan's pick, if any, is not used
+		if j.State != jobstate.StateScheduled {
+			// The record moved past the wait for room this actor was in
+			// (another node ran the job): its queue place is given up.
+			j.withdraw()
+		}
+		if active(j.State) && j.Worker != "" {
+			// The job holds a slot on its worker that this router may not
+			// have placed (adopted, or this node restarted). Counted as
+			// started: an adopter cannot tell whether the worker got it,
+			// so the worker's eviction does not place it again.
+			j.toRouter(&router.Occupied{WorkerID: j.Worker, JobID: j.ID, Started: true})
+		}
+		// r.Holder is the lock before this activation: a parked job's
+		// ("<node>|<fence>|p") is this node's own unless it was adopted.
+		wasParked := strings.HasSuffix(r.Holder, "|p")
+		if wasParked {
+			j.count(MUnparked, "")
+		}
+		if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.cfg.NodeID+"|")) {
+			j.count(MOrphanReplayed, j.topic())
+			if !j.lapsedAt.IsZero() && r.Holder == "" {
+				j.observe(MAdoptionLatency, j.lapsedAt)
+			}
+		}
+		j.ackAll()
+		j.advance()
+	case store.ActivateTerminal:
+		j.State = r.State
+		j.ackAll()
+		j.finish()
+	case store.ActivateCancelled:
+		j.createdCancelled(r) // cancelmark.go
+	case store.ActivateBusy:
+		// Another node owns the job. Submits are duplicates of a live job;
+		// results and cancels go to the owner (or back to JetStream). A
+		// lock with no record behind it is not a live job: the submit goes
+		// back too.
+		j.count(MBusy, "")
+		j.State = r.State
+		if r.State == "" {
+			j.nakAll(second)
+		}
+		j.ackAll()
+		j.forwardToOwner(r.Holder)
+		j.finish()
+	case store.ActivateNotFound:
+		if j.lost != "" {
+			j.recreate()
+			return
+		}
+		j.unknownJob()
+	}
+}
+
+// moved reports, for tracing, that an activation created the job's record
+// with plan (nil: a plain create) applied.
+func (j *Job) moved(plan *store.Transition) {
+	if !j.cfg.Trace {
+		return
+	}
+	m := Moved{Created: true, WaitedAt: j.waitedAt}
+	if plan != nil {
+		m.Path = plan.Path
+	}
+	j.emit(m)
+}
+
+// hold records that the job owns its lock and registers it for renewal.
+func (j *Job) hold(lockValue string) {
+	j.LockValue = lockValue
+	j.emit(Hold{LockValue: lockValue})
+}
+
+// forwardToOwner passes the results and cancels waiting here to the node
+// that holds the job's lock ("<node>|<fence>"). A forwarded event is never
+// forwarded again, so two nodes cannot bounce one between them.
+func (j *Job) forwardToOwner(holder string) {
+	owner, _, ok := strings.Cut(holder, "|")
+	if !ok || owner == j.cfg.NodeID || !j.cfg.Forward {
+		return
+	}
+	keep := j.deferred[:0]
+	for _, m := range j.deferred {
+		switch m := m.(type) {
+		case *Result:
+			if m.Forwarded || m.Raw == nil {
+				keep = append(keep, m)
+				continue
+			}
+			j.emit(Forward{Owner: owner, Kind: ForwardResult, Raw: m.Raw, D: m.Delivery})
+		case *Cancel:
+			if m.Forwarded || m.Raw == nil {
+				keep = append(keep, m)
+				continue
+			}
+			j.emit(Forward{Owner: owner, Kind: ForwardCancel, Raw: m.Raw, D: m.Delivery})
+		default:
+			keep = append(keep, m)
+		}
+	}
+	j.deferred = keep
+}
+
+// recover re-activates a job whose lock vanished under it.
+func (j *Job) recover() {
+	j.emit(Forget{LockValue: store.LockValue(j.cfg.NodeID, j.Fence)})
+	j.lost = j.State
+	j.moveTo(Fresh)
+	j.activate(false, nil)
+}
+
+// recreate writes back the record of a job Redis no longer has, in the
+// state the job knew, with reason state_lost on every recreated step — so a
+// worker's result still finds the job, and it is never silently dropped.
+func (j *Job) recreate() {
+	known := j.lost
+	j.lost = ""
+	var path []store.Hop
+	lost := func(s jobstate.State) store.Hop { return store.Hop{To: s, Reason: jobstate.ReasonStateLost} }
+	switch known {
+	case jobstate.StateScheduled:
+		path = []store.Hop{lost(jobstate.StateScheduled)}
+	case jobstate.StateDispatched:
+		path = []store.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched)}
+	case jobstate.StateRunning:
+		path = []store.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched), lost(jobstate.StateRunning)}
+	}
+	j.log(warn, "job record lost from Redis; recreating it", "state", known, "reason", jobstate.ReasonStateLost)
+	j.State = jobstate.StatePending
+	if len(path) == 0 {
+		j.activate(true, nil)
+		return
+	}
+	t := &store.Transition{Path: path, Due: j.deadline.UnixMilli(),
+		Fields: []string{"worker", j.Worker, "subj", j.Subject, "attempts", strconv.Itoa(j.attempts),
+			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
+			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend), "sod", slotFlag(j.startsOnDelivery)}}
+	if j.deadline.IsZero() {
+		t.Due = 0
+	}
+	j.activatePlan(t, nil, &pending{then: nAdvance})
+}
+
+// adopt loads what the job needs from the record of an existing job.
+func (j *Job) adopt(f map[string]string) {
+	j.record = f
+	j.Worker, j.Subject, j.pool = f["worker"], f["subj"], f["pool"]
+	if j.TraceID == "" {
+		j.TraceID = f["trace"]
+	}
+	j.attempts, _ = strconv.Atoi(f["attempts"])
+	j.created = msTime(f["created"])
+	j.deadline = msTime(f["deadline"])
+	j.deadlineWhy = jobstate.Reason(f["deadline_kind"])
+	j.admitted = f["tslot"] == "1"
+	j.resend = f["resend"] == "1"
+	j.startsOnDelivery = f["sod"] == "1"
+	j.lostWorkers = f["lost_workers"]
+	j.spoke = f["runner"] != "" && f["runner"] == j.Worker
+	j.lostNoted = f["reason"] == string(jobstate.ReasonWorkerLostRunnerUnknown)
+	if raw := f["req"]; raw != "" {
+		req := &capv1.JobRequest{}
+		if err := proto.Unmarshal([]byte(raw), req); err == nil {
+			j.Req = req
+		}
+	}
+}
+
+func msTime(s string) time.Time {
+	ms, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// unknownJob dead-letters the results and cancels that arrived for a job
+// with no record.
+//
+// Not at once: with several nodes, a node that lost the record with Redis
+// (FLUSHALL, a restart without persistence) recreates it when it notices,
+// seconds later — a result reaching another node first must not be
+// dead-lettered and lost meanwhile. So a result or cancel younger than
+// Config.UnknownHold is handed back to JetStream (UnknownHoldDelay), unless
+// Redis is known to have lost its data, and dead-lettered only after.
+func (j *Job) unknownJob() {
+	var keep []any
+	found := false
+	hold := func(published time.Time, d Delivery) bool {
+		if j.in.DataLost() || published.IsZero() || j.now().Sub(published) >= j.cfg.UnknownHold {
+			return false
+		}
+		j.nak(d, UnknownHoldDelay)
+		j.count(MHeld, "")
+		return true
+	}
+	for _, m := range j.deferred {
+		switch m := m.(type) {
+		case *Result:
+			if hold(m.Published, m.Delivery) {
+				continue
+			}
+			j.acks = append(j.acks, m.Delivery)
+			found = true
+		case *Cancel:
+			if hold(m.Published, m.Delivery) {
+				continue
+			}
+			j.acks = append(j.acks, m.Delivery)
+			found = true
+		case *Submit:
+			keep = append(keep, m)
+		}
+	}
+	j.deferred = keep
+	if !found {
+		// Only a wake for a job that no longer exists: nothing to record.
+		if len(j.deferred) == 0 {
+			j.finish()
+		}
+		return
+	}
+	reason, msg := jobstate.ReasonUnknownJob, "result or cancel for a job that has no record"
+	if j.in.DataLost() {
+		reason, msg = jobstate.ReasonStateLost, "result or cancel for a job whose record Redis lost (it lost its data)"
+	}
+	entry := &store.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
+		Subject: j.cfg.ResultSubject}
+	fx := []Effect{PublishDLQ{Entry: entry}}
+	if reason == jobstate.ReasonStateLost {
+		// The job's client waits on the result subject like for every
+		// other outcome Troupe decides; no record will ever answer it.
+		fx = append(fx, TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: reason, Msg: msg, Once: true})
+	}
+	j.write(&pending{kind: wDLQ, op: &store.Op{Kind: store.OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
+	j.log(warn, "event for unknown job dead-lettered", "reason", reason)
+}
+
+func (j *Job) deadLettered(p *pending) {
+	j.fx = append(j.fx, p.applied...)
+	j.ackAll()
+	if len(j.deferred) > 0 {
+		return // a submit is waiting: it activates with create
+	}
+	// Away, not Ended: a submit that reaches the job after it finished
+	// must go back to JetStream and create the job.
+	j.finish()
+}
+
+// passivate gives the lock up and stops; the job waits in Redis.
+func (j *Job) passivate() {
+	lv := j.LockValue
+	j.emit(Forget{LockValue: lv})
+	j.LockValue = ""
+	j.write(&pending{kind: wRelease, op: &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: lv}})
+}
+
+// park stops the actor of a job that waits for its worker, keeping the job
+// this node's: the lock loses its TTL and is held through the node lease,
+// and the job moves from the due set to the node's parked set, due at its
+// deadline. If the lock is no longer the job's, it stops without side
+// effects, as when its renewal is refused.
+func (j *Job) park() {
+	lv := j.LockValue
+	if lv == "" || len(j.acks) > 0 {
+		j.armWait()
+		return
+	}
+	// Not renewed from now on: a renewal racing the park would find the
+	// parked value ("…|p") and be refused, harmlessly.
+	j.emit(Forget{LockValue: lv})
+	j.LockValue = ""
+	j.write(&pending{kind: wPark, op: &store.Op{Kind: store.OpPark, JobID: j.ID, Node: j.cfg.NodeID,
+		LockValue: lv, ParkDue: j.deadline.UnixMilli()}})
+}
+
+func (j *Job) parkedAt(r *store.Result) {
+	if !r.Parked {
+		// The lock is not the job's any more: another node took it, or it
+		// vanished (it expired, or Redis lost its data — then the record
+		// may be gone too). Activating again tells which: another owner
+		// means stopping without side effects (BUSY); no record means
+		// writing it back from what this job knows (recover → recreate).
+		j.log(warn, "job lock lost before parking; activating again to see who holds the job")
+		j.recover()
+		return
+	}
+	j.count(MParked, "")
+	j.finishIn(Parked)
+}
+
+// onStopping releases the lock of a job still in flight when the actor is
+// stopped from outside (node shutdown), so another replica can adopt it at
+// once. A job waiting for capacity has no due time: it is made due now as
+// the lock goes, so the next replica's due poller places it. The write's
+// outcome is not waited for.
+func (j *Job) onStopping() {
+	j.disarm()
+	j.stopWaitingPolicy()
+	queued := j.queued
+	j.withdraw()
+	j.dropPick()
+	j.leaveGrace()
+	if j.LockValue != "" && !j.res.Gone() {
+		j.emit(Forget{LockValue: j.LockValue})
+		op := &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: j.LockValue}
+		if queued && j.State == jobstate.StateScheduled {
+			op.Kind = store.OpTransition
+			op.T = &store.Transition{Expect: store.Expect(jobstate.StateScheduled),
+				Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
+				Release: true, Op: j.opID()}
+		}
+		j.emit(Write{Op: op}) // epoch 0: no answer is waited for
+	}
+	j.returnDeliveries()
+}

@@ -1,0 +1,260 @@
+package lifecycle
+
+import (
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+// The simulator's periodic work (lock renewal, due and parked polls) and
+// the faults it injects.
+
+// tick is a node's periodic work: lock renewal (and loss reports), the
+// parked poll.
+func (s *sim) tick(n *simNode) {
+	s.after(simTick*5, func() { s.tick(n) })
+	if !n.alive || s.now.Before(n.pausedUntil) {
+		return
+	}
+	ids := make([]string, 0, len(n.held))
+	for id := range n.held {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		lv := n.held[id]
+		switch got := s.renew(id, lv); {
+		case got == 1:
+		case n.live[id] != nil:
+			delete(n.held, id)
+			s.send(&simMsg{node: n, job: id, at: s.now, ev: &LockLost{LockValue: lv, Vanished: got < 0}})
+		default:
+			delete(n.held, id)
+		}
+	}
+}
+
+// renew is the renewal script (renew_many.lua) for one lock: 1 renewed, 0
+// the lock is another's, -1 there is none.
+func (s *sim) renew(id, lv string) int {
+	r := s.recs[id]
+	switch {
+	case r == nil:
+		return -1
+	case r.lock == lv && s.now.Before(r.lockExp):
+		r.lockExp, r.lease = s.now.Add(simLockTTL), true
+		return 1
+	case s.lockKey(r) != "":
+		return 0
+	}
+	return -1
+}
+
+// dueTick is every node's due poller and the dead-node adoption: jobs due,
+// jobs whose lease lapsed, parked jobs due or of a dead node are woken.
+func (s *sim) dueTick() {
+	s.after(simTick, s.dueTick)
+	alive := s.aliveNodes()
+	if len(alive) == 0 {
+		return
+	}
+	ids := make([]string, 0, len(s.recs))
+	for id := range s.recs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		r := s.recs[id]
+		if r.state.Terminal() {
+			continue
+		}
+		wake := false
+		var to *simNode
+		switch {
+		case r.parkedBy != "":
+			pn := s.node(r.parkedBy)
+			d, _ := strconv.ParseInt(r.fields["park_due"], 10, 64)
+			if !pn.alive {
+				wake = true
+			} else if d > 0 && s.now.UnixMilli() >= d && !s.now.Before(pn.pausedUntil) {
+				wake, to = true, pn
+			}
+		case s.lockHeld(r):
+		case r.due > 0 && s.now.UnixMilli() >= r.due:
+			wake = true
+		case r.lease:
+			wake = true // the owner stopped renewing: its lease lapsed
+		}
+		if !wake {
+			continue
+		}
+		if to == nil {
+			to = alive[s.rng.IntN(len(alive))]
+		}
+		s.send(&simMsg{node: to, job: id, spawn: true, at: s.now.Add(s.latency()), ev: &Wake{}})
+	}
+}
+
+// fault injects one fault at random.
+func (s *sim) fault() {
+	switch s.rng.IntN(15) {
+	case 0: // a node dies
+		n := s.nodes[s.rng.IntN(len(s.nodes))]
+		if !n.alive || len(s.aliveNodes()) == 1 {
+			return
+		}
+		s.logf("fault: %s dies", n.id)
+		n.alive = false
+		n.live, n.held, n.queue, n.picks, n.parked = map[string]*simActor{}, map[string]string{}, map[string]uint64{},
+			map[string]string{}, map[string]bool{}
+		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() {
+			s.logf("fault: %s restarts", n.id)
+			n.alive = true
+			for id, r := range s.recs {
+				if r.parkedBy == n.id && r.state == jobstate.StateDispatched {
+					n.parked[id] = true
+				}
+			}
+		})
+	case 1: // a node pauses (SIGSTOP) past the lock TTL, sometimes
+		n := s.nodes[s.rng.IntN(len(s.nodes))]
+		if n.alive {
+			n.pausedUntil = s.now.Add(time.Duration(s.rng.IntN(45)) * time.Second)
+			s.logf("fault: %s paused until %s", n.id, n.pausedUntil.Format("15:04:05"))
+		}
+	case 2: // an actor crashes and is restarted
+		n := s.nodes[s.rng.IntN(len(s.nodes))]
+		for _, id := range sortedKeys(n.live) {
+			a := n.live[id]
+			s.logf("fault: actor %s on %s restarts", id, n.id)
+			s.step(n, a, &Restarting{})
+			n.live[id] = &simActor{j: New(s.nodeCfg(n), id, s.rng.Uint64())}
+			break
+		}
+	case 3: // a lock expires under its owner
+		for _, id := range sortedKeys(s.recs) {
+			r := s.recs[id]
+			if r.lock != "" && r.parkedBy == "" && s.rng.IntN(4) == 0 {
+				s.logf("fault: lock of %s expires", id)
+				r.lock = ""
+				break
+			}
+		}
+	case 4: // Redis loses its data
+		if s.rng.IntN(5) == 0 {
+			s.logf("fault: redis loses its data")
+			s.recs, s.idem, s.tenant, s.terminal = map[string]*simRec{}, map[string]string{}, map[string]bool{},
+				map[string]jobstate.State{}
+			s.dataLostAt = s.now
+		}
+	case 5: // a worker dies; every node's router evicts it
+		w := s.workers[s.rng.IntN(len(s.workers))]
+		if !w.alive {
+			return
+		}
+		s.logf("fault: worker %s dies", w.id)
+		w.alive, w.running = false, map[string]bool{}
+		s.evict(w)
+		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() { w.alive, w.done = true, map[string]capv1.JobStatus{} })
+	case 6: // a worker is evicted although alive (its node or itself paused)
+		w := s.workers[s.rng.IntN(len(s.workers))]
+		if w.alive {
+			s.logf("fault: worker %s evicted while alive", w.id)
+			s.evict(w)
+		}
+	case 7: // the kernel goes down, for a moment or for long
+		d := time.Duration(s.rng.IntN(600)) * time.Second
+		s.kernelDownUntil = s.now.Add(d)
+		s.logf("fault: kernel down for %s", d)
+	case 8: // the clock jumps
+		s.now = s.now.Add(time.Duration(s.rng.IntN(120)) * time.Second)
+		s.logf("fault: clock jumps")
+	case 9, 10: // a client cancels a job
+		if len(s.jobs) > 0 {
+			id := s.jobs[s.rng.IntN(len(s.jobs))]
+			s.deliverNew(id, &Cancel{C: &capv1.JobCancel{JobId: id, Reason: "sim", RequestedBy: "client"}, TraceID: "tr-" + id})
+		}
+	case 11: // JetStream redelivers an acked message
+		if len(s.jobs) > 0 {
+			id := s.jobs[s.rng.IntN(len(s.jobs))]
+			if subs := s.subs[id]; len(subs) > 0 {
+				d := subs[0]
+				s.send(&simMsg{anyNode: true, job: id, ev: d.ev, spawn: true, at: s.now.Add(s.latency())})
+			}
+		}
+	case 12: // the result stream is lost with the results it held
+		s.loseResults()
+	default: // a human decides an approval
+		s.decideApprovals(s.rng.IntN(2) == 0)
+	}
+}
+
+// loseResults: the result stream is deleted (or lost with a JetStream
+// store) and recreated. The results it held and no node had acked are gone;
+// then every node's keeper notices the new stream and tells the jobs it
+// owns that are live or parked there (ResultsLost).
+func (s *sim) loseResults() {
+	lost := map[*simDelivery]bool{}
+	for _, d := range s.deliveries {
+		if _, ok := d.ev.(*Result); ok && !d.done {
+			d.done, d.holder = true, nil // gone with the stream: nobody will ack it
+			lost[d] = true
+		}
+	}
+	kept := s.net[:0]
+	for _, m := range s.net {
+		if r, ok := m.ev.(*Result); ok && lost[r.Delivery.(*simDelivery)] {
+			continue
+		}
+		kept = append(kept, m)
+	}
+	s.net = kept
+	s.logf("fault: result stream lost (%d results)", len(lost))
+	for _, n := range s.aliveNodes() {
+		for _, id := range sortedKeys(n.live) {
+			s.send(&simMsg{node: n, job: id, at: s.now.Add(s.latency()), ev: &ResultsLost{}})
+		}
+		for _, id := range sortedKeys(s.recs) {
+			if r := s.recs[id]; r.parkedBy == n.id && n.live[id] == nil && active(r.state) {
+				s.send(&simMsg{node: n, job: id, spawn: true, at: s.now.Add(s.latency()), ev: &ResultsLost{}})
+			}
+		}
+	}
+}
+
+func (s *sim) decideApprovals(approve bool) {
+	for _, id := range sortedKeys(s.recs) {
+		r := s.recs[id]
+		if r.state != jobstate.StateApprovalRequired || r.fields["approval_decision"] != "" {
+			continue
+		}
+		dec := store.DecisionRejected
+		if approve {
+			dec = store.DecisionApproved
+			r.fields["approval_hash"] = r.fields["job_hash"]
+		}
+		r.fields["approval_decision"], r.fields["approval_by"] = string(dec), "sim"
+		r.due = s.now.UnixMilli()
+		return
+	}
+}
+
+func (s *sim) evict(w *simWorker) {
+	for _, n := range s.aliveNodes() {
+		for _, id := range sortedKeys(n.picks) {
+			if n.picks[id] != w.id {
+				continue
+			}
+			delete(n.picks, id)
+			if s.lostSent[id] == nil {
+				s.lostSent[id] = map[string]bool{}
+			}
+			s.lostSent[id][w.id] = true
+			s.send(&simMsg{node: n, job: id, at: s.now.Add(s.latency()), ev: &WorkerLost{WorkerID: w.id}})
+		}
+	}
+}

@@ -1,0 +1,451 @@
+package lifecycle
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+// The simulator's models of what surrounds a job: the store's scripts,
+// JetStream deliveries, the router, the input policy and the workers.
+
+// simRec is a job's record, lock and wait entries as the store holds them.
+type simRec struct {
+	state    jobstate.State
+	fence    int64
+	lock     string // "" none; "<node>|<fence>" or "<node>|<fence>|p"
+	lockExp  time.Time
+	parkedBy string
+	fields   map[string]string
+	op       string
+	due      int64 // unix ms; 0 none
+	lease    bool
+}
+
+type simDelivery struct {
+	s      *sim
+	ev     any // *Submit, *Result or *Cancel
+	job    string
+	done   bool // acked
+	holder *simNode
+	heldAt time.Time
+}
+
+func (d *simDelivery) Ack() error { d.done, d.holder = true, nil; return nil }
+func (d *simDelivery) NakWithDelay(delay time.Duration) error {
+	if d.done {
+		return nil
+	}
+	d.holder = nil
+	d.s.send(&simMsg{anyNode: true, job: d.job, ev: d.ev, spawn: true, at: d.s.now.Add(max(delay, time.Millisecond))})
+	return nil
+}
+func (d *simDelivery) InProgress() error { d.heldAt = d.s.now; return nil }
+
+type simActor struct {
+	j          *Job
+	timerAt    time.Time
+	timerEpoch uint64
+	// grace: the actor's waits within the capacity grace (Grace effects'
+	// sum, 0 or 1); admitted: an Admitted was emitted in the current one.
+	grace    int64
+	admitted bool
+}
+
+type simNode struct {
+	id          string
+	alive       bool
+	pausedUntil time.Time
+	live        map[string]*simActor
+	parked      map[string]bool
+	held        map[string]string // renewer: job → lock value
+	queue       map[string]uint64 // router wait queue: job → ticket
+	picks       map[string]string // router in-flight: job → worker
+}
+
+type simWorker struct {
+	id      string
+	alive   bool
+	stock   bool // no progress, no cancels
+	dedupe  bool
+	pool    bool // reached on the pool subject
+	running map[string]bool
+	// done: the jobs it finished, with their outcome (a deduping worker
+	// sends it again when a finished job is delivered again).
+	done map[string]capv1.JobStatus
+}
+
+// simMsg is something in flight: an event for a job on a node (anyNode: on
+// whichever live node takes it), or a reply for one actor.
+type simMsg struct {
+	node    *simNode
+	anyNode bool
+	actor   *simActor // replies: only this actor takes it
+	job     string
+	ev      any
+	spawn   bool
+	at      time.Time
+	seq     int
+	fn      func() // a model action instead of an event (ticks, workers)
+}
+
+// policy answers a check: down during an outage; else by the job's label.
+func (s *sim) policy(id string, req *capv1.JobRequest, ep uint64) *PolicyDone {
+	if s.now.Before(s.kernelDownUntil) {
+		return &PolicyDone{Epoch: ep, Err: errors.New("kernel unavailable")}
+	}
+	dec := &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}
+	switch req.GetLabels()["policy"] {
+	case "deny":
+		s.denies[id] = true
+		dec.Decision = capv1.DecisionType_DECISION_TYPE_DENY
+	case "approve":
+		dec.Decision = capv1.DecisionType_DECISION_TYPE_REQUIRE_HUMAN
+	case "throttle":
+		if s.rng.IntN(2) == 0 {
+			dec.Decision = capv1.DecisionType_DECISION_TYPE_THROTTLE
+		}
+	}
+	return &PolicyDone{Epoch: ep, Dec: dec}
+}
+
+// pick answers a PickRequest: a worker, a wait in the queue, or a refusal.
+func (s *sim) pick(n *simNode, a *simActor, req *router.PickRequest) {
+	reply := &router.PickReply{Epoch: req.Epoch}
+	var live []*simWorker
+	for _, w := range s.workers {
+		if w.alive {
+			live = append(live, w)
+		}
+	}
+	switch r := s.rng.IntN(100); {
+	case len(live) == 0 || r < 8:
+		reply.Queued, reply.Reason = true, jobstate.ReasonNoWorkers
+	case r < 25:
+		reply.Queued, reply.Reason = true, jobstate.ReasonPoolOverloaded
+	case r < 28:
+		reply.Reason, reply.Detail = jobstate.ReasonTopicUnmapped, "no route yet"
+	default:
+		w := live[s.rng.IntN(len(live))]
+		reply.WorkerID, reply.Subject = w.id, "worker."+w.id+".jobs"
+		if w.pool {
+			reply.Subject = "job.sim"
+		}
+		reply.Resend = w.dedupe && !w.pool
+		reply.StartsOnDelivery = w.stock
+		n.picks[req.JobID] = w.id
+	}
+	if reply.Queued {
+		n.queue[req.JobID] = req.Ticket
+		ticket, job := req.Ticket, req.JobID
+		s.after(time.Duration(50+s.rng.IntN(3000))*time.Millisecond, func() { s.place(n, job, ticket) })
+	}
+	s.send(&simMsg{node: n, actor: a, job: req.JobID, ev: reply, at: s.now.Add(s.latency())})
+}
+
+// place: a slot freed for a queued job.
+func (s *sim) place(n *simNode, job string, ticket uint64) {
+	if !n.alive || n.queue[job] != ticket {
+		return
+	}
+	for _, w := range s.workers {
+		if w.alive {
+			delete(n.queue, job)
+			n.picks[job] = w.id
+			subj := "worker." + w.id + ".jobs"
+			if w.pool {
+				subj = "job.sim"
+			}
+			s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()), ev: &router.Placed{JobID: job, Ticket: ticket,
+				Reply: &router.PickReply{WorkerID: w.id, Subject: subj, Resend: w.dedupe && !w.pool, StartsOnDelivery: w.stock}}})
+			return
+		}
+	}
+	s.after(time.Second, func() { s.place(n, job, ticket) })
+}
+
+// reach delivers a published request: to the named worker, or on a pool
+// subject to whichever pool worker NATS chooses; sometimes it is lost.
+func (s *sim) reach(job, worker, subject string) {
+	if s.faults && s.rng.IntN(40) == 0 {
+		return // lost on the wire
+	}
+	var w *simWorker
+	if subject == "job.sim" {
+		var pool []*simWorker
+		for _, x := range s.workers {
+			if x.pool && x.alive {
+				pool = append(pool, x)
+			}
+		}
+		if len(pool) == 0 {
+			return
+		}
+		w = pool[s.rng.IntN(len(pool))]
+	} else {
+		for _, x := range s.workers {
+			if x.id == worker && x.alive {
+				w = x
+			}
+		}
+	}
+	if w == nil {
+		return
+	}
+	if st, done := w.done[job]; w.dedupe && (w.running[job] || done) {
+		if w.running[job] {
+			s.progress(job, w)
+		} else {
+			s.resent++
+			s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
+		}
+		return
+	}
+	w.running[job] = true
+	if !w.stock {
+		s.after(time.Duration(10+s.rng.IntN(500))*time.Millisecond, func() {
+			if w.alive && w.running[job] {
+				s.progress(job, w)
+			}
+		})
+	}
+	run := time.Duration(100+s.rng.IntN(20_000)) * time.Millisecond
+	if s.rng.IntN(20) == 0 {
+		run = time.Duration(s.rng.IntN(15)) * time.Minute
+	}
+	s.after(run, func() {
+		if !w.alive || !w.running[job] {
+			return
+		}
+		delete(w.running, job)
+		st := capv1.JobStatus_JOB_STATUS_SUCCEEDED
+		if s.rng.IntN(10) == 0 {
+			st = capv1.JobStatus_JOB_STATUS_FAILED
+		}
+		w.done[job] = st
+		s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
+	})
+}
+
+func (s *sim) progress(job string, w *simWorker) {
+	for _, n := range s.aliveNodes() {
+		s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()),
+			ev: &Progress{P: &capv1.JobProgress{JobId: job, Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: w.id}})
+	}
+}
+
+// writeFault runs op against the store model, with the faults a real
+// Redis brings: unavailable (nothing applied) or a reply lost after the
+// write applied — both seen as an error.
+func (s *sim) writeFault(n *simNode, op *store.Op) *store.Result {
+	if s.faults {
+		switch s.rng.IntN(60) {
+		case 0:
+			return &store.Result{Err: errors.New("redis: connection refused")}
+		case 1:
+			s.apply(n, op)
+			return &store.Result{Err: errors.New("redis: i/o timeout")}
+		}
+	}
+	return s.apply(n, op)
+}
+
+// apply is the store's scripts, as a model.
+func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
+	r := s.recs[op.JobID]
+	switch op.Kind {
+	case store.OpClaim:
+		h, ok := s.idem[op.IdemKey]
+		if !ok {
+			s.idem[op.IdemKey], h = op.JobID, op.JobID
+		}
+		return &store.Result{Holder: h}
+	case store.OpAdmit:
+		used := 0
+		for _, v := range s.tenant {
+			if v {
+				used++
+			}
+		}
+		if s.tenant[op.JobID] || used < op.Limit {
+			s.tenant[op.JobID] = true
+			return &store.Result{Admitted: true}
+		}
+		return &store.Result{}
+	case store.OpDLQ:
+		s.dlq++
+		return &store.Result{}
+	case store.OpRelease:
+		if r != nil && r.lock == op.LockValue && s.now.Before(r.lockExp) {
+			r.lock, r.lease = "", false
+			return &store.Result{Released: true}
+		}
+		return &store.Result{}
+	case store.OpPark:
+		if r == nil || r.lock != op.LockValue || !s.now.Before(r.lockExp) {
+			return &store.Result{}
+		}
+		r.lock, r.parkedBy, r.lease, r.due = op.LockValue+"|p", n.id, false, 0
+		r.fields["park_due"] = strconv.FormatInt(op.ParkDue, 10)
+		return &store.Result{Parked: true}
+	case store.OpActivate:
+		return s.activate(n, op, r)
+	case store.OpTransition:
+		if r == nil || (r.lock != op.LockValue || (r.parkedBy == "" && !s.now.Before(r.lockExp))) {
+			res := &store.Result{Step: store.StepFenced}
+			if r != nil {
+				// The lock's value as Redis holds it: a parked lock stays
+				// (whether or not its node's lease lapsed), a TTL lock
+				// lapses.
+				res.Before = jobstate.State(s.lockKey(r))
+				res.LastOp, res.State = r.op, r.state
+			}
+			return res
+		}
+		if !slices.Contains(strings.Split(op.T.Expect, ","), string(r.state)) {
+			return &store.Result{Step: store.StepConflict, Before: r.state, LastOp: r.op}
+		}
+		if op.TenantRelease != "" {
+			delete(s.tenant, op.JobID)
+		}
+		if op.DLQ != nil {
+			s.dlq++
+		}
+		before := r.state
+		s.path(op.JobID, r, op.T)
+		return &store.Result{Step: store.StepOK, Before: before}
+	}
+	return &store.Result{}
+}
+
+// lockKey is rec's lock value as Redis's lock key holds it ("" when it
+// lapsed): a parked lock has no TTL, whether or not its node is alive.
+func (s *sim) lockKey(r *simRec) string {
+	if r.parkedBy == "" && !s.now.Before(r.lockExp) {
+		return ""
+	}
+	return r.lock
+}
+
+func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
+	if r != nil && s.lockHeld(r) {
+		owner, _, _ := strings.Cut(r.lock, "|")
+		if owner != n.id {
+			return &store.Result{Status: store.ActivateBusy, State: r.state, Holder: r.lock}
+		}
+	}
+	holder := ""
+	if r != nil {
+		holder = r.lock
+		if !s.lockHeld(r) && r.parkedBy == "" {
+			holder = ""
+		}
+		if r.parkedBy != "" {
+			r.parkedBy = ""
+			if d, _ := strconv.ParseInt(r.fields["deadline"], 10, 64); d > 0 && !r.state.Terminal() {
+				r.due = d
+			}
+		}
+	}
+	if r == nil {
+		if !op.Create {
+			return &store.Result{Status: store.ActivateNotFound}
+		}
+		r = &simRec{state: jobstate.StatePending, fence: 1, fields: map[string]string{"req": string(op.Request),
+			"trace": op.TraceID, "created": strconv.FormatInt(s.now.UnixMilli(), 10), "reason": string(jobstate.ReasonSubmitted)}}
+		s.recs[op.JobID] = r
+		r.due = s.now.Add(simRescue).UnixMilli()
+		t := op.T
+		if t != nil {
+			s.path(op.JobID, r, t)
+		}
+		if t == nil || t.LockKept() {
+			r.lock, r.lockExp, r.lease = store.LockValue(n.id, 1), s.now.Add(simLockTTL), true
+		} else {
+			r.lock, r.lease = "", false
+		}
+		if op.DLQ != nil {
+			s.dlq++
+		}
+		return &store.Result{Status: store.ActivateCreated, State: r.state, Fence: 1}
+	}
+	if r.state.Terminal() {
+		r.due, r.lease = 0, false
+		return &store.Result{Status: store.ActivateTerminal, State: r.state, Holder: holder}
+	}
+	r.fence++
+	r.lock, r.lockExp, r.lease = store.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
+	f := map[string]string{"reason": r.fields["reason"], "op": r.op}
+	for k, v := range r.fields {
+		f[k] = v
+	}
+	return &store.Result{Status: store.ActivateAdopted, State: r.state, Fence: r.fence, Holder: holder, Fields: f}
+}
+
+// path applies a transition's hops to a record and checks the hop rules.
+func (s *sim) path(id string, r *simRec, t *store.Transition) {
+	if prev, ok := s.terminal[id]; ok {
+		s.fail("%s: terminal %s changed by %v", id, prev, t.Path)
+	}
+	from := r.state
+	for _, h := range t.Path {
+		if h.Reason == "" {
+			s.fail("%s: hop %s → %s has no reason", id, from, h.To)
+		}
+		if h.To == jobstate.StateDispatched {
+			s.dispatchHops[id]++
+		}
+		if from == jobstate.StateDispatched && h.To == jobstate.StateScheduled {
+			switch h.Reason {
+			case jobstate.ReasonWorkerLost:
+				if !s.lostSent[id][r.fields["worker"]] {
+					s.fail("%s: worker_lost for %s, which nobody reported lost", id, r.fields["worker"])
+				}
+			case jobstate.ReasonDispatchFailed:
+				if !s.pubFailed[id] {
+					s.fail("%s: dispatch_failed with no failed publish", id)
+				}
+			case jobstate.ReasonStateLost:
+			default:
+				s.fail("%s: DISPATCHED → SCHEDULED for %s", id, h.Reason)
+			}
+		}
+		from = h.To
+	}
+	for i := 0; i+1 < len(t.Fields); i += 2 {
+		r.fields[t.Fields[i]] = t.Fields[i+1]
+	}
+	r.state = t.Final()
+	r.fields["reason"] = string(t.Path[len(t.Path)-1].Reason)
+	r.op = t.Op
+	switch {
+	case r.state.Terminal():
+		r.due, r.lock, r.lease = 0, "", false
+		s.terminal[id] = r.state
+		s.outcomes[string(r.state)+":"+r.fields["reason"]]++
+		last := r.fields["last_reason"]
+		if r.state == jobstate.StateFailed && last == string(jobstate.ReasonSafetyUnavailable) {
+			s.fail("%s: FAILED because the input policy was unavailable", id)
+		}
+		if r.state == jobstate.StateFailed && r.fields["reason"] == string(jobstate.ReasonWorkerLost) && !s.lostSent[id][r.fields["worker"]] {
+			s.fail("%s: FAILED worker_lost, but nobody reported %s lost", id, r.fields["worker"])
+		}
+		if r.state == jobstate.StateDenied && !s.denies[id] && !strings.HasPrefix(r.fields["reason"], "approval") {
+			s.fail("%s: DENIED (%s) though the policy never denied it", id, r.fields["reason"])
+		}
+	case t.Due == -1:
+		r.due = 0
+	case t.Due > 0:
+		r.due = t.Due
+	}
+	if t.Release && !r.state.Terminal() {
+		r.lock, r.lease = "", false
+	}
+}

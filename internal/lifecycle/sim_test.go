@@ -1,0 +1,818 @@
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+)
+
+// The simulator drives the decision core through the shell's contract with
+// a model of everything around it — Redis (fenced scripts, locks with TTLs,
+// leases, due and parked sets), JetStream deliveries (acks, naks,
+// redelivery), the router (picks, a capacity queue, placements, evictions),
+// the input policy (with outages), workers (direct and pool subjects,
+// stock workers that send no progress, deduping workers) and nodes (death,
+// restart, pauses) — in random interleavings, seeded and reproducible, and
+// checks the invariants after every step. A failure prints the seed;
+// TROUPE_SIM_SEED=<seed> replays it, TROUPE_SIM_SEEDS and TROUPE_SIM_STEPS
+// make a longer soak (README, "The job's decision core").
+
+const (
+	simLockTTL   = 30 * time.Second
+	simAckWait   = 30 * time.Second
+	simRescue    = 60 * time.Second
+	simRunning   = 10 * time.Minute
+	simDispatch  = 5 * time.Minute
+	simTick      = time.Second
+	simMaxSteps  = 6000 // per seed, before the calm phase
+	simCalmSteps = 60000
+)
+
+type sim struct {
+	t       testing.TB
+	seed    uint64
+	rng     *rand.Rand
+	now     time.Time
+	cfg     Config
+	recs    map[string]*simRec
+	idem    map[string]string
+	tenant  map[string]bool // job ids holding a tenant slot
+	dlq     int
+	nodes   []*simNode
+	workers []*simWorker
+	net     []*simMsg
+	seq     int
+	jobs    []string
+	subs    map[string][]*simDelivery
+
+	kernelDownUntil time.Time
+	dataLostAt      time.Time
+	faults          bool
+	steps           int
+	redelivered     int
+	graceWaits      int             // waits within the capacity grace begun
+	holdsEnded      int             // of those, admission holds that ended (Admitted)
+	probes          map[string]bool // jobs that looked their record up while waiting unwritten
+	deliveries      []*simDelivery
+	resent          int // results a deduping worker sent again
+
+	// What the invariants compare against.
+	dispatchHops map[string]int
+	published    map[string]int
+	lostSent     map[string]map[string]bool
+	pubFailed    map[string]bool
+	denies       map[string]bool
+	terminal     map[string]jobstate.State
+	failures     []string
+	trace        []string
+	outcomes     map[string]int // final state:reason → jobs
+}
+
+func newSim(t testing.TB, seed uint64) *sim {
+	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), recs: map[string]*simRec{}, idem: map[string]string{},
+		tenant: map[string]bool{}, subs: map[string][]*simDelivery{}, dispatchHops: map[string]int{},
+		published: map[string]int{}, lostSent: map[string]map[string]bool{}, pubFailed: map[string]bool{},
+		denies: map[string]bool{}, terminal: map[string]jobstate.State{}, faults: true, outcomes: map[string]int{}}
+	s.cfg = Config{NodeID: "", IdemKey: func(tenant, key string) string { return tenant + "/" + key },
+		TenantKey: func(tenant string) string { return "tenant:" + tenant }, SubmitSubject: "sys.job.submit",
+		ResultSubject: "sys.job.result", Dispatch: simDispatch,
+		RunningFor: func(string) time.Duration { return simRunning },
+		TenantLimit: func(tenant string) int {
+			if tenant == "limited" {
+				return 2
+			}
+			return 0
+		},
+		Backoff: func(n int) time.Duration {
+			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
+		},
+		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
+		ResendAfter: 5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
+		WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" }}
+	for i := 0; i < 3; i++ {
+		s.nodes = append(s.nodes, s.newNode(fmt.Sprintf("n%d", i)))
+	}
+	for i := 0; i < 4; i++ {
+		s.workers = append(s.workers, &simWorker{id: fmt.Sprintf("w%d", i), alive: true, stock: i == 3,
+			dedupe: i == 1 || i == 2, pool: i >= 2, running: map[string]bool{}, done: map[string]capv1.JobStatus{}})
+	}
+	for _, n := range s.nodes {
+		s.tick(n)
+	}
+	s.dueTick()
+	return s
+}
+
+func (s *sim) newNode(id string) *simNode {
+	return &simNode{id: id, alive: true, live: map[string]*simActor{}, parked: map[string]bool{},
+		held: map[string]string{}, queue: map[string]uint64{}, picks: map[string]string{}}
+}
+
+func (s *sim) fail(format string, args ...any) {
+	s.failures = append(s.failures, fmt.Sprintf("t+%s step %d: ", s.now.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), s.steps)+
+		fmt.Sprintf(format, args...))
+}
+
+func (s *sim) logf(format string, args ...any) {
+	if simWatch != "" && os.Getenv("TROUPE_SIM_PRINT") != "" {
+		line := fmt.Sprintf(format, args...)
+		if strings.Contains(line, simWatch) || strings.HasPrefix(line, "   ") || strings.HasPrefix(line, "fault") {
+			fmt.Printf("%d %s %s\n", s.steps, s.now.Format("15:04:05.000"), line)
+		}
+	}
+	if len(s.trace) >= 200 {
+		s.trace = s.trace[1:]
+	}
+	s.trace = append(s.trace, fmt.Sprintf("%d %s ", s.steps, s.now.Format("15:04:05.000"))+fmt.Sprintf(format, args...))
+}
+
+func (s *sim) send(m *simMsg) {
+	s.seq++
+	m.seq = s.seq
+	s.net = append(s.net, m)
+}
+
+func (s *sim) after(d time.Duration, fn func()) {
+	s.send(&simMsg{at: s.now.Add(d), fn: fn})
+}
+
+func (s *sim) latency() time.Duration { return time.Duration(1+s.rng.IntN(20)) * time.Millisecond }
+
+func (s *sim) aliveNodes() []*simNode {
+	var out []*simNode
+	for _, n := range s.nodes {
+		if n.alive {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// lockHeld reports whether rec's lock is held by someone now.
+func (s *sim) lockHeld(r *simRec) bool {
+	if r.lock == "" {
+		return false
+	}
+	if r.parkedBy != "" {
+		return s.node(r.parkedBy).alive
+	}
+	return s.now.Before(r.lockExp)
+}
+
+func (s *sim) node(id string) *simNode {
+	for _, n := range s.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// submit publishes a new job (sometimes with an idempotency key shared
+// with an earlier one, sometimes twice).
+func (s *sim) submit() {
+	id := fmt.Sprintf("job-%d", len(s.jobs))
+	s.jobs = append(s.jobs, id)
+	req := &capv1.JobRequest{JobId: id, Topic: "job.sim", Labels: map[string]string{}}
+	switch h := hash(id) % 20; {
+	case h == 0:
+		req.Labels["policy"] = "deny"
+	case h == 1:
+		req.Labels["policy"] = "approve"
+	case h == 2:
+		req.Labels["policy"] = "throttle"
+	case h == 3:
+		req.Meta = &capv1.JobMetadata{IdempotencyKey: "k" + strconv.Itoa(len(s.jobs)%3)}
+	case h == 4:
+		req.TenantId = "limited"
+	case h == 5:
+		req.Budget = &capv1.Budget{DeadlineMs: 90_000}
+	}
+	s.deliverNew(id, &Submit{Req: req, TraceID: "tr-" + id})
+	if s.rng.IntN(10) == 0 {
+		s.deliverNew(id, &Submit{Req: req, TraceID: "tr-" + id}) // a duplicate publish
+	}
+}
+
+// deliverNew puts a JetStream message for job on the wire.
+func (s *sim) deliverNew(job string, ev any) {
+	d := &simDelivery{s: s, ev: ev, job: job}
+	s.deliveries = append(s.deliveries, d)
+	switch e := ev.(type) {
+	case *Submit:
+		e.Delivery = d
+		s.subs[job] = append(s.subs[job], d)
+	case *Result:
+		e.Delivery, e.Published = d, s.now
+	case *Cancel:
+		e.Delivery, e.Published = d, s.now
+	}
+	s.send(&simMsg{anyNode: true, job: job, ev: ev, spawn: true, at: s.now.Add(s.latency())})
+}
+
+func hash(s string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum32()
+}
+
+// deliver hands ev to job's actor on n, spawning one when spawn allows it
+// (or the job is parked there and ev is its worker's progress or loss).
+func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
+	a := n.live[job]
+	if a == nil {
+		_, wl := ev.(*WorkerLost)
+		_, pr := ev.(*Progress)
+		if !spawn && !(n.parked[job] && (wl || pr)) {
+			return
+		}
+		delete(n.parked, job)
+		a = &simActor{j: New(s.nodeCfg(n), job, s.rng.Uint64())}
+		n.live[job] = a
+	}
+	if d, ok := deliveryOf(ev); ok && d != nil {
+		d.holder, d.heldAt = n, s.now
+	}
+	_, wl := ev.(*WorkerLost)
+	_, pr := ev.(*Progress)
+	passOn := a.j.res == Parked && a.j.State == jobstate.StateDispatched && (wl || pr)
+	redelivered := s.redelivered
+	s.step(n, a, ev)
+	if passOn && s.redelivered == redelivered {
+		s.fail("%s: %T reached the actor that had just parked the job, and was dropped", job, ev)
+	}
+}
+
+func deliveryOf(ev any) (*simDelivery, bool) {
+	switch e := ev.(type) {
+	case *Submit:
+		d, ok := e.Delivery.(*simDelivery)
+		return d, ok
+	case *Result:
+		d, ok := e.Delivery.(*simDelivery)
+		return d, ok
+	case *Cancel:
+		d, ok := e.Delivery.(*simDelivery)
+		return d, ok
+	}
+	return nil, false
+}
+
+func (s *sim) nodeCfg(n *simNode) *Config {
+	c := s.cfg
+	c.NodeID = n.id
+	return &c
+}
+
+// step feeds one event to an actor and carries out its effects.
+func (s *sim) step(n *simNode, a *simActor, ev any) {
+	for ev != nil {
+		in := (*simInputs)(s)
+		wd, isWrite := ev.(*WriteDone)
+		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == store.StepFenced
+		if p := a.j.pending; fenced && p != nil && p.t != nil && wd.Res.Before == "" && wd.Res.LastOp == p.t.Op {
+			fenced = false // its own earlier try applied: not a refusal
+		}
+		s.logf("%s %s <- %T %s", n.id, a.j.ID, ev, describe(ev))
+		fx := slices.Clone(a.j.Step(ev, in))
+		if simWatch != "" && a.j.ID == simWatch {
+			var names []string
+			for _, e := range fx {
+				names = append(names, fmt.Sprintf("%T%v", e, e))
+			}
+			s.logf("   %s fx: %s", n.id, strings.Join(names, " "))
+		}
+		ev = nil
+		for _, e := range fx {
+			if fenced {
+				switch e.(type) {
+				case PublishRequest, TellClient, PublishDLQ, CancelWorker, ScanContent, Ack:
+					s.fail("%s: effect %T after a fenced write", a.j.ID, e)
+				}
+			}
+			if next := s.do(n, a, e); next != nil {
+				ev = next
+			}
+		}
+	}
+}
+
+// simInputs is the core's Inputs in the simulation: the simulated clock,
+// the seeded generator.
+type simInputs sim
+
+func (i *simInputs) Now() time.Time          { return i.now }
+func (i *simInputs) OpID() uint64            { return i.rng.Uint64() }
+func (i *simInputs) GraceRoom() bool         { return true }
+func (i *simInputs) Connected() bool         { return true }
+func (i *simInputs) Count(Metric, string)    {}
+func (i *simInputs) Observe(Metric, float64) {}
+func (i *simInputs) DataLost() bool {
+	return !i.dataLostAt.IsZero() && i.now.Sub(i.dataLostAt) < time.Minute
+}
+
+// simWatch (TROUPE_SIM_JOB) logs every effect of one job's steps.
+var simWatch = os.Getenv("TROUPE_SIM_JOB")
+
+func describe(ev any) string {
+	switch e := ev.(type) {
+	case *WriteDone:
+		r := e.Res
+		if r.Err != nil {
+			return "err"
+		}
+		return fmt.Sprintf("%s%s %s", r.Status, r.Step, r.State)
+	case *router.PickReply:
+		return fmt.Sprintf("w=%s q=%v %s", e.WorkerID, e.Queued, e.Reason)
+	}
+	return ""
+}
+
+// do carries out one effect as the shell would, against the models.
+func (s *sim) do(n *simNode, a *simActor, e Effect) any {
+	j := a.j
+	switch e := e.(type) {
+	case Write:
+		op := e.Op
+		if op.Kind == store.OpActivate && !op.Create && a.j.res == Unwritten {
+			if s.probes == nil {
+				s.probes = map[string]bool{}
+			}
+			s.probes[j.ID] = true
+		}
+		if e.Epoch == 0 {
+			s.after(s.latency(), func() { s.apply(n, op) })
+			return nil
+		}
+		ep := e.Epoch
+		s.after(s.latency(), func() {
+			r := s.writeFault(n, op)
+			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: r}, at: s.now.Add(s.latency())})
+		})
+	case RetryWrite:
+		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})
+	case AskRouter:
+		s.pick(n, a, e.Req.(*router.PickRequest))
+	case ToRouter:
+		switch m := e.Msg.(type) {
+		case *router.Withdraw:
+			if n.queue[m.JobID] == m.Ticket {
+				delete(n.queue, m.JobID)
+			}
+		case *router.Released:
+			if m.Done && n.picks[m.JobID] == m.WorkerID {
+				delete(n.picks, m.JobID)
+			}
+		case *router.Occupied:
+			n.picks[m.JobID] = m.WorkerID
+		case *router.Took:
+		}
+	case AskPolicy:
+		ep, req := e.Epoch, e.Req
+		s.send(&simMsg{node: n, actor: a, job: j.ID, at: s.now.Add(s.latency()), ev: s.policy(j.ID, req, ep)})
+	case PublishRequest:
+		if !e.Resend {
+			s.published[j.ID]++
+			if s.published[j.ID] > s.dispatchHops[j.ID] {
+				s.fail("%s: %d dispatches published for %d DISPATCHED writes", j.ID, s.published[j.ID], s.dispatchHops[j.ID])
+			}
+			if s.faults && s.rng.IntN(50) == 0 {
+				s.pubFailed[j.ID] = true
+				return &PublishFailed{Err: errors.New("nats: connection closed")}
+			}
+		}
+		s.reach(j.ID, j.Worker, e.Subject)
+	case CancelWorker:
+		for _, w := range s.workers {
+			if !w.stock && w.running[j.ID] {
+				delete(w.running, j.ID)
+			}
+		}
+	case Arm:
+		a.timerAt, a.timerEpoch = e.At, e.Epoch
+	case Disarm:
+		a.timerAt = time.Time{}
+	case Ack:
+		_ = e.D.Ack()
+	case Nak:
+		_ = e.D.NakWithDelay(e.Delay)
+	case Touch:
+		_ = e.D.InProgress()
+	case Hold:
+		n.held[j.ID] = e.LockValue
+	case Forget:
+		if n.held[j.ID] == e.LockValue {
+			delete(n.held, j.ID)
+		}
+	case Finish:
+		if a.grace != 0 {
+			s.fail("%s: finished while waiting within the grace", j.ID)
+		}
+		// The shard handles the Finished message a moment later; events
+		// for the job meanwhile still reach the finished actor.
+		fin := e
+		s.send(&simMsg{node: n, at: s.now.Add(s.latency()), job: j.ID, fn: func() {
+			if n.live[j.ID] != a {
+				return
+			}
+			delete(n.live, j.ID)
+			if fin.Parked {
+				n.parked[j.ID] = true
+			}
+			for _, m := range fin.Redeliver {
+				s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
+			}
+		}})
+	case Redeliver:
+		s.redelivered++
+		for _, m := range e.Msgs {
+			s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
+		}
+	case Grace:
+		a.grace += e.Delta
+		if a.grace < 0 || a.grace > 1 {
+			s.fail("%s: %d waits within the grace at once", j.ID, a.grace)
+		}
+		if e.Delta > 0 && len(e.Deliveries) == 0 {
+			s.fail("%s: a wait within the grace with no submit to keep", j.ID)
+		}
+		a.admitted = false
+		if e.Delta > 0 {
+			s.graceWaits++
+		}
+	case Admitted:
+		s.holdsEnded++
+		if a.grace != 1 || a.admitted {
+			s.fail("%s: Admitted outside a wait within the grace, or twice in one", j.ID)
+		}
+		a.admitted = true
+	case Log:
+		if e.Msg == MsgIllegalMove {
+			s.fail("%s: %s %v", j.ID, e.Msg, e.Args)
+		}
+	case PublishDLQ, TellClient, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// next takes the message to handle: a random one of those due now, or
+// (time passing) the earliest timer or message.
+func (s *sim) next() bool {
+	var ready []int
+	for i, m := range s.net {
+		if !m.at.After(s.now) {
+			ready = append(ready, i)
+		}
+	}
+	if len(ready) > 0 {
+		i := ready[s.rng.IntN(len(ready))]
+		m := s.net[i]
+		s.net[i] = s.net[len(s.net)-1]
+		s.net = s.net[:len(s.net)-1]
+		s.handle(m)
+		return true
+	}
+	// Nothing due: time passes to the next message or timer.
+	var nextMsg, nextTimer time.Time
+	for _, m := range s.net {
+		if nextMsg.IsZero() || m.at.Before(nextMsg) {
+			nextMsg = m.at
+		}
+	}
+	// The earliest timer; a tie goes to the first node, then the smallest
+	// job id (found without sorting: this runs at every pause).
+	var fire *simActor
+	var fireNode *simNode
+	fireID := ""
+	for _, n := range s.nodes {
+		if !n.alive {
+			continue
+		}
+		for id, a := range n.live {
+			at := a.timerAt
+			if at.IsZero() {
+				continue
+			}
+			if at.Before(n.pausedUntil) {
+				at = n.pausedUntil
+			}
+			if nextTimer.IsZero() || at.Before(nextTimer) || at.Equal(nextTimer) && fireNode == n && id < fireID {
+				nextTimer, fire, fireNode, fireID = at, a, n, id
+			}
+		}
+	}
+	switch {
+	case fire != nil && (nextMsg.IsZero() || !nextTimer.After(nextMsg)):
+		if nextTimer.After(s.now) {
+			s.now = nextTimer
+		}
+		s.steps++
+		ep := fire.timerEpoch
+		fire.timerAt = time.Time{}
+		s.step(fireNode, fire, &Timer{Epoch: ep})
+		return true
+	case !nextMsg.IsZero():
+		s.now = nextMsg
+		return true
+	}
+	return false
+}
+
+func (s *sim) hasReady() bool {
+	for _, m := range s.net {
+		if !m.at.After(s.now) {
+			return true
+		}
+	}
+	return false
+}
+
+// handle runs one message: a model action, or an event for a job's actor.
+func (s *sim) handle(m *simMsg) {
+	s.steps++
+	if m.fn != nil {
+		m.fn()
+		return
+	}
+	n := m.node
+	if m.anyNode {
+		alive := s.aliveNodes()
+		if len(alive) == 0 {
+			m.at = s.now.Add(time.Second)
+			s.send(m)
+			return
+		}
+		n = alive[s.rng.IntN(len(alive))]
+	}
+	if !n.alive {
+		if d, ok := deliveryOf(m.ev); ok && !d.done {
+			_ = d.NakWithDelay(simAckWait) // JetStream offers it again after the ack wait
+		}
+		return
+	}
+	if s.now.Before(n.pausedUntil) {
+		m.at = n.pausedUntil
+		s.send(m)
+		return
+	}
+	if m.actor != nil {
+		if n.live[m.job] != m.actor {
+			return // the actor that asked is gone: its answer is dropped
+		}
+		s.step(n, m.actor, m.ev)
+		return
+	}
+	s.deliver(n, m.job, m.ev, m.spawn)
+}
+
+// redeliverStale offers again the deliveries a node has held un-acked for
+// longer than the ack wait, as JetStream does.
+func (s *sim) redeliverStale() {
+	for _, d := range s.deliveries {
+		if !d.done && d.holder != nil && s.now.Sub(d.heldAt) > simAckWait {
+			d.holder = nil
+			s.send(&simMsg{anyNode: true, job: d.job, ev: d.ev, spawn: true, at: s.now})
+		}
+	}
+}
+
+// check verifies the invariants that hold at every step.
+func (s *sim) check() {
+	for _, id := range s.jobs {
+		r := s.recs[id]
+		if r == nil {
+			// Not created yet: its submit must still be on its way.
+			owed := false
+			for _, d := range s.subs[id] {
+				if !d.done {
+					owed = true
+				}
+			}
+			if !owed && !s.dataLostAt.IsZero() {
+				owed = true // a lost record whose submit was acked: lost with Redis
+			}
+			if !owed && s.idemDuplicate(id) {
+				owed = true
+			}
+			if !owed {
+				s.fail("%s: no record and no submit outstanding", id)
+			}
+			continue
+		}
+		if r.state.Terminal() {
+			continue
+		}
+		if !s.hasWakeSource(id, r) {
+			s.fail("%s: %s (%s) has no wake source", id, r.state, r.fields["reason"])
+		}
+	}
+}
+
+func (s *sim) idemDuplicate(id string) bool {
+	for _, d := range s.subs[id] {
+		if sub, ok := d.ev.(*Submit); ok && sub.Req.GetMeta().GetIdempotencyKey() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// hasWakeSource: a live actor with a step outstanding, a timer, a queue
+// place or an event on its way; else a due entry, a lapsing lease, a parked
+// entry, an approval wait, or an event on its way that spawns an actor.
+func (s *sim) hasWakeSource(id string, r *simRec) bool {
+	for _, n := range s.nodes {
+		if !n.alive {
+			continue
+		}
+		if a := n.live[id]; a != nil && (a.j.live() || a.j.busy) {
+			if a.j.busy || !a.timerAt.IsZero() || n.queue[id] != 0 && a.j.queued {
+				return true
+			}
+			for _, m := range s.net {
+				if m.job == id && (m.node == n || m.anyNode) {
+					return true
+				}
+			}
+			if a.j.State == jobstate.StateApprovalRequired && a.j.res.Gone() {
+				return true
+			}
+			return false
+		}
+	}
+	switch {
+	case r.due > 0, r.parkedBy != "", r.lease, r.state == jobstate.StateApprovalRequired:
+		return true
+	}
+	for _, m := range s.net {
+		if m.job == id && (m.spawn || m.fn != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// run plays one seed: faults and submits for steps, then calm (no new
+// faults, every node and worker back, approvals decided) until every job
+// is terminal.
+func (s *sim) run(steps int) {
+	for i := 0; i < 6; i++ {
+		s.submit()
+	}
+	for s.steps < steps && len(s.failures) == 0 {
+		switch r := s.rng.IntN(100); {
+		case r < 2 && len(s.jobs) < 40:
+			s.submit()
+		case r < 4 && s.faults:
+			s.fault()
+		}
+		if !s.next() {
+			break
+		}
+		if s.steps%50 == 0 {
+			s.redeliverStale()
+		}
+		s.check()
+	}
+	// Calm: the system must finish every job.
+	s.faults = false
+	s.kernelDownUntil = time.Time{}
+	for _, n := range s.nodes {
+		n.pausedUntil = time.Time{}
+	}
+	for _, w := range s.workers {
+		w.alive = true
+	}
+	end := s.steps + simCalmSteps
+	for s.steps < end && len(s.failures) == 0 {
+		s.decideApprovals(true)
+		if !s.next() {
+			break
+		}
+		if s.steps%50 == 0 {
+			s.redeliverStale()
+		}
+		s.check()
+		if s.steps%500 == 0 && s.allTerminal() && s.allAnswered() {
+			break
+		}
+	}
+	if len(s.failures) == 0 {
+		// Every message was answered in the end: none is handed back for
+		// ever (a cancel the job never applies, say).
+		for _, d := range s.deliveries {
+			if !d.done && s.recs[d.job] != nil {
+				held := "on its way again"
+				if d.holder != nil {
+					held = "held by " + d.holder.id
+				}
+				s.fail("%s: a %T was never acked (%s)", d.job, d.ev, held)
+				break
+			}
+		}
+	}
+	if len(s.failures) == 0 && !s.allTerminal() {
+		for _, id := range s.jobs {
+			if r := s.recs[id]; r != nil && !r.state.Terminal() {
+				s.fail("%s: still %s (%s) after the calm", id, r.state, r.fields["reason"])
+			}
+		}
+	}
+}
+
+func (s *sim) allAnswered() bool {
+	for _, d := range s.deliveries {
+		if !d.done && s.recs[d.job] != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *sim) allTerminal() bool {
+	for _, id := range s.jobs {
+		r := s.recs[id]
+		if r == nil {
+			if s.dataLostAt.IsZero() && !s.idemDuplicate(id) {
+				return false
+			}
+			continue
+		}
+		if !r.state.Terminal() {
+			return false
+		}
+	}
+	return true
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// TestSimJobLifecycle runs the simulator over many seeds (≥ 1,000,000
+// steps in all by default); TROUPE_SIM_SEED replays one.
+func TestSimJobLifecycle(t *testing.T) {
+	t.Parallel() // beside the conformance test, which mostly waits on Redis
+	seeds, steps := envInt("TROUPE_SIM_SEEDS", 170), envInt("TROUPE_SIM_STEPS", simMaxSteps)
+	first := uint64(envInt("TROUPE_SIM_FIRST", 1))
+	if v := os.Getenv("TROUPE_SIM_SEED"); v != "" {
+		seed, _ := strconv.ParseUint(v, 10, 64)
+		first, seeds = seed, 1
+	}
+	total, resent, graceWaits, holdsEnded, probes := 0, 0, 0, 0, 0
+	outcomes := map[string]int{}
+	for seed := first; seed < first+uint64(seeds); seed++ {
+		s := newSim(t, seed)
+		s.run(steps)
+		total += s.steps
+		resent += s.resent
+		graceWaits += s.graceWaits
+		holdsEnded += s.holdsEnded
+		probes += len(s.probes)
+		for k, v := range s.outcomes {
+			outcomes[k] += v
+		}
+		if len(s.failures) > 0 {
+			t.Errorf("seed %d (replay: TROUPE_SIM_SEED=%d go test -run TestSimJobLifecycle ./actors/lifecycle/):\n  %s\nlast events:\n  %s",
+				seed, seed, strings.Join(s.failures[:min(len(s.failures), 5)], "\n  "),
+				strings.Join(s.trace[max(0, len(s.trace)-envInt("TROUPE_SIM_TRACE", 40)):], "\n  "))
+			return
+		}
+	}
+	keys := sortedKeys(outcomes)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
+	}
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes)
+	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0 || probes == 0) {
+		t.Errorf("the simulation never had a job wait within its capacity grace (%d), outlast its admission hold (%d) or look its record up while waiting (%d)",
+			graceWaits, holdsEnded, probes)
+	}
+}

@@ -1,0 +1,302 @@
+package router
+
+import (
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-run/troupe/internal/registry"
+)
+
+// Placement ownership between replicas.
+//
+// Counting alone (gossip.go) cannot keep replicas that share a worker
+// under its max_parallel: two of them may see the same free slot in the
+// same few milliseconds and both fill it. So each worker with a
+// max_parallel has one owner among the live replicas — the highest
+// rendezvous hash of (replica, worker), which every replica computes
+// alike from the replicas it hears — and only the owner places new jobs
+// on it. Other replicas use its slots in two ways that never race:
+//
+//   - Refill: a slot freed by one of their own jobs is theirs to reuse at
+//     once, in the same step, for a job of theirs that fits — unless the
+//     owner reports jobs waiting for that pool, in which case the slot goes
+//     back to it (their count drops, and the owner sees the room).
+//   - Offer: an owner with room and no job of its own that fits offers
+//     slots to a replica that reports waiting jobs for the pool. It counts
+//     the offered slots as its own until the replica's answer, which
+//     carries the replica's new count in the same report; the replica
+//     places at most that many jobs on the worker.
+//
+// So every slot is at any moment counted by exactly one replica, and a
+// replica's stale view of another can only over-count. What remains is a
+// change of membership: while replicas disagree on who is alive, two may
+// both own a worker for the time a report takes (milliseconds), and a
+// replica that dies leaves its jobs counted only by the workers'
+// heartbeats until their adopters count them again.
+
+const (
+	// OfferTTL frees the slots of an offer that was never answered (the
+	// replica died, or the report was lost).
+	OfferTTL = 2 * time.Second
+	// declineFor is how long a replica that could not use an offer for a
+	// pool (its waiting jobs need other workers) gets no more offers for
+	// it, unless its queue for the pool changes.
+	declineFor = time.Second
+)
+
+// Offer gives To up to N slots on Worker.
+type Offer struct {
+	To     string
+	ID     uint64
+	Worker string
+	N      int32
+}
+
+// OfferAck answers offer ID: Used of its slots were taken, and Count is
+// the answering replica's count on Worker with them.
+type OfferAck struct {
+	To     string
+	ID     uint64
+	Worker string
+	Used   int32
+	Count  int32
+}
+
+// offer is an offer this node made and has not had answered.
+type offer struct {
+	to   string
+	pool string
+	w    *registry.Worker
+	n    int32
+	at   time.Time
+}
+
+func ownerScore(node, worker string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(node))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(worker))
+	return h.Sum64()
+}
+
+// ownerOf is the replica that places jobs on worker: the highest score
+// among this node and the replicas it hears.
+func (r *Router) ownerOf(worker string) string {
+	best, top := r.cfg.NodeID, ownerScore(r.cfg.NodeID, worker)
+	for id := range r.peers {
+		if s := ownerScore(id, worker); s > top || (s == top && id < best) {
+			best, top = id, s
+		}
+	}
+	return best
+}
+
+// reown recomputes every worker's owner after the replicas changed, and
+// wakes the pools of workers this node now owns.
+func (r *Router) reown(c actor.Context) {
+	for _, pool := range r.reg.Pools() {
+		gained := false
+		for _, w := range r.reg.Pool(pool) {
+			away := r.ownerOf(w.ID) != r.cfg.NodeID
+			if r.reg.Away(w) && !away {
+				gained = true
+			}
+			r.reg.SetAway(w, away)
+		}
+		if gained {
+			r.drain(c, pool)
+		}
+	}
+}
+
+// refill reuses a slot just freed on a worker another replica owns for the
+// next job here that fits it, unless the owner has jobs waiting for the
+// pool: then the slot goes back.
+func (r *Router) refill(c actor.Context, w *registry.Worker) {
+	if o := r.peers[r.ownerOf(w.ID)]; o != nil && o.waiting[w.Pool] > 0 {
+		return
+	}
+	r.placeOn(c, w, 1)
+}
+
+// placeOn places up to n of the pool's waiting jobs on w (slots this node
+// owns: a refill or an offer) and returns how many it placed.
+func (r *Router) placeOn(c actor.Context, w *registry.Worker, n int32) int32 {
+	q := r.queues[w.Pool]
+	if q == nil || q.live == 0 {
+		return 0
+	}
+	now := r.now()
+	var placed int32
+	var skipped []*waiter
+	for tries := 0; tries < drainBudget && placed < n && q.live > 0; tries++ {
+		wt := q.pop()
+		if wt == nil {
+			break
+		}
+		q.live--
+		p, ok := r.strategy.PickOn(wt.jobID, w, wt.req, now)
+		if !ok {
+			skipped = append(skipped, wt)
+			continue
+		}
+		q.live++
+		r.unlink(wt)
+		r.handed[wt.jobID] = handoff{w: w, ticket: wt.ticket, at: now}
+		c.Send(wt.pid, &Placed{JobID: wt.jobID, Ticket: wt.ticket, Reply: &PickReply{WorkerID: w.ID, Pool: w.Pool,
+			Subject: p.Subject, Resend: p.Direct && w.Dedupe, StartsOnDelivery: !w.Reports}})
+		placed++
+	}
+	for _, wt := range skipped {
+		q.push(wt)
+		q.live++
+	}
+	r.tidy([]string{w.Pool})
+	if placed > 0 {
+		r.changed(c, w)
+	}
+	return placed
+}
+
+// offerRoom offers the room left in pool's workers (this node's jobs have
+// had their turn) to replicas that report jobs waiting for it.
+func (r *Router) offerRoom(c actor.Context, pool string) {
+	if len(r.peers) == 0 {
+		return
+	}
+	now := r.now()
+	ids := make([]string, 0, len(r.peers))
+	for id := range r.peers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		p := r.peers[id]
+		need := p.waiting[pool] - p.offered[pool]
+		if need <= 0 || now.Before(p.declined[pool]) {
+			continue
+		}
+		for need > 0 {
+			w := r.reg.Top(pool)
+			if w == nil || !r.reg.Live(w, now) || w.MaxParallel <= 0 {
+				return
+			}
+			n := min(r.reg.Room(w), need)
+			if n <= 0 {
+				return
+			}
+			for range n {
+				r.reg.CountDispatch(w) // held for the offer until its answer
+			}
+			r.offerSeq++
+			r.offers[r.offerSeq] = &offer{to: id, pool: pool, w: w, n: n, at: now}
+			r.outOffers = append(r.outOffers, Offer{To: id, ID: r.offerSeq, Worker: w.ID, N: n})
+			p.offered[pool] += n
+			need -= n
+			r.changed(c, w)
+		}
+	}
+}
+
+// peerOffers takes the queue lengths, offers and answers in a replica's
+// report.
+func (r *Router) peerOffers(c actor.Context, from string, p *peer, m *PeerLoad) {
+	grew := false
+	for pool, n := range m.Waiting {
+		if n != p.waiting[pool] {
+			delete(p.declined, pool)
+		}
+		if n > p.waiting[pool] {
+			grew = true
+		}
+	}
+	p.waiting = m.Waiting
+	if p.waiting == nil {
+		p.waiting = map[string]int32{}
+	}
+	for _, a := range m.Acks {
+		if a.To == r.cfg.NodeID {
+			r.settle(c, from, p, a)
+		}
+	}
+	for _, o := range m.Offers {
+		if o.To == r.cfg.NodeID {
+			r.useOffer(c, from, o)
+		}
+	}
+	if grew {
+		for pool, n := range p.waiting {
+			if n > 0 && r.reg.Top(pool) != nil {
+				r.offerRoom(c, pool)
+			}
+		}
+	}
+}
+
+// useOffer places waiting jobs on the slots a replica offered, and answers.
+func (r *Router) useOffer(c actor.Context, from string, o Offer) {
+	a := OfferAck{To: from, ID: o.ID, Worker: o.Worker}
+	if w := r.reg.Get(o.Worker); w != nil {
+		a.Used = r.placeOn(c, w, o.N)
+		a.Count = own(w)
+	}
+	r.outAcks = append(r.outAcks, a)
+	r.kick(c)
+}
+
+// settle frees the slots of an answered offer; the replica's count, in the
+// same report, now holds the ones it used.
+func (r *Router) settle(c actor.Context, from string, p *peer, a OfferAck) {
+	o := r.offers[a.ID]
+	if o == nil || o.to != from {
+		return
+	}
+	delete(r.offers, a.ID)
+	p.offered[o.pool] = max(p.offered[o.pool]-o.n, 0)
+	r.peerCount(c, p, a.Worker, a.Count)
+	r.release(c, o)
+	if a.Used < o.n {
+		p.declined[o.pool] = r.now().Add(declineFor)
+	}
+}
+
+// release gives an offer's slots back to this node's placement.
+func (r *Router) release(c actor.Context, o *offer) {
+	for range o.n {
+		r.reg.CountDone(o.w)
+	}
+	r.changed(c, o.w)
+	if r.reg.HasRoom(o.w) {
+		r.drain(c, o.w.Pool)
+	}
+}
+
+// expireOffers frees offers never answered.
+func (r *Router) expireOffers(c actor.Context) {
+	now := r.now()
+	for id, o := range r.offers {
+		if now.Sub(o.at) < OfferTTL {
+			continue
+		}
+		delete(r.offers, id)
+		if p := r.peers[o.to]; p != nil {
+			p.offered[o.pool] = max(p.offered[o.pool]-o.n, 0)
+		}
+		r.log.Warn("capacity offer never answered; slots taken back", "to", o.to, "worker_id", o.w.ID, "slots", o.n)
+		r.release(c, o)
+	}
+}
+
+// waitingPerPool is this node's queue length per pool, for its reports.
+func (r *Router) waitingPerPool() map[string]int32 {
+	out := make(map[string]int32, len(r.queues))
+	for p, q := range r.queues {
+		if q.live > 0 {
+			out[p] = int32(q.live)
+		}
+	}
+	return out
+}

@@ -1,0 +1,723 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+)
+
+// Writer is the store's group-commit stage. Job actors never wait on Redis:
+// they hand an Op to the Writer and get the outcome back through Op.Done (which
+// the node turns into a message to the actor). The Writer's goroutines each
+// take whatever ops are queued — up to MaxBatch — and send them to Redis as
+// one pipeline, so thousands of jobs' transitions cost a handful of round
+// trips. Ops from one actor are never reordered because an actor has at most
+// one op outstanding.
+type Writer struct {
+	s        *Store
+	ops      chan *Op
+	maxBatch int
+	timeout  time.Duration
+
+	wg     sync.WaitGroup
+	stopMu sync.RWMutex // Submit holds it shared; Close exclusively
+	closed bool
+}
+
+// Defaults for the Writer.
+const (
+	// WriterQueueDefault is the Writer's queue length; a full queue makes
+	// Submit wait, which is the node's back-pressure on intake.
+	WriterQueueDefault = 65536
+	// WriterMaxBatchDefault caps ops per pipeline. Past ~256 a pipeline's
+	// latency grows faster than its per-op cost falls.
+	WriterMaxBatchDefault = 256
+	// WriterConcurrencyDefault pipelines may be in flight at once, so one
+	// batch's round trip overlaps the next batch's collection.
+	WriterConcurrencyDefault = 4
+	// WriterTimeoutDefault bounds one pipeline.
+	WriterTimeoutDefault = 5 * time.Second
+)
+
+// OpKind says what an Op does.
+type OpKind uint8
+
+const (
+	// OpActivate takes the job's lock and reads (or creates) its state; a
+	// created job takes Op.T as its plan.
+	OpActivate OpKind = iota + 1
+	// OpTransition applies Op.T, a fenced compare-and-set.
+	OpTransition
+	// OpRelease gives the lock up without a state change.
+	OpRelease
+	// OpDLQ appends DLQ to the DLQ stream.
+	OpDLQ
+	// OpClaim claims Op.IdemKey for the job (idempotency); Result.Holder
+	// names the job that holds it.
+	OpClaim
+	// OpAdmit takes one of the tenant's Op.Limit concurrency slots for the
+	// job; Result.Admitted says whether it got one.
+	OpAdmit
+	// OpDowngrade moves a SUCCEEDED job to OUTPUT_QUARANTINED (the async
+	// output scan found something) if it is still SUCCEEDED; Op.T carries
+	// the reason (its one hop) and fields. Result.Step is OK or CONFLICT.
+	OpDowngrade
+	// OpPark parks a DISPATCHED or RUNNING job whose actor stops: its lock
+	// (Op.LockValue) is then held through Op.Node's lease rather than
+	// renewed, and the job waits in the node's parked set with Op.ParkDue
+	// (unix ms) as its due time (parkScript). Result.Parked says whether
+	// the caller still held the lock.
+	OpPark
+)
+
+// Hop is one state change within a Transition.
+type Hop struct {
+	To     jobstate.State
+	Reason jobstate.Reason
+}
+
+// Transition is a path of state changes written in one script call: the job
+// must be in one of the Expect states, then passes through every hop (each
+// recorded in its history) and ends in the last one.
+type Transition struct {
+	// Expect lists the states the job may be in (comma-separated, see
+	// Expect). Ignored when the transition is the plan of a created job,
+	// which starts in PENDING.
+	Expect string
+	Path   []Hop
+	// Fields are record fields to set, as name, value pairs.
+	Fields []string
+	// Due sets the job's due time (unix ms); -1 clears it; 0 leaves it (on a
+	// created job: the rescue time). A terminal end clears it.
+	Due int64
+	// Release gives the lock up (the job passivates: it waits for an outside
+	// event with no live actor). A terminal end always releases the lock and
+	// starts the retention clock.
+	Release bool
+	// Adds are sorted-set entries, and Sets hash fields, written in the
+	// same atomic step, in keys of the job's shard (so a Redis Cluster runs
+	// it on one node). Adds are written before Sets, each in order.
+	Adds []ShardZAdd
+	Sets []ShardHSet
+	// Op, when set, identifies this write: it is stored as the record's
+	// "op" field. A write whose reply was lost (a Redis timeout) may still
+	// have landed; when the caller retries it and finds the job already
+	// where the write would have put it, the op tells it whether that was
+	// its own write — and so whether its side effect is still owed.
+	Op string
+}
+
+// ShardZAdd is one ZADD into a key of the job's shard: the key is the
+// shard's tag followed by Suffix (for example "saga:stack:<workflow_id>").
+type ShardZAdd struct {
+	Suffix string
+	Score  int64
+	Member string
+	// TrimBelow, when positive, first removes the key's entries scored
+	// below it, so entries scored by time live a bounded while.
+	TrimBelow int64
+	// TTL, when positive, sets the key to expire TTL after this write (a
+	// key each write refreshes lives TTL past its last write). Zero leaves
+	// the key's expiry as it is.
+	TTL time.Duration
+}
+
+// ShardHSet is one HSET of Field into a key of the job's shard (the
+// shard's tag followed by Suffix), with TTL as in ShardZAdd.
+type ShardHSet struct {
+	Suffix string
+	Field  string
+	Value  string
+	TTL    time.Duration
+}
+
+// Final is the state the transition ends in.
+func (t *Transition) Final() jobstate.State { return t.Path[len(t.Path)-1].To }
+
+func (t *Transition) lockAfter() string {
+	switch {
+	case t == nil:
+		return "keep"
+	case t.Final().Terminal():
+		return "terminal"
+	case t.Release:
+		return "release"
+	}
+	return "keep"
+}
+
+// LockKept reports whether the owner still holds the lock after t.
+func (t *Transition) LockKept() bool { return t.lockAfter() == "keep" }
+
+// Expect joins states for Transition.Expect.
+func Expect(states ...jobstate.State) string {
+	switch len(states) {
+	case 1:
+		return string(states[0]) // no copy: most transitions expect one state
+	case 2:
+		return string(states[0]) + "," + string(states[1])
+	}
+	var b strings.Builder
+	for i, st := range states {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(string(st))
+	}
+	return b.String()
+}
+
+// Op is one unit of work for the Writer.
+type Op struct {
+	Kind  OpKind
+	JobID string
+	Node  string
+	// LockValue identifies the owner for OpTransition and OpRelease.
+	LockValue string
+
+	// OpActivate.
+	Create  bool
+	Topic   string
+	Tenant  string
+	TraceID string
+	Request []byte
+
+	// OpTransition, and the plan of an OpActivate that creates the job.
+	T *Transition
+
+	// OpClaim: the idempotency key and how long it is kept.
+	IdemKey string
+	IdemTTL time.Duration
+
+	// OpAdmit: the tenant's active set and its limit.
+	TenantKey string
+	Limit     int
+	// TenantRelease, when set on an OpTransition, gives the job's slot in
+	// this tenant set back — only if the transition applies: a fenced or
+	// conflicting write leaves the slot to whoever owns the job now. The
+	// set is a global key, in another Redis Cluster slot than the job, so
+	// the slot goes back right after the script's reply says it applied
+	// (a retried op whose first try applied gives it back too). A node
+	// that dies in between leaves the slot to the due poller's repair
+	// (Store.RepairTenantSlots), as before.
+	TenantRelease string
+
+	// OpPark: when the parked job is due (its deadline, unix ms; ≤ 0: never).
+	ParkDue int64
+
+	// DLQ is the entry an OpDLQ appends. With an OpTransition or an
+	// OpActivate that creates the job (Create and T set) it is written
+	// exactly when the change applies, in the same atomic step, through the
+	// job's DLQ outbox (see Keys.DLQOutbox and FlushDLQOutbox): a fenced
+	// write, or the activation of a job that exists already, writes none.
+	DLQ *DLQEntry
+
+	// Done receives the outcome on a Writer goroutine. It must not block.
+	Done func(*Result)
+
+	cmds []redis.Cmder
+	// parkedOwner, when parkedOwnerKnown, is the node whose alive key and
+	// parked set an OpActivate passes (activateCall.parkedOwner); else it
+	// passes its own node's. A PARKED_BY reply sets it (see exec).
+	parkedOwner      string
+	parkedOwnerKnown bool
+	// outbox is DLQ as its outbox holds it, encoded once so a retry of the
+	// op writes (and moves) the same entry.
+	outbox     string
+	outboxItem *outboxEntry
+}
+
+// validate refuses side effects an op kind cannot make conditional on its
+// change.
+func (op *Op) validate() error {
+	switch op.Kind {
+	case OpTransition:
+		if op.T == nil {
+			return fmt.Errorf("store: transition %s without a transition", op.JobID)
+		}
+		return nil
+	case OpActivate:
+		if op.DLQ != nil && (op.T == nil || !op.Create) {
+			return fmt.Errorf("store: activation %s: a DLQ entry needs a plan to apply", op.JobID)
+		}
+		if op.TenantRelease != "" {
+			return fmt.Errorf("store: activation %s: no tenant slot to release", op.JobID)
+		}
+		return nil
+	case OpDLQ:
+		if op.DLQ == nil {
+			return fmt.Errorf("store: dlq op %s without an entry", op.JobID)
+		}
+	}
+	if op.TenantRelease != "" || (op.DLQ != nil && op.Kind != OpDLQ) {
+		return fmt.Errorf("store: op kind %d of %s cannot carry a tenant release or DLQ entry", op.Kind, op.JobID)
+	}
+	return nil
+}
+
+// applied reports whether r says op's change applied — by this try, or by
+// an earlier try of the same op whose reply was lost (Transition.Op) — so
+// its side effects are owed.
+func (op *Op) applied(r *Result) bool {
+	if r == nil || r.Err != nil || op.T == nil {
+		return false
+	}
+	own := op.T.Op != ""
+	switch op.Kind {
+	case OpTransition:
+		return r.Step == StepOK ||
+			(own && r.Step == StepConflict && r.LastOp == op.T.Op && r.Before == op.T.Final()) ||
+			// It released the lock (a terminal write, say), and nobody
+			// has taken it since.
+			(own && r.Step == StepFenced && r.Before == "" && r.LastOp == op.T.Op && r.State == op.T.Final())
+	case OpActivate:
+		return r.Status == ActivateCreated ||
+			(own && r.Status == ActivateAdopted && r.Fields["op"] == op.T.Op && r.State == op.T.Final())
+	}
+	return false
+}
+
+// ActivateStatus is the outcome of an activation.
+type ActivateStatus string
+
+const (
+	ActivateCreated  ActivateStatus = "CREATED"
+	ActivateAdopted  ActivateStatus = "ADOPTED"
+	ActivateBusy     ActivateStatus = "BUSY"
+	ActivateTerminal ActivateStatus = "TERMINAL"
+	ActivateNotFound ActivateStatus = "NOTFOUND"
+	// ActivateCancelled: the job had no record and a cancel mark for its
+	// tenant (Store.MarkCancel): it was created CANCELLED, not with the
+	// plan. Fields holds cancel_reason and cancelled_by.
+	ActivateCancelled ActivateStatus = "CANCELLED"
+)
+
+// StepStatus is the outcome of a Transition.
+type StepStatus string
+
+const (
+	StepOK       StepStatus = "OK"
+	StepFenced   StepStatus = "FENCED"
+	StepConflict StepStatus = "CONFLICT"
+	StepNotFound StepStatus = "NOTFOUND"
+)
+
+// Result is an Op's outcome. Err is set when Redis could not be asked (the
+// state is then unknown); the per-kind fields are meaningful only without Err.
+type Result struct {
+	Err error
+
+	// OpActivate: Status, and State (for CREATED, where the plan left it).
+	Status ActivateStatus
+	State  jobstate.State
+	Fence  int64
+	// Holder is the lock value of the node that owns the job (BUSY), or for
+	// OpClaim the job id that holds the idempotency key.
+	Holder string
+	// Fields is the job's record (ADOPTED only).
+	Fields map[string]string
+
+	// OpTransition: the outcome, and the state the job was in (for FENCED,
+	// the current lock value). LastOp is the "op" field of the record on a
+	// CONFLICT or FENCED: the identity of the write that moved the job
+	// last; on a FENCED, State is the record's state.
+	Step   StepStatus
+	Before jobstate.State
+	LastOp string
+
+	// OpRelease.
+	Released bool
+
+	// OpAdmit.
+	Admitted bool
+
+	// OpPark.
+	Parked bool
+}
+
+// OK reports whether the op applied (for a transition: Step is OK).
+func (r *Result) OK() bool {
+	return r.Err == nil && (r.Step == "" || r.Step == StepOK)
+}
+
+// NewWriter starts a Writer with concurrency goroutines.
+func (s *Store) NewWriter(concurrency, maxBatch, queue int) *Writer {
+	if concurrency <= 0 {
+		concurrency = WriterConcurrencyDefault
+	}
+	if maxBatch <= 0 {
+		maxBatch = WriterMaxBatchDefault
+	}
+	if queue <= 0 {
+		queue = WriterQueueDefault
+	}
+	w := &Writer{s: s, ops: make(chan *Op, queue), maxBatch: maxBatch, timeout: WriterTimeoutDefault}
+	for i := 0; i < concurrency; i++ {
+		w.wg.Add(1)
+		go w.loop()
+	}
+	return w
+}
+
+// ErrWriterClosed is the Result.Err of ops submitted after Close.
+var ErrWriterClosed = errors.New("store: writer closed")
+
+// Submit queues op. It waits while the queue is full.
+func (w *Writer) Submit(op *Op) {
+	if err := op.validate(); err != nil {
+		op.Done(&Result{Err: err})
+		return
+	}
+	w.stopMu.RLock()
+	if w.closed {
+		w.stopMu.RUnlock()
+		op.Done(&Result{Err: ErrWriterClosed})
+		return
+	}
+	// Sending under the read lock keeps Close from closing the channel
+	// under a blocked sender; the writer goroutines keep draining meanwhile.
+	w.ops <- op
+	w.stopMu.RUnlock()
+}
+
+// Close stops accepting ops, finishes the queued ones and returns.
+func (w *Writer) Close() {
+	w.stopMu.Lock()
+	if !w.closed {
+		w.closed = true
+		close(w.ops)
+	}
+	w.stopMu.Unlock()
+	w.wg.Wait()
+}
+
+func (w *Writer) loop() {
+	defer w.wg.Done()
+	batch := make([]*Op, 0, w.maxBatch)
+	for op := range w.ops {
+		batch = append(batch[:0], op)
+	fill:
+		for len(batch) < w.maxBatch {
+			select {
+			case more, ok := <-w.ops:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, more)
+			default:
+				break fill
+			}
+		}
+		w.exec(batch)
+	}
+}
+
+// activateSends bounds how often exec sends one activation: a PARKED_BY
+// reply (the job's lock is parked by a node the call did not name) sends it
+// again naming that node, which normally settles it; a lock that changes
+// hands while parked between every send ends it with an error.
+const activateSends = 3
+
+func (w *Writer) exec(batch []*Op) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	defer cancel()
+	results := make([]*Result, len(batch))
+	pending := batch
+	for send := 1; len(pending) > 0; send++ {
+		items, loadErr := w.s.sendScripts(ctx, len(pending), func(pipe redis.Pipeliner, i int) []redis.Cmder {
+			w.s.queue(ctx, pipe, pending[i])
+			return pending[i].cmds
+		})
+		var again []*Op
+		for i, op := range pending {
+			if loadErr != nil && noScript(op.cmds) {
+				results[indexOf(batch, op)] = &Result{Err: loadErr}
+				continue
+			}
+			if owner, ok := parkedBy(op); ok && send < activateSends {
+				op.parkedOwner, op.parkedOwnerKnown = owner, true
+				again = append(again, op)
+				continue
+			}
+			results[indexOf(batch, op)] = w.s.decode(op, items[i].err)
+		}
+		pending = again
+	}
+	w.s.effects(ctx, batch, results)
+	for i, op := range batch {
+		recycleArgs(op.cmds)
+		op.cmds = nil
+		op.parkedOwner, op.parkedOwnerKnown = "", false
+		op.Done(results[i])
+	}
+}
+
+// indexOf returns op's index in batch. A resent op is rare, so a scan is
+// cheap enough.
+func indexOf(batch []*Op, op *Op) int {
+	for i, o := range batch {
+		if o == op {
+			return i
+		}
+	}
+	panic("store: op not in batch")
+}
+
+// parkedBy reports whether op is an activation that activateScript
+// answered PARKED_BY, and the node that parked the lock: the lock value's
+// part before its first "|", as the script reads it.
+func parkedBy(op *Op) (string, bool) {
+	if op.Kind != OpActivate || len(op.cmds) == 0 {
+		return "", false
+	}
+	// Read in place: every activation's reply passes here.
+	v, err := op.cmds[0].(*redis.Cmd).Slice()
+	if err != nil || len(v) < 4 || v[0] != activateParkedBy {
+		return "", false
+	}
+	lock, _ := v[3].(string)
+	owner, _, _ := strings.Cut(lock, "|")
+	return owner, true
+}
+
+// queue adds op's commands to pipe.
+func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
+	op.cmds = op.cmds[:0]
+	k := s.keys
+	now := time.Now().UnixMilli()
+	// Whole seconds, rounded up: a retention under a second must still
+	// expire the record, not keep it forever (0 means no expiry to the
+	// scripts).
+	retention := int64((s.cfg.Retention + time.Second - 1) / time.Second)
+	if s.cfg.Retention < 0 {
+		retention = 0
+	}
+	var outbox *ShardZAdd
+	if op.DLQ != nil && op.Kind != OpDLQ {
+		if op.outbox == "" {
+			op.outbox = encodeOutbox(op.DLQ)
+			op.outboxItem, _ = decodeOutbox(op.outbox)
+		}
+		outbox = &ShardZAdd{Suffix: dlqOutboxSuffix, Score: now, Member: op.outbox}
+	}
+	sh := Shard(op.JobID)
+	switch op.Kind {
+	case OpActivate:
+		// The plan's state: where a created job's index entry goes.
+		planEnd := jobstate.StatePending
+		if op.T != nil && len(op.T.Path) > 0 {
+			planEnd = op.T.Final()
+		}
+		parkedOwner := op.Node
+		if op.parkedOwnerKnown {
+			parkedOwner = op.parkedOwner
+		}
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, &activateCall{
+			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
+			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
+			markKey: k.CancelMark(op.JobID), cancelledKey: k.Index(sh, string(jobstate.StateCancelled)),
+			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
+			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
+			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.lockAfter(), dueMs: due(op.T),
+			retentionS: retention, parkedOwner: parkedOwner,
+			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
+	case OpTransition:
+		call := &transitionCall{
+			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())),
+			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
+			lockAfter: op.T.lockAfter(), retentionS: retention, dueMs: due(op.T),
+			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
+		call.fromIndexKeys = appendExpectedIndexes(call.fromBuf[:0], k, sh, op.T.Expect)
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, call))
+	case OpRelease:
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, releaseCall{lockKey: k.Lock(op.JobID),
+			leasesKey: k.Leases(Shard(op.JobID)), lockValue: op.LockValue, jobID: op.JobID}))
+	case OpPark:
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, parkCall{lockKey: k.Lock(op.JobID), leasesKey: k.Leases(sh),
+			parkedKey: k.Parked(sh, op.Node), aliveKey: k.Alive(sh, op.Node), dueKey: k.Due(sh),
+			lockValue: op.LockValue, jobID: op.JobID, dueMs: parkDue(op.ParkDue), leaseTTLMs: s.cfg.LockTTL.Milliseconds()}))
+	case OpClaim:
+		ttl := int64(op.IdemTTL / time.Second)
+		if ttl <= 0 {
+			ttl = int64(RetentionDefault / time.Second)
+		}
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, claimCall{idemKey: op.IdemKey, jobID: op.JobID, ttlS: ttl}))
+	case OpAdmit:
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, admitCall{activeKey: op.TenantKey, jobID: op.JobID, limit: op.Limit, nowMs: now}))
+		if _, known := s.tenants.Load(op.TenantKey); !known {
+			op.cmds = append(op.cmds, pipe.SAdd(ctx, k.Tenants(), op.TenantKey))
+		}
+	case OpDowngrade:
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, downgradeCall{jobKey: k.Job(op.JobID),
+			fromIndexKey: k.Index(sh, string(jobstate.StateSucceeded)), toIndexKey: k.Index(sh, string(jobstate.StateOutputQuarantined)),
+			nowMs: now, reason: string(op.T.Path[0].Reason), node: op.Node, jobID: op.JobID, fields: op.T.Fields}))
+	case OpDLQ:
+		op.cmds = append(op.cmds, s.addDLQ(ctx, pipe, op.DLQ))
+	}
+}
+
+// effects carries out the side effects of the ops in batch whose change
+// applied (Op.TenantRelease, and moving Op.DLQ from the job's outbox to the
+// DLQ stream), in one pipeline after the scripts' replies: the tenant set
+// and the stream are global keys, in other Redis Cluster slots than the
+// job. Both are idempotent. An op whose slot release failed gets the error
+// as its Result, so its owner tries the op again, finds its own earlier
+// write (Op.applied) and its effects are made again; a DLQ entry that could
+// not be moved stays in its outbox for the flush (FlushDLQOutbox).
+func (s *Store) effects(ctx context.Context, batch []*Op, results []*Result) {
+	type effect struct {
+		i       int
+		release *redis.IntCmd
+		dlq     *redis.Cmd
+	}
+	var todo []effect
+	var pipe redis.Pipeliner
+	for i, op := range batch {
+		if (op.TenantRelease == "" && op.outboxItem == nil) || !op.applied(results[i]) {
+			continue
+		}
+		if pipe == nil {
+			pipe = s.rdb.Pipeline()
+		}
+		e := effect{i: i}
+		if op.TenantRelease != "" {
+			e.release = pipe.ZRem(ctx, op.TenantRelease, op.JobID)
+		}
+		if op.outboxItem != nil {
+			e.dlq = s.appendOutboxed(ctx, pipe, op.outboxItem)
+		}
+		todo = append(todo, e)
+	}
+	if pipe == nil {
+		return
+	}
+	_, _ = pipe.Exec(ctx)
+	var clear redis.Pipeliner
+	for _, e := range todo {
+		op := batch[e.i]
+		var err error
+		if e.dlq != nil {
+			if e.dlq.Err() == nil {
+				if clear == nil {
+					clear = s.rdb.Pipeline()
+				}
+				clear.ZRem(ctx, s.keys.DLQOutbox(Shard(op.JobID)), op.outbox)
+			}
+			// Otherwise (Redis out of memory, say) the entry waits in its
+			// outbox, durable, for the due poller's flush: the job's own
+			// write applied and is not tried again for it.
+		}
+		if e.release != nil && e.release.Err() != nil && err == nil {
+			err = fmt.Errorf("store: tenant slot release %s: %w", op.JobID, e.release.Err())
+		}
+		if err != nil {
+			results[e.i] = &Result{Err: err}
+		}
+	}
+	if clear != nil {
+		// An entry left in its outbox is in the stream already; the flush
+		// removes it later (its mark keeps it from being appended twice).
+		_, _ = clear.Exec(ctx)
+	}
+}
+
+func due(t *Transition) int64 {
+	if t == nil {
+		return 0
+	}
+	return t.Due
+}
+
+// replyStrings appends the elements of a script's array reply of strings
+// to dst: what Cmd.StringSlice reads, into the caller's storage (a job's
+// two script replies were two slices per job).
+func replyStrings(dst []string, c *redis.Cmd) ([]string, error) {
+	vals, err := c.Slice()
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vals {
+		s, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("reply element %v (%T) is not a string", v, v)
+		}
+		dst = append(dst, s)
+	}
+	return dst, nil
+}
+
+// decode turns op's command replies into a Result.
+func (s *Store) decode(op *Op, execErr error) *Result {
+	r := &Result{}
+	for _, c := range op.cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			r.Err = fmt.Errorf("store: %s %s: %w", c.Name(), op.JobID, err)
+			return r
+		}
+	}
+	if len(op.cmds) == 0 && execErr != nil {
+		r.Err = execErr
+		return r
+	}
+	switch op.Kind {
+	case OpActivate:
+		var buf [8]string
+		v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
+		if err != nil || len(v) < 4 || len(v)%2 != 0 {
+			r.Err = fmt.Errorf("store: activate %s: bad reply %v (%v)", op.JobID, op.cmds[0].(*redis.Cmd).Val(), err)
+			return r
+		}
+		if v[0] == activateParkedBy {
+			r.Err = fmt.Errorf("store: activate %s: another node had parked its lock at each of %d sends (last %s)",
+				op.JobID, activateSends, v[3])
+			return r
+		}
+		r.Status, r.State, r.Holder = ActivateStatus(v[0]), jobstate.State(v[1]), v[3]
+		r.Fence, _ = strconv.ParseInt(v[2], 10, 64)
+		if len(v) > 4 {
+			r.Fields = make(map[string]string, (len(v)-4)/2)
+			for i := 4; i+1 < len(v); i += 2 {
+				r.Fields[v[i]] = v[i+1]
+			}
+		}
+	case OpTransition, OpDowngrade:
+		var buf [4]string
+		v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
+		if err != nil || len(v) < 2 {
+			r.Err = fmt.Errorf("store: transition %s: bad reply %v (%v)", op.JobID, op.cmds[0].(*redis.Cmd).Val(), err)
+			return r
+		}
+		r.Step, r.Before = StepStatus(v[0]), jobstate.State(v[1])
+		if len(v) > 2 {
+			r.LastOp = v[2]
+		}
+		if len(v) > 3 {
+			r.State = jobstate.State(v[3])
+		}
+	case OpRelease:
+		n, _ := op.cmds[0].(*redis.Cmd).Int64()
+		r.Released = n == 1
+	case OpPark:
+		n, _ := op.cmds[0].(*redis.Cmd).Int64()
+		r.Parked = n == 1
+	case OpClaim:
+		r.Holder, _ = op.cmds[0].(*redis.Cmd).Text()
+	case OpAdmit:
+		n, _ := op.cmds[0].(*redis.Cmd).Int64()
+		r.Admitted = n == 1
+		if len(op.cmds) > 1 { // the tenant's key is in Keys.Tenants now
+			s.tenants.Store(op.TenantKey, struct{}{})
+		}
+	}
+	return r
+}
