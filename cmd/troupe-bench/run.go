@@ -25,6 +25,15 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := o.cfg
+	if o.cluster > 0 {
+		cl, err := bench.StartLocalCluster(ctx, o.cluster, o.redisServer)
+		if err != nil {
+			return err
+		}
+		defer cl.Stop()
+		cfg.RedisURL = cl.URLs()
+		fmt.Fprintf(os.Stderr, "troupe-bench: Redis Cluster of %d masters on %s\n", o.cluster, cfg.RedisURL)
+	}
 	cfg.ChildCommand = []string{exe, bench.ServeArg}
 	cfg.Stderr = os.Stderr
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
