@@ -264,6 +264,12 @@ func Row(res *Result, note string) string {
 		params += fmt.Sprintf(", delay %.0f ms", p.DelayMs)
 	}
 	params += ", max-par " + maxParText(p.MaxParallel)
+	if p.RedisMasters > 1 {
+		params += fmt.Sprintf(", Redis Cluster ×%d", p.RedisMasters)
+	}
+	if p.WorkerMode == WorkerCAP {
+		params += ", stock CAP workers"
+	}
 	cpu, rss := "–", "–"
 	if res.Node.Measured {
 		cpu = fmt.Sprintf("%.4f", res.Node.CPUSecPer1k)

@@ -16,9 +16,13 @@ import (
 
 // fleet is W simulated CAP workers sharing one NATS connection. Each is what a
 // CAP SDK worker looks like on the wire — heartbeats on sys.heartbeat, a queue
-// subscription on its pool subject (queue group = subject), a subscription on
-// worker.<id>.jobs, a JobResult published with a core publish — but does no
-// work: it answers SUCCEEDED at once, or after delay. The shared connection
+// subscription on its pool subject (queue group = subject), a JobResult
+// published with a core publish on the standard result subject — but does
+// no work: it answers SUCCEEDED at once, or after delay. In WorkerDirect mode
+// (the default) each also subscribes to worker.<id>.jobs and says so in its
+// heartbeat (troupe.dispatch=direct), as Troupe's own worker does; in
+// WorkerCAP mode it is a stock CAP SDK worker: pool subject only, no label,
+// no progress. The shared connection
 // keeps the harness's own cost per job small, since it shares the CPU with the
 // node under test.
 //
