@@ -95,18 +95,6 @@ func newCountedClient(urls string) (redis.UniversalClient, *redisCounter, error)
 	return rdb, c, nil
 }
 
-// redisAddrs splits a --redis value into its addresses (one for a single
-// server, several for a cluster's seeds).
-func redisAddrs(urls string) []string {
-	var out []string
-	for a := range strings.SplitSeq(urls, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
 // masterStats is INFO of one Redis server: a cluster's master, or the one
 // server.
 type masterStats struct {
