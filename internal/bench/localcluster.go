@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,7 +18,8 @@ import (
 // what a cluster deployment does without one at hand (--redis-cluster N):
 // N masters on free loopback ports, no replicas, the 16,384 slots split
 // evenly, files in a temporary directory; Stop kills the servers and removes
-// the directory. Each server also dies with the bench process (Pdeathsig).
+// the directory. On Linux each server also dies with the bench process
+// (a parent-death signal).
 
 // Bounds of forming a local cluster.
 const (
@@ -139,7 +139,7 @@ func (c *LocalCluster) startServer(ctx context.Context, bin string, i int) (port
 			"--cluster-config-file", filepath.Join(c.dir, "nodes-"+p+".conf"), "--cluster-node-timeout", "5000",
 			"--save", "", "--appendonly", "no", "--dir", c.dir)
 		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		dieWithParent(cmd)
 		if err := cmd.Start(); err != nil {
 			_ = logf.Close()
 			return 0, 0, fmt.Errorf("bench: redis cluster: start %s: %w", bin, err)
