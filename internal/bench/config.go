@@ -4,7 +4,11 @@
 // it reports — throughput, dispatch and submit → terminal latency,
 // node CPU and RSS, Redis commands and round trips, NATS messages per job —
 // together with a check of every job's final state. It also runs the floor:
-// the same NATS and Redis traffic with no scheduling logic.
+// the same NATS and Redis traffic with no scheduling logic. Redis is one
+// server or a Redis Cluster (several addresses, or a local cluster it starts:
+// localcluster.go), read per master; ceilings.go turns per-master and
+// per-node costs into the throughputs at which each would saturate, and
+// matrix.go tabulates the scale matrix (scripts/scale-matrix.sh).
 //
 // cmd/troupe-bench is its command line (`make bench`); TestBenchSmoke runs it
 // for CI. It is not linked into the troupe binary.
