@@ -5,7 +5,7 @@
 # (jobs/s, each node's share of the jobs, forwards per job, node and Redis CPU per master, the ceilings they
 # imply, jobs lost and received twice). See DEVELOPERS.md.
 #
-#   scripts/scale-matrix.sh [OUT]            (default OUT: scale-matrix-<UTC time>)
+#   scripts/scale-matrix.sh [OUT]            (default OUT: bench-out/scale-matrix-<UTC time>, git-ignored)
 #
 # Environment (defaults in brackets):
 #   JOBS [20000]  WORKERS [10]  NODES ["1 3"]  REDIS_KINDS ["single cluster"]  WORKER_MODES ["direct cap"]
@@ -33,7 +33,7 @@ START_NATS=${START_NATS:-0}
 PIN=${PIN:-}
 TIMEOUT=${TIMEOUT:-300s}
 EXTRA=${EXTRA:-}
-OUT=${1:-scale-matrix-$(date -u +%Y%m%d-%H%M%S)}
+OUT=${1:-bench-out/scale-matrix-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
