@@ -18,6 +18,10 @@ type options struct {
 	record   string
 	noRecord bool
 	note     string
+	// cluster > 0 starts a local Redis Cluster of that many masters for
+	// the run (redisServer: the redis-server command).
+	cluster     int
+	redisServer string
 }
 
 // parseArgs reads a command line (without the program name). A flag the
@@ -36,7 +40,13 @@ func parseArgs(args []string) (*options, error) {
 	fs.IntVar(&cfg.Warmup, "warmup", bench.WarmupDefault, "warm-up jobs before measuring (-1: none)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", bench.HeartbeatDefault, "worker heartbeat interval")
 	fs.IntVar(&cfg.SubmitWindow, "window", bench.SubmitWindowDefault, "submits awaiting their JetStream ack at full speed")
-	fs.StringVar(&cfg.RedisURL, "redis", envOr("TROUPE_REDIS_URL", bench.RedisURLDefault), "Redis URL (env TROUPE_REDIS_URL)")
+	fs.StringVar(&cfg.RedisURL, "redis", envOr("TROUPE_REDIS_URL", bench.RedisURLDefault), "Redis URL, or several addresses "+
+		"separated by commas for a Redis Cluster (its seeds), as troupe node takes them (env TROUPE_REDIS_URL)")
+	fs.IntVar(&o.cluster, "redis-cluster", 0, "start a local Redis Cluster of this many masters on free loopback ports "+
+		"(redis-server processes in a temporary directory, stopped at exit) and run on it instead of --redis")
+	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "the redis-server command --redis-cluster starts")
+	workerMode := fs.String("worker-mode", string(bench.WorkerDirect), "how the simulated workers take jobs: direct "+
+		"(Troupe's worker: its own subject, troupe.dispatch=direct) or cap (a stock CAP SDK worker: the pool subject only)")
 	fs.StringVar(&cfg.NATSURL, "nats", envOr("TROUPE_NATS_URL", bench.NATSURLDefault), "NATS URL (env TROUPE_NATS_URL)")
 	node := fs.String("node", string(bench.NodeChild), "where the node runs: child (a child process: clean CPU/RSS), inproc (inside the bench), external")
 	fs.IntVar(&cfg.Nodes, "nodes", 1, "Troupe nodes (replicas sharing the run's Redis keys, streams and workers), each a child process "+
@@ -75,6 +85,13 @@ func parseArgs(args []string) (*options, error) {
 	}
 	cfg.MaxParallel = maxParallelFlag(fs, *maxPar)
 	cfg.Node = bench.NodeMode(*node)
+	cfg.WorkerMode = bench.WorkerMode(*workerMode)
+	if o.cluster < 0 {
+		return nil, fmt.Errorf("--redis-cluster %d: want a number of masters ≥ 1 (0: none)", o.cluster)
+	}
+	if o.cluster > 0 && isSet(fs, "redis") {
+		return nil, errors.New("--redis and --redis-cluster: pick one (--redis-cluster starts its own servers)")
+	}
 	if *external {
 		cfg.Node = bench.NodeExternal
 	}
@@ -91,6 +108,13 @@ func parseArgs(args []string) (*options, error) {
 		cfg.Progress = os.Stderr
 	}
 	return o, nil
+}
+
+// isSet reports whether the command line set flag name.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // maxParallelFlag maps --max-parallel onto Config.MaxParallel: unset leaves

@@ -74,3 +74,27 @@ func TestExitStatus(t *testing.T) {
 		t.Errorf("--external without --run-id: %v, want the node's command line", err)
 	}
 }
+
+// --redis takes a Redis Cluster's addresses as one comma-separated list;
+// --redis-cluster starts one instead (not both); --worker-mode picks the
+// workers.
+func TestRedisClusterFlags(t *testing.T) {
+	o, err := parseArgs([]string{"--redis", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003", "--nodes", "3",
+		"--worker-mode", "cap"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.RedisURL != "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003" || o.cfg.Nodes != 3 ||
+		o.cfg.WorkerMode != bench.WorkerCAP || o.cluster != 0 {
+		t.Errorf("config %+v, cluster %d", o.cfg, o.cluster)
+	}
+	o, err = parseArgs([]string{"--redis-cluster", "3", "--redis-server", "/opt/redis/redis-server"})
+	if err != nil || o.cluster != 3 || o.redisServer != "/opt/redis/redis-server" {
+		t.Errorf("--redis-cluster 3: %+v, %v", o, err)
+	}
+	for _, args := range [][]string{{"--redis-cluster", "3", "--redis", "127.0.0.1:6379"}, {"--redis-cluster", "-1"}} {
+		if _, err := parseArgs(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}

@@ -5,6 +5,8 @@
 // BENCHMARKS.md lists the figures and the command line of each.
 //
 //	troupe-bench [--compare | --floor] [--jobs N] [--workers N] [--rate R] [--nodes N] [--hold] [--adopt] ...
+//	    [--redis URL | --redis host:port,host:port,... | --redis-cluster N] [--worker-mode direct|cap]
+//	troupe-bench matrix-table RESULT.json...   (the scale matrix's table: scripts/scale-matrix.sh)
 //
 // It is a separate binary so that the harness is not linked into troupe.
 // It re-runs itself (troupe-bench __serve) as the child process that hosts

@@ -16,6 +16,9 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == bench.ServeArg {
 		return bench.ServeChild(ctx, os.Stdin, os.Stdout, os.Stderr)
 	}
+	if len(args) > 0 && args[0] == matrixTableArg {
+		return matrixTable(args[1:])
+	}
 	o, err := parseArgs(args)
 	if err != nil {
 		return err
@@ -25,6 +28,15 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := o.cfg
+	if o.cluster > 0 {
+		cl, err := bench.StartLocalCluster(ctx, o.cluster, o.redisServer)
+		if err != nil {
+			return err
+		}
+		defer cl.Stop()
+		cfg.RedisURL = cl.URLs()
+		fmt.Fprintf(os.Stderr, "troupe-bench: Redis Cluster of %d masters on %s\n", o.cluster, cfg.RedisURL)
+	}
 	cfg.ChildCommand = []string{exe, bench.ServeArg}
 	cfg.Stderr = os.Stderr
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -93,5 +105,25 @@ func recordRows(path string, rows ...string) error {
 		return err
 	}
 	fmt.Printf("recorded in %s\n", path)
+	return nil
+}
+
+// matrixTableArg makes the command print the scale matrix's markdown table
+// from the JSON results named after it (scripts/scale-matrix.sh).
+const matrixTableArg = "matrix-table"
+
+func matrixTable(paths []string) error {
+	if len(paths) == 0 {
+		return errors.New("matrix-table: name the cells' JSON results")
+	}
+	var runs []*bench.Result
+	for _, p := range paths {
+		r, err := bench.ReadResult(p)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	}
+	bench.MatrixTable(os.Stdout, runs)
 	return nil
 }

@@ -4,7 +4,11 @@
 // it reports — throughput, dispatch and submit → terminal latency,
 // node CPU and RSS, Redis commands and round trips, NATS messages per job —
 // together with a check of every job's final state. It also runs the floor:
-// the same NATS and Redis traffic with no scheduling logic.
+// the same NATS and Redis traffic with no scheduling logic. Redis is one
+// server or a Redis Cluster (several addresses, or a local cluster it starts:
+// localcluster.go), read per master; ceilings.go turns per-master and
+// per-node costs into the throughputs at which each would saturate, and
+// matrix.go tabulates the scale matrix (scripts/scale-matrix.sh).
 //
 // cmd/troupe-bench is its command line (`make bench`); TestBenchSmoke runs it
 // for CI. It is not linked into the troupe binary.
@@ -73,6 +77,22 @@ const (
 	NATSURLDefault      = "nats://127.0.0.1:4222"
 )
 
+// WorkerMode is how the simulated workers take jobs.
+type WorkerMode string
+
+const (
+	// WorkerDirect (the default) is Troupe's own worker: it subscribes to
+	// its direct subject worker.<id>.jobs as well as the pool subject and
+	// says so in its heartbeat (troupe.dispatch=direct), so the node sends
+	// each job to the worker it chose.
+	WorkerDirect WorkerMode = "direct"
+	// WorkerCAP is a stock CAP SDK worker: it listens on its pool subject
+	// only (queue group = subject), announces no dispatch label and sends no
+	// progress, so the node publishes each job on the pool subject and NATS
+	// picks the worker; results go on the standard result subject.
+	WorkerCAP WorkerMode = "cap"
+)
+
 // MaxParallelDefault is the max_parallel_jobs each simulated worker
 // announces: what an SDK worker states by default (worker.Config.MaxParallel).
 const MaxParallelDefault = 64
@@ -85,6 +105,8 @@ type Config struct {
 	Jobs int
 	// Workers is the number of simulated workers (default WorkersDefault).
 	Workers int
+	// WorkerMode is how the workers take jobs (default WorkerDirect).
+	WorkerMode WorkerMode
 	// Rate is the submit rate in jobs/s; 0 submits at full speed.
 	Rate float64
 	// Delay is how long a worker holds a job before answering (0: at once).
@@ -193,6 +215,13 @@ func (c *Config) withDefaults() error {
 	}
 	if c.Workers == 0 {
 		c.Workers = WorkersDefault
+	}
+	switch c.WorkerMode {
+	case "":
+		c.WorkerMode = WorkerDirect
+	case WorkerDirect, WorkerCAP:
+	default:
+		return fmt.Errorf("%w: unknown worker mode %q (direct or cap)", ErrConfig, c.WorkerMode)
 	}
 	if c.Jobs < 1 || c.Workers < 1 || c.Rate < 0 || c.Delay < 0 {
 		return fmt.Errorf("%w: jobs and workers must be ≥ 1, rate and delay ≥ 0", ErrConfig)

@@ -75,6 +75,10 @@ func startFloor(ctx context.Context, nc *nats.Conn, rdb redis.UniversalClient, s
 	for _, id := range spec.WorkerIDs {
 		f.targets = append(f.targets, subj.Worker(id))
 	}
+	if spec.PoolDispatch && len(f.targets) > 0 {
+		// Stock CAP workers listen on the pool subject only.
+		f.targets = []string{subj.Pool(spec.Topic)}
+	}
 	if len(f.targets) == 0 {
 		return nil, fmt.Errorf("bench: floor needs worker ids to dispatch to")
 	}

@@ -107,7 +107,7 @@ func (r *runner) holdPhase(ctx context.Context, firstSubmit time.Time) {
 		r.res.Notes = append(r.res.Notes, "hold: node not readable: "+err.Error())
 	}
 	h.RSSStartBytes = start.RSS
-	srv0 := readServerStats(ctx, r.rdb)
+	srv0 := sumServers(readMasters(ctx, r.rdb))
 	harness0 := r.rc.snapshot()
 	t0 := time.Now()
 	sleepCtx(ctx, cfg.HoldFor)
@@ -115,7 +115,7 @@ func (r *runner) holdPhase(ctx context.Context, firstSubmit time.Time) {
 	if err != nil {
 		r.res.Notes = append(r.res.Notes, "hold: node not readable: "+err.Error())
 	}
-	srv1 := readServerStats(ctx, r.rdb)
+	srv1 := sumServers(readMasters(ctx, r.rdb))
 	harness1 := r.rc.snapshot()
 	secs := time.Since(t0).Seconds()
 	h.HoldSec = round3(secs)
@@ -188,7 +188,7 @@ func (r *runner) adoptPhase(ctx context.Context) {
 	}
 	ar.LockTTLS = ttl.Seconds()
 	ar.ParkedAtK, _ = r.st.ParkedCount(ctx, killed)
-	srv0 := readServerStats(ctx, r.rdb)
+	srv0 := sumServers(readMasters(ctx, r.rdb))
 	killedAt := time.Now()
 	a.kill()
 	r.tgt = b // the run goes on with the adopter
@@ -211,7 +211,7 @@ func (r *runner) adoptPhase(ctx context.Context) {
 				ar.RatePerSec = math.Round(float64(ar.ParkedAtK) / span)
 			}
 			ar.Complete = true
-			if srv1 := readServerStats(ctx, r.rdb); srv0.ok && srv1.ok {
+			if srv1 := sumServers(readMasters(ctx, r.rdb)); srv0.ok && srv1.ok {
 				_, total := callsDelta(srv0, srv1)
 				ar.RedisPerSec = math.Round(float64(total) / all.Sub(killedAt).Seconds())
 			}

@@ -289,8 +289,8 @@ type ForwardingCost struct {
 	BusyPerJob      float64 `json:"busy_per_job"`
 }
 
-// nodeCosts fills the forwarding cost and, with several nodes, each node's
-// figures from the two snapshots' node counters.
+// nodeCosts fills the forwarding cost, each node's figures (one node
+// included) from the two snapshots' node counters, and the node ceilings.
 func (r *runner) nodeCosts(before, after snapshot) {
 	res, n := r.res, float64(r.cfg.Jobs)
 	if before.node.Node == nil || after.node.Node == nil {
@@ -302,11 +302,20 @@ func (r *runner) nodeCosts(before, after snapshot) {
 	res.Forwarding = &ForwardingCost{Taken: int64(d.ForwardTaken), Returned: int64(d.ForwardReturned),
 		PerJob:          round3((d.ForwardTaken + d.ForwardReturned) / n),
 		BusyActivations: int64(d.Busy), BusyPerJob: round3(d.Busy / n)}
-	if len(after.node.Parts) < 2 || len(before.node.Parts) != len(after.node.Parts) {
+	aParts, bParts := after.node.Parts, before.node.Parts
+	if len(aParts) == 0 && r.cfg.Node != NodeExternal && !r.cfg.Adopt {
+		// One node: its figures are the run's; its pid is the target's (an
+		// adoption replaces the node mid-run: no one node's figures).
+		one, prev := after.node, before.node
+		one.PID = r.tgt.pid()
+		aParts, bParts = []Snap{one}, []Snap{prev}
+	}
+	if len(aParts) == 0 || len(bParts) != len(aParts) {
 		return
 	}
-	for i, a := range after.node.Parts {
-		b := before.node.Parts[i]
+	defer r.nodeCeilings()
+	for i, a := range aParts {
+		b := bParts[i]
 		f := NodeFigures{NodeID: a.NodeID,
 			RedisCommandsPerJob: round3(float64(a.Redis.Commands-b.Redis.Commands) / n),
 			NATSPerJob:          round3(float64(a.NATSIn-b.NATSIn+a.NATSOut-b.NATSOut) / n)}
@@ -324,9 +333,9 @@ func (r *runner) nodeCosts(before, after snapshot) {
 		}
 		res.PerNode = append(res.PerNode, f)
 	}
-	if !r.cfg.nodesShareProcess() {
+	if !r.cfg.nodesShareProcess() && len(aParts) > 1 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d nodes: node CPU is their sum; peak RSS is the sum of each node's "+
-			"own peak (the peaks need not coincide)", len(after.node.Parts)))
+			"own peak (the peaks need not coincide)", len(aParts)))
 	}
 }
 

@@ -52,7 +52,13 @@ func FormatReport(w io.Writer, res *Result) {
 	p := res.Params
 	fmt.Fprintf(w, "troupe-bench: %s, node %s", res.Target, res.NodeMode)
 	if p.Nodes > 1 {
-		fmt.Fprintf(w, " ×%d (replicas on one Redis and NATS)", p.Nodes)
+		fmt.Fprintf(w, " ×%d (replicas sharing the run's Redis and NATS)", p.Nodes)
+	}
+	if p.RedisMasters > 1 {
+		fmt.Fprintf(w, ", Redis Cluster of %d masters", p.RedisMasters)
+	}
+	if p.WorkerMode == WorkerCAP {
+		fmt.Fprintf(w, ", stock CAP workers (pool subject)")
 	}
 	if res.Node.PID > 0 {
 		fmt.Fprintf(w, " (pid %d)", res.Node.PID)
@@ -87,7 +93,7 @@ func FormatReport(w io.Writer, res *Result) {
 	} else {
 		fmt.Fprintf(w, "  node          CPU and RSS not measured [%s]\n", n.Scope)
 	}
-	if p.Nodes > 1 {
+	if p.Nodes > 1 || len(res.PerNode) > 0 {
 		formatNodes(w, res)
 	}
 	rd := res.Redis
@@ -99,6 +105,17 @@ func FormatReport(w io.Writer, res *Result) {
 		fmt.Fprintf(w, "server ran %.2f commands/job (%s); redis CPU %.4f s/1k", rd.ServerCommandsPerJob, byNameText(rd.ServerByName), rd.ServerCPUSecPer1k)
 	}
 	fmt.Fprintln(w)
+	for _, m := range rd.Masters {
+		fmt.Fprintf(w, "  redis master  %s: %.3f CPU-s = %.4f s/1k jobs, %d commands = %.2f per job",
+			m.Addr, m.CPUSec, m.CPUSecPer1k, m.Commands, m.CommandsPerJob)
+		if m.CeilingJobsPerSec > 0 {
+			fmt.Fprintf(w, "; saturated at %.0f jobs/s", m.CeilingJobsPerSec)
+		}
+		fmt.Fprintln(w)
+	}
+	if c := ceilingsText(res.Ceilings); c != "" {
+		fmt.Fprintf(w, "  ceilings      %s\n", c)
+	}
 	na := res.NATS
 	fmt.Fprintf(w, "  nats          ")
 	if na.NodeMeasured {
@@ -136,7 +153,7 @@ func FormatReport(w io.Writer, res *Result) {
 // formatNodes prints what several nodes cost each other and each node's
 // share.
 func formatNodes(w io.Writer, res *Result) {
-	if f := res.Forwarding; f != nil {
+	if f := res.Forwarding; f != nil && res.Params.Nodes > 1 {
 		fmt.Fprintf(w, "  forwarding    %d results/cancels forwarded to their job's owner = %.3f per job (%d of them handed back "+
 			"to JetStream); %d activations found the job owned by another node = %.3f per job\n",
 			f.Taken+f.Returned, f.PerJob, f.Returned, f.BusyActivations, f.BusyPerJob)
@@ -147,11 +164,13 @@ func formatNodes(w io.Writer, res *Result) {
 			fmt.Fprintf(w, " (pid %d)", n.PID)
 		}
 		if n.CPUSec > 0 || n.PeakRSSBytes > 0 {
-			fmt.Fprintf(w, ": %.4f CPU-s per 1k jobs of the run, peak RSS %.1f MiB", n.CPUSecPer1k, float64(n.PeakRSSBytes)/(1<<20))
+			fmt.Fprintf(w, ": %.3f CPU-s = %.4f per 1k jobs of the run, peak RSS %.1f MiB", n.CPUSec, n.CPUSecPer1k,
+				float64(n.PeakRSSBytes)/(1<<20))
 		}
-		fmt.Fprintf(w, "; created %d, dispatched %d, completed %d jobs; forwarded %d, %d busy activations; "+
+		fmt.Fprintf(w, "; created %d (%.1f%%), dispatched %d, completed %d jobs; forwarded %d, %d busy activations; "+
 			"redis %.2f commands, nats %.2f messages per job of the run\n",
-			n.Created, n.Dispatched, n.Completed, n.Forwarded, n.Busy, n.RedisCommandsPerJob, n.NATSPerJob)
+			n.Created, share(n.Created, res.Params.Jobs), n.Dispatched, n.Completed, n.Forwarded, n.Busy,
+			n.RedisCommandsPerJob, n.NATSPerJob)
 	}
 }
 
@@ -245,6 +264,12 @@ func Row(res *Result, note string) string {
 		params += fmt.Sprintf(", delay %.0f ms", p.DelayMs)
 	}
 	params += ", max-par " + maxParText(p.MaxParallel)
+	if p.RedisMasters > 1 {
+		params += fmt.Sprintf(", Redis Cluster ×%d", p.RedisMasters)
+	}
+	if p.WorkerMode == WorkerCAP {
+		params += ", stock CAP workers"
+	}
 	cpu, rss := "–", "–"
 	if res.Node.Measured {
 		cpu = fmt.Sprintf("%.4f", res.Node.CPUSecPer1k)
@@ -325,4 +350,12 @@ func AppendRows(path string, rows ...string) error {
 	}
 	s = s[:i] + add.String() + s[i:]
 	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// share is part of whole in percent (0 when whole is 0).
+func share(part int64, whole int) float64 {
+	if whole <= 0 {
+		return 0
+	}
+	return float64(part) / float64(whole) * 100
 }

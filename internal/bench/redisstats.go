@@ -3,11 +3,14 @@ package bench
 import (
 	"context"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/internal/connect"
 )
 
 // redisCounter is a go-redis hook that counts what a client sends: every
@@ -75,17 +78,74 @@ func (a RedisCounts) sub(b RedisCounts) RedisCounts {
 	return out
 }
 
-// newCountedClient dials url with a redisCounter attached. The pool is sized
-// for the store writer's concurrent pipelines plus the renewer and readers.
-func newCountedClient(url string) (*redis.Client, *redisCounter, error) {
-	opt, err := redis.ParseURL(url)
+// newCountedClient builds a client for urls with a redisCounter attached:
+// one address (redis://… or host:port) is one server, several separated by
+// commas are the seeds of a Redis Cluster (as `troupe node --redis` takes
+// them, internal/connect). The pool is go-redis's default, sized for the
+// store writer's concurrent pipelines plus the renewer and readers. On a
+// cluster the hook counts at the cluster client: a pipeline that spans
+// masters counts as one round trip though it is one per master.
+func newCountedClient(urls string) (redis.UniversalClient, *redisCounter, error) {
+	rdb, err := connect.NewRedis(urls, connect.Redis{})
 	if err != nil {
 		return nil, nil, err
 	}
-	rdb := redis.NewClient(opt)
 	c := newRedisCounter()
 	rdb.AddHook(c)
 	return rdb, c, nil
+}
+
+// masterStats is INFO of one Redis server: a cluster's master, or the one
+// server.
+type masterStats struct {
+	addr string
+	serverStats
+}
+
+// readMasters reads INFO from every master of a cluster client (sorted by
+// address), or from the one server of a plain client.
+func readMasters(ctx context.Context, rdb redis.UniversalClient) []masterStats {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		addr := ""
+		if c, ok := rdb.(*redis.Client); ok {
+			addr = c.Options().Addr
+		}
+		return []masterStats{{addr: addr, serverStats: readServerStats(ctx, rdb)}}
+	}
+	var (
+		mu  sync.Mutex
+		out []masterStats
+	)
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		st := readServerStats(ctx, c)
+		mu.Lock()
+		out = append(out, masterStats{addr: c.Options().Addr, serverStats: st})
+		mu.Unlock()
+		return nil
+	})
+	if err != nil || len(out) == 0 {
+		return []masterStats{{serverStats: serverStats{calls: map[string]int64{}}}}
+	}
+	slices.SortFunc(out, func(a, b masterStats) int { return strings.Compare(a.addr, b.addr) })
+	return out
+}
+
+// sumServers adds the masters' readings into one: ok only when every master
+// was read.
+func sumServers(ms []masterStats) serverStats {
+	sum := serverStats{ok: len(ms) > 0, calls: map[string]int64{}}
+	for _, m := range ms {
+		sum.ok = sum.ok && m.ok
+		sum.cpuSec += m.cpuSec
+		for k, v := range m.calls {
+			sum.calls[k] += v
+		}
+		if sum.version == "" {
+			sum.version = m.version
+		}
+	}
+	return sum
 }
 
 // serverStats is what INFO tells about the whole Redis server. Another client

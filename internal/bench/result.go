@@ -69,8 +69,12 @@ type Result struct {
 	// and activations that found the job owned elsewhere (0 with one node).
 	// Absent when the node's counters are not read (floor, external).
 	Forwarding *ForwardingCost `json:"forwarding,omitempty"`
-	// PerNode is each node's figures when several ran (Params.Nodes > 1).
+	// PerNode is each node's figures (Troupe target, nodes the bench
+	// started): one entry per node, one node included.
 	PerNode []NodeFigures `json:"per_node,omitempty"`
+	// Ceilings are the jobs/s at which one Redis master, or one node per
+	// core, would be saturated at this run's costs.
+	Ceilings Ceilings `json:"ceilings"`
 
 	Files Files `json:"files,omitempty"`
 }
@@ -89,6 +93,12 @@ type Params struct {
 	MaxParallel int32 `json:"max_parallel"`
 	// Nodes is how many Troupe nodes ran the jobs (the floor: 1).
 	Nodes int `json:"nodes,omitempty"`
+	// RedisMasters is how many Redis servers held the data: a cluster's
+	// masters, or 1.
+	RedisMasters int `json:"redis_masters,omitempty"`
+	// WorkerMode is how the simulated workers take jobs (WorkerDirect,
+	// WorkerCAP).
+	WorkerMode WorkerMode `json:"worker_mode,omitempty"`
 }
 
 // Env describes where the run happened.
@@ -167,8 +177,48 @@ type RedisCost struct {
 	ServerMeasured       bool               `json:"server_measured"`
 	ServerCommandsPerJob float64            `json:"server_commands_per_job"`
 	ServerByName         map[string]float64 `json:"server_by_name_per_job,omitempty"`
-	// ServerCPUSecPer1k is Redis's used_cpu_user+sys over the window.
+	// ServerCPUSecPer1k is Redis's used_cpu_user+sys over the window (summed
+	// over a cluster's masters).
 	ServerCPUSecPer1k float64 `json:"server_cpu_s_per_1k_jobs"`
+	// Masters is each Redis server's share: every master of a Redis
+	// Cluster, or the one server (read from each with INFO).
+	Masters []RedisMaster `json:"masters,omitempty"`
+}
+
+// RedisMaster is one Redis server's work over the measured window: a
+// cluster's master, or the single server.
+type RedisMaster struct {
+	Addr string `json:"addr"`
+	// CPUSec is its INFO used_cpu_user + used_cpu_sys delta; CPUSecPer1k
+	// the same per 1,000 jobs of the run.
+	CPUSec      float64 `json:"cpu_s"`
+	CPUSecPer1k float64 `json:"cpu_s_per_1k_jobs"`
+	// Commands is its INFO commandstats calls delta over every command
+	// (commands Lua scripts run included; INFO itself left out; the bench's
+	// own reads included, since they cannot be told apart per master).
+	Commands       int64   `json:"commands"`
+	CommandsPerJob float64 `json:"commands_per_job"`
+	// CeilingJobsPerSec = 1 / (CPU-s per job): the jobs/s at which this
+	// master's one thread would be busy all the time (0: no CPU measured).
+	CeilingJobsPerSec float64 `json:"ceiling_jobs_per_s,omitempty"`
+}
+
+// Ceilings are the throughputs the measured costs imply: the rate at which
+// the busiest Redis master, or the busiest node on a core of its own, would
+// be saturated. They hold for the share of the work each took in this run.
+type Ceilings struct {
+	// RedisMasterJobsPerSec = 1 / (Redis CPU-s per job on the busiest
+	// master); BusiestMaster names it.
+	RedisMasterJobsPerSec float64 `json:"redis_master_jobs_per_s,omitempty"`
+	BusiestMaster         string  `json:"busiest_master,omitempty"`
+	// NodeCoreJobsPerSec = 1 / (CPU-s per job of the busiest node): the
+	// jobs/s at which it would fill one core (one node per core). Only where
+	// each node's CPU is its own (child processes).
+	NodeCoreJobsPerSec float64 `json:"node_core_jobs_per_s,omitempty"`
+	BusiestNode        string  `json:"busiest_node,omitempty"`
+	// NodesBalancedJobsPerSec = nodes / (all nodes' CPU-s per job): where
+	// the nodes would fill one core each if they shared the work evenly.
+	NodesBalancedJobsPerSec float64 `json:"nodes_balanced_jobs_per_s,omitempty"`
 }
 
 // NATSCost counts NATS messages on the client side (the system NATS has no

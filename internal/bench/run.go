@@ -92,7 +92,7 @@ type runner struct {
 	pfx  Prefixes
 	subj bus.Subjects
 
-	rdb   *redis.Client // the bench's own reads (counted, and subtracted)
+	rdb   redis.UniversalClient // the bench's own reads (counted, and subtracted); a cluster client with several addresses
 	rc    *redisCounter
 	st    *store.Store
 	wconn *nats.Conn // the simulated workers
@@ -122,12 +122,14 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	if r.sconn, err = nats.Connect(cfg.NATSURL, nats.Name("troupe-bench-submit")); err != nil {
 		return nil, fmt.Errorf("bench: connect nats %s: %w", logx.RedactURL(cfg.NATSURL), err)
 	}
-	srv0 := readServerStats(ctx, r.rdb)
+	ms0 := readMasters(ctx, r.rdb)
+	srv0 := sumServers(ms0)
 	r.res = &Result{
 		Target: cfg.Target, NodeMode: cfg.Node, RunID: cfg.RunID, Started: time.Now().UTC(),
 		Params: Params{Jobs: cfg.Jobs, Workers: cfg.Workers, Rate: cfg.Rate, DelayMs: durMs(cfg.Delay),
 			Warmup: cfg.Warmup, Topic: cfg.Topic, Window: cfg.SubmitWindow, Heartbeat: cfg.Heartbeat.String(),
-			MaxParallel: cfg.announcedMaxParallel(), Nodes: cfg.Nodes},
+			MaxParallel: cfg.announcedMaxParallel(), Nodes: cfg.Nodes,
+			RedisMasters: len(ms0), WorkerMode: cfg.WorkerMode},
 		Env: Env{Machine: describeMachine(), RedisVersion: orUnknown(srv0.version),
 			NATSVersion: orUnknown(r.wconn.ConnectedServerVersion()), Git: gitDescribe(), LoadStart: loadAverage()},
 	}
@@ -136,7 +138,7 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	}
 	r.tr = newTracker(cfg.RunID+"-", cfg.RunID+"w-", cfg.Jobs)
 	if r.fl, err = startFleet(r.wconn, r.subj, cfg.Workers, cfg.Pool, cfg.Topic, cfg.Delay, cfg.Heartbeat,
-		cfg.announcedMaxParallel(), r.tr); err != nil {
+		cfg.announcedMaxParallel(), cfg.WorkerMode, r.tr); err != nil {
 		return nil, err
 	}
 	r.fl.hold.Store(cfg.Hold) // measured jobs only: the warm-up is answered
@@ -166,7 +168,7 @@ func (r *runner) startTarget(ctx context.Context) error {
 		KeyPrefix: r.pfx.Key, SubjectPrefix: r.pfx.Subject, StreamPrefix: r.pfx.Stream,
 		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: nodeIDs(cfg.RunID, 1)[0], WorkerIDs: workerIDs(cfg.Workers),
 		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit,
-		CapacityGrace: cfg.CapacityGrace}
+		CapacityGrace: cfg.CapacityGrace, PoolDispatch: cfg.WorkerMode == WorkerCAP}
 	if cfg.Hold {
 		// Held jobs stay DISPATCHED far longer than the default 300 s.
 		spec.DispatchTimeout = holdDispatchTimeout
@@ -253,6 +255,7 @@ type snapshot struct {
 	node     Snap
 	has      snapHas
 	server   serverStats
+	masters  []masterStats // per master (one entry for a single server); server is their sum
 	harness  RedisCounts
 	wIn      uint64
 	wOut     uint64
@@ -269,7 +272,8 @@ func (r *runner) snapshot(ctx context.Context, natsPID int) snapshot {
 	var s snapshot
 	s.harness = r.rc.snapshot()
 	s.node, s.has, s.nodeErrs = r.tgt.snap(ctx)
-	s.server = readServerStats(ctx, r.rdb)
+	s.masters = readMasters(ctx, r.rdb)
+	s.server = sumServers(s.masters)
 	ws, ss := r.wconn.Stats(), r.sconn.Stats()
 	s.wIn, s.wOut, s.sIn, s.sOut = ws.InMsgs, ws.OutMsgs, ss.InMsgs, ss.OutMsgs
 	s.selfCPU = selfCPU()
@@ -606,6 +610,7 @@ func (r *runner) costs(before, after snapshot) {
 					"figures include its work", extra))
 			}
 		}
+		r.redisMasters(before, after)
 	} else {
 		res.Notes = append(res.Notes, "Redis INFO commandstats unavailable (embedded store?): server-side command counts not measured")
 	}
@@ -687,25 +692,43 @@ func (r *runner) cleanup(ctx context.Context) error {
 			}
 		}
 	}
-	iter := r.rdb.Scan(ctx, 0, r.pfx.Key+"*", 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-		if len(keys) == 1000 {
-			if err := r.rdb.Del(ctx, keys...).Err(); err != nil {
-				errs = append(errs, err)
-				break
-			}
-			keys = keys[:0]
-		}
-	}
-	if err := iter.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	if len(keys) > 0 {
-		errs = append(errs, r.rdb.Del(ctx, keys...).Err())
-	}
+	errs = append(errs, r.deleteMatching(ctx, r.pfx.Key+"*"))
 	return errors.Join(errs...)
+}
+
+// deleteMatching deletes every key matching pattern: scanned on each master
+// of a cluster (a SCAN sees one server's keys), deleted one key per command
+// in pipelines (a cluster refuses a DEL whose keys span slots).
+func (r *runner) deleteMatching(ctx context.Context, pattern string) error {
+	scanOne := func(ctx context.Context, c redis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		var keys []string
+		flush := func() error {
+			if len(keys) == 0 {
+				return nil
+			}
+			pipe := r.rdb.Pipeline()
+			for _, k := range keys {
+				pipe.Del(ctx, k)
+			}
+			_, err := pipe.Exec(ctx)
+			keys = keys[:0]
+			return err
+		}
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+			if len(keys) == 1000 {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		return errors.Join(iter.Err(), flush())
+	}
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scanOne(ctx, c) })
+	}
+	return scanOne(ctx, r.rdb)
 }
 
 // deleteJobs removes this run's jobs (records, histories, locks, index

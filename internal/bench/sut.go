@@ -31,7 +31,10 @@ type sutSpec struct {
 	Pool          string   `json:"pool"`
 	NodeID        string   `json:"node_id"`
 	WorkerIDs     []string `json:"worker_ids,omitempty"` // the floor's dispatch targets
-	LogLevel      string   `json:"log_level,omitempty"`
+	// PoolDispatch: the floor publishes every request on the topic's pool
+	// subject (stock CAP workers, WorkerCAP) rather than to each worker.
+	PoolDispatch bool   `json:"pool_dispatch,omitempty"`
+	LogLevel     string `json:"log_level,omitempty"`
 	// ParkAfter and LockTTL go to the node's Config (0: its defaults);
 	// DispatchTimeout, when set, replaces the node's dispatch timeout (a
 	// hold run keeps jobs DISPATCHED for longer than the default 300 s).
@@ -49,7 +52,7 @@ type sutSpec struct {
 // so the node runs exactly as embedded, with counting clients.
 type sut struct {
 	spec sutSpec
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	rc   *redisCounter
 	nc   *nats.Conn
 	node *troupe.Node

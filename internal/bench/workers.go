@@ -16,9 +16,13 @@ import (
 
 // fleet is W simulated CAP workers sharing one NATS connection. Each is what a
 // CAP SDK worker looks like on the wire — heartbeats on sys.heartbeat, a queue
-// subscription on its pool subject (queue group = subject), a subscription on
-// worker.<id>.jobs, a JobResult published with a core publish — but does no
-// work: it answers SUCCEEDED at once, or after delay. The shared connection
+// subscription on its pool subject (queue group = subject), a JobResult
+// published with a core publish on the standard result subject — but does
+// no work: it answers SUCCEEDED at once, or after delay. In WorkerDirect mode
+// (the default) each also subscribes to worker.<id>.jobs and says so in its
+// heartbeat (troupe.dispatch=direct), as Troupe's own worker does; in
+// WorkerCAP mode it is a stock CAP SDK worker: pool subject only, no label,
+// no progress. The shared connection
 // keeps the harness's own cost per job small, since it shares the CPU with the
 // node under test.
 //
@@ -37,6 +41,7 @@ type fleet struct {
 	topic   string
 	delay   time.Duration
 	maxPar  int32 // announced max_parallel_jobs; 0: no stated limit
+	stock   bool  // stock CAP workers: pool subject only, no dispatch label
 	tracker *tracker
 
 	// Shared and safe.
@@ -79,8 +84,9 @@ func workerIDs(n int) []string {
 // startFleet starts n simulated workers announcing maxPar (0: no limit) and
 // sends their first heartbeat.
 func startFleet(nc *nats.Conn, subj bus.Subjects, n int, pool, topic string, delay, heartbeat time.Duration,
-	maxPar int32, tr *tracker) (*fleet, error) {
+	maxPar int32, mode WorkerMode, tr *tracker) (*fleet, error) {
 	f := &fleet{nc: nc, subj: subj, ids: workerIDs(n), pool: pool, topic: topic, delay: delay, maxPar: maxPar,
+		stock:   mode == WorkerCAP,
 		tracker: tr, active: make([]atomic.Int32, n), peak: make([]atomic.Int32, n), perWkr: make([]atomic.Int64, n),
 		stop: make(chan struct{})}
 	poolSubj := subj.Pool(topic)
@@ -91,20 +97,24 @@ func startFleet(nc *nats.Conn, subj bus.Subjects, n int, pool, topic string, del
 			f.close()
 			return nil, fmt.Errorf("bench: worker %s: subscribe %s: %w", f.ids[w], poolSubj, err)
 		}
-		ds, err := nc.Subscribe(subj.Worker(f.ids[w]), handler)
-		if err != nil {
-			_ = qs.Unsubscribe()
-			f.close()
-			return nil, fmt.Errorf("bench: worker %s: subscribe direct: %w", f.ids[w], err)
+		subs := []*nats.Subscription{qs}
+		if !f.stock {
+			ds, err := nc.Subscribe(subj.Worker(f.ids[w]), handler)
+			if err != nil {
+				_ = qs.Unsubscribe()
+				f.close()
+				return nil, fmt.Errorf("bench: worker %s: subscribe direct: %w", f.ids[w], err)
+			}
+			subs = append(subs, ds)
 		}
 		// A burst at full speed can put tens of thousands of requests on one
 		// worker before it answers; the default pending limit (512k
 		// messages) is ample, but bytes are capped at 64 MiB — lift both so
 		// the harness never drops a request as a slow consumer.
-		for _, s := range []*nats.Subscription{qs, ds} {
+		for _, s := range subs {
 			_ = s.SetPendingLimits(-1, -1)
 		}
-		f.subs = append(f.subs, qs, ds)
+		f.subs = append(f.subs, subs...)
 	}
 	if err := nc.Flush(); err != nil {
 		f.close()
@@ -119,11 +129,14 @@ func startFleet(nc *nats.Conn, subj bus.Subjects, n int, pool, topic string, del
 // beat publishes one heartbeat per worker: its stated max_parallel_jobs
 // (as an SDK worker states its own, 64 by default) and the jobs it holds now.
 func (f *fleet) beat() {
+	labels := map[string]string{registry.LabelDispatch: registry.DispatchDirect}
+	if f.stock {
+		labels = nil // a stock CAP worker states no dispatch mode: the node publishes on the pool subject
+	}
 	for w, id := range f.ids {
 		data, err := bus.EncodeHeartbeat(id, &capv1.Heartbeat{
 			WorkerId: id, Pool: f.pool, Type: "troupe-bench", ActiveJobs: f.active[w].Load(),
-			MaxParallelJobs: f.maxPar, Capabilities: []string{f.topic},
-			Labels: map[string]string{registry.LabelDispatch: registry.DispatchDirect},
+			MaxParallelJobs: f.maxPar, Capabilities: []string{f.topic}, Labels: labels,
 		})
 		if err == nil {
 			_ = f.nc.Publish(f.subj.Heartbeat, data)
