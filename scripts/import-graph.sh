@@ -5,8 +5,21 @@
 # relative to the module root; "." is the root package `troupe`.
 # ARCHITECTURE.md, "Packages and their imports", holds this output and
 # TestArchitectureShowsTheImportGraph fails when the two differ.
+# With --update it rewrites that block of ARCHITECTURE.md instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --update ]; then
+  graph=$("$0")
+  GRAPH="$graph" python3 - <<'PY'
+import os, re
+p = "ARCHITECTURE.md"
+s = open(p).read()
+b, e = "<!-- import-graph:begin -->\n```\n", "```\n<!-- import-graph:end -->"
+i, j = s.index(b), s.index(e)
+open(p, "w").write(s[:i + len(b)] + os.environ["GRAPH"] + "\n" + s[j:])
+PY
+  exit 0
+fi
 mod=$(go list -m)
 go list -f '{{.ImportPath}}|{{join .Imports " "}}' ./... |
   while IFS='|' read -r pkg imports; do
