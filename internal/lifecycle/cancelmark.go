@@ -18,7 +18,7 @@ func (j *Job) createdCancelled(r *store.Result) {
 	j.State, j.Fence = jobstate.StateCancelled, r.Fence
 	j.LastReason = jobstate.ReasonCancelRequested
 	if j.cfg.Trace {
-		j.emit(Moved{Created: true, Path: []store.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}}})
+		j.emit(Moved{Created: true, Path: []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}}})
 	}
 	if j.Worker != "" {
 		// A record Redis lost, written back (recreate): the job is with its

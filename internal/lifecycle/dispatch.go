@@ -7,7 +7,6 @@ import (
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/store"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Dispatch: asking the router for a worker, waiting for capacity, the
@@ -54,14 +53,14 @@ func (j *Job) onPick(p *router.PickReply) {
 	// The tenant has a concurrency limit: take a slot (shared by every
 	// replica) before dispatching, or wait like any transient failure.
 	j.write(&pending{kind: wAdmit, pick: p, op: &store.Op{Kind: store.OpAdmit, JobID: j.ID,
-		TenantKey: j.cfg.TenantKey(safety.TenantOf(j.Req)), Limit: limit}})
+		TenantKey: j.cfg.TenantKey(jobstate.TenantOf(j.Req)), Limit: limit}})
 }
 
 func (j *Job) admittedTo(p *pending, r *store.Result) {
 	if !r.Admitted {
 		j.dropPick()
 		j.placementFailed(&router.PickReply{Reason: jobstate.ReasonTenantLimit,
-			Detail: "tenant " + safety.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
+			Detail: "tenant " + jobstate.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
 		return
 	}
 	j.admitted = true
@@ -73,7 +72,7 @@ func (j *Job) admittedTo(p *pending, r *store.Result) {
 func (j *Job) tenantLimit() int {
 	limit := 0
 	if j.cfg.TenantLimit != nil {
-		limit = j.cfg.TenantLimit(safety.TenantOf(j.Req))
+		limit = j.cfg.TenantLimit(jobstate.TenantOf(j.Req))
 	}
 	if j.policyLimit > 0 && (limit == 0 || j.policyLimit < limit) {
 		limit = j.policyLimit
@@ -84,11 +83,11 @@ func (j *Job) tenantLimit() int {
 // dispatchTo records the job as dispatched to the picked worker; the
 // request is published once that is durable (dispatched).
 func (j *Job) dispatchTo(p *router.PickReply) {
-	path := make([]store.Hop, 0, 2)
+	path := make([]jobstate.Hop, 0, 2)
 	if j.State == jobstate.StatePending {
-		path = append(path, store.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
+		path = append(path, jobstate.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
 	}
-	path = append(path, store.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
+	path = append(path, jobstate.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
 	j.attempts++
 	dl := j.deadlineFor(jobstate.StateDispatched)
 	if p.StartsOnDelivery {
@@ -108,7 +107,7 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 	if p.Pool != "" {
 		fields = append(fields, "pool", p.Pool)
 	}
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
 		Due: dl.at.UnixMilli(), Fields: fields},
 		nil, &pending{then: nDispatched, pick: p, dl: dl})
 }
@@ -141,8 +140,8 @@ func (j *Job) onPublishFailed(m *PublishFailed) {
 	}
 	j.log(warn, "dispatch publish failed", "subject", j.Subject, "err", m.Err)
 	j.disarm()
-	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonDispatchFailed}}, Due: -1}, nil,
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonDispatchFailed}}, Due: -1}, nil,
 		&pending{then: nRetryLater})
 }
 
@@ -467,8 +466,8 @@ func (j *Job) endHold(now time.Time) {
 func (j *Job) writeWait(at time.Time) {
 	j.leaveGrace()
 	j.count(MCapacityWaits, string(j.capReason))
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(j.capReason)}},
 		nil, &pending{then: nArm, at: at})
 }
@@ -534,8 +533,8 @@ func (j *Job) placementFailed(p *router.PickReply) {
 	// Record the attempt, its reason and when the job wakes (PENDING →
 	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
 	at := j.now().Add(j.cfg.Backoff(j.attempts))
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
 		nil, &pending{then: nArm, at: at})
 }
@@ -562,8 +561,8 @@ func (j *Job) markRunning(from string) {
 		j.spoke = true
 		fields = append(fields, "worker", from, "runner", from)
 	}
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path: []jobstate.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),
 		Fields: fields}, nil, &pending{then: nRunning, dl: dl})
 }
 
@@ -586,8 +585,8 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 		lost = j.lostWorkers + "," + m.WorkerID
 	}
 	j.lostWorkers = lost
-	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonWorkerLost}}, Due: -1,
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonWorkerLost}}, Due: -1,
 		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
 }
 
@@ -617,8 +616,8 @@ func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 		j.count(MRunnerUnknown, "")
 		j.log(warn, "worker picked for a started job lost; its runner is unknown and may be lost too, so its deadline decides",
 			"worker_id", worker, "deadline", j.deadline)
-		j.transition(&store.Transition{Expect: store.Expect(j.State),
-			Path:   []store.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLostRunnerUnknown}},
+		j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+			Path:   []jobstate.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLostRunnerUnknown}},
 			Fields: []string{"lost_worker", worker, "lost_detail", runnerUnknownDetail}}, nil, &pending{then: nWatch})
 		return
 	}
@@ -636,8 +635,8 @@ func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 	}
 	j.log(warn, "worker of a started job lost; failing it unless the worker answers", "worker_id", worker,
 		"grace", grace)
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path: []store.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLost}}, Due: at.UnixMilli(),
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path: []jobstate.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLost}}, Due: at.UnixMilli(),
 		Fields: []string{"lost_worker", worker, "deadline", strconv.FormatInt(at.UnixMilli(), 10),
 			"deadline_kind", string(jobstate.ReasonWorkerLost)}},
 		nil, &pending{then: nDeadline, dl: deadline{at, jobstate.ReasonWorkerLost}})

@@ -52,7 +52,7 @@ type WaitPolicy struct{ On bool }
 type AskOutput struct {
 	Epoch   uint64
 	Res     *Result
-	Path    []store.Hop
+	Path    []jobstate.Hop
 	Applied []Effect // handed back in OutputDone
 }
 
@@ -93,7 +93,7 @@ type Refusal struct {
 }
 
 // PublishDLQ announces a DLQ entry on sys.job.dlq.
-type PublishDLQ struct{ Entry *store.DLQEntry }
+type PublishDLQ struct{ Entry *jobstate.DLQEntry }
 
 // Arm sets the job's one timer to fire Timer{Epoch} at At, replacing any
 // other; Disarm cancels it.
@@ -140,7 +140,7 @@ type Terminal struct{}
 // node's OpenTelemetry spans follow it), before the effects the write owed.
 type Moved struct {
 	From    jobstate.State
-	Path    []store.Hop
+	Path    []jobstate.Hop
 	Created bool
 	// WaitedAt: the job waited for room, with no record, from then; the
 	// SCHEDULED hop created with it began there (zero: no such wait).

@@ -135,7 +135,7 @@ type OutputDone struct {
 	Epoch   uint64
 	Outcome safety.OutputOutcome
 	Res     *Result
-	Path    []store.Hop
+	Path    []jobstate.Hop
 	// Applied: effects owed once the outcome is written (AskOutput's).
 	Applied []Effect
 }

@@ -856,7 +856,7 @@ func (j *Job) lostWorker(worker string) bool {
 // subject (so the worker running it is known).
 func (j *Job) direct() bool { return j.cfg.Direct != nil && j.cfg.Direct(j.Subject, j.Worker) }
 
-// opID names a write (store.Transition.Op).
+// opID names a write (jobstate.Transition.Op).
 func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID(), 36) }
 
 // topic is the job's topic, for logs and metrics.

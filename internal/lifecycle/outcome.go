@@ -7,7 +7,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/saga"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -61,10 +60,10 @@ func (j *Job) onResult(m *Result) {
 		j.markRunning(res.WorkerId)
 		return
 	}
-	path := make([]store.Hop, 0, 2)
+	path := make([]jobstate.Hop, 0, 2)
 	if j.State == jobstate.StateDispatched && to == jobstate.StateSucceeded {
 		// The worker ran it: record RUNNING even if no progress was sent.
-		path = append(path, store.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
+		path = append(path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
 	}
 	j.acks = append(j.acks, m.Delivery)
 	fields := resultFields(res, res.ResultPtr)
@@ -89,8 +88,8 @@ func (j *Job) onResult(m *Result) {
 		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path, Applied: fx})
 		return
 	}
-	path = append(path, store.Hop{To: to, Reason: reason})
-	t := &store.Transition{Expect: store.Expect(j.State), Path: path, Fields: fields}
+	path = append(path, jobstate.Hop{To: to, Reason: reason})
+	t := &jobstate.Transition{Expect: jobstate.Expect(j.State), Path: path, Fields: fields}
 	j.sagaRecord(t, to, reason)
 	if j.cfg.Debug {
 		fx = append(fx, j.logFx(debug, "job finished", "topic", j.topic(), "state", to))
@@ -112,7 +111,7 @@ func resultFields(res *capv1.JobResult, ptr string) []string {
 // fatally triggers the workflow's rollback. The keys expire
 // Config.SagaRetention after the write (see saga.RecordStep), not with the
 // step's record.
-func (j *Job) sagaRecord(t *store.Transition, to jobstate.State, reason jobstate.Reason) {
+func (j *Job) sagaRecord(t *jobstate.Transition, to jobstate.State, reason jobstate.Reason) {
 	wf := j.Req.GetWorkflowId()
 	if wf == "" || j.Req.GetLabels()[saga.LabelIsCompensation] == "true" {
 		// A compensation is not a step of its workflow: it records nothing
@@ -142,11 +141,11 @@ func (j *Job) sagaRecord(t *store.Transition, to jobstate.State, reason jobstate
 func (j *Job) onOutput(m *OutputDone) {
 	o := m.Outcome
 	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields()...)
-	expect := store.Expect(j.State)
+	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")
-		path := append(m.Path, store.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
-		j.transition(&store.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
+		path := append(m.Path, jobstate.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
+		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
 			Count{M: MQuarantined, Label: safety.PhaseMeta},
 			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", safety.PhaseMeta,
 				"rule_id", o.RuleID, "reason", o.Reason),
@@ -159,8 +158,8 @@ func (j *Job) onOutput(m *OutputDone) {
 	if o.Redacted {
 		reason = jobstate.ReasonOutputRedacted
 	}
-	path := append(m.Path, store.Hop{To: jobstate.StateSucceeded, Reason: reason})
-	t := &store.Transition{Expect: expect, Path: path, Fields: fields}
+	path := append(m.Path, jobstate.Hop{To: jobstate.StateSucceeded, Reason: reason})
+	t := &jobstate.Transition{Expect: expect, Path: path, Fields: fields}
 	j.sagaRecord(t, jobstate.StateSucceeded, reason)
 	p := &pending{applied: m.Applied}
 	if !o.ContentChecked {
@@ -178,8 +177,8 @@ func (j *Job) cancelUnwritten(m *Cancel) {
 	j.withdraw()
 	j.leaveGrace()
 	j.acks = append(j.acks, m.Delivery)
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason},
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason},
 			{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
 		&pending{applied: []Effect{
@@ -192,7 +191,7 @@ func (j *Job) cancelUnwritten(m *Cancel) {
 // themselves, so a cancel from the bus has already reached the worker; the
 // node publishes one only for the cancels it decides itself (timeouts).
 func (j *Job) onCancel(m *Cancel) {
-	if by := m.By; by != nil && !j.State.Terminal() && !by.ForTenant(safety.TenantOf(j.Req)) {
+	if by := m.By; by != nil && !j.State.Terminal() && !by.ForTenant(jobstate.TenantOf(j.Req)) {
 		// A client key cancels its tenants' jobs only (intake let it
 		// through: the tenant is the job's, known here).
 		j.refuse(jobstate.ReasonOutOfScope, "cancel from a client key outside the job's tenant", m.Refuse, m.Delivery)
@@ -207,8 +206,8 @@ func (j *Job) onCancel(m *Cancel) {
 	j.stopWaitingPolicy()
 	j.withdraw()
 	j.acks = append(j.acks, m.Delivery)
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path:   []store.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path:   []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
 		&pending{applied: []Effect{
 			j.logFx(info, "job cancelled", "topic", j.topic(), "by", m.C.GetRequestedBy()),
@@ -226,8 +225,8 @@ func (j *Job) timeout() {
 		// Its worker was evicted and never answered within the grace.
 		detail := "worker " + j.Worker + " was lost while running the job and did not come back"
 		entry := j.dlqEntry(jobstate.ReasonWorkerLost, detail, "")
-		j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched, jobstate.StateRunning),
-			Path:   []store.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonWorkerLost}},
+		j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
+			Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonWorkerLost}},
 			Fields: []string{"error_code", string(why), "error_message", detail}}, entry,
 			&pending{applied: []Effect{
 				j.logFx(warn, "job failed: its worker was lost", "topic", j.topic(), "worker_id", j.Worker),
@@ -236,8 +235,8 @@ func (j *Job) timeout() {
 			}})
 		return
 	}
-	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched, jobstate.StateRunning),
-		Path: []store.Hop{{To: jobstate.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
+		Path: []jobstate.Hop{{To: jobstate.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
 		&pending{applied: []Effect{
 			Count{M: MTimeouts, Label: string(why)},
 			j.logFx(info, "job timed out", "topic", j.topic(), "reason", why, "worker_id", j.Worker),
@@ -261,8 +260,8 @@ func (j *Job) onAbandon(m *Abandon) {
 	if active(j.State) {
 		fx = append(fx, CancelWorker{Reason: string(jobstate.ReasonActorFailed)})
 	}
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path:   []store.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonActorFailed}},
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonActorFailed}},
 		Fields: []string{"error_code", string(jobstate.ReasonActorFailed), "error_message", m.Detail}}, entry,
 		&pending{applied: fx})
 }

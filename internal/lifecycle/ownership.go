@@ -11,7 +11,6 @@ import (
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Ownership: taking the job's lock (activation), adopting a record another
@@ -29,7 +28,7 @@ func (j *Job) activate(create bool, p *pending) {
 	}
 	if create && j.Req != nil {
 		op.Topic = j.Req.Topic
-		op.Tenant = safety.TenantOf(j.Req)
+		op.Tenant = jobstate.TenantOf(j.Req)
 		op.Request, _ = proto.Marshal(j.Req)
 		if p.t != nil {
 			p.t.Op = j.opID()
@@ -43,7 +42,7 @@ func (j *Job) activate(create bool, p *pending) {
 
 // activatePlan creates the job (if it does not exist) with t applied to it
 // in the same script call; p's effects run only if it was.
-func (j *Job) activatePlan(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+func (j *Job) activatePlan(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	if p == nil {
 		p = &pending{}
 	}
@@ -78,7 +77,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		}
 		j.moved(plan)
 		if plan == nil || plan.LockKept() {
-			j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+			j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
 		}
 		if j.State.Terminal() {
 			j.ended()
@@ -104,7 +103,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			j.LastReason = plan.Path[len(plan.Path)-1].Reason
 			j.moved(plan)
 			if plan.LockKept() {
-				j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+				j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
 			}
 			j.ackAll()
 			j.then(p)
@@ -120,7 +119,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		if j.cfg.Trace {
 			j.emit(Resumed{State: j.State, Reason: j.LastReason})
 		}
-		j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+		j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
 		j.adopt(r.Fields)
 		j.dropPick() // the plan's pick, if any, is not used
 		if j.State != jobstate.StateScheduled {
@@ -179,7 +178,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 
 // moved reports, for tracing, that an activation created the job's record
 // with plan (nil: a plain create) applied.
-func (j *Job) moved(plan *store.Transition) {
+func (j *Job) moved(plan *jobstate.Transition) {
 	if !j.cfg.Trace {
 		return
 	}
@@ -228,7 +227,7 @@ func (j *Job) forwardToOwner(holder string) {
 
 // recover re-activates a job whose lock vanished under it.
 func (j *Job) recover() {
-	j.emit(Forget{LockValue: store.LockValue(j.cfg.NodeID, j.Fence)})
+	j.emit(Forget{LockValue: jobstate.LockValue(j.cfg.NodeID, j.Fence)})
 	j.lost = j.State
 	j.moveTo(Fresh)
 	j.activate(false, nil)
@@ -240,15 +239,15 @@ func (j *Job) recover() {
 func (j *Job) recreate() {
 	known := j.lost
 	j.lost = ""
-	var path []store.Hop
-	lost := func(s jobstate.State) store.Hop { return store.Hop{To: s, Reason: jobstate.ReasonStateLost} }
+	var path []jobstate.Hop
+	lost := func(s jobstate.State) jobstate.Hop { return jobstate.Hop{To: s, Reason: jobstate.ReasonStateLost} }
 	switch known {
 	case jobstate.StateScheduled:
-		path = []store.Hop{lost(jobstate.StateScheduled)}
+		path = []jobstate.Hop{lost(jobstate.StateScheduled)}
 	case jobstate.StateDispatched:
-		path = []store.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched)}
+		path = []jobstate.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched)}
 	case jobstate.StateRunning:
-		path = []store.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched), lost(jobstate.StateRunning)}
+		path = []jobstate.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched), lost(jobstate.StateRunning)}
 	}
 	j.log(warn, "job record lost from Redis; recreating it", "state", known, "reason", jobstate.ReasonStateLost)
 	j.State = jobstate.StatePending
@@ -256,7 +255,7 @@ func (j *Job) recreate() {
 		j.activate(true, nil)
 		return
 	}
-	t := &store.Transition{Path: path, Due: j.deadline.UnixMilli(),
+	t := &jobstate.Transition{Path: path, Due: j.deadline.UnixMilli(),
 		Fields: []string{"worker", j.Worker, "subj", j.Subject, "attempts", strconv.Itoa(j.attempts),
 			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
 			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend), "sod", slotFlag(j.startsOnDelivery)}}
@@ -349,7 +348,7 @@ func (j *Job) unknownJob() {
 	if j.in.DataLost() {
 		reason, msg = jobstate.ReasonStateLost, "result or cancel for a job whose record Redis lost (it lost its data)"
 	}
-	entry := &store.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
+	entry := &jobstate.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
 		Subject: j.cfg.ResultSubject}
 	fx := []Effect{PublishDLQ{Entry: entry}}
 	if reason == jobstate.ReasonStateLost {
@@ -431,8 +430,8 @@ func (j *Job) onStopping() {
 		op := &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: j.LockValue}
 		if queued && j.State == jobstate.StateScheduled {
 			op.Kind = store.OpTransition
-			op.T = &store.Transition{Expect: store.Expect(jobstate.StateScheduled),
-				Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
+			op.T = &jobstate.Transition{Expect: jobstate.Expect(jobstate.StateScheduled),
+				Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
 				Release: true, Op: j.opID()}
 		}
 		j.emit(Write{Op: op}) // epoch 0: no answer is waited for

@@ -118,7 +118,7 @@ func (c *conformance) step() bool {
 		node, _, _ := strings.Cut(lv, "|")
 		if !c.m.node(node).alive {
 			node = c.aliveNode()
-			lv = store.LockValue(node, max(c.m.recs[job].fenceOr(1), 1))
+			lv = jobstate.LockValue(node, max(c.m.recs[job].fenceOr(1), 1))
 		}
 		due := int64(0)
 		if c.rng.IntN(3) > 0 {
@@ -191,9 +191,9 @@ func (c *conformance) lockChoice(job string) string {
 	case x < 6 && cur != "":
 		return cur
 	case x < 8 && r != nil:
-		return store.LockValue(confNodes[c.rng.IntN(len(confNodes))], max(r.fence-int64(c.rng.IntN(2)), 1))
+		return jobstate.LockValue(confNodes[c.rng.IntN(len(confNodes))], max(r.fence-int64(c.rng.IntN(2)), 1))
 	default:
-		return store.LockValue(confNodes[c.rng.IntN(len(confNodes))], 1)
+		return jobstate.LockValue(confNodes[c.rng.IntN(len(confNodes))], 1)
 	}
 }
 
@@ -229,8 +229,8 @@ func (c *conformance) transitionOp(job string) *store.Op {
 
 // transition is a random transition, as the core writes them (always with
 // an op id; the plan of a created job expects nothing).
-func (c *conformance) transition(job string, plan bool) *store.Transition {
-	t := &store.Transition{Op: strconv.FormatUint(c.rng.Uint64(), 36)}
+func (c *conformance) transition(job string, plan bool) *jobstate.Transition {
+	t := &jobstate.Transition{Op: strconv.FormatUint(c.rng.Uint64(), 36)}
 	if !plan {
 		e := []jobstate.State{confStates[c.rng.IntN(len(confStates))]}
 		if c.rng.IntN(2) == 0 {
@@ -239,14 +239,14 @@ func (c *conformance) transition(job string, plan bool) *store.Transition {
 		if r := c.m.recs[job]; r != nil && c.rng.IntN(3) > 0 {
 			e = append(e, r.state) // mostly one that applies
 		}
-		t.Expect = store.Expect(e...)
+		t.Expect = jobstate.Expect(e...)
 	}
 	for range 1 + c.rng.IntN(2) {
 		to := confStates[c.rng.IntN(len(confStates))]
 		if c.rng.IntN(3) > 0 {
 			to = confStates[c.rng.IntN(5)] // mostly live states: longer sequences
 		}
-		t.Path = append(t.Path, store.Hop{To: to, Reason: jobstate.Reason("r" + strconv.Itoa(c.rng.IntN(4)))})
+		t.Path = append(t.Path, jobstate.Hop{To: to, Reason: jobstate.Reason("r" + strconv.Itoa(c.rng.IntN(4)))})
 	}
 	switch c.rng.IntN(4) {
 	case 0:
@@ -266,8 +266,8 @@ func (c *conformance) transition(job string, plan bool) *store.Transition {
 	return t
 }
 
-func (c *conformance) dlqEntry(job string) *store.DLQEntry {
-	return &store.DLQEntry{JobID: job, Topic: "job.sim", Reason: jobstate.ReasonUnknownJob, Message: "conformance"}
+func (c *conformance) dlqEntry(job string) *jobstate.DLQEntry {
+	return &jobstate.DLQEntry{JobID: job, Topic: "job.sim", Reason: jobstate.ReasonUnknownJob, Message: "conformance"}
 }
 
 func (c *conformance) tenantKey() string {

@@ -367,7 +367,7 @@ func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
 			s.path(op.JobID, r, t)
 		}
 		if t == nil || t.LockKept() {
-			r.lock, r.lockExp, r.lease = store.LockValue(n.id, 1), s.now.Add(simLockTTL), true
+			r.lock, r.lockExp, r.lease = jobstate.LockValue(n.id, 1), s.now.Add(simLockTTL), true
 		} else {
 			r.lock, r.lease = "", false
 		}
@@ -381,7 +381,7 @@ func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
 		return &store.Result{Status: store.ActivateTerminal, State: r.state, Holder: holder}
 	}
 	r.fence++
-	r.lock, r.lockExp, r.lease = store.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
+	r.lock, r.lockExp, r.lease = jobstate.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
 	f := map[string]string{"reason": r.fields["reason"], "op": r.op}
 	for k, v := range r.fields {
 		f[k] = v
@@ -390,7 +390,7 @@ func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
 }
 
 // path applies a transition's hops to a record and checks the hop rules.
-func (s *sim) path(id string, r *simRec, t *store.Transition) {
+func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 	if prev, ok := s.terminal[id]; ok {
 		s.fail("%s: terminal %s changed by %v", id, prev, t.Path)
 	}

@@ -7,7 +7,6 @@ import (
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/store"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // What a write is for, and so what its outcome means.
@@ -43,8 +42,8 @@ const (
 type pending struct {
 	kind writeKind
 	op   *store.Op
-	t    *store.Transition // wActivate (plan) and wTransition
-	dlq  *store.DLQEntry   // wActivate: the plan's DLQ entry
+	t    *jobstate.Transition // wActivate (plan) and wTransition
+	dlq  *jobstate.DLQEntry   // wActivate: the plan's DLQ entry
 	// freesSlot: the transition gives the tenant slot back.
 	freesSlot bool
 	// probe: a wActivate that creates nothing, looking for the record of
@@ -134,7 +133,7 @@ func (j *Job) then(p *pending) {
 }
 
 // apply writes t for an active job, or creates the job with t as its plan.
-func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+func (j *Job) apply(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	if len(j.decision) > 0 {
 		t.Fields = append(t.Fields, j.decision...)
 		j.decision = nil
@@ -148,21 +147,21 @@ func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 }
 
 // historyFields makes the record a job creates tell the time before it:
-// its submit's time (field store.FieldSubmitted, when the stream held it
+// its submit's time (field jobstate.FieldSubmitted, when the stream held it
 // for a second or more before this create, or the job waited) and, for a job that waited for
-// room within its grace, when the wait began (store.FieldWaited) and its
+// room within its grace, when the wait began (jobstate.FieldWaited) and its
 // reason, as the reason of the SCHEDULED hop written with the create (in
 // place of policy_allowed). store.History dates the first hop and that
 // SCHEDULED hop by them, so the wait is its own step, with its duration.
-func (j *Job) historyFields(t *store.Transition) {
+func (j *Job) historyFields(t *jobstate.Transition) {
 	now := j.now()
 	if !j.submitted.IsZero() && (now.Sub(j.submitted) >= time.Second || !j.waitedAt.IsZero()) {
-		t.Fields = append(t.Fields, store.FieldSubmitted, strconv.FormatInt(j.submitted.UnixMilli(), 10))
+		t.Fields = append(t.Fields, jobstate.FieldSubmitted, strconv.FormatInt(j.submitted.UnixMilli(), 10))
 	}
 	if j.waitedAt.IsZero() || len(t.Path) == 0 || t.Path[0].To != jobstate.StateScheduled {
 		return
 	}
-	t.Fields = append(t.Fields, store.FieldWaited, strconv.FormatInt(j.waitedAt.UnixMilli(), 10))
+	t.Fields = append(t.Fields, jobstate.FieldWaited, strconv.FormatInt(j.waitedAt.UnixMilli(), 10))
 	if t.Path[0].Reason == jobstate.ReasonAllowed && j.capReason != "" {
 		t.Path[0].Reason = j.capReason
 	}
@@ -176,7 +175,7 @@ func active(s jobstate.State) bool {
 // once it is durable the job's memory follows, pending deliveries are acked
 // and p's effects and next step run. A fenced write means another owner has
 // the job: the job stops at once, with none of them.
-func (j *Job) transition(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+func (j *Job) transition(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	from := j.State
 	for _, h := range t.Path {
 		if !Legal(from, h.To) {
@@ -195,7 +194,7 @@ func (j *Job) transition(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 	p.op = &store.Op{Kind: store.OpTransition, JobID: j.ID, Node: j.cfg.NodeID, LockValue: j.LockValue, T: t, DLQ: dlq}
 	p.freesSlot = j.admitted && active(j.State) && !active(t.Final())
 	if p.freesSlot {
-		p.op.TenantRelease = j.cfg.TenantKey(safety.TenantOf(j.Req))
+		p.op.TenantRelease = j.cfg.TenantKey(jobstate.TenantOf(j.Req))
 	}
 	j.write(p)
 }
