@@ -59,6 +59,11 @@ type JobActor struct {
 	// was a submit, and the job counts in Env.Admitting until it is
 	// dispatched, written as waiting, or its actor finishes or stops.
 	started, admitting bool
+	// sop is the store op carrying the core's write sopOf: a retry of the
+	// same write (RetryNow) submits the same store op again, so the store
+	// writes the same DLQ outbox entry (see store.Op).
+	sop   *store.Op
+	sopOf *lifecycle.Op
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -174,12 +179,17 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	switch e := e.(type) {
 	case lifecycle.Write:
 		if e.Epoch == 0 {
-			e.Op.Done = func(*store.Result) {} // nobody waits for it
-		} else {
-			self, root, ep := c.Self(), env.Root, e.Epoch
-			e.Op.Done = func(r *store.Result) { root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: r}) }
+			op := storeOp(e.Op)
+			op.Done = func(*store.Result) {} // nobody waits for it
+			env.Writer.Submit(op)
+			break
 		}
-		env.Writer.Submit(e.Op)
+		if a.sopOf != e.Op {
+			a.sop, a.sopOf = storeOp(e.Op), e.Op
+		}
+		self, root, ep := c.Self(), env.Root, e.Epoch
+		a.sop.Done = func(r *store.Result) { root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: writeResult(r)}) }
+		env.Writer.Submit(a.sop)
 	case lifecycle.RetryWrite:
 		self, root, ep := c.Self(), env.Root, e.Epoch
 		time.AfterFunc(e.After, func() { root.Send(self, &lifecycle.RetryNow{Epoch: ep}) })

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -33,7 +32,7 @@ func (j *Job) onSubmit(m *Submit) {
 	}
 	j.acks = append(j.acks, m.Delivery)
 	if key := m.Req.GetMeta().GetIdempotencyKey(); key != "" && !j.idemChecked {
-		j.write(&pending{kind: wClaim, op: &store.Op{Kind: store.OpClaim, JobID: j.ID,
+		j.write(&pending{kind: wClaim, op: Op{Kind: OpClaim, JobID: j.ID,
 			IdemKey: j.cfg.IdemKey(jobstate.TenantOf(j.Req), key)}})
 		return
 	}
@@ -41,7 +40,7 @@ func (j *Job) onSubmit(m *Submit) {
 }
 
 // claimed: a submit whose idempotency key another job holds is that job.
-func (j *Job) claimed(r *store.Result) {
+func (j *Job) claimed(r *WriteResult) {
 	j.idemChecked = true
 	if r.Holder != j.ID {
 		j.count(MIdemDuplicates, "")

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -12,7 +11,7 @@ import (
 // node; see store.Store.MarkCancel), so the activation created it
 // CANCELLED instead of applying the plan. None of the plan's effects run:
 // it is never dispatched. The client is told, once, like any cancelled job.
-func (j *Job) createdCancelled(r *store.Result) {
+func (j *Job) createdCancelled(r *WriteResult) {
 	j.created = j.now()
 	j.count(MReceived, "")
 	j.State, j.Fence = jobstate.StateCancelled, r.Fence

@@ -6,7 +6,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 )
 
 // Dispatch: asking the router for a worker, waiting for capacity, the
@@ -52,11 +51,11 @@ func (j *Job) onPick(p *router.PickReply) {
 	}
 	// The tenant has a concurrency limit: take a slot (shared by every
 	// replica) before dispatching, or wait like any transient failure.
-	j.write(&pending{kind: wAdmit, pick: p, op: &store.Op{Kind: store.OpAdmit, JobID: j.ID,
+	j.write(&pending{kind: wAdmit, pick: p, op: Op{Kind: OpAdmit, JobID: j.ID,
 		TenantKey: j.cfg.TenantKey(jobstate.TenantOf(j.Req)), Limit: limit}})
 }
 
-func (j *Job) admittedTo(p *pending, r *store.Result) {
+func (j *Job) admittedTo(p *pending, r *WriteResult) {
 	if !r.Admitted {
 		j.dropPick()
 		j.placementFailed(&router.PickReply{Reason: jobstate.ReasonTenantLimit,

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -17,7 +16,7 @@ type Effect interface{ effect() }
 // WriteDone with Epoch.
 type Write struct {
 	Epoch uint64
-	Op    *store.Op
+	Op    *Op
 }
 
 // RetryWrite: the write failed (Redis unavailable); send RetryNow with

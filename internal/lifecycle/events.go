@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/signing"
@@ -117,7 +116,7 @@ type Abandon struct{ Detail string }
 // WriteDone is a store.Writer outcome.
 type WriteDone struct {
 	Epoch uint64
-	Res   *store.Result
+	Res   WriteResult
 }
 
 // RetryNow: StateRetryDelay has passed since a write failed; try it again.

@@ -359,7 +359,7 @@ func (j *Job) reply(ev any) bool {
 		}
 		p := j.pending
 		j.busy, j.pending = false, nil
-		j.written(p, m.Res)
+		j.written(p, &m.Res)
 		j.drain()
 	case *RetryNow:
 		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {

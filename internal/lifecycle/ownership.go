@@ -9,7 +9,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -22,7 +21,7 @@ const second = time.Second
 // activate takes the job's lock and learns its state; a missing job is not
 // created (events that must not create one).
 func (j *Job) activate(create bool, p *pending) {
-	op := &store.Op{Kind: store.OpActivate, JobID: j.ID, Node: j.cfg.NodeID, Create: create, TraceID: j.TraceID}
+	op := Op{Kind: OpActivate, JobID: j.ID, Node: j.cfg.NodeID, Create: create, TraceID: j.TraceID}
 	if p == nil {
 		p = &pending{}
 	}
@@ -51,12 +50,12 @@ func (j *Job) activatePlan(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pe
 }
 
 // activated1 decides what an activation found.
-func (j *Job) activated1(p *pending, r *store.Result) {
+func (j *Job) activated1(p *pending, r *WriteResult) {
 	plan := p.t
 	if !p.op.Create {
 		plan = nil
 	}
-	if p.probe && r.Status == store.ActivateNotFound {
+	if p.probe && r.Status == ActivateNotFound {
 		j.probedAbsent()
 		return
 	}
@@ -65,7 +64,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 	// keep its budget, its touched submit and its capacity recheck).
 	j.leaveGrace()
 	switch r.Status {
-	case store.ActivateCreated:
+	case ActivateCreated:
 		j.moveTo(Live)
 		j.created = j.now()
 		j.observe(MActivationDelay, j.firstEvent)
@@ -91,7 +90,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
 			j.finish()
 		}
-	case store.ActivateAdopted:
+	case ActivateAdopted:
 		if plan != nil && plan.Op != "" && r.Fields["op"] == plan.Op && r.State == plan.Final() {
 			// An earlier try of this very activation landed although its
 			// reply was lost: the job is where the plan put it, and the
@@ -148,13 +147,13 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		}
 		j.ackAll()
 		j.advance()
-	case store.ActivateTerminal:
+	case ActivateTerminal:
 		j.State = r.State
 		j.ackAll()
 		j.finish()
-	case store.ActivateCancelled:
+	case ActivateCancelled:
 		j.createdCancelled(r) // cancelmark.go
-	case store.ActivateBusy:
+	case ActivateBusy:
 		// Another node owns the job. Submits are duplicates of a live job;
 		// results and cancels go to the owner (or back to JetStream). A
 		// lock with no record behind it is not a live job: the submit goes
@@ -167,7 +166,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		j.ackAll()
 		j.forwardToOwner(r.Holder)
 		j.finish()
-	case store.ActivateNotFound:
+	case ActivateNotFound:
 		if j.lost != "" {
 			j.recreate()
 			return
@@ -356,7 +355,7 @@ func (j *Job) unknownJob() {
 		// other outcome Troupe decides; no record will ever answer it.
 		fx = append(fx, TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: reason, Msg: msg, Once: true})
 	}
-	j.write(&pending{kind: wDLQ, op: &store.Op{Kind: store.OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
+	j.write(&pending{kind: wDLQ, op: Op{Kind: OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
 	j.log(warn, "event for unknown job dead-lettered", "reason", reason)
 }
 
@@ -376,7 +375,7 @@ func (j *Job) passivate() {
 	lv := j.LockValue
 	j.emit(Forget{LockValue: lv})
 	j.LockValue = ""
-	j.write(&pending{kind: wRelease, op: &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: lv}})
+	j.write(&pending{kind: wRelease, op: Op{Kind: OpRelease, JobID: j.ID, LockValue: lv}})
 }
 
 // park stops the actor of a job that waits for its worker, keeping the job
@@ -394,11 +393,11 @@ func (j *Job) park() {
 	// parked value ("…|p") and be refused, harmlessly.
 	j.emit(Forget{LockValue: lv})
 	j.LockValue = ""
-	j.write(&pending{kind: wPark, op: &store.Op{Kind: store.OpPark, JobID: j.ID, Node: j.cfg.NodeID,
+	j.write(&pending{kind: wPark, op: Op{Kind: OpPark, JobID: j.ID, Node: j.cfg.NodeID,
 		LockValue: lv, ParkDue: j.deadline.UnixMilli()}})
 }
 
-func (j *Job) parkedAt(r *store.Result) {
+func (j *Job) parkedAt(r *WriteResult) {
 	if !r.Parked {
 		// The lock is not the job's any more: another node took it, or it
 		// vanished (it expired, or Redis lost its data — then the record
@@ -427,9 +426,9 @@ func (j *Job) onStopping() {
 	j.leaveGrace()
 	if j.LockValue != "" && !j.res.Gone() {
 		j.emit(Forget{LockValue: j.LockValue})
-		op := &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: j.LockValue}
+		op := &Op{Kind: OpRelease, JobID: j.ID, LockValue: j.LockValue}
 		if queued && j.State == jobstate.StateScheduled {
-			op.Kind = store.OpTransition
+			op.Kind = OpTransition
 			op.T = &jobstate.Transition{Expect: jobstate.Expect(jobstate.StateScheduled),
 				Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
 				Release: true, Op: j.opID()}

@@ -5,7 +5,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
 )
@@ -59,14 +58,14 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 	if w, ok := find[Write](fx); !ok || fieldsOf(t, fx)["pool"] != "p" {
 		t.Fatalf("the dispatch does not record its pool: %v %v", w, fx)
 	}
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	refused(t, d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w9", By: workerKey("w9", "q")}),
 		jobstate.ReasonNotJobWorker, "a worker of another pool")
 	fx = d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w3", By: workerKey("w3", "p")})
 	if _, ok := find[Refusal](fx); ok || d.j.Worker != "w3" {
 		t.Fatalf("a worker of the pool speaking first: worker %s, %v", d.j.Worker, fx)
 	}
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	refused(t, d.feed(succeeded("w4", workerKey("w4", "p"))), jobstate.ReasonNotJobWorker, "a second worker of the pool")
 	if w, ok := find[Write](d.feed(succeeded("w3", workerKey("w3", "p")))); !ok || w.Op.T.Final() != jobstate.StateSucceeded {
 		t.Fatal("the bound worker's result was not taken")

@@ -14,7 +14,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -282,7 +281,7 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 	for ev != nil {
 		in := (*simInputs)(s)
 		wd, isWrite := ev.(*WriteDone)
-		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == store.StepFenced
+		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == StepFenced
 		if p := a.j.pending; fenced && p != nil && p.t != nil && wd.Res.Before == "" && wd.Res.LastOp == p.t.Op {
 			fenced = false // its own earlier try applied: not a refusal
 		}
@@ -347,7 +346,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	switch e := e.(type) {
 	case Write:
 		op := e.Op
-		if op.Kind == store.OpActivate && !op.Create && a.j.res == Unwritten {
+		if op.Kind == OpActivate && !op.Create && a.j.res == Unwritten {
 			if s.probes == nil {
 				s.probes = map[string]bool{}
 			}
@@ -360,7 +359,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		ep := e.Epoch
 		s.after(s.latency(), func() {
 			r := s.writeFault(n, op)
-			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: r}, at: s.now.Add(s.latency())})
+			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: *r}, at: s.now.Add(s.latency())})
 		})
 	case RetryWrite:
 		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})

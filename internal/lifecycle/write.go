@@ -6,7 +6,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 )
 
 // What a write is for, and so what its outcome means.
@@ -41,7 +40,7 @@ const (
 // decides — as data, so the core stays a function of its inputs.
 type pending struct {
 	kind writeKind
-	op   *store.Op
+	op   Op
 	t    *jobstate.Transition // wActivate (plan) and wTransition
 	dlq  *jobstate.DLQEntry   // wActivate: the plan's DLQ entry
 	// freesSlot: the transition gives the tenant slot back.
@@ -70,14 +69,14 @@ func (j *Job) write(p *pending) {
 	j.opEpoch++
 	j.busy = true
 	j.pending = p
-	j.emit(Write{Epoch: j.opEpoch, Op: p.op})
+	j.emit(Write{Epoch: j.opEpoch, Op: &p.op})
 }
 
 // written decides what a write's outcome means. A Redis error leaves the
 // state unknown: the job does nothing, keeps its deliveries (telling
 // JetStream they are in progress) and tries the same op again after
 // StateRetryDelay (fail closed).
-func (j *Job) written(p *pending, r *store.Result) {
+func (j *Job) written(p *pending, r *WriteResult) {
 	if r.Err != nil {
 		j.count(MFailClosed, j.topic())
 		j.log(warn, "job state unavailable; retrying", "err", r.Err)
@@ -191,7 +190,7 @@ func (j *Job) transition(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pend
 	}
 	t.Op = j.opID()
 	p.kind, p.t = wTransition, t
-	p.op = &store.Op{Kind: store.OpTransition, JobID: j.ID, Node: j.cfg.NodeID, LockValue: j.LockValue, T: t, DLQ: dlq}
+	p.op = Op{Kind: OpTransition, JobID: j.ID, Node: j.cfg.NodeID, LockValue: j.LockValue, T: t, DLQ: dlq}
 	p.freesSlot = j.admitted && active(j.State) && !active(t.Final())
 	if p.freesSlot {
 		p.op.TenantRelease = j.cfg.TenantKey(jobstate.TenantOf(j.Req))
@@ -199,18 +198,18 @@ func (j *Job) transition(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pend
 	j.write(p)
 }
 
-func (j *Job) transitioned(p *pending, r *store.Result) {
+func (j *Job) transitioned(p *pending, r *WriteResult) {
 	t := p.t
-	if r.Step == store.StepConflict && r.Before == t.Final() && r.LastOp == t.Op ||
-		r.Step == store.StepFenced && r.Before == "" && r.LastOp == t.Op && r.State == t.Final() {
+	if r.Step == StepConflict && r.Before == t.Final() && r.LastOp == t.Op ||
+		r.Step == StepFenced && r.Before == "" && r.LastOp == t.Op && r.State == t.Final() {
 		// An earlier try of this write landed (its reply was lost; a write
 		// that gave the lock up finds no lock when tried again): carry on
 		// as if this one had.
-		r.Step = store.StepOK
+		r.Step = StepOK
 	}
 	switch r.Step {
-	case store.StepOK:
-	case store.StepFenced:
+	case StepOK:
+	case StepFenced:
 		j.count(MFenced, "")
 		j.LockValue = ""
 		j.nakAll(second)

@@ -1,4 +1,4 @@
-package lifecycle_test
+package store_test
 
 import (
 	"context"
