@@ -2,7 +2,6 @@ package lifecycle
 
 import (
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -23,7 +22,7 @@ func (j *Job) createdCancelled(r *WriteResult) {
 		// A record Redis lost, written back (recreate): the job is with its
 		// worker, which hears the cancel on the bus; its slot stays counted
 		// until the worker lets go, as for any job cancelled there.
-		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
+		j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
 	}
 	j.ended()
 	j.ackAll()

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -48,7 +47,7 @@ func (d *driver) feed(ev any) []Effect {
 		case AskPolicy:
 			d.step = e.Epoch
 		case AskRouter:
-			d.step = e.Req.(*router.PickRequest).Epoch
+			d.step = e.Req.(*PickRequest).Epoch
 		case Arm:
 			d.timer = e.Epoch
 		}
@@ -70,7 +69,7 @@ func find[T Effect](fx []Effect) (T, bool) {
 func (d *driver) dispatch() {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	if _, ok := find[PublishRequest](fx); !ok || d.j.State != jobstate.StateDispatched {
 		d.t.Fatalf("not dispatched: %s %v", d.j.State, fx)
@@ -107,11 +106,11 @@ func TestParkedJobPassesOnLateProgress(t *testing.T) {
 func TestStalePickReplyFreesItsSlot(t *testing.T) {
 	d := newDriver(t)
 	d.dispatch()
-	fx := d.feed(&router.PickReply{Epoch: d.step - 1, WorkerID: "w9", Subject: "worker.w9.jobs"})
-	if m, ok := find[ToRouter](fx); !ok || m.Msg.(*router.Released).WorkerID != "w9" || !m.Msg.(*router.Released).Done {
+	fx := d.feed(&PickReply{Epoch: d.step - 1, WorkerID: "w9", Subject: "worker.w9.jobs"})
+	if m, ok := find[ToRouter](fx); !ok || m.Msg.(*Released).WorkerID != "w9" || !m.Msg.(*Released).Done {
 		t.Fatalf("stale pick of w9: %v, want its slot released", fx)
 	}
-	fx = d.feed(&router.PickReply{Epoch: d.step - 1, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	fx = d.feed(&PickReply{Epoch: d.step - 1, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	if _, ok := find[ToRouter](fx); ok {
 		t.Fatalf("stale pick naming the job's own worker released its slot: %v", fx)
 	}
@@ -152,7 +151,7 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 			t.Fatalf("after worker_lost: %s %v", d.j.State, fx)
 		}
 		if redispatched {
-			d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
+			d.feed(&PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
 			d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 			if d.j.State != jobstate.StateDispatched || d.j.Worker != "w2" {
 				t.Fatalf("not dispatched again: %s on %s", d.j.State, d.j.Worker)
@@ -167,7 +166,7 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 				}
 			}
 		} else {
-			d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
+			d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
 			d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		}
 		fx = d.feed(&Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
@@ -195,7 +194,7 @@ func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
 	d.j.cfg.ResendAfter = 5 * time.Second
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", Resend: true})
+	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", Resend: true})
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: "w1"})
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
@@ -248,7 +247,7 @@ func TestDispatchWritesUnsetFlagsOnlyOverAnExistingRecord(t *testing.T) {
 	d := newDriver(t)
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", StartsOnDelivery: true})
+	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", StartsOnDelivery: true})
 	f := fieldsOf(t, fx)
 	if _, ok := f["tslot"]; ok {
 		t.Errorf("a fresh record got tslot %q", f["tslot"])
@@ -269,7 +268,7 @@ func TestDispatchWritesUnsetFlagsOnlyOverAnExistingRecord(t *testing.T) {
 	}
 	d.now = d.now.Add(time.Minute)
 	d.feed(&Timer{Epoch: d.timer})
-	fx = d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
+	fx = d.feed(&PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
 	f = fieldsOf(t, fx)
 	if f["tslot"] != "0" || f["resend"] != "0" || f["sod"] != "0" || f["worker"] != "w2" {
 		t.Errorf("a dispatch over an existing record wrote %v, want every flag", f)

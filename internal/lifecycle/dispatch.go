@@ -5,14 +5,13 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 )
 
 // Dispatch: asking the router for a worker, waiting for capacity, the
 // tenant's concurrency slot, the dispatch itself and its resends, the wait
 // for the worker (deadlines, parking), its start, and its loss.
 
-// askRouter asks for a worker; the answer arrives as a *router.PickReply.
+// askRouter asks for a worker; the answer arrives as a *PickReply.
 // With no room the router queues the job (see waitCapacity).
 func (j *Job) askRouter() {
 	j.dropPick()
@@ -25,11 +24,11 @@ func (j *Job) askRouter() {
 	if submitted.IsZero() {
 		submitted = j.firstEvent
 	}
-	j.emit(AskRouter{Req: &router.PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
+	j.emit(AskRouter{Req: &PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
 		Wait: true, Ticket: j.ticket, Submitted: submitted}})
 }
 
-func (j *Job) onPick(p *router.PickReply) {
+func (j *Job) onPick(p *PickReply) {
 	if p.Queued {
 		j.waitCapacity(p)
 		return
@@ -58,7 +57,7 @@ func (j *Job) onPick(p *router.PickReply) {
 func (j *Job) admittedTo(p *pending, r *WriteResult) {
 	if !r.Admitted {
 		j.dropPick()
-		j.placementFailed(&router.PickReply{Reason: jobstate.ReasonTenantLimit,
+		j.placementFailed(&PickReply{Reason: jobstate.ReasonTenantLimit,
 			Detail: "tenant " + jobstate.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
 		return
 	}
@@ -81,7 +80,7 @@ func (j *Job) tenantLimit() int {
 
 // dispatchTo records the job as dispatched to the picked worker; the
 // request is published once that is durable (dispatched).
-func (j *Job) dispatchTo(p *router.PickReply) {
+func (j *Job) dispatchTo(p *PickReply) {
 	path := make([]jobstate.Hop, 0, 2)
 	if j.State == jobstate.StatePending {
 		path = append(path, jobstate.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
@@ -287,7 +286,7 @@ func (j *Job) onResultsLost() {
 // takes; a pool with no
 // live workers is rechecked on the scheduling backoff and counts attempts,
 // so a pool that never gets a worker fails the job (max_scheduling_retries).
-func (j *Job) waitCapacity(p *router.PickReply) {
+func (j *Job) waitCapacity(p *PickReply) {
 	again := j.queued
 	j.queued = true
 	changed := !again || j.capReason != p.Reason
@@ -355,7 +354,7 @@ func (j *Job) probedAbsent() {
 	// that the job is created before an event deferred with it that needs
 	// its record (a cancel) is handled.
 	for i, m := range j.deferred {
-		if pl, ok := m.(*router.Placed); ok {
+		if pl, ok := m.(*Placed); ok {
 			j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
 			j.handle(pl)
 			return
@@ -481,12 +480,12 @@ func (j *Job) leaveGrace() {
 }
 
 // onPlaced acts on a placement the router made for the queued job.
-func (j *Job) onPlaced(m *router.Placed) {
+func (j *Job) onPlaced(m *Placed) {
 	if j.State != jobstate.StatePending && j.State != jobstate.StateScheduled {
 		// Moved on meanwhile (dispatched on a recheck, cancelled): the
 		// slot goes back, and the job's own wait (its timer) stays.
 		if m.Reply.WorkerID != "" {
-			j.toRouter(&router.Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
+			j.toRouter(&Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
 		}
 		return
 	}
@@ -499,7 +498,7 @@ func (j *Job) onPlaced(m *router.Placed) {
 // dispatched, so the slot it counted is freed.
 func (j *Job) dropPick() {
 	if j.picked != "" {
-		j.toRouter(&router.Released{WorkerID: j.picked, JobID: j.ID, Done: true})
+		j.toRouter(&Released{WorkerID: j.picked, JobID: j.ID, Done: true})
 		j.picked = ""
 	}
 }
@@ -508,12 +507,12 @@ func (j *Job) dropPick() {
 func (j *Job) withdraw() {
 	if j.queued {
 		j.queued = false
-		j.toRouter(&router.Withdraw{JobID: j.ID, Ticket: j.ticket})
+		j.toRouter(&Withdraw{JobID: j.ID, Ticket: j.ticket})
 	}
 }
 
-func (j *Job) placementFailed(p *router.PickReply) {
-	if router.Permanent(p.Reason) {
+func (j *Job) placementFailed(p *PickReply) {
+	if Permanent(p.Reason) {
 		if j.firstFail.IsZero() {
 			j.firstFail = j.now()
 		}
@@ -552,9 +551,9 @@ func (j *Job) markRunning(from string) {
 	if from != "" {
 		if from != j.Worker {
 			if j.Worker != "" {
-				j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
+				j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
 			}
-			j.toRouter(&router.Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
+			j.toRouter(&Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
 			j.Worker = from
 		}
 		j.spoke = true

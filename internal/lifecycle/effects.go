@@ -26,7 +26,7 @@ type RetryWrite struct {
 	After time.Duration
 }
 
-// AskRouter sends Req to the router; the answer (a *router.PickReply with
+// AskRouter sends Req to the router; the answer (a *PickReply with
 // Req.Epoch) comes back as an event.
 type AskRouter struct{ Req any }
 

@@ -40,7 +40,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
 )
@@ -336,11 +335,11 @@ func (j *Job) receive(ev any) {
 			j.lockTaken()
 		}
 		return
-	case *router.Placed:
+	case *Placed:
 		// Answered at once, busy or not, so the router knows the slot is
 		// taken (or free again); acted on in order with other events.
 		used := j.queued && m.Ticket == j.ticket && !j.res.Gone()
-		j.toRouter(&router.Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
+		j.toRouter(&Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
 		if !used {
 			return
 		}
@@ -388,12 +387,12 @@ func (j *Job) reply(ev any) bool {
 			j.onPublishFailed(m)
 			j.drain()
 		}
-	case *router.PickReply:
+	case *PickReply:
 		if m.Epoch != j.opEpoch || !j.busy {
 			// An answer to a question no longer asked: the worker it names
 			// is not going to get this job, so its slot is freed.
 			if m.WorkerID != "" && !m.Queued && m.WorkerID != j.Worker && m.WorkerID != j.picked {
-				j.toRouter(&router.Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
+				j.toRouter(&Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
 			}
 			return true
 		}
@@ -503,7 +502,7 @@ func (j *Job) handle(m any) {
 		j.onAbandon(m)
 	case *Timer:
 		j.onTimer()
-	case *router.Placed:
+	case *Placed:
 		j.onPlaced(m)
 	case *LockLost:
 		// A renewal found no lock (see receive).

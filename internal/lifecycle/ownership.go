@@ -8,7 +8,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -131,7 +130,7 @@ func (j *Job) activated1(p *pending, r *WriteResult) {
 			// have placed (adopted, or this node restarted). Counted as
 			// started: an adopter cannot tell whether the worker got it,
 			// so the worker's eviction does not place it again.
-			j.toRouter(&router.Occupied{WorkerID: j.Worker, JobID: j.ID, Started: true})
+			j.toRouter(&Occupied{WorkerID: j.Worker, JobID: j.ID, Started: true})
 		}
 		// r.Holder is the lock before this activation: a parked job's
 		// ("<node>|<fence>|p") is this node's own unless it was adopted.

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -133,8 +132,8 @@ func (d *driver) event(k EventKind) (any, *submitDelivery) {
 	case EvTimer:
 		return &Timer{Epoch: d.timer}, nil
 	case EvPlaced:
-		return &router.Placed{JobID: "job-1", Ticket: d.j.ticket,
-			Reply: &router.PickReply{WorkerID: "w2", Subject: "worker.w2.jobs"}}, nil
+		return &Placed{JobID: "job-1", Ticket: d.j.ticket,
+			Reply: &PickReply{WorkerID: "w2", Subject: "worker.w2.jobs"}}, nil
 	case EvLockVanished:
 		return &LockLost{LockValue: d.j.LockValue, Vanished: true}, nil
 	case EvLockTaken:
@@ -224,7 +223,7 @@ func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
 	case Ignore:
 		for _, e := range fx {
 			if m, ok := e.(ToRouter); ok {
-				if t, ok := m.Msg.(*router.Took); ok && !t.Used {
+				if t, ok := m.Msg.(*Took); ok && !t.Used {
 					continue // a placement refused
 				}
 			}

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/signing"
 )
@@ -54,7 +53,7 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 	d.j.cfg.Direct = func(subj, w string) bool { return subj == "worker."+w+".jobs" }
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "job.x", Pool: "p"})
+	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "job.x", Pool: "p"})
 	if w, ok := find[Write](fx); !ok || fieldsOf(t, fx)["pool"] != "p" {
 		t.Fatalf("the dispatch does not record its pool: %v %v", w, fx)
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -116,8 +115,8 @@ func (s *sim) policy(id string, req *capv1.JobRequest, ep uint64) *PolicyDone {
 }
 
 // pick answers a PickRequest: a worker, a wait in the queue, or a refusal.
-func (s *sim) pick(n *simNode, a *simActor, req *router.PickRequest) {
-	reply := &router.PickReply{Epoch: req.Epoch}
+func (s *sim) pick(n *simNode, a *simActor, req *PickRequest) {
+	reply := &PickReply{Epoch: req.Epoch}
 	var live []*simWorker
 	for _, w := range s.workers {
 		if w.alive {
@@ -162,8 +161,8 @@ func (s *sim) place(n *simNode, job string, ticket uint64) {
 			if w.pool {
 				subj = "job.sim"
 			}
-			s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()), ev: &router.Placed{JobID: job, Ticket: ticket,
-				Reply: &router.PickReply{WorkerID: w.id, Subject: subj, Resend: w.dedupe && !w.pool, StartsOnDelivery: w.stock}}})
+			s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()), ev: &Placed{JobID: job, Ticket: ticket,
+				Reply: &PickReply{WorkerID: w.id, Subject: subj, Resend: w.dedupe && !w.pool, StartsOnDelivery: w.stock}}})
 			return
 		}
 	}

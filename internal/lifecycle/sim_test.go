@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -334,7 +333,7 @@ func describe(ev any) string {
 			return "err"
 		}
 		return fmt.Sprintf("%s%s %s", r.Status, r.Step, r.State)
-	case *router.PickReply:
+	case *PickReply:
 		return fmt.Sprintf("w=%s q=%v %s", e.WorkerID, e.Queued, e.Reason)
 	}
 	return ""
@@ -364,20 +363,20 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	case RetryWrite:
 		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})
 	case AskRouter:
-		s.pick(n, a, e.Req.(*router.PickRequest))
+		s.pick(n, a, e.Req.(*PickRequest))
 	case ToRouter:
 		switch m := e.Msg.(type) {
-		case *router.Withdraw:
+		case *Withdraw:
 			if n.queue[m.JobID] == m.Ticket {
 				delete(n.queue, m.JobID)
 			}
-		case *router.Released:
+		case *Released:
 			if m.Done && n.picks[m.JobID] == m.WorkerID {
 				delete(n.picks, m.JobID)
 			}
-		case *router.Occupied:
+		case *Occupied:
 			n.picks[m.JobID] = m.WorkerID
-		case *router.Took:
+		case *Took:
 		}
 	case AskPolicy:
 		ep, req := e.Epoch, e.Req

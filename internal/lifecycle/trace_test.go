@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -16,7 +15,7 @@ func (d *driver) happyPath() []Effect {
 	feed := func(ev any) { all = append(all, d.feed(ev)...) }
 	feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, TraceID: "t-1"})
 	feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w1"})
 	feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})

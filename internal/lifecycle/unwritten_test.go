@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -37,7 +36,7 @@ func (d *driver) beginUnwritten(sub *submitDelivery) bool {
 	d.j.cfg.CapacityGrace, d.j.cfg.AdmissionHold = time.Minute, 2*time.Second
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, Delivery: sub})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
+	fx := d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
 	g, ok := find[Grace](fx)
 	return ok && g.Delta == 1 && d.j.res == Unwritten
 }
@@ -155,7 +154,7 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 	if _, ok := find[AskRouter](fx); !ok {
 		t.Fatalf("no recheck at CapacityRecheck: %v", fx)
 	}
-	picked := d.feed(&router.PickReply{Epoch: d.step, Reason: jobstate.ReasonTopicUnmapped, Detail: "no route"})
+	picked := d.feed(&PickReply{Epoch: d.step, Reason: jobstate.ReasonTopicUnmapped, Detail: "no route"})
 	if w, ok := find[Write](picked); !ok || w.Op.Kind != OpActivate {
 		t.Fatalf("placement failure of an unwritten job: %v, want an activation", picked)
 	}
@@ -214,7 +213,7 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 	withdrawn := false
 	for _, e := range fx {
 		if m, ok := e.(ToRouter); ok {
-			if _, ok := m.Msg.(*router.Withdraw); ok {
+			if _, ok := m.Msg.(*Withdraw); ok {
 				withdrawn = true
 			}
 		}

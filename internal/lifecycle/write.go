@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 )
 
 // What a write is for, and so what its outcome means.
@@ -53,7 +52,7 @@ type pending struct {
 	applied []Effect
 	then    next
 	at      time.Time
-	pick    *router.PickReply
+	pick    *PickReply
 	dl      deadline
 }
 
@@ -242,7 +241,7 @@ func (j *Job) transitioned(p *pending, r *WriteResult) {
 		// Ended here, but the worker may still be running it (a stock
 		// worker hears no cancel): its slot stays counted until the
 		// worker's own answer or its heartbeats show the job gone.
-		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
+		j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
 	case active(j.State) && !active(to):
 		j.release(true) // the worker is done with it
 	case j.State == jobstate.StateDispatched && to == jobstate.StateRunning:
@@ -274,7 +273,7 @@ func (j *Job) transitioned(p *pending, r *WriteResult) {
 // it, and with done, that it no longer occupies the worker at all.
 func (j *Job) release(done bool) {
 	if j.Worker != "" {
-		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: done})
+		j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: done})
 	}
 }
 
