@@ -218,10 +218,10 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
 			o := gate.Phase1(ctx, oreq)
 			cancel()
-			root.Send(self, &lifecycle.OutputDone{Epoch: ep, Outcome: o, Res: e.Res, Path: e.Path})
+			root.Send(self, &lifecycle.OutputDone{Epoch: ep, Outcome: outputOutcome(o), Res: e.Res, Path: e.Path})
 		}()
 	case lifecycle.ScanContent:
-		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), e.Req)
+		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), safety.OutputRequest(a.job.Req, e.Res))
 	case lifecycle.PublishRequest:
 		a.admitted()
 		return a.publishRequest(e)
@@ -318,12 +318,12 @@ func (a *JobActor) askPolicy(c actor.Context, e lifecycle.AskPolicy) any {
 	preq := safety.CheckRequest(e.Req)
 	if safety.IsInline(a.env.Policy) {
 		dec, err := a.env.Policy.Check(context.Background(), preq)
-		return &lifecycle.PolicyDone{Epoch: e.Epoch, Dec: dec, Err: err}
+		return policyDone(e.Epoch, dec, err)
 	}
 	self, root, policy, slots, ep := c.Self(), a.env.Root, a.env.Policy, a.env.PolicySlots, e.Epoch
 	go func() {
 		dec, err := checkBounded(policy, preq, slots)
-		root.Send(self, &lifecycle.PolicyDone{Epoch: ep, Dec: dec, Err: err})
+		root.Send(self, policyDone(ep, dec, err))
 	}()
 	return nil
 }

@@ -188,3 +188,16 @@ func HashRequest(req *capv1.JobRequest) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// EncodeRequest is the request as a job's record stores it (its "req"
+// field): its protobuf encoding.
+func EncodeRequest(req *capv1.JobRequest) ([]byte, error) { return proto.Marshal(req) }
+
+// DecodeRequest reads a request EncodeRequest wrote.
+func DecodeRequest(raw []byte) (*capv1.JobRequest, error) {
+	req := &capv1.JobRequest{}
+	if err := proto.Unmarshal(raw, req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}

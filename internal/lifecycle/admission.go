@@ -7,7 +7,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Admission: a submit, its idempotency key, the input policy's decision
@@ -76,8 +75,9 @@ func (j *Job) checkPolicy() {
 }
 
 // onDecision acts on the input policy's answer.
-func (j *Job) onDecision(dec *capv1.PolicyCheckResponse, err error) {
-	if err != nil || dec == nil {
+func (j *Job) onDecision(pd *PolicyDone) {
+	dec := pd.Dec
+	if pd.Err != nil || dec == nil {
 		// Unavailable (or an open circuit): never a denial, never a
 		// failure, always a retry — not a scheduling attempt.
 		j.waitForPolicy()
@@ -91,12 +91,14 @@ func (j *Job) onDecision(dec *capv1.PolicyCheckResponse, err error) {
 		j.policyLimit = int(m)
 	}
 	// The decision is recorded with the job's next write.
-	j.decision = safety.DecisionFields(dec)
+	j.decision = pd.Record
 	switch dec.Decision {
 	case capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS:
 		// The constraints travel to the worker in the request's env and
 		// cap budget.deadline_ms.
-		safety.ApplyConstraints(j.Req, dec.Constraints)
+		if pd.Constrain != nil {
+			pd.Constrain(j.Req)
+		}
 		j.askRouter()
 	case capv1.DecisionType_DECISION_TYPE_ALLOW:
 		j.askRouter()

@@ -55,8 +55,9 @@ type AskOutput struct {
 	Applied []Effect // handed back in OutputDone
 }
 
-// ScanContent queues the output policy's phase 2 for a SUCCEEDED job.
-type ScanContent struct{ Req *capv1.OutputCheckRequest }
+// ScanContent queues the output policy's phase 2 for a SUCCEEDED job's
+// result Res.
+type ScanContent struct{ Res *capv1.JobResult }
 
 // PublishRequest publishes the job's request to Subject. A failure of a
 // first dispatch (not Resend) comes back as PublishFailed.

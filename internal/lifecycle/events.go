@@ -5,8 +5,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/signing"
 )
 
 // Delivery is the JetStream message an event came in, as the job sees it.
@@ -46,7 +44,7 @@ type Result struct {
 	// By is the verified sender (nil: the node does not verify, and trusts
 	// everyone on the bus); Refuse settles a result the job refuses from
 	// it (see Refusal).
-	By     *signing.Principal
+	By     Sender
 	Refuse func(reason jobstate.Reason, detail string)
 }
 
@@ -57,7 +55,7 @@ type Progress struct {
 	From string
 	// By and Refuse as for Result (a progress has nothing to settle:
 	// Refuse only counts it).
-	By     *signing.Principal
+	By     Sender
 	Refuse func(reason jobstate.Reason, detail string)
 }
 
@@ -69,8 +67,39 @@ type Cancel struct {
 	Raw       []byte
 	Forwarded bool
 	Published time.Time
-	By        *signing.Principal
+	By        Sender
 	Refuse    func(reason jobstate.Reason, detail string)
+}
+
+// Sender is an event's verified sender, as the core asks about it (the
+// shell wraps the node's signing principal). A nil Sender: the node does
+// not verify senders, and trusts everyone on the bus.
+type Sender interface {
+	// WorkerKey: the sender holds a worker's key (not a legacy entry).
+	WorkerKey() bool
+	// InPool: a worker sender serves pool (a legacy one serves every pool).
+	InPool(pool string) bool
+	// ForTenant: the sender may cancel for tenant.
+	ForTenant(tenant string) bool
+}
+
+// OutputOutcome is what the output policy's phase 1 decided for a result
+// (the shell's summary of it).
+type OutputOutcome struct {
+	// Phase names the phase, for the audit line and the counter's label.
+	Phase string
+	// Quarantine: move the job to OUTPUT_QUARANTINED (+ DLQ, audit).
+	Quarantine bool
+	// ResultPtr is the pointer to release: the original, or the redacted
+	// copy's (Redacted) — swapped into the job's result.
+	ResultPtr string
+	Redacted  bool
+	Reason    string
+	RuleID    string
+	// ContentChecked: phase 1 already covered the content; no phase 2.
+	ContentChecked bool
+	// Fields is the output-safety record, as field/value pairs.
+	Fields []string
 }
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.
@@ -127,12 +156,19 @@ type PolicyDone struct {
 	Epoch uint64
 	Dec   *capv1.PolicyCheckResponse
 	Err   error
+	// Record is the decision as record fields (policy_decision, …), which
+	// the job's next write records; the shell derives it from Dec.
+	Record []string
+	// Constrain, for an ALLOW_WITH_CONSTRAINTS decision, writes the
+	// constraints into the request the worker receives (its env, its
+	// deadline); the core calls it. Nil: nothing to write.
+	Constrain func(*capv1.JobRequest)
 }
 
 // OutputDone is the output policy's phase-1 outcome for a result.
 type OutputDone struct {
 	Epoch   uint64
-	Outcome safety.OutputOutcome
+	Outcome OutputOutcome
 	Res     *Result
 	Path    []jobstate.Hop
 	// Applied: effects owed once the outcome is written (AskOutput's).

@@ -41,7 +41,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/signing"
 )
 
 // Durations the core uses.
@@ -118,9 +117,11 @@ type Config struct {
 	// UnknownHold: how long a result or cancel for a job with no record is
 	// handed back before it is dead-lettered (0: not at all).
 	UnknownHold time.Duration
-	// SagaRetention: how long a workflow step's saga records are kept
-	// (saga.RetentionDefault when not positive).
-	SagaRetention time.Duration
+	// Saga adds a workflow step's saga bookkeeping to t, its terminal
+	// write at now: the succeeded step's compensation (its template,
+	// joining the workflow's stack), or with failed the workflow's rollback
+	// trigger (the shell's saga package knows the keys). Nil: no sagas.
+	Saga func(t *jobstate.Transition, req *capv1.JobRequest, jobID string, now time.Time, failed bool)
 	// WorkerLostGrace: a job started on a worker that is then evicted ends
 	// FAILED worker_lost this long after, unless its result or progress
 	// comes first (≤ 0: it waits for its own deadline).
@@ -373,7 +374,7 @@ func (j *Job) reply(ev any) bool {
 			return true
 		}
 		j.busy = false
-		j.onDecision(m.Dec, m.Err)
+		j.onDecision(m)
 		j.drain()
 	case *OutputDone:
 		if m.Epoch != j.opEpoch || !j.busy {
@@ -779,8 +780,8 @@ func (j *Job) nakAll(delay time.Duration) {
 // earlier dispatch; on a pool subject NATS chose the receiver, so until a
 // worker has spoken for the job any worker of the job's pool may, and the
 // first to speak binds the job (markRunning).
-func (j *Job) mayReport(by *signing.Principal, worker string) bool {
-	if by == nil || by.Role != signing.RoleWorker {
+func (j *Job) mayReport(by Sender, worker string) bool {
+	if by == nil || !by.WorkerKey() {
 		return true
 	}
 	if worker == "" {

@@ -3,12 +3,9 @@ package lifecycle
 import (
 	"strconv"
 
-	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Outcome: a worker's result (and the output policy's check of it), a
@@ -105,33 +102,19 @@ func resultFields(res *capv1.JobResult, ptr string) []string {
 	return f
 }
 
-// sagaRecord adds a workflow step's saga bookkeeping to its terminal write,
-// in the same atomic step: a succeeded step with a compensation records its
-// template next to its workflow's stack and joins the stack; a step failed
-// fatally triggers the workflow's rollback. The keys expire
-// Config.SagaRetention after the write (see saga.RecordStep), not with the
-// step's record.
+// sagaRecord has the shell add a workflow step's saga bookkeeping to its
+// terminal write t, in the same atomic step (Config.Saga): a succeeded
+// step with a compensation records its template next to its workflow's
+// stack; a step failed fatally triggers the workflow's rollback.
 func (j *Job) sagaRecord(t *jobstate.Transition, to jobstate.State, reason jobstate.Reason) {
-	wf := j.Req.GetWorkflowId()
-	if wf == "" || j.Req.GetLabels()[saga.LabelIsCompensation] == "true" {
-		// A compensation is not a step of its workflow: it records nothing
-		// and, failing, does not roll the workflow back again.
+	if j.cfg.Saga == nil || j.Req.GetWorkflowId() == "" {
 		return
 	}
-	now := j.now().UnixMilli()
 	switch {
 	case to == jobstate.StateSucceeded:
-		tmpl := saga.Template(j.Req)
-		if tmpl == nil {
-			return
-		}
-		raw, err := proto.Marshal(tmpl)
-		if err != nil {
-			return
-		}
-		saga.RecordStep(t, wf, j.ID, j.topic(), raw, now, j.cfg.SagaRetention)
+		j.cfg.Saga(t, j.Req, j.ID, j.now(), false)
 	case reason == jobstate.ReasonWorkerFailedFatal:
-		saga.RecordTrigger(t, wf, now, j.cfg.SagaRetention)
+		j.cfg.Saga(t, j.Req, j.ID, j.now(), true)
 	}
 }
 
@@ -140,14 +123,14 @@ func (j *Job) sagaRecord(t *jobstate.Transition, to jobstate.State, reason jobst
 // result pointer — and then hands the content scan to the scan pool.
 func (j *Job) onOutput(m *OutputDone) {
 	o := m.Outcome
-	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields()...)
+	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields...)
 	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")
 		path := append(m.Path, jobstate.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
 		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
-			Count{M: MQuarantined, Label: safety.PhaseMeta},
-			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", safety.PhaseMeta,
+			Count{M: MQuarantined, Label: o.Phase},
+			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", o.Phase,
 				"rule_id", o.RuleID, "reason", o.Reason),
 			PublishDLQ{Entry: entry},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED, Code: jobstate.ReasonOutputQuarantined, Msg: o.Reason},
@@ -164,8 +147,8 @@ func (j *Job) onOutput(m *OutputDone) {
 	p := &pending{applied: m.Applied}
 	if !o.ContentChecked {
 		res := m.Res.Res
-		p.applied = append(p.applied, ScanContent{Req: safety.OutputRequest(j.Req, &capv1.JobResult{JobId: j.ID,
-			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs})})
+		p.applied = append(p.applied, ScanContent{Res: &capv1.JobResult{JobId: j.ID,
+			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs}})
 	}
 	j.transition(t, nil, p)
 }

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
@@ -27,7 +25,7 @@ func (j *Job) activate(create bool, p *pending) {
 	if create && j.Req != nil {
 		op.Topic = j.Req.Topic
 		op.Tenant = jobstate.TenantOf(j.Req)
-		op.Request, _ = proto.Marshal(j.Req)
+		op.Request, _ = jobstate.EncodeRequest(j.Req)
 		if p.t != nil {
 			p.t.Op = j.opID()
 			op.T = p.t
@@ -281,8 +279,7 @@ func (j *Job) adopt(f map[string]string) {
 	j.spoke = f["runner"] != "" && f["runner"] == j.Worker
 	j.lostNoted = f["reason"] == string(jobstate.ReasonWorkerLostRunnerUnknown)
 	if raw := f["req"]; raw != "" {
-		req := &capv1.JobRequest{}
-		if err := proto.Unmarshal([]byte(raw), req); err == nil {
+		if req, err := jobstate.DecodeRequest([]byte(raw)); err == nil {
 			j.Req = req
 		}
 	}

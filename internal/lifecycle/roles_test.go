@@ -1,18 +1,32 @@
 package lifecycle
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/signing"
 )
 
-func workerKey(id string, pools ...string) *signing.Principal {
-	return &signing.Principal{Sender: id, Role: signing.RoleWorker, Pools: pools}
+// key is a verified sender as the core sees one (the shell's is the
+// node's signing principal, jobactor.By): a worker key serves its pools, a
+// client key its tenants, an operator key every tenant.
+type key struct {
+	role           string // "worker", "client", "operator"
+	pools, tenants []string
 }
 
-func succeeded(worker string, by *signing.Principal) *Result {
+func (k *key) WorkerKey() bool { return k.role == "worker" }
+func (k *key) InPool(pool string) bool {
+	return k.role == "worker" && slices.Contains(k.pools, pool)
+}
+func (k *key) ForTenant(tenant string) bool {
+	return k.role == "operator" || k.role == "client" && slices.Contains(k.tenants, tenant)
+}
+
+func workerKey(_ string, pools ...string) *key { return &key{role: "worker", pools: pools} }
+
+func succeeded(worker string, by Sender) *Result {
 	return &Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: worker}, By: by}
 }
 
@@ -75,9 +89,9 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 func TestClientKeyCancelsOnlyItsTenantsJobs(t *testing.T) {
 	d := newDriver(t)
 	d.dispatch() // tenant: "default" (no tenant_id)
-	cli := &signing.Principal{Sender: "c", Role: signing.RoleClient, Tenants: []string{"tenantB"}}
+	cli := &key{role: "client", tenants: []string{"tenantB"}}
 	refused(t, d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: cli}), jobstate.ReasonOutOfScope, "another tenant's client")
-	op := &signing.Principal{Sender: "o", Role: signing.RoleOperator}
+	op := &key{role: "operator"}
 	if w, ok := find[Write](d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: op})); !ok || w.Op.T.Final() != jobstate.StateCancelled {
 		t.Fatal("the operator's cancel was not taken")
 	}
