@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"strconv"
 
-
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
