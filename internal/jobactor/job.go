@@ -469,7 +469,7 @@ func (a *JobActor) forward(e lifecycle.Forward) {
 	}
 	forward, metric, env, id := a.env.Forward, a.env.Metrics.Forwarded, a.env, a.id
 	go func() {
-		if err := forward(e.Owner, e.Kind, e.Raw); err == nil {
+		if err := forward(e.Holder, e.Kind, e.Raw); err == nil {
 			metric.WithLabelValues("taken").Inc()
 			if e.D != nil {
 				_ = e.D.Ack()

@@ -333,7 +333,7 @@ func waitsUnbounded(reason jobstate.Reason) bool {
 // probe looks for the record of a job waiting within its grace, once, at
 // the wait's first timer: its submit may repeat a job that exists (a
 // client resubmitting, a SUBMIT stream lost and refilled). One activation
-// that creates nothing takes such a job over, hands it to its owner or
+// that creates nothing takes such a job over, hands it to its holder or
 // finds it ended, rather than holding it here as a new wait for up to the
 // grace; a job with no record waits on (probedAbsent). At the first timer,
 // not as the wait begins: most waits (a burst the pools drain) end sooner
@@ -556,7 +556,7 @@ func (j *Job) markRunning(from string) {
 			j.toRouter(&Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
 			j.Worker = from
 		}
-		j.spoke = true
+		j.runnerKnown = true
 		fields = append(fields, "worker", from, "runner", from)
 	}
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
@@ -603,7 +603,7 @@ const runnerUnknownDetail = "picked worker lost; runner unknown; ends at its dea
 // evicted is when the worker was evicted (zero: now): the grace runs from
 // then, so a job adopted after the eviction does not get a fresh one.
 func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
-	known := j.spoke || j.direct()
+	known := j.runnerKnown || j.direct()
 	if !known {
 		// Picked, but maybe not the one running it: the deadline decides;
 		// the history says so, once.

@@ -115,12 +115,12 @@ type Touch struct{ D Delivery }
 type Hold struct{ LockValue string }
 type Forget struct{ LockValue string }
 
-// Forward hands a result or cancel to the node that owns the job; the
-// delivery is acked if the owner takes it, handed back otherwise.
+// Forward hands a result or cancel to Holder, the node that holds the job's lock; the
+// delivery is acked if the holder takes it, handed back otherwise.
 type Forward struct {
-	Owner, Kind string
-	Raw         []byte
-	D           Delivery
+	Holder, Kind string
+	Raw          []byte
+	D            Delivery
 }
 
 // Finish tells the supervisor the actor has nothing left to do.
@@ -203,7 +203,7 @@ const (
 	MFailClosed // label: topic
 	MQuarantined
 	MHeld // a result or cancel for a job with no record, handed back
-	MBusy // an activation found the job's lock held by another owner
+	MBusy // an activation found the job's lock held by another node
 	// MRunnerUnknown: a started job's picked worker was lost, and its
 	// runner is unknown (a pool subject).
 	MRunnerUnknown

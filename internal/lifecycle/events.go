@@ -36,7 +36,7 @@ type Result struct {
 	Delivery Delivery
 	// Raw is the packet as received, for forwarding to the owning node.
 	Raw []byte
-	// Forwarded marks a result another node passed to this one (the owner);
+	// Forwarded marks a result another node passed to this one (the holder);
 	// it is never forwarded again.
 	Forwarded bool
 	// Published is when the message entered its stream (zero: unknown).
@@ -109,11 +109,11 @@ const (
 )
 
 // Wake is sent by the due poller to a job whose due time has passed and
-// whose owner did not act (it died, or the job was passivated and an
+// whose holder did not act (it died, or the job was passivated and an
 // approval arrived). The job activates and does what its state calls for.
 type Wake struct {
-	// LapsedAt, for a job woken because its owner stopped renewing its
-	// lease: when the owner's lock lapsed (for troupe_adoption_latency_seconds).
+	// LapsedAt, for a job woken because its holder stopped renewing its
+	// lease: when the holder's lock lapsed (for troupe_adoption_latency_seconds).
 	LapsedAt time.Time
 }
 

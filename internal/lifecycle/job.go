@@ -16,7 +16,7 @@
 // What the core promises:
 //   - It is the only writer of its job's state while it holds the job's
 //     lock, and every write is a fenced compare-and-set (store
-//     transitionScript): once another owner has taken the lock, the write is
+//     transitionScript): once another holder has taken the lock, the write is
 //     refused and the job stops without side effects — the effects a write
 //     was for (publishes, DLQ announcements, client outcomes) are emitted
 //     only when its reply says it applied.
@@ -24,7 +24,7 @@
 //     error means "unknown", and the job does nothing but try again after
 //     StateRetryDelay, keeping its deliveries.
 //   - A request is published to a worker only after DISPATCHED is durable,
-//     so a stale owner can never dispatch a job a second time.
+//     so a stale holder can never dispatch a job a second time.
 //   - A delivery is acked only after its effect is durable; redelivery is
 //     harmless (duplicate submits, results and cancels for finished jobs are
 //     absorbed; a terminal job never leaves its state).
@@ -157,7 +157,7 @@ type Inputs interface {
 	Observe(m Metric, value float64)
 }
 
-// Job is one job's state as its owner knows it, and the core's bookkeeping
+// Job is one job's state as its holder knows it, and the core's bookkeeping
 // of the one step it waits for. Step is its only mutator.
 type Job struct {
 	cfg *Config
@@ -190,7 +190,7 @@ type Job struct {
 	lost        jobstate.State    // the state known when the lock vanished
 	decision    []string          // the policy's decision as fields, until written
 	woken       bool              // activated by the due poller
-	lapsedAt    time.Time         // when a dead owner's lock lapsed
+	lapsedAt    time.Time         // when a dead holder's lock lapsed
 	firstEvent  time.Time
 	idemChecked bool
 	// parkAt is when a job waiting for its worker parks (zero: not
@@ -234,9 +234,9 @@ type Job struct {
 	submitted, waitedAt time.Time
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
-	// spoke: the job's worker is the one that runs it — it spoke for the
+	// runnerKnown: the job's worker is the one that runs it — it spoke for the
 	// job (progress), or was dispatched to directly.
-	spoke bool
+	runnerKnown bool
 	// lostNoted: a loss of a worker that may not run the job is recorded.
 	lostNoted bool
 	// lostWorkers lists the workers of earlier dispatches given up when
@@ -329,7 +329,7 @@ func (j *Job) receive(ev any) {
 		switch OutcomeOf(j.res, k) {
 		case Handle:
 			// Nobody holds the lock (it expired, or Redis lost its data):
-			// nothing else owns the job, so take it again, in order with
+			// nothing else holds the job, so take it again, in order with
 			// the job's other events.
 			j.event(m)
 		case Stop:
@@ -407,7 +407,7 @@ func (j *Job) reply(ev any) bool {
 }
 
 // lockTaken: another holder has the job's lock; the actor stops without
-// side effects, and what it held goes back to JetStream for the owner.
+// side effects, and what it held goes back to JetStream for the holder.
 func (j *Job) lockTaken() {
 	j.log(warn, "job lock lost; stopping without side effects")
 	j.LockValue = ""
@@ -472,7 +472,7 @@ func (j *Job) handle(m any) {
 		// submit may be a repeat of a job that exists, dispatched by
 		// another node (a client resubmitting, a SUBMIT stream lost). Taken
 		// here it would be lost; it is offered again in a moment, when
-		// the job's owner (or this job, once written) takes it.
+		// the job's holder (or this job, once written) takes it.
 		if r, ok := m.(*Result); ok {
 			j.emit(Nak{D: r.Delivery, Delay: UnwrittenResultRetry})
 		}
@@ -551,7 +551,7 @@ func (j *Job) onProgress(m *Progress) {
 		return
 	}
 	if from != "" && from == j.Worker {
-		j.spoke = true
+		j.runnerKnown = true
 	}
 	if heard {
 		j.armWait()
@@ -790,7 +790,7 @@ func (j *Job) mayReport(by Sender, worker string) bool {
 	if worker == j.Worker || j.lostWorker(worker) {
 		return true
 	}
-	return !j.direct() && !j.spoke && j.pool != "" && by.InPool(j.pool)
+	return !j.direct() && !j.runnerKnown && j.pool != "" && by.InPool(j.pool)
 }
 
 // refuse leaves the job as it is and has the shell dead-letter, count and

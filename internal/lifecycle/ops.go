@@ -96,7 +96,7 @@ type WriteResult struct {
 	Err error
 
 	// OpActivate: Status; State (for CREATED, where the plan left it);
-	// Fence; Holder, the lock before this activation (BUSY: the owner's);
+	// Fence; Holder, the lock before this activation (BUSY: the holder's);
 	// Fields, the job's record (ADOPTED; CANCELLED: the cancel's fields).
 	Status ActivateStatus
 	State  jobstate.State

@@ -45,7 +45,7 @@ const (
 var confNodes = []string{"n0", "n1", "n2"}
 
 // confFields are the record fields the core reads back on adoption (adopt,
-// resumeApproval, activated1), compared between model and Redis.
+// resumeApproval, activated), compared between model and Redis.
 var confFields = []string{"reason", "op", "worker", "subj", "attempts", "deadline", "deadline_kind",
 	"tslot", "resend", "sod", "lost_workers", "runner", "req", "trace", "created", "job_hash",
 	"approval_decision", "approval_hash", "approval_by", "last_reason"}

@@ -94,7 +94,7 @@ func (j *Job) written(p *pending, r *WriteResult) {
 	case wClaim:
 		j.claimed(r)
 	case wActivate:
-		j.activated1(p, r)
+		j.activated(p, r)
 	case wTransition:
 		j.transitioned(p, r)
 	case wRelease:
@@ -171,7 +171,7 @@ func active(s jobstate.State) bool {
 
 // transition writes t (each hop checked against the legal table first);
 // once it is durable the job's memory follows, pending deliveries are acked
-// and p's effects and next step run. A fenced write means another owner has
+// and p's effects and next step run. A fenced write means another holder has
 // the job: the job stops at once, with none of them.
 func (j *Job) transition(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	from := j.State
@@ -214,13 +214,13 @@ func (j *Job) transitioned(p *pending, r *WriteResult) {
 		j.nakAll(second)
 		if r.Before == "" && j.Req != nil {
 			// Nobody holds the lock: it expired (renewals failed) or Redis
-			// lost its data. Nothing else owns the job, so take it again;
+			// lost its data. Nothing else holds the job, so take it again;
 			// the events just handed back will be offered again.
 			j.log(warn, "job lock vanished; re-activating", "state", j.State)
 			j.recover()
 			return
 		}
-		j.log(warn, "transition refused: job owned by another node", "to", t.Final(), "owner", r.Before)
+		j.log(warn, "transition refused: job owned by another node", "to", t.Final(), "holder", r.Before)
 		j.finish()
 		return
 	default:

@@ -9,9 +9,9 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
-// Ownership: taking the job's lock (activation), adopting a record another
+// The job's lock: taking it (activation), adopting a record another
 // node wrote, recreating a record Redis lost, handing events to the node
-// that owns the job, giving the lock up (passivation) and parking.
+// that holds the lock (its holder), giving the lock up (passivation) and parking.
 
 const second = time.Second
 
@@ -46,8 +46,8 @@ func (j *Job) activatePlan(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pe
 	j.activate(true, p)
 }
 
-// activated1 decides what an activation found.
-func (j *Job) activated1(p *pending, r *WriteResult) {
+// activated decides what an activation found.
+func (j *Job) activated(p *pending, r *WriteResult) {
 	plan := p.t
 	if !p.op.Create {
 		plan = nil
@@ -151,8 +151,8 @@ func (j *Job) activated1(p *pending, r *WriteResult) {
 	case ActivateCancelled:
 		j.createdCancelled(r) // cancelmark.go
 	case ActivateBusy:
-		// Another node owns the job. Submits are duplicates of a live job;
-		// results and cancels go to the owner (or back to JetStream). A
+		// Another node holds the job. Submits are duplicates of a live job;
+		// results and cancels go to the holder (or back to JetStream). A
 		// lock with no record behind it is not a live job: the submit goes
 		// back too.
 		j.count(MBusy, "")
@@ -161,7 +161,7 @@ func (j *Job) activated1(p *pending, r *WriteResult) {
 			j.nakAll(second)
 		}
 		j.ackAll()
-		j.forwardToOwner(r.Holder)
+		j.forwardToHolder(r.Holder)
 		j.finish()
 	case ActivateNotFound:
 		if j.lost != "" {
@@ -191,12 +191,12 @@ func (j *Job) hold(lockValue string) {
 	j.emit(Hold{LockValue: lockValue})
 }
 
-// forwardToOwner passes the results and cancels waiting here to the node
+// forwardToHolder passes the results and cancels waiting here to the node
 // that holds the job's lock ("<node>|<fence>"). A forwarded event is never
 // forwarded again, so two nodes cannot bounce one between them.
-func (j *Job) forwardToOwner(holder string) {
-	owner, _, ok := strings.Cut(holder, "|")
-	if !ok || owner == j.cfg.NodeID || !j.cfg.Forward {
+func (j *Job) forwardToHolder(holder string) {
+	holderNode, _, ok := strings.Cut(holder, "|")
+	if !ok || holderNode == j.cfg.NodeID || !j.cfg.Forward {
 		return
 	}
 	keep := j.deferred[:0]
@@ -207,13 +207,13 @@ func (j *Job) forwardToOwner(holder string) {
 				keep = append(keep, m)
 				continue
 			}
-			j.emit(Forward{Owner: owner, Kind: ForwardResult, Raw: m.Raw, D: m.Delivery})
+			j.emit(Forward{Holder: holderNode, Kind: ForwardResult, Raw: m.Raw, D: m.Delivery})
 		case *Cancel:
 			if m.Forwarded || m.Raw == nil {
 				keep = append(keep, m)
 				continue
 			}
-			j.emit(Forward{Owner: owner, Kind: ForwardCancel, Raw: m.Raw, D: m.Delivery})
+			j.emit(Forward{Holder: holderNode, Kind: ForwardCancel, Raw: m.Raw, D: m.Delivery})
 		default:
 			keep = append(keep, m)
 		}
@@ -276,7 +276,7 @@ func (j *Job) adopt(f map[string]string) {
 	j.resend = f["resend"] == "1"
 	j.startsOnDelivery = f["sod"] == "1"
 	j.lostWorkers = f["lost_workers"]
-	j.spoke = f["runner"] != "" && f["runner"] == j.Worker
+	j.runnerKnown = f["runner"] != "" && f["runner"] == j.Worker
 	j.lostNoted = f["reason"] == string(jobstate.ReasonWorkerLostRunnerUnknown)
 	if raw := f["req"]; raw != "" {
 		if req, err := jobstate.DecodeRequest([]byte(raw)); err == nil {
@@ -397,7 +397,7 @@ func (j *Job) parkedAt(r *WriteResult) {
 	if !r.Parked {
 		// The lock is not the job's any more: another node took it, or it
 		// vanished (it expired, or Redis lost its data — then the record
-		// may be gone too). Activating again tells which: another owner
+		// may be gone too). Activating again tells which: another holder
 		// means stopping without side effects (BUSY); no record means
 		// writing it back from what this job knows (recover → recreate).
 		j.log(warn, "job lock lost before parking; activating again to see who holds the job")
