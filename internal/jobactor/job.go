@@ -60,8 +60,9 @@ type JobActor struct {
 	// dispatched, written as waiting, or its actor finishes or stops.
 	started, admitting bool
 	// sop is the store op carrying the core's write sopOf: a retry of the
-	// same write (RetryNow) submits the same store op again, so the store
-	// writes the same DLQ outbox entry (see store.Op).
+	// same write (Write.Retry) submits the same store op again, so the
+	// store writes the same DLQ outbox entry (see store.Op); any other
+	// write gets a store op of its own.
 	sop   *store.Op
 	sopOf *lifecycle.Op
 }
@@ -184,7 +185,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			env.Writer.Submit(op)
 			break
 		}
-		if a.sopOf != e.Op {
+		if !e.Retry || a.sopOf != e.Op {
 			a.sop, a.sopOf = storeOp(e.Op), e.Op
 		}
 		self, root, ep := c.Self(), env.Root, e.Epoch

@@ -13,10 +13,12 @@ import (
 type Effect interface{ effect() }
 
 // Write hands Op to the store writer; its outcome comes back as a
-// WriteDone with Epoch.
+// WriteDone with Epoch. Retry: the same write failed (RetryWrite) and is
+// tried again unchanged, so the shell may submit what it submitted then.
 type Write struct {
 	Epoch uint64
 	Op    *Op
+	Retry bool
 }
 
 // RetryWrite: the write failed (Redis unavailable); send RetryNow with

@@ -368,7 +368,7 @@ func (j *Job) reply(ev any) bool {
 		j.busy = false
 		p := j.pending
 		j.pending = nil
-		j.write(p)
+		j.writeTry(p, true)
 	case *PolicyDone:
 		if m.Epoch != j.opEpoch || !j.busy {
 			return true

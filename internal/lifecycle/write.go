@@ -64,11 +64,15 @@ type deadline struct {
 
 // write hands p's op to the store writer; its outcome comes back as a
 // WriteDone and is decided by written.
-func (j *Job) write(p *pending) {
+func (j *Job) write(p *pending) { j.writeTry(p, false) }
+
+// writeTry writes p; retry: p's write failed before (RetryNow) and is
+// tried again, unchanged.
+func (j *Job) writeTry(p *pending, retry bool) {
 	j.opEpoch++
 	j.busy = true
 	j.pending = p
-	j.emit(Write{Epoch: j.opEpoch, Op: &p.op})
+	j.emit(Write{Epoch: j.opEpoch, Op: &p.op, Retry: retry})
 }
 
 // written decides what a write's outcome means. A Redis error leaves the
