@@ -1,12 +1,7 @@
 package safety
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"strings"
-
-	"google.golang.org/protobuf/proto"
-
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -15,15 +10,4 @@ import (
 // (approval_*), the bus message id label (cordum.bus_msg_id) and the
 // effective-config env entry. An approval is bound to this hash: if the job
 // changes, the approval no longer applies.
-func HashJobRequest(req *capv1.JobRequest) string {
-	c := proto.Clone(req).(*capv1.JobRequest)
-	for k := range c.Labels {
-		if strings.HasPrefix(k, "approval_") || k == "cordum.bus_msg_id" {
-			delete(c.Labels, k)
-		}
-	}
-	delete(c.Env, "CORDUM_EFFECTIVE_CONFIG")
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
+func HashJobRequest(req *capv1.JobRequest) string { return jobstate.HashRequest(req) }

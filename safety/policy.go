@@ -20,6 +20,7 @@ package safety
 import (
 	"context"
 
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -69,15 +70,7 @@ func (AllowAll) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.
 
 // TenantOf returns the tenant a request is accounted to: tenant_id, then
 // env["tenant_id"], then "default" (CAP's rule).
-func TenantOf(req *capv1.JobRequest) string {
-	if req.TenantId != "" {
-		return req.TenantId
-	}
-	if t := req.Env["tenant_id"]; t != "" {
-		return t
-	}
-	return "default"
-}
+func TenantOf(req *capv1.JobRequest) string { return jobstate.TenantOf(req) }
 
 // CheckRequest builds the PolicyCheckRequest CAP kernels expect for req.
 func CheckRequest(req *capv1.JobRequest) *capv1.PolicyCheckRequest {

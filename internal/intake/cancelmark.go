@@ -44,7 +44,7 @@ func (in *Intake) markHeld(jobID string, c *jobactor.Cancel) bool {
 		// told, as any event for such a job (see jobactor.Env.DataLost).
 		return false
 	}
-	tenants := markTenants(c.By)
+	tenants := markTenants(jobactor.PrincipalOf(c.By))
 	if len(tenants) == 0 {
 		return false
 	}

@@ -150,7 +150,7 @@ func (in *Intake) takeForwarded(kind string, raw []byte, d jobactor.Delivery) bo
 				return true
 			}
 			in.route(res.JobId, &jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true,
-				By: by, Refuse: refuse}, true)
+				By: jobactor.By(by), Refuse: refuse}, true)
 			return true
 		}
 	case jobactor.ForwardCancel:
@@ -160,7 +160,7 @@ func (in *Intake) takeForwarded(kind string, raw []byte, d jobactor.Delivery) bo
 				return true
 			}
 			in.route(cn.JobId, &jobactor.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: d, Forwarded: true,
-				By: by, Refuse: refuse}, true)
+				By: jobactor.By(by), Refuse: refuse}, true)
 			return true
 		}
 	}

@@ -216,7 +216,7 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		in.Env.Root.Send(in.Env.Router, &router.Released{WorkerID: res.WorkerId, JobID: res.JobId, Done: true})
 	}
 	in.route(res.JobId, &jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg), By: by, Refuse: in.refuser(msg, KindResult, pkt)}, true)
+		Published: publishedAt(msg), By: jobactor.By(by), Refuse: in.refuser(msg, KindResult, pkt)}, true)
 }
 
 // terminalStatus reports whether a result status ends the worker's run.
@@ -262,7 +262,7 @@ func (in *Intake) HandleProgress(msg *nats.Msg) {
 		in.Signatures.count(KindProgress, refusalLabel(reason))
 		in.Log.Debug("progress packet refused", "job_id", p.JobId, "reason", reason, "detail", detail)
 	}
-	in.route(p.JobId, &jobactor.Progress{P: p, From: pkt.SenderId, By: by, Refuse: refuse}, false)
+	in.route(p.JobId, &jobactor.Progress{P: p, From: pkt.SenderId, By: jobactor.By(by), Refuse: refuse}, false)
 }
 
 // HandleHeartbeat handles a core NATS heartbeat.
@@ -364,7 +364,7 @@ func (in *Intake) HandleCancel(msg jetstream.Msg) {
 	}
 	cn := pkt.GetJobCancel()
 	c := &jobactor.Cancel{C: cn, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg), By: by, Refuse: in.refuser(msg, KindCancel, pkt)}
+		Published: publishedAt(msg), By: jobactor.By(by), Refuse: in.refuser(msg, KindCancel, pkt)}
 	if in.FindWaiting == nil || in.Env.Forward == nil || !in.takeFindSlot() {
 		in.route(cn.JobId, c, true)
 		return

@@ -292,7 +292,7 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
 		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
 		AdmissionHold: e.AdmissionHold,
-		SagaRetention: e.SagaRetention, UnknownHold: max(e.UnknownHold, 0),
+		Saga:          sagaRecorder(e.SagaRetention), UnknownHold: max(e.UnknownHold, 0),
 		WorkerLostGrace: max(e.WorkerLostGrace, 0),
 		Direct:          func(subject, worker string) bool { return subject == e.Subjects.Worker(worker) },
 		Output:          e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,

@@ -59,6 +59,12 @@ type JobActor struct {
 	// was a submit, and the job counts in Env.Admitting until it is
 	// dispatched, written as waiting, or its actor finishes or stops.
 	started, admitting bool
+	// sop is the store op carrying the core's write sopOf: a retry of the
+	// same write (Write.Retry) submits the same store op again, so the
+	// store writes the same DLQ outbox entry (see store.Op); any other
+	// write gets a store op of its own.
+	sop   *store.Op
+	sopOf *lifecycle.Op
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -174,12 +180,17 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	switch e := e.(type) {
 	case lifecycle.Write:
 		if e.Epoch == 0 {
-			e.Op.Done = func(*store.Result) {} // nobody waits for it
-		} else {
-			self, root, ep := c.Self(), env.Root, e.Epoch
-			e.Op.Done = func(r *store.Result) { root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: r}) }
+			op := storeOp(e.Op)
+			op.Done = func(*store.Result) {} // nobody waits for it
+			env.Writer.Submit(op)
+			break
 		}
-		env.Writer.Submit(e.Op)
+		if !e.Retry || a.sopOf != e.Op {
+			a.sop, a.sopOf = storeOp(e.Op), e.Op
+		}
+		self, root, ep := c.Self(), env.Root, e.Epoch
+		a.sop.Done = func(r *store.Result) { root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: writeResult(r)}) }
+		env.Writer.Submit(a.sop)
 	case lifecycle.RetryWrite:
 		self, root, ep := c.Self(), env.Root, e.Epoch
 		time.AfterFunc(e.After, func() { root.Send(self, &lifecycle.RetryNow{Epoch: ep}) })
@@ -208,10 +219,10 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
 			o := gate.Phase1(ctx, oreq)
 			cancel()
-			root.Send(self, &lifecycle.OutputDone{Epoch: ep, Outcome: o, Res: e.Res, Path: e.Path})
+			root.Send(self, &lifecycle.OutputDone{Epoch: ep, Outcome: outputOutcome(o), Res: e.Res, Path: e.Path})
 		}()
 	case lifecycle.ScanContent:
-		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), e.Req)
+		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), safety.OutputRequest(a.job.Req, e.Res))
 	case lifecycle.PublishRequest:
 		a.admitted()
 		return a.publishRequest(e)
@@ -308,12 +319,12 @@ func (a *JobActor) askPolicy(c actor.Context, e lifecycle.AskPolicy) any {
 	preq := safety.CheckRequest(e.Req)
 	if safety.IsInline(a.env.Policy) {
 		dec, err := a.env.Policy.Check(context.Background(), preq)
-		return &lifecycle.PolicyDone{Epoch: e.Epoch, Dec: dec, Err: err}
+		return policyDone(e.Epoch, dec, err)
 	}
 	self, root, policy, slots, ep := c.Self(), a.env.Root, a.env.Policy, a.env.PolicySlots, e.Epoch
 	go func() {
 		dec, err := checkBounded(policy, preq, slots)
-		root.Send(self, &lifecycle.PolicyDone{Epoch: ep, Dec: dec, Err: err})
+		root.Send(self, policyDone(ep, dec, err))
 	}()
 	return nil
 }
@@ -459,7 +470,7 @@ func (a *JobActor) forward(e lifecycle.Forward) {
 	}
 	forward, metric, env, id := a.env.Forward, a.env.Metrics.Forwarded, a.env, a.id
 	go func() {
-		if err := forward(e.Owner, e.Kind, e.Raw); err == nil {
+		if err := forward(e.Holder, e.Kind, e.Raw); err == nil {
 			metric.WithLabelValues("taken").Inc()
 			if e.D != nil {
 				_ = e.D.Ack()

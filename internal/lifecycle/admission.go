@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Admission: a submit, its idempotency key, the input policy's decision
@@ -33,15 +31,15 @@ func (j *Job) onSubmit(m *Submit) {
 	}
 	j.acks = append(j.acks, m.Delivery)
 	if key := m.Req.GetMeta().GetIdempotencyKey(); key != "" && !j.idemChecked {
-		j.write(&pending{kind: wClaim, op: &store.Op{Kind: store.OpClaim, JobID: j.ID,
-			IdemKey: j.cfg.IdemKey(safety.TenantOf(j.Req), key)}})
+		j.write(&pending{kind: wClaim, op: Op{Kind: OpClaim, JobID: j.ID,
+			IdemKey: j.cfg.IdemKey(jobstate.TenantOf(j.Req), key)}})
 		return
 	}
 	j.decideFresh()
 }
 
 // claimed: a submit whose idempotency key another job holds is that job.
-func (j *Job) claimed(r *store.Result) {
+func (j *Job) claimed(r *WriteResult) {
 	j.idemChecked = true
 	if r.Holder != j.ID {
 		j.count(MIdemDuplicates, "")
@@ -77,8 +75,9 @@ func (j *Job) checkPolicy() {
 }
 
 // onDecision acts on the input policy's answer.
-func (j *Job) onDecision(dec *capv1.PolicyCheckResponse, err error) {
-	if err != nil || dec == nil {
+func (j *Job) onDecision(pd *PolicyDone) {
+	dec := pd.Dec
+	if pd.Err != nil || dec == nil {
 		// Unavailable (or an open circuit): never a denial, never a
 		// failure, always a retry — not a scheduling attempt.
 		j.waitForPolicy()
@@ -92,12 +91,14 @@ func (j *Job) onDecision(dec *capv1.PolicyCheckResponse, err error) {
 		j.policyLimit = int(m)
 	}
 	// The decision is recorded with the job's next write.
-	j.decision = safety.DecisionFields(dec)
+	j.decision = pd.Record
 	switch dec.Decision {
 	case capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS:
 		// The constraints travel to the worker in the request's env and
 		// cap budget.deadline_ms.
-		safety.ApplyConstraints(j.Req, dec.Constraints)
+		if pd.Constrain != nil {
+			pd.Constrain(j.Req)
+		}
 		j.askRouter()
 	case capv1.DecisionType_DECISION_TYPE_ALLOW:
 		j.askRouter()
@@ -134,10 +135,10 @@ func (j *Job) waitForPolicy() {
 // passivates: the lock is released and the actor stops. An approval makes
 // the job due, and whichever replica's due poller sees it wakes the job.
 func (j *Job) requestApproval(dec *capv1.PolicyCheckResponse) {
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending),
-		Path:    []store.Hop{{To: jobstate.StateApprovalRequired, Reason: jobstate.ReasonApprovalRequired}},
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending),
+		Path:    []jobstate.Hop{{To: jobstate.StateApprovalRequired, Reason: jobstate.ReasonApprovalRequired}},
 		Release: true, Due: -1,
-		Fields: []string{"job_hash", safety.HashJobRequest(j.Req), "rule_id", dec.RuleId,
+		Fields: []string{"job_hash", jobstate.HashRequest(j.Req), "rule_id", dec.RuleId,
 			"policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot}},
 		nil, &pending{applied: []Effect{j.logFx(info, "job waits for approval", "topic", j.topic(), "rule_id", dec.RuleId)}})
 }
@@ -146,16 +147,16 @@ func (j *Job) requestApproval(dec *capv1.PolicyCheckResponse) {
 func (j *Job) resumeApproval() {
 	f := j.record
 	by := []string{"approved_by", f["approval_by"], "approval_reason", f["approval_reason"]}
-	switch store.Decision(f["approval_decision"]) {
-	case store.DecisionApproved:
-		if j.Req == nil || safety.HashJobRequest(j.Req) != f["job_hash"] || f["approval_hash"] != f["job_hash"] {
+	switch jobstate.Decision(f["approval_decision"]) {
+	case jobstate.DecisionApproved:
+		if j.Req == nil || jobstate.HashRequest(j.Req) != f["job_hash"] || f["approval_hash"] != f["job_hash"] {
 			j.deny(jobstate.ReasonApprovalHashMismatch, "the job changed after approval was requested", by)
 			return
 		}
-		j.transition(&store.Transition{Expect: store.Expect(jobstate.StateApprovalRequired),
-			Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonApprovalGranted}}, Due: -1, Fields: by},
+		j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateApprovalRequired),
+			Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonApprovalGranted}}, Due: -1, Fields: by},
 			nil, &pending{then: nAskRouter})
-	case store.DecisionRejected:
+	case jobstate.DecisionRejected:
 		j.deny(jobstate.ReasonApprovalRejected, f["approval_reason"], by)
 	default:
 		// Woken without a decision: wait again with no actor — unless a
@@ -171,8 +172,8 @@ func (j *Job) resumeApproval() {
 
 func (j *Job) deny(reason jobstate.Reason, detail string, fields []string) {
 	entry := j.dlqEntry(reason, detail, "")
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled, jobstate.StateApprovalRequired),
-		Path:   []store.Hop{{To: jobstate.StateDenied, Reason: reason}},
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled, jobstate.StateApprovalRequired),
+		Path:   []jobstate.Hop{{To: jobstate.StateDenied, Reason: reason}},
 		Fields: append(fields, "error_code", string(reason), "error_message", detail)}, entry,
 		&pending{applied: []Effect{
 			j.logFx(info, "job denied", "topic", j.topic(), "reason", reason, "detail", detail),
@@ -188,8 +189,8 @@ func (j *Job) fail(reason jobstate.Reason, detail string, last jobstate.Reason) 
 	if last != "" {
 		fields = append(fields, "last_reason", string(last))
 	}
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled, jobstate.StateApprovalRequired),
-		Path: []store.Hop{{To: jobstate.StateFailed, Reason: reason}}, Fields: fields}, entry,
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled, jobstate.StateApprovalRequired),
+		Path: []jobstate.Hop{{To: jobstate.StateFailed, Reason: reason}}, Fields: fields}, entry,
 		&pending{applied: []Effect{
 			j.logFx(warn, "job failed", "topic", j.topic(), "reason", reason, "last_reason", last, "detail", detail),
 			PublishDLQ{Entry: entry},
@@ -224,8 +225,8 @@ func (j *Job) retryLater(why jobstate.Reason) {
 	j.arm(j.now().Add(j.cfg.Backoff(j.attempts)))
 }
 
-func (j *Job) dlqEntry(reason jobstate.Reason, detail string, last jobstate.Reason) *store.DLQEntry {
-	return &store.DLQEntry{JobID: j.ID, Topic: j.topic(), Reason: reason, Message: detail,
+func (j *Job) dlqEntry(reason jobstate.Reason, detail string, last jobstate.Reason) *jobstate.DLQEntry {
+	return &jobstate.DLQEntry{JobID: j.ID, Topic: j.topic(), Reason: reason, Message: detail,
 		LastReason: last, TraceID: j.TraceID, Subject: j.cfg.SubmitSubject}
 }
 

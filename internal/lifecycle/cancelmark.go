@@ -2,8 +2,6 @@ package lifecycle
 
 import (
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -12,19 +10,19 @@ import (
 // node; see store.Store.MarkCancel), so the activation created it
 // CANCELLED instead of applying the plan. None of the plan's effects run:
 // it is never dispatched. The client is told, once, like any cancelled job.
-func (j *Job) createdCancelled(r *store.Result) {
+func (j *Job) createdCancelled(r *WriteResult) {
 	j.created = j.now()
 	j.count(MReceived, "")
 	j.State, j.Fence = jobstate.StateCancelled, r.Fence
 	j.LastReason = jobstate.ReasonCancelRequested
 	if j.cfg.Trace {
-		j.emit(Moved{Created: true, Path: []store.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}}})
+		j.emit(Moved{Created: true, Path: []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}}})
 	}
 	if j.Worker != "" {
 		// A record Redis lost, written back (recreate): the job is with its
 		// worker, which hears the cancel on the bus; its slot stays counted
 		// until the worker lets go, as for any job cancelled there.
-		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
+		j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
 	}
 	j.ended()
 	j.ackAll()

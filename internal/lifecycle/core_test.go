@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -49,7 +47,7 @@ func (d *driver) feed(ev any) []Effect {
 		case AskPolicy:
 			d.step = e.Epoch
 		case AskRouter:
-			d.step = e.Req.(*router.PickRequest).Epoch
+			d.step = e.Req.(*PickRequest).Epoch
 		case Arm:
 			d.timer = e.Epoch
 		}
@@ -71,8 +69,8 @@ func find[T Effect](fx []Effect) (T, bool) {
 func (d *driver) dispatch() {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
-	fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
+	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	if _, ok := find[PublishRequest](fx); !ok || d.j.State != jobstate.StateDispatched {
 		d.t.Fatalf("not dispatched: %s %v", d.j.State, fx)
 	}
@@ -86,10 +84,10 @@ func TestParkedJobPassesOnLateProgress(t *testing.T) {
 	d.dispatch()
 	d.now = d.now.Add(10 * time.Second)
 	fx := d.feed(&Timer{Epoch: d.timer})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != store.OpPark {
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpPark {
 		t.Fatalf("no park after ParkAfter: %v", fx)
 	}
-	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Parked: true}})
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Parked: true}})
 	if f, ok := find[Finish](fx); !ok || !f.Parked {
 		t.Fatalf("parked job did not finish parked: %v", fx)
 	}
@@ -108,11 +106,11 @@ func TestParkedJobPassesOnLateProgress(t *testing.T) {
 func TestStalePickReplyFreesItsSlot(t *testing.T) {
 	d := newDriver(t)
 	d.dispatch()
-	fx := d.feed(&router.PickReply{Epoch: d.step - 1, WorkerID: "w9", Subject: "worker.w9.jobs"})
-	if m, ok := find[ToRouter](fx); !ok || m.Msg.(*router.Released).WorkerID != "w9" || !m.Msg.(*router.Released).Done {
+	fx := d.feed(&PickReply{Epoch: d.step - 1, WorkerID: "w9", Subject: "worker.w9.jobs"})
+	if m, ok := find[ToRouter](fx); !ok || m.Msg.(*Released).WorkerID != "w9" || !m.Msg.(*Released).Done {
 		t.Fatalf("stale pick of w9: %v, want its slot released", fx)
 	}
-	fx = d.feed(&router.PickReply{Epoch: d.step - 1, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	fx = d.feed(&PickReply{Epoch: d.step - 1, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	if _, ok := find[ToRouter](fx); ok {
 		t.Fatalf("stale pick naming the job's own worker released its slot: %v", fx)
 	}
@@ -124,7 +122,7 @@ func TestFencedWriteEmitsNoEffects(t *testing.T) {
 	d := newDriver(t)
 	d.dispatch()
 	d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1", Reason: "stop"}})
-	fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepFenced, Before: "n2|7"}})
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepFenced, Before: "n2|7"}})
 	for _, e := range fx {
 		switch e.(type) {
 		case TellClient, PublishDLQ, CancelWorker, PublishRequest, Ack:
@@ -148,13 +146,13 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 		d := newDriver(t)
 		d.dispatch()
 		d.feed(&WorkerLost{WorkerID: "w1"})
-		fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+		fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		if d.j.State != jobstate.StateScheduled {
 			t.Fatalf("after worker_lost: %s %v", d.j.State, fx)
 		}
 		if redispatched {
-			d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
-			d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+			d.feed(&PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
+			d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 			if d.j.State != jobstate.StateDispatched || d.j.Worker != "w2" {
 				t.Fatalf("not dispatched again: %s on %s", d.j.State, d.j.Worker)
 			}
@@ -162,14 +160,14 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 				// The evicted worker, alive after all, reports it runs the
 				// job: the job's worker stays the later dispatch's.
 				d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w1"})
-				d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+				d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 				if d.j.Worker != "w2" {
 					t.Fatalf("progress of the earlier dispatch's worker took the job to %s", d.j.Worker)
 				}
 			}
 		} else {
-			d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
-			d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+			d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
+			d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		}
 		fx = d.feed(&Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
 		w, ok := find[Write](fx)
@@ -179,7 +177,7 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 		if !strings.Contains(strings.Join(w.Op.T.Fields, " "), "result_of earlier_dispatch") {
 			t.Fatalf("not recorded as an earlier dispatch's result: %v", w.Op.T.Fields)
 		}
-		fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+		fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		_, cancelled := find[CancelWorker](fx)
 		if d.j.State != jobstate.StateSucceeded || cancelled != redispatched {
 			t.Fatalf("redispatched=%v: state %s, later dispatch cancelled %v: %v", redispatched, d.j.State, cancelled, fx)
@@ -196,10 +194,10 @@ func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
 	d.j.cfg.ResendAfter = 5 * time.Second
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", Resend: true})
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
+	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", Resend: true})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: "w1"})
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	if d.j.State != jobstate.StateRunning {
 		t.Fatalf("state %s, want RUNNING", d.j.State)
 	}
@@ -249,7 +247,7 @@ func TestDispatchWritesUnsetFlagsOnlyOverAnExistingRecord(t *testing.T) {
 	d := newDriver(t)
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", StartsOnDelivery: true})
+	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs", StartsOnDelivery: true})
 	f := fieldsOf(t, fx)
 	if _, ok := f["tslot"]; ok {
 		t.Errorf("a fresh record got tslot %q", f["tslot"])
@@ -260,17 +258,17 @@ func TestDispatchWritesUnsetFlagsOnlyOverAnExistingRecord(t *testing.T) {
 	if f["sod"] != "1" || f["worker"] != "w1" || f["attempts"] != "1" {
 		t.Errorf("fresh record fields %v", f)
 	}
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	// The publish fails: back to SCHEDULED, then a new pick over the
 	// existing record.
 	d.feed(&PublishFailed{})
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	if d.j.State != jobstate.StateScheduled {
 		t.Fatalf("state %s after a failed publish, want SCHEDULED", d.j.State)
 	}
 	d.now = d.now.Add(time.Minute)
 	d.feed(&Timer{Epoch: d.timer})
-	fx = d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
+	fx = d.feed(&PickReply{Epoch: d.step, WorkerID: "w2", Subject: "worker.w2.jobs"})
 	f = fieldsOf(t, fx)
 	if f["tslot"] != "0" || f["resend"] != "0" || f["sod"] != "0" || f["worker"] != "w2" {
 		t.Errorf("a dispatch over an existing record wrote %v, want every flag", f)

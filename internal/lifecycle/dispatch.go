@@ -5,16 +5,13 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Dispatch: asking the router for a worker, waiting for capacity, the
 // tenant's concurrency slot, the dispatch itself and its resends, the wait
 // for the worker (deadlines, parking), its start, and its loss.
 
-// askRouter asks for a worker; the answer arrives as a *router.PickReply.
+// askRouter asks for a worker; the answer arrives as a *PickReply.
 // With no room the router queues the job (see waitCapacity).
 func (j *Job) askRouter() {
 	j.dropPick()
@@ -27,11 +24,11 @@ func (j *Job) askRouter() {
 	if submitted.IsZero() {
 		submitted = j.firstEvent
 	}
-	j.emit(AskRouter{Req: &router.PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
+	j.emit(AskRouter{Req: &PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
 		Wait: true, Ticket: j.ticket, Submitted: submitted}})
 }
 
-func (j *Job) onPick(p *router.PickReply) {
+func (j *Job) onPick(p *PickReply) {
 	if p.Queued {
 		j.waitCapacity(p)
 		return
@@ -53,15 +50,15 @@ func (j *Job) onPick(p *router.PickReply) {
 	}
 	// The tenant has a concurrency limit: take a slot (shared by every
 	// replica) before dispatching, or wait like any transient failure.
-	j.write(&pending{kind: wAdmit, pick: p, op: &store.Op{Kind: store.OpAdmit, JobID: j.ID,
-		TenantKey: j.cfg.TenantKey(safety.TenantOf(j.Req)), Limit: limit}})
+	j.write(&pending{kind: wAdmit, pick: p, op: Op{Kind: OpAdmit, JobID: j.ID,
+		TenantKey: j.cfg.TenantKey(jobstate.TenantOf(j.Req)), Limit: limit}})
 }
 
-func (j *Job) admittedTo(p *pending, r *store.Result) {
+func (j *Job) admittedTo(p *pending, r *WriteResult) {
 	if !r.Admitted {
 		j.dropPick()
-		j.placementFailed(&router.PickReply{Reason: jobstate.ReasonTenantLimit,
-			Detail: "tenant " + safety.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
+		j.placementFailed(&PickReply{Reason: jobstate.ReasonTenantLimit,
+			Detail: "tenant " + jobstate.TenantOf(j.Req) + " has " + strconv.Itoa(p.op.Limit) + " jobs running"})
 		return
 	}
 	j.admitted = true
@@ -73,7 +70,7 @@ func (j *Job) admittedTo(p *pending, r *store.Result) {
 func (j *Job) tenantLimit() int {
 	limit := 0
 	if j.cfg.TenantLimit != nil {
-		limit = j.cfg.TenantLimit(safety.TenantOf(j.Req))
+		limit = j.cfg.TenantLimit(jobstate.TenantOf(j.Req))
 	}
 	if j.policyLimit > 0 && (limit == 0 || j.policyLimit < limit) {
 		limit = j.policyLimit
@@ -83,12 +80,12 @@ func (j *Job) tenantLimit() int {
 
 // dispatchTo records the job as dispatched to the picked worker; the
 // request is published once that is durable (dispatched).
-func (j *Job) dispatchTo(p *router.PickReply) {
-	path := make([]store.Hop, 0, 2)
+func (j *Job) dispatchTo(p *PickReply) {
+	path := make([]jobstate.Hop, 0, 2)
 	if j.State == jobstate.StatePending {
-		path = append(path, store.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
+		path = append(path, jobstate.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
 	}
-	path = append(path, store.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
+	path = append(path, jobstate.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
 	j.attempts++
 	dl := j.deadlineFor(jobstate.StateDispatched)
 	if p.StartsOnDelivery {
@@ -108,7 +105,7 @@ func (j *Job) dispatchTo(p *router.PickReply) {
 	if p.Pool != "" {
 		fields = append(fields, "pool", p.Pool)
 	}
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
 		Due: dl.at.UnixMilli(), Fields: fields},
 		nil, &pending{then: nDispatched, pick: p, dl: dl})
 }
@@ -141,8 +138,8 @@ func (j *Job) onPublishFailed(m *PublishFailed) {
 	}
 	j.log(warn, "dispatch publish failed", "subject", j.Subject, "err", m.Err)
 	j.disarm()
-	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonDispatchFailed}}, Due: -1}, nil,
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonDispatchFailed}}, Due: -1}, nil,
 		&pending{then: nRetryLater})
 }
 
@@ -289,7 +286,7 @@ func (j *Job) onResultsLost() {
 // takes; a pool with no
 // live workers is rechecked on the scheduling backoff and counts attempts,
 // so a pool that never gets a worker fails the job (max_scheduling_retries).
-func (j *Job) waitCapacity(p *router.PickReply) {
+func (j *Job) waitCapacity(p *PickReply) {
 	again := j.queued
 	j.queued = true
 	changed := !again || j.capReason != p.Reason
@@ -336,7 +333,7 @@ func waitsUnbounded(reason jobstate.Reason) bool {
 // probe looks for the record of a job waiting within its grace, once, at
 // the wait's first timer: its submit may repeat a job that exists (a
 // client resubmitting, a SUBMIT stream lost and refilled). One activation
-// that creates nothing takes such a job over, hands it to its owner or
+// that creates nothing takes such a job over, hands it to its holder or
 // finds it ended, rather than holding it here as a new wait for up to the
 // grace; a job with no record waits on (probedAbsent). At the first timer,
 // not as the wait begins: most waits (a burst the pools drain) end sooner
@@ -357,7 +354,7 @@ func (j *Job) probedAbsent() {
 	// that the job is created before an event deferred with it that needs
 	// its record (a cancel) is handled.
 	for i, m := range j.deferred {
-		if pl, ok := m.(*router.Placed); ok {
+		if pl, ok := m.(*Placed); ok {
 			j.deferred = append(j.deferred[:i:i], j.deferred[i+1:]...)
 			j.handle(pl)
 			return
@@ -467,8 +464,8 @@ func (j *Job) endHold(now time.Time) {
 func (j *Job) writeWait(at time.Time) {
 	j.leaveGrace()
 	j.count(MCapacityWaits, string(j.capReason))
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(j.capReason)}},
 		nil, &pending{then: nArm, at: at})
 }
@@ -483,12 +480,12 @@ func (j *Job) leaveGrace() {
 }
 
 // onPlaced acts on a placement the router made for the queued job.
-func (j *Job) onPlaced(m *router.Placed) {
+func (j *Job) onPlaced(m *Placed) {
 	if j.State != jobstate.StatePending && j.State != jobstate.StateScheduled {
 		// Moved on meanwhile (dispatched on a recheck, cancelled): the
 		// slot goes back, and the job's own wait (its timer) stays.
 		if m.Reply.WorkerID != "" {
-			j.toRouter(&router.Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
+			j.toRouter(&Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
 		}
 		return
 	}
@@ -501,7 +498,7 @@ func (j *Job) onPlaced(m *router.Placed) {
 // dispatched, so the slot it counted is freed.
 func (j *Job) dropPick() {
 	if j.picked != "" {
-		j.toRouter(&router.Released{WorkerID: j.picked, JobID: j.ID, Done: true})
+		j.toRouter(&Released{WorkerID: j.picked, JobID: j.ID, Done: true})
 		j.picked = ""
 	}
 }
@@ -510,12 +507,12 @@ func (j *Job) dropPick() {
 func (j *Job) withdraw() {
 	if j.queued {
 		j.queued = false
-		j.toRouter(&router.Withdraw{JobID: j.ID, Ticket: j.ticket})
+		j.toRouter(&Withdraw{JobID: j.ID, Ticket: j.ticket})
 	}
 }
 
-func (j *Job) placementFailed(p *router.PickReply) {
-	if router.Permanent(p.Reason) {
+func (j *Job) placementFailed(p *PickReply) {
+	if Permanent(p.Reason) {
 		if j.firstFail.IsZero() {
 			j.firstFail = j.now()
 		}
@@ -534,8 +531,8 @@ func (j *Job) placementFailed(p *router.PickReply) {
 	// Record the attempt, its reason and when the job wakes (PENDING →
 	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
 	at := j.now().Add(j.cfg.Backoff(j.attempts))
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending, jobstate.StateScheduled),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
 		nil, &pending{then: nArm, at: at})
 }
@@ -554,16 +551,16 @@ func (j *Job) markRunning(from string) {
 	if from != "" {
 		if from != j.Worker {
 			if j.Worker != "" {
-				j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
+				j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: true})
 			}
-			j.toRouter(&router.Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
+			j.toRouter(&Occupied{WorkerID: from, JobID: j.ID, Started: true, Heard: true})
 			j.Worker = from
 		}
-		j.spoke = true
+		j.runnerKnown = true
 		fields = append(fields, "worker", from, "runner", from)
 	}
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path: []jobstate.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),
 		Fields: fields}, nil, &pending{then: nRunning, dl: dl})
 }
 
@@ -586,8 +583,8 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 		lost = j.lostWorkers + "," + m.WorkerID
 	}
 	j.lostWorkers = lost
-	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonWorkerLost}}, Due: -1,
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonWorkerLost}}, Due: -1,
 		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
 }
 
@@ -606,7 +603,7 @@ const runnerUnknownDetail = "picked worker lost; runner unknown; ends at its dea
 // evicted is when the worker was evicted (zero: now): the grace runs from
 // then, so a job adopted after the eviction does not get a fresh one.
 func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
-	known := j.spoke || j.direct()
+	known := j.runnerKnown || j.direct()
 	if !known {
 		// Picked, but maybe not the one running it: the deadline decides;
 		// the history says so, once.
@@ -617,8 +614,8 @@ func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 		j.count(MRunnerUnknown, "")
 		j.log(warn, "worker picked for a started job lost; its runner is unknown and may be lost too, so its deadline decides",
 			"worker_id", worker, "deadline", j.deadline)
-		j.transition(&store.Transition{Expect: store.Expect(j.State),
-			Path:   []store.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLostRunnerUnknown}},
+		j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+			Path:   []jobstate.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLostRunnerUnknown}},
 			Fields: []string{"lost_worker", worker, "lost_detail", runnerUnknownDetail}}, nil, &pending{then: nWatch})
 		return
 	}
@@ -636,8 +633,8 @@ func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 	}
 	j.log(warn, "worker of a started job lost; failing it unless the worker answers", "worker_id", worker,
 		"grace", grace)
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path: []store.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLost}}, Due: at.UnixMilli(),
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path: []jobstate.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLost}}, Due: at.UnixMilli(),
 		Fields: []string{"lost_worker", worker, "deadline", strconv.FormatInt(at.UnixMilli(), 10),
 			"deadline_kind", string(jobstate.ReasonWorkerLost)}},
 		nil, &pending{then: nDeadline, dl: deadline{at, jobstate.ReasonWorkerLost}})

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -14,10 +13,12 @@ import (
 type Effect interface{ effect() }
 
 // Write hands Op to the store writer; its outcome comes back as a
-// WriteDone with Epoch.
+// WriteDone with Epoch. Retry: the same write failed (RetryWrite) and is
+// tried again unchanged, so the shell may submit what it submitted then.
 type Write struct {
 	Epoch uint64
-	Op    *store.Op
+	Op    *Op
+	Retry bool
 }
 
 // RetryWrite: the write failed (Redis unavailable); send RetryNow with
@@ -27,7 +28,7 @@ type RetryWrite struct {
 	After time.Duration
 }
 
-// AskRouter sends Req to the router; the answer (a *router.PickReply with
+// AskRouter sends Req to the router; the answer (a *PickReply with
 // Req.Epoch) comes back as an event.
 type AskRouter struct{ Req any }
 
@@ -52,12 +53,13 @@ type WaitPolicy struct{ On bool }
 type AskOutput struct {
 	Epoch   uint64
 	Res     *Result
-	Path    []store.Hop
+	Path    []jobstate.Hop
 	Applied []Effect // handed back in OutputDone
 }
 
-// ScanContent queues the output policy's phase 2 for a SUCCEEDED job.
-type ScanContent struct{ Req *capv1.OutputCheckRequest }
+// ScanContent queues the output policy's phase 2 for a SUCCEEDED job's
+// result Res.
+type ScanContent struct{ Res *capv1.JobResult }
 
 // PublishRequest publishes the job's request to Subject. A failure of a
 // first dispatch (not Resend) comes back as PublishFailed.
@@ -93,7 +95,7 @@ type Refusal struct {
 }
 
 // PublishDLQ announces a DLQ entry on sys.job.dlq.
-type PublishDLQ struct{ Entry *store.DLQEntry }
+type PublishDLQ struct{ Entry *jobstate.DLQEntry }
 
 // Arm sets the job's one timer to fire Timer{Epoch} at At, replacing any
 // other; Disarm cancels it.
@@ -115,12 +117,12 @@ type Touch struct{ D Delivery }
 type Hold struct{ LockValue string }
 type Forget struct{ LockValue string }
 
-// Forward hands a result or cancel to the node that owns the job; the
-// delivery is acked if the owner takes it, handed back otherwise.
+// Forward hands a result or cancel to Holder, the node that holds the job's lock; the
+// delivery is acked if the holder takes it, handed back otherwise.
 type Forward struct {
-	Owner, Kind string
-	Raw         []byte
-	D           Delivery
+	Holder, Kind string
+	Raw          []byte
+	D            Delivery
 }
 
 // Finish tells the supervisor the actor has nothing left to do.
@@ -140,7 +142,7 @@ type Terminal struct{}
 // node's OpenTelemetry spans follow it), before the effects the write owed.
 type Moved struct {
 	From    jobstate.State
-	Path    []store.Hop
+	Path    []jobstate.Hop
 	Created bool
 	// WaitedAt: the job waited for room, with no record, from then; the
 	// SCHEDULED hop created with it began there (zero: no such wait).
@@ -203,7 +205,7 @@ const (
 	MFailClosed // label: topic
 	MQuarantined
 	MHeld // a result or cancel for a job with no record, handed back
-	MBusy // an activation found the job's lock held by another owner
+	MBusy // an activation found the job's lock held by another node
 	// MRunnerUnknown: a started job's picked worker was lost, and its
 	// runner is unknown (a pool subject).
 	MRunnerUnknown

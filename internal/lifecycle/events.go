@@ -4,10 +4,7 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
-	"github.com/troupe-run/troupe/signing"
 )
 
 // Delivery is the JetStream message an event came in, as the job sees it.
@@ -39,7 +36,7 @@ type Result struct {
 	Delivery Delivery
 	// Raw is the packet as received, for forwarding to the owning node.
 	Raw []byte
-	// Forwarded marks a result another node passed to this one (the owner);
+	// Forwarded marks a result another node passed to this one (the holder);
 	// it is never forwarded again.
 	Forwarded bool
 	// Published is when the message entered its stream (zero: unknown).
@@ -47,7 +44,7 @@ type Result struct {
 	// By is the verified sender (nil: the node does not verify, and trusts
 	// everyone on the bus); Refuse settles a result the job refuses from
 	// it (see Refusal).
-	By     *signing.Principal
+	By     Sender
 	Refuse func(reason jobstate.Reason, detail string)
 }
 
@@ -58,7 +55,7 @@ type Progress struct {
 	From string
 	// By and Refuse as for Result (a progress has nothing to settle:
 	// Refuse only counts it).
-	By     *signing.Principal
+	By     Sender
 	Refuse func(reason jobstate.Reason, detail string)
 }
 
@@ -70,8 +67,39 @@ type Cancel struct {
 	Raw       []byte
 	Forwarded bool
 	Published time.Time
-	By        *signing.Principal
+	By        Sender
 	Refuse    func(reason jobstate.Reason, detail string)
+}
+
+// Sender is an event's verified sender, as the core asks about it (the
+// shell wraps the node's signing principal). A nil Sender: the node does
+// not verify senders, and trusts everyone on the bus.
+type Sender interface {
+	// WorkerKey: the sender holds a worker's key (not a legacy entry).
+	WorkerKey() bool
+	// InPool: a worker sender serves pool (a legacy one serves every pool).
+	InPool(pool string) bool
+	// ForTenant: the sender may cancel for tenant.
+	ForTenant(tenant string) bool
+}
+
+// OutputOutcome is what the output policy's phase 1 decided for a result
+// (the shell's summary of it).
+type OutputOutcome struct {
+	// Phase names the phase, for the audit line and the counter's label.
+	Phase string
+	// Quarantine: move the job to OUTPUT_QUARANTINED (+ DLQ, audit).
+	Quarantine bool
+	// ResultPtr is the pointer to release: the original, or the redacted
+	// copy's (Redacted) — swapped into the job's result.
+	ResultPtr string
+	Redacted  bool
+	Reason    string
+	RuleID    string
+	// ContentChecked: phase 1 already covered the content; no phase 2.
+	ContentChecked bool
+	// Fields is the output-safety record, as field/value pairs.
+	Fields []string
 }
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.
@@ -81,11 +109,11 @@ const (
 )
 
 // Wake is sent by the due poller to a job whose due time has passed and
-// whose owner did not act (it died, or the job was passivated and an
+// whose holder did not act (it died, or the job was passivated and an
 // approval arrived). The job activates and does what its state calls for.
 type Wake struct {
-	// LapsedAt, for a job woken because its owner stopped renewing its
-	// lease: when the owner's lock lapsed (for troupe_adoption_latency_seconds).
+	// LapsedAt, for a job woken because its holder stopped renewing its
+	// lease: when the holder's lock lapsed (for troupe_adoption_latency_seconds).
 	LapsedAt time.Time
 }
 
@@ -117,7 +145,7 @@ type Abandon struct{ Detail string }
 // WriteDone is a store.Writer outcome.
 type WriteDone struct {
 	Epoch uint64
-	Res   *store.Result
+	Res   WriteResult
 }
 
 // RetryNow: StateRetryDelay has passed since a write failed; try it again.
@@ -128,14 +156,21 @@ type PolicyDone struct {
 	Epoch uint64
 	Dec   *capv1.PolicyCheckResponse
 	Err   error
+	// Record is the decision as record fields (policy_decision, …), which
+	// the job's next write records; the shell derives it from Dec.
+	Record []string
+	// Constrain, for an ALLOW_WITH_CONSTRAINTS decision, writes the
+	// constraints into the request the worker receives (its env, its
+	// deadline); the core calls it. Nil: nothing to write.
+	Constrain func(*capv1.JobRequest)
 }
 
 // OutputDone is the output policy's phase-1 outcome for a result.
 type OutputDone struct {
 	Epoch   uint64
-	Outcome safety.OutputOutcome
+	Outcome OutputOutcome
 	Res     *Result
-	Path    []store.Hop
+	Path    []jobstate.Hop
 	// Applied: effects owed once the outcome is written (AskOutput's).
 	Applied []Effect
 }

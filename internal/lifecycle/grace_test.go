@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"testing"
 
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -33,7 +32,7 @@ func TestGraceEndsWhenARecheckOrARepeatedSubmitIsPlaced(t *testing.T) {
 				d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 			}
 			var graced, admitted bool
-			for _, e := range d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"}) {
+			for _, e := range d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"}) {
 				switch e := e.(type) {
 				case Grace:
 					graced = graced || e.Delta == -1

@@ -16,7 +16,7 @@
 // What the core promises:
 //   - It is the only writer of its job's state while it holds the job's
 //     lock, and every write is a fenced compare-and-set (store
-//     transitionScript): once another owner has taken the lock, the write is
+//     transitionScript): once another holder has taken the lock, the write is
 //     refused and the job stops without side effects — the effects a write
 //     was for (publishes, DLQ announcements, client outcomes) are emitted
 //     only when its reply says it applied.
@@ -24,7 +24,7 @@
 //     error means "unknown", and the job does nothing but try again after
 //     StateRetryDelay, keeping its deliveries.
 //   - A request is published to a worker only after DISPATCHED is durable,
-//     so a stale owner can never dispatch a job a second time.
+//     so a stale holder can never dispatch a job a second time.
 //   - A delivery is acked only after its effect is durable; redelivery is
 //     harmless (duplicate submits, results and cancels for finished jobs are
 //     absorbed; a terminal job never leaves its state).
@@ -40,9 +40,7 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/signing"
 )
 
 // Durations the core uses.
@@ -119,9 +117,11 @@ type Config struct {
 	// UnknownHold: how long a result or cancel for a job with no record is
 	// handed back before it is dead-lettered (0: not at all).
 	UnknownHold time.Duration
-	// SagaRetention: how long a workflow step's saga records are kept
-	// (saga.RetentionDefault when not positive).
-	SagaRetention time.Duration
+	// Saga adds a workflow step's saga bookkeeping to t, its terminal
+	// write at now: the succeeded step's compensation (its template,
+	// joining the workflow's stack), or with failed the workflow's rollback
+	// trigger (the shell's saga package knows the keys). Nil: no sagas.
+	Saga func(t *jobstate.Transition, req *capv1.JobRequest, jobID string, now time.Time, failed bool)
 	// WorkerLostGrace: a job started on a worker that is then evicted ends
 	// FAILED worker_lost this long after, unless its result or progress
 	// comes first (≤ 0: it waits for its own deadline).
@@ -157,7 +157,7 @@ type Inputs interface {
 	Observe(m Metric, value float64)
 }
 
-// Job is one job's state as its owner knows it, and the core's bookkeeping
+// Job is one job's state as its holder knows it, and the core's bookkeeping
 // of the one step it waits for. Step is its only mutator.
 type Job struct {
 	cfg *Config
@@ -190,7 +190,7 @@ type Job struct {
 	lost        jobstate.State    // the state known when the lock vanished
 	decision    []string          // the policy's decision as fields, until written
 	woken       bool              // activated by the due poller
-	lapsedAt    time.Time         // when a dead owner's lock lapsed
+	lapsedAt    time.Time         // when a dead holder's lock lapsed
 	firstEvent  time.Time
 	idemChecked bool
 	// parkAt is when a job waiting for its worker parks (zero: not
@@ -234,9 +234,9 @@ type Job struct {
 	submitted, waitedAt time.Time
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
-	// spoke: the job's worker is the one that runs it — it spoke for the
+	// runnerKnown: the job's worker is the one that runs it — it spoke for the
 	// job (progress), or was dispatched to directly.
-	spoke bool
+	runnerKnown bool
 	// lostNoted: a loss of a worker that may not run the job is recorded.
 	lostNoted bool
 	// lostWorkers lists the workers of earlier dispatches given up when
@@ -329,18 +329,18 @@ func (j *Job) receive(ev any) {
 		switch OutcomeOf(j.res, k) {
 		case Handle:
 			// Nobody holds the lock (it expired, or Redis lost its data):
-			// nothing else owns the job, so take it again, in order with
+			// nothing else holds the job, so take it again, in order with
 			// the job's other events.
 			j.event(m)
 		case Stop:
 			j.lockTaken()
 		}
 		return
-	case *router.Placed:
+	case *Placed:
 		// Answered at once, busy or not, so the router knows the slot is
 		// taken (or free again); acted on in order with other events.
 		used := j.queued && m.Ticket == j.ticket && !j.res.Gone()
-		j.toRouter(&router.Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
+		j.toRouter(&Took{JobID: m.JobID, WorkerID: m.Reply.WorkerID, Ticket: m.Ticket, Used: used})
 		if !used {
 			return
 		}
@@ -359,7 +359,7 @@ func (j *Job) reply(ev any) bool {
 		}
 		p := j.pending
 		j.busy, j.pending = false, nil
-		j.written(p, m.Res)
+		j.written(p, &m.Res)
 		j.drain()
 	case *RetryNow:
 		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {
@@ -368,13 +368,13 @@ func (j *Job) reply(ev any) bool {
 		j.busy = false
 		p := j.pending
 		j.pending = nil
-		j.write(p)
+		j.writeTry(p, true)
 	case *PolicyDone:
 		if m.Epoch != j.opEpoch || !j.busy {
 			return true
 		}
 		j.busy = false
-		j.onDecision(m.Dec, m.Err)
+		j.onDecision(m)
 		j.drain()
 	case *OutputDone:
 		if m.Epoch != j.opEpoch || !j.busy {
@@ -388,12 +388,12 @@ func (j *Job) reply(ev any) bool {
 			j.onPublishFailed(m)
 			j.drain()
 		}
-	case *router.PickReply:
+	case *PickReply:
 		if m.Epoch != j.opEpoch || !j.busy {
 			// An answer to a question no longer asked: the worker it names
 			// is not going to get this job, so its slot is freed.
 			if m.WorkerID != "" && !m.Queued && m.WorkerID != j.Worker && m.WorkerID != j.picked {
-				j.toRouter(&router.Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
+				j.toRouter(&Released{WorkerID: m.WorkerID, JobID: j.ID, Done: true})
 			}
 			return true
 		}
@@ -407,7 +407,7 @@ func (j *Job) reply(ev any) bool {
 }
 
 // lockTaken: another holder has the job's lock; the actor stops without
-// side effects, and what it held goes back to JetStream for the owner.
+// side effects, and what it held goes back to JetStream for the holder.
 func (j *Job) lockTaken() {
 	j.log(warn, "job lock lost; stopping without side effects")
 	j.LockValue = ""
@@ -472,7 +472,7 @@ func (j *Job) handle(m any) {
 		// submit may be a repeat of a job that exists, dispatched by
 		// another node (a client resubmitting, a SUBMIT stream lost). Taken
 		// here it would be lost; it is offered again in a moment, when
-		// the job's owner (or this job, once written) takes it.
+		// the job's holder (or this job, once written) takes it.
 		if r, ok := m.(*Result); ok {
 			j.emit(Nak{D: r.Delivery, Delay: UnwrittenResultRetry})
 		}
@@ -503,7 +503,7 @@ func (j *Job) handle(m any) {
 		j.onAbandon(m)
 	case *Timer:
 		j.onTimer()
-	case *router.Placed:
+	case *Placed:
 		j.onPlaced(m)
 	case *LockLost:
 		// A renewal found no lock (see receive).
@@ -551,7 +551,7 @@ func (j *Job) onProgress(m *Progress) {
 		return
 	}
 	if from != "" && from == j.Worker {
-		j.spoke = true
+		j.runnerKnown = true
 	}
 	if heard {
 		j.armWait()
@@ -780,8 +780,8 @@ func (j *Job) nakAll(delay time.Duration) {
 // earlier dispatch; on a pool subject NATS chose the receiver, so until a
 // worker has spoken for the job any worker of the job's pool may, and the
 // first to speak binds the job (markRunning).
-func (j *Job) mayReport(by *signing.Principal, worker string) bool {
-	if by == nil || by.Role != signing.RoleWorker {
+func (j *Job) mayReport(by Sender, worker string) bool {
+	if by == nil || !by.WorkerKey() {
 		return true
 	}
 	if worker == "" {
@@ -790,7 +790,7 @@ func (j *Job) mayReport(by *signing.Principal, worker string) bool {
 	if worker == j.Worker || j.lostWorker(worker) {
 		return true
 	}
-	return !j.direct() && !j.spoke && j.pool != "" && by.InPool(j.pool)
+	return !j.direct() && !j.runnerKnown && j.pool != "" && by.InPool(j.pool)
 }
 
 // refuse leaves the job as it is and has the shell dead-letter, count and
@@ -856,7 +856,7 @@ func (j *Job) lostWorker(worker string) bool {
 // subject (so the worker running it is known).
 func (j *Job) direct() bool { return j.cfg.Direct != nil && j.cfg.Direct(j.Subject, j.Worker) }
 
-// opID names a write (store.Transition.Op).
+// opID names a write (jobstate.Transition.Op).
 func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID(), 36) }
 
 // topic is the job's topic, for logs and metrics.

@@ -3,13 +3,8 @@ package lifecycle
 import (
 	"strconv"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/saga"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // Outcome: a worker's result (and the output policy's check of it), a
@@ -61,10 +56,10 @@ func (j *Job) onResult(m *Result) {
 		j.markRunning(res.WorkerId)
 		return
 	}
-	path := make([]store.Hop, 0, 2)
+	path := make([]jobstate.Hop, 0, 2)
 	if j.State == jobstate.StateDispatched && to == jobstate.StateSucceeded {
 		// The worker ran it: record RUNNING even if no progress was sent.
-		path = append(path, store.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
+		path = append(path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
 	}
 	j.acks = append(j.acks, m.Delivery)
 	fields := resultFields(res, res.ResultPtr)
@@ -89,8 +84,8 @@ func (j *Job) onResult(m *Result) {
 		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path, Applied: fx})
 		return
 	}
-	path = append(path, store.Hop{To: to, Reason: reason})
-	t := &store.Transition{Expect: store.Expect(j.State), Path: path, Fields: fields}
+	path = append(path, jobstate.Hop{To: to, Reason: reason})
+	t := &jobstate.Transition{Expect: jobstate.Expect(j.State), Path: path, Fields: fields}
 	j.sagaRecord(t, to, reason)
 	if j.cfg.Debug {
 		fx = append(fx, j.logFx(debug, "job finished", "topic", j.topic(), "state", to))
@@ -106,33 +101,19 @@ func resultFields(res *capv1.JobResult, ptr string) []string {
 	return f
 }
 
-// sagaRecord adds a workflow step's saga bookkeeping to its terminal write,
-// in the same atomic step: a succeeded step with a compensation records its
-// template next to its workflow's stack and joins the stack; a step failed
-// fatally triggers the workflow's rollback. The keys expire
-// Config.SagaRetention after the write (see saga.RecordStep), not with the
-// step's record.
-func (j *Job) sagaRecord(t *store.Transition, to jobstate.State, reason jobstate.Reason) {
-	wf := j.Req.GetWorkflowId()
-	if wf == "" || j.Req.GetLabels()[saga.LabelIsCompensation] == "true" {
-		// A compensation is not a step of its workflow: it records nothing
-		// and, failing, does not roll the workflow back again.
+// sagaRecord has the shell add a workflow step's saga bookkeeping to its
+// terminal write t, in the same atomic step (Config.Saga): a succeeded
+// step with a compensation records its template next to its workflow's
+// stack; a step failed fatally triggers the workflow's rollback.
+func (j *Job) sagaRecord(t *jobstate.Transition, to jobstate.State, reason jobstate.Reason) {
+	if j.cfg.Saga == nil || j.Req.GetWorkflowId() == "" {
 		return
 	}
-	now := j.now().UnixMilli()
 	switch {
 	case to == jobstate.StateSucceeded:
-		tmpl := saga.Template(j.Req)
-		if tmpl == nil {
-			return
-		}
-		raw, err := proto.Marshal(tmpl)
-		if err != nil {
-			return
-		}
-		saga.RecordStep(t, wf, j.ID, j.topic(), raw, now, j.cfg.SagaRetention)
+		j.cfg.Saga(t, j.Req, j.ID, j.now(), false)
 	case reason == jobstate.ReasonWorkerFailedFatal:
-		saga.RecordTrigger(t, wf, now, j.cfg.SagaRetention)
+		j.cfg.Saga(t, j.Req, j.ID, j.now(), true)
 	}
 }
 
@@ -141,14 +122,14 @@ func (j *Job) sagaRecord(t *store.Transition, to jobstate.State, reason jobstate
 // result pointer — and then hands the content scan to the scan pool.
 func (j *Job) onOutput(m *OutputDone) {
 	o := m.Outcome
-	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields()...)
-	expect := store.Expect(j.State)
+	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields...)
+	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")
-		path := append(m.Path, store.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
-		j.transition(&store.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
-			Count{M: MQuarantined, Label: safety.PhaseMeta},
-			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", safety.PhaseMeta,
+		path := append(m.Path, jobstate.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
+		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
+			Count{M: MQuarantined, Label: o.Phase},
+			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", o.Phase,
 				"rule_id", o.RuleID, "reason", o.Reason),
 			PublishDLQ{Entry: entry},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED, Code: jobstate.ReasonOutputQuarantined, Msg: o.Reason},
@@ -159,14 +140,14 @@ func (j *Job) onOutput(m *OutputDone) {
 	if o.Redacted {
 		reason = jobstate.ReasonOutputRedacted
 	}
-	path := append(m.Path, store.Hop{To: jobstate.StateSucceeded, Reason: reason})
-	t := &store.Transition{Expect: expect, Path: path, Fields: fields}
+	path := append(m.Path, jobstate.Hop{To: jobstate.StateSucceeded, Reason: reason})
+	t := &jobstate.Transition{Expect: expect, Path: path, Fields: fields}
 	j.sagaRecord(t, jobstate.StateSucceeded, reason)
 	p := &pending{applied: m.Applied}
 	if !o.ContentChecked {
 		res := m.Res.Res
-		p.applied = append(p.applied, ScanContent{Req: safety.OutputRequest(j.Req, &capv1.JobResult{JobId: j.ID,
-			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs})})
+		p.applied = append(p.applied, ScanContent{Res: &capv1.JobResult{JobId: j.ID,
+			Status: res.Status, ResultPtr: o.ResultPtr, WorkerId: res.WorkerId, ArtifactPtrs: res.ArtifactPtrs}})
 	}
 	j.transition(t, nil, p)
 }
@@ -178,8 +159,8 @@ func (j *Job) cancelUnwritten(m *Cancel) {
 	j.withdraw()
 	j.leaveGrace()
 	j.acks = append(j.acks, m.Delivery)
-	j.apply(&store.Transition{Expect: store.Expect(jobstate.StatePending),
-		Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason},
+	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason},
 			{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
 		&pending{applied: []Effect{
@@ -192,7 +173,7 @@ func (j *Job) cancelUnwritten(m *Cancel) {
 // themselves, so a cancel from the bus has already reached the worker; the
 // node publishes one only for the cancels it decides itself (timeouts).
 func (j *Job) onCancel(m *Cancel) {
-	if by := m.By; by != nil && !j.State.Terminal() && !by.ForTenant(safety.TenantOf(j.Req)) {
+	if by := m.By; by != nil && !j.State.Terminal() && !by.ForTenant(jobstate.TenantOf(j.Req)) {
 		// A client key cancels its tenants' jobs only (intake let it
 		// through: the tenant is the job's, known here).
 		j.refuse(jobstate.ReasonOutOfScope, "cancel from a client key outside the job's tenant", m.Refuse, m.Delivery)
@@ -207,8 +188,8 @@ func (j *Job) onCancel(m *Cancel) {
 	j.stopWaitingPolicy()
 	j.withdraw()
 	j.acks = append(j.acks, m.Delivery)
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path:   []store.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path:   []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
 		&pending{applied: []Effect{
 			j.logFx(info, "job cancelled", "topic", j.topic(), "by", m.C.GetRequestedBy()),
@@ -226,8 +207,8 @@ func (j *Job) timeout() {
 		// Its worker was evicted and never answered within the grace.
 		detail := "worker " + j.Worker + " was lost while running the job and did not come back"
 		entry := j.dlqEntry(jobstate.ReasonWorkerLost, detail, "")
-		j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched, jobstate.StateRunning),
-			Path:   []store.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonWorkerLost}},
+		j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
+			Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonWorkerLost}},
 			Fields: []string{"error_code", string(why), "error_message", detail}}, entry,
 			&pending{applied: []Effect{
 				j.logFx(warn, "job failed: its worker was lost", "topic", j.topic(), "worker_id", j.Worker),
@@ -236,8 +217,8 @@ func (j *Job) timeout() {
 			}})
 		return
 	}
-	j.transition(&store.Transition{Expect: store.Expect(jobstate.StateDispatched, jobstate.StateRunning),
-		Path: []store.Hop{{To: jobstate.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
+		Path: []jobstate.Hop{{To: jobstate.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
 		&pending{applied: []Effect{
 			Count{M: MTimeouts, Label: string(why)},
 			j.logFx(info, "job timed out", "topic", j.topic(), "reason", why, "worker_id", j.Worker),
@@ -261,8 +242,8 @@ func (j *Job) onAbandon(m *Abandon) {
 	if active(j.State) {
 		fx = append(fx, CancelWorker{Reason: string(jobstate.ReasonActorFailed)})
 	}
-	j.transition(&store.Transition{Expect: store.Expect(j.State),
-		Path:   []store.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonActorFailed}},
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
+		Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonActorFailed}},
 		Fields: []string{"error_code", string(jobstate.ReasonActorFailed), "error_message", m.Detail}}, entry,
 		&pending{applied: fx})
 }

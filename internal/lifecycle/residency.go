@@ -2,8 +2,6 @@ package lifecycle
 
 import (
 	"fmt"
-
-	"github.com/troupe-run/troupe/internal/router"
 )
 
 // Residency is where a job lives, as its actor knows it: the actor's part
@@ -263,7 +261,7 @@ func KindOf(ev any) (EventKind, bool) {
 		return EvAbandon, true
 	case *Timer:
 		return EvTimer, true
-	case *router.Placed:
+	case *Placed:
 		return EvPlaced, true
 	case *LockLost:
 		if m.Vanished {

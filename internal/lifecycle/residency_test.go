@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -95,13 +93,13 @@ func (d *driver) into(r Residency) {
 		d.dispatch()
 		d.now = d.j.parkAt
 		d.feed(&Timer{Epoch: d.timer})
-		d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Parked: true}})
+		d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Parked: true}})
 	case Away:
 		d.dispatch()
 		d.feed(&LockLost{LockValue: d.j.LockValue})
 	case Ended:
 		d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, Delivery: &submitDelivery{}})
-		d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateTerminal, State: jobstate.StateSucceeded}})
+		d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateTerminal, State: jobstate.StateSucceeded}})
 	}
 	if d.j.res != r {
 		d.t.Fatalf("driven to %s, want %s (state %s)", d.j.res, r, d.j.State)
@@ -134,8 +132,8 @@ func (d *driver) event(k EventKind) (any, *submitDelivery) {
 	case EvTimer:
 		return &Timer{Epoch: d.timer}, nil
 	case EvPlaced:
-		return &router.Placed{JobID: "job-1", Ticket: d.j.ticket,
-			Reply: &router.PickReply{WorkerID: "w2", Subject: "worker.w2.jobs"}}, nil
+		return &Placed{JobID: "job-1", Ticket: d.j.ticket,
+			Reply: &PickReply{WorkerID: "w2", Subject: "worker.w2.jobs"}}, nil
 	case EvLockVanished:
 		return &LockLost{LockValue: d.j.LockValue, Vanished: true}, nil
 	case EvLockTaken:
@@ -195,11 +193,11 @@ func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
 	_, redelivered := find[Redeliver](fx)
 	switch o {
 	case Create:
-		if _, ok := find[AskPolicy](fx); !ok && !(wrote && w.Op.Kind == store.OpClaim) {
+		if _, ok := find[AskPolicy](fx); !ok && !(wrote && w.Op.Kind == OpClaim) {
 			return "the submit was not decided (no policy check, no idempotency claim)"
 		}
 	case Activate:
-		if !wrote || w.Op.Kind != store.OpActivate || w.Op.Create {
+		if !wrote || w.Op.Kind != OpActivate || w.Op.Create {
 			return "no activation that creates nothing"
 		}
 	case Absorb:
@@ -215,17 +213,17 @@ func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
 			return "not kept for the next actor"
 		}
 	case CreateCancelled:
-		if !wrote || w.Op.Kind != store.OpActivate || !w.Op.Create || w.Op.T.Final() != jobstate.StateCancelled {
+		if !wrote || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T.Final() != jobstate.StateCancelled {
 			return "not created CANCELLED"
 		}
 	case WriteWait:
-		if !wrote || w.Op.Kind != store.OpActivate || !w.Op.Create || w.Op.T.Final() != jobstate.StateScheduled {
+		if !wrote || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T.Final() != jobstate.StateScheduled {
 			return "the wait was not written (created SCHEDULED)"
 		}
 	case Ignore:
 		for _, e := range fx {
 			if m, ok := e.(ToRouter); ok {
-				if t, ok := m.Msg.(*router.Took); ok && !t.Used {
+				if t, ok := m.Msg.(*Took); ok && !t.Used {
 					continue // a placement refused
 				}
 			}
@@ -236,7 +234,7 @@ func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
 			return "written or acked on a stop"
 		}
 	case Release:
-		if !wrote || w.Epoch != 0 || (w.Op.Kind != store.OpRelease && (w.Op.T == nil || !w.Op.T.Release)) {
+		if !wrote || w.Epoch != 0 || (w.Op.Kind != OpRelease && (w.Op.T == nil || !w.Op.T.Release)) {
 			return "the lock was not released"
 		}
 	case Handle:

@@ -1,20 +1,32 @@
 package lifecycle
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/signing"
 )
 
-func workerKey(id string, pools ...string) *signing.Principal {
-	return &signing.Principal{Sender: id, Role: signing.RoleWorker, Pools: pools}
+// key is a verified sender as the core sees one (the shell's is the
+// node's signing principal, jobactor.By): a worker key serves its pools, a
+// client key its tenants, an operator key every tenant.
+type key struct {
+	role           string // "worker", "client", "operator"
+	pools, tenants []string
 }
 
-func succeeded(worker string, by *signing.Principal) *Result {
+func (k *key) WorkerKey() bool { return k.role == "worker" }
+func (k *key) InPool(pool string) bool {
+	return k.role == "worker" && slices.Contains(k.pools, pool)
+}
+func (k *key) ForTenant(tenant string) bool {
+	return k.role == "operator" || k.role == "client" && slices.Contains(k.tenants, tenant)
+}
+
+func workerKey(_ string, pools ...string) *key { return &key{role: "worker", pools: pools} }
+
+func succeeded(worker string, by Sender) *Result {
 	return &Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: worker}, By: by}
 }
 
@@ -55,18 +67,18 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 	d.j.cfg.Direct = func(subj, w string) bool { return subj == "worker."+w+".jobs" }
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "job.x", Pool: "p"})
+	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "job.x", Pool: "p"})
 	if w, ok := find[Write](fx); !ok || fieldsOf(t, fx)["pool"] != "p" {
 		t.Fatalf("the dispatch does not record its pool: %v %v", w, fx)
 	}
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	refused(t, d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w9", By: workerKey("w9", "q")}),
 		jobstate.ReasonNotJobWorker, "a worker of another pool")
 	fx = d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w3", By: workerKey("w3", "p")})
 	if _, ok := find[Refusal](fx); ok || d.j.Worker != "w3" {
 		t.Fatalf("a worker of the pool speaking first: worker %s, %v", d.j.Worker, fx)
 	}
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	refused(t, d.feed(succeeded("w4", workerKey("w4", "p"))), jobstate.ReasonNotJobWorker, "a second worker of the pool")
 	if w, ok := find[Write](d.feed(succeeded("w3", workerKey("w3", "p")))); !ok || w.Op.T.Final() != jobstate.StateSucceeded {
 		t.Fatal("the bound worker's result was not taken")
@@ -77,9 +89,9 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 func TestClientKeyCancelsOnlyItsTenantsJobs(t *testing.T) {
 	d := newDriver(t)
 	d.dispatch() // tenant: "default" (no tenant_id)
-	cli := &signing.Principal{Sender: "c", Role: signing.RoleClient, Tenants: []string{"tenantB"}}
+	cli := &key{role: "client", tenants: []string{"tenantB"}}
 	refused(t, d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: cli}), jobstate.ReasonOutOfScope, "another tenant's client")
-	op := &signing.Principal{Sender: "o", Role: signing.RoleOperator}
+	op := &key{role: "operator"}
 	if w, ok := find[Write](d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: op})); !ok || w.Op.T.Final() != jobstate.StateCancelled {
 		t.Fatal("the operator's cancel was not taken")
 	}

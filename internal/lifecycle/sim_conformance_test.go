@@ -1,3 +1,5 @@
+//go:build conformance
+
 package lifecycle
 
 import (
@@ -29,6 +31,10 @@ import (
 // resulting keys (record state, fence, op, reason and the fields the core
 // reads back, lock, due, lease, parked and tenant entries, idempotency
 // claims, DLQ length) must agree.
+//
+// It needs Redis, which the core's tests otherwise do not: it builds only
+// with the conformance tag (make conformance; make test runs it), so that
+// `go list -test -deps ./internal/lifecycle` names no store or Redis package.
 
 const (
 	confTenant = "conf"
@@ -39,7 +45,7 @@ const (
 var confNodes = []string{"n0", "n1", "n2"}
 
 // confFields are the record fields the core reads back on adoption (adopt,
-// resumeApproval, activated1), compared between model and Redis.
+// resumeApproval, activated), compared between model and Redis.
 var confFields = []string{"reason", "op", "worker", "subj", "attempts", "deadline", "deadline_kind",
 	"tslot", "resend", "sod", "lost_workers", "runner", "req", "trace", "created", "job_hash",
 	"approval_decision", "approval_hash", "approval_by", "last_reason"}
@@ -102,14 +108,14 @@ func (c *conformance) step() bool {
 	now := time.Now()
 	c.m.now = now
 	job := c.jobs[c.rng.IntN(len(c.jobs))]
-	var op *store.Op
+	var op *Op
 	switch r := c.rng.IntN(100); {
 	case r < 22:
 		op = c.activateOp(job)
 	case r < 55:
 		op = c.transitionOp(job)
 	case r < 62:
-		op = &store.Op{Kind: store.OpRelease, JobID: job, LockValue: c.lockChoice(job)}
+		op = &Op{Kind: OpRelease, JobID: job, LockValue: c.lockChoice(job)}
 	case r < 70:
 		// A node parks with its own lock value. Not from a node whose
 		// lease lapsed: the script would set its lease again (SET NX),
@@ -118,19 +124,19 @@ func (c *conformance) step() bool {
 		node, _, _ := strings.Cut(lv, "|")
 		if !c.m.node(node).alive {
 			node = c.aliveNode()
-			lv = store.LockValue(node, max(c.m.recs[job].fenceOr(1), 1))
+			lv = jobstate.LockValue(node, max(c.m.recs[job].fenceOr(1), 1))
 		}
 		due := int64(0)
 		if c.rng.IntN(3) > 0 {
 			due = now.Add(time.Duration(c.rng.IntN(600)) * time.Second).UnixMilli()
 		}
-		op = &store.Op{Kind: store.OpPark, JobID: job, Node: node, LockValue: lv, ParkDue: due}
+		op = &Op{Kind: OpPark, JobID: job, Node: node, LockValue: lv, ParkDue: due}
 	case r < 76:
-		op = &store.Op{Kind: store.OpAdmit, JobID: job, TenantKey: c.tenantKey(), Limit: 1 + c.rng.IntN(2)}
+		op = &Op{Kind: OpAdmit, JobID: job, TenantKey: c.tenantKey(), Limit: 1 + c.rng.IntN(2)}
 	case r < 81:
-		op = &store.Op{Kind: store.OpClaim, JobID: job, IdemKey: c.idemKey(c.rng.IntN(2))}
+		op = &Op{Kind: OpClaim, JobID: job, IdemKey: c.idemKey(c.rng.IntN(2))}
 	case r < 84:
-		op = &store.Op{Kind: store.OpDLQ, JobID: job, DLQ: c.dlqEntry(job)}
+		op = &Op{Kind: OpDLQ, JobID: job, DLQ: c.dlqEntry(job)}
 	case r < 88:
 		lv := c.lockChoice(job)
 		want := c.m.renew(job, lv)
@@ -149,7 +155,7 @@ func (c *conformance) step() bool {
 		c.setAlive(n)
 		return c.compare("lease of "+n+" renewed", nil, nil, nil)
 	}
-	if op.Kind == store.OpActivate || op.Kind == store.OpTransition {
+	if op.Kind == OpActivate || op.Kind == OpTransition {
 		if op.Node == "" || !c.m.node(op.Node).alive {
 			op.Node = c.aliveNode()
 		}
@@ -191,19 +197,19 @@ func (c *conformance) lockChoice(job string) string {
 	case x < 6 && cur != "":
 		return cur
 	case x < 8 && r != nil:
-		return store.LockValue(confNodes[c.rng.IntN(len(confNodes))], max(r.fence-int64(c.rng.IntN(2)), 1))
+		return jobstate.LockValue(confNodes[c.rng.IntN(len(confNodes))], max(r.fence-int64(c.rng.IntN(2)), 1))
 	default:
-		return store.LockValue(confNodes[c.rng.IntN(len(confNodes))], 1)
+		return jobstate.LockValue(confNodes[c.rng.IntN(len(confNodes))], 1)
 	}
 }
 
-func (c *conformance) activateOp(job string) *store.Op {
+func (c *conformance) activateOp(job string) *Op {
 	node := c.aliveNode()
 	if r := c.m.recs[job]; r != nil && r.lock != "" && c.rng.IntN(2) == 0 {
 		// The owner itself, as a restarted actor does.
 		node, _, _ = strings.Cut(r.lock, "|")
 	}
-	op := &store.Op{Kind: store.OpActivate, JobID: job, Node: node, Create: c.rng.IntN(3) > 0,
+	op := &Op{Kind: OpActivate, JobID: job, Node: node, Create: c.rng.IntN(3) > 0,
 		Topic: "job.sim", Tenant: confTenant, TraceID: "tr-" + job, Request: []byte("req-" + job)}
 	if op.Create && c.rng.IntN(3) > 0 {
 		op.T = c.transition(job, true)
@@ -214,10 +220,10 @@ func (c *conformance) activateOp(job string) *store.Op {
 	return op
 }
 
-func (c *conformance) transitionOp(job string) *store.Op {
+func (c *conformance) transitionOp(job string) *Op {
 	lv := c.lockChoice(job)
 	node, _, _ := strings.Cut(lv, "|")
-	op := &store.Op{Kind: store.OpTransition, JobID: job, Node: node, LockValue: lv, T: c.transition(job, false)}
+	op := &Op{Kind: OpTransition, JobID: job, Node: node, LockValue: lv, T: c.transition(job, false)}
 	if c.rng.IntN(5) == 0 {
 		op.TenantRelease = c.tenantKey()
 	}
@@ -229,8 +235,8 @@ func (c *conformance) transitionOp(job string) *store.Op {
 
 // transition is a random transition, as the core writes them (always with
 // an op id; the plan of a created job expects nothing).
-func (c *conformance) transition(job string, plan bool) *store.Transition {
-	t := &store.Transition{Op: strconv.FormatUint(c.rng.Uint64(), 36)}
+func (c *conformance) transition(job string, plan bool) *jobstate.Transition {
+	t := &jobstate.Transition{Op: strconv.FormatUint(c.rng.Uint64(), 36)}
 	if !plan {
 		e := []jobstate.State{confStates[c.rng.IntN(len(confStates))]}
 		if c.rng.IntN(2) == 0 {
@@ -239,14 +245,14 @@ func (c *conformance) transition(job string, plan bool) *store.Transition {
 		if r := c.m.recs[job]; r != nil && c.rng.IntN(3) > 0 {
 			e = append(e, r.state) // mostly one that applies
 		}
-		t.Expect = store.Expect(e...)
+		t.Expect = jobstate.Expect(e...)
 	}
 	for range 1 + c.rng.IntN(2) {
 		to := confStates[c.rng.IntN(len(confStates))]
 		if c.rng.IntN(3) > 0 {
 			to = confStates[c.rng.IntN(5)] // mostly live states: longer sequences
 		}
-		t.Path = append(t.Path, store.Hop{To: to, Reason: jobstate.Reason("r" + strconv.Itoa(c.rng.IntN(4)))})
+		t.Path = append(t.Path, jobstate.Hop{To: to, Reason: jobstate.Reason("r" + strconv.Itoa(c.rng.IntN(4)))})
 	}
 	switch c.rng.IntN(4) {
 	case 0:
@@ -266,8 +272,8 @@ func (c *conformance) transition(job string, plan bool) *store.Transition {
 	return t
 }
 
-func (c *conformance) dlqEntry(job string) *store.DLQEntry {
-	return &store.DLQEntry{JobID: job, Topic: "job.sim", Reason: jobstate.ReasonUnknownJob, Message: "conformance"}
+func (c *conformance) dlqEntry(job string) *jobstate.DLQEntry {
+	return &jobstate.DLQEntry{JobID: job, Topic: "job.sim", Reason: jobstate.ReasonUnknownJob, Message: "conformance"}
 }
 
 func (c *conformance) tenantKey() string {
@@ -315,10 +321,23 @@ func (c *conformance) delAlive(node string) {
 }
 
 // real runs op through the store's Writer (the scripts).
-func (c *conformance) real(op *store.Op) *store.Result {
-	ch := make(chan *store.Result, 1)
-	op.Done = func(r *store.Result) { ch <- r }
-	c.w.Submit(op)
+func (c *conformance) real(op *Op) *WriteResult {
+	ch := make(chan *WriteResult, 1)
+	// As the shell does (jobactor/ops.go): the core's write as a store op,
+	// its outcome back as the core's.
+	kinds := map[OpKind]store.OpKind{OpActivate: store.OpActivate, OpTransition: store.OpTransition,
+		OpRelease: store.OpRelease, OpDLQ: store.OpDLQ, OpClaim: store.OpClaim, OpAdmit: store.OpAdmit,
+		OpPark: store.OpPark}
+	sop := &store.Op{Kind: kinds[op.Kind], JobID: op.JobID, Node: op.Node, LockValue: op.LockValue,
+		Create: op.Create, Topic: op.Topic, Tenant: op.Tenant, TraceID: op.TraceID, Request: op.Request,
+		T: op.T, DLQ: op.DLQ, TenantRelease: op.TenantRelease,
+		IdemKey: op.IdemKey, TenantKey: op.TenantKey, Limit: op.Limit, ParkDue: op.ParkDue}
+	sop.Done = func(r *store.Result) {
+		ch <- &WriteResult{Err: r.Err, Status: ActivateStatus(r.Status), State: r.State, Fence: r.Fence,
+			Holder: r.Holder, Fields: r.Fields, Step: StepStatus(r.Step), Before: r.Before, LastOp: r.LastOp,
+			Released: r.Released, Admitted: r.Admitted, Parked: r.Parked}
+	}
+	c.w.Submit(sop)
 	select {
 	case r := <-ch:
 		if r.Err != nil {
@@ -331,15 +350,15 @@ func (c *conformance) real(op *store.Op) *store.Result {
 	return nil
 }
 
-func describeOp(op *store.Op) string {
+func describeOp(op *Op) string {
 	b := &strings.Builder{}
 	fmt.Fprintf(b, "%s %s node=%s lock=%q", opName(op.Kind), op.JobID, op.Node, op.LockValue)
 	switch op.Kind {
-	case store.OpActivate:
+	case OpActivate:
 		fmt.Fprintf(b, " create=%v", op.Create)
-	case store.OpAdmit:
+	case OpAdmit:
 		fmt.Fprintf(b, " limit=%d", op.Limit)
-	case store.OpPark:
+	case OpPark:
 		fmt.Fprintf(b, " due=%d", op.ParkDue)
 	}
 	if t := op.T; t != nil {
@@ -354,14 +373,14 @@ func describeOp(op *store.Op) string {
 	return b.String()
 }
 
-func opName(k store.OpKind) string {
-	return map[store.OpKind]string{store.OpActivate: "activate", store.OpTransition: "transition",
-		store.OpRelease: "release", store.OpDLQ: "dlq", store.OpClaim: "claim", store.OpAdmit: "admit",
-		store.OpPark: "park"}[k]
+func opName(k OpKind) string {
+	return map[OpKind]string{OpActivate: "activate", OpTransition: "transition",
+		OpRelease: "release", OpDLQ: "dlq", OpClaim: "claim", OpAdmit: "admit",
+		OpPark: "park"}[k]
 }
 
 // compare checks the reply (when op ran) and every key the model has.
-func (c *conformance) compare(what string, op *store.Op, want, got *store.Result) bool {
+func (c *conformance) compare(what string, op *Op, want, got *WriteResult) bool {
 	c.ops = append(c.ops, what)
 	var diffs []string
 	diff := func(format string, args ...any) { diffs = append(diffs, fmt.Sprintf(format, args...)) }
@@ -377,17 +396,17 @@ func (c *conformance) compare(what string, op *store.Op, want, got *store.Result
 	return false
 }
 
-func (c *conformance) compareReply(op *store.Op, want, got *store.Result, diff func(string, ...any)) {
+func (c *conformance) compareReply(op *Op, want, got *WriteResult, diff func(string, ...any)) {
 	type pair struct {
 		name      string
 		want, got any
 	}
 	var ps []pair
 	switch op.Kind {
-	case store.OpActivate:
+	case OpActivate:
 		ps = append(ps, pair{"status", want.Status, got.Status}, pair{"state", want.State, got.State},
 			pair{"fence", want.Fence, got.Fence}, pair{"holder", want.Holder, got.Holder})
-		if want.Status == store.ActivateAdopted {
+		if want.Status == ActivateAdopted {
 			for _, f := range confFields {
 				w, g := want.Fields[f], got.Fields[f]
 				if f == "created" && closeMs(w, g) {
@@ -396,21 +415,21 @@ func (c *conformance) compareReply(op *store.Op, want, got *store.Result, diff f
 				ps = append(ps, pair{"field " + f, w, g})
 			}
 		}
-	case store.OpTransition:
+	case OpTransition:
 		ps = append(ps, pair{"step", want.Step, got.Step}, pair{"before", want.Before, got.Before})
-		if want.Step != store.StepOK {
+		if want.Step != StepOK {
 			ps = append(ps, pair{"last op", want.LastOp, got.LastOp})
 		}
-		if want.Step == store.StepFenced {
+		if want.Step == StepFenced {
 			ps = append(ps, pair{"state", want.State, got.State})
 		}
-	case store.OpRelease:
+	case OpRelease:
 		ps = append(ps, pair{"released", want.Released, got.Released})
-	case store.OpPark:
+	case OpPark:
 		ps = append(ps, pair{"parked", want.Parked, got.Parked})
-	case store.OpAdmit:
+	case OpAdmit:
 		ps = append(ps, pair{"admitted", want.Admitted, got.Admitted})
-	case store.OpClaim:
+	case OpClaim:
 		ps = append(ps, pair{"holder", want.Holder, got.Holder})
 	}
 	for _, p := range ps {

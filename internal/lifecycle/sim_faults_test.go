@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -232,9 +231,9 @@ func (s *sim) decideApprovals(approve bool) {
 		if r.state != jobstate.StateApprovalRequired || r.fields["approval_decision"] != "" {
 			continue
 		}
-		dec := store.DecisionRejected
+		dec := jobstate.DecisionRejected
 		if approve {
-			dec = store.DecisionApproved
+			dec = jobstate.DecisionApproved
 			r.fields["approval_hash"] = r.fields["job_hash"]
 		}
 		r.fields["approval_decision"], r.fields["approval_by"] = string(dec), "sim"

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -117,8 +115,8 @@ func (s *sim) policy(id string, req *capv1.JobRequest, ep uint64) *PolicyDone {
 }
 
 // pick answers a PickRequest: a worker, a wait in the queue, or a refusal.
-func (s *sim) pick(n *simNode, a *simActor, req *router.PickRequest) {
-	reply := &router.PickReply{Epoch: req.Epoch}
+func (s *sim) pick(n *simNode, a *simActor, req *PickRequest) {
+	reply := &PickReply{Epoch: req.Epoch}
 	var live []*simWorker
 	for _, w := range s.workers {
 		if w.alive {
@@ -163,8 +161,8 @@ func (s *sim) place(n *simNode, job string, ticket uint64) {
 			if w.pool {
 				subj = "job.sim"
 			}
-			s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()), ev: &router.Placed{JobID: job, Ticket: ticket,
-				Reply: &router.PickReply{WorkerID: w.id, Subject: subj, Resend: w.dedupe && !w.pool, StartsOnDelivery: w.stock}}})
+			s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()), ev: &Placed{JobID: job, Ticket: ticket,
+				Reply: &PickReply{WorkerID: w.id, Subject: subj, Resend: w.dedupe && !w.pool, StartsOnDelivery: w.stock}}})
 			return
 		}
 	}
@@ -244,30 +242,30 @@ func (s *sim) progress(job string, w *simWorker) {
 // writeFault runs op against the store model, with the faults a real
 // Redis brings: unavailable (nothing applied) or a reply lost after the
 // write applied — both seen as an error.
-func (s *sim) writeFault(n *simNode, op *store.Op) *store.Result {
+func (s *sim) writeFault(n *simNode, op *Op) *WriteResult {
 	if s.faults {
 		switch s.rng.IntN(60) {
 		case 0:
-			return &store.Result{Err: errors.New("redis: connection refused")}
+			return &WriteResult{Err: errors.New("redis: connection refused")}
 		case 1:
 			s.apply(n, op)
-			return &store.Result{Err: errors.New("redis: i/o timeout")}
+			return &WriteResult{Err: errors.New("redis: i/o timeout")}
 		}
 	}
 	return s.apply(n, op)
 }
 
 // apply is the store's scripts, as a model.
-func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
+func (s *sim) apply(n *simNode, op *Op) *WriteResult {
 	r := s.recs[op.JobID]
 	switch op.Kind {
-	case store.OpClaim:
+	case OpClaim:
 		h, ok := s.idem[op.IdemKey]
 		if !ok {
 			s.idem[op.IdemKey], h = op.JobID, op.JobID
 		}
-		return &store.Result{Holder: h}
-	case store.OpAdmit:
+		return &WriteResult{Holder: h}
+	case OpAdmit:
 		used := 0
 		for _, v := range s.tenant {
 			if v {
@@ -276,30 +274,30 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 		}
 		if s.tenant[op.JobID] || used < op.Limit {
 			s.tenant[op.JobID] = true
-			return &store.Result{Admitted: true}
+			return &WriteResult{Admitted: true}
 		}
-		return &store.Result{}
-	case store.OpDLQ:
+		return &WriteResult{}
+	case OpDLQ:
 		s.dlq++
-		return &store.Result{}
-	case store.OpRelease:
+		return &WriteResult{}
+	case OpRelease:
 		if r != nil && r.lock == op.LockValue && s.now.Before(r.lockExp) {
 			r.lock, r.lease = "", false
-			return &store.Result{Released: true}
+			return &WriteResult{Released: true}
 		}
-		return &store.Result{}
-	case store.OpPark:
+		return &WriteResult{}
+	case OpPark:
 		if r == nil || r.lock != op.LockValue || !s.now.Before(r.lockExp) {
-			return &store.Result{}
+			return &WriteResult{}
 		}
 		r.lock, r.parkedBy, r.lease, r.due = op.LockValue+"|p", n.id, false, 0
 		r.fields["park_due"] = strconv.FormatInt(op.ParkDue, 10)
-		return &store.Result{Parked: true}
-	case store.OpActivate:
+		return &WriteResult{Parked: true}
+	case OpActivate:
 		return s.activate(n, op, r)
-	case store.OpTransition:
+	case OpTransition:
 		if r == nil || (r.lock != op.LockValue || (r.parkedBy == "" && !s.now.Before(r.lockExp))) {
-			res := &store.Result{Step: store.StepFenced}
+			res := &WriteResult{Step: StepFenced}
 			if r != nil {
 				// The lock's value as Redis holds it: a parked lock stays
 				// (whether or not its node's lease lapsed), a TTL lock
@@ -310,7 +308,7 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 			return res
 		}
 		if !slices.Contains(strings.Split(op.T.Expect, ","), string(r.state)) {
-			return &store.Result{Step: store.StepConflict, Before: r.state, LastOp: r.op}
+			return &WriteResult{Step: StepConflict, Before: r.state, LastOp: r.op}
 		}
 		if op.TenantRelease != "" {
 			delete(s.tenant, op.JobID)
@@ -320,9 +318,9 @@ func (s *sim) apply(n *simNode, op *store.Op) *store.Result {
 		}
 		before := r.state
 		s.path(op.JobID, r, op.T)
-		return &store.Result{Step: store.StepOK, Before: before}
+		return &WriteResult{Step: StepOK, Before: before}
 	}
-	return &store.Result{}
+	return &WriteResult{}
 }
 
 // lockKey is rec's lock value as Redis's lock key holds it ("" when it
@@ -334,11 +332,11 @@ func (s *sim) lockKey(r *simRec) string {
 	return r.lock
 }
 
-func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
+func (s *sim) activate(n *simNode, op *Op, r *simRec) *WriteResult {
 	if r != nil && s.lockHeld(r) {
 		owner, _, _ := strings.Cut(r.lock, "|")
 		if owner != n.id {
-			return &store.Result{Status: store.ActivateBusy, State: r.state, Holder: r.lock}
+			return &WriteResult{Status: ActivateBusy, State: r.state, Holder: r.lock}
 		}
 	}
 	holder := ""
@@ -356,7 +354,7 @@ func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
 	}
 	if r == nil {
 		if !op.Create {
-			return &store.Result{Status: store.ActivateNotFound}
+			return &WriteResult{Status: ActivateNotFound}
 		}
 		r = &simRec{state: jobstate.StatePending, fence: 1, fields: map[string]string{"req": string(op.Request),
 			"trace": op.TraceID, "created": strconv.FormatInt(s.now.UnixMilli(), 10), "reason": string(jobstate.ReasonSubmitted)}}
@@ -367,30 +365,30 @@ func (s *sim) activate(n *simNode, op *store.Op, r *simRec) *store.Result {
 			s.path(op.JobID, r, t)
 		}
 		if t == nil || t.LockKept() {
-			r.lock, r.lockExp, r.lease = store.LockValue(n.id, 1), s.now.Add(simLockTTL), true
+			r.lock, r.lockExp, r.lease = jobstate.LockValue(n.id, 1), s.now.Add(simLockTTL), true
 		} else {
 			r.lock, r.lease = "", false
 		}
 		if op.DLQ != nil {
 			s.dlq++
 		}
-		return &store.Result{Status: store.ActivateCreated, State: r.state, Fence: 1}
+		return &WriteResult{Status: ActivateCreated, State: r.state, Fence: 1}
 	}
 	if r.state.Terminal() {
 		r.due, r.lease = 0, false
-		return &store.Result{Status: store.ActivateTerminal, State: r.state, Holder: holder}
+		return &WriteResult{Status: ActivateTerminal, State: r.state, Holder: holder}
 	}
 	r.fence++
-	r.lock, r.lockExp, r.lease = store.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
+	r.lock, r.lockExp, r.lease = jobstate.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
 	f := map[string]string{"reason": r.fields["reason"], "op": r.op}
 	for k, v := range r.fields {
 		f[k] = v
 	}
-	return &store.Result{Status: store.ActivateAdopted, State: r.state, Fence: r.fence, Holder: holder, Fields: f}
+	return &WriteResult{Status: ActivateAdopted, State: r.state, Fence: r.fence, Holder: holder, Fields: f}
 }
 
 // path applies a transition's hops to a record and checks the hop rules.
-func (s *sim) path(id string, r *simRec, t *store.Transition) {
+func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 	if prev, ok := s.terminal[id]; ok {
 		s.fail("%s: terminal %s changed by %v", id, prev, t.Path)
 	}

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -282,7 +280,7 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 	for ev != nil {
 		in := (*simInputs)(s)
 		wd, isWrite := ev.(*WriteDone)
-		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == store.StepFenced
+		fenced := isWrite && wd.Res.Err == nil && wd.Res.Step == StepFenced
 		if p := a.j.pending; fenced && p != nil && p.t != nil && wd.Res.Before == "" && wd.Res.LastOp == p.t.Op {
 			fenced = false // its own earlier try applied: not a refusal
 		}
@@ -335,7 +333,7 @@ func describe(ev any) string {
 			return "err"
 		}
 		return fmt.Sprintf("%s%s %s", r.Status, r.Step, r.State)
-	case *router.PickReply:
+	case *PickReply:
 		return fmt.Sprintf("w=%s q=%v %s", e.WorkerID, e.Queued, e.Reason)
 	}
 	return ""
@@ -347,7 +345,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	switch e := e.(type) {
 	case Write:
 		op := e.Op
-		if op.Kind == store.OpActivate && !op.Create && a.j.res == Unwritten {
+		if op.Kind == OpActivate && !op.Create && a.j.res == Unwritten {
 			if s.probes == nil {
 				s.probes = map[string]bool{}
 			}
@@ -360,25 +358,25 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		ep := e.Epoch
 		s.after(s.latency(), func() {
 			r := s.writeFault(n, op)
-			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: r}, at: s.now.Add(s.latency())})
+			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: *r}, at: s.now.Add(s.latency())})
 		})
 	case RetryWrite:
 		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})
 	case AskRouter:
-		s.pick(n, a, e.Req.(*router.PickRequest))
+		s.pick(n, a, e.Req.(*PickRequest))
 	case ToRouter:
 		switch m := e.Msg.(type) {
-		case *router.Withdraw:
+		case *Withdraw:
 			if n.queue[m.JobID] == m.Ticket {
 				delete(n.queue, m.JobID)
 			}
-		case *router.Released:
+		case *Released:
 			if m.Done && n.picks[m.JobID] == m.WorkerID {
 				delete(n.picks, m.JobID)
 			}
-		case *router.Occupied:
+		case *Occupied:
 			n.picks[m.JobID] = m.WorkerID
-		case *router.Took:
+		case *Took:
 		}
 	case AskPolicy:
 		ep, req := e.Epoch, e.Req

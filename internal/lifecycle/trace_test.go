@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -17,12 +15,12 @@ func (d *driver) happyPath() []Effect {
 	feed := func(ev any) { all = append(all, d.feed(ev)...) }
 	feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, TraceID: "t-1"})
 	feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	feed(&router.PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
-	feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
+	feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
 	feed(&Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w1"})
-	feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	feed(&Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
-	feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+	feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	if d.j.State != jobstate.StateSucceeded {
 		d.t.Fatalf("happy path ended %s", d.j.State)
 	}
@@ -71,7 +69,7 @@ func TestTraceReportsAResumedJobsState(t *testing.T) {
 	d := newDriver(t)
 	d.j.cfg.Trace = true
 	d.feed(&Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
-	fx := d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateAdopted, State: jobstate.StateRunning,
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateRunning,
 		Fence: 2, Holder: "n1|1|p", Fields: map[string]string{"reason": string(jobstate.ReasonStarted), "worker": "w1"}}})
 	r, ok := find[Resumed](fx)
 	if !ok || r.State != jobstate.StateRunning || r.Reason != jobstate.ReasonStarted {

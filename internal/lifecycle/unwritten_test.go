@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -26,10 +24,10 @@ func (d *driver) waitUnwritten(sub *submitDelivery) bool {
 	}
 	d.now = d.j.timerAt
 	fx := d.feed(&Timer{Epoch: d.timer})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != store.OpActivate || w.Op.Create {
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
 		return false // no look for the record at the first timer
 	}
-	d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateNotFound}})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
 	return d.j.res == Unwritten && !d.j.busy && !d.j.timerAt.IsZero()
 }
 
@@ -38,7 +36,7 @@ func (d *driver) beginUnwritten(sub *submitDelivery) bool {
 	d.j.cfg.CapacityGrace, d.j.cfg.AdmissionHold = time.Minute, 2*time.Second
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, Delivery: sub})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
-	fx := d.feed(&router.PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
+	fx := d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
 	g, ok := find[Grace](fx)
 	return ok && g.Delta == 1 && d.j.res == Unwritten
 }
@@ -50,12 +48,12 @@ func (d *driver) beginUnwritten(sub *submitDelivery) bool {
 // or ended — is then no longer held as a new wait for up to the grace, with
 // its submit and a grace budget, but acked, and the wait ended.
 func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
-	found := map[string]*store.Result{
-		"owned elsewhere": {Status: store.ActivateBusy, State: jobstate.StateRunning, Holder: "n2|4"},
-		"taken over": {Status: store.ActivateAdopted, State: jobstate.StateRunning, Fence: 3,
+	found := map[string]*WriteResult{
+		"owned elsewhere": {Status: ActivateBusy, State: jobstate.StateRunning, Holder: "n2|4"},
+		"taken over": {Status: ActivateAdopted, State: jobstate.StateRunning, Fence: 3,
 			Fields: map[string]string{"reason": string(jobstate.ReasonStarted), "worker": "w2",
 				"deadline": "9999999999999", "deadline_kind": string(jobstate.ReasonRunningTimeout)}},
-		"ended": {Status: store.ActivateTerminal, State: jobstate.StateSucceeded},
+		"ended": {Status: ActivateTerminal, State: jobstate.StateSucceeded},
 	}
 	for name, r := range found {
 		t.Run(name, func(t *testing.T) {
@@ -73,10 +71,10 @@ func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
 			d.now = d.j.timerAt
 			fx := d.feed(&Timer{Epoch: d.timer})
 			w, ok := find[Write](fx)
-			if !ok || w.Op.Kind != store.OpActivate || w.Op.Create {
+			if !ok || w.Op.Kind != OpActivate || w.Op.Create {
 				t.Fatalf("no look for the record at the wait's first timer: %v", fx)
 			}
-			fx = d.feed(&WriteDone{Epoch: d.step, Res: r})
+			fx = d.feed(&WriteDone{Epoch: d.step, Res: *r})
 			if g, ok := find[Grace](fx); !ok || g.Delta != -1 || d.j.res == Unwritten {
 				t.Errorf("the job of an existing record still waits unwritten (%s): %v", d.j.res, fx)
 			}
@@ -156,11 +154,11 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 	if _, ok := find[AskRouter](fx); !ok {
 		t.Fatalf("no recheck at CapacityRecheck: %v", fx)
 	}
-	picked := d.feed(&router.PickReply{Epoch: d.step, Reason: jobstate.ReasonTopicUnmapped, Detail: "no route"})
-	if w, ok := find[Write](picked); !ok || w.Op.Kind != store.OpActivate {
+	picked := d.feed(&PickReply{Epoch: d.step, Reason: jobstate.ReasonTopicUnmapped, Detail: "no route"})
+	if w, ok := find[Write](picked); !ok || w.Op.Kind != OpActivate {
 		t.Fatalf("placement failure of an unwritten job: %v, want an activation", picked)
 	}
-	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateAdopted, State: jobstate.StateRunning,
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateRunning,
 		Fence: 2, Fields: map[string]string{"reason": string(jobstate.ReasonStarted), "worker": "w2",
 			"deadline": "9999999999999", "deadline_kind": string(jobstate.ReasonRunningTimeout)}}})
 	// The grace ends once, when the recheck is answered or at the latest
@@ -206,16 +204,16 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 			break
 		}
 	}
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != store.OpActivate || !w.Op.Create {
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate || !w.Op.Create {
 		t.Fatalf("grace over: %v, want the wait written (a create)", fx)
 	}
-	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateAdopted, State: jobstate.StateRunning,
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateRunning,
 		Fence: 2, Fields: map[string]string{"reason": string(jobstate.ReasonStarted), "worker": "w2",
 			"deadline": "9999999999999", "deadline_kind": string(jobstate.ReasonRunningTimeout)}}})
 	withdrawn := false
 	for _, e := range fx {
 		if m, ok := e.(ToRouter); ok {
-			if _, ok := m.Msg.(*router.Withdraw); ok {
+			if _, ok := m.Msg.(*Withdraw); ok {
 				withdrawn = true
 			}
 		}
@@ -237,18 +235,18 @@ func TestAbandonedUnwrittenWaitIsRecordedThenFailed(t *testing.T) {
 	}
 	fx := d.feed(&Abandon{Detail: "actor failed"})
 	w, ok := find[Write](fx)
-	if !ok || w.Op.Kind != store.OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled {
+	if !ok || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled {
 		t.Fatalf("abandoned unwritten wait: %v, want its wait written (created SCHEDULED)", fx)
 	}
 	if g, ok := find[Grace](fx); !ok || g.Delta != -1 {
 		t.Errorf("abandoned unwritten wait: grace not left: %v", fx)
 	}
-	fx = d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Status: store.ActivateCreated, State: jobstate.StateScheduled, Fence: 1}})
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateScheduled, Fence: 1}})
 	if a, ok := find[Ack](fx); !ok || a.D != sub {
 		t.Errorf("wait written: held submit not acked: %v", fx)
 	}
 	w, ok = find[Write](fx)
-	if !ok || w.Op.Kind != store.OpTransition || w.Op.T.Final() != jobstate.StateFailed ||
+	if !ok || w.Op.Kind != OpTransition || w.Op.T.Final() != jobstate.StateFailed ||
 		w.Op.T.Path[0].Reason != jobstate.ReasonActorFailed {
 		t.Fatalf("after the wait was written: %v, want FAILED actor_failed", fx)
 	}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -22,7 +21,7 @@ func TestWorkerLostGraceRunsFromTheEviction(t *testing.T) {
 		d.j.cfg.WorkerLostGrace = time.Minute
 		d.dispatch()
 		d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: "w1"})
-		d.feed(&WriteDone{Epoch: d.step, Res: &store.Result{Step: store.StepOK}})
+		d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		if d.j.State != jobstate.StateRunning {
 			t.Fatalf("not running: %s", d.j.State)
 		}

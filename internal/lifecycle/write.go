@@ -5,9 +5,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
-	"github.com/troupe-run/troupe/safety"
 )
 
 // What a write is for, and so what its outcome means.
@@ -42,9 +39,9 @@ const (
 // decides — as data, so the core stays a function of its inputs.
 type pending struct {
 	kind writeKind
-	op   *store.Op
-	t    *store.Transition // wActivate (plan) and wTransition
-	dlq  *store.DLQEntry   // wActivate: the plan's DLQ entry
+	op   Op
+	t    *jobstate.Transition // wActivate (plan) and wTransition
+	dlq  *jobstate.DLQEntry   // wActivate: the plan's DLQ entry
 	// freesSlot: the transition gives the tenant slot back.
 	freesSlot bool
 	// probe: a wActivate that creates nothing, looking for the record of
@@ -55,7 +52,7 @@ type pending struct {
 	applied []Effect
 	then    next
 	at      time.Time
-	pick    *router.PickReply
+	pick    *PickReply
 	dl      deadline
 }
 
@@ -67,18 +64,22 @@ type deadline struct {
 
 // write hands p's op to the store writer; its outcome comes back as a
 // WriteDone and is decided by written.
-func (j *Job) write(p *pending) {
+func (j *Job) write(p *pending) { j.writeTry(p, false) }
+
+// writeTry writes p; retry: p's write failed before (RetryNow) and is
+// tried again, unchanged.
+func (j *Job) writeTry(p *pending, retry bool) {
 	j.opEpoch++
 	j.busy = true
 	j.pending = p
-	j.emit(Write{Epoch: j.opEpoch, Op: p.op})
+	j.emit(Write{Epoch: j.opEpoch, Op: &p.op, Retry: retry})
 }
 
 // written decides what a write's outcome means. A Redis error leaves the
 // state unknown: the job does nothing, keeps its deliveries (telling
 // JetStream they are in progress) and tries the same op again after
 // StateRetryDelay (fail closed).
-func (j *Job) written(p *pending, r *store.Result) {
+func (j *Job) written(p *pending, r *WriteResult) {
 	if r.Err != nil {
 		j.count(MFailClosed, j.topic())
 		j.log(warn, "job state unavailable; retrying", "err", r.Err)
@@ -97,7 +98,7 @@ func (j *Job) written(p *pending, r *store.Result) {
 	case wClaim:
 		j.claimed(r)
 	case wActivate:
-		j.activated1(p, r)
+		j.activated(p, r)
 	case wTransition:
 		j.transitioned(p, r)
 	case wRelease:
@@ -134,7 +135,7 @@ func (j *Job) then(p *pending) {
 }
 
 // apply writes t for an active job, or creates the job with t as its plan.
-func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+func (j *Job) apply(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	if len(j.decision) > 0 {
 		t.Fields = append(t.Fields, j.decision...)
 		j.decision = nil
@@ -148,21 +149,21 @@ func (j *Job) apply(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 }
 
 // historyFields makes the record a job creates tell the time before it:
-// its submit's time (field store.FieldSubmitted, when the stream held it
+// its submit's time (field jobstate.FieldSubmitted, when the stream held it
 // for a second or more before this create, or the job waited) and, for a job that waited for
-// room within its grace, when the wait began (store.FieldWaited) and its
+// room within its grace, when the wait began (jobstate.FieldWaited) and its
 // reason, as the reason of the SCHEDULED hop written with the create (in
 // place of policy_allowed). store.History dates the first hop and that
 // SCHEDULED hop by them, so the wait is its own step, with its duration.
-func (j *Job) historyFields(t *store.Transition) {
+func (j *Job) historyFields(t *jobstate.Transition) {
 	now := j.now()
 	if !j.submitted.IsZero() && (now.Sub(j.submitted) >= time.Second || !j.waitedAt.IsZero()) {
-		t.Fields = append(t.Fields, store.FieldSubmitted, strconv.FormatInt(j.submitted.UnixMilli(), 10))
+		t.Fields = append(t.Fields, jobstate.FieldSubmitted, strconv.FormatInt(j.submitted.UnixMilli(), 10))
 	}
 	if j.waitedAt.IsZero() || len(t.Path) == 0 || t.Path[0].To != jobstate.StateScheduled {
 		return
 	}
-	t.Fields = append(t.Fields, store.FieldWaited, strconv.FormatInt(j.waitedAt.UnixMilli(), 10))
+	t.Fields = append(t.Fields, jobstate.FieldWaited, strconv.FormatInt(j.waitedAt.UnixMilli(), 10))
 	if t.Path[0].Reason == jobstate.ReasonAllowed && j.capReason != "" {
 		t.Path[0].Reason = j.capReason
 	}
@@ -174,9 +175,9 @@ func active(s jobstate.State) bool {
 
 // transition writes t (each hop checked against the legal table first);
 // once it is durable the job's memory follows, pending deliveries are acked
-// and p's effects and next step run. A fenced write means another owner has
+// and p's effects and next step run. A fenced write means another holder has
 // the job: the job stops at once, with none of them.
-func (j *Job) transition(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+func (j *Job) transition(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	from := j.State
 	for _, h := range t.Path {
 		if !Legal(from, h.To) {
@@ -192,38 +193,38 @@ func (j *Job) transition(t *store.Transition, dlq *store.DLQEntry, p *pending) {
 	}
 	t.Op = j.opID()
 	p.kind, p.t = wTransition, t
-	p.op = &store.Op{Kind: store.OpTransition, JobID: j.ID, Node: j.cfg.NodeID, LockValue: j.LockValue, T: t, DLQ: dlq}
+	p.op = Op{Kind: OpTransition, JobID: j.ID, Node: j.cfg.NodeID, LockValue: j.LockValue, T: t, DLQ: dlq}
 	p.freesSlot = j.admitted && active(j.State) && !active(t.Final())
 	if p.freesSlot {
-		p.op.TenantRelease = j.cfg.TenantKey(safety.TenantOf(j.Req))
+		p.op.TenantRelease = j.cfg.TenantKey(jobstate.TenantOf(j.Req))
 	}
 	j.write(p)
 }
 
-func (j *Job) transitioned(p *pending, r *store.Result) {
+func (j *Job) transitioned(p *pending, r *WriteResult) {
 	t := p.t
-	if r.Step == store.StepConflict && r.Before == t.Final() && r.LastOp == t.Op ||
-		r.Step == store.StepFenced && r.Before == "" && r.LastOp == t.Op && r.State == t.Final() {
+	if r.Step == StepConflict && r.Before == t.Final() && r.LastOp == t.Op ||
+		r.Step == StepFenced && r.Before == "" && r.LastOp == t.Op && r.State == t.Final() {
 		// An earlier try of this write landed (its reply was lost; a write
 		// that gave the lock up finds no lock when tried again): carry on
 		// as if this one had.
-		r.Step = store.StepOK
+		r.Step = StepOK
 	}
 	switch r.Step {
-	case store.StepOK:
-	case store.StepFenced:
+	case StepOK:
+	case StepFenced:
 		j.count(MFenced, "")
 		j.LockValue = ""
 		j.nakAll(second)
 		if r.Before == "" && j.Req != nil {
 			// Nobody holds the lock: it expired (renewals failed) or Redis
-			// lost its data. Nothing else owns the job, so take it again;
+			// lost its data. Nothing else holds the job, so take it again;
 			// the events just handed back will be offered again.
 			j.log(warn, "job lock vanished; re-activating", "state", j.State)
 			j.recover()
 			return
 		}
-		j.log(warn, "transition refused: job owned by another node", "to", t.Final(), "owner", r.Before)
+		j.log(warn, "transition refused: job owned by another node", "to", t.Final(), "holder", r.Before)
 		j.finish()
 		return
 	default:
@@ -244,7 +245,7 @@ func (j *Job) transitioned(p *pending, r *store.Result) {
 		// Ended here, but the worker may still be running it (a stock
 		// worker hears no cancel): its slot stays counted until the
 		// worker's own answer or its heartbeats show the job gone.
-		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
+		j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: true, Linger: true})
 	case active(j.State) && !active(to):
 		j.release(true) // the worker is done with it
 	case j.State == jobstate.StateDispatched && to == jobstate.StateRunning:
@@ -276,7 +277,7 @@ func (j *Job) transitioned(p *pending, r *store.Result) {
 // it, and with done, that it no longer occupies the worker at all.
 func (j *Job) release(done bool) {
 	if j.Worker != "" {
-		j.toRouter(&router.Released{WorkerID: j.Worker, JobID: j.ID, Done: done})
+		j.toRouter(&Released{WorkerID: j.Worker, JobID: j.ID, Done: done})
 	}
 }
 

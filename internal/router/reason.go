@@ -1,6 +1,9 @@
 package router
 
-import "github.com/troupe-run/troupe/internal/jobstate"
+import (
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/lifecycle"
+)
 
 // Permanent reports whether a routing failure will not fix itself without a
 // change of config or of the job: no pool is mapped to the topic, the
@@ -13,10 +16,4 @@ import "github.com/troupe-run/troupe/internal/jobstate"
 // drains, limits free up), and so is any reason this function does not
 // know: retrying is bounded by the scheduling attempts, while failing a job
 // for a code added later would lose work.
-func Permanent(r jobstate.Reason) bool {
-	switch r {
-	case jobstate.ReasonTopicUnmapped, jobstate.ReasonPreferredPoolUnmapped, jobstate.ReasonRequiresUnsatisfied:
-		return true
-	}
-	return false
-}
+func Permanent(r jobstate.Reason) bool { return lifecycle.Permanent(r) }

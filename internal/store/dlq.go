@@ -33,28 +33,8 @@ const (
 	DLQMaxBytesDefault = 64 << 20
 )
 
-// DLQEntry is one dead-lettered input or job.
-type DLQEntry struct {
-	// ID is the entry's stream id (set when read back).
-	ID      string
-	JobID   string
-	Topic   string
-	Reason  jobstate.Reason
-	Message string
-	// LastReason keeps the underlying cause when Reason summarises it
-	// (for example max_scheduling_retries after no_workers).
-	LastReason jobstate.Reason
-	Subject    string
-	TraceID    string
-	// Raw is the packet as received, when it could not be decoded or used;
-	// stored (and read back) as its first DLQRawPrefix bytes.
-	Raw []byte
-	// RawSize and RawSHA256 are the size and the hex SHA-256 of the whole
-	// packet (set when read back; computed from Raw when written).
-	RawSize   int64
-	RawSHA256 string
-	At        time.Time
-}
+// DLQEntry is one dead-lettered input or job (see jobstate.DLQEntry).
+type DLQEntry = jobstate.DLQEntry
 
 // clip cuts s to at most n bytes, on a UTF-8 boundary.
 func clip(s string, n int) string {
@@ -65,7 +45,7 @@ func clip(s string, n int) string {
 }
 
 // values returns the entry's fields as stored and their size in bytes.
-func (e *DLQEntry) values() ([]interface{}, int64) {
+func dlqValues(e *DLQEntry) ([]interface{}, int64) {
 	at := e.At
 	if at.IsZero() {
 		at = time.Now()
@@ -140,7 +120,7 @@ func (c dlqAppendCall) args() []interface{} {
 }
 
 func (s *Store) addDLQ(ctx context.Context, c redis.Scripter, e *DLQEntry) redis.Cmder {
-	vs, n := e.values()
+	vs, n := dlqValues(e)
 	// EVAL, not EVALSHA: the entry may go in a writer's pipeline among the
 	// ops of other jobs; the script is short and DLQ writes are rare.
 	return evalScript(ctx, c, dlqAddCall{dlqKey: s.keys.DLQ(), maxLen: s.cfg.DLQMaxLen, budget: s.cfg.DLQMaxBytes,
@@ -239,7 +219,7 @@ func decodeOutbox(member string) (*outboxEntry, error) {
 // appendOutboxed queues the idempotent append of an outboxed entry to the
 // DLQ stream.
 func (s *Store) appendOutboxed(ctx context.Context, pipe redis.Pipeliner, o *outboxEntry) *redis.Cmd {
-	vs, n := o.E.values()
+	vs, n := dlqValues(&o.E)
 	return evalScript(ctx, pipe, dlqAppendCall{dlqKey: s.keys.DLQ(), markKey: s.keys.DLQMark(o.ID),
 		markTTLS: int64(DLQMarkTTL / time.Second), maxLen: s.cfg.DLQMaxLen, budget: s.cfg.DLQMaxBytes, size: n, fields: vs})
 }

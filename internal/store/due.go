@@ -107,11 +107,11 @@ func (s *Store) DueAt(ctx context.Context, jobID string) (time.Time, error) {
 }
 
 // Decision is a human's answer to an approval request.
-type Decision string
+type Decision = jobstate.Decision
 
 const (
-	DecisionApproved Decision = "approved"
-	DecisionRejected Decision = "rejected"
+	DecisionApproved = jobstate.DecisionApproved
+	DecisionRejected = jobstate.DecisionRejected
 )
 
 // Approval errors.

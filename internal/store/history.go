@@ -19,8 +19,8 @@ import (
 // the one and the SCHEDULED hop written with the create by the other, so a
 // job that waited before its record existed shows the wait as its own step.
 const (
-	FieldSubmitted = "sub"
-	FieldWaited    = "wq"
+	FieldSubmitted = jobstate.FieldSubmitted
+	FieldWaited    = jobstate.FieldWaited
 )
 
 // History decodes a job's history from its record's fields (hop fields, see

@@ -109,9 +109,7 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 }
 
 // LockValue is the value of a job lock held by node under fence.
-func LockValue(node string, fence int64) string {
-	return node + "|" + strconv.FormatInt(fence, 10)
-}
+func LockValue(node string, fence int64) string { return jobstate.LockValue(node, fence) }
 
 // HistoryEntry is one transition of a job.
 type HistoryEntry struct {

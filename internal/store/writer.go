@@ -78,102 +78,17 @@ const (
 	OpPark
 )
 
-// Hop is one state change within a Transition.
-type Hop struct {
-	To     jobstate.State
-	Reason jobstate.Reason
-}
-
-// Transition is a path of state changes written in one script call: the job
-// must be in one of the Expect states, then passes through every hop (each
-// recorded in its history) and ends in the last one.
-type Transition struct {
-	// Expect lists the states the job may be in (comma-separated, see
-	// Expect). Ignored when the transition is the plan of a created job,
-	// which starts in PENDING.
-	Expect string
-	Path   []Hop
-	// Fields are record fields to set, as name, value pairs.
-	Fields []string
-	// Due sets the job's due time (unix ms); -1 clears it; 0 leaves it (on a
-	// created job: the rescue time). A terminal end clears it.
-	Due int64
-	// Release gives the lock up (the job passivates: it waits for an outside
-	// event with no live actor). A terminal end always releases the lock and
-	// starts the retention clock.
-	Release bool
-	// Adds are sorted-set entries, and Sets hash fields, written in the
-	// same atomic step, in keys of the job's shard (so a Redis Cluster runs
-	// it on one node). Adds are written before Sets, each in order.
-	Adds []ShardZAdd
-	Sets []ShardHSet
-	// Op, when set, identifies this write: it is stored as the record's
-	// "op" field. A write whose reply was lost (a Redis timeout) may still
-	// have landed; when the caller retries it and finds the job already
-	// where the write would have put it, the op tells it whether that was
-	// its own write — and so whether its side effect is still owed.
-	Op string
-}
-
-// ShardZAdd is one ZADD into a key of the job's shard: the key is the
-// shard's tag followed by Suffix (for example "saga:stack:<workflow_id>").
-type ShardZAdd struct {
-	Suffix string
-	Score  int64
-	Member string
-	// TrimBelow, when positive, first removes the key's entries scored
-	// below it, so entries scored by time live a bounded while.
-	TrimBelow int64
-	// TTL, when positive, sets the key to expire TTL after this write (a
-	// key each write refreshes lives TTL past its last write). Zero leaves
-	// the key's expiry as it is.
-	TTL time.Duration
-}
-
-// ShardHSet is one HSET of Field into a key of the job's shard (the
-// shard's tag followed by Suffix), with TTL as in ShardZAdd.
-type ShardHSet struct {
-	Suffix string
-	Field  string
-	Value  string
-	TTL    time.Duration
-}
-
-// Final is the state the transition ends in.
-func (t *Transition) Final() jobstate.State { return t.Path[len(t.Path)-1].To }
-
-func (t *Transition) lockAfter() string {
-	switch {
-	case t == nil:
-		return "keep"
-	case t.Final().Terminal():
-		return "terminal"
-	case t.Release:
-		return "release"
-	}
-	return "keep"
-}
-
-// LockKept reports whether the owner still holds the lock after t.
-func (t *Transition) LockKept() bool { return t.lockAfter() == "keep" }
+// The data of a state change is the core's and the store's alike; it
+// lives in jobstate (see jobstate.Transition).
+type (
+	Hop        = jobstate.Hop
+	Transition = jobstate.Transition
+	ShardZAdd  = jobstate.ShardZAdd
+	ShardHSet  = jobstate.ShardHSet
+)
 
 // Expect joins states for Transition.Expect.
-func Expect(states ...jobstate.State) string {
-	switch len(states) {
-	case 1:
-		return string(states[0]) // no copy: most transitions expect one state
-	case 2:
-		return string(states[0]) + "," + string(states[1])
-	}
-	var b strings.Builder
-	for i, st := range states {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(string(st))
-	}
-	return b.String()
-}
+func Expect(states ...jobstate.State) string { return jobstate.Expect(states...) }
 
 // Op is one unit of work for the Writer.
 type Op struct {
@@ -527,7 +442,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			markKey: k.CancelMark(op.JobID), cancelledKey: k.Index(sh, string(jobstate.StateCancelled)),
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
 			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
-			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.lockAfter(), dueMs: due(op.T),
+			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.LockAfter(), dueMs: due(op.T),
 			retentionS: retention, parkedOwner: parkedOwner,
 			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
 	case OpTransition:
@@ -535,7 +450,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())),
 			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
-			lockAfter: op.T.lockAfter(), retentionS: retention, dueMs: due(op.T),
+			lockAfter: op.T.LockAfter(), retentionS: retention, dueMs: due(op.T),
 			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
 		call.fromIndexKeys = appendExpectedIndexes(call.fromBuf[:0], k, sh, op.T.Expect)
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, call))

@@ -5,32 +5,27 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
-// Ownership: taking the job's lock (activation), adopting a record another
+// The job's lock: taking it (activation), adopting a record another
 // node wrote, recreating a record Redis lost, handing events to the node
-// that owns the job, giving the lock up (passivation) and parking.
+// that holds the lock (its holder), giving the lock up (passivation) and parking.
 
 const second = time.Second
 
 // activate takes the job's lock and learns its state; a missing job is not
 // created (events that must not create one).
 func (j *Job) activate(create bool, p *pending) {
-	op := &store.Op{Kind: store.OpActivate, JobID: j.ID, Node: j.cfg.NodeID, Create: create, TraceID: j.TraceID}
+	op := Op{Kind: OpActivate, JobID: j.ID, Node: j.cfg.NodeID, Create: create, TraceID: j.TraceID}
 	if p == nil {
 		p = &pending{}
 	}
 	if create && j.Req != nil {
 		op.Topic = j.Req.Topic
-		op.Tenant = safety.TenantOf(j.Req)
-		op.Request, _ = proto.Marshal(j.Req)
+		op.Tenant = jobstate.TenantOf(j.Req)
+		op.Request, _ = jobstate.EncodeRequest(j.Req)
 		if p.t != nil {
 			p.t.Op = j.opID()
 			op.T = p.t
@@ -43,7 +38,7 @@ func (j *Job) activate(create bool, p *pending) {
 
 // activatePlan creates the job (if it does not exist) with t applied to it
 // in the same script call; p's effects run only if it was.
-func (j *Job) activatePlan(t *store.Transition, dlq *store.DLQEntry, p *pending) {
+func (j *Job) activatePlan(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	if p == nil {
 		p = &pending{}
 	}
@@ -51,13 +46,13 @@ func (j *Job) activatePlan(t *store.Transition, dlq *store.DLQEntry, p *pending)
 	j.activate(true, p)
 }
 
-// activated1 decides what an activation found.
-func (j *Job) activated1(p *pending, r *store.Result) {
+// activated decides what an activation found.
+func (j *Job) activated(p *pending, r *WriteResult) {
 	plan := p.t
 	if !p.op.Create {
 		plan = nil
 	}
-	if p.probe && r.Status == store.ActivateNotFound {
+	if p.probe && r.Status == ActivateNotFound {
 		j.probedAbsent()
 		return
 	}
@@ -66,7 +61,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 	// keep its budget, its touched submit and its capacity recheck).
 	j.leaveGrace()
 	switch r.Status {
-	case store.ActivateCreated:
+	case ActivateCreated:
 		j.moveTo(Live)
 		j.created = j.now()
 		j.observe(MActivationDelay, j.firstEvent)
@@ -78,7 +73,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		}
 		j.moved(plan)
 		if plan == nil || plan.LockKept() {
-			j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+			j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
 		}
 		if j.State.Terminal() {
 			j.ended()
@@ -92,7 +87,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
 			j.finish()
 		}
-	case store.ActivateAdopted:
+	case ActivateAdopted:
 		if plan != nil && plan.Op != "" && r.Fields["op"] == plan.Op && r.State == plan.Final() {
 			// An earlier try of this very activation landed although its
 			// reply was lost: the job is where the plan put it, and the
@@ -104,7 +99,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			j.LastReason = plan.Path[len(plan.Path)-1].Reason
 			j.moved(plan)
 			if plan.LockKept() {
-				j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+				j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
 			}
 			j.ackAll()
 			j.then(p)
@@ -120,7 +115,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		if j.cfg.Trace {
 			j.emit(Resumed{State: j.State, Reason: j.LastReason})
 		}
-		j.hold(store.LockValue(j.cfg.NodeID, r.Fence))
+		j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
 		j.adopt(r.Fields)
 		j.dropPick() // the plan's pick, if any, is not used
 		if j.State != jobstate.StateScheduled {
@@ -133,7 +128,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			// have placed (adopted, or this node restarted). Counted as
 			// started: an adopter cannot tell whether the worker got it,
 			// so the worker's eviction does not place it again.
-			j.toRouter(&router.Occupied{WorkerID: j.Worker, JobID: j.ID, Started: true})
+			j.toRouter(&Occupied{WorkerID: j.Worker, JobID: j.ID, Started: true})
 		}
 		// r.Holder is the lock before this activation: a parked job's
 		// ("<node>|<fence>|p") is this node's own unless it was adopted.
@@ -149,15 +144,15 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 		}
 		j.ackAll()
 		j.advance()
-	case store.ActivateTerminal:
+	case ActivateTerminal:
 		j.State = r.State
 		j.ackAll()
 		j.finish()
-	case store.ActivateCancelled:
+	case ActivateCancelled:
 		j.createdCancelled(r) // cancelmark.go
-	case store.ActivateBusy:
-		// Another node owns the job. Submits are duplicates of a live job;
-		// results and cancels go to the owner (or back to JetStream). A
+	case ActivateBusy:
+		// Another node holds the job. Submits are duplicates of a live job;
+		// results and cancels go to the holder (or back to JetStream). A
 		// lock with no record behind it is not a live job: the submit goes
 		// back too.
 		j.count(MBusy, "")
@@ -166,9 +161,9 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 			j.nakAll(second)
 		}
 		j.ackAll()
-		j.forwardToOwner(r.Holder)
+		j.forwardToHolder(r.Holder)
 		j.finish()
-	case store.ActivateNotFound:
+	case ActivateNotFound:
 		if j.lost != "" {
 			j.recreate()
 			return
@@ -179,7 +174,7 @@ func (j *Job) activated1(p *pending, r *store.Result) {
 
 // moved reports, for tracing, that an activation created the job's record
 // with plan (nil: a plain create) applied.
-func (j *Job) moved(plan *store.Transition) {
+func (j *Job) moved(plan *jobstate.Transition) {
 	if !j.cfg.Trace {
 		return
 	}
@@ -196,12 +191,12 @@ func (j *Job) hold(lockValue string) {
 	j.emit(Hold{LockValue: lockValue})
 }
 
-// forwardToOwner passes the results and cancels waiting here to the node
+// forwardToHolder passes the results and cancels waiting here to the node
 // that holds the job's lock ("<node>|<fence>"). A forwarded event is never
 // forwarded again, so two nodes cannot bounce one between them.
-func (j *Job) forwardToOwner(holder string) {
-	owner, _, ok := strings.Cut(holder, "|")
-	if !ok || owner == j.cfg.NodeID || !j.cfg.Forward {
+func (j *Job) forwardToHolder(holder string) {
+	holderNode, _, ok := strings.Cut(holder, "|")
+	if !ok || holderNode == j.cfg.NodeID || !j.cfg.Forward {
 		return
 	}
 	keep := j.deferred[:0]
@@ -212,13 +207,13 @@ func (j *Job) forwardToOwner(holder string) {
 				keep = append(keep, m)
 				continue
 			}
-			j.emit(Forward{Owner: owner, Kind: ForwardResult, Raw: m.Raw, D: m.Delivery})
+			j.emit(Forward{Holder: holderNode, Kind: ForwardResult, Raw: m.Raw, D: m.Delivery})
 		case *Cancel:
 			if m.Forwarded || m.Raw == nil {
 				keep = append(keep, m)
 				continue
 			}
-			j.emit(Forward{Owner: owner, Kind: ForwardCancel, Raw: m.Raw, D: m.Delivery})
+			j.emit(Forward{Holder: holderNode, Kind: ForwardCancel, Raw: m.Raw, D: m.Delivery})
 		default:
 			keep = append(keep, m)
 		}
@@ -228,7 +223,7 @@ func (j *Job) forwardToOwner(holder string) {
 
 // recover re-activates a job whose lock vanished under it.
 func (j *Job) recover() {
-	j.emit(Forget{LockValue: store.LockValue(j.cfg.NodeID, j.Fence)})
+	j.emit(Forget{LockValue: jobstate.LockValue(j.cfg.NodeID, j.Fence)})
 	j.lost = j.State
 	j.moveTo(Fresh)
 	j.activate(false, nil)
@@ -240,15 +235,15 @@ func (j *Job) recover() {
 func (j *Job) recreate() {
 	known := j.lost
 	j.lost = ""
-	var path []store.Hop
-	lost := func(s jobstate.State) store.Hop { return store.Hop{To: s, Reason: jobstate.ReasonStateLost} }
+	var path []jobstate.Hop
+	lost := func(s jobstate.State) jobstate.Hop { return jobstate.Hop{To: s, Reason: jobstate.ReasonStateLost} }
 	switch known {
 	case jobstate.StateScheduled:
-		path = []store.Hop{lost(jobstate.StateScheduled)}
+		path = []jobstate.Hop{lost(jobstate.StateScheduled)}
 	case jobstate.StateDispatched:
-		path = []store.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched)}
+		path = []jobstate.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched)}
 	case jobstate.StateRunning:
-		path = []store.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched), lost(jobstate.StateRunning)}
+		path = []jobstate.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched), lost(jobstate.StateRunning)}
 	}
 	j.log(warn, "job record lost from Redis; recreating it", "state", known, "reason", jobstate.ReasonStateLost)
 	j.State = jobstate.StatePending
@@ -256,7 +251,7 @@ func (j *Job) recreate() {
 		j.activate(true, nil)
 		return
 	}
-	t := &store.Transition{Path: path, Due: j.deadline.UnixMilli(),
+	t := &jobstate.Transition{Path: path, Due: j.deadline.UnixMilli(),
 		Fields: []string{"worker", j.Worker, "subj", j.Subject, "attempts", strconv.Itoa(j.attempts),
 			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
 			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend), "sod", slotFlag(j.startsOnDelivery)}}
@@ -281,11 +276,10 @@ func (j *Job) adopt(f map[string]string) {
 	j.resend = f["resend"] == "1"
 	j.startsOnDelivery = f["sod"] == "1"
 	j.lostWorkers = f["lost_workers"]
-	j.spoke = f["runner"] != "" && f["runner"] == j.Worker
+	j.runnerKnown = f["runner"] != "" && f["runner"] == j.Worker
 	j.lostNoted = f["reason"] == string(jobstate.ReasonWorkerLostRunnerUnknown)
 	if raw := f["req"]; raw != "" {
-		req := &capv1.JobRequest{}
-		if err := proto.Unmarshal([]byte(raw), req); err == nil {
+		if req, err := jobstate.DecodeRequest([]byte(raw)); err == nil {
 			j.Req = req
 		}
 	}
@@ -349,7 +343,7 @@ func (j *Job) unknownJob() {
 	if j.in.DataLost() {
 		reason, msg = jobstate.ReasonStateLost, "result or cancel for a job whose record Redis lost (it lost its data)"
 	}
-	entry := &store.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
+	entry := &jobstate.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
 		Subject: j.cfg.ResultSubject}
 	fx := []Effect{PublishDLQ{Entry: entry}}
 	if reason == jobstate.ReasonStateLost {
@@ -357,7 +351,7 @@ func (j *Job) unknownJob() {
 		// other outcome Troupe decides; no record will ever answer it.
 		fx = append(fx, TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: reason, Msg: msg, Once: true})
 	}
-	j.write(&pending{kind: wDLQ, op: &store.Op{Kind: store.OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
+	j.write(&pending{kind: wDLQ, op: Op{Kind: OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
 	j.log(warn, "event for unknown job dead-lettered", "reason", reason)
 }
 
@@ -377,7 +371,7 @@ func (j *Job) passivate() {
 	lv := j.LockValue
 	j.emit(Forget{LockValue: lv})
 	j.LockValue = ""
-	j.write(&pending{kind: wRelease, op: &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: lv}})
+	j.write(&pending{kind: wRelease, op: Op{Kind: OpRelease, JobID: j.ID, LockValue: lv}})
 }
 
 // park stops the actor of a job that waits for its worker, keeping the job
@@ -395,15 +389,15 @@ func (j *Job) park() {
 	// parked value ("…|p") and be refused, harmlessly.
 	j.emit(Forget{LockValue: lv})
 	j.LockValue = ""
-	j.write(&pending{kind: wPark, op: &store.Op{Kind: store.OpPark, JobID: j.ID, Node: j.cfg.NodeID,
+	j.write(&pending{kind: wPark, op: Op{Kind: OpPark, JobID: j.ID, Node: j.cfg.NodeID,
 		LockValue: lv, ParkDue: j.deadline.UnixMilli()}})
 }
 
-func (j *Job) parkedAt(r *store.Result) {
+func (j *Job) parkedAt(r *WriteResult) {
 	if !r.Parked {
 		// The lock is not the job's any more: another node took it, or it
 		// vanished (it expired, or Redis lost its data — then the record
-		// may be gone too). Activating again tells which: another owner
+		// may be gone too). Activating again tells which: another holder
 		// means stopping without side effects (BUSY); no record means
 		// writing it back from what this job knows (recover → recreate).
 		j.log(warn, "job lock lost before parking; activating again to see who holds the job")
@@ -428,11 +422,11 @@ func (j *Job) onStopping() {
 	j.leaveGrace()
 	if j.LockValue != "" && !j.res.Gone() {
 		j.emit(Forget{LockValue: j.LockValue})
-		op := &store.Op{Kind: store.OpRelease, JobID: j.ID, LockValue: j.LockValue}
+		op := &Op{Kind: OpRelease, JobID: j.ID, LockValue: j.LockValue}
 		if queued && j.State == jobstate.StateScheduled {
-			op.Kind = store.OpTransition
-			op.T = &store.Transition{Expect: store.Expect(jobstate.StateScheduled),
-				Path: []store.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
+			op.Kind = OpTransition
+			op.T = &jobstate.Transition{Expect: jobstate.Expect(jobstate.StateScheduled),
+				Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
 				Release: true, Op: j.opID()}
 		}
 		j.emit(Write{Op: op}) // epoch 0: no answer is waited for

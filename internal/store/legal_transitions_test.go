@@ -1,4 +1,4 @@
-package lifecycle_test
+package store_test
 
 import (
 	"context"
@@ -84,14 +84,14 @@ func TestEveryTransition(t *testing.T) {
 			if from == jobstate.StatePending {
 				wrong = jobstate.StateRunning
 			}
-			hop := []store.Hop{{To: to, Reason: "test"}}
+			hop := []jobstate.Hop{{To: to, Reason: "test"}}
 			r := run(&store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: "n|1",
-				T: &store.Transition{Expect: store.Expect(wrong), Path: hop}})
+				T: &jobstate.Transition{Expect: jobstate.Expect(wrong), Path: hop}})
 			if r.Step != store.StepConflict {
 				t.Errorf("%s→%s from the wrong expected state: %v", from, to, r.Step)
 			}
 			r = run(&store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: "n|1",
-				T: &store.Transition{Expect: store.Expect(from), Path: hop}})
+				T: &jobstate.Transition{Expect: jobstate.Expect(from), Path: hop}})
 			if r.Step != store.StepOK {
 				t.Errorf("%s→%s: %v", from, to, r.Step)
 			}

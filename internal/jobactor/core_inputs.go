@@ -1,0 +1,91 @@
+package jobactor
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/signing"
+)
+
+// What the core takes from the policy engine, the saga package and the
+// key set, computed here: the core imports none of them (see
+// lifecycle.Sender, PolicyDone.Record, OutputOutcome, Config.Saga).
+
+// principal is a signing principal as the core's Sender.
+type principal signing.Principal
+
+func (p *principal) WorkerKey() bool              { return p.Role == signing.RoleWorker }
+func (p *principal) InPool(pool string) bool      { return (*signing.Principal)(p).InPool(pool) }
+func (p *principal) ForTenant(tenant string) bool { return (*signing.Principal)(p).ForTenant(tenant) }
+
+// By is the core's Sender for a verified principal (nil: the node does not
+// verify senders). It allocates nothing.
+func By(p *signing.Principal) lifecycle.Sender {
+	if p == nil {
+		return nil
+	}
+	return (*principal)(p)
+}
+
+// policyDone is the input policy's answer as the core takes it.
+func policyDone(epoch uint64, dec *capv1.PolicyCheckResponse, err error) *lifecycle.PolicyDone {
+	m := &lifecycle.PolicyDone{Epoch: epoch, Dec: dec, Err: err}
+	if err == nil && dec != nil {
+		m.Record = safety.DecisionFields(dec)
+		if dec.Decision == capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS {
+			c := dec.Constraints
+			m.Constrain = func(req *capv1.JobRequest) { safety.ApplyConstraints(req, c) }
+		}
+	}
+	return m
+}
+
+// outputOutcome is phase 1's outcome as the core takes it.
+func outputOutcome(o safety.OutputOutcome) lifecycle.OutputOutcome {
+	return lifecycle.OutputOutcome{Phase: o.Phase, Quarantine: o.Quarantine, ResultPtr: o.ResultPtr,
+		Redacted: o.Redacted, Reason: o.Reason, RuleID: o.RuleID, ContentChecked: o.ContentChecked,
+		Fields: o.Fields()}
+}
+
+// sagaRecorder is the core's Config.Saga: a succeeded step with a
+// compensation records its template next to its workflow's stack and joins
+// the stack; a step failed fatally triggers the workflow's rollback. The
+// keys expire retention after the write (see saga.RecordStep), not with the
+// step's record. A compensation is not a step of its workflow: it records
+// nothing and, failing, does not roll the workflow back again.
+func sagaRecorder(retention time.Duration) func(*jobstate.Transition, *capv1.JobRequest, string, time.Time, bool) {
+	return func(t *jobstate.Transition, req *capv1.JobRequest, jobID string, now time.Time, failed bool) {
+		wf := req.GetWorkflowId()
+		if wf == "" || req.GetLabels()[saga.LabelIsCompensation] == "true" {
+			return
+		}
+		if failed {
+			saga.RecordTrigger(t, wf, now.UnixMilli(), retention)
+			return
+		}
+		tmpl := saga.Template(req)
+		if tmpl == nil {
+			return
+		}
+		raw, err := proto.Marshal(tmpl)
+		if err != nil {
+			return
+		}
+		saga.RecordStep(t, wf, jobID, req.GetTopic(), raw, now.UnixMilli(), retention)
+	}
+}
+
+// PrincipalOf is the signing principal behind a Sender that By made (nil
+// for nil).
+func PrincipalOf(s lifecycle.Sender) *signing.Principal {
+	if p, ok := s.(*principal); ok {
+		return (*signing.Principal)(p)
+	}
+	return nil
+}

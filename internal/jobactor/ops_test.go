@@ -1,0 +1,98 @@
+package jobactor
+
+import (
+	"testing"
+	"time"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/signing"
+)
+
+// opSink keeps store ops on the heap, as the writer's queue does.
+var opSink *store.Op
+
+// lifeInputs is the core's Inputs for an allocation count: a fixed clock
+// and write id.
+type lifeInputs struct{ now time.Time }
+
+func (i *lifeInputs) Now() time.Time                    { return i.now }
+func (i *lifeInputs) OpID() uint64                      { return 7 }
+func (i *lifeInputs) GraceRoom() bool                   { return true }
+func (i *lifeInputs) DataLost() bool                    { return false }
+func (i *lifeInputs) Connected() bool                   { return true }
+func (i *lifeInputs) Count(lifecycle.Metric, string)    {}
+func (i *lifeInputs) Observe(lifecycle.Metric, float64) {}
+
+// jobLife runs one job's happy life (submit, allow, pick, create
+// DISPATCHED, progress → RUNNING, result → SUCCEEDED) through the core and
+// the shell's translations at its edges: each write becomes a store op
+// (storeOp), each store outcome (allocated as the store's writer does)
+// becomes the core's (writeResult), the policy's answer a PolicyDone
+// (policyDone).
+func jobLife(t *testing.T) {
+	cfg := &lifecycle.Config{NodeID: "n1", IdemKey: func(a, b string) string { return a + b },
+		TenantKey: func(t string) string { return t }, Dispatch: 5 * time.Minute,
+		RunningFor: func(string) time.Duration { return time.Hour },
+		Backoff:    func(int) time.Duration { return time.Second }, MaxSchedulingAttempts: 5,
+		ParkAfter: 10 * time.Second, ResendAfter: -1}
+	j := lifecycle.New(cfg, "job-1", 0)
+	in := &lifeInputs{now: time.Unix(1_000_000, 0)}
+	var epoch uint64
+	feed := func(ev any) {
+		for _, e := range j.Step(ev, in) {
+			switch e := e.(type) {
+			case lifecycle.Write:
+				epoch, opSink = e.Epoch, storeOp(e.Op)
+			case lifecycle.AskPolicy:
+				epoch = e.Epoch
+			case lifecycle.AskRouter:
+				epoch = e.Req.(*lifecycle.PickRequest).Epoch
+			}
+		}
+	}
+	written := func(r *store.Result) { feed(&lifecycle.WriteDone{Epoch: epoch, Res: writeResult(r)}) }
+	feed(&lifecycle.Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, TraceID: "t-1"})
+	feed(policyDone(epoch, &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}, nil))
+	feed(&lifecycle.PickReply{Epoch: epoch, WorkerID: "w1", Subject: "worker.w1.jobs"})
+	written(&store.Result{Status: store.ActivateCreated, State: jobstate.StateDispatched, Fence: 1})
+	feed(&lifecycle.Progress{P: &capv1.JobProgress{JobId: "job-1"}, From: "w1"})
+	written(&store.Result{Step: store.StepOK})
+	feed(&lifecycle.Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
+	written(&store.Result{Step: store.StepOK})
+	if j.State != jobstate.StateSucceeded || opSink == nil {
+		t.Fatalf("the life ended %s", j.State)
+	}
+}
+
+// The shell's translations between the core and the store allocate what
+// the core's store ops used to and no more: one store op per write (the
+// core keeps its own write inside its pending step, allocating none), no
+// allocation for an outcome (the core's result travels by value in its
+// WriteDone) or a sender. The count of a whole job's life through the core
+// and these translations is logged (go test -v -run TestShellTranslation).
+func TestShellTranslationAllocations(t *testing.T) {
+	op := &lifecycle.Op{Kind: lifecycle.OpTransition, JobID: "j", Node: "n", LockValue: "n|1",
+		T: &jobstate.Transition{Path: []jobstate.Hop{{To: jobstate.StateRunning}}}}
+	r := &store.Result{Step: store.StepOK}
+	p := &signing.Principal{Sender: "w1", Role: signing.RoleWorker}
+	var res lifecycle.WriteResult
+	var by lifecycle.Sender
+	if n := testing.AllocsPerRun(100, func() { opSink = storeOp(op) }); n != 1 {
+		t.Errorf("storeOp allocates %.0f, want 1 (the store op)", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { res = writeResult(r) }); n != 0 {
+		t.Errorf("writeResult allocates %.0f, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { by = By(p) }); n != 0 {
+		t.Errorf("By allocates %.0f, want 0", n)
+	}
+	_, _ = res, by
+	if op := storeOp(op); op.Kind != store.OpTransition || op.T == nil || op.LockValue != "n|1" {
+		t.Errorf("storeOp: %+v", op)
+	}
+	t.Logf("allocations per job life through the core and the shell's translations: %.0f",
+		testing.AllocsPerRun(200, func() { jobLife(t) }))
+}
