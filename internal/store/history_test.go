@@ -152,3 +152,50 @@ func TestHistoryDatesTheTimeBeforeTheCreate(t *testing.T) {
 		}
 	}
 }
+
+// A new record names its creating node in its first hop only (no "hl"
+// field of its own, one field fewer per job): the creator's later hops are
+// still its own, and a hop by another node after them names that node.
+func TestHistoryNodeOfANewRecordIsItsFirstHops(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.do(t, &store.Op{Kind: store.OpActivate, JobID: "hn1", Node: "a", Create: true, Topic: "job.x",
+		Tenant: "t", Request: []byte("req"), T: &store.Transition{Path: []store.Hop{
+			{To: jobstate.StateScheduled, Reason: "allowed"}, {To: jobstate.StateDispatched, Reason: "dispatched"}}}})
+	if r.Status != store.ActivateCreated {
+		t.Fatalf("create: %+v", r)
+	}
+	if ok, err := b.s.Client().HExists(ctx, b.s.Keys().Job("hn1"), "hl").Result(); err != nil || ok {
+		t.Fatalf("a new record has field hl (%v, %v)", ok, err)
+	}
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "hn1", Node: "a", LockValue: store.LockValue("a", 1),
+		T: &store.Transition{Expect: store.Expect(jobstate.StateDispatched),
+			Path: []store.Hop{{To: jobstate.StateRunning, Reason: "started"}}}}); !sr.OK() {
+		t.Fatalf("running: %+v", sr)
+	}
+	if err := b.s.Client().Del(ctx, b.s.Keys().Lock("hn1")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.activate(t, "hn1", "b", false); r.Status != store.ActivateAdopted || r.Fence != 2 {
+		t.Fatalf("adoption: %+v", r)
+	}
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "hn1", Node: "b", LockValue: store.LockValue("b", 2),
+		T: &store.Transition{Expect: store.Expect(jobstate.StateRunning),
+			Path: []store.Hop{{To: jobstate.StateSucceeded, Reason: "completed"}}}}); !sr.OK() {
+		t.Fatalf("finish: %+v", sr)
+	}
+	rec, err := b.s.GetJob(ctx, "hn1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a", "a", "a", "a", "b"}
+	if len(rec.History) != len(want) {
+		t.Fatalf("history has %d entries, want %d: %+v", len(rec.History), len(want), rec.History)
+	}
+	for i, e := range rec.History {
+		if e.Node != want[i] {
+			t.Errorf("entry %d (%s → %s) by %q, want %q", i, e.From, e.To, e.Node, want[i])
+		}
+	}
+}

@@ -128,8 +128,16 @@ local function createCancelled(mark)
   return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
 end
 
-local cur = redis.call('GET', lock_key)
-local st = redis.call('HGET', job_key, 's')
+-- A submit's activation (create) usually finds nothing at all: no record,
+-- no lock, no cancel mark. One EXISTS over the three says so, in place of
+-- a GET, an HGET and an EXISTS; only when one of them exists are they read
+-- one by one, below.
+local fresh = create == '1' and redis.call('EXISTS', job_key, lock_key, mark_key) == 0
+local cur, st
+if not fresh then
+  cur = redis.call('GET', lock_key)
+  st = redis.call('HGET', job_key, 's')
+end
 local terminal = st == 'SUCCEEDED' or st == 'FAILED' or st == 'TIMEOUT' or st == 'CANCELLED' or st == 'DENIED' or st == 'OUTPUT_QUARANTINED'
 local parkedBy = nil
 if cur then
@@ -165,7 +173,7 @@ if not st then
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
   end
-  if redis.call('EXISTS', mark_key) == 1 then
+  if not fresh and redis.call('EXISTS', mark_key) == 1 then
     local mark = redis.call('HGET', mark_key, tenant) or redis.call('HGET', mark_key, '*')
     redis.call('DEL', mark_key)
     if mark then

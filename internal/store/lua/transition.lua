@@ -59,7 +59,7 @@ if cur ~= lock_value then
   local rec = redis.call('HMGET', job_key, 'op', 's')
   return {'FENCED', cur or '', rec[1] or '', rec[2] or ''}
 end
-local rec = redis.call('HMGET', job_key, 's', 'hn', 'created', 'hl')
+local rec = redis.call('HMGET', job_key, 's', 'hn', 'created', 'hl', 'h1')
 local st = rec[1]
 if not st then
   return {'NOTFOUND', ''}
@@ -80,7 +80,7 @@ local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
 local f = {'s', prev, 'updated', now_ms, 'reason', reason}
 local hops = {}
 for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
-hopFields(f, tonumber(rec[2]) or 0, rec[4] or '', rec[3], now_ms, node, hops)
+hopFields(f, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, hops)
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', job_key, unpack(f))
 if st ~= prev then

@@ -4,7 +4,9 @@
 -- create, expire and delete it; a history list would be about a fifth of a
 -- job's Redis time). Field "hn" is the number of hops; hop i is field
 -- "h<i>" = "<ms after the record's created>|<to>|<reason>|<node>", where
--- node is empty when it is the previous hop's node (field "hl") and the
+-- node is empty when it is the previous hop's node (field "hl"; a record
+-- without "hl" has had hops by its first hop's node only, so a new record
+-- does not repeat that node in a field of its own: see lastNode) and the
 -- state a hop leaves is the previous hop's "to" ("" for the first). The
 -- fields stay short, so a record keeps Redis's compact hash encoding
 -- (values up to hash-max-listpack-value, 64 bytes by default). The ms may
@@ -16,6 +18,7 @@
 -- for a new job); now_ms and node, the writer's; and the hops as a flat
 -- list: to, reason, to, reason, ...
 local function hopFields(f, hn, last_node, created_ms, now_ms, node, hops)
+  local first = hn == 0
   local delta = tostring(tonumber(now_ms) - (tonumber(created_ms) or 0))
   local who = node
   if node == last_node then who = '' end
@@ -27,8 +30,16 @@ local function hopFields(f, hn, last_node, created_ms, now_ms, node, hops)
   end
   f[#f + 1] = 'hn'
   f[#f + 1] = hn
-  if node ~= last_node then
+  if node ~= last_node and not first then
     f[#f + 1] = 'hl'
     f[#f + 1] = node
   end
+end
+
+-- lastNode is the node of a record's last hop, from its fields "hl" and
+-- "h1" (nil, nil for a record with no hops: '').
+local function lastNode(hl, h1)
+  if hl then return hl end
+  if h1 then return string.match(h1, '[^|]*$') end
+  return ''
 end
