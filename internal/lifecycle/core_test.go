@@ -140,10 +140,16 @@ func TestFencedWriteEmitsNoEffects(t *testing.T) {
 // and a later dispatch is cancelled at its worker — the job does not run to
 // the end twice, nor wait for a worker that already finished it (issue 20,
 // item 1).
+//
+// With an output policy, the result waits for its phase 1 first and still
+// carries both (the outcome was once written without them).
 func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
-	for _, c := range []struct{ redispatched, progressFirst bool }{{false, false}, {true, false}, {true, true}} {
+	for _, c := range []struct{ redispatched, progressFirst, output bool }{
+		{false, false, false}, {true, false, false}, {true, true, false}, {false, false, true}, {true, false, true},
+	} {
 		redispatched := c.redispatched
 		d := newDriver(t)
+		d.j.cfg.Output = c.output
 		d.dispatch()
 		d.feed(&WorkerLost{WorkerID: "w1"})
 		fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
@@ -170,6 +176,13 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 			d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		}
 		fx = d.feed(&Result{Res: &capv1.JobResult{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, WorkerId: "w1"}})
+		if c.output {
+			ask, ok := find[AskOutput](fx)
+			if !ok {
+				t.Fatalf("output on: the result did not ask the output policy: %v", fx)
+			}
+			fx = d.feed(&OutputDone{Epoch: ask.Epoch, Outcome: OutputOutcome{Phase: "meta", ContentChecked: true}, Res: ask.Res, Path: ask.Path})
+		}
 		w, ok := find[Write](fx)
 		if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateSucceeded {
 			t.Fatalf("redispatched=%v: the earlier dispatch's result was not applied: %v", redispatched, fx)
@@ -180,7 +193,7 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 		fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 		_, cancelled := find[CancelWorker](fx)
 		if d.j.State != jobstate.StateSucceeded || cancelled != redispatched {
-			t.Fatalf("redispatched=%v: state %s, later dispatch cancelled %v: %v", redispatched, d.j.State, cancelled, fx)
+			t.Fatalf("redispatched=%v output=%v: state %s, later dispatch cancelled %v: %v", redispatched, c.output, d.j.State, cancelled, fx)
 		}
 	}
 }

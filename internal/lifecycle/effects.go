@@ -51,10 +51,9 @@ type WaitPolicy struct{ On bool }
 // AskOutput runs the output policy's phase 1 on Res; the outcome comes
 // back as an OutputDone with Epoch, Res and Path.
 type AskOutput struct {
-	Epoch   uint64
-	Res     *Result
-	Path    []jobstate.Hop
-	Applied []Effect // handed back in OutputDone
+	Epoch uint64
+	Res   *Result
+	Path  []jobstate.Hop
 }
 
 // ScanContent queues the output policy's phase 2 for a SUCCEEDED job's

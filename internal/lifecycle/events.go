@@ -171,8 +171,6 @@ type OutputDone struct {
 	Outcome OutputOutcome
 	Res     *Result
 	Path    []jobstate.Hop
-	// Applied: effects owed once the outcome is written (AskOutput's).
-	Applied []Effect
 }
 
 // PublishFailed: the dispatch the job asked for (a PublishRequest effect

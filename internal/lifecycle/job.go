@@ -248,6 +248,13 @@ type Job struct {
 	// busy, other events wait in deferred, in order.
 	opEpoch  uint64
 	busy     bool
+	// outputOwed holds, while the output policy's phase 1 runs on a
+	// result, what that result owes besides its outcome: record fields
+	// (result_of) and effects (a later dispatch's cancel, a log line).
+	outputOwed struct {
+		fields []string
+		fx     []Effect
+	}
 	pending  *pending
 	deferred []any
 	// acks are deliveries to acknowledge once the current write is durable.

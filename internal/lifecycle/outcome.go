@@ -63,11 +63,12 @@ func (j *Job) onResult(m *Result) {
 	}
 	j.acks = append(j.acks, m.Delivery)
 	fields := resultFields(res, res.ResultPtr)
+	var extra []string
 	var fx []Effect
 	if earlier || active(j.State) && j.lostWorkers != "" && res.WorkerId != "" && res.WorkerId != j.Worker {
 		// The result of a dispatch before the current one: it ends the
 		// job, and the later dispatch is cancelled at its worker.
-		fields = append(fields, "result_of", "earlier_dispatch")
+		extra = append(extra, "result_of", "earlier_dispatch")
 		fx = append(fx, j.logFx(warn, "result of an earlier dispatch ends the job", "worker_id", res.WorkerId,
 			"state", j.State, "current_worker", j.Worker))
 		if active(j.State) {
@@ -81,9 +82,11 @@ func (j *Job) onResult(m *Result) {
 		// SUCCEEDED (it may ask a remote checker or store a redacted copy).
 		j.opEpoch++
 		j.busy = true
-		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path, Applied: fx})
+		j.outputOwed.fields, j.outputOwed.fx = extra, fx
+		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path})
 		return
 	}
+	fields = append(fields, extra...)
 	path = append(path, jobstate.Hop{To: to, Reason: reason})
 	t := &jobstate.Transition{Expect: jobstate.Expect(j.State), Path: path, Fields: fields}
 	j.sagaRecord(t, to, reason)
@@ -122,12 +125,14 @@ func (j *Job) sagaRecord(t *jobstate.Transition, to jobstate.State, reason jobst
 // result pointer — and then hands the content scan to the scan pool.
 func (j *Job) onOutput(m *OutputDone) {
 	o := m.Outcome
-	fields := append(resultFields(m.Res.Res, o.ResultPtr), o.Fields...)
+	owed := j.outputOwed
+	j.outputOwed.fields, j.outputOwed.fx = nil, nil
+	fields := append(append(resultFields(m.Res.Res, o.ResultPtr), owed.fields...), o.Fields...)
 	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")
 		path := append(m.Path, jobstate.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
-		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(m.Applied,
+		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(owed.fx,
 			Count{M: MQuarantined, Label: o.Phase},
 			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", o.Phase,
 				"rule_id", o.RuleID, "reason", o.Reason),
@@ -143,7 +148,7 @@ func (j *Job) onOutput(m *OutputDone) {
 	path := append(m.Path, jobstate.Hop{To: jobstate.StateSucceeded, Reason: reason})
 	t := &jobstate.Transition{Expect: expect, Path: path, Fields: fields}
 	j.sagaRecord(t, jobstate.StateSucceeded, reason)
-	p := &pending{applied: m.Applied}
+	p := &pending{applied: owed.fx}
 	if !o.ContentChecked {
 		res := m.Res.Res
 		p.applied = append(p.applied, ScanContent{Res: &capv1.JobResult{JobId: j.ID,
