@@ -16,8 +16,13 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
-// How a client asks for a delayed job: a label on the submit (CAP
-// JobRequest.labels), so any CAP client can, with no protocol change.
+// How a client asks for a delayed job: a label on the submit, in CAP's
+// JobRequest.meta.labels (or JobRequest.labels), so any CAP client can,
+// with no protocol change. meta.labels is the place: JobRequest.labels are
+// placement constraints, and the job's own labels the node writes for
+// delayed and scheduled jobs (LabelDelayedUntil, LabelSchedule, LabelTick)
+// go there too; a run_at / run_after in JobRequest.labels is taken out
+// before the job is submitted, so it constrains no placement.
 const (
 	// LabelRunAt: the time to submit the job at, RFC 3339 ("2026-11-26T18:00:00Z")
 	// or unix milliseconds.
@@ -46,7 +51,7 @@ type Delayed struct {
 // does not ask (or asks for a time at or before stored), an error when a
 // label is malformed. stored is when the submit entered the stream.
 func DueAt(req *capv1.JobRequest, stored time.Time) (time.Time, bool, error) {
-	at, after := req.GetLabels()[LabelRunAt], req.GetLabels()[LabelRunAfter]
+	at, after := label(req, LabelRunAt), label(req, LabelRunAfter)
 	var due time.Time
 	switch {
 	case at != "" && after != "":
@@ -72,6 +77,14 @@ func DueAt(req *capv1.JobRequest, stored time.Time) (time.Time, bool, error) {
 		return time.Time{}, false, fmt.Errorf("delayed by %s: at most %s", due.Sub(stored).Round(time.Second), MaxDelay)
 	}
 	return due.UTC(), due.After(stored), nil
+}
+
+// label returns req's label k, from meta.labels first.
+func label(req *capv1.JobRequest, k string) string {
+	if v, ok := req.GetMeta().GetLabels()[k]; ok {
+		return v
+	}
+	return req.GetLabels()[k]
 }
 
 // AddDelayed stores a submit to be submitted at due. Adding a job id

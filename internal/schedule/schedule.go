@@ -44,7 +44,8 @@ const (
 	MaxCatchUp = 1000
 )
 
-// Labels a tick's job carries (and that the dashboard and filters see).
+// Labels a tick's job carries in its meta.labels (JobRequest.labels are
+// placement constraints).
 const (
 	LabelSchedule = "troupe.schedule"
 	LabelTick     = "troupe.tick"
@@ -66,7 +67,7 @@ type Schedule struct {
 	Tenant     string            `json:"tenant,omitempty"`
 	Principal  string            `json:"principal,omitempty"`
 	Priority   string            `json:"priority,omitempty"` // JOB_PRIORITY_* name or short form (batch, interactive, critical)
-	Labels     map[string]string `json:"labels,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`   // placement labels, as on any submit
 	Env        map[string]string `json:"env,omitempty"`
 	ContextPtr string            `json:"context_ptr,omitempty"`
 
@@ -187,12 +188,15 @@ func TickJobID(id string, t time.Time) string {
 // Request builds the job of s's tick at t.
 func (s *Schedule) Request(t time.Time) *capv1.JobRequest {
 	prio, _ := s.priority()
-	labels := make(map[string]string, len(s.Labels)+2)
-	for k, v := range s.Labels {
-		labels[k] = v
+	var labels map[string]string
+	if len(s.Labels) > 0 {
+		labels = make(map[string]string, len(s.Labels))
+		for k, v := range s.Labels {
+			labels[k] = v
+		}
 	}
-	labels[LabelSchedule] = s.ID
-	labels[LabelTick] = t.UTC().Format(time.RFC3339Nano)
+	meta := &capv1.JobMetadata{Labels: map[string]string{
+		LabelSchedule: s.ID, LabelTick: t.UTC().Format(time.RFC3339Nano)}}
 	var env map[string]string
 	if len(s.Env) > 0 {
 		env = make(map[string]string, len(s.Env))
@@ -201,7 +205,7 @@ func (s *Schedule) Request(t time.Time) *capv1.JobRequest {
 		}
 	}
 	return &capv1.JobRequest{JobId: TickJobID(s.ID, t), Topic: s.Topic, Priority: prio, TenantId: s.Tenant,
-		PrincipalId: s.Principal, Labels: labels, Env: env, ContextPtr: s.ContextPtr}
+		PrincipalId: s.Principal, Labels: labels, Env: env, ContextPtr: s.ContextPtr, Meta: meta}
 }
 
 // traceFor is a tick's trace id: deterministic too.

@@ -25,9 +25,9 @@ type Job struct {
 	Due time.Time
 }
 
-// LabelDelayedUntil replaces a delayed job's run_at / run_after label when
-// it is submitted: the job's record shows when it was due, and the intake
-// does not hold it again.
+// LabelDelayedUntil (in meta.labels) replaces a delayed job's run_at /
+// run_after label when it is submitted: the job's record shows when it was
+// due, and the intake does not hold it again.
 const LabelDelayedUntil = "troupe.delayed_until"
 
 // Defaults for Config fields left zero.
@@ -238,14 +238,17 @@ func (t *Ticker) drainDelayed(ctx context.Context) error {
 				ids = append(ids, d.JobID)
 				continue
 			}
-			labels := make(map[string]string, len(req.Labels))
-			for k, v := range req.Labels {
-				if k != LabelRunAt && k != LabelRunAfter {
-					labels[k] = v
-				}
+			delete(req.Labels, LabelRunAt)
+			delete(req.Labels, LabelRunAfter)
+			if req.Meta == nil {
+				req.Meta = &capv1.JobMetadata{}
 			}
-			labels[LabelDelayedUntil] = d.Due.UTC().Format(time.RFC3339Nano)
-			req.Labels = labels
+			if req.Meta.Labels == nil {
+				req.Meta.Labels = map[string]string{}
+			}
+			delete(req.Meta.Labels, LabelRunAt)
+			delete(req.Meta.Labels, LabelRunAfter)
+			req.Meta.Labels[LabelDelayedUntil] = d.Due.UTC().Format(time.RFC3339Nano)
 			jobs = append(jobs, Job{Req: req, Trace: d.TraceID, MsgID: "delayed:" + d.JobID, Due: d.Due})
 			ids = append(ids, d.JobID)
 		}
@@ -383,7 +386,7 @@ func (t *Ticker) fireSchedule(ctx context.Context, id string, tickMS int64, now 
 // malformed label (the caller rejects the submit); err is a Redis error
 // (the caller offers the submit again later).
 func (t *Ticker) Divert(req *capv1.JobRequest, trace string, stored time.Time) (held bool, bad string, err error) {
-	if len(req.GetLabels()) == 0 {
+	if len(req.GetLabels()) == 0 && len(req.GetMeta().GetLabels()) == 0 {
 		return false, "", nil
 	}
 	if stored.IsZero() {

@@ -87,7 +87,8 @@ func maps(m map[string]int) map[string]int {
 	return out
 }
 
-// stored is one submit as the stream holds it.
+// stored is one submit as the stream holds it (labels: its labels and
+// meta.labels together).
 type stored struct {
 	jobID  string
 	labels map[string]string
@@ -128,7 +129,13 @@ func (r *rig) read(want int) []stored {
 			r.t.Fatal(err)
 		}
 		req := pkt.GetJobRequest()
-		out = append(out, stored{jobID: req.JobId, labels: req.Labels, at: m.Time})
+		labels := map[string]string{}
+		for _, from := range []map[string]string{req.Labels, req.GetMeta().GetLabels()} {
+			for k, v := range from {
+				labels[k] = v
+			}
+		}
+		out = append(out, stored{jobID: req.JobId, labels: labels, at: m.Time})
 	}
 }
 
