@@ -245,6 +245,8 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		return e.saga(ctx, args[1:])
 	case "trace":
 		return e.trace(ctx, args[1:])
+	case "schedule", "schedules":
+		return e.schedules(ctx, args[1:]) // schedule.go
 	case "stats":
 		return e.stats(ctx, args[1:])
 	case "ready":

@@ -98,8 +98,8 @@ var idRe = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
 // Validate checks s and fills its defaults.
 func (s *Schedule) Validate() error {
-	if !idRe.MatchString(s.ID) {
-		return fmt.Errorf("%w: id %q: 1-64 letters, digits, _ . : -", ErrSpec, s.ID)
+	if !idRe.MatchString(s.ID) || s.ID == "delayed" {
+		return fmt.Errorf("%w: id %q: 1-64 letters, digits, _ . : - (and not \"delayed\")", ErrSpec, s.ID)
 	}
 	if (s.Cron == "") == (s.Every == "") {
 		return fmt.Errorf("%w: set exactly one of cron and every", ErrSpec)
