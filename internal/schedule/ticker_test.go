@@ -57,13 +57,27 @@ func (r *rig) submit(ctx context.Context, jobs []schedule.Job) error {
 		r.submitted[j.Req.JobId]++
 	}
 	r.mu.Unlock()
+	// As the node does (submitScheduled): every publish in flight, then
+	// every ack.
+	acks := make([]jetstream.PubAckFuture, 0, len(jobs))
 	for _, j := range jobs {
 		data, err := proto.Marshal(&capv1.BusPacket{TraceId: j.Trace, Payload: &capv1.BusPacket_JobRequest{JobRequest: j.Req}})
 		if err != nil {
 			return err
 		}
-		if _, err := r.js.Publish(ctx, r.subject, data); err != nil {
+		f, err := r.js.PublishAsync(r.subject, data)
+		if err != nil {
 			return err
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	return nil
