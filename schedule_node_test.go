@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/schedule"
 	"github.com/troupe-run/troupe/internal/store"
@@ -82,6 +83,85 @@ func TestScheduleNodeRunsDelayedAndScheduledJobs(t *testing.T) {
 		t.Errorf("tick job: labels %v created %s, want the schedule's, at or after %s", stored.Labels, r.Created, last.Tick)
 	}
 	if err := f.node.Schedules().Delete(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The schedule API: a tenant key creates schedules for its own tenant and
+// sees and acts on its own schedules and delayed jobs only.
+func TestScheduleAdminAPIIsTenantScoped(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	const allKey, acmeKey, betaKey = "sched-all-key-0123456789abc", "sched-acme-key-0123456789ab", "sched-beta-key-0123456789ab"
+	url := startAdmin(t, f.node, map[string]string{allKey: admin.AllTenants, acmeKey: "acme", betaKey: "beta"})
+	ctx := context.Background()
+	all, acme, beta := admin.NewClient(url, allKey), admin.NewClient(url, acmeKey), admin.NewClient(url, betaKey)
+	status := func(err error) int {
+		var ae *admin.APIError
+		if errors.As(err, &ae) {
+			return ae.Status
+		}
+		return 0
+	}
+
+	s, err := acme.CreateSchedule(ctx, schedule.Schedule{ID: "acme-hourly", Cron: "@hourly", Topic: "job.echo"})
+	if err != nil || s.Tenant != "acme" || s.NextTick == nil || s.CreatedBy == "" {
+		t.Fatalf("create as acme: %+v %v", s, err)
+	}
+	if _, err := acme.CreateSchedule(ctx, schedule.Schedule{ID: "x", Every: "1m", Topic: "job.echo", Tenant: "beta"}); status(err) != 403 {
+		t.Fatalf("acme creating for beta: %v, want 403", err)
+	}
+	if _, err := acme.CreateSchedule(ctx, schedule.Schedule{ID: "acme-hourly", Every: "1m", Topic: "job.echo"}); status(err) != 409 {
+		t.Fatalf("second create: %v, want 409", err)
+	}
+	if _, err := acme.CreateSchedule(ctx, schedule.Schedule{ID: "bad", Cron: "* * *", Topic: "job.echo"}); status(err) != 400 {
+		t.Fatalf("bad cron: %v, want 400", err)
+	}
+	if l, err := beta.Schedules(ctx); err != nil || len(l.Schedules) != 0 {
+		t.Fatalf("beta's list: %+v %v, want empty", l, err)
+	}
+	if _, err := beta.Schedule(ctx, "acme-hourly"); status(err) != 404 {
+		t.Fatalf("beta reading acme's: %v, want 404", err)
+	}
+	if _, err := beta.PauseSchedule(ctx, "acme-hourly", true); status(err) != 404 {
+		t.Fatalf("beta pausing acme's: %v, want 404", err)
+	}
+	if err := beta.DeleteSchedule(ctx, "acme-hourly"); status(err) != 404 {
+		t.Fatalf("beta deleting acme's: %v, want 404", err)
+	}
+	if l, err := all.Schedules(ctx); err != nil || len(l.Schedules) != 1 {
+		t.Fatalf("all-tenant list: %+v %v", l, err)
+	}
+	if got, err := acme.PauseSchedule(ctx, "acme-hourly", true); err != nil || !got.Paused || got.NextTick != nil {
+		t.Fatalf("pause: %+v %v", got, err)
+	}
+	if got, err := acme.PauseSchedule(ctx, "acme-hourly", false); err != nil || got.Paused || got.NextTick == nil {
+		t.Fatalf("resume: %+v %v", got, err)
+	}
+
+	req := echoReq("acme-later")
+	req.TenantId = "acme"
+	req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAfter: "1h"}}
+	f.submit(req)
+	var l admin.DelayedList
+	for deadline := time.Now().Add(10 * time.Second); len(l.Delayed) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the delayed job was never listed")
+		}
+		if l, err = acme.Delayed(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l, err := beta.Delayed(ctx, 10); err != nil || len(l.Delayed) != 0 {
+		t.Fatalf("beta's delayed: %+v %v, want none", l, err)
+	}
+	if err := beta.DeleteDelayed(ctx, "acme-later"); status(err) != 404 {
+		t.Fatalf("beta deleting acme's delayed job: %v, want 404", err)
+	}
+	if err := acme.DeleteDelayed(ctx, "acme-later"); err != nil {
+		t.Fatal(err)
+	}
+	if err := acme.DeleteSchedule(ctx, "acme-hourly"); err != nil {
 		t.Fatal(err)
 	}
 }
