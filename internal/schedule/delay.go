@@ -73,6 +73,11 @@ func DueAt(req *capv1.JobRequest, stored time.Time) (time.Time, bool, error) {
 	default:
 		return time.Time{}, false, nil
 	}
+	// Due times are kept in milliseconds: round up, so that a job is never
+	// taken before its time.
+	if r := due.Truncate(time.Millisecond); !r.Equal(due) {
+		due = r.Add(time.Millisecond)
+	}
 	if due.Sub(stored) > MaxDelay {
 		return time.Time{}, false, fmt.Errorf("delayed by %s: at most %s", due.Sub(stored).Round(time.Second), MaxDelay)
 	}
@@ -101,26 +106,27 @@ func (st *Store) AddDelayed(ctx context.Context, req *capv1.JobRequest, trace st
 		return err
 	}
 	pipe := st.rdb.TxPipeline()
-	set := pipe.HSetNX(ctx, st.delayJob, req.JobId, data)
+	pipe.HSetNX(ctx, st.delayJob, req.JobId, data)
 	pipe.ZAddNX(ctx, st.delayDue, redis.Z{Score: float64(due.UnixMilli()), Member: req.JobId})
-	if _, err := pipe.Exec(ctx); err != nil {
-		return err
-	}
-	_ = set
-	return nil
+	_, err = pipe.Exec(ctx)
+	return err
 }
 
 // ListDelayed returns up to limit delayed jobs, soonest first (tenant's
 // only unless tenant is "").
 func (st *Store) ListDelayed(ctx context.Context, tenant string, limit int64) ([]Delayed, error) {
-	ids, err := st.rdb.ZRange(ctx, st.delayDue, 0, -1).Result()
-	if err != nil {
-		return nil, err
-	}
+	const page = 500
 	out := []Delayed{}
-	for start := 0; start < len(ids) && int64(len(out)) < limit; start += 500 {
-		batch := ids[start:min(start+500, len(ids))]
-		vals, err := st.rdb.HMGet(ctx, st.delayJob, batch...).Result()
+	// Pages of the zset, soonest first; bounded: at most 200 pages.
+	for start := int64(0); int64(len(out)) < limit && start < 200*page; start += page {
+		ids, err := st.rdb.ZRange(ctx, st.delayDue, start, start+page-1).Result()
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) == 0 {
+			break
+		}
+		vals, err := st.rdb.HMGet(ctx, st.delayJob, ids...).Result()
 		if err != nil {
 			return nil, err
 		}
@@ -138,6 +144,9 @@ func (st *Store) ListDelayed(ctx context.Context, tenant string, limit int64) ([
 			if int64(len(out)) >= limit {
 				break
 			}
+		}
+		if len(ids) < page {
+			break
 		}
 	}
 	return out, nil
