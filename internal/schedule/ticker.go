@@ -199,15 +199,13 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 // Batch), then due schedules' ticks. It returns the earliest due time left
 // (found false when nothing is scheduled).
 func (t *Ticker) RunOnce(ctx context.Context) (next time.Time, found bool, err error) {
-	if err := t.drainDelayed(ctx); err != nil {
-		return time.Time{}, false, err
-	}
+	// A failure of one part does not hold the other back.
+	firstErr := t.drainDelayed(ctx)
 	now := t.cfg.Now()
 	due, err := t.cfg.Store.dueSchedules(ctx, now, 1000)
 	if err != nil {
-		return time.Time{}, false, err
+		return time.Time{}, false, errors.Join(firstErr, err)
 	}
-	var firstErr error
 	for _, z := range due {
 		id, _ := z.Member.(string)
 		if err := t.fireSchedule(ctx, id, int64(z.Score), now); err != nil && firstErr == nil {

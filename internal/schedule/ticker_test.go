@@ -477,3 +477,48 @@ func TestScheduleDelayedJobSubmittedAtItsTime(t *testing.T) {
 		t.Fatalf("after delete: %v", err)
 	}
 }
+
+// A replica that claims a tick, or takes delayed jobs, and never submits
+// them (it died) leaves them to another replica once its lease ends.
+func TestScheduleWorkOfADeadReplicaIsTakenOverAfterItsLease(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	created := time.Now().UTC().Truncate(time.Second)
+	s := &schedule.Schedule{ID: "hourly", Every: "1h", Topic: "job.test", CreatedAt: created}
+	if err := r.store.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{now: created.Add(time.Hour + time.Second)}
+	dead := schedule.NewTicker(schedule.Config{Store: r.store, Now: clk.Now, Lease: 300 * time.Millisecond,
+		Submit: func(context.Context, []schedule.Job) error { return errors.New("died") }})
+	late := &capv1.JobRequest{JobId: "late-1", Topic: "job.test",
+		Meta: &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAt: created.Add(time.Hour).Format(time.RFC3339)}}}
+	if held, _, err := dead.Divert(late, "", created); !held || err != nil {
+		t.Fatal(held, err)
+	}
+	if _, _, err := dead.RunOnce(ctx); err == nil {
+		t.Fatal("the dying replica's pass did not fail")
+	}
+	live := r.ticker(clk.Now)
+	// At once: the delayed job is leased and the tick claimed by the dead one.
+	if _, _, err := live.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(r.counts()); n != 0 {
+		t.Fatalf("submitted %v while the dead replica's leases last", r.counts())
+	}
+	tick := schedule.TickJobID(s.ID, created.Add(time.Hour))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		clk.Set(clk.Now().Add(50 * time.Millisecond)) // the delayed job's lease is on the tickers' clock
+		if _, _, err := live.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c := r.counts()
+		if c[tick] == 1 && c["late-1"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the leases: submitted %v, want %s and late-1 once", c, tick)
+		}
+	}
+}
