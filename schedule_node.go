@@ -26,7 +26,7 @@ func (n *Node) startTicker(ctx context.Context) error {
 		Log:     n.log,
 		Metrics: n.cfg.Metrics,
 	})
-	n.intake.Delay = n.ticker.Divert
+	n.intake.Delay = n.ticker.Hold
 	if err := n.ticker.Start(ctx); err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}

@@ -3,12 +3,20 @@ package troupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/schedule"
 	"github.com/troupe-run/troupe/internal/store"
@@ -164,4 +172,117 @@ func TestScheduleAdminAPIIsTenantScoped(t *testing.T) {
 	if err := acme.DeleteSchedule(ctx, "acme-hourly"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestScheduleBenchNodeDelayedBurst: N jobs submitted to a node with one
+// troupe.run_at; how late after it each job's record was created (the
+// intake held it, the ticker submitted it, a node took it and wrote it).
+// TROUPE_BENCH=1 only (a timing); TROUPE_BENCH_JOBS sets N (default 1000).
+//
+//	TROUPE_BENCH=1 go test -count=1 -v -run TestScheduleBenchNodeDelayedBurst .
+func TestScheduleBenchNodeDelayedBurst(t *testing.T) {
+	if os.Getenv("TROUPE_BENCH") != "1" {
+		t.Skip("a timing: set TROUPE_BENCH=1")
+	}
+	n := 1000
+	if v, err := strconv.Atoi(os.Getenv("TROUPE_BENCH_JOBS")); err == nil && v > 0 {
+		n = v
+	}
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	// The ticker's submits as the bus carries them: a plain subscriber to
+	// the submit subject sees each when it is published.
+	var mu sync.Mutex
+	fired := map[string]time.Time{}
+	sub, err := f.env.NATS.Subscribe(f.subj.Submit, func(m *nats.Msg) {
+		at := time.Now()
+		pkt, err := bus.Decode(m.Data)
+		if err != nil || pkt.GetJobRequest().GetMeta().GetLabels()[schedule.LabelDelayedUntil] == "" {
+			return
+		}
+		mu.Lock()
+		fired[pkt.GetJobRequest().JobId] = at
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	due := time.Now().Add(5 * time.Second).Truncate(time.Millisecond)
+	var acks []jetstream.PubAckFuture
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("nburst-%05d", i)
+		req := echoReq(ids[i])
+		req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAt: due.Format(time.RFC3339Nano)}}
+		data, err := bus.EncodeRequest(ids[i], "bench", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := f.js.PublishAsync(f.subj.Submit, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, a)
+	}
+	for _, a := range acks {
+		select {
+		case <-a.Ok():
+		case err := <-a.Err():
+			t.Fatal(err)
+		}
+	}
+	if time.Now().After(due) {
+		t.Fatal("submitting took past the due time; raise the lead")
+	}
+	// A plain job published at the due time, for comparison.
+	time.Sleep(time.Until(due))
+	plain := echoReq("nburst-plain")
+	f.submit(plain)
+	plainAt := time.Now()
+	lags := make([]time.Duration, 0, n)
+	for _, id := range ids {
+		var r *store.JobRecord
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var err error
+			if r, err = f.node.Job(ctx, id); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never got a record", id)
+			}
+		}
+		if r.Created.Before(due) {
+			t.Errorf("%s created %s before its time", id, due.Sub(r.Created))
+		}
+		lags = append(lags, r.Created.Sub(due))
+	}
+	slices.Sort(lags)
+	q := func(p float64) time.Duration { return lags[min(len(lags)-1, int(p*float64(len(lags))))] }
+	mu.Lock()
+	var fl []time.Duration
+	for _, at := range fired {
+		fl = append(fl, at.Sub(due))
+	}
+	mu.Unlock()
+	slices.Sort(fl)
+	if len(fl) != n {
+		t.Errorf("the subscriber saw %d of the %d submits", len(fl), n)
+	}
+	fq := func(p float64) time.Duration { return fl[min(len(fl)-1, int(p*float64(len(fl))))] }
+	t.Logf("%d delayed jobs: published by the ticker after due p50 %s p99 %s max %s (min %s)", len(fl), fq(0.5), fq(0.99),
+		fl[len(fl)-1], fl[0])
+	if r, err := f.node.Job(ctx, "nburst-plain"); err == nil {
+		t.Logf("a plain job published at the due time: record created %s after its publish", r.Created.Sub(plainAt))
+	}
+	mfs, _ := f.node.Metrics().Gather()
+	submitLag := ""
+	for _, mf := range mfs {
+		if mf.GetName() == "troupe_schedule_submit_lag_seconds" {
+			h := mf.Metric[0].GetHistogram()
+			submitLag = fmt.Sprintf("%d submitted, mean %.1f ms after due", h.GetSampleCount(), 1000*h.GetSampleSum()/float64(h.GetSampleCount()))
+		}
+	}
+	t.Logf("%d delayed jobs due at one instant through a node: record created after due p50 %s p99 %s max %s; ticker: %s",
+		n, q(0.5), q(0.99), lags[len(lags)-1], submitLag)
 }

@@ -45,6 +45,8 @@ type Delayed struct {
 	Submitted time.Time `json:"submitted"`
 	// Request is the JobRequest, protobuf-encoded.
 	Request []byte `json:"request"`
+
+	req *capv1.JobRequest // to encode into Request
 }
 
 // DueAt returns when req asks to run, from its labels: ok false when it
@@ -92,23 +94,33 @@ func label(req *capv1.JobRequest, k string) string {
 	return req.GetLabels()[k]
 }
 
-// AddDelayed stores a submit to be submitted at due. Adding a job id
-// already held keeps the first (a redelivered submit).
-func (st *Store) AddDelayed(ctx context.Context, req *capv1.JobRequest, trace string, due, submitted time.Time) error {
-	raw, err := proto.Marshal(req)
-	if err != nil {
-		return err
-	}
-	d := Delayed{JobID: req.JobId, TraceID: trace, Due: due, Topic: req.Topic, Tenant: req.TenantId,
-		Submitted: submitted.UTC(), Request: raw}
-	data, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
+// delayedOf is req held until due.
+func delayedOf(req *capv1.JobRequest, trace string, due, stored time.Time) Delayed {
+	return Delayed{JobID: req.JobId, TraceID: trace, Due: due, Topic: req.Topic, Tenant: req.TenantId,
+		Submitted: stored.UTC(), req: req}
+}
+
+// AddDelayed stores submits to be submitted at their due times, in one
+// transaction. Adding a job id already held keeps the first (a redelivered
+// submit).
+func (st *Store) AddDelayed(ctx context.Context, ds []Delayed) error {
 	pipe := st.rdb.TxPipeline()
-	pipe.HSetNX(ctx, st.delayJob, req.JobId, data)
-	pipe.ZAddNX(ctx, st.delayDue, redis.Z{Score: float64(due.UnixMilli()), Member: req.JobId})
-	_, err = pipe.Exec(ctx)
+	for _, d := range ds {
+		if d.req != nil {
+			raw, err := proto.Marshal(d.req)
+			if err != nil {
+				return err
+			}
+			d.Request, d.req = raw, nil
+		}
+		data, err := json.Marshal(d)
+		if err != nil {
+			return err
+		}
+		pipe.HSetNX(ctx, st.delayJob, d.JobID, data)
+		pipe.ZAddNX(ctx, st.delayDue, redis.Z{Score: float64(d.Due.UnixMilli()), Member: d.JobID})
+	}
+	_, err := pipe.Exec(ctx)
 	return err
 }
 
@@ -182,11 +194,11 @@ func (st *Store) DeleteDelayed(ctx context.Context, id string) error {
 	return nil
 }
 
-// takeDelayed takes up to limit delayed jobs due at now, leased until
-// now+lease.
-func (st *Store) takeDelayed(ctx context.Context, now time.Time, lease time.Duration, limit int) ([]Delayed, error) {
-	res, err := st.takeScript.Run(ctx, st.rdb, []string{st.delayDue, st.delayJob}, now.UnixMilli(),
-		now.Add(lease).UnixMilli(), limit).StringSlice()
+// takeDelayed takes up to limit delayed jobs due by upTo, leased until
+// leaseEnd.
+func (st *Store) takeDelayed(ctx context.Context, upTo, leaseEnd time.Time, limit int) ([]Delayed, error) {
+	res, err := st.takeScript.Run(ctx, st.rdb, []string{st.delayDue, st.delayJob}, upTo.UnixMilli(),
+		leaseEnd.UnixMilli(), limit).StringSlice()
 	if err != nil {
 		return nil, err
 	}

@@ -235,9 +235,10 @@ func (st *Store) advance(ctx context.Context, id string, tick, next int64, fired
 	return st.advanceScript.Run(ctx, st.rdb, []string{st.due, st.last}, id, tick, next, last).Err()
 }
 
-// earliest returns the earliest due time over schedules and delayed jobs
-// (ok false when there is none).
-func (st *Store) earliest(ctx context.Context) (time.Time, bool, error) {
+// earliest returns when the ticker should look next: the earliest next
+// tick, or the earliest delayed job's due time less lookahead (ok false
+// when there is neither).
+func (st *Store) earliest(ctx context.Context, lookahead time.Duration) (time.Time, bool, error) {
 	pipe := st.rdb.Pipeline()
 	a := pipe.ZRangeWithScores(ctx, st.due, 0, 0)
 	b := pipe.ZRangeWithScores(ctx, st.delayDue, 0, 0)
@@ -246,9 +247,16 @@ func (st *Store) earliest(ctx context.Context) (time.Time, bool, error) {
 	}
 	var at int64
 	found := false
-	for _, zs := range [][]redis.Z{a.Val(), b.Val()} {
-		if len(zs) == 1 && (!found || int64(zs[0].Score) < at) {
-			at, found = int64(zs[0].Score), true
+	for i, zs := range [][]redis.Z{a.Val(), b.Val()} {
+		if len(zs) != 1 {
+			continue
+		}
+		ms := int64(zs[0].Score)
+		if i == 1 {
+			ms -= lookahead.Milliseconds()
+		}
+		if !found || ms < at {
+			at, found = ms, true
 		}
 	}
 	return time.UnixMilli(at), found, nil
