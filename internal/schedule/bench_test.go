@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +39,7 @@ func TestScheduleBenchDelayedBurst(t *testing.T) {
 		defer tk.Stop(ctx)
 	}
 	due := time.Now().Add(3 * time.Second).Truncate(time.Millisecond)
+	var wg sync.WaitGroup
 	at := due.Format(time.RFC3339Nano)
 	for i := range n {
 		req := &capv1.JobRequest{JobId: fmt.Sprintf("burst-%05d", i), Topic: "job.test",
@@ -46,10 +48,17 @@ func TestScheduleBenchDelayedBurst(t *testing.T) {
 		if i%2 == 1 {
 			tk = b
 		}
-		if held, bad, err := tk.Divert(req, "", time.Now()); !held || bad != "" || err != nil {
-			t.Fatalf("hold %d: %v %q %v", i, held, bad, err)
+		wg.Add(1)
+		if held, bad := tk.Hold(req, "", time.Now(), func(err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			wg.Done()
+		}); !held || bad != "" {
+			t.Fatalf("hold %d: %v %q", i, held, bad)
 		}
 	}
+	wg.Wait()
 	if time.Now().After(due) {
 		t.Fatalf("holding %d jobs took past their due time; raise the lead", n)
 	}
