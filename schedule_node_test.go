@@ -286,3 +286,38 @@ func TestScheduleBenchNodeDelayedBurst(t *testing.T) {
 	t.Logf("%d delayed jobs due at one instant through a node: record created after due p50 %s p99 %s max %s; ticker: %s",
 		n, q(0.5), q(0.99), lags[len(lags)-1], submitLag)
 }
+
+// With signatures verified, the ticker's submits (a delayed job's, a
+// tick's) are signed as the node and accepted.
+func TestScheduleSignedNodeSubmitsAsItself(t *testing.T) {
+	t.Parallel()
+	s := newSigSetup(t, "sched")
+	f := newFixture(t, s.nodeConfig(true))
+	s.startWorker(f, s.keys, nil, worker.Echo)
+	ctx := context.Background()
+
+	req := echoReq("signed-later")
+	req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAfter: "300ms"}}
+	f.signedSubmit(s.client, "client", req)
+	f.waitState("signed-later", jobstate.StateSucceeded)
+
+	sc := &schedule.Schedule{ID: "signed-tick", Every: "1s", Topic: "job.echo"}
+	if err := f.node.Schedules().Create(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	var last *schedule.Fired
+	for deadline := time.Now().Add(15 * time.Second); last == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the schedule never fired")
+		}
+		got, err := f.node.Schedules().Get(ctx, sc.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = got.Last
+	}
+	f.waitState(last.JobID, jobstate.StateSucceeded)
+	if err := f.node.Schedules().Delete(ctx, sc.ID); err != nil {
+		t.Fatal(err)
+	}
+}
