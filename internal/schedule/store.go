@@ -235,29 +235,22 @@ func (st *Store) advance(ctx context.Context, id string, tick, next int64, fired
 	return st.advanceScript.Run(ctx, st.rdb, []string{st.due, st.last}, id, tick, next, last).Err()
 }
 
-// earliest returns when the ticker should look next: the earliest next
-// tick, or the earliest delayed job's due time less lookahead (ok false
-// when there is neither).
-func (st *Store) earliest(ctx context.Context, lookahead time.Duration) (time.Time, bool, error) {
-	pipe := st.rdb.Pipeline()
-	a := pipe.ZRangeWithScores(ctx, st.due, 0, 0)
-	b := pipe.ZRangeWithScores(ctx, st.delayDue, 0, 0)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+// earliestTick returns the earliest next tick (ok false when no schedule
+// ticks).
+func (st *Store) earliestTick(ctx context.Context) (time.Time, bool, error) {
+	return first(st.rdb.ZRangeWithScores(ctx, st.due, 0, 0).Result())
+}
+
+// earliestDelayed returns the earliest delayed job's due time less
+// lookahead (ok false when none is held).
+func (st *Store) earliestDelayed(ctx context.Context, lookahead time.Duration) (time.Time, bool, error) {
+	at, ok, err := first(st.rdb.ZRangeWithScores(ctx, st.delayDue, 0, 0).Result())
+	return at.Add(-lookahead), ok, err
+}
+
+func first(zs []redis.Z, err error) (time.Time, bool, error) {
+	if err != nil || len(zs) == 0 {
 		return time.Time{}, false, err
 	}
-	var at int64
-	found := false
-	for i, zs := range [][]redis.Z{a.Val(), b.Val()} {
-		if len(zs) != 1 {
-			continue
-		}
-		ms := int64(zs[0].Score)
-		if i == 1 {
-			ms -= lookahead.Milliseconds()
-		}
-		if !found || ms < at {
-			at, found = ms, true
-		}
-	}
-	return time.UnixMilli(at), found, nil
+	return time.UnixMilli(int64(zs[0].Score)), true, nil
 }

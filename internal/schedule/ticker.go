@@ -181,8 +181,37 @@ func (t *Ticker) Wake() {
 	}
 }
 
+// loop runs the two halves on their own goroutines, so that waiting for
+// a delayed group's time never holds a schedule's tick back (and the
+// reverse).
 func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		t.every(ctx, nil, func(ctx context.Context) (time.Time, bool, error) {
+			if err := t.fireDue(ctx); err != nil {
+				return time.Time{}, false, err
+			}
+			return t.cfg.Store.earliestTick(ctx)
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		t.every(ctx, t.wake, func(ctx context.Context) (time.Time, bool, error) {
+			if err := t.drainDelayed(ctx); err != nil {
+				return time.Time{}, false, err
+			}
+			return t.cfg.Store.earliestDelayed(ctx, t.cfg.Lookahead)
+		})
+	}()
+	wg.Wait()
+}
+
+// every runs pass until ctx ends: again at the time it returns (at most
+// Poll later), or when wake fires.
+func (t *Ticker) every(ctx context.Context, wake <-chan struct{}, pass func(context.Context) (time.Time, bool, error)) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -190,7 +219,7 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
-		case <-t.wake:
+		case <-wake:
 			if !timer.Stop() {
 				select {
 				case <-timer.C:
@@ -199,7 +228,7 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 			}
 		}
 		wait := t.cfg.Poll
-		next, found, err := t.RunOnce(ctx)
+		next, found, err := pass(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -220,22 +249,41 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 // (found false when nothing is scheduled).
 func (t *Ticker) RunOnce(ctx context.Context) (next time.Time, found bool, err error) {
 	// A failure of one part does not hold the other back.
-	firstErr := t.drainDelayed(ctx)
+	if err := errors.Join(t.drainDelayed(ctx), t.fireDue(ctx)); err != nil {
+		return time.Time{}, false, err
+	}
+	a, okA, err := t.cfg.Store.earliestTick(ctx)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	b, okB, err := t.cfg.Store.earliestDelayed(ctx, t.cfg.Lookahead)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	switch {
+	case okA && (!okB || a.Before(b)):
+		return a, true, nil
+	case okB:
+		return b, true, nil
+	}
+	return time.Time{}, false, nil
+}
+
+// fireDue fires the schedules due now (up to 1,000 a pass).
+func (t *Ticker) fireDue(ctx context.Context) error {
 	now := t.cfg.Now()
 	due, err := t.cfg.Store.dueSchedules(ctx, now, 1000)
 	if err != nil {
-		return time.Time{}, false, errors.Join(firstErr, err)
+		return err
 	}
+	var firstErr error
 	for _, z := range due {
 		id, _ := z.Member.(string)
 		if err := t.fireSchedule(ctx, id, int64(z.Score), now); err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("schedule %s: %w", id, err)
 		}
 	}
-	if firstErr != nil {
-		return time.Time{}, false, firstErr
-	}
-	return t.cfg.Store.earliest(ctx, t.cfg.Lookahead)
+	return firstErr
 }
 
 // drainDelayed submits the delayed jobs due now, and takes those due
