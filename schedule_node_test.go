@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,6 +64,15 @@ func TestScheduleNodeRunsDelayedAndScheduledJobs(t *testing.T) {
 	}
 	if stored.GetMeta().GetLabels()[schedule.LabelDelayedUntil] == "" || stored.Labels[schedule.LabelRunAfter] != "" {
 		t.Errorf("stored labels %v meta %v, want delayed_until in place of run_after", stored.Labels, stored.GetMeta())
+	}
+
+	// A malformed delay label: the submit is dead-lettered, invalid.
+	bad := echoReq("later-bad")
+	bad.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAt: "tomorrow"}}
+	f.submit(bad)
+	e := f.waitDLQ(func(e store.DLQEntry) bool { return e.JobID == "later-bad" })
+	if e.Reason != jobstate.ReasonInvalidRequest || !strings.Contains(e.Message, schedule.LabelRunAt) {
+		t.Errorf("DLQ entry %+v, want invalid_request naming the label", e)
 	}
 
 	s := &schedule.Schedule{ID: "echo-every-second", Every: "1s", Topic: "job.echo"}
