@@ -116,3 +116,34 @@ func TestScheduleIntervalParsing(t *testing.T) {
 		}
 	}
 }
+
+func TestScheduleValidation(t *testing.T) {
+	ok := func() schedule.Schedule { return schedule.Schedule{ID: "s-1", Every: "1m", Topic: "job.x"} }
+	for _, c := range []struct {
+		name    string
+		mutate  func(*schedule.Schedule)
+		wantErr string
+	}{
+		{"bad id", func(s *schedule.Schedule) { s.ID = "a b" }, "id"},
+		{"reserved id", func(s *schedule.Schedule) { s.ID = "delayed" }, "id"},
+		{"both", func(s *schedule.Schedule) { s.Cron = "* * * * *" }, "exactly one of cron and every"},
+		{"neither", func(s *schedule.Schedule) { s.Every = "" }, "exactly one of cron and every"},
+		{"no topic", func(s *schedule.Schedule) { s.Topic = "" }, "topic is required"},
+		{"policy", func(s *schedule.Schedule) { s.Missed = "all" }, "missed"},
+		{"catch-up", func(s *schedule.Schedule) { s.Missed, s.CatchUp = schedule.MissedCatchUp, 5000 }, "catch_up"},
+		{"grace", func(s *schedule.Schedule) { s.Grace = "0s" }, "grace"},
+		{"priority", func(s *schedule.Schedule) { s.Priority = "urgent" }, "priority"},
+		{"timezone", func(s *schedule.Schedule) { s.Every, s.Cron, s.Timezone = "", "@daily", "Mars/Olympus" }, "timezone"},
+	} {
+		s := ok()
+		c.mutate(&s)
+		if err := s.Validate(); !errors.Is(err, schedule.ErrSpec) || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("%s: %v, want an error naming %q", c.name, err, c.wantErr)
+		}
+	}
+	s := ok()
+	s.Missed, s.Priority = schedule.MissedCatchUp, "batch"
+	if err := s.Validate(); err != nil || s.CatchUp != 1 {
+		t.Fatalf("catch_up with no N: %v, N %d, want 1", err, s.CatchUp)
+	}
+}

@@ -130,8 +130,10 @@ func (s *Schedule) Validate() error {
 		s.CatchUp = 0
 	}
 	if s.Grace != "" {
-		if g, err := time.ParseDuration(s.Grace); err != nil || g < 0 {
-			return fmt.Errorf("%w: grace %q: want a duration ≥ 0", ErrSpec, s.Grace)
+		// A tick always fires a little late: a grace under a second would
+		// make most ticks missed ones.
+		if g, err := time.ParseDuration(s.Grace); err != nil || g < time.Second {
+			return fmt.Errorf("%w: grace %q: want a duration of at least 1s", ErrSpec, s.Grace)
 		}
 	}
 	if _, err := s.priority(); err != nil {
