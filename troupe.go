@@ -37,6 +37,7 @@ import (
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/schedule"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/supervisor"
 	"github.com/troupe-run/troupe/safety"
@@ -74,6 +75,7 @@ type Node struct {
 	guard  *intake.Guard
 	wheel  *jobactor.Wheel
 	due    *recovery.DuePoller
+	ticker *schedule.Ticker // delayed and scheduled jobs (schedule_node.go)
 
 	dispatcher *supervisor.PoolDispatcher
 	resolver   *supervisor.Resolver
@@ -439,6 +441,9 @@ func (n *Node) Start(ctx context.Context) error {
 		n.intake.Guard = n.guard
 	}
 	intakeRef.Store(n.intake)
+	if err := n.startTicker(ctx); err != nil {
+		return err
+	}
 
 	inputs, err := n.intake.Subscribe(n.nc, n.subj, n.cfg.NodeID)
 	if err != nil {
@@ -714,6 +719,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.stopping.Store(true)
 		if n.cancel != nil {
 			n.cancel()
+		}
+		if n.ticker != nil {
+			_ = n.ticker.Stop(ctx)
 		}
 		if n.stopProbe != nil {
 			close(n.stopProbe)

@@ -141,6 +141,7 @@ const ctlUsage = `usage: troupe ctl <command> [arguments] [flags]
   workers                                                  live workers and pool load
   pool list|get|map|unmap|pause|resume                     topic → pool mappings, pausing a topic
   saga <workflow_id> | list, sagas                         a workflow's compensations, the workflows
+  schedule list|get|create|pause|resume|delete|delayed     schedules (cron, intervals) and delayed jobs
   trace <job_id>                                           a job's mailbox trace
   stats | ready | series                                   node counters, readiness, chart series
 
@@ -245,6 +246,8 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		return e.saga(ctx, args[1:])
 	case "trace":
 		return e.trace(ctx, args[1:])
+	case "schedule", "schedules":
+		return e.schedules(ctx, args[1:]) // schedule.go
 	case "stats":
 		return e.stats(ctx, args[1:])
 	case "ready":

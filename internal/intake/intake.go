@@ -68,6 +68,9 @@ type Intake struct {
 	// draining: the node is stopping its job actors; forwarded events are
 	// refused at once (see Drain).
 	draining atomic.Bool
+
+	// Delay, when set, holds submits that ask to run later (delay.go).
+	Delay DelayHook
 }
 
 // Drain makes the node's inbox refuse every forwarded event from now on,
@@ -181,6 +184,9 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	trace := pkt.TraceId
 	if trace == "" {
 		trace = req.JobId
+	}
+	if in.divert(msg, req, trace) {
+		return
 	}
 	in.route(req.JobId, &jobactor.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg), Published: publishedAt(msg)},
 		true)

@@ -1,0 +1,256 @@
+package schedule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotFound: no schedule (or delayed job) with that id.
+var ErrNotFound = errors.New("schedule: not found")
+
+// ErrExists: a schedule with that id exists already.
+var ErrExists = errors.New("schedule: exists")
+
+// Store keeps schedules and delayed submits in Redis, under the node's key
+// prefix. Keys (one hash tag each, so the scripts run on a cluster):
+//
+//	<p>{sched}:def        HASH id → Schedule JSON
+//	<p>{sched}:due        ZSET id → next tick (unix ms); a paused schedule is absent
+//	<p>{sched}:last       HASH id → Fired JSON
+//	<p>{sched}:claim:<id>:<tick>   a tick's claim (SET NX, LeaseTTL)
+//	<p>{delay}:due        ZSET job id → due time (unix ms), or a taker's lease end
+//	<p>{delay}:job        HASH job id → Delayed JSON
+type Store struct {
+	rdb                        redis.UniversalClient
+	def, due, last, claim      string
+	delayDue, delayJob         string
+	claimScript, advanceScript *redis.Script
+	takeScript                 *redis.Script
+}
+
+// NewStore returns the store under prefix (the node's KeyPrefix, e.g.
+// "troupe:").
+func NewStore(rdb redis.UniversalClient, prefix string) *Store {
+	return &Store{rdb: rdb,
+		def: prefix + "{sched}:def", due: prefix + "{sched}:due", last: prefix + "{sched}:last",
+		claim: prefix + "{sched}:claim:", delayDue: prefix + "{delay}:due", delayJob: prefix + "{delay}:job",
+		claimScript: redis.NewScript(claimLua), advanceScript: redis.NewScript(advanceLua),
+		takeScript: redis.NewScript(takeLua)}
+}
+
+// claimLua: KEYS due, claim; ARGV id, tick, lease ms. The tick is claimed
+// only while it is still the schedule's next tick and nobody holds it.
+const claimLua = `
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s or tonumber(s) ~= tonumber(ARGV[2]) then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[3]) then return 1 end
+return 0`
+
+// advanceLua: KEYS due, last; ARGV id, tick, next, fired JSON (or "").
+// Moves the schedule from tick to next only if tick is still its next.
+const advanceLua = `
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s or tonumber(s) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[4]) end
+return 1`
+
+// takeLua: KEYS due, job; ARGV now ms, lease end ms, limit. Takes up to
+// limit due delayed jobs: each is re-scored to the lease end (a taker that
+// dies leaves it due again then) and returned with its JSON.
+const takeLua = `
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[1], ARGV[2], id)
+  local v = redis.call('HGET', KEYS[2], id)
+  if v then
+    out[#out+1] = id
+    out[#out+1] = v
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out`
+
+// Create stores s (validated) and schedules its first tick after now.
+func (st *Store) Create(ctx context.Context, s *Schedule) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	s.NextTick, s.Last = nil, nil
+	data, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	ok, err := st.rdb.HSetNX(ctx, st.def, s.ID, data).Result()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrExists, s.ID)
+	}
+	if s.Paused {
+		return nil
+	}
+	return st.schedule(ctx, s, time.Now())
+}
+
+// schedule sets s's next tick to its first after t.
+func (st *Store) schedule(ctx context.Context, s *Schedule, t time.Time) error {
+	spec, err := s.Spec()
+	if err != nil {
+		return err
+	}
+	next := spec.Next(t)
+	if next.IsZero() {
+		return st.rdb.ZRem(ctx, st.due, s.ID).Err()
+	}
+	return st.rdb.ZAdd(ctx, st.due, redis.Z{Score: float64(next.UnixMilli()), Member: s.ID}).Err()
+}
+
+// Get returns schedule id with its next tick and last fired tick.
+func (st *Store) Get(ctx context.Context, id string) (*Schedule, error) {
+	pipe := st.rdb.Pipeline()
+	d := pipe.HGet(ctx, st.def, id)
+	n := pipe.ZScore(ctx, st.due, id)
+	l := pipe.HGet(ctx, st.last, id)
+	_, _ = pipe.Exec(ctx)
+	data, err := d.Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s := &Schedule{}
+	if err := json.Unmarshal([]byte(data), s); err != nil {
+		return nil, fmt.Errorf("schedule %s: %w", id, err)
+	}
+	if ms, err := n.Result(); err == nil {
+		t := time.UnixMilli(int64(ms)).UTC()
+		s.NextTick = &t
+	}
+	if v, err := l.Result(); err == nil {
+		f := &Fired{}
+		if json.Unmarshal([]byte(v), f) == nil {
+			s.Last = f
+		}
+	}
+	return s, nil
+}
+
+// List returns every schedule (ordered by id), tenant's only unless tenant
+// is "".
+func (st *Store) List(ctx context.Context, tenant string) ([]*Schedule, error) {
+	ids, err := st.rdb.HKeys(ctx, st.def).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Schedule, 0, len(ids))
+	for _, id := range ids {
+		s, err := st.Get(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if tenant == "" || s.Tenant == tenant {
+			out = append(out, s)
+		}
+	}
+	sortByID(out)
+	return out, nil
+}
+
+// Pause stops s ticking (its next tick is forgotten); Resume schedules its
+// next tick after now (ticks while paused are not missed ticks: they are
+// not fired).
+func (st *Store) Pause(ctx context.Context, id string) error { return st.setPaused(ctx, id, true) }
+
+// Resume: see Pause.
+func (st *Store) Resume(ctx context.Context, id string) error { return st.setPaused(ctx, id, false) }
+
+func (st *Store) setPaused(ctx context.Context, id string, paused bool) error {
+	s, err := st.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	s.Paused = paused
+	s.NextTick, s.Last = nil, nil
+	data, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if err := st.rdb.HSet(ctx, st.def, id, data).Err(); err != nil {
+		return err
+	}
+	if paused {
+		return st.rdb.ZRem(ctx, st.due, id).Err()
+	}
+	return st.schedule(ctx, s, time.Now())
+}
+
+// Delete removes schedule id; a tick being fired now may still submit.
+func (st *Store) Delete(ctx context.Context, id string) error {
+	pipe := st.rdb.TxPipeline()
+	n := pipe.HDel(ctx, st.def, id)
+	pipe.ZRem(ctx, st.due, id)
+	pipe.HDel(ctx, st.last, id)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	if n.Val() == 0 {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return nil
+}
+
+// dueSchedules returns the ids and ticks of schedules due at now (at most
+// limit).
+func (st *Store) dueSchedules(ctx context.Context, now time.Time, limit int64) ([]redis.Z, error) {
+	return st.rdb.ZRangeByScoreWithScores(ctx, st.due, &redis.ZRangeBy{Min: "-inf",
+		Max: strconv.FormatInt(now.UnixMilli(), 10), Count: limit}).Result()
+}
+
+func (st *Store) claimTick(ctx context.Context, id string, tick int64, lease time.Duration) (bool, error) {
+	key := st.claim + id + ":" + strconv.FormatInt(tick, 10)
+	n, err := st.claimScript.Run(ctx, st.rdb, []string{st.due, key}, id, tick, lease.Milliseconds()).Int()
+	return n == 1, err
+}
+
+func (st *Store) advance(ctx context.Context, id string, tick, next int64, fired *Fired) error {
+	last := ""
+	if fired != nil {
+		b, _ := json.Marshal(fired)
+		last = string(b)
+	}
+	return st.advanceScript.Run(ctx, st.rdb, []string{st.due, st.last}, id, tick, next, last).Err()
+}
+
+// earliestTick returns the earliest next tick (ok false when no schedule
+// ticks).
+func (st *Store) earliestTick(ctx context.Context) (time.Time, bool, error) {
+	return first(st.rdb.ZRangeWithScores(ctx, st.due, 0, 0).Result())
+}
+
+// earliestDelayed returns the earliest delayed job's due time less
+// lookahead (ok false when none is held).
+func (st *Store) earliestDelayed(ctx context.Context, lookahead time.Duration) (time.Time, bool, error) {
+	at, ok, err := first(st.rdb.ZRangeWithScores(ctx, st.delayDue, 0, 0).Result())
+	return at.Add(-lookahead), ok, err
+}
+
+func first(zs []redis.Z, err error) (time.Time, bool, error) {
+	if err != nil || len(zs) == 0 {
+		return time.Time{}, false, err
+	}
+	return time.UnixMilli(int64(zs[0].Score)), true, nil
+}

@@ -1,0 +1,76 @@
+package troupe
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/schedule"
+)
+
+// Delayed and scheduled jobs (internal/schedule): the node runs a
+// schedule.Ticker, which submits each schedule tick's job and each due
+// delayed job on the submit subject like any client, signed as the node
+// when signing is on, and the intake holds submits that ask to run later.
+
+// startTicker builds the node's ticker, gives the intake its delay hook
+// and starts it.
+func (n *Node) startTicker(ctx context.Context) error {
+	n.ticker = schedule.NewTicker(schedule.Config{
+		Store:   schedule.NewStore(n.rdb, n.cfg.KeyPrefix),
+		Submit:  n.submitScheduled,
+		Log:     n.log,
+		Metrics: n.cfg.Metrics,
+	})
+	n.intake.Delay = n.ticker.Hold
+	if err := n.ticker.Start(ctx); err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+	return nil
+}
+
+// Schedules returns the node's schedule store (valid after Start).
+func (n *Node) Schedules() *schedule.Store {
+	if n.ticker == nil {
+		return nil
+	}
+	return n.ticker.Store()
+}
+
+// submitScheduled publishes jobs on the submit subject, each with its
+// Nats-Msg-Id (a replica submitting the same tick again within the
+// stream's duplicate window is dropped by JetStream), and waits for every
+// ack.
+func (n *Node) submitScheduled(ctx context.Context, jobs []schedule.Job) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sender := n.apiSender("troupe-schedule")
+	acks := make([]jetstream.PubAckFuture, 0, len(jobs))
+	for _, j := range jobs {
+		data, err := bus.EncodeRequest(j.Trace, sender, j.Req)
+		if err != nil {
+			return err
+		}
+		msg := &nats.Msg{Subject: n.subj.Submit, Data: data, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, j.MsgID)
+		f, err := n.js.PublishMsgAsync(msg)
+		if err != nil {
+			return fmt.Errorf("submit %s: %w", j.Req.JobId, err)
+		}
+		acks = append(acks, f)
+	}
+	for i, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("submit %s: %w", jobs[i].Req.JobId, err)
+		case <-ctx.Done():
+			return fmt.Errorf("submit %s: %w", jobs[i].Req.JobId, ctx.Err())
+		}
+	}
+	return nil
+}
