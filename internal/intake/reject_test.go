@@ -50,7 +50,16 @@ func TestRejectedPacketIsDeadLetteredOnceWhenOfferedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := fetchOne(t, cons)
-	in.HandleSubmit(lostAck{first})
+	lost := &markedAck{Msg: first, marked: make(chan struct{})}
+	in.HandleSubmit(lost)
+	// The guard acks only once its mark is written (the ack itself is lost):
+	// the redelivery is handled after that, as it would be with a real
+	// ack wait, not in the 300 ms this test's consumer allows.
+	select {
+	case <-lost.marked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rejected packet's guard mark was never written")
+	}
 	again := fetchOne(t, cons) // offered again after the ack wait
 	if md, _ := again.Metadata(); md.NumDelivered != 2 {
 		t.Fatalf("second offer has NumDelivered %d, want 2", md.NumDelivered)
@@ -70,3 +79,12 @@ func TestRejectedPacketIsDeadLetteredOnceWhenOfferedAgain(t *testing.T) {
 		t.Fatalf("%d DLQ entries for one bad packet offered twice, want 1", n)
 	}
 }
+
+// markedAck is a delivery whose ack is lost, closing marked when it is
+// called: the guard calls it once it has written the message's mark.
+type markedAck struct {
+	jetstream.Msg
+	marked chan struct{}
+}
+
+func (m *markedAck) Ack() error { close(m.marked); return nil }
