@@ -83,7 +83,7 @@ func (f *fixture) holdingWorker(id string, rec *receipts) *gates {
 // worker does when it starts the job.
 func (f *fixture) publishProgress(id, worker string) {
 	f.t.Helper()
-	data, err := bus.EncodeProgress("trace-"+id, worker,
+	data, err := bus.Encoder{}.Progress("trace-"+id, worker,
 		&capv1.JobProgress{JobId: id, Status: capv1.JobStatus_JOB_STATUS_RUNNING})
 	if err != nil {
 		f.t.Fatal(err)

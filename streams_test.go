@@ -166,7 +166,7 @@ func startStreamLossWorker(t *testing.T, f *fixture, id string) *streamLossWorke
 		first := sw.deliveries[req.JobId] == 1
 		sw.mu.Unlock()
 		if first {
-			if data, err := bus.EncodeProgress(pkt.TraceId, id, &capv1.JobProgress{JobId: req.JobId,
+			if data, err := (bus.Encoder{}).Progress(pkt.TraceId, id, &capv1.JobProgress{JobId: req.JobId,
 				Status: capv1.JobStatus_JOB_STATUS_RUNNING}); err == nil {
 				_ = nc.Publish(f.subj.Progress, data)
 			}

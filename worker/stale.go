@@ -108,5 +108,3 @@ func (w *Worker) dropStale(subject string, req *capv1.JobRequest) bool {
 	return true
 }
 
-// StaleDropped counts the dispatches dropped as stale.
-func (w *Worker) StaleDropped() uint64 { return w.stale.Load() }

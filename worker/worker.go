@@ -239,12 +239,6 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// ID returns the worker id.
-func (w *Worker) ID() string { return w.cfg.ID }
-
-// Beat publishes a heartbeat now.
-func (w *Worker) Beat() { w.beat() }
-
 func (w *Worker) beat() {
 	// Taken before the packet's created_at, so never after it; a beat sent
 	// while disconnected is not heard when sent, so it does not count.

@@ -184,7 +184,7 @@ func fieldNames(f *ast.Field) []string {
 // an exported declaration's visible shape (an exported func's or method's
 // parameters and results, an exported type's definition — its exported
 // fields, embedded fields and interface methods — and an exported var's or
-// const's declared type) names a type from an import path containing
+// const's declared type, or its value when it has none) names a type from an import path containing
 // "/internal/".
 func (p *Package) InternalRefs() []string {
 	var out []string
@@ -209,8 +209,7 @@ func (p *Package) InternalRefs() []string {
 				return
 			}
 			ast.Inspect(n, func(n ast.Node) bool {
-				if fl, ok := n.(*ast.FuncLit); ok {
-					_ = fl
+				if _, ok := n.(*ast.FuncLit); ok {
 					return false // a function body's internals are not API
 				}
 				sel, ok := n.(*ast.SelectorExpr)
@@ -246,7 +245,12 @@ func (p *Package) InternalRefs() []string {
 					case *ast.ValueSpec:
 						for _, n := range s.Names {
 							if n.IsExported() {
+								// The declared type, or the values an
+								// untyped declaration takes its type from.
 								report(n.Name, s.Type)
+								for _, v := range s.Values {
+									report(n.Name, v)
+								}
 								break
 							}
 						}
@@ -273,7 +277,9 @@ func (p *Package) InternalRefs() []string {
 						default:
 							report(s.Name.Name, s.Type)
 						}
-						report(s.Name.Name, s.TypeParams)
+						if s.TypeParams != nil {
+							report(s.Name.Name, s.TypeParams)
+						}
 					}
 				}
 			}
