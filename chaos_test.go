@@ -119,7 +119,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 	for time.Now().Before(deadline) {
 		terminal = 0
 		for _, id := range ids {
-			if r, err := f.node.Job(ctx, id); err == nil && r.State.Terminal() {
+			if r, err := f.node.Record(ctx, id); err == nil && r.State.Terminal() {
 				terminal++
 			}
 		}
@@ -130,7 +130,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 	}
 	byState := map[jobstate.State]int{}
 	for _, id := range ids {
-		r, err := f.node.Job(ctx, id)
+		r, err := f.node.Record(ctx, id)
 		if err != nil {
 			es, _ := f.node.Store().ListDLQ(ctx, 10000)
 			for _, e := range es {

@@ -128,7 +128,7 @@ func TestNodeRunsAJobOverTLSWithAuthAndLogsNoSecret(t *testing.T) {
 	}
 	var last jobstate.State
 	for i := 0; ; i++ {
-		r, err := node.Job(ctx, "secure-1")
+		r, err := node.Record(ctx, "secure-1")
 		if err == nil && r.State == jobstate.StateSucceeded {
 			break
 		}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -46,7 +45,7 @@ func TestNewNodeWithoutPoolsRoutesAsTheCLI(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		if rec.State != jobstate.StateSucceeded {
+		if rec.State != troupe.StateSucceeded {
 			t.Fatalf("%s ended %s (%s), want SUCCEEDED", id, rec.State, rec.Reason)
 		}
 	}

@@ -34,7 +34,7 @@ var ErrNotStarted = errors.New("troupe: node not started")
 
 // ListJobs returns one page of the jobs in q.State, newest update first;
 // with no state, of the newest jobs of every state (store.ListRecent).
-func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
+func (n inspector) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
 	if q.State == "" {
 		return n.store.ListRecent(ctx, q)
 	}
@@ -45,7 +45,7 @@ func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, 
 // the jobs still retained). SCHEDULED includes the jobs waiting with no
 // record yet (SubmitsWaiting): it counts every job whose submit was
 // acknowledged and that is not yet dispatched or ended.
-func (n *Node) CountStates(ctx context.Context) (map[jobstate.State]int64, error) {
+func (n inspector) CountStates(ctx context.Context) (map[jobstate.State]int64, error) {
 	counts, err := n.store.CountStates(ctx)
 	if err != nil {
 		return nil, err
@@ -83,17 +83,17 @@ func (n *Node) JobTenants(ctx context.Context, jobIDs []string) (map[string]stri
 }
 
 // JobLinks returns a job's retry links.
-func (n *Node) JobLinks(ctx context.Context, jobID string) (store.JobLinks, error) {
+func (n inspector) JobLinks(ctx context.Context, jobID string) (store.JobLinks, error) {
 	return n.store.Links(ctx, jobID)
 }
 
 // ListDLQ returns up to limit DLQ entries, newest first.
-func (n *Node) ListDLQ(ctx context.Context, limit int64) ([]store.DLQEntry, error) {
+func (n inspector) ListDLQ(ctx context.Context, limit int64) ([]store.DLQEntry, error) {
 	return n.store.ListDLQ(ctx, limit)
 }
 
 // DLQEntry returns one DLQ entry (store.ErrDLQNotFound if there is none).
-func (n *Node) DLQEntry(ctx context.Context, entryID string) (*store.DLQEntry, error) {
+func (n inspector) DLQEntry(ctx context.Context, entryID string) (*store.DLQEntry, error) {
 	return n.store.DLQEntryByID(ctx, entryID)
 }
 
@@ -170,7 +170,7 @@ func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string
 
 // PoolConfig returns the routing config in force: pools.yaml (or
 // Config.Pools) with the runtime mappings laid over it.
-func (n *Node) PoolConfig() *router.PoolConfig { return n.pools.Current() }
+func (n inspector) PoolConfig() *router.PoolConfig { return n.pools.Current() }
 
 // JobTraceEnabled reports whether this node traces its job actors' mailboxes.
 func (n *Node) JobTraceEnabled() bool { return jobtrace.FromSystem(n.sys) != nil }
@@ -178,7 +178,7 @@ func (n *Node) JobTraceEnabled() bool { return jobtrace.FromSystem(n.sys) != nil
 // JobTrace returns a job's mailbox trace, oldest first: what was persisted
 // when its actors stopped (on any replica), and, when the job's actor is
 // live on this node and tracing is on here, its ring so far.
-func (n *Node) JobTrace(ctx context.Context, jobID string) ([]jobtrace.Entry, error) {
+func (n inspector) JobTrace(ctx context.Context, jobID string) ([]jobtrace.Entry, error) {
 	if t := jobtrace.FromSystem(n.sys); t != nil {
 		return t.Trace(ctx, jobID)
 	}
@@ -296,7 +296,7 @@ func runReadyChecks(ctx context.Context, checks map[string]func(context.Context)
 
 // Saga describes a workflow's saga: its stack, the rollback's progress and
 // each compensation's job and state (store.ErrNotFound when there is none).
-func (n *Node) Saga(ctx context.Context, workflowID string) (*saga.Report, error) {
+func (n inspector) Saga(ctx context.Context, workflowID string) (*saga.Report, error) {
 	r, err := saga.Describe(ctx, n.store, workflowID)
 	if err != nil {
 		return nil, err

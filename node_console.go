@@ -71,7 +71,7 @@ func (n *Node) RetryJob(ctx context.Context, jobID string) (string, error) {
 // This node applies it before returning, the other replicas within
 // router.PoolsPollDefault.
 func (n *Node) PauseTopic(ctx context.Context, topic string) error {
-	if err := n.Mappings().Pause(ctx, topic); err != nil {
+	if err := (inspector{n}).Mappings().Pause(ctx, topic); err != nil {
 		return err
 	}
 	n.applyPools()
@@ -81,7 +81,7 @@ func (n *Node) PauseTopic(ctx context.Context, topic string) error {
 // ResumeTopic dispatches topic's jobs again, the waiting ones in order;
 // applied as PauseTopic is.
 func (n *Node) ResumeTopic(ctx context.Context, topic string) error {
-	if err := n.Mappings().Resume(ctx, topic); err != nil {
+	if err := (inspector{n}).Mappings().Resume(ctx, topic); err != nil {
 		return err
 	}
 	n.applyPools()
@@ -95,6 +95,6 @@ func (n *Node) applyPools() { _ = n.pools.Reload() }
 
 // ListSagas lists the workflows whose sagas are kept, newest first
 // (saga.List).
-func (n *Node) ListSagas(ctx context.Context, limit int, cursor string) ([]saga.Listed, string, error) {
+func (n inspector) ListSagas(ctx context.Context, limit int, cursor string) ([]saga.Listed, string, error) {
 	return saga.List(ctx, n.store, limit, cursor)
 }

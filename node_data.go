@@ -9,7 +9,7 @@ import (
 // CAP's convention places them (package jobdata): values written through
 // it expire jobdata.TTLFor(Config.Retention) after the write (never, when
 // records are kept for ever).
-func (n *Node) JobData() *jobdata.Store {
+func (n inspector) JobData() *jobdata.Store {
 	ttl := jobdata.TTLFor(n.store.Retention())
 	if ttl == 0 {
 		ttl = -1

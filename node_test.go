@@ -16,6 +16,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -172,7 +173,7 @@ func (f *fixture) waitStateWithin(id string, want jobstate.State, within time.Du
 	deadline := time.Now().Add(within)
 	var last *store.JobRecord
 	for time.Now().Before(deadline) {
-		rec, err := f.node.Job(context.Background(), id)
+		rec, err := f.node.Record(context.Background(), id)
 		if err == nil {
 			last = rec
 			if rec.State == want {
@@ -528,7 +529,7 @@ var _ = nats.DefaultURL
 // address.
 func startAdmin(t *testing.T, node *troupe.Node, keys map[string]string) string {
 	t.Helper()
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+	srv, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: "127.0.0.1:0",
 		Log: quietLogger(), APIKeys: keys})
 	if err != nil {
 		t.Fatal(err)

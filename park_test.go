@@ -158,7 +158,7 @@ func TestParkedJobIsCancelled(t *testing.T) {
 	// The worker's late answer is absorbed.
 	release.open("job-park-cancel")
 	time.Sleep(200 * time.Millisecond)
-	if r, _ := f.node.Job(context.Background(), "job-park-cancel"); r.State != jobstate.StateCancelled {
+	if r, _ := f.node.Record(context.Background(), "job-park-cancel"); r.State != jobstate.StateCancelled {
 		t.Fatalf("state %s after the late result", r.State)
 	}
 }

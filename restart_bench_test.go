@@ -95,7 +95,7 @@ func restartOnce(b *testing.B, warm bool) (failures, jobsHit float64) {
 	b.StopTimer()
 	failures = counter(b, nb, "troupe_scheduling_retries_total", "no_workers")
 	for _, id := range ids {
-		if r, err := nb.Job(ctx, id); err == nil && r.Fields["last_reason"] == "no_workers" {
+		if r, err := nb.Record(ctx, id); err == nil && r.Fields["last_reason"] == "no_workers" {
 			jobsHit++
 		}
 	}

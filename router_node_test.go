@@ -150,7 +150,7 @@ func TestTenantLimitAcrossReplicas(t *testing.T) {
 	for waiting < 2 && time.Now().Before(deadline) {
 		waiting = 0
 		for i := 0; i < 3; i++ {
-			if r, err := f.node.Job(context.Background(), fmt.Sprintf("acme-%d", i)); err == nil &&
+			if r, err := f.node.Record(context.Background(), fmt.Sprintf("acme-%d", i)); err == nil &&
 				r.State == jobstate.StateScheduled && r.Reason == jobstate.ReasonTenantLimit {
 				waiting++
 			}
@@ -348,7 +348,7 @@ func TestPoolSubjectJobIsChargedToTheWorkerThatSpoke(t *testing.T) {
 	// The picked worker dies: nothing happens to the job.
 	stopPicked()
 	f.waitWorkers(1)
-	r, err = f.node.Job(context.Background(), "job-spoken-for")
+	r, err = f.node.Record(context.Background(), "job-spoken-for")
 	if err != nil || r.State != jobstate.StateRunning || strings.Contains(reasons(r.History), "worker_lost") {
 		t.Fatalf("after the picked worker's loss: %v %s %v", r.State, reasons(r.History), err)
 	}

@@ -251,7 +251,7 @@ func TestBadlySignedSubmitsAreDeadLettered(t *testing.T) {
 
 	f.waitState("job-good", jobstate.StateSucceeded)
 	for _, id := range []string{"job-unsigned", "job-stranger", "job-wrong-key", "job-tampered"} {
-		if _, err := f.node.Job(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
+		if _, err := f.node.Record(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s: a rejected submit has a job record (err %v)", id, err)
 		}
 		if rec.count(id) != 0 {
@@ -309,7 +309,7 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 	// The forward itself carries no node signature (Troupe-Signature): it
 	// is refused before its packet is looked at.
 	waitRejected(t, f.node, "result", signing.ReasonUnsigned, 2)
-	if r, err := f.node.Job(context.Background(), "job-forge"); err != nil || r.State != jobstate.StateRunning {
+	if r, err := f.node.Record(context.Background(), "job-forge"); err != nil || r.State != jobstate.StateRunning {
 		t.Fatalf("after forged packets: %v %+v", err, r)
 	}
 

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"log/slog"
 	"os"
 	"runtime"
@@ -120,7 +121,7 @@ func (s *sut) workers() (int, error) {
 	if s.node == nil {
 		return len(s.spec.WorkerIDs), nil
 	}
-	ws, err := s.node.Workers()
+	ws, err := inspect.Of(s.node).Workers()
 	return len(ws), err
 }
 
@@ -275,7 +276,7 @@ func (s *sut) inflight(ctx context.Context) Snap {
 	sn.RSS, _ = procRSS(os.Getpid())
 	if s.node != nil {
 		sn.LiveActors, _ = s.node.LiveJobActors()
-		sn.Parked, _ = s.node.Store().ParkedCount(ctx, s.node.ID())
+		sn.Parked, _ = inspect.Of(s.node).Store().ParkedCount(ctx, s.node.ID())
 	}
 	return sn
 }
