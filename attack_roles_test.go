@@ -79,7 +79,7 @@ func (s *roleSetup) fixture(t *testing.T, more ...func(*troupe.Config)) *fixture
 // when given); its handler waits for release (nil: answers at once).
 func (s *roleSetup) startW1(f *fixture, keys *signing.Verifier, rec *receipts, release chan struct{}) *worker.Worker {
 	f.t.Helper()
-	cfg := worker.Config{ID: s.w1, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+	cfg := worker.Config{ID: s.w1, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(),
 		Heartbeat: time.Second, Progress: true, Signer: s.kw1, Verifier: keys,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			if release != nil {

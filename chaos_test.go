@@ -66,7 +66,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		w, err := worker.Start(nc, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo", Topics: []string{"job.echo"},
-			Direct: i != 2, Subjects: f.subj, Handler: handler, Heartbeat: time.Second, MaxParallel: 4096, OnReceive: rec.hook})
+			Direct: i != 2, SubjectPrefix: f.subj.Prefix(), Handler: handler, Heartbeat: time.Second, MaxParallel: 4096, OnReceive: rec.hook})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,7 @@ func TestNewNodeWithoutPoolsRoutesAsTheCLI(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	w, err := worker.Start(env.NATS, worker.Config{ID: "w1", Pool: troupe.PoolDefault, Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: env.Prefix, Handler: worker.Echo, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"testing"
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobdata"
@@ -85,4 +86,22 @@ func (c *Client) List(ctx context.Context, q store.ListQuery) (store.JobPage, er
 		return c.store.ListRecent(ctx, q)
 	}
 	return c.store.ListJobs(ctx, q)
+}
+
+// TestPublicStatesAreTheJobStates checks that the public State and
+// Decision values are the ones the store writes.
+func TestPublicStatesAreTheJobStates(t *testing.T) {
+	public := []State{StatePending, StateApprovalRequired, StateScheduled, StateDispatched, StateRunning,
+		StateSucceeded, StateFailed, StateTimeout, StateCancelled, StateDenied, StateOutputQuarantined}
+	if len(public) != len(jobstate.AllStates) {
+		t.Fatalf("%d public states, %d job states", len(public), len(jobstate.AllStates))
+	}
+	for i, s := range jobstate.AllStates {
+		if string(public[i]) != string(s) || public[i].Terminal() != s.Terminal() {
+			t.Errorf("state %d: public %q, job state %q", i, public[i], s)
+		}
+	}
+	if string(DecisionApproved) != string(store.DecisionApproved) || string(DecisionRejected) != string(store.DecisionRejected) {
+		t.Errorf("decisions %q %q, store's %q %q", DecisionApproved, DecisionRejected, store.DecisionApproved, store.DecisionRejected)
+	}
 }

@@ -13,17 +13,17 @@ type State string
 
 // The job states, in lifecycle order.
 const (
-	StatePending           = State(jobstate.StatePending)
-	StateApprovalRequired  = State(jobstate.StateApprovalRequired)
-	StateScheduled         = State(jobstate.StateScheduled)
-	StateDispatched        = State(jobstate.StateDispatched)
-	StateRunning           = State(jobstate.StateRunning)
-	StateSucceeded         = State(jobstate.StateSucceeded)
-	StateFailed            = State(jobstate.StateFailed)
-	StateTimeout           = State(jobstate.StateTimeout)
-	StateCancelled         = State(jobstate.StateCancelled)
-	StateDenied            = State(jobstate.StateDenied)
-	StateOutputQuarantined = State(jobstate.StateOutputQuarantined)
+	StatePending           State = "PENDING"
+	StateApprovalRequired  State = "APPROVAL_REQUIRED"
+	StateScheduled         State = "SCHEDULED"
+	StateDispatched        State = "DISPATCHED"
+	StateRunning           State = "RUNNING"
+	StateSucceeded         State = "SUCCEEDED"
+	StateFailed            State = "FAILED"
+	StateTimeout           State = "TIMEOUT"
+	StateCancelled         State = "CANCELLED"
+	StateDenied            State = "DENIED"
+	StateOutputQuarantined State = "OUTPUT_QUARANTINED"
 )
 
 // Terminal reports whether a job in s is finished.
@@ -88,8 +88,8 @@ type Decision string
 
 // The decisions.
 const (
-	DecisionApproved = Decision(store.DecisionApproved)
-	DecisionRejected = Decision(store.DecisionRejected)
+	DecisionApproved Decision = "approved"
+	DecisionRejected Decision = "rejected"
 )
 
 // ErrNotFound: the job has no record (not taken by a node yet, or no

@@ -92,7 +92,7 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	cancels := f.cancels()
 	// A worker that says it reports starts, and never starts the job.
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Handler: hang, Heartbeat: time.Second,
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Handler: hang, Heartbeat: time.Second,
 		Labels: map[string]string{registry.LabelProgress: registry.ProgressStarted}})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
 	})
 	cancels := f.cancels()
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Progress: true, Heartbeat: time.Second, Handler: hang})
+		SubjectPrefix: f.subj.Prefix(), Progress: true, Heartbeat: time.Second, Handler: hang})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 	// Node B, same Redis and streams, a worker this time.
 	b := newNodeOn(t, env, "node-b")
 	w, err := worker.Start(env.env.NATS, worker.Config{ID: "wb", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: env.subj, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: env.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +457,7 @@ func TestFailClosedOnUnknownState(t *testing.T) {
 
 func startWorkerOn(t *testing.T, f *fixture, id string) {
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +556,7 @@ rules:
 	f := newFixture(t, func(c *troupe.Config) { c.Policy = engine })
 	got := make(chan *capv1.JobRequest, 1)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wc", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Heartbeat: time.Second,
+		SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second,
 		OnReceive: func(_ string, req *capv1.JobRequest) { got <- req }})
 	if err != nil {
 		t.Fatal(err)

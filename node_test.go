@@ -116,7 +116,7 @@ func (r *receipts) count(id string) int {
 func (f *fixture) startWorker(id string, direct bool, rec *receipts, h worker.Handler) *worker.Worker {
 	f.t.Helper()
 	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: direct,
-		Subjects: f.subj, Handler: h, Heartbeat: time.Second}
+		SubjectPrefix: f.subj.Prefix(), Handler: h, Heartbeat: time.Second}
 	if rec != nil {
 		cfg.OnReceive = rec.hook
 	}
@@ -483,7 +483,7 @@ func TestProgressMovesDispatchedToRunning(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	release := make(chan struct{})
-	cfg := worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+	cfg := worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(),
 		Progress: true, Heartbeat: time.Second,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			<-release

@@ -76,7 +76,7 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	})
 	defer client.Close()
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wk", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Heartbeat: time.Second, MaxParallel: 1000})
+		SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, MaxParallel: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

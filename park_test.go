@@ -59,7 +59,7 @@ func (f *fixture) holdingWorker(id string, rec *receipts) *gates {
 	f.t.Cleanup(func() { close(done) })
 	// It announces that it reports starts (it never does, holding every
 	// job unstarted), so a job's bound at it is the dispatch timeout.
-	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(),
 		Heartbeat: time.Second, OnReceive: rec.hook,
 		Labels: map[string]string{registry.LabelProgress: registry.ProgressStarted},
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {

@@ -51,7 +51,7 @@ func restartOnce(b *testing.B, warm bool) (failures, jobsHit float64) {
 	}
 	for i := 0; i < 10; i++ {
 		w, err := worker.Start(env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
-			Topics: []string{"job.echo"}, Direct: true, Subjects: a.Subjects()})
+			Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: a.Subjects().Prefix()})
 		if err != nil {
 			b.Fatal(err)
 		}

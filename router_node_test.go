@@ -94,7 +94,7 @@ func TestRuntimeTopicMapping(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wn", Pool: "newpool", Topics: []string{"job.new"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestFinishedJobsFreeTheirWorkerBeforeTheNextHeartbeat(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "small", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: 5 * time.Second, MaxParallel: 2})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: 5 * time.Second, MaxParallel: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func (s *sigSetup) nodeConfig(verify bool, more ...func(*troupe.Config)) func(*t
 func (s *sigSetup) startWorker(f *fixture, keys *signing.Verifier, rec *receipts, h worker.Handler) *worker.Worker {
 	f.t.Helper()
 	cfg := worker.Config{ID: s.workerID, Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Handler: h, Heartbeat: time.Second, Progress: true, Signer: s.worker, Verifier: keys}
+		SubjectPrefix: f.subj.Prefix(), Handler: h, Heartbeat: time.Second, Progress: true, Signer: s.worker, Verifier: keys}
 	if rec != nil {
 		cfg.OnReceive = rec.hook
 	}
@@ -396,7 +396,7 @@ func TestVerificationOffAcceptsUnsignedPackets(t *testing.T) {
 	f := newFixture(t, s.nodeConfig(false))
 	dispatches := captureVerified(t, f, f.subj.Worker("plain-w"), s.keys)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "plain-w", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second}) // unsigned heartbeats and results
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second}) // unsigned heartbeats and results
 	if err != nil {
 		t.Fatal(err)
 	}

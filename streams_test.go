@@ -298,7 +298,7 @@ func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 	runs := map[string]int{}
 	for i, id := range []string{"ld-w1", "ld-w2"} {
 		w, err := worker.Start(f.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"},
-			Direct: true, Dedupe: true, Progress: true, MaxParallel: 64, Subjects: f.subj, Heartbeat: time.Second,
+			Direct: true, Dedupe: true, Progress: true, MaxParallel: 64, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second,
 			Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 				mu.Lock()
 				runs[req.JobId]++

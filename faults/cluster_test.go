@@ -144,7 +144,7 @@ func (w *clusterWorker) start(t *testing.T, nc *nats.Conn, id string, subj bus.S
 		w.receipts = map[string]int{}
 	}
 	w.mu.Unlock()
-	wk, err := worker.Start(nc, worker.Config{ID: id, Pool: "default", Direct: true, Subjects: subj,
+	wk, err := worker.Start(nc, worker.Config{ID: id, Pool: "default", Direct: true, SubjectPrefix: subj.Prefix(),
 		Topics:    []string{"job.echo", "job.hang", "job.approve", "job.fatal", "job.undo"},
 		Heartbeat: 500 * time.Millisecond, MaxParallel: 2000, Progress: true, Dedupe: true,
 		OnReceive:   func(_ string, req *capv1.JobRequest) { w.mu.Lock(); w.receipts[req.JobId]++; w.mu.Unlock() },

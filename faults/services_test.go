@@ -97,7 +97,7 @@ func newWorld(t *testing.T, natsURL, redisURL string) *world {
 	// the wire (a slow consumer under a flood of 1 MiB packets, say) is
 	// resent. (CI saw one job wait for ever on a non-deduping worker.)
 	wk, err := worker.Start(nc, worker.Config{ID: "fw", Pool: "default", Topics: []string{"job.echo"}, Direct: true,
-		Dedupe: true, Subjects: w.subj, Heartbeat: 500 * time.Millisecond, MaxParallel: 1000,
+		Dedupe: true, SubjectPrefix: w.subj.Prefix(), Heartbeat: 500 * time.Millisecond, MaxParallel: 1000,
 		OnReceive: func(_ string, req *capv1.JobRequest) { w.mu.Lock(); w.receipts[req.JobId]++; w.mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)

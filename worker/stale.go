@@ -107,4 +107,3 @@ func (w *Worker) dropStale(subject string, req *capv1.JobRequest) bool {
 	}
 	return true
 }
-

@@ -60,7 +60,7 @@ func ctlNode(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	w, err := worker.Start(env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: inspect.Of(node).Subjects(), Handler: ctlHandler, Heartbeat: time.Second, MaxParallel: 2})
+		SubjectPrefix: inspect.Of(node).Subjects().Prefix(), Handler: ctlHandler, Heartbeat: time.Second, MaxParallel: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,7 +141,7 @@ func cliNode(t *testing.T) ([]string, *troupe.Node) {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	w, err := worker.Start(env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: inspect.Of(node).Subjects(), Handler: worker.Echo, Heartbeat: time.Second})
+		SubjectPrefix: inspect.Of(node).Subjects().Prefix(), Handler: worker.Echo, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

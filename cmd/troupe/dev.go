@@ -100,7 +100,7 @@ func runDev(ctx context.Context, args []string) error {
 	// its pool subject.
 	for i, direct := range []bool{true, true, false} {
 		w, err := worker.Start(nc, worker.Config{ID: worker.Name("default", i+1), Pool: "default",
-			Topics: []string{"job.echo", "job.sleep"}, Direct: direct, Subjects: subj,
+			Topics: []string{"job.echo", "job.sleep"}, Direct: direct, SubjectPrefix: subj.Prefix(),
 			Handler: demoHandler, Progress: true, Dedupe: direct})
 		if err != nil {
 			return err

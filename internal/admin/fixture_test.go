@@ -123,7 +123,7 @@ func (b *bundle) client(key string) *admin.Client { return admin.NewClient(b.bas
 func (b *bundle) startWorker(id string, h worker.Handler) {
 	b.t.Helper()
 	w, err := worker.Start(b.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: inspect.Of(b.node).Subjects(), Handler: h, Heartbeat: time.Second, MaxParallel: 4})
+		SubjectPrefix: inspect.Of(b.node).Subjects().Prefix(), Handler: h, Heartbeat: time.Second, MaxParallel: 4})
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -248,8 +248,10 @@ func (p *Package) InternalRefs() []string {
 								// The declared type, or the values an
 								// untyped declaration takes its type from.
 								report(n.Name, s.Type)
-								for _, v := range s.Values {
-									report(n.Name, v)
+								if s.Type == nil {
+									for _, v := range s.Values {
+										report(n.Name, v)
+									}
 								}
 								break
 							}
