@@ -44,7 +44,7 @@ func ExampleClient_SubmitPayload() {
 	// The worker: typed arguments, its data in the same Redis.
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(rs.URL(), "redis://")})
 	defer rdb.Close()
-	sum := worker.Typed(rdb, func(_ context.Context, in Sum) (Total, error) {
+	sum := worker.Typed(rdb, 0, func(_ context.Context, in Sum) (Total, error) {
 		t := 0
 		for _, n := range in.Numbers {
 			t += n

@@ -39,8 +39,8 @@ const (
 	FailOpen FailMode = "open"
 )
 
-// ParseFailMode reads "closed" or "open" (any case; "" is closed).
-func ParseFailMode(s string) (FailMode, error) {
+// parseFailMode reads "closed" or "open" (any case; "" is closed).
+func parseFailMode(s string) (FailMode, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "closed":
 		return FailClosed, nil
@@ -88,10 +88,10 @@ type KernelClientConfig struct {
 	// Breaker tunes the circuit breaker (zero fields: CAP's values).
 	Breaker BreakerConfig
 	// CacheTTL > 0 caches decisions (except THROTTLE) for that long,
-	// keyed by HashCheckRequest. Off by default: a cached decision
+	// keyed by hashCheckRequest. Off by default: a cached decision
 	// outlives a policy change by up to the TTL.
 	CacheTTL time.Duration
-	// CacheSize bounds the cache (default DecisionCacheSizeDefault).
+	// CacheSize bounds the cache (default decisionCacheSizeDefault).
 	CacheSize int
 	// Metrics, when set, receives the client's series.
 	Metrics prometheus.Registerer
@@ -117,7 +117,7 @@ func KernelClientConfigFromEnv() (KernelClientConfig, error) {
 	if cfg.TLS.Insecure, err = envBool(EnvKernelInsecure); err != nil {
 		return cfg, err
 	}
-	if cfg.FailMode, err = ParseFailMode(os.Getenv(EnvFailMode)); err != nil {
+	if cfg.FailMode, err = parseFailMode(os.Getenv(EnvFailMode)); err != nil {
 		return cfg, err
 	}
 	if v := strings.TrimSpace(os.Getenv(EnvDecisionTTL)); v != "" {
@@ -184,13 +184,13 @@ func NewKernelClient(cfg KernelClientConfig) (*KernelClient, error) {
 		return nil, errors.New("safety: kernel client needs an address")
 	}
 	if v := os.Getenv(EnvFailMode); strings.TrimSpace(v) != "" {
-		mode, err := ParseFailMode(v)
+		mode, err := parseFailMode(v)
 		if err != nil {
 			return nil, err
 		}
 		cfg.FailMode = mode
 	}
-	mode, err := ParseFailMode(string(cfg.FailMode))
+	mode, err := parseFailMode(string(cfg.FailMode))
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (c *KernelClient) BreakerState(ctx context.Context) BreakerState { return c
 func (c *KernelClient) Check(ctx context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
 	var key string
 	if c.cache != nil {
-		key = HashCheckRequest(req)
+		key = hashCheckRequest(req)
 		if r := c.cache.get(key, req.GetJobId(), c.cfg.Clock()); r != nil {
 			c.m.checks.WithLabelValues("cached_" + decisionLabel(r.Decision)).Inc()
 			return r, nil

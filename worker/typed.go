@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -36,12 +37,13 @@ func Fatal(err error) error { return fatalError{err} }
 // value its context_ptr points at, in rdb (CAP's Redis convention: the
 // node's Redis) — is decoded from JSON into In (a job without one gets
 // In's zero value); fn's Out is encoded as JSON and stored as the job's
-// result (res:<job_id>), which the result's result_ptr points at. An error
+// result (res:<job_id>, kept for ttl; 0: 48 h), which the result's
+// result_ptr points at. An error
 // from fn ends the job FAILED with its message (FAILED_FATAL if wrapped
 // with Fatal); an input that does not decode ends it FAILED_FATAL with code
 // bad_input, since running it again would not help.
-func Typed[In, Out any](rdb redis.UniversalClient, fn func(context.Context, In) (Out, error)) Handler {
-	data := &jobdata.Store{Client: rdb}
+func Typed[In, Out any](rdb redis.UniversalClient, ttl time.Duration, fn func(context.Context, In) (Out, error)) Handler {
+	data := &jobdata.Store{Client: rdb, TTL: ttl}
 	return func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		var in In
 		if ptr := req.GetContextPtr(); ptr != "" {

@@ -23,21 +23,21 @@ func TestServerWithoutKeysListensOnLoopbackOnly(t *testing.T) {
 	t.Parallel()
 	var node admin.Node = inspect.Of((*troupe.Node)(nil)) // construction does not touch the node
 	for _, addr := range []string{":7070", "0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", "admin.example.com:7070"} {
-		_, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: newRegistry(), Listen: addr})
+		_, err := admin.NewServer(admin.Config{Node: node, Registry: newRegistry(), Listen: addr})
 		if !errors.Is(err, admin.ErrPublicWithoutKeys) {
 			t.Errorf("listen %q without keys: err %v, want ErrPublicWithoutKeys", addr, err)
 		}
 	}
 	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "[::1]:0", "127.0.0.2:7070"} {
-		if _, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: newRegistry(), Listen: addr}); err != nil {
+		if _, err := admin.NewServer(admin.Config{Node: node, Registry: newRegistry(), Listen: addr}); err != nil {
 			t.Errorf("listen %q without keys: %v", addr, err)
 		}
 	}
-	if _, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: newRegistry(), Listen: "0.0.0.0:0",
+	if _, err := admin.NewServer(admin.Config{Node: node, Registry: newRegistry(), Listen: "0.0.0.0:0",
 		APIKeys: testKeys}); err != nil {
 		t.Errorf("public listen with keys: %v", err)
 	}
-	if _, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: newRegistry(), Listen: "0.0.0.0:0",
+	if _, err := admin.NewServer(admin.Config{Node: node, Registry: newRegistry(), Listen: "0.0.0.0:0",
 		APIKeys: map[string]string{"short": "*"}}); err == nil {
 		t.Error("a key shorter than MinKeyLength was accepted")
 	}

@@ -286,7 +286,7 @@ func TestParseKeyEntriesRolesAndNames(t *testing.T) {
 		{"k-0123456789abcdef": {Tenant: "acme", Name: "a b"}},
 		{"k-0123456789abcdef": {Tenant: "acme", Name: "x"}, "k-0123456789abcdeg": {Tenant: "acme", Name: "x"}},
 	} {
-		if _, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: newRegistry(), Listen: "127.0.0.1:0", Keys: bad}); err == nil {
+		if _, err := admin.NewServer(admin.Config{Node: node, Registry: newRegistry(), Listen: "127.0.0.1:0", Keys: bad}); err == nil {
 			t.Errorf("keys %v accepted", bad)
 		}
 	}
