@@ -43,7 +43,7 @@ func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
 // of one of tenants (store.AnyTenant: any): the job is created CANCELLED
 // when a node takes it, and never dispatched. store.ErrJobExists: the job
 // has a record (cancel it with Cancel).
-func (n *Node) MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error {
+func (n inspector) MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error {
 	return n.store.MarkCancel(ctx, jobID, tenants, by, reason)
 }
 
@@ -263,7 +263,7 @@ func (n *Node) localQueuePosition(jobID string) int {
 }
 
 // LiveJobActors counts the job actors alive on this node.
-func (n *Node) LiveJobActors() (int, error) {
+func (n inspector) LiveJobActors() (int, error) {
 	total := 0
 	for _, pid := range n.shards {
 		res, err := n.sys.Root.RequestFuture(pid, &supervisor.CountLive{}, 5*time.Second).Result()

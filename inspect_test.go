@@ -105,3 +105,13 @@ func TestPublicStatesAreTheJobStates(t *testing.T) {
 		t.Errorf("decisions %q %q, store's %q %q", DecisionApproved, DecisionRejected, store.DecisionApproved, store.DecisionRejected)
 	}
 }
+
+func (n *Node) LiveJobActors() (int, error) { return inspector{n}.LiveJobActors() }
+
+func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string, error) {
+	return inspector{n}.RetryDLQ(ctx, entryID, force)
+}
+
+func (n *Node) DLQRetried(ctx context.Context, entryIDs []string) (map[string]string, error) {
+	return inspector{n}.DLQRetried(ctx, entryIDs)
+}

@@ -65,7 +65,7 @@ func (n inspector) CountStates(ctx context.Context) (map[jobstate.State]int64, e
 // room within their capacity grace, or being decided. One JetStream
 // request (the submit consumer's info): each submit is counted once, by
 // the stream, not by the nodes.
-func (n *Node) SubmitsWaiting(ctx context.Context) (held, taken int64, err error) {
+func (n inspector) SubmitsWaiting(ctx context.Context) (held, taken int64, err error) {
 	cons, err := n.js.Consumer(ctx, bus.StreamName(n.cfg.StreamPrefix, bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
 	if err != nil {
 		return 0, 0, fmt.Errorf("troupe: submit consumer: %w", err)
@@ -78,7 +78,7 @@ func (n *Node) SubmitsWaiting(ctx context.Context) (held, taken int64, err error
 }
 
 // JobTenants returns the tenant of each job that has a record.
-func (n *Node) JobTenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
+func (n inspector) JobTenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
 	return n.store.Tenants(ctx, jobIDs)
 }
 
@@ -98,12 +98,12 @@ func (n inspector) DLQEntry(ctx context.Context, entryID string) (*store.DLQEntr
 }
 
 // DLQRetried returns, for the given entries, the jobs they were retried as.
-func (n *Node) DLQRetried(ctx context.Context, entryIDs []string) (map[string]string, error) {
+func (n inspector) DLQRetried(ctx context.Context, entryIDs []string) (map[string]string, error) {
 	return n.store.DLQRetriedMany(ctx, entryIDs)
 }
 
 // DeleteDLQ removes a DLQ entry.
-func (n *Node) DeleteDLQ(ctx context.Context, entryID string) error {
+func (n inspector) DeleteDLQ(ctx context.Context, entryID string) error {
 	return n.store.DeleteDLQ(ctx, entryID)
 }
 
@@ -112,7 +112,7 @@ func (n *Node) DeleteDLQ(ctx context.Context, entryID string) error {
 // the one recorded with the original job, minus its idempotency key: the
 // key would make the retry a duplicate of the job it retries. An entry is
 // retried once; force retries it again.
-func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string, error) {
+func (n inspector) RetryDLQ(ctx context.Context, entryID string, force bool) (string, error) {
 	e, err := n.store.DLQEntryByID(ctx, entryID)
 	if err != nil {
 		return "", err
@@ -173,7 +173,7 @@ func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string
 func (n inspector) PoolConfig() *router.PoolConfig { return n.pools.Current() }
 
 // JobTraceEnabled reports whether this node traces its job actors' mailboxes.
-func (n *Node) JobTraceEnabled() bool { return jobtrace.FromSystem(n.sys) != nil }
+func (n inspector) JobTraceEnabled() bool { return jobtrace.FromSystem(n.sys) != nil }
 
 // JobTrace returns a job's mailbox trace, oldest first: what was persisted
 // when its actors stopped (on any replica), and, when the job's actor is

@@ -19,4 +19,4 @@ func (n inspector) JobData() *jobdata.Store {
 
 // OutputChecker is the node's output policy (Config.Output; nil: none).
 // The admin API applies it to the result data it shows.
-func (n *Node) OutputChecker() safety.OutputChecker { return n.cfg.Output }
+func (n inspector) OutputChecker() safety.OutputChecker { return n.cfg.Output }

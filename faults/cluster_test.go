@@ -488,21 +488,21 @@ func clusterDLQRetry(t *testing.T, n *troupe.Node, jobID string) string {
 			t.Fatalf("no DLQ entry for %s", jobID)
 		}
 	}
-	newID, err := n.RetryDLQ(ctx, entry.ID, false)
+	newID, err := inspect.Of(n).RetryDLQ(ctx, entry.ID, false)
 	if err != nil {
 		t.Fatalf("retry DLQ entry of %s: %v", jobID, err)
 	}
-	if _, err := n.RetryDLQ(ctx, entry.ID, false); !errors.Is(err, store.ErrAlreadyRetried) {
+	if _, err := inspect.Of(n).RetryDLQ(ctx, entry.ID, false); !errors.Is(err, store.ErrAlreadyRetried) {
 		t.Fatalf("second retry of the DLQ entry: %v, want ErrAlreadyRetried", err)
 	}
-	marks, err := n.DLQRetried(ctx, []string{entry.ID, "1-1"})
+	marks, err := inspect.Of(n).DLQRetried(ctx, []string{entry.ID, "1-1"})
 	if err != nil || marks[entry.ID] != newID {
 		t.Fatalf("retry marks %v (err %v), want %s → %s", marks, err, entry.ID, newID)
 	}
 	if l, err := inspect.Of(n).JobLinks(ctx, jobID); err != nil || len(l.Retries) != 1 || l.Retries[0] != newID {
 		t.Fatalf("links of %s: %+v (err %v)", jobID, l, err)
 	}
-	if err := n.DeleteDLQ(ctx, entry.ID); err != nil {
+	if err := inspect.Of(n).DeleteDLQ(ctx, entry.ID); err != nil {
 		t.Fatalf("delete DLQ entry: %v", err)
 	}
 	return newID

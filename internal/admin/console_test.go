@@ -293,7 +293,7 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 		ws, err := inspect.Of(nb).Workers()
 		return err == nil && slices.ContainsFunc(ws, func(w router.WorkerInfo) bool { return w.ID == "w-pause" })
 	})
-	if err := nb.ResumeTopic(ctx, "job.echo"); err != nil {
+	if err := inspect.Of(nb).ResumeTopic(ctx, "job.echo"); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids[:3] {

@@ -275,7 +275,7 @@ func (s *sut) inflight(ctx context.Context) Snap {
 	sn := s.counters()
 	sn.RSS, _ = procRSS(os.Getpid())
 	if s.node != nil {
-		sn.LiveActors, _ = s.node.LiveJobActors()
+		sn.LiveActors, _ = inspect.Of(s.node).LiveJobActors()
 		sn.Parked, _ = inspect.Of(s.node).Store().ParkedCount(ctx, s.node.ID())
 	}
 	return sn
