@@ -74,10 +74,6 @@ func (n *Node) WaitRecord(ctx context.Context, jobID string) (*store.JobRecord, 
 	return n.waitRecord(ctx, jobID)
 }
 
-// Record reads a job's record as the store holds it.
-func (c *Client) Record(ctx context.Context, jobID string) (*store.JobRecord, error) {
-	return c.store.GetJob(ctx, jobID)
-}
 
 // List returns a page of jobs, newest first: of one state, or with
 // q.State "" of every state.

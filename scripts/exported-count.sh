@@ -10,12 +10,16 @@
 # of an exported interface type. Unexported names, methods of unexported
 # types and fields of anonymous nested structs do not count.
 #
-#   scripts/exported-count.sh
+#   scripts/exported-count.sh              the counts
+#   scripts/exported-count.sh -internal    internal types in exported signatures
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mod=$(go list -m)
 pkgs=$(go list -f '{{.Dir}}' ./... | sed "s|^$PWD|.|; s|^\.$|.|" |
 	grep -v -e '^\./internal/' -e '^\./cmd/' -e '^\./proto/')
+if [ "${1:-}" = -internal ]; then
+	exec go run ./internal/apisurface/exportcount -internal $pkgs ./proto/capv1
+fi
 echo "public packages:"
 go run ./internal/apisurface/exportcount $pkgs
 echo

@@ -2,6 +2,9 @@ package admin
 
 import (
 	"context"
+	"net/http"
+	"net/url"
+	"strconv"
 
 	"github.com/troupe-run/troupe/proto/capv1"
 )
@@ -30,4 +33,25 @@ func ParseKeys(s string) (map[string]string, error) {
 // the request's context_ptr.
 func (c *Client) SubmitPayload(ctx context.Context, req *capv1.JobRequest, payload []byte) (Submitted, error) {
 	return c.SubmitWithData(ctx, req, payload, nil)
+}
+
+// ListJobs lists a state's jobs, or with state "" the newest jobs of every
+// state; tenant narrows an all-tenant key's view.
+func (c *Client) ListJobs(ctx context.Context, state string, limit int, cursor, tenant string) (JobList, error) {
+	q := url.Values{}
+	if state != "" {
+		q.Set("state", state)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	if tenant != "" {
+		q.Set("tenant", tenant)
+	}
+	var out JobList
+	err := c.do(ctx, http.MethodGet, "/v1/jobs?"+q.Encode(), nil, &out)
+	return out, err
 }
