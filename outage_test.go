@@ -15,6 +15,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/worker"
@@ -55,20 +56,20 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	defer srv.Stop()
 
 	full := os.Getenv("TROUPE_OUTAGE_FULL") == "1"
-	var client *safety.KernelClient
+	var client *policyx.KernelClient
 	f := newFixture(t, func(c *troupe.Config) {
-		cfg := safety.KernelClientConfig{Addr: lis.Addr().String(), Timeout: time.Second}
+		cfg := policyx.KernelClientConfig{Addr: lis.Addr().String(), Timeout: time.Second}
 		if !full {
 			// The breaker opens for 1 s instead of 30 s, and a job retries
 			// every 200 ms instead of backing off to 30 s: the same path, in
 			// seconds. The full scenario runs with the real defaults.
-			cfg.Breaker = safety.BreakerConfig{OpenFor: time.Second}
+			cfg.Breaker = policyx.BreakerConfig{OpenFor: time.Second}
 			c.Backoff = func(int) time.Duration { return 200 * time.Millisecond }
 			c.MaxSchedulingAttempts = 1000
 		} else {
 			c.Backoff = nil
 		}
-		client, err = safety.NewKernelClient(cfg)
+		client, err = policyx.NewKernelClient(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

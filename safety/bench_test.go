@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -147,14 +148,14 @@ func BenchmarkKernelCheckGRPC(b *testing.B) {
 	})
 	for _, shared := range []bool{false, true} {
 		name := "kernel-client-local-breaker"
-		cfg := safety.KernelClientConfig{Addr: addr, Log: quietLog}
+		cfg := policyx.KernelClientConfig{Addr: addr, Log: quietLog}
 		if shared {
 			name = "kernel-client-redis-breaker"
 			env := testenv.New(b)
 			cfg.Redis, cfg.KeyPrefix = env.Redis, env.KeyPrefix()
 		}
 		b.Run(name, func(b *testing.B) {
-			c, err := safety.NewKernelClient(cfg)
+			c, err := policyx.NewKernelClient(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}

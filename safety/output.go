@@ -14,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -509,17 +510,17 @@ func OutputConfigFromEnv() (OutputConfig, error) {
 	cfg := OutputConfig{File: strings.TrimSpace(os.Getenv(EnvOutputFile)), Addr: strings.TrimSpace(os.Getenv(EnvOutputAddr)),
 		TLS: ClientTLS{CAFile: strings.TrimSpace(os.Getenv(EnvKernelTLSCA))}}
 	if v := strings.TrimSpace(os.Getenv(EnvOutputEnabled)); v != "" {
-		b, err := envBool(EnvOutputEnabled)
+		b, err := policyenv.EnvBool(EnvOutputEnabled)
 		if err != nil {
 			return cfg, err
 		}
 		cfg.Enabled = &b
 	}
 	var err error
-	if cfg.TLS.Required, err = envBool(EnvKernelTLSReq); err != nil {
+	if cfg.TLS.Required, err = policyenv.EnvBool(EnvKernelTLSReq); err != nil {
 		return cfg, err
 	}
-	if cfg.TLS.Insecure, err = envBool(EnvKernelInsecure); err != nil {
+	if cfg.TLS.Insecure, err = policyenv.EnvBool(EnvKernelInsecure); err != nil {
 		return cfg, err
 	}
 	return cfg, nil

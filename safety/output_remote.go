@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -72,7 +73,7 @@ func NewRemoteOutputChecker(cfg RemoteOutputConfig) (*RemoteOutputChecker, error
 		return nil, err
 	}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff})}, cfg.DialOptions...)
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: policyenv.ReconnectBackoff})}, cfg.DialOptions...)
 	conn, err := grpc.NewClient(cfg.Addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("safety: output policy %s: %w", cfg.Addr, err)

@@ -46,7 +46,6 @@ var (
 	_ InputPolicy   = AllowAll{}
 	_ InputPolicy   = TopicRules{}
 	_ InputPolicy   = (*Engine)(nil)
-	_ InputPolicy   = (*KernelClient)(nil)
 	_ OutputChecker = (*OutputPolicy)(nil)
 	_ OutputChecker = (*RemoteOutputChecker)(nil)
 )

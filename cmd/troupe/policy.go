@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/safety"
 )
 
@@ -61,7 +62,7 @@ func (p *policyFlags) buildOutput() (safety.OutputChecker, error) {
 func (p *policyFlags) build(conn connect.Settings, keyPrefix string, reg prometheus.Registerer, log *slog.Logger) (safety.InputPolicy, func(), error) {
 	switch {
 	case p.addr != "":
-		cfg, err := safety.KernelClientConfigFromEnv()
+		cfg, err := policyx.KernelClientConfigFromEnv()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -75,14 +76,14 @@ func (p *policyFlags) build(conn connect.Settings, keyPrefix string, reg prometh
 		cfg.TLS.Required = cfg.TLS.Required || p.tlsRequired
 		cfg.TLS.Insecure = cfg.TLS.Insecure || p.insecure
 		if p.failMode != "" {
-			cfg.FailMode = safety.FailMode(p.failMode)
+			cfg.FailMode = policyx.FailMode(p.failMode)
 		}
 		rdb, err := connect.NewRedis(conn.RedisURL, conn.Redis)
 		if err != nil {
 			return nil, nil, err
 		}
 		cfg.Redis, cfg.KeyPrefix, cfg.Metrics, cfg.Log = rdb, keyPrefix, reg, log
-		kc, err := safety.NewKernelClient(cfg)
+		kc, err := policyx.NewKernelClient(cfg)
 		if err != nil {
 			_ = rdb.Close()
 			return nil, nil, err

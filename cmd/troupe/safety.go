@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -205,7 +206,7 @@ func runSafetyCheck(ctx context.Context, args []string) error {
 	cert := fs.String("tls-cert", "", "client certificate (mutual TLS)")
 	key := fs.String("tls-key", "", "client key (mutual TLS)")
 	rpc := fs.String("rpc", "explain", "check, evaluate, explain, simulate or snapshots")
-	timeout := fs.Duration("timeout", safety.KernelTimeoutDefault, "call timeout")
+	timeout := fs.Duration("timeout", policyx.KernelTimeoutDefault, "call timeout")
 	req := &capv1.PolicyCheckRequest{Labels: map[string]string{}, Meta: &capv1.JobMetadata{}}
 	fs.StringVar(&req.Topic, "topic", "", "job topic")
 	fs.StringVar(&req.Tenant, "tenant", "default", "tenant")
