@@ -23,7 +23,7 @@ import (
 
 // switchableKernel is a real SafetyKernel gRPC server that can be taken down.
 type switchableKernel struct {
-	*safety.KernelServer
+	*policyx.KernelServer
 	down atomic.Bool
 }
 
@@ -45,7 +45,7 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &switchableKernel{KernelServer: safety.NewKernelServer(engine)}
+	k := &switchableKernel{KernelServer: policyx.NewKernelServer(engine)}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func BenchmarkEngineCheckConstraints(b *testing.B) {
 // KernelClient with the breaker shared in Redis (one more round trip).
 func BenchmarkKernelCheckGRPC(b *testing.B) {
 	e, _ := safety.NewEngine(policy50())
-	addr := serve(b, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, safety.NewKernelServer(e)) })
+	addr := serve(b, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) })
 	ctx, r := context.Background(), benchRequest()
 
 	b.Run("stock-client", func(b *testing.B) {

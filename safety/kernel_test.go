@@ -20,7 +20,7 @@ import (
 func TestKernelServerAnswersAStockClient(t *testing.T) {
 	t.Parallel()
 	e, _ := loadTestPolicy(t)
-	addr := serve(t, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, safety.NewKernelServer(e)) })
+	addr := serve(t, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) })
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func TestKernelClientTLS(t *testing.T) {
 	t.Parallel()
 	p := newPKI(t)
 	e, _ := loadTestPolicy(t)
-	register := func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, safety.NewKernelServer(e)) }
+	register := func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) }
 	serverTLS, err := safety.ServerTLS(p.serverCert, p.serverKey, "")
 	if err != nil {
 		t.Fatal(err)

@@ -120,7 +120,7 @@ func serveSafety(ctx context.Context, o safetyServeOpts) error {
 			"listen", o.listen)
 	}
 	srv := grpc.NewServer(opts...)
-	capv1.RegisterSafetyKernelServer(srv, safety.NewKernelServer(engine))
+	capv1.RegisterSafetyKernelServer(srv, policyx.NewKernelServer(engine))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	if o.outputPolicy != "" {
