@@ -106,6 +106,9 @@ func (s *RedisResultStore) StoreRedacted(ctx context.Context, _, ptr string, con
 	return RedisPointerPrefix + rkey, nil
 }
 
+// OutputContentBudgetDefault bounds phase 2, fetch included.
+const OutputContentBudgetDefault = 30 * time.Second
+
 // OutputGate runs the output policy's two phases for the job actor: it
 // calls the checker, fetches content, stores redacted copies and turns the
 // verdict into what to do with the job (OutputOutcome). It counts checks,

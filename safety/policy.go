@@ -47,7 +47,6 @@ var (
 	_ InputPolicy   = TopicRules{}
 	_ InputPolicy   = (*Engine)(nil)
 	_ OutputChecker = (*OutputPolicy)(nil)
-	_ OutputChecker = (*RemoteOutputChecker)(nil)
 )
 
 // AllowAll is the input policy of `troupe dev` and of nodes started with no

@@ -46,14 +46,14 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 // buildOutput returns the output checker the flags and environment
 // describe, or nil when results are not checked.
 func (p *policyFlags) buildOutput() (safety.OutputChecker, error) {
-	cfg, err := safety.OutputConfigFromEnv()
+	cfg, err := policyx.OutputConfigFromEnv()
 	if err != nil {
 		return nil, err
 	}
 	if p.output != "" {
 		cfg.File = p.output
 	}
-	return safety.NewOutputChecker(cfg)
+	return policyx.NewOutputChecker(cfg)
 }
 
 // build returns the input policy the flags describe, and how to close it:

@@ -77,7 +77,7 @@ func runSafetyServe(ctx context.Context, args []string) error {
 	fs.StringVar(&o.tlsCert, "tls-cert", os.Getenv("SAFETY_KERNEL_TLS_CERT"), "server certificate (PEM); with --tls-key, serve TLS")
 	fs.StringVar(&o.tlsKey, "tls-key", os.Getenv("SAFETY_KERNEL_TLS_KEY"), "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", os.Getenv("SAFETY_KERNEL_CLIENT_CA"), "require client certificates signed by this CA (mutual TLS)")
-	fs.StringVar(&o.outputPolicy, "output-policy", os.Getenv(safety.EnvOutputFile), "also serve the OutputPolicy service with this output policy file")
+	fs.StringVar(&o.outputPolicy, "output-policy", os.Getenv(policyx.EnvOutputFile), "also serve the OutputPolicy service with this output policy file")
 	// --redis: where the OutputPolicy service reads result content from
 	// (phase 2) and stores redacted copies; none without the flag.
 	c.conn.Register(fs, connect.Want{OptionalRedis: true})
@@ -137,7 +137,7 @@ func serveSafety(ctx context.Context, o safetyServeOpts) error {
 			defer rdb.Close()
 			results = &safety.RedisResultStore{Client: rdb}
 		}
-		capv1.RegisterOutputPolicyServer(srv, safety.NewOutputServer(op, results))
+		capv1.RegisterOutputPolicyServer(srv, policyx.NewOutputServer(op, results))
 		o.log.Info("serving the output policy", "snapshot", op.Snapshot, "content_access", results != nil)
 	}
 	lis, err := net.Listen("tcp", o.listen)

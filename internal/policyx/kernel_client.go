@@ -265,4 +265,5 @@ func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *safety.U
 		Reason: "allowed without a policy decision (fail mode open): " + uerr.Error(),
 		RuleId: RuleFailOpen, PolicySnapshot: SnapshotFailOpen}, nil
 }
+
 var _ safety.InputPolicy = (*KernelClient)(nil)
