@@ -74,7 +74,6 @@ func (n *Node) WaitRecord(ctx context.Context, jobID string) (*store.JobRecord, 
 	return n.waitRecord(ctx, jobID)
 }
 
-
 // List returns a page of jobs, newest first: of one state, or with
 // q.State "" of every state.
 func (c *Client) List(ctx context.Context, q store.ListQuery) (store.JobPage, error) {

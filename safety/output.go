@@ -479,4 +479,3 @@ func describeFindings(fs []Finding) string {
 	}
 	return strings.Join(parts, ", ")
 }
-

@@ -243,4 +243,5 @@ func NewOutputChecker(cfg OutputConfig) (safety.OutputChecker, error) {
 	}
 	return p, nil
 }
+
 var _ safety.OutputChecker = (*RemoteOutputChecker)(nil)
