@@ -79,7 +79,7 @@ func (s *roleSetup) fixture(t *testing.T, more ...func(*troupe.Config)) *fixture
 // when given); its handler waits for release (nil: answers at once).
 func (s *roleSetup) startW1(f *fixture, keys *signing.Verifier, rec *receipts, release chan struct{}) *worker.Worker {
 	f.t.Helper()
-	cfg := worker.Config{ID: s.w1, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+	cfg := worker.Config{ID: s.w1, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(),
 		Heartbeat: time.Second, Progress: true, Signer: s.kw1, Verifier: keys,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			if release != nil {
@@ -124,7 +124,7 @@ func (f *fixture) waitDLQReason(jobID string, reason jobstate.Reason) {
 
 func (f *fixture) requireState(id string, want jobstate.State) {
 	f.t.Helper()
-	r, err := f.node.Job(context.Background(), id)
+	r, err := f.node.Record(context.Background(), id)
 	if err != nil || r.State != want {
 		f.t.Fatalf("job %s: %v %+v, want %s", id, err, r, want)
 	}
@@ -325,7 +325,7 @@ func TestAttack8WorkerKeyCancelsAndSubmits(t *testing.T) {
 	waitRejected(t, f.node, "submit", signing.Reason(jobstate.ReasonForbiddenRole), 1)
 	waitRejected(t, f.node, "submit", signing.Reason(jobstate.ReasonOutOfScope), 1)
 	for _, id := range []string{"job-a8-byworker", "job-a8-othertenant"} {
-		if r, err := f.node.Job(context.Background(), id); err == nil {
+		if r, err := f.node.Record(context.Background(), id); err == nil {
 			t.Fatalf("refused submit created %s: %+v", id, r)
 		}
 	}
@@ -392,7 +392,7 @@ func TestAttack5ReplayedPacketsAreRefused(t *testing.T) {
 	f.publishRaw(f.subj.Submit, old)
 	f.waitDLQReason("job-a5-old", jobstate.ReasonStalePacket)
 	waitRejected(t, f.node, "submit", signing.ReasonStale, 1)
-	if _, err := f.node.Job(context.Background(), "job-a5-old"); err == nil {
+	if _, err := f.node.Record(context.Background(), "job-a5-old"); err == nil {
 		t.Fatal("a stale submit created its job")
 	}
 }

@@ -181,7 +181,7 @@ func twoReplicasOnce(b *testing.B, jobs int) {
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		wa, _ := nodes[0].Workers()
 		wb, _ := nodes[1].Workers()
-		if len(wa) == 10 && len(wb) == 10 && wa[0].Owner == wb[0].Owner && wa[9].Owner == wb[9].Owner {
+		if len(wa) == 10 && len(wb) == 10 && wa[0].Steward == wb[0].Steward && wa[9].Steward == wb[9].Steward {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -413,7 +413,7 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 		wb, _ := b.Workers()
 		agree := len(wa) == 4 && len(wb) == 4
 		for i := 0; agree && i < 4; i++ {
-			agree = wa[i].ID == wb[i].ID && wa[i].Owner == wb[i].Owner
+			agree = wa[i].ID == wb[i].ID && wa[i].Steward == wb[i].Steward
 		}
 		if agree {
 			break

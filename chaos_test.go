@@ -66,7 +66,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		w, err := worker.Start(nc, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo", Topics: []string{"job.echo"},
-			Direct: i != 2, Subjects: f.subj, Handler: handler, Heartbeat: time.Second, MaxParallel: 4096, OnReceive: rec.hook})
+			Direct: i != 2, SubjectPrefix: f.subj.Prefix(), Handler: handler, Heartbeat: time.Second, MaxParallel: 4096, OnReceive: rec.hook})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 	for time.Now().Before(deadline) {
 		terminal = 0
 		for _, id := range ids {
-			if r, err := f.node.Job(ctx, id); err == nil && r.State.Terminal() {
+			if r, err := f.node.Record(ctx, id); err == nil && r.State.Terminal() {
 				terminal++
 			}
 		}
@@ -130,7 +130,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 	}
 	byState := map[jobstate.State]int{}
 	for _, id := range ids {
-		r, err := f.node.Job(ctx, id)
+		r, err := f.node.Record(ctx, id)
 		if err != nil {
 			es, _ := f.node.Store().ListDLQ(ctx, 10000)
 			for _, e := range es {

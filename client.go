@@ -43,24 +43,35 @@ func (n *Node) Cancel(ctx context.Context, jobID, reason, by string) error {
 // of one of tenants (store.AnyTenant: any): the job is created CANCELLED
 // when a node takes it, and never dispatched. store.ErrJobExists: the job
 // has a record (cancel it with Cancel).
-func (n *Node) MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error {
+func (n inspector) MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error {
 	return n.store.MarkCancel(ctx, jobID, tenants, by, reason)
 }
 
 // Decide records a human decision on a job waiting for approval; the job
 // resumes (or is denied) on whichever replica wakes it. hash, when set, must
 // match the job hash recorded when approval was requested.
-func (n *Node) Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error {
+func (n *Node) Decide(ctx context.Context, jobID string, d Decision, by, reason, hash string) error {
+	return n.store.Decide(ctx, jobID, store.Decision(d), by, reason, hash)
+}
+
+// Decide is Node.Decide in the store's type (the admin API).
+func (n inspector) Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error {
 	return n.store.Decide(ctx, jobID, d, by, reason, hash)
 }
 
-// Job reads a job's record and history from Redis.
-func (n *Node) Job(ctx context.Context, jobID string) (*store.JobRecord, error) {
+// Job reads a job's record and history from Redis (ErrNotFound: none).
+func (n *Node) Job(ctx context.Context, jobID string) (*Job, error) {
+	rec, err := n.store.GetJob(ctx, jobID)
+	return jobOf(rec), err
+}
+
+// Job reads a job's record as the store holds it (the admin API).
+func (n inspector) Job(ctx context.Context, jobID string) (*store.JobRecord, error) {
 	return n.store.GetJob(ctx, jobID)
 }
 
 // Workers lists the live workers the router knows.
-func (n *Node) Workers() ([]router.WorkerInfo, error) {
+func (n inspector) Workers() ([]router.WorkerInfo, error) {
 	res, err := n.sys.Root.RequestFuture(n.router, &router.ListWorkers{}, 5*time.Second).Result()
 	if err != nil {
 		return nil, err
@@ -115,7 +126,7 @@ func (n *Node) QueuePosition(ctx context.Context, jobID string) (int, error) {
 // this node's, else that of a replica this node hears — or returns nil. It
 // is how a job waiting within its capacity grace, which has no record yet,
 // is seen: SCHEDULED with its reason and queue position.
-func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, error) {
+func (n inspector) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, error) {
 	if w := n.localWaiting(jobID); w != nil {
 		return w, nil
 	}
@@ -135,7 +146,7 @@ func (n *Node) WaitingJob(ctx context.Context, jobID string) (*router.Waiting, e
 // waitingNode names the node on which jobID waits for room ("" when none
 // says so): intake.Intake.FindWaiting.
 func (n *Node) waitingNode(ctx context.Context, jobID string) string {
-	if w, err := n.WaitingJob(ctx, jobID); err == nil && w != nil {
+	if w, err := (inspector{n}).WaitingJob(ctx, jobID); err == nil && w != nil {
 		return w.Node
 	}
 	return ""
@@ -145,7 +156,7 @@ func (n *Node) waitingNode(ctx context.Context, jobID string) string {
 // — no record yet — on this node and the replicas it hears, of tenant (""
 // for all), newest first, at most limit (each node is asked for that many).
 // Waits already written SCHEDULED are left out: they are listed from Redis.
-func (n *Node) WaitingJobs(ctx context.Context, tenant string, limit int) ([]router.Waiting, error) {
+func (n inspector) WaitingJobs(ctx context.Context, tenant string, limit int) ([]router.Waiting, error) {
 	all := n.localWaitingList(tenant, limit)
 	body, _ := json.Marshal(waitListQuery{Tenant: tenant, Limit: limit})
 	replies, err := n.askPeers(ctx, n.subj.QueueList, body)
@@ -252,7 +263,7 @@ func (n *Node) localQueuePosition(jobID string) int {
 }
 
 // LiveJobActors counts the job actors alive on this node.
-func (n *Node) LiveJobActors() (int, error) {
+func (n inspector) LiveJobActors() (int, error) {
 	total := 0
 	for _, pid := range n.shards {
 		res, err := n.sys.Root.RequestFuture(pid, &supervisor.CountLive{}, 5*time.Second).Result()

@@ -8,7 +8,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -34,7 +33,7 @@ func (c *Client) SubmitPayload(ctx context.Context, req *capv1.JobRequest, paylo
 // Result returns the bytes of jobID's result where they are kept by CAP's
 // Redis convention (the job's own res:<job_id>, its redacted copy, or the
 // input an echo pointed back at): jobdata.ErrNotHeld for a result pointer
-// to another store, store.ErrNotFound when the job has no record. The
+// to another store, ErrNotFound when the job has no record. The
 // output policy's content scan is not applied: a program reads what its
 // own workers wrote (the admin API shows results redacted).
 func (c *Client) Result(ctx context.Context, jobID string) ([]byte, error) {
@@ -54,12 +53,12 @@ func (c *Client) Result(ctx context.Context, jobID string) ([]byte, error) {
 // JobEvent is one state a watched job entered.
 type JobEvent struct {
 	JobID  string
-	State  jobstate.State
-	Reason jobstate.Reason
+	State  State
+	Reason string
 	At     time.Time
 	// Record is the job's record as read with this event, set on the
 	// terminal event (the last one).
-	Record *store.JobRecord
+	Record *Job
 }
 
 // Watch sends each state jobID enters, in order, from the first, and
@@ -81,10 +80,10 @@ func (c *Client) Watch(ctx context.Context, jobID string) <-chan JobEvent {
 			if err == nil {
 				for ; sent < len(rec.History); sent++ {
 					h := rec.History[sent]
-					ev := JobEvent{JobID: jobID, State: h.To, Reason: h.Reason, At: h.At}
+					ev := JobEvent{JobID: jobID, State: State(h.To), Reason: string(h.Reason), At: h.At}
 					last := sent == len(rec.History)-1 && rec.State.Terminal()
 					if last {
-						ev.Record = rec
+						ev.Record = jobOf(rec)
 					}
 					select {
 					case out <- ev:

@@ -75,7 +75,7 @@ type Config struct {
 	// Policy is the input policy (default safety.AllowAll).
 	Policy safety.InputPolicy
 	// Output, when set, checks every result before it is called SUCCEEDED
-	// (metadata) and scans its content after (safety.NewOutputChecker).
+	// (metadata) and scans its content after (a *safety.OutputPolicy, e.g. safety.DefaultOutputPolicy()).
 	Output safety.OutputChecker
 
 	// LockTTL is the job lock TTL (default store.LockTTLDefault).

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/connect/conntest"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -103,13 +105,13 @@ func TestNodeRunsAJobOverTLSWithAuthAndLogsNoSecret(t *testing.T) {
 	}
 	defer func() { _ = node.Stop(context.Background()) }()
 
-	nc, err := worker.Dial(srv.natsURL, srv.natsAuth, "secure-w1")
+	nc, err := connect.DialNATS(srv.natsURL, srv.natsAuth, nats.Name("troupe-worker secure-w1"))
 	if err != nil {
 		t.Fatalf("worker over TLS with auth: %v", err)
 	}
 	defer nc.Close()
 	w, err := worker.Start(nc, worker.Config{ID: "secure-w1", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: node.Subjects().Prefix(), Handler: worker.Echo, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +130,7 @@ func TestNodeRunsAJobOverTLSWithAuthAndLogsNoSecret(t *testing.T) {
 	}
 	var last jobstate.State
 	for i := 0; ; i++ {
-		r, err := node.Job(ctx, "secure-1")
+		r, err := node.Record(ctx, "secure-1")
 		if err == nil && r.State == jobstate.StateSucceeded {
 			break
 		}

@@ -22,7 +22,7 @@ func TestDirectDispatchCarriesItsEnvAndTheStamp(t *testing.T) {
 	f := newFixture(t, nil)
 	got := make(chan *capv1.JobRequest, 4)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Handler: worker.Echo, Heartbeat: time.Second,
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Handler: worker.Echo, Heartbeat: time.Second,
 		OnReceive: func(_ string, req *capv1.JobRequest) { got <- proto.Clone(req).(*capv1.JobRequest) }})
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -29,7 +28,7 @@ func TestNewNodeWithoutPoolsRoutesAsTheCLI(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	w, err := worker.Start(env.NATS, worker.Config{ID: "w1", Pool: troupe.PoolDefault, Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: env.Prefix, Handler: worker.Echo, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +45,7 @@ func TestNewNodeWithoutPoolsRoutesAsTheCLI(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		if rec.State != jobstate.StateSucceeded {
+		if rec.State != troupe.StateSucceeded {
 			t.Fatalf("%s ended %s (%s), want SUCCEEDED", id, rec.State, rec.Reason)
 		}
 	}

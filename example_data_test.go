@@ -13,7 +13,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/embedded"
-	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -45,7 +44,7 @@ func ExampleClient_SubmitPayload() {
 	// The worker: typed arguments, its data in the same Redis.
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(rs.URL(), "redis://")})
 	defer rdb.Close()
-	sum := worker.Typed(&jobdata.Store{Client: rdb}, func(_ context.Context, in Sum) (Total, error) {
+	sum := worker.Typed(rdb, 0, func(_ context.Context, in Sum) (Total, error) {
 		t := 0
 		for _, n := range in.Numbers {
 			t += n
@@ -55,7 +54,7 @@ func ExampleClient_SubmitPayload() {
 	nc, _ := nats.Connect(ns.URL())
 	defer nc.Close()
 	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: troupe.PoolDefault, Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: sum})
+		Direct: true, Handler: sum})
 	defer w.Stop()
 	_ = node.WaitForWorkers(ctx, troupe.PoolDefault, 1)
 
@@ -96,7 +95,7 @@ func ExampleClient_Watch() {
 	nc, _ := nats.Connect(ns.URL())
 	defer nc.Close()
 	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: troupe.PoolDefault, Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: worker.Demo(worker.Echo)})
+		Direct: true, Handler: worker.Demo(worker.Echo)})
 	defer w.Stop()
 	_ = node.WaitForWorkers(ctx, troupe.PoolDefault, 1)
 

@@ -41,7 +41,7 @@ func Example() {
 	nc, _ := nats.Connect(ns.URL())
 	defer nc.Close()
 	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: "default", Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo})
+		Direct: true, Handler: worker.Echo})
 	defer w.Stop()
 	if err := node.WaitForWorkers(ctx, "default", 1); err != nil {
 		panic(err)
@@ -103,7 +103,7 @@ func ExampleClient() {
 	nc, _ := nats.Connect(ns.URL())
 	defer nc.Close()
 	w, _ := worker.Start(nc, worker.Config{ID: "w1", Pool: troupe.PoolDefault, Topics: []string{"job.echo"},
-		Direct: true, Subjects: node.Subjects(), Handler: worker.Echo})
+		Direct: true, Handler: worker.Echo})
 	defer w.Stop()
 	_ = node.WaitForWorkers(ctx, troupe.PoolDefault, 1)
 

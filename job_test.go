@@ -92,7 +92,7 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	cancels := f.cancels()
 	// A worker that says it reports starts, and never starts the job.
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Handler: hang, Heartbeat: time.Second,
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Handler: hang, Heartbeat: time.Second,
 		Labels: map[string]string{registry.LabelProgress: registry.ProgressStarted}})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
 	})
 	cancels := f.cancels()
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Progress: true, Heartbeat: time.Second, Handler: hang})
+		SubjectPrefix: f.subj.Prefix(), Progress: true, Heartbeat: time.Second, Handler: hang})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,18 +211,18 @@ func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r, _ := f.node.Job(ctx, "job-approve")
+	r, _ := f.node.Record(ctx, "job-approve")
 	hash := r.Fields["job_hash"]
 	if len(hash) != 64 || r.LockHolder != "" {
 		t.Fatalf("job hash %q, lock %q", hash, r.LockHolder)
 	}
-	if err := f.node.Decide(ctx, "job-approve", store.DecisionApproved, "alice", "looks fine", "not-the-hash"); !errors.Is(err, store.ErrHashMismatch) {
+	if err := f.node.Decide(ctx, "job-approve", troupe.DecisionApproved, "alice", "looks fine", "not-the-hash"); !errors.Is(err, store.ErrHashMismatch) {
 		t.Fatalf("approval with a stale hash: %v", err)
 	}
-	if err := f.node.Decide(ctx, "job-approve", store.DecisionApproved, "alice", "looks fine", hash); err != nil {
+	if err := f.node.Decide(ctx, "job-approve", troupe.DecisionApproved, "alice", "looks fine", hash); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.node.Decide(ctx, "job-reject", store.DecisionRejected, "bob", "too risky", ""); err != nil {
+	if err := f.node.Decide(ctx, "job-reject", troupe.DecisionRejected, "bob", "too risky", ""); err != nil {
 		t.Fatal(err)
 	}
 	r = f.waitState("job-approve", jobstate.StateSucceeded)
@@ -286,7 +286,7 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r, _ = f.node.Job(ctx, "job-c2")
+	r, _ = f.node.Record(ctx, "job-c2")
 	if r.State != jobstate.StateCancelled || r.History[len(r.History)-1].To != jobstate.StateCancelled {
 		t.Fatalf("terminal job changed: %s", reasons(r.History))
 	}
@@ -330,8 +330,8 @@ func TestIdempotencyKeyReturnsTheFirstJob(t *testing.T) {
 	// The two submits race to claim the key (their actors run in parallel):
 	// exactly one of them becomes the job, the other is that job.
 	ctx := context.Background()
-	_, err1 := f.node.Job(ctx, "job-i1")
-	_, err2 := f.node.Job(ctx, "job-i2")
+	_, err1 := f.node.Record(ctx, "job-i1")
+	_, err2 := f.node.Record(ctx, "job-i2")
 	winner, loser := "job-i1", "job-i2"
 	if err1 != nil {
 		winner, loser = loser, winner
@@ -359,7 +359,7 @@ func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 	// Node B, same Redis and streams, a worker this time.
 	b := newNodeOn(t, env, "node-b")
 	w, err := worker.Start(env.env.NATS, worker.Config{ID: "wb", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: env.subj, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: env.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestFailClosedOnUnknownState(t *testing.T) {
 	f.submit(echoReq("fail-closed-job")) // a redelivered submit of the running job
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		r, err := n.Job(ctx, "fail-closed-job")
+		r, err := n.Record(ctx, "fail-closed-job")
 		if err == nil && strings.HasPrefix(r.LockHolder, "node-c|") {
 			break
 		}
@@ -449,7 +449,7 @@ func TestFailClosedOnUnknownState(t *testing.T) {
 	if got := published.Load(); got != 1 { // the marker only
 		t.Fatalf("%d publishes; the running job was dispatched again", got-1)
 	}
-	r, _ := n.Job(ctx, "fail-closed-job")
+	r, _ := n.Record(ctx, "fail-closed-job")
 	if r.State != jobstate.StateRunning {
 		t.Fatalf("state %s", r.State)
 	}
@@ -457,7 +457,7 @@ func TestFailClosedOnUnknownState(t *testing.T) {
 
 func startWorkerOn(t *testing.T, f *fixture, id string) {
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +556,7 @@ rules:
 	f := newFixture(t, func(c *troupe.Config) { c.Policy = engine })
 	got := make(chan *capv1.JobRequest, 1)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wc", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Heartbeat: time.Second,
+		SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second,
 		OnReceive: func(_ string, req *capv1.JobRequest) { got <- req }})
 	if err != nil {
 		t.Fatal(err)

@@ -173,23 +173,24 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason, by string) error {
 	return nil
 }
 
-// Job reads a job's record and history (store.ErrNotFound: no record yet,
-// or no longer: see Config.Retention).
-func (c *Client) Job(ctx context.Context, jobID string) (*store.JobRecord, error) {
-	return c.store.GetJob(ctx, jobID)
+// Job reads a job's record and history (ErrNotFound: no record yet, or no
+// longer: see Config.Retention).
+func (c *Client) Job(ctx context.Context, jobID string) (*Job, error) {
+	rec, err := c.store.GetJob(ctx, jobID)
+	return jobOf(rec), err
 }
 
 // Wait returns jobID's record once the job is terminal, or ctx's error. A
 // job with no record yet (not taken by a node, or waiting unwritten for
 // capacity) is waited for too.
-func (c *Client) Wait(ctx context.Context, jobID string) (*store.JobRecord, error) {
+func (c *Client) Wait(ctx context.Context, jobID string) (*Job, error) {
 	t := time.NewTicker(c.cfg.WaitPoll)
 	defer t.Stop()
 	for {
 		rec, err := c.store.GetJob(ctx, jobID)
 		switch {
 		case err == nil && rec.State.Terminal():
-			return rec, nil
+			return jobOf(rec), nil
 		case err != nil && !errors.Is(err, store.ErrNotFound):
 			return nil, err
 		}
@@ -199,13 +200,4 @@ func (c *Client) Wait(ctx context.Context, jobID string) (*store.JobRecord, erro
 		case <-t.C:
 		}
 	}
-}
-
-// List returns a page of jobs, newest first: of one state, or with
-// q.State "" of every state.
-func (c *Client) List(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
-	if q.State == "" {
-		return c.store.ListRecent(ctx, q)
-	}
-	return c.store.ListJobs(ctx, q)
 }

@@ -34,7 +34,7 @@ func TestClientSubmitsWaitsListsAndCancels(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err := c.Wait(ctx, "client-1")
-	if err != nil || rec.State != jobstate.StateSucceeded {
+	if err != nil || rec.State != troupe.StateSucceeded {
 		t.Fatalf("wait: %v %+v", err, rec)
 	}
 	page, err := c.List(ctx, store.ListQuery{State: jobstate.StateSucceeded})
@@ -53,7 +53,7 @@ func TestClientSubmitsWaitsListsAndCancels(t *testing.T) {
 	if err := c.Cancel(ctx, "client-2", "not wanted", "test"); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err = c.Wait(ctx, "client-2"); err != nil || rec.State != jobstate.StateCancelled {
+	if rec, err = c.Wait(ctx, "client-2"); err != nil || rec.State != troupe.StateCancelled {
 		t.Fatalf("cancelled job: %v %+v", err, rec)
 	}
 	if err := c.Submit(ctx, &capv1.JobRequest{Topic: "job.echo"}); err == nil {
@@ -86,13 +86,13 @@ func TestClientPayloadCapAndWatch(t *testing.T) {
 	if err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: small, Topic: "job.echo"}, []byte(`{"a":1}`)); err != nil {
 		t.Fatal(err)
 	}
-	var states []jobstate.State
+	var states []troupe.State
 	var last troupe.JobEvent
 	for ev := range c.Watch(ctx, small) {
 		states = append(states, ev.State)
 		last = ev
 	}
-	if len(states) < 3 || states[0] != jobstate.StatePending || last.State != jobstate.StateSucceeded || last.Record == nil {
+	if len(states) < 3 || states[0] != troupe.StatePending || last.State != troupe.StateSucceeded || last.Record == nil {
 		t.Fatalf("watched states %v, last %+v", states, last)
 	}
 	// Echo's result is its input: the client reads it back.
@@ -100,7 +100,7 @@ func TestClientPayloadCapAndWatch(t *testing.T) {
 		t.Fatalf("result %q %v", res, err)
 	}
 	// The oversize job was never submitted.
-	if _, err := c.Job(ctx, big); !errors.Is(err, store.ErrNotFound) {
+	if _, err := c.Job(ctx, big); !errors.Is(err, troupe.ErrNotFound) {
 		t.Fatalf("oversize job: %v", err)
 	}
 }

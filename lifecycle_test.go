@@ -33,13 +33,13 @@ func TestKernelOutageNeverFailsALoneJob(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("only %d checks in 20 s", pol.checks.Load())
 		}
-		r, err := f.node.Job(context.Background(), "lone-outage")
+		r, err := f.node.Record(context.Background(), "lone-outage")
 		if err == nil && r.State.Terminal() {
 			t.Fatalf("job %s (%s) after %d refused checks with the kernel down", r.State, r.Reason, pol.checks.Load())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	r, err := f.node.Job(context.Background(), "lone-outage")
+	r, err := f.node.Record(context.Background(), "lone-outage")
 	if err != nil || r.State != jobstate.StatePending {
 		t.Fatalf("after %d refused checks: %v %v", pol.checks.Load(), r, err)
 	}
@@ -121,7 +121,7 @@ func TestWaitReturnsTheTerminalRecord(t *testing.T) {
 		done := make(chan *store.JobRecord, 2)
 		for _, waiter := range []*troupe.Node{f.node, other} {
 			go func() {
-				r, err := waiter.Wait(ctx, "wait-"+n.ID())
+				r, err := waiter.WaitRecord(ctx, "wait-"+n.ID())
 				if err != nil {
 					t.Error(err)
 				}

@@ -34,7 +34,7 @@ var ErrNotStarted = errors.New("troupe: node not started")
 
 // ListJobs returns one page of the jobs in q.State, newest update first;
 // with no state, of the newest jobs of every state (store.ListRecent).
-func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
+func (n inspector) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
 	if q.State == "" {
 		return n.store.ListRecent(ctx, q)
 	}
@@ -45,7 +45,7 @@ func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, 
 // the jobs still retained). SCHEDULED includes the jobs waiting with no
 // record yet (SubmitsWaiting): it counts every job whose submit was
 // acknowledged and that is not yet dispatched or ended.
-func (n *Node) CountStates(ctx context.Context) (map[jobstate.State]int64, error) {
+func (n inspector) CountStates(ctx context.Context) (map[jobstate.State]int64, error) {
 	counts, err := n.store.CountStates(ctx)
 	if err != nil {
 		return nil, err
@@ -65,7 +65,7 @@ func (n *Node) CountStates(ctx context.Context) (map[jobstate.State]int64, error
 // room within their capacity grace, or being decided. One JetStream
 // request (the submit consumer's info): each submit is counted once, by
 // the stream, not by the nodes.
-func (n *Node) SubmitsWaiting(ctx context.Context) (held, taken int64, err error) {
+func (n inspector) SubmitsWaiting(ctx context.Context) (held, taken int64, err error) {
 	cons, err := n.js.Consumer(ctx, bus.StreamName(n.cfg.StreamPrefix, bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
 	if err != nil {
 		return 0, 0, fmt.Errorf("troupe: submit consumer: %w", err)
@@ -78,32 +78,32 @@ func (n *Node) SubmitsWaiting(ctx context.Context) (held, taken int64, err error
 }
 
 // JobTenants returns the tenant of each job that has a record.
-func (n *Node) JobTenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
+func (n inspector) JobTenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
 	return n.store.Tenants(ctx, jobIDs)
 }
 
 // JobLinks returns a job's retry links.
-func (n *Node) JobLinks(ctx context.Context, jobID string) (store.JobLinks, error) {
+func (n inspector) JobLinks(ctx context.Context, jobID string) (store.JobLinks, error) {
 	return n.store.Links(ctx, jobID)
 }
 
 // ListDLQ returns up to limit DLQ entries, newest first.
-func (n *Node) ListDLQ(ctx context.Context, limit int64) ([]store.DLQEntry, error) {
+func (n inspector) ListDLQ(ctx context.Context, limit int64) ([]store.DLQEntry, error) {
 	return n.store.ListDLQ(ctx, limit)
 }
 
 // DLQEntry returns one DLQ entry (store.ErrDLQNotFound if there is none).
-func (n *Node) DLQEntry(ctx context.Context, entryID string) (*store.DLQEntry, error) {
+func (n inspector) DLQEntry(ctx context.Context, entryID string) (*store.DLQEntry, error) {
 	return n.store.DLQEntryByID(ctx, entryID)
 }
 
 // DLQRetried returns, for the given entries, the jobs they were retried as.
-func (n *Node) DLQRetried(ctx context.Context, entryIDs []string) (map[string]string, error) {
+func (n inspector) DLQRetried(ctx context.Context, entryIDs []string) (map[string]string, error) {
 	return n.store.DLQRetriedMany(ctx, entryIDs)
 }
 
 // DeleteDLQ removes a DLQ entry.
-func (n *Node) DeleteDLQ(ctx context.Context, entryID string) error {
+func (n inspector) DeleteDLQ(ctx context.Context, entryID string) error {
 	return n.store.DeleteDLQ(ctx, entryID)
 }
 
@@ -112,7 +112,7 @@ func (n *Node) DeleteDLQ(ctx context.Context, entryID string) error {
 // the one recorded with the original job, minus its idempotency key: the
 // key would make the retry a duplicate of the job it retries. An entry is
 // retried once; force retries it again.
-func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string, error) {
+func (n inspector) RetryDLQ(ctx context.Context, entryID string, force bool) (string, error) {
 	e, err := n.store.DLQEntryByID(ctx, entryID)
 	if err != nil {
 		return "", err
@@ -170,15 +170,15 @@ func (n *Node) RetryDLQ(ctx context.Context, entryID string, force bool) (string
 
 // PoolConfig returns the routing config in force: pools.yaml (or
 // Config.Pools) with the runtime mappings laid over it.
-func (n *Node) PoolConfig() *router.PoolConfig { return n.pools.Current() }
+func (n inspector) PoolConfig() *router.PoolConfig { return n.pools.Current() }
 
 // JobTraceEnabled reports whether this node traces its job actors' mailboxes.
-func (n *Node) JobTraceEnabled() bool { return jobtrace.FromSystem(n.sys) != nil }
+func (n inspector) JobTraceEnabled() bool { return jobtrace.FromSystem(n.sys) != nil }
 
 // JobTrace returns a job's mailbox trace, oldest first: what was persisted
 // when its actors stopped (on any replica), and, when the job's actor is
 // live on this node and tracing is on here, its ring so far.
-func (n *Node) JobTrace(ctx context.Context, jobID string) ([]jobtrace.Entry, error) {
+func (n inspector) JobTrace(ctx context.Context, jobID string) ([]jobtrace.Entry, error) {
 	if t := jobtrace.FromSystem(n.sys); t != nil {
 		return t.Trace(ctx, jobID)
 	}
@@ -296,7 +296,7 @@ func runReadyChecks(ctx context.Context, checks map[string]func(context.Context)
 
 // Saga describes a workflow's saga: its stack, the rollback's progress and
 // each compensation's job and state (store.ErrNotFound when there is none).
-func (n *Node) Saga(ctx context.Context, workflowID string) (*saga.Report, error) {
+func (n inspector) Saga(ctx context.Context, workflowID string) (*saga.Report, error) {
 	r, err := saga.Describe(ctx, n.store, workflowID)
 	if err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ const LabelRetryOf = "retry_of"
 // retry a duplicate) and the label retry_of=<job_id>, and links the two
 // jobs (JobLinks). A job not ended, or ended in a state core.State.Retryable
 // refuses, is store.ErrNotRetryable.
-func (n *Node) RetryJob(ctx context.Context, jobID string) (string, error) {
+func (n inspector) RetryJob(ctx context.Context, jobID string) (string, error) {
 	rec, err := n.store.GetJob(ctx, jobID)
 	if err != nil {
 		return "", err
@@ -70,7 +70,7 @@ func (n *Node) RetryJob(ctx context.Context, jobID string) (string, error) {
 // ResumeTopic; they wait SCHEDULED pool_paused (router.MappingStore.Pause).
 // This node applies it before returning, the other replicas within
 // router.PoolsPollDefault.
-func (n *Node) PauseTopic(ctx context.Context, topic string) error {
+func (n inspector) PauseTopic(ctx context.Context, topic string) error {
 	if err := n.Mappings().Pause(ctx, topic); err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func (n *Node) PauseTopic(ctx context.Context, topic string) error {
 
 // ResumeTopic dispatches topic's jobs again, the waiting ones in order;
 // applied as PauseTopic is.
-func (n *Node) ResumeTopic(ctx context.Context, topic string) error {
+func (n inspector) ResumeTopic(ctx context.Context, topic string) error {
 	if err := n.Mappings().Resume(ctx, topic); err != nil {
 		return err
 	}
@@ -95,6 +95,6 @@ func (n *Node) applyPools() { _ = n.pools.Reload() }
 
 // ListSagas lists the workflows whose sagas are kept, newest first
 // (saga.List).
-func (n *Node) ListSagas(ctx context.Context, limit int, cursor string) ([]saga.Listed, string, error) {
+func (n inspector) ListSagas(ctx context.Context, limit int, cursor string) ([]saga.Listed, string, error) {
 	return saga.List(ctx, n.store, limit, cursor)
 }

@@ -9,7 +9,7 @@ import (
 // CAP's convention places them (package jobdata): values written through
 // it expire jobdata.TTLFor(Config.Retention) after the write (never, when
 // records are kept for ever).
-func (n *Node) JobData() *jobdata.Store {
+func (n inspector) JobData() *jobdata.Store {
 	ttl := jobdata.TTLFor(n.store.Retention())
 	if ttl == 0 {
 		ttl = -1
@@ -19,4 +19,4 @@ func (n *Node) JobData() *jobdata.Store {
 
 // OutputChecker is the node's output policy (Config.Output; nil: none).
 // The admin API applies it to the result data it shows.
-func (n *Node) OutputChecker() safety.OutputChecker { return n.cfg.Output }
+func (n inspector) OutputChecker() safety.OutputChecker { return n.cfg.Output }

@@ -17,6 +17,7 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
@@ -115,7 +116,7 @@ func (r *receipts) count(id string) int {
 func (f *fixture) startWorker(id string, direct bool, rec *receipts, h worker.Handler) *worker.Worker {
 	f.t.Helper()
 	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: direct,
-		Subjects: f.subj, Handler: h, Heartbeat: time.Second}
+		SubjectPrefix: f.subj.Prefix(), Handler: h, Heartbeat: time.Second}
 	if rec != nil {
 		cfg.OnReceive = rec.hook
 	}
@@ -172,7 +173,7 @@ func (f *fixture) waitStateWithin(id string, want jobstate.State, within time.Du
 	deadline := time.Now().Add(within)
 	var last *store.JobRecord
 	for time.Now().Before(deadline) {
-		rec, err := f.node.Job(context.Background(), id)
+		rec, err := f.node.Record(context.Background(), id)
 		if err == nil {
 			last = rec
 			if rec.State == want {
@@ -482,7 +483,7 @@ func TestProgressMovesDispatchedToRunning(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	release := make(chan struct{})
-	cfg := worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+	cfg := worker.Config{ID: "wp", Pool: "echo", Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(),
 		Progress: true, Heartbeat: time.Second,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			<-release
@@ -528,7 +529,7 @@ var _ = nats.DefaultURL
 // address.
 func startAdmin(t *testing.T, node *troupe.Node, keys map[string]string) string {
 	t.Helper()
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+	srv, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: "127.0.0.1:0",
 		Log: quietLogger(), APIKeys: keys})
 	if err != nil {
 		t.Fatal(err)

@@ -157,7 +157,7 @@ func (f *fixture) tracingWorker(tp *traceparents, release func(id string) <-chan
 	done := make(chan struct{})
 	f.t.Cleanup(func() { close(done) })
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Heartbeat: time.Second, Progress: true, OnReceive: tp.hook,
+		SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, Progress: true, OnReceive: tp.hook,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			tp.handled(ctx, req.JobId)
 			if release != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/worker"
@@ -22,7 +23,7 @@ import (
 
 // switchableKernel is a real SafetyKernel gRPC server that can be taken down.
 type switchableKernel struct {
-	*safety.KernelServer
+	*policyx.KernelServer
 	down atomic.Bool
 }
 
@@ -44,7 +45,7 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &switchableKernel{KernelServer: safety.NewKernelServer(engine)}
+	k := &switchableKernel{KernelServer: policyx.NewKernelServer(engine)}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -55,20 +56,20 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	defer srv.Stop()
 
 	full := os.Getenv("TROUPE_OUTAGE_FULL") == "1"
-	var client *safety.KernelClient
+	var client *policyx.KernelClient
 	f := newFixture(t, func(c *troupe.Config) {
-		cfg := safety.KernelClientConfig{Addr: lis.Addr().String(), Timeout: time.Second}
+		cfg := policyx.KernelClientConfig{Addr: lis.Addr().String(), Timeout: time.Second}
 		if !full {
 			// The breaker opens for 1 s instead of 30 s, and a job retries
 			// every 200 ms instead of backing off to 30 s: the same path, in
 			// seconds. The full scenario runs with the real defaults.
-			cfg.Breaker = safety.BreakerConfig{OpenFor: time.Second}
+			cfg.Breaker = policyx.BreakerConfig{OpenFor: time.Second}
 			c.Backoff = func(int) time.Duration { return 200 * time.Millisecond }
 			c.MaxSchedulingAttempts = 1000
 		} else {
 			c.Backoff = nil
 		}
-		client, err = safety.NewKernelClient(cfg)
+		client, err = policyx.NewKernelClient(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +77,7 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 	})
 	defer client.Close()
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wk", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Heartbeat: time.Second, MaxParallel: 1000})
+		SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, MaxParallel: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func (f *fixture) holdingWorker(id string, rec *receipts) *gates {
 	f.t.Cleanup(func() { close(done) })
 	// It announces that it reports starts (it never does, holding every
 	// job unstarted), so a job's bound at it is the dispatch timeout.
-	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj,
+	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(),
 		Heartbeat: time.Second, OnReceive: rec.hook,
 		Labels: map[string]string{registry.LabelProgress: registry.ProgressStarted},
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
@@ -83,7 +83,7 @@ func (f *fixture) holdingWorker(id string, rec *receipts) *gates {
 // worker does when it starts the job.
 func (f *fixture) publishProgress(id, worker string) {
 	f.t.Helper()
-	data, err := bus.EncodeProgress("trace-"+id, worker,
+	data, err := bus.Encoder{}.Progress("trace-"+id, worker,
 		&capv1.JobProgress{JobId: id, Status: capv1.JobStatus_JOB_STATUS_RUNNING})
 	if err != nil {
 		f.t.Fatal(err)
@@ -158,7 +158,7 @@ func TestParkedJobIsCancelled(t *testing.T) {
 	// The worker's late answer is absorbed.
 	release.open("job-park-cancel")
 	time.Sleep(200 * time.Millisecond)
-	if r, _ := f.node.Job(context.Background(), "job-park-cancel"); r.State != jobstate.StateCancelled {
+	if r, _ := f.node.Record(context.Background(), "job-park-cancel"); r.State != jobstate.StateCancelled {
 		t.Fatalf("state %s after the late result", r.State)
 	}
 }

@@ -39,7 +39,7 @@ func policyComesBack(t *testing.T, withNewJob bool) {
 		c.Backoff = func(int) time.Duration { return time.Hour }
 	})
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second, MaxParallel: 10000})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, MaxParallel: 10000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func TestResultsReachTheOwningReplica(t *testing.T) {
 	rec := newReceipts()
 	for i := 0; i < 3; i++ {
 		w, err := worker.Start(f.env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
-			Topics: []string{"job.echo"}, Direct: true, Subjects: f.subj, Heartbeat: time.Second, OnReceive: rec.hook})
+			Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, OnReceive: rec.hook})
 		if err != nil {
 			t.Fatal(err)
 		}

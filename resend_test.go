@@ -126,7 +126,7 @@ func TestResendStopsOnceTheDedupingWorkerConfirms(t *testing.T) {
 	var runs, dups atomic.Int32
 	release := make(chan struct{})
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "holder", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Dedupe: true, Subjects: f.subj, Heartbeat: time.Second,
+		Direct: true, Dedupe: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			<-release
 			return worker.Echo(ctx, req)

@@ -51,7 +51,7 @@ func restartOnce(b *testing.B, warm bool) (failures, jobsHit float64) {
 	}
 	for i := 0; i < 10; i++ {
 		w, err := worker.Start(env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
-			Topics: []string{"job.echo"}, Direct: true, Subjects: a.Subjects()})
+			Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: a.Subjects().Prefix()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func restartOnce(b *testing.B, warm bool) (failures, jobsHit float64) {
 	b.StopTimer()
 	failures = counter(b, nb, "troupe_scheduling_retries_total", "no_workers")
 	for _, id := range ids {
-		if r, err := nb.Job(ctx, id); err == nil && r.Fields["last_reason"] == "no_workers" {
+		if r, err := nb.Record(ctx, id); err == nil && r.Fields["last_reason"] == "no_workers" {
 			jobsHit++
 		}
 	}

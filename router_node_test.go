@@ -94,7 +94,7 @@ func TestRuntimeTopicMapping(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "wn", Pool: "newpool", Topics: []string{"job.new"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestTenantLimitAcrossReplicas(t *testing.T) {
 	for waiting < 2 && time.Now().Before(deadline) {
 		waiting = 0
 		for i := 0; i < 3; i++ {
-			if r, err := f.node.Job(context.Background(), fmt.Sprintf("acme-%d", i)); err == nil &&
+			if r, err := f.node.Record(context.Background(), fmt.Sprintf("acme-%d", i)); err == nil &&
 				r.State == jobstate.StateScheduled && r.Reason == jobstate.ReasonTenantLimit {
 				waiting++
 			}
@@ -182,7 +182,7 @@ func TestFinishedJobsFreeTheirWorkerBeforeTheNextHeartbeat(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "small", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: 5 * time.Second, MaxParallel: 2})
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: 5 * time.Second, MaxParallel: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +348,7 @@ func TestPoolSubjectJobIsChargedToTheWorkerThatSpoke(t *testing.T) {
 	// The picked worker dies: nothing happens to the job.
 	stopPicked()
 	f.waitWorkers(1)
-	r, err = f.node.Job(context.Background(), "job-spoken-for")
+	r, err = f.node.Record(context.Background(), "job-spoken-for")
 	if err != nil || r.State != jobstate.StateRunning || strings.Contains(reasons(r.History), "worker_lost") {
 		t.Fatalf("after the picked worker's loss: %v %s %v", r.State, reasons(r.History), err)
 	}

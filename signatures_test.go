@@ -75,7 +75,7 @@ func (s *sigSetup) nodeConfig(verify bool, more ...func(*troupe.Config)) func(*t
 func (s *sigSetup) startWorker(f *fixture, keys *signing.Verifier, rec *receipts, h worker.Handler) *worker.Worker {
 	f.t.Helper()
 	cfg := worker.Config{ID: s.workerID, Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: f.subj, Handler: h, Heartbeat: time.Second, Progress: true, Signer: s.worker, Verifier: keys}
+		SubjectPrefix: f.subj.Prefix(), Handler: h, Heartbeat: time.Second, Progress: true, Signer: s.worker, Verifier: keys}
 	if rec != nil {
 		cfg.OnReceive = rec.hook
 	}
@@ -251,7 +251,7 @@ func TestBadlySignedSubmitsAreDeadLettered(t *testing.T) {
 
 	f.waitState("job-good", jobstate.StateSucceeded)
 	for _, id := range []string{"job-unsigned", "job-stranger", "job-wrong-key", "job-tampered"} {
-		if _, err := f.node.Job(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
+		if _, err := f.node.Record(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s: a rejected submit has a job record (err %v)", id, err)
 		}
 		if rec.count(id) != 0 {
@@ -309,7 +309,7 @@ func TestForgedResultDoesNotChangeTheJob(t *testing.T) {
 	// The forward itself carries no node signature (Troupe-Signature): it
 	// is refused before its packet is looked at.
 	waitRejected(t, f.node, "result", signing.ReasonUnsigned, 2)
-	if r, err := f.node.Job(context.Background(), "job-forge"); err != nil || r.State != jobstate.StateRunning {
+	if r, err := f.node.Record(context.Background(), "job-forge"); err != nil || r.State != jobstate.StateRunning {
 		t.Fatalf("after forged packets: %v %+v", err, r)
 	}
 
@@ -396,7 +396,7 @@ func TestVerificationOffAcceptsUnsignedPackets(t *testing.T) {
 	f := newFixture(t, s.nodeConfig(false))
 	dispatches := captureVerified(t, f, f.subj.Worker("plain-w"), s.keys)
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "plain-w", Pool: "echo", Topics: []string{"job.echo"},
-		Direct: true, Subjects: f.subj, Heartbeat: time.Second}) // unsigned heartbeats and results
+		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second}) // unsigned heartbeats and results
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,7 +166,7 @@ func startStreamLossWorker(t *testing.T, f *fixture, id string) *streamLossWorke
 		first := sw.deliveries[req.JobId] == 1
 		sw.mu.Unlock()
 		if first {
-			if data, err := bus.EncodeProgress(pkt.TraceId, id, &capv1.JobProgress{JobId: req.JobId,
+			if data, err := (bus.Encoder{}).Progress(pkt.TraceId, id, &capv1.JobProgress{JobId: req.JobId,
 				Status: capv1.JobStatus_JOB_STATUS_RUNNING}); err == nil {
 				_ = nc.Publish(f.subj.Progress, data)
 			}
@@ -298,7 +298,7 @@ func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 	runs := map[string]int{}
 	for i, id := range []string{"ld-w1", "ld-w2"} {
 		w, err := worker.Start(f.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"},
-			Direct: true, Dedupe: true, Progress: true, MaxParallel: 64, Subjects: f.subj, Heartbeat: time.Second,
+			Direct: true, Dedupe: true, Progress: true, MaxParallel: 64, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second,
 			Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 				mu.Lock()
 				runs[req.JobId]++

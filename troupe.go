@@ -218,10 +218,6 @@ func (n *Node) outputGate() *safety.OutputGate {
 // invalid file keeps the config in use, and the error names the line.
 func (n *Node) ReloadPools() error { return n.pools.Reload() }
 
-// Mappings returns the runtime topic → pools mappings shared by every
-// replica through Redis.
-func (n *Node) Mappings() *router.MappingStore { return router.NewMappingStore(n.rdb, n.cfg.KeyPrefix) }
-
 func tenantLimit(limits map[string]int) func(string) int {
 	if len(limits) == 0 {
 		return nil
@@ -252,12 +248,6 @@ func envOr(k, def string) string {
 
 // ID returns the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
-
-// Subjects returns the CAP subjects the node uses.
-func (n *Node) Subjects() bus.Subjects { return n.subj }
-
-// Store returns the node's Redis store (valid after Start).
-func (n *Node) Store() *store.Store { return n.store }
 
 // Start connects to NATS and Redis, creates the streams, builds the actor
 // tree and starts consuming.

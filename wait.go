@@ -113,15 +113,20 @@ func (w *waiters) poll(stop <-chan struct{}, st *store.Store) {
 // another replica is seen within WaitPoll (one Redis pipeline per poll for
 // all of the node's waiters, not a read per waiter). A job that does not
 // exist yet is waited for too.
-func (n *Node) Wait(ctx context.Context, jobID string) (*store.JobRecord, error) {
+func (n *Node) Wait(ctx context.Context, jobID string) (*Job, error) {
+	rec, err := n.waitRecord(ctx, jobID)
+	return jobOf(rec), err
+}
+
+func (n *Node) waitRecord(ctx context.Context, jobID string) (*store.JobRecord, error) {
 	ch := n.waiters.add(jobID)
 	defer n.waiters.remove(jobID, ch)
-	if rec, err := n.Job(ctx, jobID); err == nil && rec.State.Terminal() {
+	if rec, err := n.store.GetJob(ctx, jobID); err == nil && rec.State.Terminal() {
 		return rec, nil
 	}
 	select {
 	case <-ch:
-		return n.Job(ctx, jobID)
+		return n.store.GetJob(ctx, jobID)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -134,7 +139,7 @@ func (n *Node) WaitForWorkers(ctx context.Context, pool string, count int) error
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if ws, err := n.Workers(); err == nil {
+		if ws, err := (inspector{n}).Workers(); err == nil {
 			live := 0
 			for _, w := range ws {
 				if w.Pool == pool {

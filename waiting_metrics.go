@@ -40,7 +40,7 @@ func (c *waitingCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if held, _, err := c.n.SubmitsWaiting(ctx); err == nil {
+	if held, _, err := (inspector{c.n}).SubmitsWaiting(ctx); err == nil {
 		by[waitingReasonHeld] = float64(held)
 	}
 	for reason, v := range by {

@@ -177,7 +177,7 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 	// Lists: every page, 3 jobs a page.
 	listed := map[string]bool{}
 	for cursor, pages := "", 0; ; pages++ {
-		page, err := api.ListJobs(ctx, string(jobstate.StateScheduled), 3, cursor, "")
+		page, err := api.SearchJobs(ctx, admin.JobFilter{State: string(jobstate.StateScheduled)}, 3, cursor)
 		if err != nil || pages > 10 {
 			t.Fatalf("list page %d: %v", pages, err)
 		}

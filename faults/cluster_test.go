@@ -25,6 +25,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/jobtrace"
@@ -143,7 +144,7 @@ func (w *clusterWorker) start(t *testing.T, nc *nats.Conn, id string, subj bus.S
 		w.receipts = map[string]int{}
 	}
 	w.mu.Unlock()
-	wk, err := worker.Start(nc, worker.Config{ID: id, Pool: "default", Direct: true, Subjects: subj,
+	wk, err := worker.Start(nc, worker.Config{ID: id, Pool: "default", Direct: true, SubjectPrefix: subj.Prefix(),
 		Topics:    []string{"job.echo", "job.hang", "job.approve", "job.fatal", "job.undo"},
 		Heartbeat: 500 * time.Millisecond, MaxParallel: 2000, Progress: true, Dedupe: true,
 		OnReceive:   func(_ string, req *capv1.JobRequest) { w.mu.Lock(); w.receipts[req.JobId]++; w.mu.Unlock() },
@@ -182,7 +183,7 @@ func (w *clusterWorker) twice() (n int, ids []string) {
 func clusterWaitWorkers(t *testing.T, node *troupe.Node, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ws, err := node.Workers(); err == nil && len(ws) >= n {
+		if ws, err := inspect.Of(node).Workers(); err == nil && len(ws) >= n {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -266,8 +267,8 @@ func TestRedisCluster(t *testing.T) {
 		nodes = append(nodes, n)
 	}
 	a := nodes[0]
-	st := a.Store()
-	subj := a.Subjects()
+	st := inspect.Of(a).Store()
+	subj := inspect.Of(a).Subjects()
 	var w clusterWorker
 	w.start(t, env.NATS, "rc-w1", subj)
 	for _, n := range nodes {
@@ -333,9 +334,9 @@ func TestRedisCluster(t *testing.T) {
 	}
 	for i, id := range approvals {
 		clusterWaitState(t, st, id, jobstate.StateApprovalRequired, 30*time.Second)
-		d := store.DecisionApproved
+		d := troupe.DecisionApproved
 		if i >= 3 {
-			d = store.DecisionRejected
+			d = troupe.DecisionRejected
 		}
 		if err := nodes[i%2].Decide(ctx, id, d, "alice", "cluster test", ""); err != nil {
 			t.Fatalf("decide %s: %v", id, err)
@@ -365,18 +366,18 @@ func TestRedisCluster(t *testing.T) {
 	if prog.Status != saga.StatusCompleted {
 		t.Fatalf("saga rc-wf rolled back with status %s", prog.Status)
 	}
-	if rep, err := nodes[1].Saga(ctx, "rc-wf"); err != nil || rep == nil {
+	if rep, err := inspect.Of(nodes[1]).Saga(ctx, "rc-wf"); err != nil || rep == nil {
 		t.Fatalf("saga report: %+v %v", rep, err)
 	}
 	// Runtime topic mappings: a change and its version bump are one MULTI
 	// on the {routing} slot.
-	if err := a.Mappings().Set(ctx, "job.extra", "default"); err != nil {
+	if err := inspect.Of(a).Mappings().Set(ctx, "job.extra", "default"); err != nil {
 		t.Fatalf("set mapping: %v", err)
 	}
-	if m, err := nodes[1].Mappings().Load(ctx); err != nil || m.Version < 1 || len(m.Topics["job.extra"]) != 1 {
+	if m, err := inspect.Of(nodes[1]).Mappings().Load(ctx); err != nil || m.Version < 1 || len(m.Topics["job.extra"]) != 1 {
 		t.Fatalf("load mappings: %+v %v", m, err)
 	}
-	if err := a.Mappings().Delete(ctx, "job.extra"); err != nil {
+	if err := inspect.Of(a).Mappings().Delete(ctx, "job.extra"); err != nil {
 		t.Fatalf("delete mapping: %v", err)
 	}
 
@@ -386,14 +387,14 @@ func TestRedisCluster(t *testing.T) {
 	clusterWaitState(t, st, retried, jobstate.StateApprovalRequired, 30*time.Second)
 
 	// Listings and counts read every shard across the three masters.
-	page, err := a.ListJobs(ctx, store.ListQuery{State: jobstate.StateSucceeded, Limit: store.ListLimitMax})
+	page, err := inspect.Of(a).ListJobs(ctx, store.ListQuery{State: jobstate.StateSucceeded, Limit: store.ListLimitMax})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, min := len(page.Jobs), 200+40+3; got < min {
 		t.Fatalf("listed %d SUCCEEDED jobs, want at least %d", got, min)
 	}
-	counts, err := a.CountStates(ctx)
+	counts, err := inspect.Of(a).CountStates(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +475,7 @@ func clusterDLQRetry(t *testing.T, n *troupe.Node, jobID string) string {
 	ctx := context.Background()
 	var entry *store.DLQEntry
 	for deadline := time.Now().Add(20 * time.Second); entry == nil; time.Sleep(20 * time.Millisecond) {
-		es, err := n.ListDLQ(ctx, 1000)
+		es, err := inspect.Of(n).ListDLQ(ctx, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -487,21 +488,21 @@ func clusterDLQRetry(t *testing.T, n *troupe.Node, jobID string) string {
 			t.Fatalf("no DLQ entry for %s", jobID)
 		}
 	}
-	newID, err := n.RetryDLQ(ctx, entry.ID, false)
+	newID, err := inspect.Of(n).RetryDLQ(ctx, entry.ID, false)
 	if err != nil {
 		t.Fatalf("retry DLQ entry of %s: %v", jobID, err)
 	}
-	if _, err := n.RetryDLQ(ctx, entry.ID, false); !errors.Is(err, store.ErrAlreadyRetried) {
+	if _, err := inspect.Of(n).RetryDLQ(ctx, entry.ID, false); !errors.Is(err, store.ErrAlreadyRetried) {
 		t.Fatalf("second retry of the DLQ entry: %v, want ErrAlreadyRetried", err)
 	}
-	marks, err := n.DLQRetried(ctx, []string{entry.ID, "1-1"})
+	marks, err := inspect.Of(n).DLQRetried(ctx, []string{entry.ID, "1-1"})
 	if err != nil || marks[entry.ID] != newID {
 		t.Fatalf("retry marks %v (err %v), want %s → %s", marks, err, entry.ID, newID)
 	}
-	if l, err := n.JobLinks(ctx, jobID); err != nil || len(l.Retries) != 1 || l.Retries[0] != newID {
+	if l, err := inspect.Of(n).JobLinks(ctx, jobID); err != nil || len(l.Retries) != 1 || l.Retries[0] != newID {
 		t.Fatalf("links of %s: %+v (err %v)", jobID, l, err)
 	}
-	if err := n.DeleteDLQ(ctx, entry.ID); err != nil {
+	if err := inspect.Of(n).DeleteDLQ(ctx, entry.ID); err != nil {
 		t.Fatalf("delete DLQ entry: %v", err)
 	}
 	return newID
@@ -571,7 +572,7 @@ func TestNATSClusterR3(t *testing.T) {
 		t.Cleanup(func() { _ = n.Stop(context.Background()) })
 		nodes = append(nodes, n)
 	}
-	subj := nodes[0].Subjects()
+	subj := inspect.Of(nodes[0]).Subjects()
 	var w clusterWorker
 	for _, id := range []string{"r3-w1", "r3-w2"} {
 		conns[id] = connect(id)
@@ -678,7 +679,7 @@ func TestNATSClusterR3(t *testing.T) {
 	<-submitted
 	submitEnd := time.Now()
 
-	st := nodes[0].Store()
+	st := inspect.Of(nodes[0]).Store()
 	done := map[string]time.Time{}        // SUCCEEDED jobs → when
 	failed := map[string]jobstate.State{} // other terminal states
 	deadline := time.Now().Add(120 * time.Second)

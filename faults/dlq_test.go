@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
@@ -53,7 +54,7 @@ func TestFaultOversizeGarbageUnderRedisMaxmemory(t *testing.T) {
 
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		es, err := w.node.ListDLQ(ctx, 2*packets)
+		es, err := inspect.Of(w.node).ListDLQ(ctx, 2*packets)
 		n := 0
 		for _, e := range es {
 			if e.Reason == jobstate.ReasonDecodeFailed {

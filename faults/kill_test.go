@@ -94,7 +94,7 @@ func TestKillNodeMidRun(t *testing.T) {
 	got := make(chan string, 1000)
 	release := make(chan struct{})
 	w, err := worker.Start(env.NATS, worker.Config{ID: "fw", Pool: "default", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: subj, Heartbeat: 500 * time.Millisecond, MaxParallel: 1000,
+		SubjectPrefix: subj.Prefix(), Heartbeat: 500 * time.Millisecond, MaxParallel: 1000,
 		OnReceive: func(_ string, req *capv1.JobRequest) {
 			mu.Lock()
 			receipts[req.JobId]++

@@ -19,6 +19,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -91,12 +92,12 @@ func newWorld(t *testing.T, natsURL, redisURL string) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	w := &world{t: t, node: node, subj: node.Subjects(), receipts: map[string]int{}}
+	w := &world{t: t, node: node, subj: inspect.Of(node).Subjects(), receipts: map[string]int{}}
 	// Deduping, as `troupe worker` is by default: a direct dispatch lost on
 	// the wire (a slow consumer under a flood of 1 MiB packets, say) is
 	// resent. (CI saw one job wait for ever on a non-deduping worker.)
 	wk, err := worker.Start(nc, worker.Config{ID: "fw", Pool: "default", Topics: []string{"job.echo"}, Direct: true,
-		Dedupe: true, Subjects: w.subj, Heartbeat: 500 * time.Millisecond, MaxParallel: 1000,
+		Dedupe: true, SubjectPrefix: w.subj.Prefix(), Heartbeat: 500 * time.Millisecond, MaxParallel: 1000,
 		OnReceive: func(_ string, req *capv1.JobRequest) { w.mu.Lock(); w.receipts[req.JobId]++; w.mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +105,7 @@ func newWorld(t *testing.T, natsURL, redisURL string) *world {
 	t.Cleanup(wk.Stop)
 	w.js, _ = jetstream.New(nc)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ws, err := node.Workers(); err == nil && len(ws) == 1 {
+		if ws, err := inspect.Of(node).Workers(); err == nil && len(ws) == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -150,7 +151,7 @@ func (w *world) check(ids []string, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for _, id := range ids {
 		for {
-			r, err := w.node.Job(ctx, id)
+			r, err := inspect.Of(w.node).Job(ctx, id)
 			if err == nil && r.State == jobstate.StateSucceeded {
 				break
 			}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -124,7 +125,7 @@ func BenchmarkEngineCheckConstraints(b *testing.B) {
 // KernelClient with the breaker shared in Redis (one more round trip).
 func BenchmarkKernelCheckGRPC(b *testing.B) {
 	e, _ := safety.NewEngine(policy50())
-	addr := serve(b, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, safety.NewKernelServer(e)) })
+	addr := serve(b, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) })
 	ctx, r := context.Background(), benchRequest()
 
 	b.Run("stock-client", func(b *testing.B) {
@@ -147,14 +148,14 @@ func BenchmarkKernelCheckGRPC(b *testing.B) {
 	})
 	for _, shared := range []bool{false, true} {
 		name := "kernel-client-local-breaker"
-		cfg := safety.KernelClientConfig{Addr: addr, Log: quietLog}
+		cfg := policyx.KernelClientConfig{Addr: addr, Log: quietLog}
 		if shared {
 			name = "kernel-client-redis-breaker"
 			env := testenv.New(b)
 			cfg.Redis, cfg.KeyPrefix = env.Redis, env.KeyPrefix()
 		}
 		b.Run(name, func(b *testing.B) {
-			c, err := safety.NewKernelClient(cfg)
+			c, err := policyx.NewKernelClient(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}

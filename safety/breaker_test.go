@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -37,9 +38,9 @@ func setupBreaker(t *testing.T) *breakerBundle {
 	return b
 }
 
-func (b *breakerBundle) client(t *testing.T, rdb redis.UniversalClient, mode safety.FailMode, reg prometheus.Registerer) *safety.KernelClient {
+func (b *breakerBundle) client(t *testing.T, rdb redis.UniversalClient, mode policyx.FailMode, reg prometheus.Registerer) *policyx.KernelClient {
 	t.Helper()
-	c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: b.addr, Timeout: hangTimeout, Redis: rdb,
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: b.addr, Timeout: hangTimeout, Redis: rdb,
 		KeyPrefix: b.env.KeyPrefix(), FailMode: mode, Clock: b.clock.Now, Log: quietLog, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +51,7 @@ func (b *breakerBundle) client(t *testing.T, rdb redis.UniversalClient, mode saf
 
 // expectUnavailable: the check had no decision, and says whether the
 // kernel was called at all.
-func expectUnavailable(t *testing.T, c *safety.KernelClient, breakerOpen bool) {
+func expectUnavailable(t *testing.T, c *policyx.KernelClient, breakerOpen bool) {
 	t.Helper()
 	resp, err := c.Check(context.Background(), req("job.x", "acme"))
 	if resp != nil {
@@ -65,7 +66,7 @@ func expectUnavailable(t *testing.T, c *safety.KernelClient, breakerOpen bool) {
 	}
 }
 
-func expectAllowed(t *testing.T, c *safety.KernelClient) {
+func expectAllowed(t *testing.T, c *policyx.KernelClient) {
 	t.Helper()
 	resp, err := c.Check(context.Background(), req("job.x", "acme"))
 	if err != nil || resp.Decision != allow || resp.RuleId != "fake" {
@@ -96,7 +97,7 @@ func TestBreakerFailsHangsRecovers(t *testing.T) {
 			if shared {
 				rdb = b.env.Redis
 			}
-			c := b.client(t, rdb, safety.FailClosed, nil)
+			c := b.client(t, rdb, policyx.FailClosed, nil)
 			ctx := context.Background()
 
 			expectAllowed(t, c)
@@ -104,16 +105,16 @@ func TestBreakerFailsHangsRecovers(t *testing.T) {
 
 			// Fails: three consecutive failures open the circuit.
 			b.kernel.mode.Store(kernelFail)
-			for i := 0; i < safety.BreakerFailuresDefault; i++ {
+			for i := 0; i < policyx.BreakerFailuresDefault; i++ {
 				expectUnavailable(t, c, false)
 			}
 			b.calls(t, 4)
-			if s := c.BreakerState(ctx); s != safety.BreakerOpen {
+			if s := c.BreakerState(ctx); s != policyx.BreakerOpen {
 				t.Fatalf("state %v after 3 failures", s)
 			}
 			// Open: the kernel is not called.
 			expectUnavailable(t, c, true)
-			b.clock.Advance(safety.BreakerOpenDefault - time.Millisecond)
+			b.clock.Advance(policyx.BreakerOpenDefault - time.Millisecond)
 			expectUnavailable(t, c, true)
 			b.calls(t, 4)
 
@@ -132,14 +133,14 @@ func TestBreakerFailsHangsRecovers(t *testing.T) {
 
 			// Recovers: after the open period, two successful probes close
 			// the circuit; one is not enough.
-			b.clock.Advance(safety.BreakerOpenDefault)
+			b.clock.Advance(policyx.BreakerOpenDefault)
 			b.kernel.mode.Store(kernelOK)
 			expectAllowed(t, c)
-			if s := c.BreakerState(ctx); s != safety.BreakerHalfOpen {
+			if s := c.BreakerState(ctx); s != policyx.BreakerHalfOpen {
 				t.Fatalf("state %v after one probe", s)
 			}
 			expectAllowed(t, c)
-			if s := c.BreakerState(ctx); s != safety.BreakerClosed {
+			if s := c.BreakerState(ctx); s != policyx.BreakerClosed {
 				t.Fatalf("state %v after two probes", s)
 			}
 			expectAllowed(t, c)
@@ -155,7 +156,7 @@ func TestBreakerFailsHangsRecovers(t *testing.T) {
 			b.kernel.mode.Store(kernelFail)
 			expectUnavailable(t, c, false)
 			expectUnavailable(t, c, false)
-			if s := c.BreakerState(ctx); s != safety.BreakerClosed {
+			if s := c.BreakerState(ctx); s != policyx.BreakerClosed {
 				t.Fatalf("state %v: failures were not consecutive", s)
 			}
 		})
@@ -166,12 +167,12 @@ func TestBreakerFailsHangsRecovers(t *testing.T) {
 func TestBreakerHalfOpenProbeLimit(t *testing.T) {
 	t.Parallel()
 	b := setupBreaker(t)
-	c := b.client(t, b.env.Redis, safety.FailClosed, nil)
+	c := b.client(t, b.env.Redis, policyx.FailClosed, nil)
 	b.kernel.mode.Store(kernelFail)
 	for i := 0; i < 3; i++ {
 		expectUnavailable(t, c, false)
 	}
-	b.clock.Advance(safety.BreakerOpenDefault)
+	b.clock.Advance(policyx.BreakerOpenDefault)
 	b.kernel.mode.Store(kernelHang)
 	b.kernel.entered = make(chan struct{}, 8)
 	before := b.kernel.calls.Load()
@@ -179,7 +180,7 @@ func TestBreakerHalfOpenProbeLimit(t *testing.T) {
 	// Three probes hang in the kernel; only then do two more callers try.
 	var wg sync.WaitGroup
 	probeErrs := make(chan error, 3)
-	for i := 0; i < safety.BreakerProbesDefault; i++ {
+	for i := 0; i < policyx.BreakerProbesDefault; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -187,7 +188,7 @@ func TestBreakerHalfOpenProbeLimit(t *testing.T) {
 			probeErrs <- err
 		}()
 	}
-	for i := 0; i < safety.BreakerProbesDefault; i++ {
+	for i := 0; i < policyx.BreakerProbesDefault; i++ {
 		select {
 		case <-b.kernel.entered:
 		case <-time.After(5 * time.Second):
@@ -204,10 +205,10 @@ func TestBreakerHalfOpenProbeLimit(t *testing.T) {
 			t.Fatalf("probe: %v", err)
 		}
 	}
-	if got := b.kernel.calls.Load() - before; got != safety.BreakerProbesDefault {
-		t.Fatalf("%d calls through a half-open circuit, want %d", got, safety.BreakerProbesDefault)
+	if got := b.kernel.calls.Load() - before; got != policyx.BreakerProbesDefault {
+		t.Fatalf("%d calls through a half-open circuit, want %d", got, policyx.BreakerProbesDefault)
 	}
-	if s := c.BreakerState(context.Background()); s != safety.BreakerOpen {
+	if s := c.BreakerState(context.Background()); s != policyx.BreakerOpen {
 		t.Fatalf("state %v after failed probes", s)
 	}
 }
@@ -220,8 +221,8 @@ func TestBreakerSharedAcrossReplicas(t *testing.T) {
 	// Two clients with their own Redis connections, as two nodes have.
 	other := redis.NewClient(&redis.Options{Addr: b.env.Redis.Options().Addr})
 	t.Cleanup(func() { other.Close() })
-	one := b.client(t, b.env.Redis, safety.FailClosed, nil)
-	two := b.client(t, other, safety.FailClosed, nil)
+	one := b.client(t, b.env.Redis, policyx.FailClosed, nil)
+	two := b.client(t, other, policyx.FailClosed, nil)
 
 	b.kernel.mode.Store(kernelFail)
 	expectUnavailable(t, one, false)
@@ -232,11 +233,11 @@ func TestBreakerSharedAcrossReplicas(t *testing.T) {
 	b.calls(t, 3)
 
 	// Recovery is shared too: probes from both close it.
-	b.clock.Advance(safety.BreakerOpenDefault)
+	b.clock.Advance(policyx.BreakerOpenDefault)
 	b.kernel.mode.Store(kernelOK)
 	expectAllowed(t, two)
 	expectAllowed(t, one)
-	if s := one.BreakerState(context.Background()); s != safety.BreakerClosed {
+	if s := one.BreakerState(context.Background()); s != policyx.BreakerClosed {
 		t.Fatalf("state %v", s)
 	}
 	b.calls(t, 5)
@@ -248,15 +249,15 @@ func TestFailOpenVersusFailClosed(t *testing.T) {
 	t.Parallel()
 	b := setupBreaker(t)
 	b.kernel.mode.Store(kernelFail)
-	closed := b.client(t, nil, safety.FailClosed, nil)
+	closed := b.client(t, nil, policyx.FailClosed, nil)
 	reg := prometheus.NewRegistry()
-	open := b.client(t, nil, safety.FailOpen, reg)
+	open := b.client(t, nil, policyx.FailOpen, reg)
 
 	expectUnavailable(t, closed, false)
 	for i := 0; i < 5; i++ { // past the breaker opening: still allowed
 		resp, err := open.Check(context.Background(), req("job.x", "acme"))
-		if err != nil || resp.Decision != allow || resp.RuleId != safety.RuleFailOpen ||
-			resp.PolicySnapshot != safety.SnapshotFailOpen || resp.Reason == "" {
+		if err != nil || resp.Decision != allow || resp.RuleId != policyx.RuleFailOpen ||
+			resp.PolicySnapshot != policyx.SnapshotFailOpen || resp.Reason == "" {
 			t.Fatalf("fail open: %v %v", resp, err)
 		}
 	}
@@ -266,10 +267,10 @@ func TestFailOpenVersusFailClosed(t *testing.T) {
 
 	// A kernel that answers is passed through in both modes, THROTTLE
 	// included.
-	b.clock.Advance(safety.BreakerOpenDefault)
+	b.clock.Advance(policyx.BreakerOpenDefault)
 	b.kernel.mode.Store(kernelOK)
 	b.kernel.decision.Store(int32(throttle))
-	for _, c := range []*safety.KernelClient{closed, open} {
+	for _, c := range []*policyx.KernelClient{closed, open} {
 		resp, err := c.Check(context.Background(), req("job.x", "acme"))
 		if err != nil || resp.Decision != throttle {
 			t.Fatalf("throttle: %v %v", resp, err)
@@ -281,7 +282,7 @@ func TestFailOpenVersusFailClosed(t *testing.T) {
 func TestCallerCancelIsNotAKernelFailure(t *testing.T) {
 	t.Parallel()
 	b := setupBreaker(t)
-	c := b.client(t, b.env.Redis, safety.FailOpen, nil)
+	c := b.client(t, b.env.Redis, policyx.FailOpen, nil)
 	b.kernel.mode.Store(kernelHang)
 	b.kernel.entered = make(chan struct{}, 8)
 	for i := 0; i < 4; i++ {
@@ -292,7 +293,7 @@ func TestCallerCancelIsNotAKernelFailure(t *testing.T) {
 			t.Fatalf("cancelled check: %v %v", resp, err)
 		}
 	}
-	if s := c.BreakerState(context.Background()); s != safety.BreakerClosed {
+	if s := c.BreakerState(context.Background()); s != policyx.BreakerClosed {
 		t.Fatalf("state %v after caller cancels", s)
 	}
 }
@@ -300,7 +301,7 @@ func TestCallerCancelIsNotAKernelFailure(t *testing.T) {
 func TestDecisionCache(t *testing.T) {
 	t.Parallel()
 	b := setupBreaker(t)
-	c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: b.addr, CacheTTL: time.Minute, Clock: b.clock.Now,
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: b.addr, CacheTTL: time.Minute, Clock: b.clock.Now,
 		Log: quietLog})
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +338,7 @@ func TestKernelErrorsAreNeverDenials(t *testing.T) {
 	t.Parallel()
 	k := &erroringKernel{}
 	addr := serve(t, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, k) })
-	c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: addr, Log: quietLog})
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr, Log: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func TestKernelOutageNeverDenies(t *testing.T) {
 	b := setupBreaker(t)
 	other := redis.NewClient(&redis.Options{Addr: b.env.Redis.Options().Addr})
 	t.Cleanup(func() { other.Close() })
-	replicas := []*safety.KernelClient{b.client(t, b.env.Redis, safety.FailClosed, nil), b.client(t, other, safety.FailClosed, nil)}
+	replicas := []*policyx.KernelClient{b.client(t, b.env.Redis, policyx.FailClosed, nil), b.client(t, other, policyx.FailClosed, nil)}
 	const jobs, workers = 4000, 8
 	b.kernel.mode.Store(kernelFail)
 
@@ -429,7 +430,7 @@ func TestKernelOutageNeverDenies(t *testing.T) {
 		t.Fatalf("during the outage: %+v", res)
 	}
 	// Before the circuit opened, at most every worker had a call in flight.
-	if calls := b.kernel.calls.Load(); calls > safety.BreakerFailuresDefault+workers {
+	if calls := b.kernel.calls.Load(); calls > policyx.BreakerFailuresDefault+workers {
 		t.Fatalf("the dead kernel was called %d times", calls)
 	}
 
@@ -438,7 +439,7 @@ func TestKernelOutageNeverDenies(t *testing.T) {
 		if attempt == 10 {
 			t.Fatalf("%d jobs still without a decision", len(pending))
 		}
-		b.clock.Advance(safety.BreakerOpenDefault) // the job actor's retry backoff
+		b.clock.Advance(policyx.BreakerOpenDefault) // the job actor's retry backoff
 		res, pending = run(pending)
 		if res.denied != 0 {
 			t.Fatalf("after the outage: %+v", res)

@@ -22,8 +22,8 @@ const (
 	RuleDefaultAllow = "default:allow"
 )
 
-// JobTopicPrefix is the prefix every topic a kernel allows starts with.
-const JobTopicPrefix = "job."
+// jobTopicPrefix is the prefix every topic a kernel allows starts with.
+const jobTopicPrefix = "job."
 
 // EnginePollDefault is how often the engine re-reads its policy file: a
 // change is in force within about a second, for one small file read per
@@ -189,7 +189,7 @@ func (p *Policy) Decide(req *capv1.PolicyCheckRequest) *capv1.PolicyCheckRespons
 
 func (p *Policy) decide(req *capv1.PolicyCheckRequest, explain bool) *capv1.PolicyCheckResponse {
 	topic := req.GetTopic()
-	if !strings.HasPrefix(topic, JobTopicPrefix) {
+	if !strings.HasPrefix(topic, jobTopicPrefix) {
 		reason := "topic " + topic + " is outside job.*"
 		return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_DENY, Reason: reason,
 			RuleId: RuleNonJobTopic, PolicySnapshot: p.Snapshot}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -19,7 +20,7 @@ import (
 func TestKernelServerAnswersAStockClient(t *testing.T) {
 	t.Parallel()
 	e, _ := loadTestPolicy(t)
-	addr := serve(t, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, safety.NewKernelServer(e)) })
+	addr := serve(t, nil, func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) })
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +63,7 @@ func TestKernelClientTLS(t *testing.T) {
 	t.Parallel()
 	p := newPKI(t)
 	e, _ := loadTestPolicy(t)
-	register := func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, safety.NewKernelServer(e)) }
+	register := func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) }
 	serverTLS, err := safety.ServerTLS(p.serverCert, p.serverKey, "")
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestKernelClientTLS(t *testing.T) {
 	mtlsAddr := serve(t, tlsCreds(mutualTLS), register)
 	ctx := context.Background()
 	check := func(addr string, cfg safety.ClientTLS) error {
-		c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: addr, TLS: cfg, Log: quietLog, Timeout: 5 * time.Second})
+		c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr, TLS: cfg, Log: quietLog, Timeout: 5 * time.Second})
 		if err != nil {
 			return err
 		}
@@ -107,17 +108,17 @@ func TestKernelClientConfigErrors(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		cfg  safety.KernelClientConfig
+		cfg  policyx.KernelClientConfig
 		want error
 	}{
-		{"no address", safety.KernelClientConfig{}, nil},
-		{"plaintext to a remote kernel needs insecure", safety.KernelClientConfig{Addr: "10.1.2.3:50051"}, safety.ErrInsecureNotAllowed},
-		{"insecure contradicts a CA", safety.KernelClientConfig{Addr: "10.1.2.3:50051", TLS: safety.ClientTLS{Insecure: true, CAFile: "x"}}, nil},
-		{"cert without key", safety.KernelClientConfig{Addr: "127.0.0.1:1", TLS: safety.ClientTLS{CertFile: "x"}}, nil},
-		{"missing CA file", safety.KernelClientConfig{Addr: "127.0.0.1:1", TLS: safety.ClientTLS{CAFile: "/nonexistent/ca.pem"}}, nil},
-		{"bad fail mode", safety.KernelClientConfig{Addr: "127.0.0.1:1", FailMode: "sideways"}, nil},
+		{"no address", policyx.KernelClientConfig{}, nil},
+		{"plaintext to a remote kernel needs insecure", policyx.KernelClientConfig{Addr: "10.1.2.3:50051"}, safety.ErrInsecureNotAllowed},
+		{"insecure contradicts a CA", policyx.KernelClientConfig{Addr: "10.1.2.3:50051", TLS: safety.ClientTLS{Insecure: true, CAFile: "x"}}, nil},
+		{"cert without key", policyx.KernelClientConfig{Addr: "127.0.0.1:1", TLS: safety.ClientTLS{CertFile: "x"}}, nil},
+		{"missing CA file", policyx.KernelClientConfig{Addr: "127.0.0.1:1", TLS: safety.ClientTLS{CAFile: "/nonexistent/ca.pem"}}, nil},
+		{"bad fail mode", policyx.KernelClientConfig{Addr: "127.0.0.1:1", FailMode: "sideways"}, nil},
 	} {
-		c, err := safety.NewKernelClient(tc.cfg)
+		c, err := policyx.NewKernelClient(tc.cfg)
 		if err == nil {
 			c.Close()
 			t.Errorf("%s: accepted", tc.name)
@@ -128,14 +129,14 @@ func TestKernelClientConfigErrors(t *testing.T) {
 		}
 	}
 	for _, addr := range []string{"127.0.0.1:50051", "localhost:50051", "[::1]:50051"} {
-		c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: addr})
+		c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr})
 		if err != nil {
 			t.Errorf("%s: loopback plaintext refused: %v", addr, err)
 			continue
 		}
 		c.Close()
 	}
-	c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: "kernel.internal:50051", TLS: safety.ClientTLS{Insecure: true}})
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: "kernel.internal:50051", TLS: safety.ClientTLS{Insecure: true}})
 	if err != nil {
 		t.Fatalf("explicit insecure refused: %v", err)
 	}
@@ -150,31 +151,31 @@ func TestKernelClientConfigFromEnv(t *testing.T) {
 	t.Setenv(safety.EnvKernelInsecure, "")
 	t.Setenv(safety.EnvFailMode, "OPEN")
 	t.Setenv(safety.EnvDecisionTTL, "30")
-	cfg, err := safety.KernelClientConfigFromEnv()
+	cfg, err := policyx.KernelClientConfigFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Addr != "kernel:50051" || cfg.TLS.CAFile != "/etc/ca.pem" || !cfg.TLS.Required || cfg.TLS.Insecure ||
-		cfg.FailMode != safety.FailOpen || cfg.CacheTTL != 30*time.Second {
+		cfg.FailMode != policyx.FailOpen || cfg.CacheTTL != 30*time.Second {
 		t.Fatalf("cfg %+v", cfg)
 	}
 	t.Setenv(safety.EnvDecisionTTL, "1m30s")
-	if cfg, _ = safety.KernelClientConfigFromEnv(); cfg.CacheTTL != 90*time.Second {
+	if cfg, _ = policyx.KernelClientConfigFromEnv(); cfg.CacheTTL != 90*time.Second {
 		t.Fatalf("ttl %v", cfg.CacheTTL)
 	}
 	t.Setenv(safety.EnvKernelInsecure, "maybe")
-	if _, err := safety.KernelClientConfigFromEnv(); err == nil {
+	if _, err := policyx.KernelClientConfigFromEnv(); err == nil {
 		t.Fatal("bad bool accepted")
 	}
 	t.Setenv(safety.EnvKernelInsecure, "")
 
 	// The environment's fail mode overrides a config built elsewhere.
-	c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: "127.0.0.1:1", FailMode: safety.FailClosed})
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: "127.0.0.1:1", FailMode: policyx.FailClosed})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if c.FailMode() != safety.FailOpen {
+	if c.FailMode() != policyx.FailOpen {
 		t.Fatalf("fail mode %v, want the env's open", c.FailMode())
 	}
 }

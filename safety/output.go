@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"strings"
 
@@ -479,78 +478,4 @@ func describeFindings(fs []Finding) string {
 		parts[i] = fmt.Sprintf("%d %s", counts[d], d)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// Environment variables OutputConfigFromEnv reads.
-const (
-	EnvOutputEnabled = "OUTPUT_POLICY_ENABLED"
-	EnvOutputFile    = "OUTPUT_POLICY_FILE"
-	EnvOutputAddr    = "OUTPUT_POLICY_ADDR"
-)
-
-// OutputConfig selects the node's output checker.
-type OutputConfig struct {
-	// Enabled: check outputs at all. When unset (nil), an Addr enables
-	// checking, a File's enabled: decides, and with neither outputs are not
-	// checked.
-	Enabled *bool
-	// File is an output policy file for the built-in checker.
-	File string
-	// Addr, instead of File, is an external OutputPolicy gRPC service.
-	Addr string
-	// TLS reaches Addr.
-	TLS ClientTLS
-}
-
-// OutputConfigFromEnv reads OUTPUT_POLICY_ENABLED, OUTPUT_POLICY_FILE and
-// OUTPUT_POLICY_ADDR (TLS for the address: the SAFETY_KERNEL_TLS_* and
-// SAFETY_KERNEL_INSECURE settings).
-func OutputConfigFromEnv() (OutputConfig, error) {
-	cfg := OutputConfig{File: strings.TrimSpace(os.Getenv(EnvOutputFile)), Addr: strings.TrimSpace(os.Getenv(EnvOutputAddr)),
-		TLS: ClientTLS{CAFile: strings.TrimSpace(os.Getenv(EnvKernelTLSCA))}}
-	if v := strings.TrimSpace(os.Getenv(EnvOutputEnabled)); v != "" {
-		b, err := envBool(EnvOutputEnabled)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Enabled = &b
-	}
-	var err error
-	if cfg.TLS.Required, err = envBool(EnvKernelTLSReq); err != nil {
-		return cfg, err
-	}
-	if cfg.TLS.Insecure, err = envBool(EnvKernelInsecure); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
-}
-
-// NewOutputChecker builds the checker cfg selects, or nil when output
-// checking is off. Enabled without a file or an address is the built-in
-// default policy (secrets quarantined).
-func NewOutputChecker(cfg OutputConfig) (OutputChecker, error) {
-	if cfg.File != "" && cfg.Addr != "" {
-		return nil, errors.New("safety: output policy: a file or an address, not both")
-	}
-	if cfg.Addr != "" {
-		if cfg.Enabled != nil && !*cfg.Enabled {
-			return nil, nil
-		}
-		return NewRemoteOutputChecker(RemoteOutputConfig{Addr: cfg.Addr, TLS: cfg.TLS})
-	}
-	p := DefaultOutputPolicy()
-	if cfg.File != "" {
-		var err error
-		if p, err = LoadOutputPolicy(cfg.File); err != nil {
-			return nil, err
-		}
-	}
-	on := cfg.File != "" && p.Enabled
-	if cfg.Enabled != nil {
-		on = *cfg.Enabled
-	}
-	if !on {
-		return nil, nil
-	}
-	return p, nil
 }

@@ -30,8 +30,8 @@ type ResultStore interface {
 	StoreRedacted(ctx context.Context, jobID, ptr string, content []byte) (string, error)
 }
 
-// ErrUnsupportedPointer: a result pointer this store cannot read.
-var ErrUnsupportedPointer = errors.New("safety: unsupported result pointer")
+// errUnsupportedPointer: a result pointer this store cannot read.
+var errUnsupportedPointer = errors.New("safety: unsupported result pointer")
 
 // ErrNoResult: the pointer's key does not exist (expired, never written).
 var ErrNoResult = errors.New("safety: no result behind the pointer")
@@ -56,7 +56,7 @@ const RedisPointerPrefix = "redis://"
 func redisKey(ptr string) (string, error) {
 	key, ok := strings.CutPrefix(ptr, RedisPointerPrefix)
 	if !ok || key == "" {
-		return "", fmt.Errorf("%w: %q", ErrUnsupportedPointer, ptr)
+		return "", fmt.Errorf("%w: %q", errUnsupportedPointer, ptr)
 	}
 	return key, nil
 }
@@ -105,6 +105,9 @@ func (s *RedisResultStore) StoreRedacted(ctx context.Context, _, ptr string, con
 	}
 	return RedisPointerPrefix + rkey, nil
 }
+
+// OutputContentBudgetDefault bounds phase 2, fetch included.
+const OutputContentBudgetDefault = 30 * time.Second
 
 // OutputGate runs the output policy's two phases for the job actor: it
 // calls the checker, fetches content, stores redacted copies and turns the

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -275,22 +276,22 @@ func TestParseOutputPolicyRejectsWithTheLine(t *testing.T) {
 
 // Not parallel: it sets the environment.
 func TestOutputConfigFromEnv(t *testing.T) {
-	t.Setenv(safety.EnvOutputEnabled, "true")
-	t.Setenv(safety.EnvOutputFile, "")
-	t.Setenv(safety.EnvOutputAddr, "")
-	cfg, err := safety.OutputConfigFromEnv()
+	t.Setenv(policyx.EnvOutputEnabled, "true")
+	t.Setenv(policyx.EnvOutputFile, "")
+	t.Setenv(policyx.EnvOutputAddr, "")
+	cfg, err := policyx.OutputConfigFromEnv()
 	if err != nil || cfg.Enabled == nil || !*cfg.Enabled {
 		t.Fatalf("cfg %+v %v", cfg, err)
 	}
-	c, err := safety.NewOutputChecker(cfg)
+	c, err := policyx.NewOutputChecker(cfg)
 	if err != nil || c == nil {
 		t.Fatalf("enabled without a file: %v %v", c, err)
 	}
 	off := false
-	if c, _ := safety.NewOutputChecker(safety.OutputConfig{Enabled: &off}); c != nil {
+	if c, _ := policyx.NewOutputChecker(policyx.OutputConfig{Enabled: &off}); c != nil {
 		t.Fatal("disabled checker built")
 	}
-	if c, _ := safety.NewOutputChecker(safety.OutputConfig{}); c != nil {
+	if c, _ := policyx.NewOutputChecker(policyx.OutputConfig{}); c != nil {
 		t.Fatal("no file, no env: output checking should be off")
 	}
 }
@@ -468,9 +469,9 @@ func TestRemoteOutputChecker(t *testing.T) {
 	t.Parallel()
 	b := setupResults(t)
 	addr := serve(t, nil, func(s *grpc.Server) {
-		capv1.RegisterOutputPolicyServer(s, safety.NewOutputServer(outputPolicy(t), b.store))
+		capv1.RegisterOutputPolicyServer(s, policyx.NewOutputServer(outputPolicy(t), b.store))
 	})
-	remote, err := safety.NewRemoteOutputChecker(safety.RemoteOutputConfig{Addr: addr, MetaTimeout: 5 * time.Second})
+	remote, err := policyx.NewRemoteOutputChecker(policyx.RemoteOutputConfig{Addr: addr, MetaTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,9 +512,9 @@ func TestRemoteOutputChecker(t *testing.T) {
 
 	// A service without content access refuses phase 2: no decision, fail open.
 	addr2 := serve(t, nil, func(s *grpc.Server) {
-		capv1.RegisterOutputPolicyServer(s, safety.NewOutputServer(outputPolicy(t), nil))
+		capv1.RegisterOutputPolicyServer(s, policyx.NewOutputServer(outputPolicy(t), nil))
 	})
-	remote2, _ := safety.NewRemoteOutputChecker(safety.RemoteOutputConfig{Addr: addr2})
+	remote2, _ := policyx.NewRemoteOutputChecker(policyx.RemoteOutputConfig{Addr: addr2})
 	defer remote2.Close()
 	o = (&safety.OutputGate{Checker: remote2}).Phase2(ctx, outReq("job.x", "beta", ptr))
 	if o.Quarantine || o.Err == nil || o.Decision != oAllow {

@@ -47,17 +47,15 @@ var (
 	_ InputPolicy   = AllowAll{}
 	_ InputPolicy   = TopicRules{}
 	_ InputPolicy   = (*Engine)(nil)
-	_ InputPolicy   = (*KernelClient)(nil)
 	_ OutputChecker = (*OutputPolicy)(nil)
-	_ OutputChecker = (*RemoteOutputChecker)(nil)
 )
 
 // AllowAll is the input policy of `troupe dev` and of nodes started with no
 // policy: every job is allowed. It never fails.
 type AllowAll struct{}
 
-// AllowAllRuleID is the rule id AllowAll reports.
-const AllowAllRuleID = "troupe:allow-all"
+// allowAllRuleID is the rule id AllowAll reports.
+const allowAllRuleID = "troupe:allow-all"
 
 // Inline: AllowAll decides from memory.
 func (AllowAll) Inline() bool { return true }
@@ -65,7 +63,7 @@ func (AllowAll) Inline() bool { return true }
 // Check allows req.
 func (AllowAll) Check(_ context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
 	return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW,
-		Reason: "allow-all policy", RuleId: AllowAllRuleID, PolicySnapshot: "allow-all"}, nil
+		Reason: "allow-all policy", RuleId: allowAllRuleID, PolicySnapshot: "allow-all"}, nil
 }
 
 // TenantOf returns the tenant a request is accounted to: tenant_id, then

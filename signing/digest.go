@@ -12,8 +12,8 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
-// SignatureField is BusPacket.signature's field number.
-const SignatureField protowire.Number = 14
+// signatureField is BusPacket.signature's field number.
+const signatureField protowire.Number = 14
 
 // deterministic is the encoding both sides hash.
 var deterministic = proto.MarshalOptions{Deterministic: true}
@@ -56,7 +56,7 @@ func (d *digester) hashWithout(b []byte) error {
 		if m < 0 {
 			return errMalformed
 		}
-		if num == SignatureField {
+		if num == signatureField {
 			d.h.Write(b[run:i])
 			run = i + n + m
 		}

@@ -58,7 +58,7 @@ func (v *Verifier) VerifyMessage(subject, sender, signedAt, sig string, data []b
 	}
 	ns, err := strconv.ParseInt(signedAt, 10, 64)
 	raw, err2 := base64.StdEncoding.DecodeString(sig)
-	if err != nil || err2 != nil || len(raw) > MaxSignatureBytes ||
+	if err != nil || err2 != nil || len(raw) > maxSignatureBytes ||
 		!anyVerifies(e.keys, messageDigest(subject, ns, data), raw) {
 		return Principal{}, time.Time{}, &VerifyError{Reason: ReasonBadSignature, Sender: sender}
 	}

@@ -31,8 +31,8 @@ const (
 // Wildcard in a scope list means every pool (or tenant).
 const Wildcard = "*"
 
-// MaxScopeEntries bounds each scope list of one key set entry.
-const MaxScopeEntries = 1024
+// maxScopeEntries bounds each scope list of one key set entry.
+const maxScopeEntries = 1024
 
 // Principal is who a verified packet is from: its sender id and what the
 // key set says that sender may do. Role "" is a legacy entry (PEM keys
@@ -171,8 +171,8 @@ func scopeList(v *yaml.Node, sender, what string) ([]string, error) {
 	default:
 		return nil, ksErr(v, sender, "%s: want a list of names", what)
 	}
-	if len(items) > MaxScopeEntries {
-		return nil, ksErr(v, sender, "%s: more than %d entries", what, MaxScopeEntries)
+	if len(items) > maxScopeEntries {
+		return nil, ksErr(v, sender, "%s: more than %d entries", what, maxScopeEntries)
 	}
 	out := make([]string, 0, len(items))
 	for _, it := range items {

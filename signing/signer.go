@@ -14,9 +14,9 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
-// MaxKeyFileBytes bounds a key file read (a PEM P-256 key is a few hundred
+// maxKeyFileBytes bounds a key file read (a PEM P-256 key is a few hundred
 // bytes; a key set with many senders a few hundred KiB).
-const MaxKeyFileBytes = 1 << 20
+const maxKeyFileBytes = 1 << 20
 
 // Signer signs packets with one ECDSA P-256 private key. It is safe for
 // concurrent use.
@@ -90,12 +90,12 @@ func readKeyFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("signing: %w", err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxKeyFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, maxKeyFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("signing: %w", err)
 	}
-	if len(data) > MaxKeyFileBytes {
-		return nil, fmt.Errorf("signing: %s: larger than %d bytes", path, MaxKeyFileBytes)
+	if len(data) > maxKeyFileBytes {
+		return nil, fmt.Errorf("signing: %s: larger than %d bytes", path, maxKeyFileBytes)
 	}
 	return data, nil
 }

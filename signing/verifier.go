@@ -9,10 +9,10 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
-// MaxSignatureBytes is the longest ASN.1 DER encoding of a P-256 ECDSA
+// maxSignatureBytes is the longest ASN.1 DER encoding of a P-256 ECDSA
 // signature (two 33-byte INTEGERs in a SEQUENCE); anything longer is
 // rejected without doing any cryptography.
-const MaxSignatureBytes = 72
+const maxSignatureBytes = 72
 
 // Verifier checks packet signatures against a key set. It is safe for
 // concurrent use; Reload swaps the key set atomically.
@@ -94,7 +94,7 @@ func (v *Verifier) verify(pkt *capv1.BusPacket, raw []byte) (Principal, error) {
 	keys := e.keys
 	ok := e.p
 	ok.Sender = pkt.GetSenderId()
-	if len(sig) > MaxSignatureBytes {
+	if len(sig) > maxSignatureBytes {
 		return Principal{}, &VerifyError{Reason: ReasonBadSignature, Sender: pkt.GetSenderId()}
 	}
 	d := getDigester()

@@ -20,7 +20,7 @@ import (
 // window), and the worker drops one if, since that heartbeat, it went
 // quiet for long enough that the node could have evicted it: a gap between
 // its own heartbeats, or up to the moment it reads the dispatch, of
-// StaleFraction of the window or more. Every time is the worker's own
+// staleFraction of the window or more. Every time is the worker's own
 // clock, so clock skew between node and worker plays no part.
 //
 // A dropped dispatch is not answered: the node either placed the job
@@ -28,10 +28,10 @@ import (
 // dispatch to a deduping worker until it shows it arrived — and the repeat
 // carries a heartbeat heard after the silence, so it runs.
 
-// StaleFraction of the node's window is the silence after which a dispatch
+// staleFraction of the node's window is the silence after which a dispatch
 // is dropped: the node counts the window from a heartbeat's arrival, which
 // may come later than its sending; a quarter of the window absorbs that.
-const StaleFraction = 0.75
+const staleFraction = 0.75
 
 // beatKeep bounds the heartbeat send times kept: at a 500 ms interval,
 // over half an hour. A dispatch naming a heartbeat older than the oldest
@@ -90,7 +90,7 @@ func (w *Worker) StaleDispatch(req *capv1.JobRequest, now time.Time) bool {
 	if !known {
 		return true
 	}
-	return float64(silent) >= StaleFraction*float64(time.Duration(windowMs)*time.Millisecond)
+	return float64(silent) >= staleFraction*float64(time.Duration(windowMs)*time.Millisecond)
 }
 
 // dropStale drops a stale dispatch of a job not held here (see above),
@@ -107,6 +107,3 @@ func (w *Worker) dropStale(subject string, req *capv1.JobRequest) bool {
 	}
 	return true
 }
-
-// StaleDropped counts the dispatches dropped as stale.
-func (w *Worker) StaleDropped() uint64 { return w.stale.Load() }

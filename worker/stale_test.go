@@ -39,7 +39,7 @@ func TestWorkerDropsADispatchStaleAfterASilence(t *testing.T) {
 	// Heartbeats only when the test says (Beat): the silence between two
 	// of them is the pause a SIGSTOP would make.
 	w, err := worker.Start(env.NATS, worker.Config{ID: "sw", Pool: "p", Topics: []string{"job.sw"}, Direct: true,
-		Dedupe: true, Subjects: subj, Heartbeat: time.Hour,
+		Dedupe: true, SubjectPrefix: subj.Prefix(), Heartbeat: time.Hour,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			ran <- req.JobId
 			return worker.Echo(ctx, req)
@@ -114,7 +114,7 @@ func TestWorkerRunsADispatchStampedWithinItsWindow(t *testing.T) {
 	env := testenv.New(t)
 	subj := bus.NewSubjects(env.Prefix)
 	w, err := worker.Start(env.NATS, worker.Config{ID: "sw2", Pool: "p", Topics: []string{"job.sw"}, Direct: true,
-		Subjects: subj, Heartbeat: 50 * time.Millisecond})
+		SubjectPrefix: subj.Prefix(), Heartbeat: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

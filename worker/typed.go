@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -31,14 +34,16 @@ func (e fatalError) Unwrap() error { return e.err }
 func Fatal(err error) error { return fatalError{err} }
 
 // Typed adapts fn to a Handler with typed arguments: the job's input — the
-// value its context_ptr points at, in data (CAP's Redis convention,
-// package jobdata) — is decoded from JSON into In (a job without one gets
+// value its context_ptr points at, in rdb (CAP's Redis convention: the
+// node's Redis) — is decoded from JSON into In (a job without one gets
 // In's zero value); fn's Out is encoded as JSON and stored as the job's
-// result (res:<job_id>), which the result's result_ptr points at. An error
+// result (res:<job_id>, kept for ttl; 0: 48 h), which the result's
+// result_ptr points at. An error
 // from fn ends the job FAILED with its message (FAILED_FATAL if wrapped
 // with Fatal); an input that does not decode ends it FAILED_FATAL with code
 // bad_input, since running it again would not help.
-func Typed[In, Out any](data *jobdata.Store, fn func(context.Context, In) (Out, error)) Handler {
+func Typed[In, Out any](rdb redis.UniversalClient, ttl time.Duration, fn func(context.Context, In) (Out, error)) Handler {
+	data := &jobdata.Store{Client: rdb, TTL: ttl}
 	return func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		var in In
 		if ptr := req.GetContextPtr(); ptr != "" {

@@ -25,7 +25,7 @@ func TestTypedDecodesTheInputAndStoresTheResult(t *testing.T) {
 		t.Cleanup(func() { env.Client.Del(ctx, "ctx:"+id, "res:"+id) })
 		return id
 	}
-	h := worker.Typed(st, func(_ context.Context, p point) (int, error) {
+	h := worker.Typed(env.Client, time.Minute, func(_ context.Context, p point) (int, error) {
 		switch {
 		case p.X < 0:
 			return 0, errors.New("negative")

@@ -26,7 +26,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/troupe-run/troupe/internal/bus"
-	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/tracing"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -67,12 +66,14 @@ type Config struct {
 	Topics []string
 	// Direct also subscribes to worker.<id>.jobs and says so in the
 	// heartbeat (label troupe.dispatch=direct). A stock CAP SDK worker does not.
-	Direct      bool
-	Subjects    bus.Subjects
-	Handler     Handler
-	Heartbeat   time.Duration
-	MaxParallel int32
-	Labels      map[string]string
+	Direct bool
+	// SubjectPrefix is put before every CAP subject, as the node's
+	// Config.SubjectPrefix ("" = the standard names).
+	SubjectPrefix string
+	Handler       Handler
+	Heartbeat     time.Duration
+	MaxParallel   int32
+	Labels        map[string]string
 	// Progress sends a RUNNING JobProgress before running the handler.
 	Progress bool
 	// OnReceive, if set, sees every request as it arrives (tests count
@@ -110,6 +111,7 @@ type Config struct {
 // Worker is a running CAP worker.
 type Worker struct {
 	cfg    Config
+	subj   bus.Subjects
 	nc     *nats.Conn
 	subs   []*nats.Subscription
 	active atomic.Int32
@@ -151,13 +153,6 @@ const (
 	ResultKeepDefault = 10_000
 )
 
-// Dial connects a worker to NATS as `troupe worker` does: with auth's
-// credentials and TLS (troupe.NATSAuth outside this module), named after
-// the worker, reconnecting for ever; extra options come last. The error never contains a secret.
-func Dial(url string, auth connect.NATS, id string, extra ...nats.Option) (*nats.Conn, error) {
-	return connect.DialNATS(url, auth, append([]nats.Option{nats.Name("troupe-worker " + id), nats.MaxReconnects(-1)}, extra...)...)
-}
-
 // Start subscribes and starts heartbeating.
 func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if cfg.ID == "" || cfg.Pool == "" || len(cfg.Topics) == 0 {
@@ -193,7 +188,7 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	cfg.Labels = labels
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &Worker{cfg: cfg, nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel),
+	w := &Worker{cfg: cfg, subj: bus.NewSubjects(cfg.SubjectPrefix), nc: nc, ctx: ctx, cancel: cancel, sem: make(chan struct{}, cfg.MaxParallel),
 		running: map[string]context.CancelCauseFunc{}}
 	if cfg.Dedupe {
 		w.seen = make(map[string]bool)
@@ -205,7 +200,7 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 		w.enc.Signer = cfg.Signer
 	}
 	for _, t := range cfg.Topics {
-		subj := cfg.Subjects.Pool(t)
+		subj := w.subj.Pool(t)
 		s, err := nc.QueueSubscribe(subj, subj, w.onMsg)
 		if err != nil {
 			w.Stop()
@@ -214,7 +209,7 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 		w.subs = append(w.subs, s)
 	}
 	if cfg.Direct {
-		s, err := nc.Subscribe(cfg.Subjects.Worker(cfg.ID), w.onMsg)
+		s, err := nc.Subscribe(w.subj.Worker(cfg.ID), w.onMsg)
 		if err != nil {
 			w.Stop()
 			return nil, fmt.Errorf("worker: subscribe direct: %w", err)
@@ -223,7 +218,7 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	// Cancels: CAP publishes them on sys.job.cancel, for every worker to
 	// hear; the one running the job stops it.
-	cs, err := nc.Subscribe(cfg.Subjects.Cancel, w.onCancel)
+	cs, err := nc.Subscribe(w.subj.Cancel, w.onCancel)
 	if err != nil {
 		w.Stop()
 		return nil, fmt.Errorf("worker: subscribe cancel: %w", err)
@@ -239,12 +234,6 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// ID returns the worker id.
-func (w *Worker) ID() string { return w.cfg.ID }
-
-// Beat publishes a heartbeat now.
-func (w *Worker) Beat() { w.beat() }
-
 func (w *Worker) beat() {
 	// Taken before the packet's created_at, so never after it; a beat sent
 	// while disconnected is not heard when sent, so it does not count.
@@ -255,7 +244,7 @@ func (w *Worker) beat() {
 		MaxParallelJobs: w.cfg.MaxParallel, Labels: w.cfg.Labels,
 		Capabilities: w.cfg.Topics,
 	})
-	if err == nil && w.nc.Publish(w.cfg.Subjects.Heartbeat, data) == nil && connected {
+	if err == nil && w.nc.Publish(w.subj.Heartbeat, data) == nil && connected {
 		w.beats.sent(at)
 	}
 }
@@ -438,7 +427,7 @@ func (w *Worker) keepResult(jobID string, data []byte) {
 func (w *Worker) progress(trace, jobID, msg string) {
 	if data, err := w.enc.Progress(trace, w.cfg.ID, &capv1.JobProgress{JobId: jobID,
 		Status: capv1.JobStatus_JOB_STATUS_RUNNING, Message: msg}); err == nil {
-		_ = w.nc.Publish(w.cfg.Subjects.Progress, data)
+		_ = w.nc.Publish(w.subj.Progress, data)
 	}
 }
 
@@ -521,7 +510,7 @@ func (w *Worker) publishResult(jobID string, data []byte) {
 	deadline := time.Now().Add(ResultRetryFor)
 	backoff := 100 * time.Millisecond
 	for {
-		reply, err := w.nc.Request(w.cfg.Subjects.Result, data, ResultAckWait)
+		reply, err := w.nc.Request(w.subj.Result, data, ResultAckWait)
 		if err == nil && !bytes.Contains(reply.Data, []byte(`"error"`)) {
 			return
 		}
@@ -533,7 +522,7 @@ func (w *Worker) publishResult(jobID string, data []byte) {
 		case <-time.After(backoff):
 		case <-w.ctx.Done():
 			// Stopping: one last plain publish rather than nothing.
-			_ = w.nc.Publish(w.cfg.Subjects.Result, data)
+			_ = w.nc.Publish(w.subj.Result, data)
 			return
 		}
 		backoff = min(2*backoff, 2*time.Second)

@@ -49,7 +49,7 @@ func TestDedupingWorkerRunsAJobOnceAndConfirmsRepeats(t *testing.T) {
 	defer func() { _ = hbSub.Unsubscribe() }()
 	_ = env.NATS.Flush()
 	w, err := worker.Start(env.NATS, worker.Config{ID: "dd", Pool: "p", Topics: []string{"job.dd"}, Direct: true,
-		Dedupe: true, Subjects: subj, Heartbeat: time.Hour,
+		Dedupe: true, SubjectPrefix: subj.Prefix(), Heartbeat: time.Hour,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			runs.Add(1)
 			started <- struct{}{}
@@ -121,7 +121,7 @@ func TestWorkerStopsAJobOnItsCancel(t *testing.T) {
 	stopped := make(chan string, 2)
 	release := make(chan struct{})
 	w, err := worker.Start(env.NATS, worker.Config{ID: "cw", Pool: "p", Topics: []string{"job.cw"}, Direct: true,
-		Subjects: subj, Heartbeat: time.Hour,
+		SubjectPrefix: subj.Prefix(), Heartbeat: time.Hour,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			select {
 			case <-ctx.Done():
@@ -200,7 +200,7 @@ func TestDedupingWorkerSendsAFinishedJobsResultAgain(t *testing.T) {
 	_ = env.NATS.Flush()
 	var runs atomic.Int32
 	w, err := worker.Start(env.NATS, worker.Config{ID: "rk", Pool: "p", Topics: []string{"job.rk"}, Direct: true,
-		Dedupe: true, ResultKeep: 1, Subjects: subj, Heartbeat: time.Hour,
+		Dedupe: true, ResultKeep: 1, SubjectPrefix: subj.Prefix(), Heartbeat: time.Hour,
 		Handler: func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 			runs.Add(1)
 			return worker.Echo(ctx, req)

@@ -675,7 +675,7 @@ func (e *ctlEnv) workers(ctx context.Context, args []string) error {
 			pool += " (no topic routes here)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s\t%s ago\n", x.ID, pool, x.InFlight, x.ActiveJobs,
-			capacity(x.MaxParallel), x.CPULoad, mode, orDash(x.Owner), time.Since(x.LastSeen).Truncate(100*time.Millisecond))
+			capacity(x.MaxParallel), x.CPULoad, mode, orDash(x.Steward), time.Since(x.LastSeen).Truncate(100*time.Millisecond))
 	}
 	return tw.Flush()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -59,20 +60,20 @@ func ctlNode(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	w, err := worker.Start(env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: node.Subjects(), Handler: ctlHandler, Heartbeat: time.Second, MaxParallel: 2})
+		SubjectPrefix: inspect.Of(node).Subjects().Prefix(), Handler: ctlHandler, Heartbeat: time.Second, MaxParallel: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.Stop)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if ws, _ := node.Workers(); len(ws) == 1 {
+		if ws, _ := inspect.Of(node).Workers(); len(ws) == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("router never saw the worker")
 		}
 	}
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+	srv, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: "127.0.0.1:0",
 		APIKeys: map[string]string{ctlTestKey: admin.AllTenants}, Log: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobdata"
 )
 
@@ -64,7 +65,7 @@ func (a *adminFlags) start(node *troupe.Node, log *slog.Logger) (func(), error) 
 	if err != nil {
 		return nil, err
 	}
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: a.listen, Keys: keys,
+	srv, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: a.listen, Keys: keys,
 		MetricsNeedKey: a.metricsNeedKey, AllowSelfApproval: a.selfApproval, MaxPayloadBytes: a.maxPayload, Log: log})
 	if err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/testenv"
@@ -140,7 +141,7 @@ func cliNode(t *testing.T) ([]string, *troupe.Node) {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	w, err := worker.Start(env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: node.Subjects(), Handler: worker.Echo, Heartbeat: time.Second})
+		SubjectPrefix: inspect.Of(node).Subjects().Prefix(), Handler: worker.Echo, Heartbeat: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func cliNode(t *testing.T) ([]string, *troupe.Node) {
 	if err := node.WaitForWorkers(ctx, "echo", 1); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+	srv, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: "127.0.0.1:0",
 		APIKeys: map[string]string{ctlTestKey: admin.AllTenants, ctlSubmitterKey: admin.AllTenants}, Log: quiet})
 	if err != nil {
 		t.Fatal(err)

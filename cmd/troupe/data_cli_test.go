@@ -17,6 +17,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/testenv"
@@ -42,7 +43,7 @@ func dataNode(t *testing.T) ([]string, *testenv.Env) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
-	srv, err := admin.NewServer(admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+	srv, err := admin.NewServer(admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: "127.0.0.1:0",
 		APIKeys: map[string]string{ctlTestKey: admin.AllTenants}, Log: quiet})
 	if err != nil {
 		t.Fatal(err)

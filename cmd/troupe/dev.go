@@ -17,6 +17,7 @@ import (
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/embedded"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/jobtrace"
 	"github.com/troupe-run/troupe/internal/store"
@@ -93,13 +94,13 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	subj := node.Subjects()
+	subj := inspect.Of(node).Subjects()
 	// Two workers that take direct dispatch and dedupe (so lost dispatches
 	// are repeated to them) and one stock CAP worker that only listens on
 	// its pool subject.
 	for i, direct := range []bool{true, true, false} {
 		w, err := worker.Start(nc, worker.Config{ID: worker.Name("default", i+1), Pool: "default",
-			Topics: []string{"job.echo", "job.sleep"}, Direct: direct, Subjects: subj,
+			Topics: []string{"job.echo", "job.sleep"}, Direct: direct, SubjectPrefix: subj.Prefix(),
 			Handler: demoHandler, Progress: true, Dedupe: direct})
 		if err != nil {
 			return err
@@ -129,7 +130,7 @@ func runDev(ctx context.Context, args []string) error {
 		ids = append(ids, id)
 		// Each demo job has an input, shown by `troupe job <id>` and the
 		// dashboard (the echo workers' result points back at it).
-		ptr, err := node.JobData().PutInput(ctx, id, fmt.Appendf(nil, `{"demo": %d, "topic": %q}`, i+1, topic))
+		ptr, err := inspect.Of(node).JobData().PutInput(ctx, id, fmt.Appendf(nil, `{"demo": %d, "topic": %q}`, i+1, topic))
 		if err != nil {
 			return err
 		}
@@ -144,7 +145,7 @@ func runDev(ctx context.Context, args []string) error {
 	}
 	ok := 0
 	for _, id := range ids {
-		rec, err := waitTerminal(ctx, node.Store(), id, 30*time.Second)
+		rec, err := waitTerminal(ctx, inspect.Of(node).Store(), id, 30*time.Second)
 		if err != nil {
 			return err
 		}
@@ -279,7 +280,7 @@ func demoHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 func waitWorkers(ctx context.Context, node *troupe.Node, n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if ws, err := node.Workers(); err == nil && len(ws) >= n {
+		if ws, err := inspect.Of(node).Workers(); err == nil && len(ws) >= n {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/safety"
 )
 
@@ -45,14 +46,14 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 // buildOutput returns the output checker the flags and environment
 // describe, or nil when results are not checked.
 func (p *policyFlags) buildOutput() (safety.OutputChecker, error) {
-	cfg, err := safety.OutputConfigFromEnv()
+	cfg, err := policyx.OutputConfigFromEnv()
 	if err != nil {
 		return nil, err
 	}
 	if p.output != "" {
 		cfg.File = p.output
 	}
-	return safety.NewOutputChecker(cfg)
+	return policyx.NewOutputChecker(cfg)
 }
 
 // build returns the input policy the flags describe, and how to close it:
@@ -61,7 +62,7 @@ func (p *policyFlags) buildOutput() (safety.OutputChecker, error) {
 func (p *policyFlags) build(conn connect.Settings, keyPrefix string, reg prometheus.Registerer, log *slog.Logger) (safety.InputPolicy, func(), error) {
 	switch {
 	case p.addr != "":
-		cfg, err := safety.KernelClientConfigFromEnv()
+		cfg, err := policyx.KernelClientConfigFromEnv()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -75,14 +76,14 @@ func (p *policyFlags) build(conn connect.Settings, keyPrefix string, reg prometh
 		cfg.TLS.Required = cfg.TLS.Required || p.tlsRequired
 		cfg.TLS.Insecure = cfg.TLS.Insecure || p.insecure
 		if p.failMode != "" {
-			cfg.FailMode = safety.FailMode(p.failMode)
+			cfg.FailMode = policyx.FailMode(p.failMode)
 		}
 		rdb, err := connect.NewRedis(conn.RedisURL, conn.Redis)
 		if err != nil {
 			return nil, nil, err
 		}
 		cfg.Redis, cfg.KeyPrefix, cfg.Metrics, cfg.Log = rdb, keyPrefix, reg, log
-		kc, err := safety.NewKernelClient(cfg)
+		kc, err := policyx.NewKernelClient(cfg)
 		if err != nil {
 			_ = rdb.Close()
 			return nil, nil, err

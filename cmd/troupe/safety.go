@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -76,7 +77,7 @@ func runSafetyServe(ctx context.Context, args []string) error {
 	fs.StringVar(&o.tlsCert, "tls-cert", os.Getenv("SAFETY_KERNEL_TLS_CERT"), "server certificate (PEM); with --tls-key, serve TLS")
 	fs.StringVar(&o.tlsKey, "tls-key", os.Getenv("SAFETY_KERNEL_TLS_KEY"), "server key (PEM)")
 	fs.StringVar(&o.clientCA, "client-ca", os.Getenv("SAFETY_KERNEL_CLIENT_CA"), "require client certificates signed by this CA (mutual TLS)")
-	fs.StringVar(&o.outputPolicy, "output-policy", os.Getenv(safety.EnvOutputFile), "also serve the OutputPolicy service with this output policy file")
+	fs.StringVar(&o.outputPolicy, "output-policy", os.Getenv(policyx.EnvOutputFile), "also serve the OutputPolicy service with this output policy file")
 	// --redis: where the OutputPolicy service reads result content from
 	// (phase 2) and stores redacted copies; none without the flag.
 	c.conn.Register(fs, connect.Want{OptionalRedis: true})
@@ -119,7 +120,7 @@ func serveSafety(ctx context.Context, o safetyServeOpts) error {
 			"listen", o.listen)
 	}
 	srv := grpc.NewServer(opts...)
-	capv1.RegisterSafetyKernelServer(srv, safety.NewKernelServer(engine))
+	capv1.RegisterSafetyKernelServer(srv, policyx.NewKernelServer(engine))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	if o.outputPolicy != "" {
@@ -136,7 +137,7 @@ func serveSafety(ctx context.Context, o safetyServeOpts) error {
 			defer rdb.Close()
 			results = &safety.RedisResultStore{Client: rdb}
 		}
-		capv1.RegisterOutputPolicyServer(srv, safety.NewOutputServer(op, results))
+		capv1.RegisterOutputPolicyServer(srv, policyx.NewOutputServer(op, results))
 		o.log.Info("serving the output policy", "snapshot", op.Snapshot, "content_access", results != nil)
 	}
 	lis, err := net.Listen("tcp", o.listen)
@@ -205,7 +206,7 @@ func runSafetyCheck(ctx context.Context, args []string) error {
 	cert := fs.String("tls-cert", "", "client certificate (mutual TLS)")
 	key := fs.String("tls-key", "", "client key (mutual TLS)")
 	rpc := fs.String("rpc", "explain", "check, evaluate, explain, simulate or snapshots")
-	timeout := fs.Duration("timeout", safety.KernelTimeoutDefault, "call timeout")
+	timeout := fs.Duration("timeout", policyx.KernelTimeoutDefault, "call timeout")
 	req := &capv1.PolicyCheckRequest{Labels: map[string]string{}, Meta: &capv1.JobMetadata{}}
 	fs.StringVar(&req.Topic, "topic", "", "job topic")
 	fs.StringVar(&req.Tenant, "tenant", "default", "tenant")

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -109,7 +110,7 @@ func TestSafetyServeTLS(t *testing.T) {
 	caFile, certFile, keyFile := testCerts(t)
 	addr, stop := startServe(t, safetyServeOpts{policy: writeFile(t, "policy.yaml", servePolicy), tlsCert: certFile, tlsKey: keyFile})
 	defer stop()
-	c, err := safety.NewKernelClient(safety.KernelClientConfig{Addr: addr, TLS: safety.ClientTLS{CAFile: caFile},
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr, TLS: safety.ClientTLS{CAFile: caFile},
 		Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -69,13 +69,16 @@ func runWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := worker.Dial(conn.NATSURL, conn.NATS, *id, nats.ReconnectWait(*reconnectWait))
+	// Named after the worker, reconnecting for ever; the error never
+	// contains a secret.
+	nc, err := connect.DialNATS(conn.NATSURL, conn.NATS, nats.Name("troupe-worker "+*id), nats.MaxReconnects(-1),
+		nats.ReconnectWait(*reconnectWait))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	w, err := worker.Start(nc, worker.Config{ID: *id, Pool: *pool, Topics: strings.Split(*topics, ","),
-		Direct: *direct, Subjects: bus.NewSubjects(c.subjPrefix), Handler: h, Heartbeat: *hb,
+		Direct: *direct, SubjectPrefix: c.subjPrefix, Handler: h, Heartbeat: *hb,
 		MaxParallel: int32(*maxPar), Labels: labels, Progress: *handler == "sleep",
 		OnReceive: func(subject string, req *capv1.JobRequest) {
 			log.Debug("job received", "job_id", req.JobId, "topic", req.Topic, "subject", subject)

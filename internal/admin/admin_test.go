@@ -14,13 +14,14 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
 
 func TestServerWithoutKeysListensOnLoopbackOnly(t *testing.T) {
 	t.Parallel()
-	var node admin.Node = (*troupe.Node)(nil) // construction does not touch the node
+	var node admin.Node = inspect.Of((*troupe.Node)(nil)) // construction does not touch the node
 	for _, addr := range []string{":7070", "0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", "admin.example.com:7070"} {
 		_, err := admin.NewServer(admin.Config{Node: node, Registry: newRegistry(), Listen: addr})
 		if !errors.Is(err, admin.ErrPublicWithoutKeys) {
@@ -314,7 +315,7 @@ func TestDLQRetryRunsTheJobAgainUnderALinkedID(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node's watcher picks the mapping up from Redis within a poll.
-	for deadline := time.Now().Add(10 * time.Second); b.node.PoolConfig().Topics["job.unmapped"] == nil; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); inspect.Of(b.node).PoolConfig().Topics["job.unmapped"] == nil; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the node never loaded the runtime mapping")
 		}

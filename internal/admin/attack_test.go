@@ -12,6 +12,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/worker"
@@ -159,7 +160,7 @@ func TestAttackApprovalWithEmptyHashRecordsTheJobsHash(t *testing.T) {
 	if _, err := b.client(keyOpBob).Decide(ctx, "job-hash", "approve", "", "", ""); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := b.node.Job(ctx, "job-hash")
+	rec, err := inspect.Of(b.node).Job(ctx, "job-hash")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +280,7 @@ func TestParseKeyEntriesRolesAndNames(t *testing.T) {
 			t.Errorf("%q: err %v (want an error without the key)", bad, err)
 		}
 	}
-	var node admin.Node = (*troupe.Node)(nil)
+	var node admin.Node = inspect.Of((*troupe.Node)(nil))
 	for _, bad := range []map[string]admin.Key{
 		{"k-0123456789abcdef": {Tenant: "acme", Role: "root"}},
 		{"k-0123456789abcdef": {Tenant: "acme", Name: "a b"}},

@@ -273,23 +273,6 @@ func sameOrigin(r *http.Request) bool {
 	return err == nil && u.Host == r.Host
 }
 
-// ParseKeys reads API keys written as "key=tenant" entries, separated by
-// commas or newlines ("*" as the tenant for all tenants; blank lines and
-// lines starting with # are skipped), and returns each key's tenant. It
-// reads the attributes ParseKeyEntries knows and drops them; a node uses
-// ParseKeyEntries.
-func ParseKeys(s string) (map[string]string, error) {
-	full, err := ParseKeyEntries(s)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(full))
-	for k, e := range full {
-		out[k] = e.Tenant
-	}
-	return out, nil
-}
-
 // ParseKeyEntries reads API key entries: "key=tenant", optionally followed
 // by space-separated attributes "role=client|operator" and "name=<who>"
 // (for example "k3y...=acme role=operator name=alice"), entries separated

@@ -115,27 +115,6 @@ func (c *Client) Job(ctx context.Context, id string) (Job, error) {
 	return out, err
 }
 
-// ListJobs lists a state's jobs, or with state "" the newest jobs of every
-// state; tenant narrows an all-tenant key's view.
-func (c *Client) ListJobs(ctx context.Context, state string, limit int, cursor, tenant string) (JobList, error) {
-	q := url.Values{}
-	if state != "" {
-		q.Set("state", state)
-	}
-	if limit > 0 {
-		q.Set("limit", strconv.Itoa(limit))
-	}
-	if cursor != "" {
-		q.Set("cursor", cursor)
-	}
-	if tenant != "" {
-		q.Set("tenant", tenant)
-	}
-	var out JobList
-	err := c.do(ctx, http.MethodGet, "/v1/jobs?"+q.Encode(), nil, &out)
-	return out, err
-}
-
 // Decide approves or rejects a job waiting for approval (action "approve"
 // or "reject"); hash "" means the hash recorded on the job.
 func (c *Client) Decide(ctx context.Context, id, action, reason, by, hash string) (Accepted, error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -258,7 +259,7 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = nb.Stop(context.Background()) })
 	for _, n := range []*troupe.Node{b.node, nb} {
-		waitFor(t, "pause applied on "+n.ID(), func() bool { return n.PoolConfig().Paused["job.echo"] })
+		waitFor(t, "pause applied on "+n.ID(), func() bool { return inspect.Of(n).PoolConfig().Paused["job.echo"] })
 	}
 	ids := []string{"pz-1", "pz-2", "pz-3", "pz-4"}
 	for _, id := range ids {
@@ -289,10 +290,10 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	}
 	b.waitState(all, "pz-4", "CANCELLED")
 	waitFor(t, "node-b hears the worker", func() bool {
-		ws, err := nb.Workers()
+		ws, err := inspect.Of(nb).Workers()
 		return err == nil && slices.ContainsFunc(ws, func(w router.WorkerInfo) bool { return w.ID == "w-pause" })
 	})
-	if err := nb.ResumeTopic(ctx, "job.echo"); err != nil {
+	if err := inspect.Of(nb).ResumeTopic(ctx, "job.echo"); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids[:3] {

@@ -391,13 +391,6 @@ func withheld(d *Datum, note string) *Datum {
 	return d
 }
 
-// SubmitPayload submits req with payload as its input: JSON text is sent
-// as a JSON value, anything else as base64. The node stores it and sets
-// the request's context_ptr.
-func (c *Client) SubmitPayload(ctx context.Context, req *capv1.JobRequest, payload []byte) (Submitted, error) {
-	return c.SubmitWithData(ctx, req, payload, nil)
-}
-
 // SubmitWithData submits req with input as its payload and compensation
 // as its compensation's (each left out when nil).
 func (c *Client) SubmitWithData(ctx context.Context, req *capv1.JobRequest, input, compensation []byte) (Submitted, error) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 )
 
 // An embedding program serves the admin API, the metrics and the dashboard
@@ -22,7 +23,7 @@ func ExampleNewServer() {
 	defer node.Stop(context.Background())
 
 	srv, err := admin.NewServer(admin.Config{
-		Node:     node,
+		Node:     inspect.Of(node),
 		Registry: node.Metrics(),
 		Listen:   ":8080", // every interface: API keys required
 		APIKeys: map[string]string{

@@ -15,6 +15,7 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -22,7 +23,7 @@ import (
 )
 
 // *troupe.Node is the admin server's node.
-var _ admin.Node = (*troupe.Node)(nil)
+var _ admin.Node = inspect.Of((*troupe.Node)(nil))
 
 // Keys of the test servers that use authentication.
 const (
@@ -98,7 +99,7 @@ func setup(t *testing.T, o options) *bundle {
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	b.node = node
-	acfg := admin.Config{Node: node, Registry: node.Metrics(), Listen: "127.0.0.1:0",
+	acfg := admin.Config{Node: inspect.Of(node), Registry: node.Metrics(), Listen: "127.0.0.1:0",
 		APIKeys: o.keys, Log: quiet(), SampleEvery: 250 * time.Millisecond}
 	if o.admin != nil {
 		o.admin(&acfg)
@@ -122,14 +123,14 @@ func (b *bundle) client(key string) *admin.Client { return admin.NewClient(b.bas
 func (b *bundle) startWorker(id string, h worker.Handler) {
 	b.t.Helper()
 	w, err := worker.Start(b.env.NATS, worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: b.node.Subjects(), Handler: h, Heartbeat: time.Second, MaxParallel: 4})
+		SubjectPrefix: inspect.Of(b.node).Subjects().Prefix(), Handler: h, Heartbeat: time.Second, MaxParallel: 4})
 	if err != nil {
 		b.t.Fatal(err)
 	}
 	b.t.Cleanup(w.Stop)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if ws, err := b.node.Workers(); err == nil {
+		if ws, err := inspect.Of(b.node).Workers(); err == nil {
 			for _, x := range ws {
 				if x.ID == id {
 					return

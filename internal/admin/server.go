@@ -245,10 +245,6 @@ func isLoopback(addr string) (bool, error) {
 	return ip != nil && ip.IsLoopback(), nil
 }
 
-// Handler returns the server's handler (for tests and for embedding the API
-// in another server).
-func (s *Server) Handler() http.Handler { return s.handler }
-
 // Start listens on Config.Listen and serves in the background.
 func (s *Server) Start() error {
 	s.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/worker"
 )
 
@@ -29,7 +30,7 @@ func TestTraceEndpointWithTracingOff(t *testing.T) {
 func TestTraceOfAJobFromSubmitToSucceeded(t *testing.T) {
 	t.Setenv("TROUPE_JOB_TRACE", "on")
 	b := setup(t, options{})
-	if !b.node.JobTraceEnabled() {
+	if !inspect.Of(b.node).JobTraceEnabled() {
 		t.Fatal("TROUPE_JOB_TRACE=on: the node does not trace its job actors")
 	}
 	ctx := context.Background()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -42,7 +43,7 @@ func (b *bundle) waitPaused(topic string, want bool) {
 	b.t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
-		if b.node.PoolConfig().Paused[topic] == want {
+		if inspect.Of(b.node).PoolConfig().Paused[topic] == want {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -236,7 +236,7 @@ type Worker struct {
 	ActiveJobs int32  `json:"active_jobs"`
 	Dispatched int32  `json:"dispatched"`
 	InFlight   int32  `json:"in_flight"`
-	Owner      string `json:"owner,omitempty"`
+	Steward    string `json:"steward,omitempty"`
 	// Unrouted: no topic routes to the worker's pool, so it gets no jobs.
 	Unrouted    bool              `json:"unrouted,omitempty"`
 	MaxParallel int32             `json:"max_parallel"`
@@ -247,7 +247,7 @@ type Worker struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	// InFlight is what placement counts (this node's jobs, the other
 	// replicas', and any the heartbeat shows beyond them); Dispatched is
-	// this node's part. Owner is the replica that places jobs on it.
+	// this node's part. Steward is the replica that places jobs on it.
 	// Load is in_flight / max_parallel, 0 when unbounded.
 	Load float64 `json:"load"`
 }
@@ -274,7 +274,7 @@ func workerList(ws []router.WorkerInfo) WorkerList {
 	pools := map[string]*PoolLoad{}
 	for _, w := range ws {
 		v := Worker{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
-			InFlight: w.InFlight, Owner: w.Owner, Unrouted: !w.Routed,
+			InFlight: w.InFlight, Steward: w.Steward, Unrouted: !w.Routed,
 			MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
 			LastSeen: w.LastSeen, Labels: w.Labels, Load: load(w.InFlight, w.MaxParallel)}
 		out.Workers = append(out.Workers, v)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/router"
 )
@@ -123,7 +124,7 @@ func (s *sut) workers() (int, error) {
 	if s.node == nil {
 		return len(s.spec.WorkerIDs), nil
 	}
-	ws, err := s.node.Workers()
+	ws, err := inspect.Of(s.node).Workers()
 	return len(ws), err
 }
 
@@ -277,8 +278,8 @@ func (s *sut) inflight(ctx context.Context) Snap {
 	sn := s.counters()
 	sn.RSS, _ = procRSS(os.Getpid())
 	if s.node != nil {
-		sn.LiveActors, _ = s.node.LiveJobActors()
-		sn.Parked, _ = s.node.Store().ParkedCount(ctx, s.node.ID())
+		sn.LiveActors, _ = inspect.Of(s.node).LiveJobActors()
+		sn.Parked, _ = inspect.Of(s.node).Store().ParkedCount(ctx, s.node.ID())
 	}
 	return sn
 }

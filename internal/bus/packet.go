@@ -222,11 +222,6 @@ func EncodeHeartbeat(sender string, hb *capv1.Heartbeat) ([]byte, error) {
 	return Encoder{}.Heartbeat(sender, hb)
 }
 
-// EncodeProgress marshals a JobProgress packet.
-func EncodeProgress(traceID, sender string, pr *capv1.JobProgress) ([]byte, error) {
-	return Encoder{}.Progress(traceID, sender, pr)
-}
-
 // EncodeCancel marshals a JobCancel packet.
 func EncodeCancel(traceID, sender string, c *capv1.JobCancel) ([]byte, error) {
 	return Encoder{}.Cancel(traceID, sender, c)

@@ -96,12 +96,6 @@ func (s *Signatures) count(kind, reason string) {
 	}
 }
 
-// check verifies pkt, decoded from raw, and counts a rejection under kind.
-func (s *Signatures) check(kind string, pkt *capv1.BusPacket, raw []byte) error {
-	_, err := s.principal(kind, pkt, raw)
-	return err
-}
-
 // principal verifies pkt and returns its sender (nil when s is nil:
 // verification off), counting a rejection under kind.
 func (s *Signatures) principal(kind string, pkt *capv1.BusPacket, raw []byte) (*signing.Principal, error) {

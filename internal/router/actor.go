@@ -132,8 +132,8 @@ type WorkerInfo struct {
 	InFlight int32
 	Others   int32
 	Foreign  int32
-	// Owner is the replica that places jobs on the worker (router/owners.go).
-	Owner string
+	// Steward is the replica that places jobs on the worker (stewards.go).
+	Steward string
 	// Routed: some topic routes to the worker's pool (otherwise it gets no
 	// jobs; see Strategy.Routed).
 	Routed      bool
@@ -298,7 +298,7 @@ type Router struct {
 	// picks: slots counted for jobs that have not started on them nor
 	// given them back (picks.go).
 	picks map[string]pickRec
-	// Ownership and offers (owners.go).
+	// Stewardship and offers (stewards.go).
 	offers    map[uint64]*offer
 	offerSeq  uint64
 	outOffers []Offer
@@ -608,7 +608,7 @@ func (r *Router) listWorkers() []WorkerInfo {
 				continue
 			}
 			out = append(out, WorkerInfo{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
-				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, Owner: r.ownerOf(w.ID),
+				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, Steward: r.stewardOf(w.ID),
 				Routed:      r.strategy.Routed(w.Pool),
 				MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
 				LastSeen: w.LastSeen, Labels: w.Labels})

@@ -57,7 +57,7 @@ type PeerLoad struct {
 	// Waiting is how many jobs wait in the replica's queue, per pool (all
 	// of them: a pool it does not name has none).
 	Waiting map[string]int32
-	// Offers and Acks are addressed to one replica each (see owners.go).
+	// Offers and Acks are addressed to one replica each (see stewards.go).
 	Offers []Offer
 	Acks   []OfferAck
 	At     time.Time
@@ -142,7 +142,7 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 		p = &peer{counts: map[string]int32{}, waiting: map[string]int32{}, offered: map[string]int32{},
 			declined: map[string]time.Time{}}
 		r.peers[m.Node] = p
-		r.reown(c)
+		r.reassignStewards(c)
 		r.full = true // the newcomer learns this node's counts at once
 		r.kick(c)
 	} else if m.Hello {
@@ -199,7 +199,7 @@ func (r *Router) expirePeers(c actor.Context) {
 			r.peerCount(c, p, w, 0)
 		}
 		delete(r.peers, id)
-		r.reown(c)
+		r.reassignStewards(c)
 	}
 }
 

@@ -198,14 +198,14 @@ func (r *Router) vacate(c actor.Context, w *registry.Worker, job string) {
 }
 
 // joined sets a worker seen for the first time up with what the other
-// replicas have said about it, and with its owner.
+// replicas have said about it, and with its steward.
 func (r *Router) joined(c actor.Context, w *registry.Worker) {
 	var n int32
 	for _, p := range r.peers {
 		n += p.counts[w.ID]
 	}
 	r.reg.SetOthers(w, n)
-	r.reg.SetAway(w, r.ownerOf(w.ID) != r.cfg.NodeID)
+	r.reg.SetAway(w, r.stewardOf(w.ID) != r.cfg.NodeID)
 }
 
 // position is how many jobs wait before job in its first pool's queue, or

@@ -141,7 +141,7 @@ func TestCapacityQueueWakeSources(t *testing.T) {
 	// A worker this router keeps placing on once "peer" is heard (it owns
 	// it by the rendezvous hash), so the peer's counts are what matter.
 	w1 := "w1"
-	for i := 2; ownerScore("peer", w1) > ownerScore("me", w1); i++ {
+	for i := 2; stewardScore("peer", w1) > stewardScore("me", w1); i++ {
 		w1 = "w" + strconv.Itoa(i)
 	}
 	b.beat(&capv1.Heartbeat{WorkerId: w1, Pool: "a", MaxParallelJobs: 2, ActiveJobs: 2}, now)
@@ -376,7 +376,7 @@ func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
 	var ids []string
 	for i := 0; len(ids) < 3; i++ {
 		id := "w" + strconv.Itoa(i)
-		if ownerScore("node-a", id) > ownerScore("node-b", id) {
+		if stewardScore("node-a", id) > stewardScore("node-b", id) {
 			ids = append(ids, id)
 		}
 	}
@@ -390,7 +390,7 @@ func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		ws := l.b.workers(t)
-		if len(ws) == 3 && ws[0].Owner == "node-a" && ws[1].Owner == "node-a" && ws[2].Owner == "node-a" {
+		if len(ws) == 3 && ws[0].Steward == "node-a" && ws[1].Steward == "node-a" && ws[2].Steward == "node-a" {
 			break
 		}
 		if time.Now().After(deadline) {

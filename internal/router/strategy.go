@@ -25,23 +25,9 @@ const (
 	StaleRetriesDefault = 3
 )
 
-// PlacementLabels returns the labels a worker must carry to take req:
-// req.labels minus the ones that describe the job rather than constrain where
-// it runs (CAP's exclusion list, plus Troupe's saga labels and retry_of).
-func PlacementLabels(labels map[string]string) map[string]string {
-	var out map[string]string
-	for k, v := range labels {
-		if excludedFromPlacement(k) {
-			continue
-		}
-		if out == nil {
-			out = make(map[string]string, len(labels))
-		}
-		out[k] = v
-	}
-	return out
-}
-
+// excludedFromPlacement reports whether a job label describes the job
+// rather than constrains where it runs (CAP's exclusion list, plus Troupe's
+// saga labels and retry_of).
 func excludedFromPlacement(k string) bool {
 	if strings.HasPrefix(k, "preferred_") || strings.HasPrefix(k, "cordum.") || strings.HasPrefix(k, "approval_") {
 		return true
@@ -57,8 +43,9 @@ func excludedFromPlacement(k string) bool {
 // isPlacementKey is the label filter the registry's selectors use.
 func isPlacementKey(k string) bool { return !excludedFromPlacement(k) }
 
-// hasPlacement reports whether labels hold any placement label, without
-// building the PlacementLabels map (the pick path must not allocate).
+// hasPlacement reports whether labels hold any placement label (a label
+// that constrains where the job runs, not one that describes it), without
+// building a map (the pick path must not allocate).
 func hasPlacement(labels map[string]string) bool {
 	for k := range labels {
 		if !excludedFromPlacement(k) {

@@ -76,13 +76,9 @@ type JobShard struct {
 // copied into a map of the right size.
 const parkedShrinkAt = 1 << 16
 
-// ShardProps returns the props of one job supervisor shard.
-func ShardProps(jobProps *actor.Props, log *slog.Logger, opts ...actor.PropsOption) *actor.Props {
-	return ShardPropsResolving(jobProps, log, nil, opts...)
-}
-
-// ShardPropsResolving is ShardProps with a Resolver for results and cancels
-// of jobs the shard has no actor for (nil: none).
+// ShardPropsResolving returns the props of one job supervisor shard, with a
+// Resolver for results and cancels of jobs the shard has no actor for (nil:
+// none).
 func ShardPropsResolving(jobProps *actor.Props, log *slog.Logger, res *Resolver, opts ...actor.PropsOption) *actor.Props {
 	strategy := newJobStrategy()
 	return actor.PropsFromProducer(func() actor.Actor {

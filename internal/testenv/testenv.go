@@ -219,6 +219,3 @@ func (e *Env) KeyPrefix() string { return e.Prefix + ":" }
 
 // StreamPrefix is the test's JetStream stream prefix.
 func (e *Env) StreamPrefix() string { return strings.ToUpper(e.Prefix) }
-
-// Kinds says which servers the tests run against.
-func Kinds() string { once.Do(setup); return kinds }

@@ -1,9 +1,10 @@
-package safety
+package policyx
 
 import (
 	"context"
 
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
 )
 
 // KernelServer serves an Engine as the CAP SafetyKernel gRPC service
@@ -13,12 +14,12 @@ import (
 // ListSnapshots lists the policy versions the engine has had in force.
 type KernelServer struct {
 	capv1.UnimplementedSafetyKernelServer
-	engine *Engine
+	engine *safety.Engine
 }
 
 // NewKernelServer returns the service for engine; register it with
 // capv1.RegisterSafetyKernelServer.
-func NewKernelServer(engine *Engine) *KernelServer {
+func NewKernelServer(engine *safety.Engine) *KernelServer {
 	return &KernelServer{engine: engine}
 }
 

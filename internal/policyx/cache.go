@@ -1,4 +1,4 @@
-package safety
+package policyx
 
 import (
 	"crypto/sha256"
@@ -11,19 +11,19 @@ import (
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
-// DecisionCacheSizeDefault bounds the decision cache: at ~1 KiB an entry,
+// decisionCacheSizeDefault bounds the decision cache: at ~1 KiB an entry,
 // 10k entries are ~10 MiB, and a node that sees more distinct jobs than
 // that within one TTL gains little from caching anyway.
-const DecisionCacheSizeDefault = 10_000
+const decisionCacheSizeDefault = 10_000
 
-// HashCheckRequest is the decision cache's key: sha256 of the deterministic
+// hashCheckRequest is the decision cache's key: sha256 of the deterministic
 // protobuf encoding of req without job_id and the cordum.bus_msg_id label.
 // It is HashJobRequest's counterpart for a PolicyCheckRequest, with two
 // differences that make it a sound cache key: the job id is left out (no
 // rule can match on it, so identical jobs share a decision; approval_ref is
 // rewritten on a hit), and the approval_* labels and the effective config
 // stay in (a rule may match on them).
-func HashCheckRequest(req *capv1.PolicyCheckRequest) string {
+func hashCheckRequest(req *capv1.PolicyCheckRequest) string {
 	c := proto.Clone(req).(*capv1.PolicyCheckRequest)
 	c.JobId = ""
 	if _, ok := c.Labels["cordum.bus_msg_id"]; ok {
@@ -50,7 +50,7 @@ type cacheEntry struct {
 
 func newDecisionCache(ttl time.Duration, size int) *decisionCache {
 	if size <= 0 {
-		size = DecisionCacheSizeDefault
+		size = decisionCacheSizeDefault
 	}
 	return &decisionCache{ttl: ttl, max: size, entries: map[string]cacheEntry{}}
 }

@@ -10,21 +10,21 @@ import (
 	"github.com/troupe-run/troupe/internal/registry"
 )
 
-// Placement ownership between replicas.
+// Stewardship of workers between replicas.
 //
 // Counting alone (gossip.go) cannot keep replicas that share a worker
 // under its max_parallel: two of them may see the same free slot in the
 // same few milliseconds and both fill it. So each worker with a
-// max_parallel has one owner among the live replicas — the highest
+// max_parallel has one steward among the live replicas — the highest
 // rendezvous hash of (replica, worker), which every replica computes
-// alike from the replicas it hears — and only the owner places new jobs
+// alike from the replicas it hears — and only the steward places new jobs
 // on it. Other replicas use its slots in two ways that never race:
 //
 //   - Refill: a slot freed by one of their own jobs is theirs to reuse at
 //     once, in the same step, for a job of theirs that fits — unless the
-//     owner reports jobs waiting for that pool, in which case the slot goes
-//     back to it (their count drops, and the owner sees the room).
-//   - Offer: an owner with room and no job of its own that fits offers
+//     steward reports jobs waiting for that pool, in which case the slot goes
+//     back to it (their count drops, and the steward sees the room).
+//   - Offer: a steward with room and no job of its own that fits offers
 //     slots to a replica that reports waiting jobs for the pool. It counts
 //     the offered slots as its own until the replica's answer, which
 //     carries the replica's new count in the same report; the replica
@@ -33,9 +33,14 @@ import (
 // So every slot is at any moment counted by exactly one replica, and a
 // replica's stale view of another can only over-count. What remains is a
 // change of membership: while replicas disagree on who is alive, two may
-// both own a worker for the time a report takes (milliseconds), and a
+// both steward a worker for the time a report takes (milliseconds), and a
 // replica that dies leaves its jobs counted only by the workers'
 // heartbeats until their adopters count them again.
+//
+// Steward, not owner: a job's owner (internal/lifecycle, ownership.go) is
+// the node holding its lock and the only one acting on it; a worker's
+// steward holds nothing and acts for the others, deciding only who places
+// jobs on the worker's free slots.
 
 const (
 	// OfferTTL frees the slots of an offer that was never answered (the
@@ -74,7 +79,7 @@ type offer struct {
 	at   time.Time
 }
 
-func ownerScore(node, worker string) uint64 {
+func stewardScore(node, worker string) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(node))
 	_, _ = h.Write([]byte{0})
@@ -82,25 +87,25 @@ func ownerScore(node, worker string) uint64 {
 	return h.Sum64()
 }
 
-// ownerOf is the replica that places jobs on worker: the highest score
+// stewardOf is the replica that places jobs on worker: the highest score
 // among this node and the replicas it hears.
-func (r *Router) ownerOf(worker string) string {
-	best, top := r.cfg.NodeID, ownerScore(r.cfg.NodeID, worker)
+func (r *Router) stewardOf(worker string) string {
+	best, top := r.cfg.NodeID, stewardScore(r.cfg.NodeID, worker)
 	for id := range r.peers {
-		if s := ownerScore(id, worker); s > top || (s == top && id < best) {
+		if s := stewardScore(id, worker); s > top || (s == top && id < best) {
 			best, top = id, s
 		}
 	}
 	return best
 }
 
-// reown recomputes every worker's owner after the replicas changed, and
-// wakes the pools of workers this node now owns.
-func (r *Router) reown(c actor.Context) {
+// reassignStewards recomputes every worker's steward after the replicas changed, and
+// wakes the pools of workers this node now stewards.
+func (r *Router) reassignStewards(c actor.Context) {
 	for _, pool := range r.reg.Pools() {
 		gained := false
 		for _, w := range r.reg.Pool(pool) {
-			away := r.ownerOf(w.ID) != r.cfg.NodeID
+			away := r.stewardOf(w.ID) != r.cfg.NodeID
 			if r.reg.Away(w) && !away {
 				gained = true
 			}
@@ -112,18 +117,18 @@ func (r *Router) reown(c actor.Context) {
 	}
 }
 
-// refill reuses a slot just freed on a worker another replica owns for the
-// next job here that fits it, unless the owner has jobs waiting for the
+// refill reuses a slot just freed on a worker another replica stewards for the
+// next job here that fits it, unless the steward has jobs waiting for the
 // pool: then the slot goes back.
 func (r *Router) refill(c actor.Context, w *registry.Worker) {
-	if o := r.peers[r.ownerOf(w.ID)]; o != nil && o.waiting[w.Pool] > 0 {
+	if o := r.peers[r.stewardOf(w.ID)]; o != nil && o.waiting[w.Pool] > 0 {
 		return
 	}
 	r.placeOn(c, w, 1)
 }
 
 // placeOn places up to n of the pool's waiting jobs on w (slots this node
-// owns: a refill or an offer) and returns how many it placed.
+// stewards: a refill or an offer) and returns how many it placed.
 func (r *Router) placeOn(c actor.Context, w *registry.Worker, n int32) int32 {
 	q := r.queues[w.Pool]
 	if q == nil || q.live == 0 {

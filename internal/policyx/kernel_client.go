@@ -1,4 +1,4 @@
-package safety
+package policyx
 
 import (
 	"context"
@@ -14,14 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
+	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/safety"
 )
-
-// reconnectBackoff caps the delay between reconnect attempts at 2 s.
-var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
-	MaxDelay: 2 * time.Second}
 
 // KernelTimeoutDefault bounds one check: CAP's reference client value, and
 // well under the job actor's own deadline.
@@ -39,8 +36,8 @@ const (
 	FailOpen FailMode = "open"
 )
 
-// ParseFailMode reads "closed" or "open" (any case; "" is closed).
-func ParseFailMode(s string) (FailMode, error) {
+// parseFailMode reads "closed" or "open" (any case; "" is closed).
+func parseFailMode(s string) (FailMode, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "closed":
 		return FailClosed, nil
@@ -49,17 +46,6 @@ func ParseFailMode(s string) (FailMode, error) {
 	}
 	return "", fmt.Errorf("safety: fail mode %q: want closed or open", s)
 }
-
-// Environment variables KernelClientConfigFromEnv reads. The names are the
-// ones CAP deployments already set.
-const (
-	EnvKernelAddr     = "SAFETY_KERNEL_ADDR"
-	EnvKernelTLSCA    = "SAFETY_KERNEL_TLS_CA"
-	EnvKernelTLSReq   = "SAFETY_KERNEL_TLS_REQUIRED"
-	EnvKernelInsecure = "SAFETY_KERNEL_INSECURE"
-	EnvFailMode       = "TROUPE_POLICY_CHECK_FAIL_MODE"
-	EnvDecisionTTL    = "SAFETY_DECISION_CACHE_TTL"
-)
 
 // Rule id and snapshot of a fail-open allow.
 const (
@@ -73,7 +59,7 @@ type KernelClientConfig struct {
 	Addr string
 	// TLS: how to reach it. Loopback addresses may go plaintext without
 	// saying so; anything else needs TLS settings or TLS.Insecure.
-	TLS ClientTLS
+	TLS safety.ClientTLS
 	// Timeout bounds one check (default KernelTimeoutDefault).
 	Timeout time.Duration
 	// Redis, when set, holds the circuit breaker's state so that every
@@ -88,10 +74,10 @@ type KernelClientConfig struct {
 	// Breaker tunes the circuit breaker (zero fields: CAP's values).
 	Breaker BreakerConfig
 	// CacheTTL > 0 caches decisions (except THROTTLE) for that long,
-	// keyed by HashCheckRequest. Off by default: a cached decision
+	// keyed by hashCheckRequest. Off by default: a cached decision
 	// outlives a policy change by up to the TTL.
 	CacheTTL time.Duration
-	// CacheSize bounds the cache (default DecisionCacheSizeDefault).
+	// CacheSize bounds the cache (default decisionCacheSizeDefault).
 	CacheSize int
 	// Metrics, when set, receives the client's series.
 	Metrics prometheus.Registerer
@@ -108,36 +94,24 @@ type KernelClientConfig struct {
 // mode and the cache TTL. Addr is "" when no kernel is configured (the
 // caller then uses the built-in engine or AllowAll).
 func KernelClientConfigFromEnv() (KernelClientConfig, error) {
-	cfg := KernelClientConfig{Addr: strings.TrimSpace(os.Getenv(EnvKernelAddr)),
-		TLS: ClientTLS{CAFile: strings.TrimSpace(os.Getenv(EnvKernelTLSCA))}}
+	cfg := KernelClientConfig{Addr: strings.TrimSpace(os.Getenv(safety.EnvKernelAddr)),
+		TLS: safety.ClientTLS{CAFile: strings.TrimSpace(os.Getenv(safety.EnvKernelTLSCA))}}
 	var err error
-	if cfg.TLS.Required, err = envBool(EnvKernelTLSReq); err != nil {
+	if cfg.TLS.Required, err = policyenv.EnvBool(safety.EnvKernelTLSReq); err != nil {
 		return cfg, err
 	}
-	if cfg.TLS.Insecure, err = envBool(EnvKernelInsecure); err != nil {
+	if cfg.TLS.Insecure, err = policyenv.EnvBool(safety.EnvKernelInsecure); err != nil {
 		return cfg, err
 	}
-	if cfg.FailMode, err = ParseFailMode(os.Getenv(EnvFailMode)); err != nil {
+	if cfg.FailMode, err = parseFailMode(os.Getenv(safety.EnvFailMode)); err != nil {
 		return cfg, err
 	}
-	if v := strings.TrimSpace(os.Getenv(EnvDecisionTTL)); v != "" {
+	if v := strings.TrimSpace(os.Getenv(safety.EnvDecisionTTL)); v != "" {
 		if cfg.CacheTTL, err = parseTTL(v); err != nil {
-			return cfg, fmt.Errorf("safety: %s: %w", EnvDecisionTTL, err)
+			return cfg, fmt.Errorf("safety: %s: %w", safety.EnvDecisionTTL, err)
 		}
 	}
 	return cfg, nil
-}
-
-func envBool(name string) (bool, error) {
-	v := strings.TrimSpace(os.Getenv(name))
-	if v == "" {
-		return false, nil
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return false, fmt.Errorf("safety: %s=%q: want true or false", name, v)
-	}
-	return b, nil
 }
 
 // parseTTL reads a Go duration ("30s") or a number of seconds ("30").
@@ -183,14 +157,14 @@ func NewKernelClient(cfg KernelClientConfig) (*KernelClient, error) {
 	if strings.TrimSpace(cfg.Addr) == "" {
 		return nil, errors.New("safety: kernel client needs an address")
 	}
-	if v := os.Getenv(EnvFailMode); strings.TrimSpace(v) != "" {
-		mode, err := ParseFailMode(v)
+	if v := os.Getenv(safety.EnvFailMode); strings.TrimSpace(v) != "" {
+		mode, err := parseFailMode(v)
 		if err != nil {
 			return nil, err
 		}
 		cfg.FailMode = mode
 	}
-	mode, err := ParseFailMode(string(cfg.FailMode))
+	mode, err := parseFailMode(string(cfg.FailMode))
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +189,7 @@ func NewKernelClient(cfg KernelClientConfig) (*KernelClient, error) {
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
 		// gRPC's default reconnect backoff grows to 120 s; a kernel back
 		// from an outage must be found within seconds, not minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: cfg.Timeout})},
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: policyenv.ReconnectBackoff, MinConnectTimeout: cfg.Timeout})},
 		cfg.DialOptions...)
 	conn, err := grpc.NewClient(cfg.Addr, opts...)
 	if err != nil {
@@ -244,15 +218,15 @@ func (c *KernelClient) BreakerState(ctx context.Context) BreakerState { return c
 func (c *KernelClient) Check(ctx context.Context, req *capv1.PolicyCheckRequest) (*capv1.PolicyCheckResponse, error) {
 	var key string
 	if c.cache != nil {
-		key = HashCheckRequest(req)
+		key = hashCheckRequest(req)
 		if r := c.cache.get(key, req.GetJobId(), c.cfg.Clock()); r != nil {
-			c.m.checks.WithLabelValues("cached_" + decisionLabel(r.Decision)).Inc()
+			c.m.checks.WithLabelValues("cached_" + policyenv.DecisionLabel(r.Decision)).Inc()
 			return r, nil
 		}
 	}
 	p, ok := c.breaker.acquire(ctx)
 	if !ok {
-		return c.unavailable(req, &UnavailableError{BreakerOpen: true})
+		return c.unavailable(req, &safety.UnavailableError{BreakerOpen: true})
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	start := time.Now()
@@ -262,21 +236,21 @@ func (c *KernelClient) Check(ctx context.Context, req *capv1.PolicyCheckRequest)
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// The caller gave up (not the kernel): no verdict on the
 			// kernel, and no decision to make up either.
-			return nil, &UnavailableError{Cause: ctx.Err()}
+			return nil, &safety.UnavailableError{Cause: ctx.Err()}
 		}
 		c.breaker.record(ctx, p, false)
-		return c.unavailable(req, &UnavailableError{Cause: err})
+		return c.unavailable(req, &safety.UnavailableError{Cause: err})
 	}
 	c.m.latency.Observe(time.Since(start).Seconds())
 	c.breaker.record(ctx, p, true)
-	c.m.checks.WithLabelValues(decisionLabel(resp.Decision)).Inc()
+	c.m.checks.WithLabelValues(policyenv.DecisionLabel(resp.Decision)).Inc()
 	if c.cache != nil {
 		c.cache.put(key, resp, c.cfg.Clock())
 	}
 	return resp, nil
 }
 
-func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *UnavailableError) (*capv1.PolicyCheckResponse, error) {
+func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *safety.UnavailableError) (*capv1.PolicyCheckResponse, error) {
 	c.m.checks.WithLabelValues("unavailable").Inc()
 	if c.cfg.FailMode != FailOpen {
 		return nil, uerr
@@ -292,6 +266,4 @@ func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *Unavaila
 		RuleId: RuleFailOpen, PolicySnapshot: SnapshotFailOpen}, nil
 }
 
-func decisionLabel(d capv1.DecisionType) string {
-	return strings.ToLower(strings.TrimPrefix(d.String(), "DECISION_TYPE_"))
-}
+var _ safety.InputPolicy = (*KernelClient)(nil)
