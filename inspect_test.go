@@ -10,6 +10,7 @@ import (
 	"github.com/troupe-run/troupe/internal/jobtrace"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
+	"github.com/troupe-run/troupe/internal/schedule"
 	"github.com/troupe-run/troupe/internal/store"
 )
 
@@ -23,6 +24,7 @@ func (n *Node) Mappings() *router.MappingStore        { return inspector{n}.Mapp
 func (n *Node) PoolConfig() *router.PoolConfig        { return inspector{n}.PoolConfig() }
 func (n *Node) JobData() *jobdata.Store               { return inspector{n}.JobData() }
 func (n *Node) Workers() ([]router.WorkerInfo, error) { return inspector{n}.Workers() }
+func (n *Node) Schedules() *schedule.Store            { return inspector{n}.Schedules() }
 
 func (n *Node) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error) {
 	return inspector{n}.ListJobs(ctx, q)

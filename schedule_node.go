@@ -33,12 +33,13 @@ func (n *Node) startTicker(ctx context.Context) error {
 	return nil
 }
 
-// Schedules returns the node's schedule store (valid after Start).
-func (n *Node) Schedules() *schedule.Store {
-	if n.ticker == nil {
+// Schedules returns the node's schedule store (valid after Start), for the
+// admin API (admin.ScheduleNode).
+func (i inspector) Schedules() *schedule.Store {
+	if i.ticker == nil {
 		return nil
 	}
-	return n.ticker.Store()
+	return i.ticker.Store()
 }
 
 // submitScheduled publishes jobs on the submit subject, each with its

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -252,7 +253,7 @@ func TestScheduleBenchNodeDelayedBurst(t *testing.T) {
 	plainAt := time.Now()
 	lags := make([]time.Duration, 0, n)
 	for _, id := range ids {
-		var r *store.JobRecord
+		var r *troupe.Job
 		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			var err error
 			if r, err = f.node.Job(ctx, id); err == nil {

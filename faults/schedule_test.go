@@ -40,7 +40,7 @@ func TestFaultScheduleReplicaKilled(t *testing.T) {
 	var mu sync.Mutex
 	receipts := map[string]int{}
 	w, err := worker.Start(env.NATS, worker.Config{ID: "sw", Pool: "default", Topics: []string{"job.echo"}, Direct: true,
-		Subjects: subj, Heartbeat: 500 * time.Millisecond, MaxParallel: 100,
+		SubjectPrefix: subj.Prefix(), Heartbeat: 500 * time.Millisecond, MaxParallel: 100,
 		OnReceive: func(_ string, req *capv1.JobRequest) {
 			mu.Lock()
 			receipts[req.JobId]++
