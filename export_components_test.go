@@ -1,0 +1,9 @@
+package troupe
+
+// FailStartOf makes the node's component name fail to start (before it
+// runs), so a test can see what a failed Start leaves behind.
+func (n *Node) FailStartOf(name string) { n.comps.failStart = name }
+
+// RecordComponents makes the node tell record of every component start
+// ("start <name>") and stop ("stop <name>"), in order.
+func (n *Node) RecordComponents(record func(event string)) { n.comps.record = record }
