@@ -26,7 +26,7 @@ func componentNode(t *testing.T, env *testenv.Env) *troupe.Node {
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: "node-c", NATS: env.NATS, Redis: env.Client,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
-		Pools: pools, LockTTL: 3 * time.Second, Logger: quietLogger()})
+		Pools: pools, Tuning: troupe.Tuning{LockTTL: 3 * time.Second}, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func (n *Node) intakePart() part {
 		start: func(context.Context) error {
 			var replay *signing.ReplayGuard
 			if n.cfg.Verifier != nil {
-				replay = signing.NewReplayGuard(n.cfg.ReplayWindow, n.cfg.ReplaySeen)
+				replay = signing.NewReplayGuard(n.cfg.Tuning.ReplayWindow, n.cfg.Tuning.ReplaySeen)
 				_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 					Name: "troupe_replay_signatures_forgotten_total",
 					Help: "Signatures the replay window forgot before their window ended because its seen-set was full.",

@@ -34,7 +34,7 @@ func (n *Node) parts() []component {
 		n.storePart(),       // scripts loaded, streams ensured
 		n.renewerPart(),     // job locks and the node lease
 	}
-	if !n.cfg.NoProcessedGuard {
+	if !n.cfg.Tuning.NoProcessedGuard {
 		list = append(list, n.guardPart()) // processed-message marks
 	}
 	list = append(list,
@@ -59,14 +59,14 @@ func (n *Node) parts() []component {
 		n.questionsPart(),     // capacity gossip and other replicas' queue questions
 		n.parkedPart(),        // remembers this node's parked jobs
 	)
-	if n.cfg.StreamCheck >= 0 {
+	if n.cfg.Tuning.StreamCheck >= 0 {
 		list = append(list, n.streamKeeperPart()) // recreates lost streams
 	}
 	list = append(list,
 		n.consumePart(), // the submit, result and cancel fetch loops
 		n.duePart(),     // the due poller
 	)
-	if !n.cfg.NoSagas {
+	if !n.cfg.Tuning.NoSagas {
 		list = append(list, n.sagasPart()) // rollbacks
 	}
 	return list
@@ -149,12 +149,12 @@ func (n *Node) tracingPart() part {
 
 func (n *Node) storePart() part {
 	return part{name: "store", start: func(ctx context.Context) error {
-		n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.LockTTL, RescueAfter: n.cfg.RescueAfter,
-			DLQMaxBytes: n.cfg.DLQMaxBytes, Retention: n.cfg.Retention, DLQRetention: n.cfg.DLQRetention})
+		n.store = store.New(n.rdb, store.Config{Prefix: n.cfg.KeyPrefix, LockTTL: n.cfg.Tuning.LockTTL, RescueAfter: n.cfg.Tuning.RescueAfter,
+			DLQMaxBytes: n.cfg.Tuning.DLQMaxBytes, Retention: n.cfg.Tuning.Retention, DLQRetention: n.cfg.Tuning.DLQRetention})
 		if err := n.store.LoadScripts(ctx); err != nil {
 			return err
 		}
-		return bus.EnsureReplicatedStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj, n.cfg.StreamReplicas)
+		return bus.EnsureReplicatedStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj, n.cfg.Tuning.StreamReplicas)
 	}}
 }
 
@@ -242,7 +242,7 @@ func (n *Node) dispatcherPart() part {
 func (n *Node) toucherPart() part {
 	return part{name: "toucher",
 		start: func(context.Context) error {
-			t := jobactor.NewToucher(touchFor(n.cfg.CapacityGrace))
+			t := jobactor.NewToucher(touchFor(n.cfg.Tuning.CapacityGrace))
 			n.toucher = t
 			_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "troupe_capacity_submit_touches_total",
@@ -281,11 +281,11 @@ func (n *Node) routerPart() part {
 			// What the router hears of each worker, for direct dispatches to carry.
 			n.beats = router.NewBeats()
 			n.router = n.sys.Root.SpawnPrefix(router.Props(router.Config{
-				Pools: pools, TTL: n.cfg.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
-				Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID, Bounds: n.cfg.WorkerBounds,
+				Pools: pools, TTL: n.cfg.Tuning.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
+				Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID, Bounds: n.cfg.Tuning.WorkerBounds,
 				// A pick its job has neither started on nor given back a minute
 				// after the dispatch timeout was never dispatched (router/picks.go).
-				PickTTL: n.cfg.Timeouts.Dispatch + time.Minute,
+				PickTTL: n.cfg.Tuning.Timeouts.Dispatch + time.Minute,
 				Gossip:  func(data []byte) { _ = n.nc.PublishMsg(bus.NewSignedMsg(n.subj.Capacity(), n.cfg.NodeID, data)) },
 				Link:    func() (bool, uint64) { return n.nc.IsConnected(), n.nc.Stats().Reconnects },
 				Heard:   func() uint64 { return n.nc.Stats().InMsgs },
@@ -363,18 +363,15 @@ func (n *Node) jobEnvPart() part {
 		n.env = (&jobactor.Env{
 			NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 			Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: n.sys.Root,
-			Keys: n.store.Keys(), Wheel: n.wheel, Metrics: jobactor.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Timeouts,
-			Forward: intakeForwarder(n), Redispatch: redispatch(n.cfg.NoRedispatchTopics),
-			TenantLimit: tenantLimit(n.cfg.TenantLimits),
+			Keys: n.store.Keys(), Wheel: n.wheel, Metrics: jobactor.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Tuning.Timeouts,
+			Forward: intakeForwarder(n), Redispatch: redispatch(n.cfg.Tuning.NoRedispatchTopics),
+			TenantLimit: tenantLimit(n.cfg.Tuning.TenantLimits),
 			Output:      n.outputGate(), Scans: n.scans,
-			MaxSchedulingAttempts: n.cfg.MaxSchedulingAttempts, Backoff: n.cfg.Backoff,
-			PermanentGrace: n.cfg.PermanentGrace, ParkAfter: n.cfg.ParkAfter, CapacityGrace: n.cfg.CapacityGrace,
-			ResendAfter: n.cfg.ResendAfter, Connected: n.nc.IsConnected, SafetyWaiters: n.safetyWaiters,
+			Tuning: n.cfg.Tuning.jobs(), Backoff: n.cfg.backoff,
+			Connected: n.nc.IsConnected, SafetyWaiters: n.safetyWaiters,
 			DispatchStamp: n.beats.Stamp,
-			DataLost:      n.dataLostRecently, SagaRetention: n.cfg.SagaRetention, UnknownHold: n.cfg.UnknownHold,
-			WorkerLostGrace: n.cfg.WorkerLostGrace, OnTerminal: n.waiters.ended, Tracing: n.jobSpans,
-			OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL(),
-			MaxAdmitting: int64(n.cfg.MaxAdmitting), AdmissionHold: n.cfg.AdmissionHold, Toucher: n.toucher,
+			DataLost:      n.dataLostRecently, OnTerminal: n.waiters.ended, Tracing: n.jobSpans,
+			OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL(), Toucher: n.toucher,
 		}).WithDefaults()
 		env := n.env
 		_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -408,7 +405,7 @@ func (n *Node) jobShardsPart() part {
 	return part{name: "job-shards",
 		start: func(context.Context) error {
 			onPool := actor.WithDispatcher(n.dispatcher)
-			tc := n.cfg.JobTrace
+			tc := n.cfg.Tuning.JobTrace
 			tc.Redis, tc.Keys, tc.NodeID, tc.Retention = n.rdb, n.store.Keys(), n.cfg.NodeID, n.store.Retention()
 			tc.Log, tc.Metrics, tc.Origin = n.log, n.cfg.Metrics, jobactor.TraceOrigin
 			tracer, err := jobtrace.New(n.sys, tc) // nil when off: no middleware at all
@@ -417,7 +414,7 @@ func (n *Node) jobShardsPart() part {
 			}
 			jobOpts := append([]actor.PropsOption{onPool}, tracer.PropsOptions()...)
 			shardProps := supervisor.ShardPropsResolving(jobactor.NewJobProps(n.env, jobOpts...), n.log, n.resolver, onPool)
-			for i := 0; i < n.cfg.JobShards; i++ {
+			for i := 0; i < n.cfg.Tuning.JobShards; i++ {
 				pid, err := n.sys.Root.SpawnNamed(shardProps, "jobs-"+strconv.Itoa(i))
 				if err != nil {
 					n.stopActors(context.Background(), n.shards...)
@@ -519,8 +516,8 @@ func (n *Node) duePart() part {
 			if err := n.cfg.Metrics.Register(stale); err != nil {
 				stale = nil
 			}
-			n.due = &recovery.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.DuePoll,
-				Stale: stale, Slack: n.cfg.DueSlack}
+			n.due = &recovery.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.Tuning.DuePoll,
+				Stale: stale, Slack: n.cfg.Tuning.DueSlack}
 			n.due.Start()
 			return nil
 		},
@@ -532,7 +529,7 @@ func (n *Node) sagasPart() part {
 		start: func(context.Context) (err error) {
 			n.sagas, err = saga.Start(saga.Config{System: n.sys, Store: n.store, JS: n.js, Subjects: n.subj,
 				Policy: n.cfg.Policy, NodeID: n.cfg.NodeID, Metrics: n.cfg.Metrics, Log: n.log,
-				StepBudget: n.cfg.SagaStepBudget, Poll: n.cfg.SagaPoll, Retention: n.cfg.SagaRetention})
+				StepBudget: n.cfg.Tuning.SagaStepBudget, Poll: n.cfg.Tuning.SagaPoll, Retention: n.cfg.Tuning.SagaRetention})
 			return err
 		},
 		stop: func(ctx context.Context) error { return n.sagas.Stop(ctx) }}

@@ -1,5 +1,7 @@
 package troupe
 
+import "time"
+
 // FailStartOf makes the node's component name fail to start (before it
 // runs), so a test can see what a failed Start leaves behind.
 func (n *Node) FailStartOf(name string) { n.comps.failStart = name }
@@ -7,3 +9,7 @@ func (n *Node) FailStartOf(name string) { n.comps.failStart = name }
 // RecordComponents makes the node tell record of every component start
 // ("start <name>") and stop ("stop <name>"), in order.
 func (n *Node) RecordComponents(record func(event string)) { n.comps.record = record }
+
+// SetBackoff sets the scheduling retry delay of the node built from c
+// (nil: the default, jobactor.Backoff).
+func SetBackoff(c *Config, f func(attempt int) time.Duration) { c.backoff = f }

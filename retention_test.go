@@ -27,7 +27,7 @@ func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, func(cfg *troupe.Config) { cfg.Retention = c.retention })
+			f := newFixture(t, func(cfg *troupe.Config) { cfg.Tuning.Retention = c.retention })
 			f.startWorker("w1", true, nil, worker.Echo)
 			f.submit(echoReq("kept-1"))
 			f.waitState("kept-1", jobstate.StateSucceeded)
@@ -55,8 +55,8 @@ func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
 func TestDLQRetentionDropsOldEntries(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.DLQRetention = 300 * time.Millisecond
-		c.DuePoll = 20 * time.Millisecond
+		c.Tuning.DLQRetention = 300 * time.Millisecond
+		c.Tuning.DuePoll = 20 * time.Millisecond
 	})
 	f.publishRaw(f.subj.Submit, []byte{0xff, 0xff, 0xff, 0x01})
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonDecodeFailed })

@@ -27,6 +27,7 @@ import (
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -123,15 +124,6 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.StreamPrefix == "" {
 		cfg.StreamPrefix = StreamPrefixDefault
 	}
-	if cfg.StreamReplicas == 0 {
-		cfg.StreamReplicas = 1
-	}
-	if cfg.StreamReplicas < 1 || cfg.StreamReplicas > bus.MaxStreamReplicas {
-		return nil, fmt.Errorf("troupe: stream replicas %d: want 1..%d", cfg.StreamReplicas, bus.MaxStreamReplicas)
-	}
-	if cfg.JobShards <= 0 {
-		cfg.JobShards = JobShardsDefault
-	}
 	if cfg.Policy == nil {
 		cfg.Policy = safety.AllowAll{}
 	}
@@ -151,21 +143,26 @@ func NewNode(cfg Config) (*Node, error) {
 			cfg.Pools, poolsFromFile = p, true
 		}
 	}
-	if cfg.Timeouts == nil {
-		cfg.Timeouts = jobactor.DefaultTimeouts()
-		if cfg.TimeoutsFile != "" {
-			t, err := jobactor.LoadTimeouts(cfg.TimeoutsFile)
-			if err != nil {
-				return nil, fmt.Errorf("troupe: %w", err)
-			}
-			cfg.Timeouts = t
+	t := &cfg.Tuning
+	if t.Timeouts == nil && t.TimeoutsFile != "" {
+		timeouts, err := jobactor.LoadTimeouts(t.TimeoutsFile)
+		if err != nil {
+			return nil, fmt.Errorf("troupe: %w", err)
 		}
+		t.Timeouts = timeouts
+	}
+	defaults.Fill(t, DefaultTuning())
+	if t.JobShards < 0 {
+		t.JobShards = DefaultTuning().JobShards
+	}
+	if t.StreamReplicas < 1 || t.StreamReplicas > bus.MaxStreamReplicas {
+		return nil, fmt.Errorf("troupe: stream replicas %d: want 1..%d", t.StreamReplicas, bus.MaxStreamReplicas)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
 	if v := os.Getenv("TROUPE_JOB_TRACE"); v == "on" || v == "1" || v == "true" {
-		cfg.JobTrace.Enabled = true
+		cfg.Tuning.JobTrace.Enabled = true
 	}
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
 		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}, nil
@@ -313,8 +310,8 @@ func (n *Node) streamKeeper() *bus.StreamKeeper {
 		[]string{"stream"})
 	_ = n.cfg.Metrics.Register(streams)
 	_ = n.cfg.Metrics.Register(consumers)
-	k := bus.NewStreamKeeper(n.js, n.cfg.StreamPrefix, n.subj, n.cfg.StreamReplicas, n.log)
-	k.Every = n.cfg.StreamCheck
+	k := bus.NewStreamKeeper(n.js, n.cfg.StreamPrefix, n.subj, n.cfg.Tuning.StreamReplicas, n.log)
+	k.Every = n.cfg.Tuning.StreamCheck
 	refusing := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stream_refusing",
 		Help: "1 while this node's last write probe of an input stream was refused (the stream exists and refuses publishes)."},
 		[]string{"stream"})
