@@ -89,6 +89,28 @@ func (n *Node) intakePart() part {
 		}}
 }
 
+// dlqMetrics registers troupe_dlq_bytes (read from Redis at each scrape)
+// and returns troupe_dlq_write_failures_total{reason}.
+func (n *Node) dlqMetrics() *prometheus.CounterVec {
+	failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_dlq_write_failures_total",
+		Help: "Bad inputs dropped because their DLQ entry could not be written (logged at ERROR with size and hash)."},
+		[]string{"reason"})
+	_ = n.cfg.Metrics.Register(failures)
+	st := n.store
+	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_dlq_bytes",
+		Help: "Bytes the DLQ's entries hold (bounded by the DLQ byte budget; -1: Redis did not answer)."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			b, err := st.DLQBytes(ctx)
+			if err != nil {
+				return -1
+			}
+			return float64(b)
+		}))
+	return failures
+}
+
 // questionsPart subscribes the capacity reports of other replicas and the
 // queue questions they ask this node, and announces the node to the other
 // routers.

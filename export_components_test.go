@@ -13,3 +13,7 @@ func (n *Node) RecordComponents(record func(event string)) { n.comps.record = re
 // SetBackoff sets the scheduling retry delay of the node built from c
 // (nil: the default, jobactor.Backoff).
 func SetBackoff(c *Config, f func(attempt int) time.Duration) { c.backoff = f }
+
+// TuningInUse returns the tuning the node runs with (its Config.Tuning,
+// zero fields filled).
+func (n *Node) TuningInUse() Tuning { return n.cfg.Tuning }

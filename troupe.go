@@ -30,7 +30,6 @@ import (
 	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobactor"
-	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
@@ -168,28 +167,6 @@ func NewNode(cfg Config) (*Node, error) {
 		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}, nil
 }
 
-// registerRenewMetrics exports the lock renewer's outcome counters.
-func (n *Node) registerRenewMetrics() {
-	for _, m := range []struct {
-		outcome string
-		read    func(store.RenewStats) uint64
-	}{
-		{"renewed", func(s store.RenewStats) uint64 { return s.Renewed }},
-		{"refused", func(s store.RenewStats) uint64 { return s.Refused }},
-		{"failed", func(s store.RenewStats) uint64 { return s.Failed }},
-		{"lost", func(s store.RenewStats) uint64 { return s.Lost }},
-	} {
-		read, r := m.read, n.renewer
-		_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "troupe_lock_renewals_total", Help: "Job lock renewal outcomes (lost = reported to the job).",
-			ConstLabels: prometheus.Labels{"outcome": m.outcome},
-		}, func() float64 { return float64(read(r.Stats())) }))
-	}
-	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "troupe_job_locks_held", Help: "Job locks this node holds and renews.",
-	}, func() float64 { return float64(n.renewer.Held()) }))
-}
-
 // Output content scans (phase 2) run on a small pool: each may take up to
 // safety.OutputContentBudgetDefault, and a full queue skips (and counts) a
 // scan rather than hold a result back.
@@ -272,150 +249,12 @@ func (n *Node) Start(ctx context.Context) error {
 	return nil
 }
 
-// dlqMetrics registers troupe_dlq_bytes (read from Redis at each scrape)
-// and returns troupe_dlq_write_failures_total{reason}.
-func (n *Node) dlqMetrics() *prometheus.CounterVec {
-	failures := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_dlq_write_failures_total",
-		Help: "Bad inputs dropped because their DLQ entry could not be written (logged at ERROR with size and hash)."},
-		[]string{"reason"})
-	_ = n.cfg.Metrics.Register(failures)
-	st := n.store
-	_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_dlq_bytes",
-		Help: "Bytes the DLQ's entries hold (bounded by the DLQ byte budget; -1: Redis did not answer)."},
-		func() float64 {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			b, err := st.DLQBytes(ctx)
-			if err != nil {
-				return -1
-			}
-			return float64(b)
-		}))
-	return failures
-}
-
-// streamKeeper returns the keeper that recreates the node's streams and
-// consumers when they go missing while it runs, counted in
-// troupe_streams_recreated_total{stream} and
-// troupe_stream_consumers_recreated_total{stream}, and proves each accepts
-// writes (troupe_stream_refusing{stream}, troupe_stream_probe_refusals_total
-// {stream}). Until a missing one is back, or while one refuses writes,
-// Ready reports the streams not ready.
-func (n *Node) streamKeeper() *bus.StreamKeeper {
-	streams := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_streams_recreated_total",
-		Help: "Input streams this node found missing while running and recreated (the messages they held are lost)."},
-		[]string{"stream"})
-	consumers := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_stream_consumers_recreated_total",
-		Help: "Durable consumers of the input streams this node found missing while running and recreated."},
-		[]string{"stream"})
-	_ = n.cfg.Metrics.Register(streams)
-	_ = n.cfg.Metrics.Register(consumers)
-	k := bus.NewStreamKeeper(n.js, n.cfg.StreamPrefix, n.subj, n.cfg.Tuning.StreamReplicas, n.log)
-	k.Every = n.cfg.Tuning.StreamCheck
-	refusing := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stream_refusing",
-		Help: "1 while this node's last write probe of an input stream was refused (the stream exists and refuses publishes)."},
-		[]string{"stream"})
-	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_stream_probe_refusals_total",
-		Help: "Write probes of an input stream that JetStream refused."}, []string{"stream"})
-	_ = n.cfg.Metrics.Register(refusing)
-	_ = n.cfg.Metrics.Register(refusals)
-	k.OnProbe = func(_ bus.StreamKind, name string, err error) {
-		if err != nil {
-			refusing.WithLabelValues(name).Set(1)
-			refusals.WithLabelValues(name).Inc()
-			return
-		}
-		refusing.WithLabelValues(name).Set(0)
-	}
-	k.OnRecreated = func(_ bus.StreamKind, name, part string) {
-		if part == bus.PartStream {
-			streams.WithLabelValues(name).Inc()
-		} else {
-			consumers.WithLabelValues(name).Inc()
-		}
-	}
-	resets := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_stream_resets_total",
-		Help: "Input streams found to be new ones (recreated here or elsewhere): the messages the old ones held are lost."},
-		[]string{"stream"})
-	_ = n.cfg.Metrics.Register(resets)
-	k.OnReset = func(kind bus.StreamKind, name string) {
-		resets.WithLabelValues(name).Inc()
-		if kind == bus.StreamResult {
-			n.bg.Add(1)
-			go n.resultsLost(name)
-		}
-	}
-	return k
-}
-
-// resultsLost tells every job this node owns that is with its worker —
-// live, or parked here — that the result stream is a new one: a result its
-// worker sent to the old one may be gone. Jobs on workers that dedupe ask
-// them again (lifecycle.Job.onResultsLost); the others wait as before.
-func (n *Node) resultsLost(stream string) {
-	defer n.bg.Done()
-	n.intake.TellLive(&jobactor.ResultsLost{})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	count := 0
-	err := n.store.ParkedIn(ctx, n.cfg.NodeID, func(ids []string) {
-		count += len(ids)
-		for _, id := range ids {
-			n.intake.TellSpawn(id, &jobactor.ResultsLost{})
-		}
-	}, jobstate.StateDispatched, jobstate.StateRunning)
-	if err != nil {
-		n.log.Warn("reading this node's parked jobs after a result stream reset failed; they wait for their results or deadlines",
-			"stream", stream, "err", err)
-		return
-	}
-	n.log.Warn("result stream reset: jobs with their workers told (deduping workers are asked again)",
-		"stream", stream, "parked", count)
-}
-
 // dataLostRecently reports whether Redis lost its data within the
 // retention of terminal records: an event for a job with no record is then
 // a job whose record was lost, not one that never existed.
 func (n *Node) dataLostRecently() bool {
 	at := n.dataLostAt.Load()
 	return at > 0 && time.Since(time.UnixMilli(at)) < max(n.store.Retention(), time.Hour)
-}
-
-func (n *Node) connect(ctx context.Context) error {
-	if n.cfg.NATS != nil {
-		n.nc = n.cfg.NATS
-	} else {
-		for _, w := range n.cfg.NATSAuth.Warnings(n.cfg.NATSURL) {
-			n.log.Warn(w)
-		}
-		nc, err := connect.DialNATS(n.cfg.NATSURL, n.cfg.NATSAuth, nats.Name("troupe-node "+n.cfg.NodeID),
-			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
-		if err != nil {
-			return fmt.Errorf("troupe: %w", err)
-		}
-		n.nc, n.ownNC = nc, true
-	}
-	js, err := jetstream.New(n.nc)
-	if err != nil {
-		return fmt.Errorf("troupe: jetstream: %w", err)
-	}
-	n.js = js
-	if n.cfg.Redis != nil {
-		n.rdb = n.cfg.Redis
-		if err := n.rdb.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("troupe: redis: %w", err)
-		}
-		return nil
-	}
-	for _, w := range n.cfg.RedisAuth.Warnings(n.cfg.RedisURL) {
-		n.log.Warn(w)
-	}
-	rdb, err := connect.DialRedis(ctx, n.cfg.RedisURL, n.cfg.RedisAuth)
-	if err != nil {
-		return fmt.Errorf("troupe: %w", err)
-	}
-	n.rdb, n.ownRDB = rdb, true
-	return nil
 }
 
 // touchFor is how long the node touches one unwritten wait's submit at
