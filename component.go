@@ -69,6 +69,10 @@ type components struct {
 	mu      sync.Mutex
 	state   runState
 	started []component // in start order
+	// stopAsked: Stop was called while Start ran; Start stops at the next
+	// component and closes startDone, which Stop waits for.
+	stopAsked bool
+	startDone chan struct{}
 
 	// Tests: failStart names a component whose Start fails (before it
 	// runs); record, when set, hears "start <name>" and "stop <name>".
@@ -86,9 +90,16 @@ func (cs *components) start(ctx context.Context, list []component, stopCtx func(
 		return errNotStartable
 	}
 	cs.state = runStarting
+	cs.startDone = make(chan struct{})
+	defer close(cs.startDone)
 	cs.mu.Unlock()
 	for _, c := range list {
 		err := ctx.Err()
+		cs.mu.Lock()
+		if err == nil && cs.stopAsked {
+			err = errors.New("the node was stopped while it started")
+		}
+		cs.mu.Unlock()
 		if err == nil && cs.failStart == c.Name() {
 			err = errors.New("failure injected by a test")
 		}
@@ -119,9 +130,17 @@ func (cs *components) start(ctx context.Context, list []component, stopCtx func(
 }
 
 // stop stops the started components in reverse order (once; later calls
-// return nil at once).
+// return nil at once). Called while start runs, it makes start stop before
+// its next component and waits for it.
 func (cs *components) stop(ctx context.Context) error {
 	cs.mu.Lock()
+	if cs.state == runStarting {
+		cs.stopAsked = true
+		done := cs.startDone
+		cs.mu.Unlock()
+		<-done
+		cs.mu.Lock()
+	}
 	if cs.state == runStopped || cs.state == runFailed {
 		cs.mu.Unlock()
 		return nil

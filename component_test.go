@@ -210,3 +210,55 @@ func TestComponentStartFailureLeavesNothingBehind(t *testing.T) {
 		})
 	}
 }
+
+// Stop called while Start runs makes Start stop before its next component
+// and fail; Stop returns once what had started is stopped, and nothing is
+// left behind.
+func TestComponentStopDuringStartStopsWhatStarted(t *testing.T) {
+	env := testenv.New(t)
+	_, _ = env.NATS.Request(env.Prefix+".nobody", nil, 10*time.Millisecond)
+	// A first node starts what a process starts once.
+	warm := componentNode(t, env)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := warm.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	subs := env.NATS.NumSubscriptions()
+	before, _ := goroutines()
+
+	node := componentNode(t, env)
+	stopped := make(chan error, 1)
+	node.RecordComponents(func(e string) {
+		if e != "start writer" {
+			return
+		}
+		go func() { stopped <- node.Stop(ctx) }()
+		for deadline := time.Now().Add(10 * time.Second); !node.StopAsked(); {
+			if time.Now().After(deadline) {
+				t.Error("Stop did not reach the starting node in 10 s")
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	err := node.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), "stopped while it started") {
+		t.Fatalf("Start stopped while starting: err %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if left := leftGoroutines(before); len(left) > 0 {
+		t.Fatalf("%d kinds of goroutine left behind:\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+	for deadline := time.Now().Add(15 * time.Second); env.NATS.NumSubscriptions() > subs && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := env.NATS.NumSubscriptions(); got != subs {
+		t.Errorf("%d NATS subscriptions left", got-subs)
+	}
+}

@@ -17,3 +17,10 @@ func SetBackoff(c *Config, f func(attempt int) time.Duration) { c.backoff = f }
 // TuningInUse returns the tuning the node runs with (its Config.Tuning,
 // zero fields filled).
 func (n *Node) TuningInUse() Tuning { return n.cfg.Tuning }
+
+// StopAsked reports whether Stop was called while Start ran.
+func (n *Node) StopAsked() bool {
+	n.comps.mu.Lock()
+	defer n.comps.mu.Unlock()
+	return n.comps.stopAsked
+}

@@ -272,7 +272,9 @@ func touchFor(grace time.Duration) time.Duration {
 // components in the reverse of their start order. It waits for the actors
 // at most until ctx ends (`troupe node` gives it 10 s on SIGTERM); whatever
 // has not stopped by then keeps its locks until they expire. Stop is safe to
-// call more than once, and without or after a failed Start.
+// call more than once, and without or after a failed Start; called while
+// Start runs, it makes Start fail before its next component and returns
+// once what had started is stopped.
 func (n *Node) Stop(ctx context.Context) error {
 	n.stopping.Store(true)
 	return n.comps.stop(ctx)
