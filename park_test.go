@@ -22,7 +22,7 @@ import (
 )
 
 // Tests of parked jobs: a DISPATCHED or RUNNING job whose actor stopped
-// after Config.ParkAfter, held by its node through the node lease.
+// after Config.Tuning.ParkAfter, held by its node through the node lease.
 
 // parkFast parks a job 50 ms after it reaches its worker and polls fast.
 func parkFast(c *troupe.Config) {

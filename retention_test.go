@@ -11,7 +11,7 @@ import (
 	"github.com/troupe-run/troupe/worker"
 )
 
-// Config.Retention is how long a finished job's record (which holds its
+// Config.Tuning.Retention is how long a finished job's record (which holds its
 // history) is kept: the expiry written when the job ends is the configured
 // one, not the 24 h default; a negative retention keeps it.
 func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
@@ -51,7 +51,7 @@ func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
 	}
 }
 
-// Config.DLQRetention: the due poller drops DLQ entries older than it.
+// Config.Tuning.DLQRetention: the due poller drops DLQ entries older than it.
 func TestDLQRetentionDropsOldEntries(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {

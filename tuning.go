@@ -33,7 +33,8 @@ type Tuning struct {
 	// MaxWorkersDefault, MaxPoolsDefault). Heartbeats beyond are refused
 	// and counted in troupe_heartbeats_refused_total{reason}.
 	WorkerBounds registry.Bounds
-	// JobShards is the number of job supervisor shards (default JobShardsDefault).
+	// JobShards is the number of job supervisor shards (default 16: they
+	// spread spawn and routing work over several mailboxes).
 	JobShards int
 	// MaxSchedulingAttempts before a job fails (default jobactor.MaxSchedulingAttemptsDefault).
 	MaxSchedulingAttempts int
@@ -168,7 +169,7 @@ func DefaultTuning() Tuning {
 		LockTTL:               store.LockTTLDefault,
 		WorkerTTL:             registry.TTLDefault,
 		WorkerBounds:          registry.Bounds{}.WithDefaults(),
-		JobShards:             16, // spread spawn and routing work over several mailboxes
+		JobShards:             16,
 		MaxSchedulingAttempts: jobs.MaxSchedulingAttempts,
 		PermanentGrace:        jobs.PermanentGrace,
 		ParkAfter:             jobs.ParkAfter,
