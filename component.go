@@ -73,6 +73,9 @@ type components struct {
 	// component and closes startDone, which Stop waits for.
 	stopAsked bool
 	startDone chan struct{}
+	// stopDone is closed when the first stop has stopped everything; later
+	// calls wait for it.
+	stopDone chan struct{}
 
 	// Tests: failStart names a component whose Start fails (before it
 	// runs); record, when set, hears "start <name>" and "stop <name>".
@@ -129,9 +132,9 @@ func (cs *components) start(ctx context.Context, list []component, stopCtx func(
 	return nil
 }
 
-// stop stops the started components in reverse order (once; later calls
-// return nil at once). Called while start runs, it makes start stop before
-// its next component and waits for it.
+// stop stops the started components in reverse order, once: a later call
+// waits for the first to end and returns nil. Called while start runs, it
+// makes start stop before its next component and waits for it.
 func (cs *components) stop(ctx context.Context) error {
 	cs.mu.Lock()
 	if cs.state == runStarting {
@@ -141,11 +144,22 @@ func (cs *components) stop(ctx context.Context) error {
 		<-done
 		cs.mu.Lock()
 	}
-	if cs.state == runStopped || cs.state == runFailed {
+	if cs.state == runStopped {
+		done := cs.stopDone
+		cs.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	if cs.state == runFailed {
 		cs.mu.Unlock()
 		return nil
 	}
 	cs.state = runStopped
+	cs.stopDone = make(chan struct{})
+	defer close(cs.stopDone)
 	cs.mu.Unlock()
 	return cs.stopAll(ctx)
 }
