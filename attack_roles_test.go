@@ -357,7 +357,7 @@ func TestAttack8WorkerKeyCancelsAndSubmits(t *testing.T) {
 func TestAttack5ReplayedPacketsAreRefused(t *testing.T) {
 	t.Parallel()
 	s := newRoleSetup(t, "a5")
-	f := s.fixture(t, func(c *troupe.Config) { c.ReplayWindow = time.Minute })
+	f := s.fixture(t, func(c *troupe.Config) { c.Tuning.ReplayWindow = time.Minute })
 	release := make(chan struct{})
 	s.startW1(f, nil, nil, release)
 

@@ -53,7 +53,7 @@ func waitingJobsOnce(b *testing.B, waiting int, written bool) (perJob, redisPerS
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: "bench-wait", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
-		Pools: pools, Logger: quietLogger(), CapacityGrace: grace})
+		Pools: pools, Logger: quietLogger(), Tuning: troupe.Tuning{CapacityGrace: grace}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -270,7 +270,7 @@ func (f *fixture) waitQueued(n float64) {
 
 // noBackoff makes a backoff retry impossible to mistake for a wake: the
 // first retry would come after an hour.
-func noBackoff(c *troupe.Config) { c.Backoff = func(int) time.Duration { return time.Hour } }
+func noBackoff(c *troupe.Config) { troupe.SetBackoff(c, func(int) time.Duration { return time.Hour }) }
 
 // TestCapacityBurstOnAWorkerOfMaxParallelOne: 200 instant jobs on one
 // stock worker that takes one job at a time all succeed — each waits in the
@@ -447,7 +447,7 @@ func TestCapacityTwoReplicasShareWorkers(t *testing.T) {
 // submits job second, which waits in the queue, unwritten.
 func oneJobWaiting(t *testing.T, first, second string) (*fixture, *jobGates, *capWorker) {
 	t.Helper()
-	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.Tuning.CapacityGrace = time.Hour })
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
 	f.waitWorkers(1)
@@ -524,7 +524,7 @@ func TestCapacityCancelWithinTheGrace(t *testing.T) {
 // for it rather than over-filling the worker.
 func TestCapacityCancelledJobKeepsItsSlotUntilTheWorkerLetsGo(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.CapacityGrace = time.Hour })
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.Tuning.CapacityGrace = time.Hour })
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "deaf", 1, 100*time.Millisecond, g.wait)
 	f.waitWorkers(1)
@@ -560,9 +560,9 @@ func TestCapacityABurstWaitsInTheStreamAtMaxAdmitting(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.MaxAdmitting = 10
-		c.CapacityGrace = time.Minute // queued jobs stay unwritten (and counted) for the test
-		c.AdmissionHold = time.Hour
+		c.Tuning.MaxAdmitting = 10
+		c.Tuning.CapacityGrace = time.Minute // queued jobs stay unwritten (and counted) for the test
+		c.Tuning.AdmissionHold = time.Hour
 	})
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "narrow", 2, time.Hour, g.wait)
@@ -671,7 +671,7 @@ func untilCounter(t *testing.T, n *troupe.Node, name string, want float64) float
 // is created and dispatched in one write when the slot frees.
 func TestCapacityAWaitPastItsAdmissionHoldStaysUnwritten(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.AdmissionHold = 100 * time.Millisecond })
+	f := newFixture(t, func(c *troupe.Config) { noBackoff(c); c.Tuning.AdmissionHold = 100 * time.Millisecond })
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "single", 1, time.Hour, g.wait)
 	f.waitWorkers(1)

@@ -33,11 +33,11 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 		jobs = 300
 	}
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &jobactor.Timeouts{Dispatch: 2 * time.Second, Running: 2 * time.Second}
-		c.DuePoll = 50 * time.Millisecond
-		c.DueSlack = 50 * time.Millisecond
-		c.RescueAfter = time.Second
-		c.Backoff = func(int) time.Duration { return 20 * time.Millisecond }
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 2 * time.Second, Running: 2 * time.Second}
+		c.Tuning.DuePoll = 50 * time.Millisecond
+		c.Tuning.DueSlack = 50 * time.Millisecond
+		c.Tuning.RescueAfter = time.Second
+		troupe.SetBackoff(c, func(int) time.Duration { return 20 * time.Millisecond })
 	})
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)

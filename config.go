@@ -10,26 +10,23 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/troupe-run/troupe/internal/connect"
-	"github.com/troupe-run/troupe/internal/jobactor"
-	"github.com/troupe-run/troupe/internal/jobtrace"
-	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/signing"
 )
 
-// Defaults for Config fields left zero.
+// Defaults for Config fields left empty.
 const (
-	// JobShardsDefault job supervisor shards spread spawn and routing work
-	// over several mailboxes.
-	JobShardsDefault = 16
 	// StreamPrefixDefault names the JetStream streams (TROUPE_SUBMIT, ...).
 	StreamPrefixDefault = "TROUPE"
 	// KeyPrefixDefault starts every Redis key.
 	KeyPrefixDefault = "troupe:"
 )
 
-// Config configures a node. Only the two addresses (or clients) are needed.
+// Config configures a node: what a user sets — where NATS and Redis are
+// and how to reach them, the node's id and name prefixes, routing,
+// policies, signing, metrics, logs and tracing — and, in Tuning, every
+// other knob. Only the two addresses (or clients) are needed.
 type Config struct {
 	// NodeID names this replica in locks and history (default: hostname-pid).
 	NodeID string
@@ -59,11 +56,6 @@ type Config struct {
 	SubjectPrefix string
 	// StreamPrefix names the JetStream streams (default StreamPrefixDefault).
 	StreamPrefix string
-	// StreamReplicas is how many JetStream servers keep a copy of each
-	// stream (default 1; 3 on a three-server cluster survives the loss of
-	// one; at most bus.MaxStreamReplicas). A single server accepts only 1.
-	StreamReplicas int
-
 	// Pools is the routing config, built in Go (see DefaultPools) or
 	// parsed (router.ParsePools); PoolsFile is read when Pools is nil, and
 	// then re-read on change and on ReloadPools (SIGHUP in `troupe node`).
@@ -77,88 +69,6 @@ type Config struct {
 	// Output, when set, checks every result before it is called SUCCEEDED
 	// (metadata) and scans its content after (a *safety.OutputPolicy, e.g. safety.DefaultOutputPolicy()).
 	Output safety.OutputChecker
-
-	// LockTTL is the job lock TTL (default store.LockTTLDefault).
-	LockTTL time.Duration
-	// WorkerTTL is the worker liveness TTL (default registry.TTLDefault).
-	WorkerTTL time.Duration
-	// WorkerBounds caps what heartbeats add to the router's registry:
-	// workers known at once and pool names seen (zero fields: registry's
-	// MaxWorkersDefault, MaxPoolsDefault). Heartbeats beyond are refused
-	// and counted in troupe_heartbeats_refused_total{reason}.
-	WorkerBounds registry.Bounds
-	// JobShards is the number of job supervisor shards (default JobShardsDefault).
-	JobShards int
-	// MaxSchedulingAttempts before a job fails (default jobactor.MaxSchedulingAttemptsDefault).
-	MaxSchedulingAttempts int
-	// Backoff overrides the scheduling retry delay (tests).
-	Backoff func(attempt int) time.Duration
-	// PermanentGrace is how long permanent routing errors are retried
-	// before the job fails (default jobactor.PermanentGraceDefault).
-	PermanentGrace time.Duration
-	// ParkAfter is how long a job waiting for its worker (DISPATCHED or
-	// RUNNING) keeps a live actor before it parks: the actor stops, and the
-	// job waits in Redis, held by this node through its node lease (default
-	// jobactor.ParkAfterDefault; negative: never park).
-	ParkAfter time.Duration
-	// CapacityGrace is how long a new job that finds no room in its pools
-	// waits before its record is written (SCHEDULED pool_overloaded /
-	// no_workers): until then its submit stays un-acked in JetStream
-	// (default jobactor.CapacityGraceDefault, 1 min; negative: write at
-	// once). Meanwhile Node.WaitingJob describes it. See README, "Routing
-	// and capacity".
-	CapacityGrace time.Duration
-	// AdmissionHold is how long such a job still counts in MaxAdmitting
-	// (default lifecycle.AdmissionHoldDefault, 2 s; negative: not at all).
-	AdmissionHold time.Duration
-	// MaxAdmitting bounds the jobs the node has taken from the submit
-	// stream and not yet dispatched, written as waiting for capacity,
-	// finished, or kept waiting past their AdmissionHold: at the bound it pulls no more submits, so a burst waits in
-	// JetStream instead of in the node's memory (default
-	// jobactor.MaxAdmittingDefault, 2,000; negative: no bound). Gauge
-	// troupe_jobs_admitting.
-	MaxAdmitting int
-	// ResendAfter is how long a job directly dispatched to a worker that
-	// dedupes by job id (heartbeat label troupe.dedupe=job_id) may stay
-	// DISPATCHED with no progress or result before the dispatch is
-	// repeated, then 2×, 4×… capped at 30 s (default
-	// jobactor.ResendAfterDefault; negative: never).
-	ResendAfter time.Duration
-
-	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
-	// when Timeouts is nil (default jobactor.DefaultTimeouts()).
-	Timeouts     *jobactor.Timeouts
-	TimeoutsFile string
-	// DuePoll is the due poller's interval (default recovery.DuePollDefault);
-	// DueSlack how long past due a job must be before the poller, rather
-	// than its owner, wakes it (default recovery.DueSlackDefault).
-	DuePoll  time.Duration
-	DueSlack time.Duration
-	// RescueAfter is how long a new job may sit in PENDING before the due
-	// poller wakes it (default store.RescueAfterDefault).
-	RescueAfter time.Duration
-
-	// Retention is how long a terminal job's record, history and mailbox
-	// trace stay readable, and with them the links between a DLQ entry and
-	// its retries (default store.RetentionDefault, 24 h; negative: forever,
-	// leaving the cleanup to the operator). Every replica should use the
-	// same; a node writes a job's expiry when the job ends.
-	Retention time.Duration
-	// DLQRetention is how long a DLQ entry is kept; the due poller drops
-	// older ones within a minute or so (default 0: no age limit, DLQMaxBytes
-	// alone bounds the DLQ). An entry outliving Retention still shows what
-	// failed, but its job's record, and so its retry, may be gone.
-	DLQRetention time.Duration
-	// DLQMaxBytes is the DLQ's byte budget, shared by every replica: past
-	// it the oldest entries go (default store.DLQMaxBytesDefault). A bad
-	// packet is kept as its first store.DLQRawPrefix bytes, size and hash.
-	DLQMaxBytes int64
-
-	// StreamCheck is how often the node looks for input streams and
-	// consumers that went missing while it runs, and recreates them; a
-	// failed fetch makes it look at once (default bus.StreamCheckEvery;
-	// negative: never, a missing stream then waits for a restart).
-	StreamCheck time.Duration
 
 	// Metrics is where the node registers its Prometheus metrics (default:
 	// a fresh registry, see Node.Metrics).
@@ -174,60 +84,6 @@ type Config struct {
 	// cancel, heartbeat and progress before the node acts on it; see
 	// intake.Signatures for what happens to a rejected packet.
 	Verifier *signing.Verifier
-	// ReplayWindow is how far a verified packet's created_at may be from
-	// its arrival (default signing.DefaultReplaySkew); within it the node
-	// remembers each signature it took (at most ReplaySeen, default
-	// signing.DefaultReplaySeen) and refuses it a second time. Only with
-	// a Verifier. See SECURITY.md, "Replay window".
-	ReplayWindow time.Duration
-	ReplaySeen   int
-
-	// TenantLimits caps each tenant's DISPATCHED + RUNNING jobs across all
-	// replicas (a missing tenant has no cap; a policy's max_concurrent_jobs
-	// constraint can lower it per job). A job over the cap waits and retries
-	// with reason tenant_limit.
-	TenantLimits map[string]int
-
-	// NoRedispatchTopics lists topics whose jobs are not re-dispatched when
-	// their worker is evicted before starting them (the default is to
-	// re-dispatch: a dead worker costs a re-dispatch, not a timeout).
-	NoRedispatchTopics []string
-
-	// SagaStepBudget is how long a rollback waits for one compensation
-	// (default saga.StepBudgetDefault); SagaPoll is the saga trigger
-	// poller's interval (default saga.PollDefault).
-	SagaStepBudget time.Duration
-	SagaPoll       time.Duration
-	// WorkerLostGrace: a job running on a worker (directly dispatched) that
-	// is then evicted ends FAILED worker_lost this long after, unless the
-	// worker's result or progress comes first (default 60 s; negative: it
-	// waits for its running deadline).
-	WorkerLostGrace time.Duration
-	// UnknownHold is how long a result or cancel for a job with no record
-	// is handed back to JetStream, waiting for a replica that lost the
-	// record with Redis to recreate it, before it is dead-lettered
-	// (default jobactor.UnknownHoldDefault, 30 s; negative: at once).
-	UnknownHold time.Duration
-	// SagaRetention is how long a workflow's saga records (compensation
-	// templates, stacks, triggers, rollback progress) are kept after its
-	// last step recorded in them or its rollback's last run (default
-	// saga.RetentionDefault): a step's compensation can run only that long
-	// after the step. Every replica should use the same.
-	SagaRetention time.Duration
-	// NoSagas leaves rollbacks to other replicas (or to a saga.Start of the
-	// embedder's own): this node records saga steps but runs no rollback.
-	NoSagas bool
-	// NoProcessedGuard turns off the processed-message guard (a Redis key
-	// per handled JetStream message, so one handled but not acked before a
-	// crash is not handled again; see intake.Guard). Handling twice is
-	// harmless, so this trades accounting for one SET per message.
-	NoProcessedGuard bool
-
-	// JobTrace records every job actor's mailbox (jobtrace). Off unless
-	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
-	// Retention, Log, Metrics and Origin. Off installs no middleware at all.
-	JobTrace jobtrace.Config
-
 	// TracerProvider, when set, receives an OpenTelemetry span per job
 	// activation and per state the job passes through (README, "Tracing
 	// with OpenTelemetry"); the node does not shut it down. Build it with
@@ -245,6 +101,13 @@ type Config struct {
 
 	// Logger receives the node's logs (default slog.Default()).
 	Logger *slog.Logger
+
+	// Tuning holds every other knob; its zero fields take their
+	// DefaultTuning values (NewNode fills them).
+	Tuning Tuning
+
+	// backoff overrides the scheduling retry delay (tests: SetBackoff).
+	backoff func(attempt int) time.Duration
 }
 
 // Connection settings of Config.NATSAuth and Config.RedisAuth (the flags

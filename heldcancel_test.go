@@ -27,9 +27,9 @@ func TestCancelOfASubmitHeldInTheStreamTakesEffect(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.MaxAdmitting = 1
-		c.AdmissionHold = time.Hour
-		c.CapacityGrace = time.Hour
+		c.Tuning.MaxAdmitting = 1
+		c.Tuning.AdmissionHold = time.Hour
+		c.Tuning.CapacityGrace = time.Hour
 	})
 	const keyAll, keyX = "held27-all-tenants-key-0123456789", "held27-tenant-x-key-0123456789ab"
 	addr := startAdmin(t, f.node, map[string]string{keyAll: admin.AllTenants, keyX: "tenant-x"})
@@ -183,7 +183,7 @@ func TestAWrittenWaitShowsItsQueuePosition(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.CapacityGrace = -1
+		c.Tuning.CapacityGrace = -1
 	})
 	api := admin.NewClient(startAdmin(t, f.node, nil), "")
 	g := newJobGates()

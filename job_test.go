@@ -87,7 +87,7 @@ func waitFor(t *testing.T, ch chan string, want string) {
 func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
 	})
 	cancels := f.cancels()
 	// A worker that says it reports starts, and never starts the job.
@@ -114,7 +114,7 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
 	})
 	f.startWorker("stock", false, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		select {
@@ -130,7 +130,7 @@ func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 	}
 	// The same with the running timeout short: that is what bounds it.
 	g := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
 	})
 	g.startWorker("stock", false, nil, hang)
 	g.submit(echoReq("job-stuck"))
@@ -142,7 +142,7 @@ func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Hour, Running: time.Hour,
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Hour, Running: time.Hour,
 			PerTopic: map[string]time.Duration{"job.echo": 300 * time.Millisecond}}
 	})
 	cancels := f.cancels()
@@ -191,8 +191,8 @@ func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = labelPolicy{}
-		c.DuePoll = 50 * time.Millisecond
-		c.DueSlack = time.Millisecond
+		c.Tuning.DuePoll = 50 * time.Millisecond
+		c.Tuning.DueSlack = time.Millisecond
 	})
 	rec := newReceipts()
 	f.startWorker("w1", true, rec, worker.Echo)
@@ -243,7 +243,7 @@ func TestCancelBeforeAndDuringRunAndLateResultIgnored(t *testing.T) {
 	t.Parallel()
 	// A result for a job with no record is dead-lettered at once here (see
 	// TestResultForAMissingRecordIsHeld for the hold).
-	f := newFixture(t, func(c *troupe.Config) { c.UnknownHold = -1 })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.UnknownHold = -1 })
 	ctx := context.Background()
 	// Before dispatch: no worker yet.
 	f.submit(echoReq("job-c1"))
@@ -348,9 +348,9 @@ func TestIdempotencyKeyReturnsTheFirstJob(t *testing.T) {
 func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 	t.Parallel()
 	env := newFixture(t, func(c *troupe.Config) {
-		c.Backoff = func(int) time.Duration { return 200 * time.Millisecond }
-		c.DueSlack = 50 * time.Millisecond
-		c.DuePoll = 50 * time.Millisecond
+		troupe.SetBackoff(c, func(int) time.Duration { return 200 * time.Millisecond })
+		c.Tuning.DueSlack = 50 * time.Millisecond
+		c.Tuning.DuePoll = 50 * time.Millisecond
 	})
 	env.submit(echoReq("job-durable"))
 	env.waitState("job-durable", jobstate.StateScheduled)
@@ -472,8 +472,8 @@ func newNodeOn(t *testing.T, f *fixture, id string, mutate ...func(*troupe.Confi
 	pools, _ := parseTestPools()
 	cfg := troupe.Config{NodeID: id, NATSURL: f.env.NATSURL, RedisURL: f.env.RedisURL,
 		KeyPrefix: f.env.KeyPrefix(), SubjectPrefix: f.env.Prefix, StreamPrefix: f.env.StreamPrefix(), Pools: pools,
-		Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-		DuePoll: 50 * time.Millisecond, DueSlack: 50 * time.Millisecond, Logger: quietLogger()}
+		Tuning: troupe.Tuning{DuePoll: 50 * time.Millisecond, DueSlack: 50 * time.Millisecond}, Logger: quietLogger()}
+	troupe.SetBackoff(&cfg, func(int) time.Duration { return 50 * time.Millisecond })
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -622,8 +622,8 @@ func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = labelPolicy{}
-		c.PermanentGrace = 100 * time.Millisecond
-		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
+		c.Tuning.PermanentGrace = 100 * time.Millisecond
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
 	})
 	result := f.results()
 	f.startWorker("w1", true, nil, hang)

@@ -22,8 +22,8 @@ func TestKernelOutageNeverFailsALoneJob(t *testing.T) {
 	pol := &downPolicy{}
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = pol
-		c.MaxSchedulingAttempts = 3
-		c.Backoff = func(int) time.Duration { return 20 * time.Millisecond }
+		c.Tuning.MaxSchedulingAttempts = 3
+		troupe.SetBackoff(c, func(int) time.Duration { return 20 * time.Millisecond })
 	})
 	f.startWorker("w1", true, newReceipts(), worker.Echo)
 	f.waitWorkers(1)
@@ -74,7 +74,7 @@ func TestCancelOfJobAwaitingApproval(t *testing.T) {
 // ends it; the early result is never dead-lettered as unknown_job.
 func TestResultForAMissingRecordIsHeld(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { c.UnknownHold = time.Minute })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.UnknownHold = time.Minute })
 	res, _ := bus.EncodeResult("", "w-early", &capv1.JobResult{JobId: "held-result", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED,
 		WorkerId: "w-early"})
 	f.publishRaw(f.subj.Result, res)

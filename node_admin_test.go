@@ -45,7 +45,7 @@ func TestReadyNamesEveryCheckThatFails(t *testing.T) {
 	t.Parallel()
 	// The node does not recreate the stream this test deletes
 	// (TestFaultStreamDeletedWhileRunning shows it does by default).
-	node, env := adminNode(t, func(c *troupe.Config) { c.StreamCheck = -1 })
+	node, env := adminNode(t, func(c *troupe.Config) { c.Tuning.StreamCheck = -1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := node.Ready(ctx); !errors.Is(err, troupe.ErrNotStarted) {

@@ -67,9 +67,9 @@ func newFixtureIn(t *testing.T, env *testenv.Env, mutate func(*troupe.Config)) *
 	cfg := troupe.Config{
 		NodeID: "node-a", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
-		Pools: pools, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-		Logger: quietLogger(),
+		Pools: pools, Logger: quietLogger(),
 	}
+	troupe.SetBackoff(&cfg, func(int) time.Duration { return 50 * time.Millisecond })
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -352,7 +352,7 @@ func TestNoWorkersRetriesUntilAWorkerAppears(t *testing.T) {
 
 func TestPermanentRoutingErrorFailsAfterGraceWithDLQ(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { c.PermanentGrace = 200 * time.Millisecond })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.PermanentGrace = 200 * time.Millisecond })
 	f.submit(&capv1.JobRequest{JobId: "job-unmapped", Topic: "job.nowhere"})
 	f.submit(&capv1.JobRequest{JobId: "job-requires", Topic: "job.strict", Meta: &capv1.JobMetadata{Requires: []string{"tpu"}}})
 	r := f.waitState("job-unmapped", jobstate.StateFailed)
@@ -371,8 +371,8 @@ func TestPermanentRoutingErrorFailsAfterGraceWithDLQ(t *testing.T) {
 func TestMaxSchedulingRetriesKeepsTheLastReason(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.MaxSchedulingAttempts = 3
-		c.Backoff = func(int) time.Duration { return time.Millisecond }
+		c.Tuning.MaxSchedulingAttempts = 3
+		troupe.SetBackoff(c, func(int) time.Duration { return time.Millisecond })
 	})
 	f.submit(echoReq("job-giveup"))
 	r := f.waitState("job-giveup", jobstate.StateFailed)
@@ -387,7 +387,7 @@ func TestMaxSchedulingRetriesKeepsTheLastReason(t *testing.T) {
 
 func TestBadInputIsDeadLetteredAndTheNodeKeepsWorking(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { c.UnknownHold = -1 })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.UnknownHold = -1 })
 	dlqSub, err := f.env.NATS.SubscribeSync(f.subj.DLQ)
 	if err != nil {
 		t.Fatal(err)

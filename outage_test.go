@@ -64,10 +64,10 @@ func TestKernelOutageDeniesNothing(t *testing.T) {
 			// every 200 ms instead of backing off to 30 s: the same path, in
 			// seconds. The full scenario runs with the real defaults.
 			cfg.Breaker = policyx.BreakerConfig{OpenFor: time.Second}
-			c.Backoff = func(int) time.Duration { return 200 * time.Millisecond }
-			c.MaxSchedulingAttempts = 1000
+			troupe.SetBackoff(c, func(int) time.Duration { return 200 * time.Millisecond })
+			c.Tuning.MaxSchedulingAttempts = 1000
 		} else {
-			c.Backoff = nil
+			troupe.SetBackoff(c, nil)
 		}
 		client, err = policyx.NewKernelClient(cfg)
 		if err != nil {

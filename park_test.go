@@ -22,13 +22,13 @@ import (
 )
 
 // Tests of parked jobs: a DISPATCHED or RUNNING job whose actor stopped
-// after Config.ParkAfter, held by its node through the node lease.
+// after Config.Tuning.ParkAfter, held by its node through the node lease.
 
 // parkFast parks a job 50 ms after it reaches its worker and polls fast.
 func parkFast(c *troupe.Config) {
-	c.ParkAfter = 50 * time.Millisecond
-	c.DuePoll = 50 * time.Millisecond
-	c.DueSlack = 50 * time.Millisecond
+	c.Tuning.ParkAfter = 50 * time.Millisecond
+	c.Tuning.DuePoll = 50 * time.Millisecond
+	c.Tuning.DueSlack = 50 * time.Millisecond
 }
 
 // gates hold each job's answer until the test opens its gate.
@@ -167,7 +167,7 @@ func TestParkedJobsDeadlineFires(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Second, Running: time.Hour}
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Second, Running: time.Hour}
 	})
 	rec := newReceipts()
 	f.holdingWorker("w1", rec) // never answers
@@ -217,7 +217,7 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.WorkerTTL = time.Second
+		c.Tuning.WorkerTTL = time.Second
 	})
 	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
@@ -296,7 +296,7 @@ func TestGracefulStopHandsParkedJobsOver(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.LockTTL = time.Hour // adoption must not wait for it
+		c.Tuning.LockTTL = time.Hour // adoption must not wait for it
 	})
 	rec := newReceipts()
 	release := f.holdingWorker("w1", rec)
@@ -310,7 +310,7 @@ func TestGracefulStopHandsParkedJobsOver(t *testing.T) {
 	if err := f.node.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := newNodeOn(t, f, "node-b", parkFast, func(c *troupe.Config) { c.LockTTL = time.Hour })
+	b := newNodeOn(t, f, "node-b", parkFast, func(c *troupe.Config) { c.Tuning.LockTTL = time.Hour })
 	waitParked(t, b, 2) // adopted, then parked again on b
 	for _, id := range []string{"job-park-h1", "job-park-h2"} {
 		release.open(id)
@@ -331,7 +331,7 @@ func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.LockTTL = time.Hour
+		c.Tuning.LockTTL = time.Hour
 	})
 	rec := newReceipts()
 	release := f.holdingWorker("w1", rec)
@@ -343,7 +343,7 @@ func TestRestartedNodeRemembersItsParkedJobs(t *testing.T) {
 	if err := f.node.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	again := newNodeOn(t, f, "node-a", parkFast, func(c *troupe.Config) { c.LockTTL = time.Hour })
+	again := newNodeOn(t, f, "node-a", parkFast, func(c *troupe.Config) { c.Tuning.LockTTL = time.Hour })
 	waitParked(t, again, 1)
 	// The new process learns its parked jobs in the background: wait until
 	// a shard remembers this one.
@@ -447,7 +447,7 @@ func TestResultOfAJobRedisLostIsDeadLetteredAsStateLost(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.LockTTL = 1500 * time.Millisecond // the lease, and the epoch check, every 0.5 s
+		c.Tuning.LockTTL = 1500 * time.Millisecond // the lease, and the epoch check, every 0.5 s
 	})
 	rec := newReceipts()
 	release := f.holdingWorker("w1", rec)

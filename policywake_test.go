@@ -36,7 +36,7 @@ func policyComesBack(t *testing.T, withNewJob bool) {
 	pol := &downPolicy{}
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = pol
-		c.Backoff = func(int) time.Duration { return time.Hour }
+		troupe.SetBackoff(c, func(int) time.Duration { return time.Hour })
 	})
 	w, err := worker.Start(f.env.NATS, worker.Config{ID: "w1", Pool: "echo", Topics: []string{"job.echo"},
 		Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, MaxParallel: 10000})

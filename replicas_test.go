@@ -123,8 +123,8 @@ func (f *fixture) loseJob(id string) {
 func TestLostRecordOfAnIdleJobIsRecreatedAtRenewal(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.LockTTL = 1500 * time.Millisecond // renewed every 0.5 s
-		c.ParkAfter = -1
+		c.Tuning.LockTTL = 1500 * time.Millisecond // renewed every 0.5 s
+		c.Tuning.ParkAfter = -1
 	})
 	rec := newReceipts()
 	release := make(chan struct{})
@@ -189,8 +189,8 @@ func TestGracefulStopHandsJobsOver(t *testing.T) {
 func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.DuePoll = 50 * time.Millisecond
-		c.DueSlack = 50 * time.Millisecond
+		c.Tuning.DuePoll = 50 * time.Millisecond
+		c.Tuning.DueSlack = 50 * time.Millisecond
 	})
 	ctx := context.Background()
 	keys := store.NewKeys(f.env.KeyPrefix())

@@ -17,7 +17,7 @@ import (
 	"github.com/troupe-run/troupe/worker"
 )
 
-func fastResend(c *troupe.Config) { c.ResendAfter = 150 * time.Millisecond }
+func fastResend(c *troupe.Config) { c.Tuning.ResendAfter = 150 * time.Millisecond }
 
 // lossyWorker is a hand-written CAP worker on raw NATS that announces direct
 // dispatch and dedupe, drops the first delivery of every job (as a NATS

@@ -11,7 +11,7 @@ import (
 	"github.com/troupe-run/troupe/worker"
 )
 
-// Config.Retention is how long a finished job's record (which holds its
+// Config.Tuning.Retention is how long a finished job's record (which holds its
 // history) is kept: the expiry written when the job ends is the configured
 // one, not the 24 h default; a negative retention keeps it.
 func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
@@ -27,7 +27,7 @@ func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, func(cfg *troupe.Config) { cfg.Retention = c.retention })
+			f := newFixture(t, func(cfg *troupe.Config) { cfg.Tuning.Retention = c.retention })
 			f.startWorker("w1", true, nil, worker.Echo)
 			f.submit(echoReq("kept-1"))
 			f.waitState("kept-1", jobstate.StateSucceeded)
@@ -51,12 +51,12 @@ func TestRetentionSetsHowLongFinishedJobsAreKept(t *testing.T) {
 	}
 }
 
-// Config.DLQRetention: the due poller drops DLQ entries older than it.
+// Config.Tuning.DLQRetention: the due poller drops DLQ entries older than it.
 func TestDLQRetentionDropsOldEntries(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.DLQRetention = 300 * time.Millisecond
-		c.DuePoll = 20 * time.Millisecond
+		c.Tuning.DLQRetention = 300 * time.Millisecond
+		c.Tuning.DuePoll = 20 * time.Millisecond
 	})
 	f.publishRaw(f.subj.Submit, []byte{0xff, 0xff, 0xff, 0x01})
 	f.waitDLQ(func(e store.DLQEntry) bool { return e.Reason == jobstate.ReasonDecodeFailed })

@@ -30,7 +30,7 @@ var redispatched = regexp.MustCompile(`SCHEDULED:worker_lost (SCHEDULED:[a-z_]+ 
 // worker, not a dispatch timeout.
 func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { c.WorkerTTL = time.Second })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.WorkerTTL = time.Second })
 	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
 	f.submit(echoReq("job-orphan"))
@@ -59,8 +59,8 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.WorkerTTL = time.Second
-		c.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
+		c.Tuning.WorkerTTL = time.Second
+		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
 	})
 	dead := make(chan struct{})
 	doomed := startCapWorker(t, f.env.NATS, f.subj, "doomed", 4, 100*time.Millisecond,
@@ -116,8 +116,8 @@ func TestRuntimeTopicMapping(t *testing.T) {
 func TestTenantLimitAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	limits := map[string]int{"acme": 1}
-	f := newFixture(t, func(c *troupe.Config) { c.TenantLimits = limits })
-	newNodeOn(t, f, "node-b", func(c *troupe.Config) { c.TenantLimits = limits })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.TenantLimits = limits })
+	newNodeOn(t, f, "node-b", func(c *troupe.Config) { c.Tuning.TenantLimits = limits })
 	var mu sync.Mutex
 	holding, maxHolding := 0, 0
 	release := make(chan struct{})
@@ -214,12 +214,12 @@ func TestStartedJobOfALostWorkerFailsAfterTheGrace(t *testing.T) {
 
 func startedJobOfALostWorker(t *testing.T, park bool) {
 	f := newFixture(t, func(c *troupe.Config) {
-		c.WorkerTTL = time.Second
-		c.WorkerLostGrace = time.Second
+		c.Tuning.WorkerTTL = time.Second
+		c.Tuning.WorkerLostGrace = time.Second
 		if park {
-			c.ParkAfter = 100 * time.Millisecond
+			c.Tuning.ParkAfter = 100 * time.Millisecond
 		} else {
-			c.ParkAfter = -1
+			c.Tuning.ParkAfter = -1
 		}
 	})
 	got, die := f.doomedWorker("doomed")
@@ -294,9 +294,9 @@ func (f *fixture) doomedWorker(id string) (got <-chan string, die func()) {
 func TestPoolSubjectJobIsChargedToTheWorkerThatSpoke(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.WorkerTTL = time.Second
-		c.WorkerLostGrace = time.Second
-		c.ParkAfter = -1
+		c.Tuning.WorkerTTL = time.Second
+		c.Tuning.WorkerLostGrace = time.Second
+		c.Tuning.ParkAfter = -1
 	})
 	nc := f.env.NATS
 	beating := func(id string) (stop func()) {

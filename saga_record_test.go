@@ -70,7 +70,7 @@ func TestSagaRecordingIsPartOfTheTerminalWrite(t *testing.T) {
 // brings the compensations of steps 2 and 1, in that order, once each.
 func TestNodeRollsAWorkflowBack(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { c.SagaPoll = 100 * time.Millisecond })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.SagaPoll = 100 * time.Millisecond })
 	comps := make(chan string, 10)
 	f.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		if req.Labels[saga.LabelIsCompensation] == "true" {

@@ -65,8 +65,8 @@ func TestSagaKeysExpire(t *testing.T) {
 	t.Parallel()
 	const retention = time.Hour
 	f := newFixture(t, func(c *troupe.Config) {
-		c.SagaPoll = 100 * time.Millisecond
-		c.SagaRetention = retention
+		c.Tuning.SagaPoll = 100 * time.Millisecond
+		c.Tuning.SagaRetention = retention
 	})
 	f.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		if req.Labels[saga.LabelIsCompensation] != "true" && req.StepIndex == 3 {

@@ -39,7 +39,7 @@ type sagaWorld struct {
 func newSagaWorld(t *testing.T, failAt int32) *sagaWorld {
 	// The node runs no rollbacks itself: each test starts the runners it
 	// means to (with its own policy), as other replicas would.
-	w := &sagaWorld{fixture: newFixture(t, func(c *troupe.Config) { c.NoSagas = true }), compIn: make(chan string, 64)}
+	w := &sagaWorld{fixture: newFixture(t, func(c *troupe.Config) { c.Tuning.NoSagas = true }), compIn: make(chan string, 64)}
 	w.startWorker("w1", true, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		if req.Labels[saga.LabelIsCompensation] == "true" {
 			w.mu.Lock()

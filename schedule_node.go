@@ -17,6 +17,16 @@ import (
 // delayed job on the submit subject like any client, signed as the node
 // when signing is on, and the intake holds submits that ask to run later.
 
+// tickerPart runs the ticker as one of the node's components.
+func (n *Node) tickerPart() part {
+	return part{name: "ticker", start: n.startTicker, stop: func(ctx context.Context) error {
+		if n.ticker == nil {
+			return nil
+		}
+		return n.ticker.Stop(ctx)
+	}}
+}
+
 // startTicker builds the node's ticker, gives the intake its delay hook
 // and starts it.
 func (n *Node) startTicker(ctx context.Context) error {

@@ -33,7 +33,7 @@ func TestClientIsToldOnceWhenItsJobsRecordWasLostOnTwoReplicas(t *testing.T) {
 func toldOnceWhenLost(t *testing.T, replicas int) {
 	fast := func(c *troupe.Config) {
 		parkFast(c)
-		c.LockTTL = 1500 * time.Millisecond // the lease, and the epoch check, every 0.5 s
+		c.Tuning.LockTTL = 1500 * time.Millisecond // the lease, and the epoch check, every 0.5 s
 	}
 	f := newFixture(t, fast)
 	nodes := []*troupe.Node{f.node}

@@ -32,7 +32,7 @@ func TestGuardSurvivesARecreatedStream(t *testing.T) {
 	t.Parallel()
 	// The test recreates the stream itself (as an operator would); the
 	// node's own recreation is TestFaultStreamDeletedWhileRunning's.
-	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.StreamCheck = -1 })
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.Tuning.StreamCheck = -1 })
 	f.startWorker("w1", true, nil, worker.Echo)
 	ctx := context.Background()
 	resultStream := bus.StreamName(f.env.StreamPrefix(), bus.StreamResult)
@@ -205,8 +205,8 @@ func TestResultStreamLossAsksDedupingWorkersAgain(t *testing.T) {
 	t.Parallel()
 	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) {
 		fastResend(c)
-		c.ParkAfter = 2 * time.Second
-		c.StreamCheck = 200 * time.Millisecond
+		c.Tuning.ParkAfter = 2 * time.Second
+		c.Tuning.StreamCheck = 200 * time.Millisecond
 	})
 	sw := startStreamLossWorker(t, f, "forgetful")
 	f.submit(echoReq("sl-parked"))
@@ -291,8 +291,8 @@ func TestStreamKeeperReportsAStreamRecreatedElsewhere(t *testing.T) {
 func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 	t.Parallel()
 	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) {
-		c.StreamCheck = 200 * time.Millisecond
-		c.ResendAfter = 500 * time.Millisecond
+		c.Tuning.StreamCheck = 200 * time.Millisecond
+		c.Tuning.ResendAfter = 500 * time.Millisecond
 	})
 	var mu sync.Mutex
 	runs := map[string]int{}
@@ -378,7 +378,7 @@ func TestFaultStreamsDeletedUnderLoad(t *testing.T) {
 // recreates it, the probe passes, and the node is ready again.
 func TestReadyReportsAStreamThatRefusesWrites(t *testing.T) {
 	t.Parallel()
-	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.StreamCheck = 100 * time.Millisecond })
+	f := newFixtureIn(t, testenv.NewWithPrivateNATS(t), func(c *troupe.Config) { c.Tuning.StreamCheck = 100 * time.Millisecond })
 	ctx := context.Background()
 	name := bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit)
 	if err := f.js.DeleteStream(ctx, name); err != nil {

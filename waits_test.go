@@ -43,9 +43,9 @@ func TestWaitsForATenantSlotLeaveTheNodesAdmissions(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.MaxAdmitting = 4
-		c.AdmissionHold = time.Hour
-		c.TenantLimits = map[string]int{"hog": 1}
+		c.Tuning.MaxAdmitting = 4
+		c.Tuning.AdmissionHold = time.Hour
+		c.Tuning.TenantLimits = map[string]int{"hog": 1}
 	})
 	g := newJobGates()
 	w := startCapWorker(t, f.env.NATS, f.subj, "wide", 50, time.Hour, g.wait)
@@ -116,8 +116,8 @@ func TestOverloadEveryWaitingJobIsVisibleAndCancellable(t *testing.T) {
 	t.Parallel()
 	opts := func(c *troupe.Config) {
 		noBackoff(c)
-		c.CapacityGrace = time.Hour
-		c.UnknownHold = 500 * time.Millisecond // a cancel the holder never gets is dead-lettered at once
+		c.Tuning.CapacityGrace = time.Hour
+		c.Tuning.UnknownHold = 500 * time.Millisecond // a cancel the holder never gets is dead-lettered at once
 	}
 	f := newFixture(t, opts)
 	a := f.node
@@ -391,8 +391,8 @@ func TestWaitsOnThePolicyLeaveTheNodesAdmissions(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.MaxAdmitting = 4
-		c.AdmissionHold = time.Hour
+		c.Tuning.MaxAdmitting = 4
+		c.Tuning.AdmissionHold = time.Hour
 		c.Policy = tenantPolicy{}
 	})
 	w := startCapWorker(t, f.env.NATS, f.subj, "wide", 50, time.Hour, nil)
@@ -422,7 +422,7 @@ func TestAWaitBeforeTheRecordIsItsOwnSpan(t *testing.T) {
 	recv, addr := startOTLPReceiver(t)
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.CapacityGrace = time.Hour
+		c.Tuning.CapacityGrace = time.Hour
 		c.OTLPEndpoint = addr
 	})
 	g := newJobGates()
@@ -472,9 +472,9 @@ func TestSpansOfAJobHeldInTheStreamStartAtItsSubmit(t *testing.T) {
 	recv, addr := startOTLPReceiver(t)
 	f := newFixture(t, func(c *troupe.Config) {
 		noBackoff(c)
-		c.MaxAdmitting = 1
-		c.AdmissionHold = time.Hour
-		c.CapacityGrace = time.Hour
+		c.Tuning.MaxAdmitting = 1
+		c.Tuning.AdmissionHold = time.Hour
+		c.Tuning.CapacityGrace = time.Hour
 		c.OTLPEndpoint = addr
 	})
 	g := newJobGates()

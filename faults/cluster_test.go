@@ -33,6 +33,7 @@ import (
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/internal/testhook"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/worker"
@@ -247,13 +248,15 @@ func TestRedisCluster(t *testing.T) {
 	}
 	var nodes []*troupe.Node
 	for _, id := range []string{"rc-a", "rc-b"} {
-		n, err := troupe.NewNode(troupe.Config{NodeID: id, NATSURL: env.NATSURL, Redis: clusterClient(t, rc.addrs, hook),
+		cfg := troupe.Config{NodeID: id, NATSURL: env.NATSURL, Redis: clusterClient(t, rc.addrs, hook),
 			KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-			Policy: safety.TopicRules{Approve: []string{"job.approve"}}, TenantLimits: tenants,
-			Timeouts: &jobactor.Timeouts{Dispatch: time.Minute, Running: time.Minute},
-			SagaPoll: 100 * time.Millisecond, DuePoll: 200 * time.Millisecond, JobTrace: jobtrace.Config{Enabled: true},
-			Backoff: func(int) time.Duration { return 100 * time.Millisecond },
-			Logger:  clusterLogger()})
+			Policy: safety.TopicRules{Approve: []string{"job.approve"}},
+			Tuning: troupe.Tuning{TenantLimits: tenants,
+				Timeouts: &jobactor.Timeouts{Dispatch: time.Minute, Running: time.Minute},
+				SagaPoll: 100 * time.Millisecond, DuePoll: 200 * time.Millisecond, JobTrace: jobtrace.Config{Enabled: true}},
+			Logger: clusterLogger()}
+		testhook.SetBackoff(&cfg, func(int) time.Duration { return 100 * time.Millisecond })
+		n, err := troupe.NewNode(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -549,11 +552,13 @@ func TestNATSClusterR3(t *testing.T) {
 		var n *troupe.Node
 		for attempt := 1; ; attempt++ {
 			var err error
-			n, err = troupe.NewNode(troupe.Config{NodeID: id, NATS: nc, Redis: env.Client, StreamReplicas: 3,
-				Timeouts:  &jobactor.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second},
+			cfg := troupe.Config{NodeID: id, NATS: nc, Redis: env.Client,
+				Tuning: troupe.Tuning{StreamReplicas: 3,
+					Timeouts: &jobactor.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second}},
 				KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-				Backoff: func(int) time.Duration { return 100 * time.Millisecond },
-				Logger:  clusterLogger()})
+				Logger: clusterLogger()}
+			testhook.SetBackoff(&cfg, func(int) time.Duration { return 100 * time.Millisecond })
+			n, err = troupe.NewNode(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

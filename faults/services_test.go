@@ -22,6 +22,7 @@ import (
 	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/testhook"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -78,8 +79,10 @@ type world struct {
 
 func newWorld(t *testing.T, natsURL, redisURL string) *world {
 	pools, _ := router.ParsePools([]byte("topics:\n  job.echo: default\n"))
-	node, err := troupe.NewNode(troupe.Config{NodeID: "fault-n", NATSURL: natsURL, RedisURL: redisURL, Pools: pools,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Backoff: func(int) time.Duration { return 200 * time.Millisecond }})
+	cfg := troupe.Config{NodeID: "fault-n", NATSURL: natsURL, RedisURL: redisURL, Pools: pools,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	testhook.SetBackoff(&cfg, func(int) time.Duration { return 200 * time.Millisecond })
+	node, err := troupe.NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

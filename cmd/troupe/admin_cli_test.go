@@ -49,7 +49,7 @@ func ctlNode(t *testing.T) string {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := troupe.NewNode(troupe.Config{NodeID: "node-ctl", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-		PermanentGrace: 100 * time.Millisecond, Logger: quiet})
+		Tuning: troupe.Tuning{PermanentGrace: 100 * time.Millisecond}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,7 @@ func cliNode(t *testing.T) ([]string, *troupe.Node) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := troupe.NewNode(troupe.Config{NodeID: "node-cli", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-		Policy: safety.TopicRules{Approve: []string{"job.approve"}}, PermanentGrace: 100 * time.Millisecond, Logger: quiet})
+		Policy: safety.TopicRules{Approve: []string{"job.approve"}}, Tuning: troupe.Tuning{PermanentGrace: 100 * time.Millisecond}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

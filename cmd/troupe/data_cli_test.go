@@ -33,7 +33,7 @@ func dataNode(t *testing.T) ([]string, *testenv.Env) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := troupe.NewNode(troupe.Config{NodeID: "node-data", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
-		PermanentGrace: 100 * time.Millisecond, SagaPoll: 100 * time.Millisecond, Logger: quiet})
+		Tuning: troupe.Tuning{PermanentGrace: 100 * time.Millisecond, SagaPoll: 100 * time.Millisecond}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

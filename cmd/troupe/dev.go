@@ -70,7 +70,7 @@ func runDev(ctx context.Context, args []string) error {
 	// something; TROUPE_JOB_TRACE=off turns it off.
 	node, err := troupe.NewNode(troupe.Config{NodeID: "dev-node", NATSURL: ns.URL(), RedisURL: rs.URL(),
 		Pools: pools, Policy: safety.AllowAll{}, Logger: log,
-		JobTrace: jobtrace.Config{Enabled: os.Getenv("TROUPE_JOB_TRACE") == ""}, OTLPEndpoint: *otlp})
+		Tuning: troupe.Tuning{JobTrace: jobtrace.Config{Enabled: os.Getenv("TROUPE_JOB_TRACE") == ""}}, OTLPEndpoint: *otlp})
 	if err != nil {
 		return err
 	}

@@ -91,11 +91,12 @@ func runNode(ctx context.Context, args []string) error {
 		}
 	}
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: conn.NATS, RedisURL: conn.RedisURL, RedisAuth: conn.Redis,
-		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, TimeoutsFile: *timeouts, Logger: log,
-		Policy: policy, Output: output, Metrics: reg, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
-		WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
-		StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
-		ReplayWindow: *replayWindow, ReplaySeen: *replaySeen})
+		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, Logger: log,
+		Policy: policy, Output: output, Metrics: reg, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
+		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
+			WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
+			StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention,
+			ReplayWindow: *replayWindow, ReplaySeen: *replaySeen}})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/testhook"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -219,7 +220,7 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	// One scheduling attempt: a wait that counted attempts would fail the
 	// job at its first pool_paused answer.
 	const keyAllClient = "all-tenants-client-key-0123"
-	b := setup(t, options{keys: testKeys, node: func(c *troupe.Config) { c.MaxSchedulingAttempts = 1 },
+	b := setup(t, options{keys: testKeys, node: func(c *troupe.Config) { c.Tuning.MaxSchedulingAttempts = 1 },
 		admin: func(c *admin.Config) {
 			c.Keys = map[string]admin.Key{keyAllClient: {Tenant: admin.AllTenants, Role: admin.RoleClient}}
 		}})
@@ -245,10 +246,11 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 	}
 	// A second replica, started after the pause (as after a restart).
 	pools, _ := router.ParsePools([]byte(testPools))
-	nb, err := troupe.NewNode(troupe.Config{NodeID: "node-b", NATSURL: b.env.NATSURL, RedisURL: b.env.RedisURL,
+	cfg := troupe.Config{NodeID: "node-b", NATSURL: b.env.NATSURL, RedisURL: b.env.RedisURL,
 		KeyPrefix: b.env.KeyPrefix(), SubjectPrefix: b.env.Prefix, StreamPrefix: b.env.StreamPrefix(),
-		Pools: pools, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-		PermanentGrace: 100 * time.Millisecond, MaxSchedulingAttempts: 1, Logger: quiet()})
+		Pools: pools, Tuning: troupe.Tuning{PermanentGrace: 100 * time.Millisecond, MaxSchedulingAttempts: 1}, Logger: quiet()}
+	testhook.SetBackoff(&cfg, func(int) time.Duration { return 50 * time.Millisecond })
+	nb, err := troupe.NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/internal/testhook"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -74,9 +75,9 @@ func setup(t *testing.T, o options) *bundle {
 	cfg := troupe.Config{
 		NodeID: "node-a", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(),
-		Pools: pools, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-		PermanentGrace: 100 * time.Millisecond, Logger: quiet(),
+		Pools: pools, Tuning: troupe.Tuning{PermanentGrace: 100 * time.Millisecond}, Logger: quiet(),
 	}
+	testhook.SetBackoff(&cfg, func(int) time.Duration { return 50 * time.Millisecond })
 	b := &bundle{t: t, env: env}
 	if o.proxied {
 		b.proxy = startProxy(t, env.Redis.Options().Addr)

@@ -92,7 +92,8 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 		node, err := troupe.NewNode(troupe.Config{
 			NodeID: spec.NodeID, NATS: nc, Redis: rdb,
 			KeyPrefix: spec.KeyPrefix, SubjectPrefix: spec.SubjectPrefix, StreamPrefix: spec.StreamPrefix,
-			Pools: pools, Logger: log, ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace, Timeouts: timeouts,
+			Pools: pools, Logger: log,
+			Tuning: troupe.Tuning{ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace, Timeouts: timeouts},
 		})
 		if err != nil {
 			s.close()

@@ -11,6 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/lifecycle"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/tracing"
@@ -162,8 +163,6 @@ type Env struct {
 	// waiting on an unavailable policy (see SafetyWaiters).
 	SafetyWaiters *SafetyWaiters
 
-	// ResendAfter: see ResendAfterDefault (negative: never resend).
-	ResendAfter time.Duration
 	// Connected reports whether the node's NATS connection is up (nil:
 	// always). A resend due while it is down waits for it.
 	Connected func() bool
@@ -172,33 +171,12 @@ type Env struct {
 	// state this node writes (Node.Wait's waiters). It must not block.
 	OnTerminal func(jobID string)
 
-	// WorkerLostGrace: a job started on a worker that is then evicted ends
-	// FAILED worker_lost this long after unless the worker answers
-	// (default WorkerLostGraceDefault; negative: it waits for its deadline).
-	WorkerLostGrace time.Duration
+	// Tuning: the job actors' knobs (zero fields: DefaultTuning's).
+	Tuning
 
-	// UnknownHold: how long a result or cancel for a job with no record is
-	// handed back to JetStream before it is dead-lettered (default
-	// UnknownHoldDefault; negative: not at all). See lifecycle.Job.unknownJob.
-	UnknownHold time.Duration
-
-	// SagaRetention is how long a workflow step's saga record (its
-	// compensation template and stack entry, or its rollback trigger) is
-	// kept after the step ends (saga.RetentionDefault when not positive).
-	SagaRetention time.Duration
-
-	// ParkAfter is how long a job waiting for its worker keeps a live actor
-	// before it parks (default ParkAfterDefault; negative: never park).
-	ParkAfter time.Duration
-
-	// CapacityGrace: see CapacityGraceDefault (negative: write at once).
-	// Unwritten counts the jobs waiting within it (shared by the node's
-	// actors), at most MaxUnwrittenWaits.
-	CapacityGrace     time.Duration
-	MaxUnwrittenWaits int64
-	Unwritten         *atomic.Int64
-	// AdmissionHold: see lifecycle.AdmissionHoldDefault (negative: none).
-	AdmissionHold time.Duration
+	// Unwritten counts the jobs waiting within their capacity grace
+	// (shared by the node's actors), at most MaxUnwrittenWaits.
+	Unwritten *atomic.Int64
 	// Toucher keeps those jobs' submits in progress at JetStream (nil:
 	// not kept; a wait longer than the stream's first redelivery wait then
 	// sees its submit offered again).
@@ -208,11 +186,8 @@ type Env struct {
 	// that have not yet been dispatched, written as waiting for capacity,
 	// finished, or kept waiting past their admission hold (shared by the node's actors; the submit fetch loop holds
 	// while it is at MaxAdmitting). Negative MaxAdmitting: no bound.
-	MaxAdmitting int64
-	Admitting    *atomic.Int64
+	Admitting *atomic.Int64
 
-	MaxSchedulingAttempts int
-	PermanentGrace        time.Duration
 	// Backoff returns the delay before scheduling attempt n (n ≥ 1).
 	Backoff func(attempt int) time.Duration
 
@@ -225,46 +200,72 @@ type Env struct {
 	core *lifecycle.Config
 }
 
-// WithDefaults fills zero fields.
+// Tuning is what the node tunes of its job actors (troupe.Tuning sets it).
+type Tuning struct {
+	// MaxSchedulingAttempts before a job fails with max_scheduling_retries.
+	MaxSchedulingAttempts int
+	// PermanentGrace: how long a permanent routing error is retried.
+	PermanentGrace time.Duration
+	// ParkAfter is how long a job waiting for its worker keeps a live actor
+	// before it parks (negative: never park).
+	ParkAfter time.Duration
+	// CapacityGrace: see CapacityGraceDefault (negative: write at once);
+	// at most MaxUnwrittenWaits jobs wait within it.
+	CapacityGrace     time.Duration
+	MaxUnwrittenWaits int64
+	// AdmissionHold: see lifecycle.AdmissionHoldDefault (negative: none).
+	AdmissionHold time.Duration
+	// MaxAdmitting: see MaxAdmittingDefault (negative: no bound).
+	MaxAdmitting int64
+	// ResendAfter: see ResendAfterDefault (negative: never resend).
+	ResendAfter time.Duration
+	// WorkerLostGrace: a job started on a worker that is then evicted ends
+	// FAILED worker_lost this long after unless the worker answers
+	// (negative: it waits for its deadline).
+	WorkerLostGrace time.Duration
+	// UnknownHold: how long a result or cancel for a job with no record is
+	// handed back to JetStream before it is dead-lettered (negative: not at
+	// all). See lifecycle.Job.unknownJob.
+	UnknownHold time.Duration
+	// SagaRetention is how long a workflow step's saga record (its
+	// compensation template and stack entry, or its rollback trigger) is
+	// kept after the step ends (saga.RetentionDefault when not positive).
+	SagaRetention time.Duration
+	// PolicyConcurrency bounds the remote policy checks in flight.
+	PolicyConcurrency int
+}
+
+// DefaultTuning returns the job actors' defaults.
+func DefaultTuning() Tuning {
+	return Tuning{
+		MaxSchedulingAttempts: MaxSchedulingAttemptsDefault, PermanentGrace: PermanentGraceDefault,
+		ParkAfter: ParkAfterDefault, CapacityGrace: CapacityGraceDefault, MaxUnwrittenWaits: MaxUnwrittenWaitsDefault,
+		AdmissionHold: lifecycle.AdmissionHoldDefault, MaxAdmitting: MaxAdmittingDefault,
+		ResendAfter: ResendAfterDefault, WorkerLostGrace: WorkerLostGraceDefault, UnknownHold: UnknownHoldDefault,
+		PolicyConcurrency: PolicyConcurrencyDefault,
+	}
+}
+
+// WithDefaults fills zero fields (Tuning's from DefaultTuning).
 func (e *Env) WithDefaults() *Env {
-	if e.MaxSchedulingAttempts <= 0 {
+	defaults.Fill(&e.Tuning, DefaultTuning())
+	if e.MaxSchedulingAttempts < 0 {
 		e.MaxSchedulingAttempts = MaxSchedulingAttemptsDefault
 	}
-	if e.PermanentGrace <= 0 {
+	if e.PermanentGrace < 0 {
 		e.PermanentGrace = PermanentGraceDefault
 	}
 	if e.PolicySlots == nil {
-		e.PolicySlots = make(chan struct{}, PolicyConcurrencyDefault)
-	}
-	if e.ResendAfter == 0 {
-		e.ResendAfter = ResendAfterDefault
-	}
-	if e.ParkAfter == 0 {
-		e.ParkAfter = ParkAfterDefault
+		e.PolicySlots = make(chan struct{}, e.PolicyConcurrency)
 	}
 	if e.Backoff == nil {
 		e.Backoff = Backoff
 	}
-	if e.WorkerLostGrace == 0 {
-		e.WorkerLostGrace = WorkerLostGraceDefault
-	}
-	if e.UnknownHold == 0 {
-		e.UnknownHold = UnknownHoldDefault
-	}
-	if e.CapacityGrace == 0 {
-		e.CapacityGrace = CapacityGraceDefault
-	}
-	if e.AdmissionHold == 0 {
-		e.AdmissionHold = lifecycle.AdmissionHoldDefault
-	}
-	if e.MaxUnwrittenWaits <= 0 {
+	if e.MaxUnwrittenWaits < 0 {
 		e.MaxUnwrittenWaits = MaxUnwrittenWaitsDefault
 	}
 	if e.Unwritten == nil {
 		e.Unwritten = &atomic.Int64{}
-	}
-	if e.MaxAdmitting == 0 {
-		e.MaxAdmitting = MaxAdmittingDefault
 	}
 	if e.Admitting == nil {
 		e.Admitting = &atomic.Int64{}

@@ -93,7 +93,7 @@ type Config struct {
 	PerShard int
 	// Retention is how long a rollback keeps its workflow's saga keys
 	// after it ran (default RetentionDefault); the nodes that record steps
-	// should use the same (troupe.Config.SagaRetention).
+	// should use the same (troupe.Config.Tuning.SagaRetention).
 	Retention time.Duration
 }
 
