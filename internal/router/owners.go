@@ -10,32 +10,38 @@ import (
 	"github.com/troupe-run/troupe/internal/registry"
 )
 
-// Placement ownership between replicas.
+// Placement shares between replicas.
 //
 // Counting alone (gossip.go) cannot keep replicas that share a worker
 // under its max_parallel: two of them may see the same free slot in the
-// same few milliseconds and both fill it. So each worker with a
-// max_parallel has one owner among the live replicas — the highest
-// rendezvous hash of (replica, worker), which every replica computes
-// alike from the replicas it hears — and only the owner places new jobs
-// on it. Other replicas use its slots in two ways that never race:
+// same few milliseconds and both fill it. So the slots of each worker with
+// a max_parallel are split between the live replicas: each ranks itself
+// by the rendezvous hash of (replica, worker), which every replica
+// computes alike from the replicas it hears, and may count at most its
+// share of the worker's slots — max_parallel / replicas, the remainder
+// going one slot each to the highest ranks (registry.SetShare). Within its
+// share a replica places jobs directly, so every replica admits and places
+// its jobs at the same pace (one replica owning whole workers placed
+// nearly all the jobs, and the submits followed its room). Slots a
+// replica does not use move in two ways that never race:
 //
-//   - Refill: a slot freed by one of their own jobs is theirs to reuse at
-//     once, in the same step, for a job of theirs that fits — unless the
-//     owner reports jobs waiting for that pool, in which case the slot goes
-//     back to it (their count drops, and the owner sees the room).
-//   - Offer: an owner with room and no job of its own that fits offers
-//     slots to a replica that reports waiting jobs for the pool. It counts
-//     the offered slots as its own until the replica's answer, which
-//     carries the replica's new count in the same report; the replica
-//     places at most that many jobs on the worker.
+//   - Offer: a replica with room in its share and no job of its own that
+//     fits offers slots to a replica that reports waiting jobs for the
+//     pool. It counts the offered slots as its own until the replica's
+//     answer, which carries the replica's new count in the same report;
+//     the replica places at most that many jobs on the worker.
+//   - Refill: a slot freed by one of its own jobs on a worker where a
+//     replica is past its share (it was offered slots) is its to reuse at
+//     once, in the same step, for a job of its that fits — unless another
+//     replica reports jobs waiting for that pool, in which case the slot
+//     goes back (its count drops, and the others see the room).
 //
 // So every slot is at any moment counted by exactly one replica, and a
 // replica's stale view of another can only over-count. What remains is a
-// change of membership: while replicas disagree on who is alive, two may
-// both own a worker for the time a report takes (milliseconds), and a
-// replica that dies leaves its jobs counted only by the workers'
-// heartbeats until their adopters count them again.
+// change of membership: while replicas disagree on who is alive, their
+// shares may add up to more than max_parallel for the time a report takes
+// (milliseconds), and a replica that dies leaves its jobs counted only by
+// the workers' heartbeats until their adopters count them again.
 
 const (
 	// OfferTTL frees the slots of an offer that was never answered (the
@@ -82,8 +88,8 @@ func ownerScore(node, worker string) uint64 {
 	return h.Sum64()
 }
 
-// ownerOf is the replica that places jobs on worker: the highest score
-// among this node and the replicas it hears.
+// ownerOf is the replica of rank 0 for worker (the highest score among
+// this node and the replicas it hears), shown in the registry snapshot.
 func (r *Router) ownerOf(worker string) string {
 	best, top := r.cfg.NodeID, ownerScore(r.cfg.NodeID, worker)
 	for id := range r.peers {
@@ -94,17 +100,38 @@ func (r *Router) ownerOf(worker string) string {
 	return best
 }
 
-// reown recomputes every worker's owner after the replicas changed, and
-// wakes the pools of workers this node now owns.
+// rankOf is this node's rank for worker among itself and the replicas it
+// hears (0: the owner, the highest score), and how many they are.
+func (r *Router) rankOf(worker string) (rank, of int) {
+	mine := ownerScore(r.cfg.NodeID, worker)
+	for id := range r.peers {
+		if s := ownerScore(id, worker); s > mine || (s == mine && id < r.cfg.NodeID) {
+			rank++
+		}
+	}
+	return rank, len(r.peers) + 1
+}
+
+// placeShare sets w's placement up for the replicas this node hears: each
+// of them places jobs directly on its own share of w's slots (SetShare;
+// the owner's rank takes a remainder slot first).
+func (r *Router) placeShare(w *registry.Worker) {
+	rank, of := r.rankOf(w.ID)
+	r.reg.SetAway(w, false)
+	r.reg.SetShare(w, rank, of)
+}
+
+// reown recomputes every worker's shares after the replicas changed, and
+// wakes the pools of workers on which this node now has room.
 func (r *Router) reown(c actor.Context) {
 	for _, pool := range r.reg.Pools() {
 		gained := false
 		for _, w := range r.reg.Pool(pool) {
-			away := r.ownerOf(w.ID) != r.cfg.NodeID
-			if r.reg.Away(w) && !away {
+			was := r.reg.Away(w)
+			r.placeShare(w)
+			if was && !r.reg.Away(w) {
 				gained = true
 			}
-			r.reg.SetAway(w, away)
 		}
 		if gained {
 			r.drain(c, pool)
@@ -112,12 +139,14 @@ func (r *Router) reown(c actor.Context) {
 	}
 }
 
-// refill reuses a slot just freed on a worker another replica owns for the
-// next job here that fits it, unless the owner has jobs waiting for the
-// pool: then the slot goes back.
+// refill reuses a slot just freed on a worker on which this node is past
+// its share (it was offered slots) for the next job here that fits it,
+// unless a replica has jobs waiting for the pool: then the slot goes back.
 func (r *Router) refill(c actor.Context, w *registry.Worker) {
-	if o := r.peers[r.ownerOf(w.ID)]; o != nil && o.waiting[w.Pool] > 0 {
-		return
+	for _, p := range r.peers {
+		if p.waiting[w.Pool] > 0 {
+			return
+		}
 	}
 	r.placeOn(c, w, 1)
 }
