@@ -80,6 +80,17 @@ func (n *Node) holdSubmits() bool {
 		n.env.MaxAdmitting > 0 && n.env.Admitting.Load() >= n.env.MaxAdmitting
 }
 
+// submitRoom is how many more submits the node should take now: the
+// smaller room of the two bounds holdSubmits keeps (each submit fetch asks
+// for no more, so a burst is shared between replicas as they admit it).
+func (n *Node) submitRoom() int {
+	room := n.env.MaxUnwrittenWaits - n.env.Unwritten.Load()
+	if n.env.MaxAdmitting > 0 {
+		room = min(room, n.env.MaxAdmitting-n.env.Admitting.Load())
+	}
+	return int(max(room, 0))
+}
+
 // QueuePosition says how many jobs wait before jobID in its pool's
 // capacity queue, asking the node that owns the job (its lock holder) when
 // that is another node; -1 when the job does not wait for capacity.

@@ -432,7 +432,8 @@ func (n *Node) Start(ctx context.Context) error {
 		Help: "Heartbeats ignored for an invalid worker id, pool name, labels or other field (intake.ValidateHeartbeat)."})
 	invalidHB, _ = metricsx.Register(n.cfg.Metrics, invalidHB)
 	n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
-		DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode}
+		DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode,
+		SubmitRoom: n.submitRoom}
 	if !n.cfg.NoProcessedGuard {
 		n.guard = intake.NewGuard(n.rdb, n.store.Keys().Prefix(), n.cfg.Metrics, n.log)
 		n.guard.Start()

@@ -190,11 +190,11 @@ type Worker struct {
 	// A shared worker (one on the pool subject, poolcount.go) is
 	// reconciled with its pool instead: its jobs are old by the pool's
 	// rounds, and gone of them (assigned by the pool) stop counting.
-	oldOwn    int32
-	oldCap    int32
-	gone      int32
-	reported  bool // the worker has reported active_jobs > 0 at least once
-	away      bool // another replica owns placement on it (SetAway)
+	oldOwn   int32
+	oldCap   int32
+	gone     int32
+	reported bool // the worker has reported active_jobs > 0 at least once
+	away     bool // another replica owns placement on it (SetAway)
 	// shareRank and shareOf: this replica's rank among shareOf replicas
 	// that split the worker's slots (SetShare; shareOf ≤ 1: no split).
 	shareRank int32
