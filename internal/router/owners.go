@@ -127,10 +127,10 @@ func (r *Router) reown(c actor.Context) {
 	for _, pool := range r.reg.Pools() {
 		gained := false
 		for _, w := range r.reg.Pool(pool) {
-			was := r.reg.Away(w)
+			was, share := r.reg.Away(w), r.reg.Share(w)
 			r.placeShare(w)
-			if was && !r.reg.Away(w) {
-				gained = true
+			if now := r.reg.Share(w); (was && !r.reg.Away(w)) || (share >= 0 && (now < 0 || now > share)) {
+				gained = true // a replica left: this node's share grew
 			}
 		}
 		if gained {
