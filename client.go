@@ -91,6 +91,26 @@ func (n *Node) holdSubmits() bool {
 		n.env.MaxAdmitting > 0 && n.env.Admitting.Load() >= n.env.MaxAdmitting
 }
 
+// submitRoom is how many more submits the node should take now: the
+// smaller room of the two bounds holdSubmits keeps (each submit fetch asks
+// for no more, so a burst is shared between replicas as they admit it).
+// Below an eighth of MaxAdmitting (64 at most) it is 0, and the fetch loops
+// wait for more room: near the bound, fetches of a few messages each would
+// cost a pull request per few jobs.
+func (n *Node) submitRoom() int {
+	room := n.env.MaxUnwrittenWaits - n.env.Unwritten.Load()
+	if n.env.MaxAdmitting > 0 {
+		room = min(room, n.env.MaxAdmitting-n.env.Admitting.Load())
+		if low := min(submitRoomLow, max(n.env.MaxAdmitting/8, 1)); room < low {
+			return 0
+		}
+	}
+	return int(max(room, 0))
+}
+
+// submitRoomLow is the most room submitRoom waits for (see there).
+const submitRoomLow = 64
+
 // QueuePosition says how many jobs wait before jobID in its pool's
 // capacity queue, asking the node that owns the job (its lock holder) when
 // that is another node; -1 when the job does not wait for capacity.

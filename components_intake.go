@@ -58,7 +58,8 @@ func (n *Node) intakePart() part {
 				Help: "Heartbeats ignored for an invalid worker id, pool name, labels or other field (intake.ValidateHeartbeat)."})
 			invalidHB, _ = metricsx.Register(n.cfg.Metrics, invalidHB)
 			n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
-				DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode}
+				DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode,
+				SubmitRoom: n.submitRoom}
 			if n.guard != nil {
 				n.intake.Guard = n.guard
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,5 +71,53 @@ func TestConsumeKeepsSeveralPullsWaiting(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%d of 50 messages handled", len(seen))
 		}
+	}
+}
+
+// A fetch asks for no more than the room FetchRoom reports, split between
+// the loops: with room for 4 and 50 messages waiting, the two loops take
+// 2 each, and then, the room gone, nothing more.
+func TestConsumeFetchesNoMoreThanTheRoom(t *testing.T) {
+	env := testenv.NewWithPrivateNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		if _, err := js.Publish(ctx, subj.Result, []byte{byte('a' + i%26), byte('0' + i/26)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var taken, asked atomic.Int32
+	room := func() int {
+		asked.Add(1)
+		if taken.Load() > 0 {
+			return 0 // what was fetched is being handled: no room now
+		}
+		return 4
+	}
+	handle := func(m jetstream.Msg) {
+		taken.Add(1)
+		_ = m.Ack()
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, log, handle, nil, bus.FetchRoom(room)); err != nil {
+		t.Fatal(err)
+	}
+	// Once the loops have asked for room many times more, they hold.
+	for deadline := time.Now().Add(30 * time.Second); asked.Load() < 40 || taken.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("room asked %d times, %d messages taken", asked.Load(), taken.Load())
+		}
+	}
+	if n := taken.Load(); n > 4 {
+		t.Fatalf("%d messages taken with room for 4", n)
 	}
 }

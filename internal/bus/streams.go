@@ -242,6 +242,30 @@ type ConsumeOption func(*consumeOpts)
 type consumeOpts struct {
 	onFetchError func(error)
 	resume       func() <-chan struct{}
+	room         func() int
+}
+
+// FetchRoom bounds each fetch by room (asked before every fetch): how many
+// more messages the handler should take now, split between the FetchLoops
+// loops (at least one each, at most FetchBatch); 0 or less holds the loop
+// as hold does. A node pulls submits no faster than it admits them: a
+// fetch of FetchBatch past a small room would take that many at once and
+// leave the other replicas, still pulling, the rest — one node took most
+// of a burst while the others, at their bound, waited.
+func FetchRoom(room func() int) ConsumeOption {
+	return func(o *consumeOpts) { o.room = room }
+}
+
+// fetchSize is the batch the next fetch asks for (0: hold).
+func (o consumeOpts) fetchSize() int {
+	if o.room == nil {
+		return FetchBatch
+	}
+	r := o.room()
+	if r <= 0 {
+		return 0
+	}
+	return min(FetchBatch, (r+FetchLoops-1)/FetchLoops)
 }
 
 // ResumeOn has a fetch loop that backs off after failed fetches try again
@@ -341,7 +365,12 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 			sleep(ctx, HoldPoll)
 			continue
 		}
-		batch, err := cons.Fetch(FetchBatch, jetstream.FetchMaxWait(wait))
+		size := o.fetchSize()
+		if size == 0 {
+			sleep(ctx, HoldPoll)
+			continue
+		}
+		batch, err := cons.Fetch(size, jetstream.FetchMaxWait(wait))
 		if err != nil {
 			if ctx.Err() != nil {
 				return

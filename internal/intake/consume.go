@@ -36,11 +36,16 @@ func (in *Intake) Subscribe(nc *nats.Conn, subj bus.Subjects, nodeID string) ([]
 
 // Consume starts the fetch loops (bus.Consume) of the submit, result and
 // cancel streams under prefix, until ctx ends. holdSubmits, when set, pauses
-// the submit stream's loop (the node's backpressure); opts apply to every
+// the submit stream's loop, and SubmitRoom, when set, bounds each of its
+// fetches (bus.FetchRoom): the node's backpressure. opts apply to every
 // loop.
 func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix string, holdSubmits func() bool,
 	opts ...bus.ConsumeOption) error {
-	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, holdSubmits, opts...); err != nil {
+	submitOpts := opts
+	if in.SubmitRoom != nil {
+		submitOpts = append(append([]bus.ConsumeOption{}, opts...), bus.FetchRoom(in.SubmitRoom))
+	}
+	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, holdSubmits, submitOpts...); err != nil {
 		return err
 	}
 	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, nil, opts...); err != nil {

@@ -50,6 +50,10 @@ type Intake struct {
 	// HeartbeatsRefused, when set, counts heartbeats refused by
 	// ValidateHeartbeat (the registry counts those refused by its bounds).
 	HeartbeatsRefused prometheus.Counter
+	// SubmitRoom, when set, is how many more submits the node should take
+	// now (its admission bounds less what it holds): each submit fetch asks
+	// for no more (see Consume).
+	SubmitRoom func() int
 	// BatchSettle bounds how long the inbox waits for the items of a
 	// forwarded batch to be settled before it answers (0:
 	// BatchSettleDefault).

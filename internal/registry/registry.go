@@ -144,7 +144,8 @@ const (
 	placedHeap
 	placedOverloaded
 	placedStale
-	// placedAway: another replica places jobs on the worker (see SetAway);
+	// placedAway: another replica places jobs on the worker (see SetAway),
+	// or this one has used up its share of its slots (SetShare);
 	// neither in the heap nor counted.
 	placedAway
 )
@@ -189,11 +190,15 @@ type Worker struct {
 	// A shared worker (one on the pool subject, poolcount.go) is
 	// reconciled with its pool instead: its jobs are old by the pool's
 	// rounds, and gone of them (assigned by the pool) stop counting.
-	oldOwn    int32
-	oldCap    int32
-	gone      int32
-	reported  bool // the worker has reported active_jobs > 0 at least once
-	away      bool // another replica owns placement on it (SetAway)
+	oldOwn   int32
+	oldCap   int32
+	gone     int32
+	reported bool // the worker has reported active_jobs > 0 at least once
+	away     bool // another replica owns placement on it (SetAway)
+	// shareRank and shareOf: this replica's rank among shareOf replicas
+	// that split the worker's slots (SetShare; shareOf ≤ 1: no split).
+	shareRank int32
+	shareOf   int32
 	shared    bool // reconciled with its pool (poolcount.go)
 	beats     uint32
 	roundSeen uint32        // the pool round of its last beat
@@ -736,8 +741,48 @@ func (r *Registry) SetAway(w *Worker, away bool) {
 	}
 }
 
-// Away reports whether another replica owns placement on w (with a limit).
-func (r *Registry) Away(w *Worker) bool { return w.away && w.MaxParallel > 0 }
+// Away reports whether another replica owns placement on w (with a limit),
+// or this replica has used up its share of w's slots (SetShare).
+func (r *Registry) Away(w *Worker) bool { return w.MaxParallel > 0 && (w.away || w.atShare()) }
+
+// SetShare says that of replicas split w's slots and this one is rank
+// (0-based) among them: it may count at most Share(w) jobs of its own on w,
+// where the shares of all of them add up to w's max_parallel. of ≤ 1: no
+// split. Past its share w leaves this registry's placement, as an away
+// worker does, until one of its jobs there ends.
+func (r *Registry) SetShare(w *Worker, rank, of int) {
+	if int(w.shareRank) == rank && int(w.shareOf) == of {
+		return
+	}
+	w.shareRank, w.shareOf = int32(rank), int32(of)
+	if w.pool != nil && w.placed != placedStale {
+		r.place(w, r.wanted(w))
+	}
+}
+
+// Share is this replica's share of w's slots (SetShare), or -1 when they
+// are not split (no max_parallel, or one replica).
+func (r *Registry) Share(w *Worker) int32 { return w.share() }
+
+func (w *Worker) share() int32 {
+	if w.shareOf <= 1 || w.MaxParallel <= 0 {
+		return -1
+	}
+	q := w.MaxParallel / w.shareOf
+	if w.shareRank < w.MaxParallel%w.shareOf {
+		q++
+	}
+	return q
+}
+
+// ownCount is this replica's part of InFlight.
+func (w *Worker) ownCount() int32 { return max(w.InFlight()-w.Others-w.Foreign, 0) }
+
+// atShare reports whether this replica counts its whole share of w.
+func (w *Worker) atShare() bool {
+	q := w.share()
+	return q >= 0 && w.ownCount() >= q
+}
 
 // Room is how many more jobs w may take by its count (0 when full; a
 // large number without a max_parallel).
@@ -750,7 +795,11 @@ func (r *Registry) Room(w *Worker) int32 {
 		th = w.pool.th.ActiveRatio
 	}
 	limit := int32(math.Ceil(th*float64(w.MaxParallel) - 1e-9))
-	return max(limit-w.InFlight(), 0)
+	room := limit - w.InFlight()
+	if q := w.share(); q >= 0 {
+		room = min(room, q-w.ownCount())
+	}
+	return max(room, 0)
 }
 
 // HasRoom reports whether w may take a job now: placed (neither overloaded
@@ -821,7 +870,7 @@ func (r *Registry) LivePerPool(now time.Time) map[string]int {
 }
 
 func (r *Registry) wanted(w *Worker) placement {
-	if w.away && w.MaxParallel > 0 {
+	if w.MaxParallel > 0 && (w.away || w.atShare()) {
 		return placedAway
 	}
 	if w.overloadedBy(w.pool.th) {

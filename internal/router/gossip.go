@@ -142,7 +142,7 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 		p = &peer{counts: map[string]int32{}, waiting: map[string]int32{}, offered: map[string]int32{},
 			declined: map[string]time.Time{}}
 		r.peers[m.Node] = p
-		r.reassignStewards(c)
+		r.reassignShares(c)
 		r.full = true // the newcomer learns this node's counts at once
 		r.kick(c)
 	} else if m.Hello {
@@ -199,7 +199,7 @@ func (r *Router) expirePeers(c actor.Context) {
 			r.peerCount(c, p, w, 0)
 		}
 		delete(r.peers, id)
-		r.reassignStewards(c)
+		r.reassignShares(c)
 	}
 }
 

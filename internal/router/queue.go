@@ -205,7 +205,7 @@ func (r *Router) joined(c actor.Context, w *registry.Worker) {
 		n += p.counts[w.ID]
 	}
 	r.reg.SetOthers(w, n)
-	r.reg.SetAway(w, r.stewardOf(w.ID) != r.cfg.NodeID)
+	r.placeShare(w)
 }
 
 // position is how many jobs wait before job in its first pool's queue, or

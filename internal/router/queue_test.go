@@ -372,7 +372,8 @@ func linkRouters(t *testing.T, pools string) *linkedRouters {
 func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
 	t.Parallel()
 	l := linkRouters(t, "topics: {job.a: a}\n")
-	// Worker ids owned by node-a.
+	// Worker ids node-a ranks first on: with max_parallel 1 and two
+	// replicas, node-a's share is the one slot and node-b's is none.
 	var ids []string
 	for i := 0; len(ids) < 3; i++ {
 		id := "w" + strconv.Itoa(i)
@@ -382,7 +383,7 @@ func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
 	}
 	now := time.Now()
 	for _, id := range ids {
-		hb := &capv1.Heartbeat{WorkerId: id, Pool: "a", MaxParallelJobs: 2}
+		hb := &capv1.Heartbeat{WorkerId: id, Pool: "a", MaxParallelJobs: 1}
 		l.a.beat(hb, now)
 		l.b.beat(hb, now)
 	}
@@ -408,25 +409,25 @@ func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
 			t.Fatalf("%s: %+v, want queued pool_overloaded (room belongs to node-a)", id, r)
 		}
 	}
-	// node-a offers its six slots; node-b places six jobs, no more.
+	// node-a offers its three slots; node-b places three jobs, no more.
 	held := map[string][]string{}
-	for range 6 {
+	for range 3 {
 		m := p.next(t)
 		held[m.Reply.WorkerID] = append(held[m.Reply.WorkerID], m.JobID)
 	}
 	select {
 	case m := <-p.placed:
-		t.Fatalf("a seventh job was placed (%s on %s) on three workers of max_parallel 2", m.JobID, m.Reply.WorkerID)
+		t.Fatalf("a seventh job was placed (%s on %s) on three workers of max_parallel 1", m.JobID, m.Reply.WorkerID)
 	case <-time.After(100 * time.Millisecond):
 	}
 	for w, js := range held {
-		if len(js) != 2 {
-			t.Fatalf("worker %s got %d jobs, want 2 (%v)", w, len(js), held)
+		if len(js) != 1 {
+			t.Fatalf("worker %s got %d jobs, want 1 (%v)", w, len(js), held)
 		}
 	}
 	// Each end frees a slot that node-b refills at once (node-a has no
-	// jobs waiting); every job runs, never more than two per worker.
-	done := 6
+	// jobs waiting); every job runs, never more than one per worker.
+	done := 3
 	for done < jobs {
 		for w, js := range held {
 			if len(js) == 0 {
@@ -436,16 +437,16 @@ func TestCapacityOffersServeAReplicaThatOwnsNothing(t *testing.T) {
 			held[w] = js[1:]
 			m := p.next(t)
 			held[m.Reply.WorkerID] = append(held[m.Reply.WorkerID], m.JobID)
-			if n := len(held[m.Reply.WorkerID]); n > 2 {
+			if n := len(held[m.Reply.WorkerID]); n > 1 {
 				t.Fatalf("worker %s holds %d jobs", m.Reply.WorkerID, n)
 			}
 			done++
 			break
 		}
 	}
-	// node-a's own view: it holds none itself, node-b six.
+	// node-a's own view: it holds none itself, node-b three.
 	for _, w := range l.a.workers(t) {
-		if w.Dispatched != 0 || w.InFlight > 2 {
+		if w.Dispatched != 0 || w.InFlight > 1 {
 			t.Fatalf("node-a sees %+v", w)
 		}
 	}

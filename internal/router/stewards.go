@@ -10,37 +10,42 @@ import (
 	"github.com/troupe-run/troupe/internal/registry"
 )
 
-// Stewardship of workers between replicas.
+// Placement shares between replicas.
 //
 // Counting alone (gossip.go) cannot keep replicas that share a worker
 // under its max_parallel: two of them may see the same free slot in the
-// same few milliseconds and both fill it. So each worker with a
-// max_parallel has one steward among the live replicas — the highest
-// rendezvous hash of (replica, worker), which every replica computes
-// alike from the replicas it hears — and only the steward places new jobs
-// on it. Other replicas use its slots in two ways that never race:
+// same few milliseconds and both fill it. So the slots of each worker with
+// a max_parallel are split between the live replicas: each ranks itself
+// by the rendezvous hash of (replica, worker), which every replica
+// computes alike from the replicas it hears, and may count at most its
+// share of the worker's slots — max_parallel / replicas, the remainder
+// going one slot each to the highest ranks (registry.SetShare). Within its
+// share a replica places jobs directly, so every replica admits and places
+// its jobs at the same pace (one replica owning whole workers placed
+// nearly all the jobs, and the submits followed its room). Slots a
+// replica does not use move in two ways that never race:
 //
-//   - Refill: a slot freed by one of their own jobs is theirs to reuse at
-//     once, in the same step, for a job of theirs that fits — unless the
-//     steward reports jobs waiting for that pool, in which case the slot goes
-//     back to it (their count drops, and the steward sees the room).
-//   - Offer: a steward with room and no job of its own that fits offers
-//     slots to a replica that reports waiting jobs for the pool. It counts
-//     the offered slots as its own until the replica's answer, which
-//     carries the replica's new count in the same report; the replica
-//     places at most that many jobs on the worker.
+//   - Offer: a replica with room in its share and no job of its own that
+//     fits offers slots to a replica that reports waiting jobs for the
+//     pool. It counts the offered slots as its own until the replica's
+//     answer, which carries the replica's new count in the same report;
+//     the replica places at most that many jobs on the worker.
+//   - Refill: a slot freed by one of its own jobs on a worker where a
+//     replica is past its share (it was offered slots) is its to reuse at
+//     once, in the same step, for a job of its that fits — unless another
+//     replica reports jobs waiting for that pool, in which case the slot
+//     goes back (its count drops, and the others see the room).
 //
 // So every slot is at any moment counted by exactly one replica, and a
 // replica's stale view of another can only over-count. What remains is a
-// change of membership: while replicas disagree on who is alive, two may
-// both steward a worker for the time a report takes (milliseconds), and a
-// replica that dies leaves its jobs counted only by the workers'
-// heartbeats until their adopters count them again.
+// change of membership: while replicas disagree on who is alive, their
+// shares may add up to more than max_parallel for the time a report takes
+// (milliseconds), and a replica that dies leaves its jobs counted only by
+// the workers' heartbeats until their adopters count them again.
 //
-// Steward, not owner: a job's owner (internal/lifecycle, ownership.go) is
-// the node holding its lock and the only one acting on it; a worker's
-// steward holds nothing and acts for the others, deciding only who places
-// jobs on the worker's free slots.
+// The replica of rank 0 is the worker's steward, shown in the registry
+// snapshot (WorkerInfo.Steward); it holds nothing. A job's holder
+// (internal/lifecycle, lock.go) is the node holding the job's lock.
 
 const (
 	// OfferTTL frees the slots of an offer that was never answered (the
@@ -87,8 +92,8 @@ func stewardScore(node, worker string) uint64 {
 	return h.Sum64()
 }
 
-// stewardOf is the replica that places jobs on worker: the highest score
-// among this node and the replicas it hears.
+// stewardOf is the replica of rank 0 for worker (the highest score among
+// this node and the replicas it hears), shown in the registry snapshot.
 func (r *Router) stewardOf(worker string) string {
 	best, top := r.cfg.NodeID, stewardScore(r.cfg.NodeID, worker)
 	for id := range r.peers {
@@ -99,17 +104,38 @@ func (r *Router) stewardOf(worker string) string {
 	return best
 }
 
-// reassignStewards recomputes every worker's steward after the replicas changed, and
-// wakes the pools of workers this node now stewards.
-func (r *Router) reassignStewards(c actor.Context) {
+// rankOf is this node's rank for worker among itself and the replicas it
+// hears (0: the steward, the highest score), and how many they are.
+func (r *Router) rankOf(worker string) (rank, of int) {
+	mine := stewardScore(r.cfg.NodeID, worker)
+	for id := range r.peers {
+		if s := stewardScore(id, worker); s > mine || (s == mine && id < r.cfg.NodeID) {
+			rank++
+		}
+	}
+	return rank, len(r.peers) + 1
+}
+
+// placeShare sets w's placement up for the replicas this node hears: each
+// of them places jobs directly on its own share of w's slots (SetShare;
+// the steward's rank takes a remainder slot first).
+func (r *Router) placeShare(w *registry.Worker) {
+	rank, of := r.rankOf(w.ID)
+	r.reg.SetAway(w, false)
+	r.reg.SetShare(w, rank, of)
+}
+
+// reassignShares recomputes every worker's shares after the replicas changed, and
+// wakes the pools of workers on which this node now has room.
+func (r *Router) reassignShares(c actor.Context) {
 	for _, pool := range r.reg.Pools() {
 		gained := false
 		for _, w := range r.reg.Pool(pool) {
-			away := r.stewardOf(w.ID) != r.cfg.NodeID
-			if r.reg.Away(w) && !away {
-				gained = true
+			was, share := r.reg.Away(w), r.reg.Share(w)
+			r.placeShare(w)
+			if now := r.reg.Share(w); (was && !r.reg.Away(w)) || (share >= 0 && (now < 0 || now > share)) {
+				gained = true // a replica left: this node's share grew
 			}
-			r.reg.SetAway(w, away)
 		}
 		if gained {
 			r.drain(c, pool)
@@ -117,12 +143,14 @@ func (r *Router) reassignStewards(c actor.Context) {
 	}
 }
 
-// refill reuses a slot just freed on a worker another replica stewards for the
-// next job here that fits it, unless the steward has jobs waiting for the
-// pool: then the slot goes back.
+// refill reuses a slot just freed on a worker on which this node is past
+// its share (it was offered slots) for the next job here that fits it,
+// unless a replica has jobs waiting for the pool: then the slot goes back.
 func (r *Router) refill(c actor.Context, w *registry.Worker) {
-	if o := r.peers[r.stewardOf(w.ID)]; o != nil && o.waiting[w.Pool] > 0 {
-		return
+	for _, p := range r.peers {
+		if p.waiting[w.Pool] > 0 {
+			return
+		}
 	}
 	r.placeOn(c, w, 1)
 }
