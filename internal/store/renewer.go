@@ -84,6 +84,9 @@ type heldLock struct {
 	value    string
 	failures int
 	lost     func(vanished bool)
+	// releasing counts the writes in flight that give this lock up if
+	// they apply (see releasing.go).
+	releasing int
 }
 
 const (
@@ -104,6 +107,7 @@ func (s *Store) NewLockRenewer(log *slog.Logger) *LockRenewer {
 	r := &LockRenewer{s: s, interval: s.cfg.LockTTL / 3, log: log, locks: map[string]*heldLock{},
 		stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
 	r.renewedThrough.Store(time.Now().UnixNano())
+	s.addRenewer(r)
 	return r
 }
 
@@ -395,6 +399,11 @@ func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, 
 			case cerr == nil && res[i] == 1:
 				r.renewed.Add(1)
 				it.h.failures = 0
+			case cerr == nil && it.h.releasing > 0:
+				// Refused while a write that gives the lock up is in
+				// flight: that write's own outcome tells its job what
+				// happened (released, or fenced), not a loss report.
+				r.forgetLocked(it.id)
 			case cerr == nil:
 				// Refused: the lock is gone (-1) or someone else's (0).
 				r.refused.Add(1)
