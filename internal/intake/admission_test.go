@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -136,5 +137,100 @@ func TestAdmissionWaitsForLateRenewals(t *testing.T) {
 	}
 	if !got["submit late-job"] || !got["result late-result"] {
 		t.Fatalf("taken %v", got)
+	}
+}
+
+// A node holding MaxLiveLocks live locks takes no more submits — results
+// still come in, since they end jobs — until one lock goes.
+func TestSubmitsWaitWhileMaxLiveLocksAreHeld(t *testing.T) {
+	env := testenv.New(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
+	rn := st.NewLockRenewer(nil) // not started: nothing is renewed, and nothing is late
+	for i := 0; i < MaxLiveLocks; i++ {
+		rn.Hold(fmt.Sprintf("live-%d", i), "n1|1", func(bool) {})
+	}
+	sys := actor.NewActorSystem()
+	defer sys.Shutdown()
+	routed := make(chan string, 10)
+	shard := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if d, ok := c.Message().(*supervisor.Deliver); ok {
+			switch m := d.Msg.(type) {
+			case *jobactor.Submit:
+				_ = m.Delivery.Ack()
+				routed <- "submit " + d.JobID
+			case *jobactor.Result:
+				_ = m.Delivery.Ack()
+				routed <- "result " + d.JobID
+			}
+		}
+	}))
+	in := &Intake{Store: st, Log: log, Shards: []*actor.PID{shard}, Env: &jobactor.Env{NodeID: "n1", Log: log,
+		Subjects: subj, Root: sys.Root, Renewer: rn, Publish: func(string, []byte) error { return nil }}}
+	polls := make(chan struct{}, 1000)
+	notHeld := func() bool {
+		select {
+		case polls <- struct{}{}:
+		default:
+		}
+		return false
+	}
+	req, err := bus.EncodeRequest("tr-1", "client", &capv1.JobRequest{JobId: "one-more", Topic: "job.echo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := bus.EncodeResult("tr-2", "another-node", &capv1.JobResult{JobId: "ending",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, subj.Submit, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, subj.Result, res); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Consume(ctx, js, prefix, notHeld); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-routed:
+		if m != "result ending" {
+			t.Fatalf("%s taken at MaxLiveLocks live locks", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the result was not taken at MaxLiveLocks live locks")
+	}
+	for i := 0; i < 4*bus.FetchLoops+int(bus.FetchMaxWait/bus.HoldPoll); i++ {
+		select {
+		case <-polls:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the submit loops stopped polling after %d polls", i)
+		}
+	}
+	select {
+	case m := <-routed:
+		t.Fatalf("%s taken at MaxLiveLocks live locks", m)
+	default:
+	}
+	rn.Forget("live-0", "n1|1")
+	select {
+	case m := <-routed:
+		if m != "submit one-more" {
+			t.Fatalf("taken %s", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the submit was not taken once a live lock went")
 	}
 }

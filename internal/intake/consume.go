@@ -38,13 +38,14 @@ func (in *Intake) Subscribe(nc *nats.Conn, subj bus.Subjects, nodeID string) ([]
 // cancel streams under prefix, until ctx ends. holdSubmits, when set, pauses
 // the submit stream's loop (the node's backpressure); the admission gate
 // (admission.go) pauses the submit and result loops while the node's lock
-// renewals are late. opts apply to every loop.
+// renewals or its writes are behind, and the submit loop while it holds
+// MaxLiveLocks live locks. opts apply to every loop.
 func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix string, holdSubmits func() bool,
 	opts ...bus.ConsumeOption) error {
-	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, in.admission(holdSubmits), opts...); err != nil {
+	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, in.admission(holdSubmits, true), opts...); err != nil {
 		return err
 	}
-	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, in.admission(nil), opts...); err != nil {
+	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, in.admission(nil, false), opts...); err != nil {
 		return err
 	}
 	return bus.Consume(ctx, js, prefix, bus.StreamCancel, in.Log, in.HandleCancel, nil, opts...)
