@@ -36,19 +36,21 @@ func (in *Intake) Subscribe(nc *nats.Conn, subj bus.Subjects, nodeID string) ([]
 
 // Consume starts the fetch loops (bus.Consume) of the submit, result and
 // cancel streams under prefix, until ctx ends. holdSubmits, when set, pauses
-// the submit stream's loop, and SubmitRoom, when set, bounds each of its
-// fetches (bus.FetchRoom): the node's backpressure. opts apply to every
-// loop.
+// the submit stream's loop (the node's backpressure), and SubmitRoom, when
+// set, bounds each of its fetches (bus.FetchRoom); the admission gate
+// (admission.go) pauses the submit and result loops while the node's lock
+// renewals or its writes are behind, and the submit loop while it holds
+// MaxLiveLocks live locks. opts apply to every loop.
 func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix string, holdSubmits func() bool,
 	opts ...bus.ConsumeOption) error {
 	submitOpts := opts
 	if in.SubmitRoom != nil {
 		submitOpts = append(append([]bus.ConsumeOption{}, opts...), bus.FetchRoom(in.SubmitRoom))
 	}
-	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, holdSubmits, submitOpts...); err != nil {
+	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, in.admission(holdSubmits, true), submitOpts...); err != nil {
 		return err
 	}
-	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, nil, opts...); err != nil {
+	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, in.admission(nil, false), opts...); err != nil {
 		return err
 	}
 	return bus.Consume(ctx, js, prefix, bus.StreamCancel, in.Log, in.HandleCancel, nil, opts...)

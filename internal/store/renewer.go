@@ -37,6 +37,13 @@ type LockRenewer struct {
 
 	mu    sync.Mutex // guards locks
 	locks map[string]*heldLock
+	heldN atomic.Int64 // len(locks), read without mu
+
+	// now is the clock (time.Now; tests set another with SetClock).
+	now func() time.Time
+	// renewedThrough (unix ns): every live lock was renewed, or
+	// registered, at or after it (see Late).
+	renewedThrough atomic.Int64
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -77,6 +84,9 @@ type heldLock struct {
 	value    string
 	failures int
 	lost     func(vanished bool)
+	// releasing counts the writes in flight that give this lock up if
+	// they apply (see releasing.go).
+	releasing int
 }
 
 const (
@@ -94,8 +104,11 @@ const (
 
 // NewLockRenewer returns a renewer that runs every LockTTL/3.
 func (s *Store) NewLockRenewer(log *slog.Logger) *LockRenewer {
-	return &LockRenewer{s: s, interval: s.cfg.LockTTL / 3, log: log, locks: map[string]*heldLock{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+	r := &LockRenewer{s: s, interval: s.cfg.LockTTL / 3, log: log, locks: map[string]*heldLock{},
+		stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
+	r.renewedThrough.Store(time.Now().UnixNano())
+	s.addRenewer(r)
+	return r
 }
 
 // KeepNodeLease makes the renewer keep node's lease, which holds the locks of
@@ -152,6 +165,13 @@ func (r *LockRenewer) stopNow() {
 // holder has it.
 func (r *LockRenewer) Hold(jobID, value string, lost func(vanished bool)) {
 	r.mu.Lock()
+	if len(r.locks) == 0 {
+		// Every live lock is this one, taken just now.
+		r.renewedThrough.Store(r.now().UnixNano())
+	}
+	if _, ok := r.locks[jobID]; !ok {
+		r.heldN.Add(1)
+	}
 	r.locks[jobID] = &heldLock{value: value, lost: lost}
 	r.mu.Unlock()
 }
@@ -160,17 +180,19 @@ func (r *LockRenewer) Hold(jobID, value string, lost func(vanished bool)) {
 func (r *LockRenewer) Forget(jobID, value string) {
 	r.mu.Lock()
 	if h, ok := r.locks[jobID]; ok && h.value == value {
-		delete(r.locks, jobID)
+		r.forgetLocked(jobID)
 	}
 	r.mu.Unlock()
 }
 
-// Held returns the number of registered (live) locks.
-func (r *LockRenewer) Held() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.locks)
+// forgetLocked removes jobID's lock; r.mu is held.
+func (r *LockRenewer) forgetLocked(jobID string) {
+	delete(r.locks, jobID)
+	r.heldN.Add(-1)
 }
+
+// Held returns the number of registered (live) locks.
+func (r *LockRenewer) Held() int { return int(r.heldN.Load()) }
 
 func (r *LockRenewer) loop() {
 	defer close(r.done)
@@ -239,6 +261,16 @@ func (r *LockRenewer) checkEpoch(cmd *redis.StatusCmd, token string) {
 }
 
 // RenewOnce renews the node lease and every registered lock now.
+//
+// The locks go in pipelines of at most RenewPipelineCalls script calls
+// (RenewPipelineCalls × RenewBatch locks), one after another: a round's
+// memory is one pipeline's arguments and replies whatever the number of
+// locks, and a pipeline's replies arrive well within the client's read
+// timeout even on a loaded Redis (one pipeline of every lock — a thousand
+// calls at a million locks — did not, and a timed-out read failed the
+// renewal of every lock at once). The first pipeline that cannot reach
+// Redis ends the round: the locks not sent count a failed renewal, as
+// they would have, without a wait per pipeline.
 func (r *LockRenewer) RenewOnce(ctx context.Context) {
 	if r.node != "" {
 		lctx, cancel := context.WithTimeout(ctx, r.interval)
@@ -247,87 +279,193 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 		}
 		cancel()
 	}
-	type item struct {
-		id string
-		h  *heldLock
-	}
-	var byShard [Shards][]item
+	snapshot := r.now()
+	var byShard [Shards][]renewItem
 	r.mu.Lock()
 	for id, h := range r.locks {
 		sh := Shard(id)
-		byShard[sh] = append(byShard[sh], item{id, h})
+		byShard[sh] = append(byShard[sh], renewItem{id, h})
 	}
 	r.mu.Unlock()
-	type call struct {
-		items []item
-		cmd   *redis.Cmd
-	}
-	var calls []call
+	var calls [][]renewItem
 	for sh := range byShard {
 		for start := 0; start < len(byShard[sh]); start += RenewBatch {
-			calls = append(calls, call{items: byShard[sh][start:min(start+RenewBatch, len(byShard[sh]))]})
+			calls = append(calls, byShard[sh][start:min(start+RenewBatch, len(byShard[sh]))])
 		}
 	}
 	if len(calls) == 0 {
+		r.caughtUp(snapshot)
 		return
 	}
+	cctx, cancel := context.WithTimeout(ctx, r.interval)
+	defer cancel()
+	var out renewOutcome
+	var unreachable error
+	for start := 0; start < len(calls); start += RenewPipelineCalls {
+		group := calls[start:min(start+RenewPipelineCalls, len(calls))]
+		if unreachable == nil {
+			unreachable = r.renewGroup(cctx, group, &out)
+			continue
+		}
+		r.settle(group, nil, unreachable, &out)
+	}
+	r.lostN.Add(uint64(len(out.lost)))
+	if len(out.lost) > 0 && r.log != nil {
+		r.log.Warn("job locks lost", "count", len(out.lost), "refused_gone", out.gone, "refused_taken", out.taken,
+			"failed", out.failedOut, "round_s", r.now().Sub(snapshot).Seconds(), "err", unreachable)
+	}
+	if out.failures == 0 {
+		r.caughtUp(snapshot)
+	}
+	for _, l := range out.lost {
+		l.f(l.vanished)
+	}
+}
+
+// RenewPipelineCalls bounds the renewal script calls of one pipeline.
+const RenewPipelineCalls = 8
+
+type renewItem struct {
+	id string
+	h  *heldLock
+}
+
+type lostLock struct {
+	f        func(bool)
+	vanished bool
+}
+
+// renewOutcome gathers a round's outcome over its pipelines.
+type renewOutcome struct {
+	lost                   []lostLock
+	gone, taken, failedOut int // lost locks by cause
+	failures               int // renewals that failed (lost or not)
+}
+
+// renewGroup sends one pipeline of renewal calls (each of one shard) and
+// settles its locks. It returns the pipeline's error when Redis could not
+// be reached at all (no reply came), so the round stops there.
+func (r *LockRenewer) renewGroup(ctx context.Context, group [][]renewItem, out *renewOutcome) error {
 	ttl := r.s.cfg.LockTTL.Milliseconds()
 	leaseUntil := time.Now().Add(2 * r.s.cfg.LockTTL).UnixMilli()
-	cctx, cancel := context.WithTimeout(ctx, r.interval)
-	_, _ = r.s.sendScripts(cctx, len(calls), func(pipe redis.Pipeliner, i int) []redis.Cmder {
-		c := calls[i]
-		rc := renewManyCall{leasesKey: r.s.keys.Leases(Shard(c.items[0].id)), ttlMs: ttl, leaseUntilMs: leaseUntil,
-			locks: make([]renewedLock, len(c.items))}
-		for j, it := range c.items {
+	cmds := make([]*redis.Cmd, len(group))
+	_, _ = r.s.sendScripts(ctx, len(group), func(pipe redis.Pipeliner, i int) []redis.Cmder {
+		items := group[i]
+		rc := renewManyCall{leasesKey: r.s.keys.Leases(Shard(items[0].id)), ttlMs: ttl, leaseUntilMs: leaseUntil,
+			locks: make([]renewedLock, len(items))}
+		for j, it := range items {
 			rc.locks[j] = renewedLock{jobID: it.id, lockKey: r.s.keys.Lock(it.id), lockValue: it.h.value}
 		}
-		calls[i].cmd = evalSha(cctx, pipe, rc)
+		cmds[i] = evalSha(ctx, pipe, rc)
 		r.calls.Add(1)
-		return []redis.Cmder{calls[i].cmd}
+		return []redis.Cmder{cmds[i]}
 	})
-	cancel()
-
-	type lostLock struct {
-		f        func(bool)
-		vanished bool
-	}
-	var lost []lostLock
-	r.mu.Lock()
-	for _, c := range calls {
-		res, err := c.cmd.Int64Slice()
-		if err == nil && len(res) != len(c.items) {
-			err = redis.Nil
+	r.settle(group, cmds, nil, out)
+	for _, c := range cmds {
+		if c.Err() == nil || !isNetErr(c.Err()) {
+			return nil // Redis answered something
 		}
-		for i, it := range c.items {
+	}
+	return cmds[0].Err()
+}
+
+// isNetErr reports whether err is a failure to reach Redis (no reply), not
+// an error reply.
+func isNetErr(err error) bool {
+	var re redis.Error
+	return err != nil && !errors.As(err, &re)
+}
+
+// settle applies a pipeline's replies (cmds; nil: not sent, failed with
+// err) to its locks.
+func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, out *renewOutcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for ci, items := range group {
+		var res []int64
+		cerr := err
+		if cmds != nil {
+			res, cerr = cmds[ci].Int64Slice()
+			if cerr == nil && len(res) != len(items) {
+				cerr = redis.Nil
+			}
+		}
+		for i, it := range items {
 			cur, still := r.locks[it.id]
 			if !still || cur != it.h {
 				continue
 			}
 			switch {
-			case err == nil && res[i] == 1:
+			case cerr == nil && res[i] == 1:
 				r.renewed.Add(1)
 				it.h.failures = 0
-			case err == nil:
+			case cerr == nil && it.h.releasing > 0:
+				// Refused while a write that gives the lock up is in
+				// flight: that write's own outcome tells its job what
+				// happened (released, or fenced), not a loss report.
+				r.forgetLocked(it.id)
+			case cerr == nil:
 				// Refused: the lock is gone (-1) or someone else's (0).
 				r.refused.Add(1)
-				delete(r.locks, it.id)
-				lost = append(lost, lostLock{it.h.lost, res[i] < 0})
+				r.forgetLocked(it.id)
+				out.lost = append(out.lost, lostLock{it.h.lost, res[i] < 0})
+				if res[i] < 0 {
+					out.gone++
+				} else {
+					out.taken++
+				}
 			default:
 				r.failed.Add(1)
+				out.failures++
 				it.h.failures++
 				if it.h.failures >= MaxRenewFailures {
-					delete(r.locks, it.id)
-					lost = append(lost, lostLock{it.h.lost, false})
+					r.forgetLocked(it.id)
+					out.lost = append(out.lost, lostLock{it.h.lost, false})
+					out.failedOut++
 				}
 			}
 		}
 	}
-	r.mu.Unlock()
-	r.lostN.Add(uint64(len(lost)))
-	if len(lost) > 0 && r.log != nil {
-		r.log.Warn("job locks lost", "count", len(lost))
+}
+
+// caughtUp records that every lock registered before snapshot has been
+// answered by a renewal sent at or after it.
+func (r *LockRenewer) caughtUp(snapshot time.Time) {
+	ns := snapshot.UnixNano()
+	for {
+		cur := r.renewedThrough.Load()
+		if cur >= ns || r.renewedThrough.CompareAndSwap(cur, ns) {
+			return
+		}
 	}
-	for _, l := range lost {
-		l.f(l.vanished)
+}
+
+// LateAfter is how long after its last renewal a live lock counts as late
+// (see Late): one and a half renewal intervals, half a lock TTL, so the
+// lock still has half its TTL to be renewed in while the node takes no
+// more work.
+func (r *LockRenewer) LateAfter() time.Duration { return r.interval + r.interval/2 }
+
+// Late reports whether the renewals are behind: some live lock has gone
+// unrenewed for longer than LateAfter — its renewal round is slow, or
+// failed. A node takes no more work while its renewals are late (the
+// intake holds its fetches): taking work adds locks and writes, and its
+// own locks must not lapse for it.
+//
+// It is a lower bound on the oldest lock's renewal, kept per round: every
+// round that answers all the locks it saw (renewed, or found lost) moves
+// it to the round's start; a registration into an empty renewer moves it
+// to now.
+func (r *LockRenewer) Late() bool {
+	if r.heldN.Load() == 0 {
+		return false
 	}
+	return r.now().Sub(time.Unix(0, r.renewedThrough.Load())) > r.LateAfter()
+}
+
+// SetClock replaces the renewer's clock (the one Late and the rounds read;
+// time.Now by default). For tests: call before using the renewer.
+func (r *LockRenewer) SetClock(now func() time.Time) {
+	r.now = now
+	r.renewedThrough.Store(now().UnixNano())
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -62,6 +63,9 @@ type Store struct {
 	// tenants holds the TenantActive keys this process has recorded in
 	// Keys.Tenants (written once per key and process, on first admission).
 	tenants sync.Map
+	// renewers are the lock renewers of this store (NewLockRenewer): the
+	// Writer tells them of the writes that give a lock up (releasing.go).
+	renewers atomic.Pointer[[]*LockRenewer]
 }
 
 // New returns a Store over rdb.

@@ -282,6 +282,17 @@ func (s *Store) NewWriter(concurrency, maxBatch, queue int) *Writer {
 	return w
 }
 
+// Backlog is the number of ops queued and not yet taken into a pipeline.
+func (w *Writer) Backlog() int { return len(w.ops) }
+
+// Behind reports whether the Writer's backlog is at least an eighth of its
+// queue (8,192 ops at WriterQueueDefault): Redis is behind, and every op
+// queued is a job actor waiting in memory. The intake takes no more
+// submits or results meanwhile (intake's admission gate), so the node's
+// live actors, and its memory, stay bounded whatever the number of jobs
+// whose results arrive at once.
+func (w *Writer) Behind() bool { return len(w.ops) >= max(cap(w.ops)/8, 1) }
+
 // ErrWriterClosed is the Result.Err of ops submitted after Close.
 var ErrWriterClosed = errors.New("store: writer closed")
 
@@ -345,6 +356,8 @@ func (w *Writer) exec(batch []*Op) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	results := make([]*Result, len(batch))
+	s := w.s
+	s.markReleasing(batch, true)
 	pending := batch
 	for send := 1; len(pending) > 0; send++ {
 		items, loadErr := w.s.sendScripts(ctx, len(pending), func(pipe redis.Pipeliner, i int) []redis.Cmder {
@@ -366,6 +379,9 @@ func (w *Writer) exec(batch []*Op) {
 		}
 		pending = again
 	}
+	// Before effects, which may turn an applied write's result into an
+	// error (its tenant slot release failed): the lock is gone either way.
+	s.settleReleasing(batch, results)
 	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
 		recycleArgs(op.cmds)
