@@ -246,8 +246,8 @@ type Job struct {
 	// The one outstanding asynchronous step: its epoch (answers with
 	// another are dropped) and, for a write, what the write is for. While
 	// busy, other events wait in deferred, in order.
-	opEpoch  uint64
-	busy     bool
+	opEpoch uint64
+	busy    bool
 	// outputOwed holds, while the output policy's phase 1 runs on a
 	// result, what that result owes besides its outcome: record fields
 	// (result_of) and effects (a later dispatch's cancel, a log line).
