@@ -538,15 +538,6 @@ func (s *sim) next() bool {
 	return false
 }
 
-func (s *sim) hasReady() bool {
-	for _, m := range s.net {
-		if !m.at.After(s.now) {
-			return true
-		}
-	}
-	return false
-}
-
 // handle runs one message: a model action, or an event for a job's actor.
 func (s *sim) handle(m *simMsg) {
 	s.steps++
