@@ -21,7 +21,7 @@ func stampedReq() *capv1.JobRequest {
 // caller holds is neither changed nor re-encoded differently.
 func TestRequestEnvAppendsTheStampToTheEncodedRequest(t *testing.T) {
 	req := stampedReq()
-	before, _ := proto.Marshal(req)
+	before, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	data, err := bus.EncodeRequestEnv("tr", "node-1", req, "troupe.x", "new", "troupe.y", "42")
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +44,7 @@ func TestRequestEnvAppendsTheStampToTheEncodedRequest(t *testing.T) {
 		got.GetBudget().GetDeadlineMs() != 5000 || p.GetTraceId() != "tr" || p.GetSenderId() != "node-1" {
 		t.Errorf("decoded packet lost fields: %v", p)
 	}
-	after, _ := proto.Marshal(req)
+	after, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	if string(before) != string(after) || req.Env["troupe.x"] != "old" || len(req.Env) != 2 {
 		t.Errorf("the caller's request was changed: %v", req)
 	}
