@@ -107,7 +107,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	c.nc = cfg.NATS
 	if c.nc == nil {
-		nc, err := connect.DialNATS(cfg.NATSURL, cfg.NATSAuth, nats.Name("troupe-client "+cfg.Sender))
+		nc, err := connect.DialNATS(cfg.NATSURL, cfg.NATSAuth.conn(), nats.Name("troupe-client "+cfg.Sender))
 		if err != nil {
 			return nil, fmt.Errorf("troupe: client: %w", err)
 		}
@@ -121,7 +121,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	c.js = js
 	c.rdb = cfg.Redis
 	if c.rdb == nil {
-		rdb, err := connect.DialRedis(ctx, cfg.RedisURL, cfg.RedisAuth)
+		rdb, err := connect.DialRedis(ctx, cfg.RedisURL, cfg.RedisAuth.conn())
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("troupe: client: %w", err)

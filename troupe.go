@@ -132,17 +132,18 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg.Logger = slog.Default()
 	}
 	poolsFromFile := false
-	if cfg.Pools == nil {
-		if cfg.PoolsFile == "" {
-			// The CLI's routing, so an embedder's first node runs the demo topics.
-			cfg.Pools = DefaultPools()
-		} else {
-			p, err := router.LoadPools(cfg.PoolsFile)
-			if err != nil {
-				return nil, fmt.Errorf("troupe: %w", err)
-			}
-			cfg.Pools, poolsFromFile = p, true
+	switch {
+	case cfg.Pools != nil:
+		cfg.routing = cfg.Pools.routing()
+	case cfg.PoolsFile != "":
+		p, err := router.LoadPools(cfg.PoolsFile)
+		if err != nil {
+			return nil, fmt.Errorf("troupe: %w", err)
 		}
+		cfg.routing, poolsFromFile = p, true
+	default:
+		// The CLI's routing, so an embedder's first node runs the demo topics.
+		cfg.routing = DefaultPools().routing()
 	}
 	t := &cfg.Tuning
 	if t.Timeouts == nil && t.TimeoutsFile != "" {
@@ -150,7 +151,10 @@ func NewNode(cfg Config) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("troupe: %w", err)
 		}
-		t.Timeouts = timeouts
+		t.Timeouts = (*Timeouts)(timeouts)
+	} else if t.Timeouts != nil {
+		c := *t.Timeouts // the node's own copy: the caller may reuse theirs
+		t.Timeouts = &c
 	}
 	defaults.Fill(t, DefaultTuning())
 	if t.JobShards < 0 {
@@ -163,7 +167,7 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
 	if v := os.Getenv("TROUPE_JOB_TRACE"); v == "on" || v == "1" || v == "true" {
-		cfg.Tuning.JobTrace.Enabled = true
+		cfg.Tuning.JobTrace = true
 	}
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
 		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}, nil
