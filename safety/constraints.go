@@ -12,11 +12,11 @@ import (
 // Env entries through which constraints reach workers: the names CAP
 // workers and their SDKs already read.
 const (
-	EnvPolicyConstraints = "CORDUM_POLICY_CONSTRAINTS"  // the PolicyConstraints as protojson
-	EnvRedactionLevel    = "CORDUM_REDACTION_LEVEL"     // constraints.redaction_level
-	EnvMaxArtifactBytes  = "CORDUM_MAX_ARTIFACT_BYTES"  // budgets.max_artifact_bytes
-	EnvMaxConcurrentJobs = "CORDUM_MAX_CONCURRENT_JOBS" // budgets.max_concurrent_jobs
-	EnvMaxRetries        = "CORDUM_MAX_RETRIES"         // budgets.max_retries
+	envPolicyConstraints = "CORDUM_POLICY_CONSTRAINTS"  // the PolicyConstraints as protojson
+	envRedactionLevel    = "CORDUM_REDACTION_LEVEL"     // constraints.redaction_level
+	envMaxArtifactBytes  = "CORDUM_MAX_ARTIFACT_BYTES"  // budgets.max_artifact_bytes
+	envMaxConcurrentJobs = "CORDUM_MAX_CONCURRENT_JOBS" // budgets.max_concurrent_jobs
+	envMaxRetries        = "CORDUM_MAX_RETRIES"         // budgets.max_retries
 )
 
 // ApplyConstraints writes an ALLOW_WITH_CONSTRAINTS decision's constraints
@@ -32,10 +32,10 @@ func ApplyConstraints(req *capv1.JobRequest, c *capv1.PolicyConstraints) {
 		req.Env = map[string]string{}
 	}
 	if b, err := protojson.Marshal(c); err == nil {
-		req.Env[EnvPolicyConstraints] = string(b)
+		req.Env[envPolicyConstraints] = string(b)
 	}
 	if lvl := c.GetRedactionLevel(); lvl != "" {
-		req.Env[EnvRedactionLevel] = lvl
+		req.Env[envRedactionLevel] = lvl
 	}
 	b := c.GetBudgets()
 	if b == nil {
@@ -50,13 +50,13 @@ func ApplyConstraints(req *capv1.JobRequest, c *capv1.PolicyConstraints) {
 		}
 	}
 	if n := b.GetMaxArtifactBytes(); n > 0 {
-		req.Env[EnvMaxArtifactBytes] = strconv.FormatInt(n, 10)
+		req.Env[envMaxArtifactBytes] = strconv.FormatInt(n, 10)
 	}
 	if n := b.GetMaxConcurrentJobs(); n > 0 {
-		req.Env[EnvMaxConcurrentJobs] = strconv.Itoa(int(n))
+		req.Env[envMaxConcurrentJobs] = strconv.Itoa(int(n))
 	}
 	if n := b.GetMaxRetries(); n > 0 {
-		req.Env[EnvMaxRetries] = strconv.Itoa(int(n))
+		req.Env[envMaxRetries] = strconv.Itoa(int(n))
 	}
 }
 

@@ -18,7 +18,7 @@ type OutputMetrics struct {
 
 // Phase names used as the "phase" label.
 const (
-	PhaseMeta    = "meta"
+	phaseMeta    = "meta"
 	PhaseContent = "content"
 )
 

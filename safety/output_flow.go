@@ -42,7 +42,7 @@ var ErrNoResult = errors.New("safety: no result behind the pointer")
 type RedisResultStore struct {
 	Client redis.UniversalClient
 	// MaxBytes is the most Fetch reads (default
-	// OutputMaxResultBytesDefault); it reads one byte more, so that the
+	// outputMaxResultBytesDefault); it reads one byte more, so that the
 	// checker's size limit sees an oversize result as oversize.
 	MaxBytes int64
 	// RedactedTTL applies to a redacted copy when the original has no TTL
@@ -50,11 +50,11 @@ type RedisResultStore struct {
 	RedactedTTL time.Duration
 }
 
-// RedisPointerPrefix starts every Redis result pointer.
-const RedisPointerPrefix = "redis://"
+// redisPointerPrefix starts every Redis result pointer.
+const redisPointerPrefix = "redis://"
 
 func redisKey(ptr string) (string, error) {
-	key, ok := strings.CutPrefix(ptr, RedisPointerPrefix)
+	key, ok := strings.CutPrefix(ptr, redisPointerPrefix)
 	if !ok || key == "" {
 		return "", fmt.Errorf("%w: %q", errUnsupportedPointer, ptr)
 	}
@@ -69,7 +69,7 @@ func (s *RedisResultStore) Fetch(ctx context.Context, ptr string) ([]byte, error
 	}
 	max := s.MaxBytes
 	if max <= 0 {
-		max = OutputMaxResultBytesDefault
+		max = outputMaxResultBytesDefault
 	}
 	// GETRANGE reads at most max+1 bytes of a value of any size; EXISTS
 	// tells a missing key from an empty value.
@@ -103,7 +103,7 @@ func (s *RedisResultStore) StoreRedacted(ctx context.Context, _, ptr string, con
 	if err := s.Client.Set(ctx, rkey, content, ttl).Err(); err != nil {
 		return "", fmt.Errorf("safety: store redacted copy of %s: %w", ptr, err)
 	}
-	return RedisPointerPrefix + rkey, nil
+	return redisPointerPrefix + rkey, nil
 }
 
 // OutputContentBudgetDefault bounds phase 2, fetch included.
@@ -135,7 +135,7 @@ type OutputGate struct {
 
 // OutputOutcome is what one phase decided for a result.
 type OutputOutcome struct {
-	// Phase is PhaseMeta or PhaseContent.
+	// Phase is phaseMeta or PhaseContent.
 	Phase string
 	// Decision is the final decision (ALLOW after a fail-open error).
 	Decision capv1.OutputDecision
@@ -209,8 +209,8 @@ func (g *OutputGate) failOpen(o *OutputOutcome, err error) OutputOutcome {
 // Phase1 checks req's metadata, before the result is called SUCCEEDED.
 func (g *OutputGate) Phase1(ctx context.Context, req *capv1.OutputCheckRequest) OutputOutcome {
 	start := time.Now()
-	defer func() { g.Metrics.Observe(PhaseMeta, time.Since(start).Seconds()) }()
-	o := OutputOutcome{Phase: PhaseMeta, ResultPtr: req.GetResult().GetResultPtr()}
+	defer func() { g.Metrics.Observe(phaseMeta, time.Since(start).Seconds()) }()
+	o := OutputOutcome{Phase: phaseMeta, ResultPtr: req.GetResult().GetResultPtr()}
 	v, err := g.Checker.CheckMeta(ctx, req)
 	if err == nil && v.Decision == capv1.OutputDecision_OUTPUT_DECISION_UNSPECIFIED {
 		err = errors.New("checker returned no decision")
@@ -218,7 +218,7 @@ func (g *OutputGate) Phase1(ctx context.Context, req *capv1.OutputCheckRequest) 
 	if err != nil {
 		return g.failOpen(&o, err)
 	}
-	g.Metrics.Checked(PhaseMeta, OutputDecisionName(v.Decision))
+	g.Metrics.Checked(phaseMeta, OutputDecisionName(v.Decision))
 	o.take(v)
 	o.ContentChecked = v.SkipContent
 	switch v.Decision {

@@ -37,7 +37,7 @@ type RemoteOutputConfig struct {
 	// Addr is the OutputPolicy service's host:port (required).
 	Addr string
 	// TLS reaches it (same rules as the kernel client's).
-	TLS safety.ClientTLS
+	TLS ClientTLS
 	// MetaTimeout bounds phase 1 (default RemoteOutputMetaTimeoutDefault).
 	MetaTimeout time.Duration
 	// ContentTimeout bounds phase 2 (default safety.OutputContentBudgetDefault).
@@ -188,7 +188,7 @@ type OutputConfig struct {
 	// Addr, instead of File, is an external OutputPolicy gRPC service.
 	Addr string
 	// TLS reaches Addr.
-	TLS safety.ClientTLS
+	TLS ClientTLS
 }
 
 // OutputConfigFromEnv reads OUTPUT_POLICY_ENABLED, OUTPUT_POLICY_FILE and
@@ -196,7 +196,7 @@ type OutputConfig struct {
 // SAFETY_KERNEL_INSECURE settings).
 func OutputConfigFromEnv() (OutputConfig, error) {
 	cfg := OutputConfig{File: strings.TrimSpace(os.Getenv(EnvOutputFile)), Addr: strings.TrimSpace(os.Getenv(EnvOutputAddr)),
-		TLS: safety.ClientTLS{CAFile: strings.TrimSpace(os.Getenv(safety.EnvKernelTLSCA))}}
+		TLS: ClientTLS{CAFile: strings.TrimSpace(os.Getenv(EnvKernelTLSCA))}}
 	if v := strings.TrimSpace(os.Getenv(EnvOutputEnabled)); v != "" {
 		b, err := policyenv.EnvBool(EnvOutputEnabled)
 		if err != nil {
@@ -205,10 +205,10 @@ func OutputConfigFromEnv() (OutputConfig, error) {
 		cfg.Enabled = &b
 	}
 	var err error
-	if cfg.TLS.Required, err = policyenv.EnvBool(safety.EnvKernelTLSReq); err != nil {
+	if cfg.TLS.Required, err = policyenv.EnvBool(EnvKernelTLSReq); err != nil {
 		return cfg, err
 	}
-	if cfg.TLS.Insecure, err = policyenv.EnvBool(safety.EnvKernelInsecure); err != nil {
+	if cfg.TLS.Insecure, err = policyenv.EnvBool(EnvKernelInsecure); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
