@@ -295,7 +295,7 @@ func (n *Node) actorSystemPart() part {
 
 func (n *Node) scanPoolPart() part {
 	return part{name: "scan-pool",
-		start: func(context.Context) error { n.scans = jobactor.NewScanPool(ScanWorkers, ScanQueue); return nil },
+		start: func(context.Context) error { n.scans = jobactor.NewScanPool(scanWorkers, scanQueue); return nil },
 		stop:  func(context.Context) error { n.scans.Stop(); return nil }}
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
@@ -174,23 +175,23 @@ func NewNode(cfg Config) (*Node, error) {
 }
 
 // Output content scans (phase 2) run on a small pool: each may take up to
-// safety.OutputContentBudgetDefault, and a full queue skips (and counts) a
+// outputgate.ContentBudgetDefault, and a full queue skips (and counts) a
 // scan rather than hold a result back.
 const (
-	ScanWorkers = 16
-	ScanQueue   = 10_000
+	scanWorkers = 16
+	scanQueue   = 10_000
 )
 
-func (n *Node) outputGate() *safety.OutputGate {
+func (n *Node) outputGate() *outputgate.Gate {
 	if n.cfg.Output == nil {
 		return nil
 	}
-	m, err := safety.NewOutputMetrics(n.cfg.Metrics)
+	m, err := outputgate.NewMetrics(n.cfg.Metrics)
 	if err != nil {
 		n.log.Warn("output metrics disabled", "err", err)
 		m = nil
 	}
-	return &safety.OutputGate{Checker: n.cfg.Output, Results: &safety.RedisResultStore{Client: n.rdb}, Metrics: m}
+	return &outputgate.Gate{Checker: n.cfg.Output, Results: &safety.RedisResultStore{Client: n.rdb}, Metrics: m}
 }
 
 // ReloadPools re-reads the pools file (and the runtime mappings) now; an

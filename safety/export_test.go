@@ -7,7 +7,6 @@ const (
 	EnvMaxArtifactBytes         = envMaxArtifactBytes
 	EnvMaxConcurrentJobs        = envMaxConcurrentJobs
 	EnvMaxRetries               = envMaxRetries
-	PhaseMeta                   = phaseMeta
 	RuleNonJobTopic             = ruleNonJobTopic
 	RuleDefaultAllow            = ruleDefaultAllow
 	RedisPointerPrefix          = redisPointerPrefix

@@ -7,6 +7,7 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -47,7 +48,7 @@ func policyDone(epoch uint64, dec *capv1.PolicyCheckResponse, err error) *lifecy
 }
 
 // outputOutcome is phase 1's outcome as the core takes it.
-func outputOutcome(o safety.OutputOutcome) lifecycle.OutputOutcome {
+func outputOutcome(o outputgate.Outcome) lifecycle.OutputOutcome {
 	return lifecycle.OutputOutcome{Phase: o.Phase, Quarantine: o.Quarantine, ResultPtr: o.ResultPtr,
 		Redacted: o.Redacted, Reason: o.Reason, RuleID: o.RuleID, ContentChecked: o.ContentChecked,
 		Fields: o.Fields()}

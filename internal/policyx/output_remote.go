@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -40,7 +41,7 @@ type RemoteOutputConfig struct {
 	TLS ClientTLS
 	// MetaTimeout bounds phase 1 (default RemoteOutputMetaTimeoutDefault).
 	MetaTimeout time.Duration
-	// ContentTimeout bounds phase 2 (default safety.OutputContentBudgetDefault).
+	// ContentTimeout bounds phase 2 (default outputgate.ContentBudgetDefault).
 	ContentTimeout time.Duration
 	// DialOptions are appended to the client's own.
 	DialOptions []grpc.DialOption
@@ -66,7 +67,7 @@ func NewRemoteOutputChecker(cfg RemoteOutputConfig) (*RemoteOutputChecker, error
 		cfg.MetaTimeout = RemoteOutputMetaTimeoutDefault
 	}
 	if cfg.ContentTimeout <= 0 {
-		cfg.ContentTimeout = safety.OutputContentBudgetDefault
+		cfg.ContentTimeout = outputgate.ContentBudgetDefault
 	}
 	creds, err := cfg.TLS.Credentials(cfg.Addr)
 	if err != nil {

@@ -28,4 +28,3 @@ func (e *UnavailableError) Is(target error) bool { return target == safety.ErrUn
 
 // Unwrap exposes the call's error (a gRPC status, a context error).
 func (e *UnavailableError) Unwrap() error { return e.Cause }
-
