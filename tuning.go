@@ -29,7 +29,7 @@ type Tuning struct {
 	WorkerTTL time.Duration
 	// MaxWorkers and MaxPools cap what heartbeats add to the router's
 	// registry: workers known at once (default 10,000) and pool names seen
-	// since start (default 1,000). Heartbeats beyond are refused and
+	// since start (default 256). Heartbeats beyond are refused and
 	// counted in troupe_heartbeats_refused_total{reason}.
 	MaxWorkers int
 	MaxPools   int
