@@ -1,22 +1,21 @@
-package safety
+package policyenv
 
 import (
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
 // Env entries through which constraints reach workers: the names CAP
 // workers and their SDKs already read.
 const (
-	envPolicyConstraints = "CORDUM_POLICY_CONSTRAINTS"  // the PolicyConstraints as protojson
-	envRedactionLevel    = "CORDUM_REDACTION_LEVEL"     // constraints.redaction_level
-	envMaxArtifactBytes  = "CORDUM_MAX_ARTIFACT_BYTES"  // budgets.max_artifact_bytes
-	envMaxConcurrentJobs = "CORDUM_MAX_CONCURRENT_JOBS" // budgets.max_concurrent_jobs
-	envMaxRetries        = "CORDUM_MAX_RETRIES"         // budgets.max_retries
+	EnvPolicyConstraints = "CORDUM_POLICY_CONSTRAINTS"  // the PolicyConstraints as protojson
+	EnvRedactionLevel    = "CORDUM_REDACTION_LEVEL"     // constraints.redaction_level
+	EnvMaxArtifactBytes  = "CORDUM_MAX_ARTIFACT_BYTES"  // budgets.max_artifact_bytes
+	EnvMaxConcurrentJobs = "CORDUM_MAX_CONCURRENT_JOBS" // budgets.max_concurrent_jobs
+	EnvMaxRetries        = "CORDUM_MAX_RETRIES"         // budgets.max_retries
 )
 
 // ApplyConstraints writes an ALLOW_WITH_CONSTRAINTS decision's constraints
@@ -32,10 +31,10 @@ func ApplyConstraints(req *capv1.JobRequest, c *capv1.PolicyConstraints) {
 		req.Env = map[string]string{}
 	}
 	if b, err := protojson.Marshal(c); err == nil {
-		req.Env[envPolicyConstraints] = string(b)
+		req.Env[EnvPolicyConstraints] = string(b)
 	}
 	if lvl := c.GetRedactionLevel(); lvl != "" {
-		req.Env[envRedactionLevel] = lvl
+		req.Env[EnvRedactionLevel] = lvl
 	}
 	b := c.GetBudgets()
 	if b == nil {
@@ -50,13 +49,13 @@ func ApplyConstraints(req *capv1.JobRequest, c *capv1.PolicyConstraints) {
 		}
 	}
 	if n := b.GetMaxArtifactBytes(); n > 0 {
-		req.Env[envMaxArtifactBytes] = strconv.FormatInt(n, 10)
+		req.Env[EnvMaxArtifactBytes] = strconv.FormatInt(n, 10)
 	}
 	if n := b.GetMaxConcurrentJobs(); n > 0 {
-		req.Env[envMaxConcurrentJobs] = strconv.Itoa(int(n))
+		req.Env[EnvMaxConcurrentJobs] = strconv.Itoa(int(n))
 	}
 	if n := b.GetMaxRetries(); n > 0 {
-		req.Env[envMaxRetries] = strconv.Itoa(int(n))
+		req.Env[EnvMaxRetries] = strconv.Itoa(int(n))
 	}
 }
 
@@ -64,7 +63,7 @@ func ApplyConstraints(req *capv1.JobRequest, c *capv1.PolicyConstraints) {
 // decision, reason, rule id, policy version, and (when present)
 // constraints and remediations as protojson.
 func DecisionFields(resp *capv1.PolicyCheckResponse) []string {
-	f := []string{"policy_decision", policyenv.DecisionLabel(resp.GetDecision()), "policy_reason", resp.GetReason(),
+	f := []string{"policy_decision", DecisionLabel(resp.GetDecision()), "policy_reason", resp.GetReason(),
 		"rule_id", resp.GetRuleId(), "policy_snapshot", resp.GetPolicySnapshot()}
 	if c := resp.GetConstraints(); c != nil {
 		if b, err := protojson.Marshal(c); err == nil {
