@@ -1,6 +1,8 @@
 package troupe
 
 import (
+	"slices"
+
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/router"
 )
@@ -86,10 +88,10 @@ func poolsFrom(pc *router.PoolConfig) *Pools {
 func (p *Pools) routing() *router.PoolConfig {
 	pc := &router.PoolConfig{Topics: make(map[string][]string, len(p.Topics)), Pools: make(map[string]router.Pool, len(p.Pools))}
 	for t, ps := range p.Topics {
-		pc.Topics[t] = append([]string(nil), ps...)
+		pc.Topics[t] = slices.Clone(ps)
 	}
 	for name, pl := range p.Pools {
-		pc.Pools[name] = router.Pool{Requires: append([]string(nil), pl.Requires...), Dispatch: router.DispatchMode(pl.Dispatch),
+		pc.Pools[name] = router.Pool{Requires: slices.Clone(pl.Requires), Dispatch: router.DispatchMode(pl.Dispatch),
 			Overload: pl.overload}
 	}
 	return pc
