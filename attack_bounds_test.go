@@ -118,7 +118,7 @@ func TestAttackHeartbeatsAreBoundedAndClippedInLogs(t *testing.T) {
 	t.Parallel()
 	logs := &lineLog{}
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Tuning.WorkerBounds = registry.Bounds{MaxWorkers: 4, MaxPools: 3}
+		c.Tuning.MaxWorkers, c.Tuning.MaxPools = 4, 3
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	// Invalid: a 900 KB pool name, a 400 KB worker id.

@@ -290,18 +290,18 @@ func TestAttack4UnsignedGossipAndWaitlist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Header.Set(signing.HeaderSender, s.w1)
-	m.Header.Set(signing.HeaderSignedAt, at)
-	m.Header.Set(signing.HeaderSig, sig)
+	m.Header.Set("Troupe-Sender", s.w1)
+	m.Header.Set("Troupe-Signed-At", at)
+	m.Header.Set("Troupe-Signature", sig)
 	if _, err := f.env.NATS.RequestMsg(m, 300*time.Millisecond); err == nil {
 		t.Fatal("the waitlist answered a worker key")
 	}
 	waitRejected(t, f.node, "queue", signing.Reason(jobstate.ReasonForbiddenRole), 1)
 	// Signed by a node key: answered.
 	at, sig, _ = s.node.SignMessage(m.Subject, time.Now(), body)
-	m.Header.Set(signing.HeaderSender, s.nodeID)
-	m.Header.Set(signing.HeaderSignedAt, at)
-	m.Header.Set(signing.HeaderSig, sig)
+	m.Header.Set("Troupe-Sender", s.nodeID)
+	m.Header.Set("Troupe-Signed-At", at)
+	m.Header.Set("Troupe-Signature", sig)
 	if reply, err := f.env.NATS.RequestMsg(m, 5*time.Second); err != nil || string(reply.Data) != "[]" {
 		t.Fatalf("a node's question: %v %v", reply, err)
 	}

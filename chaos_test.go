@@ -33,7 +33,7 @@ func TestRandomInterleavingsKeepTheInvariants(t *testing.T) {
 		jobs = 300
 	}
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 2 * time.Second, Running: 2 * time.Second}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: 2 * time.Second, Running: 2 * time.Second}
 		c.Tuning.DuePoll = 50 * time.Millisecond
 		c.Tuning.DueSlack = 50 * time.Millisecond
 		c.Tuning.RescueAfter = time.Second

@@ -20,6 +20,7 @@ import (
 	"github.com/troupe-run/troupe/internal/jobtrace"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/internal/recovery"
+	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/store"
@@ -128,10 +129,10 @@ func (n *Node) connect(ctx context.Context) error {
 	if n.cfg.NATS != nil {
 		n.nc = n.cfg.NATS
 	} else {
-		for _, w := range n.cfg.NATSAuth.Warnings(n.cfg.NATSURL) {
+		for _, w := range n.cfg.NATSAuth.conn().Warnings(n.cfg.NATSURL) {
 			n.log.Warn(w)
 		}
-		nc, err := connect.DialNATS(n.cfg.NATSURL, n.cfg.NATSAuth, nats.Name("troupe-node "+n.cfg.NodeID),
+		nc, err := connect.DialNATS(n.cfg.NATSURL, n.cfg.NATSAuth.conn(), nats.Name("troupe-node "+n.cfg.NodeID),
 			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 		if err != nil {
 			return fmt.Errorf("troupe: %w", err)
@@ -150,10 +151,10 @@ func (n *Node) connect(ctx context.Context) error {
 		}
 		return nil
 	}
-	for _, w := range n.cfg.RedisAuth.Warnings(n.cfg.RedisURL) {
+	for _, w := range n.cfg.RedisAuth.conn().Warnings(n.cfg.RedisURL) {
 		n.log.Warn(w)
 	}
-	rdb, err := connect.DialRedis(ctx, n.cfg.RedisURL, n.cfg.RedisAuth)
+	rdb, err := connect.DialRedis(ctx, n.cfg.RedisURL, n.cfg.RedisAuth.conn())
 	if err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
@@ -294,7 +295,7 @@ func (n *Node) actorSystemPart() part {
 
 func (n *Node) scanPoolPart() part {
 	return part{name: "scan-pool",
-		start: func(context.Context) error { n.scans = jobactor.NewScanPool(ScanWorkers, ScanQueue); return nil },
+		start: func(context.Context) error { n.scans = jobactor.NewScanPool(scanWorkers, scanQueue); return nil },
 		stop:  func(context.Context) error { n.scans.Stop(); return nil }}
 }
 
@@ -333,7 +334,7 @@ func (n *Node) routerPart() part {
 			if n.poolsFromFile {
 				path = n.cfg.PoolsFile
 			}
-			watcher, err := router.NewPoolsWatcher(router.PoolsWatcherConfig{Path: path, Base: n.cfg.Pools,
+			watcher, err := router.NewPoolsWatcher(router.PoolsWatcherConfig{Path: path, Base: n.cfg.routing,
 				Mappings: router.NewMappingStore(n.rdb, n.cfg.KeyPrefix), Log: n.log})
 			if err != nil {
 				return err
@@ -347,7 +348,7 @@ func (n *Node) routerPart() part {
 			n.beats = router.NewBeats()
 			n.router = n.sys.Root.SpawnPrefix(router.Props(router.Config{
 				Pools: pools, TTL: n.cfg.Tuning.WorkerTTL, Direct: n.subj.Worker, PoolSubj: n.subj.Pool, Log: n.log,
-				Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID, Bounds: n.cfg.Tuning.WorkerBounds,
+				Metrics: n.cfg.Metrics, NodeID: n.cfg.NodeID, Bounds: registry.Bounds{MaxWorkers: n.cfg.Tuning.MaxWorkers, MaxPools: n.cfg.Tuning.MaxPools},
 				// A pick its job has neither started on nor given back a minute
 				// after the dispatch timeout was never dispatched (router/picks.go).
 				PickTTL: n.cfg.Tuning.Timeouts.Dispatch + time.Minute,
@@ -428,7 +429,7 @@ func (n *Node) jobEnvPart() part {
 		n.env = (&jobactor.Env{
 			NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 			Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: n.sys.Root,
-			Keys: n.store.Keys(), Wheel: n.wheel, Metrics: jobactor.NewMetrics(n.cfg.Metrics), Timeouts: n.cfg.Tuning.Timeouts,
+			Keys: n.store.Keys(), Wheel: n.wheel, Metrics: jobactor.NewMetrics(n.cfg.Metrics), Timeouts: (*jobactor.Timeouts)(n.cfg.Tuning.Timeouts),
 			Forward: intakeForwarder(n), Redispatch: redispatch(n.cfg.Tuning.NoRedispatchTopics),
 			TenantLimit: tenantLimit(n.cfg.Tuning.TenantLimits),
 			Output:      n.outputGate(), Scans: n.scans,
@@ -470,7 +471,7 @@ func (n *Node) jobShardsPart() part {
 	return part{name: "job-shards",
 		start: func(context.Context) error {
 			onPool := actor.WithDispatcher(n.dispatcher)
-			tc := n.cfg.Tuning.JobTrace
+			tc := jobtrace.Config{Enabled: n.cfg.Tuning.JobTrace}
 			tc.Redis, tc.Keys, tc.NodeID, tc.Retention = n.rdb, n.store.Keys(), n.cfg.NodeID, n.store.Retention()
 			tc.Log, tc.Metrics, tc.Origin = n.log, n.cfg.Metrics, jobactor.TraceOrigin
 			tracer, err := jobtrace.New(n.sys, tc) // nil when off: no middleware at all

@@ -57,11 +57,11 @@ type Config struct {
 	// StreamPrefix names the JetStream streams (default StreamPrefixDefault).
 	StreamPrefix string
 	// Pools is the routing config, built in Go (see DefaultPools) or
-	// parsed (router.ParsePools); PoolsFile is read when Pools is nil, and
+	// parsed (ParsePools); PoolsFile is read when Pools is nil, and
 	// then re-read on change and on ReloadPools (SIGHUP in `troupe node`).
 	// Neither: DefaultPools, the CLI's routing.
-	// Runtime topic mappings in Redis (router.MappingStore) override both.
-	Pools     *router.PoolConfig
+	// Runtime topic mappings in Redis (`troupe ctl pools set`) override both.
+	Pools     *Pools
 	PoolsFile string
 
 	// Policy is the input policy (default safety.AllowAll).
@@ -106,14 +106,76 @@ type Config struct {
 	// DefaultTuning values (NewNode fills them).
 	Tuning Tuning
 
+	// routing is Pools or PoolsFile in the router's form (NewNode).
+	routing *router.PoolConfig
+
 	// backoff overrides the scheduling retry delay (tests: SetBackoff).
 	backoff func(attempt int) time.Duration
 }
 
-// Connection settings of Config.NATSAuth and Config.RedisAuth (the flags
-// of `troupe node` fill them; see SECURITY.md).
-type (
-	NATSAuth    = connect.NATS
-	RedisAuth   = connect.Redis
-	TLSSettings = connect.TLS
-)
+// NATSAuth are the credentials and TLS settings of a NATS connection
+// (Config.NATSAuth; the flags of `troupe node` fill them; see
+// SECURITY.md). Credentials may also be in the URL
+// (nats://user:pass@host, nats://token@host), which then must be the only
+// ones. Give one kind of credential at most. The zero value connects with
+// what the URL carries.
+type NATSAuth struct {
+	User string
+	// Password, or PasswordFile holding it (one of the two).
+	Password     string
+	PasswordFile string
+	// Token, or TokenFile holding it (one of the two).
+	Token     string
+	TokenFile string
+	// NKeyFile is a user NKey seed file (the seed never leaves this process:
+	// the server's nonce is signed with it).
+	NKeyFile string
+	// CredsFile is a .creds file (user JWT and NKey seed), for servers in
+	// operator (decentralised JWT) mode.
+	CredsFile string
+	TLS       TLSSettings
+}
+
+// RedisAuth are the ACL credentials and TLS settings of a Redis connection
+// (Config.RedisAuth; see SECURITY.md).
+type RedisAuth struct {
+	// User is the ACL user (default: "default"); credentials in the URL
+	// (redis://user:pass@host) are the alternative, not an addition.
+	User string
+	// Password, or PasswordFile holding it (one of the two).
+	Password     string
+	PasswordFile string
+	// Cluster makes a Redis Cluster client even from a single seed address
+	// (several addresses always do).
+	Cluster bool
+	TLS     TLSSettings
+}
+
+// TLSSettings say how a client verifies its server and proves itself to
+// it. Any field set turns TLS on.
+type TLSSettings struct {
+	// CAFile is a PEM bundle that verifies the server (default: the system roots).
+	CAFile string
+	// CertFile and KeyFile, both or neither, are the client's certificate for
+	// servers that require one (mutual TLS).
+	CertFile string
+	KeyFile  string
+	// ServerName is the name verified in the server's certificate (default:
+	// the host dialed).
+	ServerName string
+	// InsecureSkipVerify accepts any server certificate. For tests only: it
+	// is logged as a warning.
+	InsecureSkipVerify bool
+}
+
+// conn is a in connect's form (the dialer's).
+func (a NATSAuth) conn() connect.NATS {
+	return connect.NATS{User: a.User, Password: a.Password, PasswordFile: a.PasswordFile, Token: a.Token,
+		TokenFile: a.TokenFile, NKeyFile: a.NKeyFile, CredsFile: a.CredsFile, TLS: connect.TLS(a.TLS)}
+}
+
+// conn is a in connect's form (the dialer's).
+func (a RedisAuth) conn() connect.Redis {
+	return connect.Redis{User: a.User, Password: a.Password, PasswordFile: a.PasswordFile, Cluster: a.Cluster,
+		TLS: connect.TLS(a.TLS)}
+}

@@ -105,7 +105,7 @@ func TestNodeRunsAJobOverTLSWithAuthAndLogsNoSecret(t *testing.T) {
 	}
 	defer func() { _ = node.Stop(context.Background()) }()
 
-	nc, err := connect.DialNATS(srv.natsURL, srv.natsAuth, nats.Name("troupe-worker secure-w1"))
+	nc, err := connect.DialNATS(srv.natsURL, srv.natsAuth.Conn(), nats.Name("troupe-worker secure-w1"))
 	if err != nil {
 		t.Fatalf("worker over TLS with auth: %v", err)
 	}

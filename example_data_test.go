@@ -107,7 +107,7 @@ func ExampleClient_Watch() {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// The demo worker fails a job whose env asks it to.
-	_ = c.Submit(ctx, &capv1.JobRequest{JobId: "watched-1", Topic: "job.echo", Env: map[string]string{worker.EnvFail: "1"}})
+	_ = c.Submit(ctx, &capv1.JobRequest{JobId: "watched-1", Topic: "job.echo", Env: map[string]string{"demo.fail": "1"}})
 	for ev := range c.Watch(wctx, "watched-1") {
 		fmt.Println(ev.State, ev.Reason)
 		if ev.Record != nil {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/embedded"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
 )
@@ -67,7 +66,7 @@ func ExampleDefaultPools() {
 
 	pools := troupe.DefaultPools()
 	pools.Topics["job.summarize"] = []string{"llm"}
-	pools.Pools["llm"] = router.Pool{Requires: []string{"gpu"}}
+	pools.Pools["llm"] = troupe.Pool{Requires: []string{"gpu"}}
 	node, err := troupe.NewNode(troupe.Config{NATSURL: ns.URL(), RedisURL: rs.URL(), Pools: pools,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

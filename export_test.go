@@ -3,6 +3,7 @@ package troupe
 import (
 	"time"
 
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/supervisor"
 )
 
@@ -34,3 +35,7 @@ func (n *Node) Admitting() int64 { return n.env.Admitting.Load() }
 // BeforeActorsStop sets a function Stop runs once the node's inbox refuses
 // forwarded events and before its job actors stop.
 func (n *Node) BeforeActorsStop(f func()) { n.beforeActorsStop = f }
+
+// Conn is a in the dialer's form (tests dial a worker with the node's
+// settings).
+func (a NATSAuth) Conn() connect.NATS { return a.conn() }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
-	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/store"
@@ -87,7 +86,7 @@ func waitFor(t *testing.T, ch chan string, want string) {
 func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Hour}
 	})
 	cancels := f.cancels()
 	// A worker that says it reports starts, and never starts the job.
@@ -114,7 +113,7 @@ func TestDispatchTimeoutCancelsTheWorker(t *testing.T) {
 func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: 300 * time.Millisecond, Running: time.Minute}
 	})
 	f.startWorker("stock", false, nil, func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 		select {
@@ -130,7 +129,7 @@ func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 	}
 	// The same with the running timeout short: that is what bounds it.
 	g := newFixture(t, func(c *troupe.Config) {
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: time.Minute, Running: 300 * time.Millisecond}
 	})
 	g.startWorker("stock", false, nil, hang)
 	g.submit(echoReq("job-stuck"))
@@ -142,7 +141,7 @@ func TestStockCAPLongJobIsBoundedByItsRun(t *testing.T) {
 func TestRunningTimeoutUsesTheTopicOverride(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Hour, Running: time.Hour,
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: time.Hour, Running: time.Hour,
 			PerTopic: map[string]time.Duration{"job.echo": 300 * time.Millisecond}}
 	})
 	cancels := f.cancels()
@@ -623,7 +622,7 @@ func TestStockCAPClientsHearOutcomesTroupeDecides(t *testing.T) {
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Policy = labelPolicy{}
 		c.Tuning.PermanentGrace = 100 * time.Millisecond
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: time.Minute, Running: 500 * time.Millisecond}
 	})
 	result := f.results()
 	f.startWorker("w1", true, nil, hang)

@@ -20,11 +20,11 @@ import (
 
 // Defaults for ClientConfig fields left zero.
 const (
-	// ClientSenderDefault is the sender id of a Client's packets.
-	ClientSenderDefault = "troupe-client"
-	// ClientWaitPollDefault is how often Client.Wait reads a job's record:
+	// clientSenderDefault is the sender id of a Client's packets.
+	clientSenderDefault = "troupe-client"
+	// clientWaitPollDefault is how often Client.Wait reads a job's record:
 	// one HGETALL per waiting call, cheap enough at 10 a second.
-	ClientWaitPollDefault = 100 * time.Millisecond
+	clientWaitPollDefault = 100 * time.Millisecond
 )
 
 // ClientConfig configures a Client. Its addresses, prefixes and
@@ -45,11 +45,11 @@ type ClientConfig struct {
 	KeyPrefix     string
 	SubjectPrefix string
 	// Sender is the sender id of the client's packets (default
-	// ClientSenderDefault); Signer, when set, signs them under it.
+	// clientSenderDefault); Signer, when set, signs them under it.
 	Sender string
 	Signer *signing.Signer
 	// WaitPoll is how often Wait and Watch read a job's record (default
-	// ClientWaitPollDefault).
+	// clientWaitPollDefault).
 	WaitPoll time.Duration
 	// MaxPayloadBytes bounds a payload SubmitPayload stores (default
 	// jobdata.MaxBytesDefault); DataTTL is its expiry (default
@@ -95,10 +95,10 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		cfg.KeyPrefix = KeyPrefixDefault
 	}
 	if cfg.Sender == "" {
-		cfg.Sender = ClientSenderDefault
+		cfg.Sender = clientSenderDefault
 	}
 	if cfg.WaitPoll <= 0 {
-		cfg.WaitPoll = ClientWaitPollDefault
+		cfg.WaitPoll = clientWaitPollDefault
 	}
 	c := &Client{cfg: cfg, subj: bus.NewSubjects(cfg.SubjectPrefix)}
 	if cfg.Signer != nil {
@@ -107,7 +107,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	c.nc = cfg.NATS
 	if c.nc == nil {
-		nc, err := connect.DialNATS(cfg.NATSURL, cfg.NATSAuth, nats.Name("troupe-client "+cfg.Sender))
+		nc, err := connect.DialNATS(cfg.NATSURL, cfg.NATSAuth.conn(), nats.Name("troupe-client "+cfg.Sender))
 		if err != nil {
 			return nil, fmt.Errorf("troupe: client: %w", err)
 		}
@@ -121,7 +121,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	c.js = js
 	c.rdb = cfg.Redis
 	if c.rdb == nil {
-		rdb, err := connect.DialRedis(ctx, cfg.RedisURL, cfg.RedisAuth)
+		rdb, err := connect.DialRedis(ctx, cfg.RedisURL, cfg.RedisAuth.conn())
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("troupe: client: %w", err)

@@ -99,7 +99,7 @@ func TestResultForAMissingRecordIsHeld(t *testing.T) {
 }
 
 // Node.Wait returns a job's record once it is terminal — at once for a job
-// that ends on this node, within WaitPoll for one that ends on another
+// that ends on this node, within waitPoll for one that ends on another
 // replica — and ctx's error while it is not.
 func TestWaitReturnsTheTerminalRecord(t *testing.T) {
 	t.Parallel()

@@ -14,7 +14,6 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
 )
@@ -24,7 +23,7 @@ import (
 func adminNode(t *testing.T, mutate ...func(*troupe.Config)) (*troupe.Node, *testenv.Env) {
 	t.Helper()
 	env := testenv.New(t)
-	pools, err := router.ParsePools([]byte("topics:\n  job.echo: echo\npools:\n  echo: {requires: []}\n"))
+	pools, err := troupe.ParsePools([]byte("topics:\n  job.echo: echo\npools:\n  echo: {requires: []}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,9 +18,9 @@ import (
 // What the dashboard's actions need beyond node_admin.go: the retry of a
 // finished job, pausing a topic, and the list of sagas.
 
-// LabelRetryOf is the label a retried job carries: the id of the job it
+// labelRetryOf is the label a retried job carries: the id of the job it
 // re-runs.
-const LabelRetryOf = "retry_of"
+const labelRetryOf = "retry_of"
 
 // RetryJob submits a finished job again under a new id, "<job_id>-retry<N>",
 // with the same request (minus its idempotency key, which would make the
@@ -56,7 +56,7 @@ func (n inspector) RetryJob(ctx context.Context, jobID string) (string, error) {
 	if req.Labels == nil {
 		req.Labels = map[string]string{}
 	}
-	req.Labels[LabelRetryOf] = jobID
+	req.Labels[labelRetryOf] = jobID
 	if err := n.Submit(ctx, req); err != nil {
 		return "", fmt.Errorf("troupe: retry %s: submit: %w", jobID, err)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -45,7 +44,7 @@ pools:
   strict: {requires: [gpu]}
 `
 
-func parseTestPools() (*router.PoolConfig, error) { return router.ParsePools([]byte(testPools)) }
+func parseTestPools() (*troupe.Pools, error) { return troupe.ParsePools([]byte(testPools)) }
 
 // quietLogger keeps test output to errors.
 func quietLogger() *slog.Logger {

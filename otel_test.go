@@ -191,7 +191,7 @@ func TestJobSpanContinuesTheClientsTraceWithAStateSpanPerStateAndTheWorkerGetsTh
 	recv, addr := startOTLPReceiver(t)
 	f := newFixture(t, func(c *troupe.Config) {
 		c.OTLPEndpoint = addr
-		c.Tuning.JobTrace.Enabled = true // mailbox tracing: span events per message
+		c.Tuning.JobTrace = true // mailbox tracing: span events per message
 	})
 	tp := newTraceparents()
 	f.tracingWorker(tp, nil)

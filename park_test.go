@@ -13,7 +13,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
-	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/store"
@@ -167,7 +166,7 @@ func TestParkedJobsDeadlineFires(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Second, Running: time.Hour}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: time.Second, Running: time.Hour}
 	})
 	rec := newReceipts()
 	f.holdingWorker("w1", rec) // never answers

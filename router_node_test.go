@@ -13,7 +13,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
-	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/store"
@@ -60,7 +59,7 @@ func TestStockCAPWorkerLostJobIsNotRunTwice(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		c.Tuning.WorkerTTL = time.Second
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: time.Minute, Running: 3 * time.Second}
 	})
 	dead := make(chan struct{})
 	doomed := startCapWorker(t, f.env.NATS, f.subj, "doomed", 4, 100*time.Millisecond,

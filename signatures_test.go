@@ -344,7 +344,7 @@ func TestWorkerDropsDispatchesItCannotVerify(t *testing.T) {
 	t.Parallel()
 	s := newSigSetup(t, "wdrop")
 	f := newFixture(t, s.nodeConfig(true, func(c *troupe.Config) {
-		c.Tuning.Timeouts = &jobactor.Timeouts{Dispatch: 500 * time.Millisecond, Running: time.Hour}
+		c.Tuning.Timeouts = &troupe.Timeouts{Dispatch: 500 * time.Millisecond, Running: time.Hour}
 	}))
 	other := newSigSetup(t, "wdrop-other") // a key set where the node id is another key
 	rec := newReceipts()

@@ -14,7 +14,7 @@ const tracingShutdownTimeout = 5 * time.Second
 // on an OTLP exporter the node owns (Config.OTLPEndpoint or the standard
 // OTEL_EXPORTER_OTLP_* variables), or nil (off).
 func (n *Node) startTracing(ctx context.Context) (*tracing.Tracer, error) {
-	mailbox := n.cfg.Tuning.JobTrace.Enabled
+	mailbox := n.cfg.Tuning.JobTrace
 	if n.cfg.TracerProvider != nil {
 		return tracing.New(n.cfg.TracerProvider, n.cfg.NodeID, mailbox), nil
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
@@ -132,17 +133,18 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg.Logger = slog.Default()
 	}
 	poolsFromFile := false
-	if cfg.Pools == nil {
-		if cfg.PoolsFile == "" {
-			// The CLI's routing, so an embedder's first node runs the demo topics.
-			cfg.Pools = DefaultPools()
-		} else {
-			p, err := router.LoadPools(cfg.PoolsFile)
-			if err != nil {
-				return nil, fmt.Errorf("troupe: %w", err)
-			}
-			cfg.Pools, poolsFromFile = p, true
+	switch {
+	case cfg.Pools != nil:
+		cfg.routing = cfg.Pools.routing()
+	case cfg.PoolsFile != "":
+		p, err := router.LoadPools(cfg.PoolsFile)
+		if err != nil {
+			return nil, fmt.Errorf("troupe: %w", err)
 		}
+		cfg.routing, poolsFromFile = p, true
+	default:
+		// The CLI's routing, so an embedder's first node runs the demo topics.
+		cfg.routing = DefaultPools().routing()
 	}
 	t := &cfg.Tuning
 	if t.Timeouts == nil && t.TimeoutsFile != "" {
@@ -150,7 +152,10 @@ func NewNode(cfg Config) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("troupe: %w", err)
 		}
-		t.Timeouts = timeouts
+		t.Timeouts = (*Timeouts)(timeouts)
+	} else if t.Timeouts != nil {
+		c := *t.Timeouts // the node's own copy: the caller may reuse theirs
+		t.Timeouts = &c
 	}
 	defaults.Fill(t, DefaultTuning())
 	if t.JobShards < 0 {
@@ -163,30 +168,30 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
 	if v := os.Getenv("TROUPE_JOB_TRACE"); v == "on" || v == "1" || v == "true" {
-		cfg.Tuning.JobTrace.Enabled = true
+		cfg.Tuning.JobTrace = true
 	}
 	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
 		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}, nil
 }
 
 // Output content scans (phase 2) run on a small pool: each may take up to
-// safety.OutputContentBudgetDefault, and a full queue skips (and counts) a
+// outputgate.ContentBudgetDefault, and a full queue skips (and counts) a
 // scan rather than hold a result back.
 const (
-	ScanWorkers = 16
-	ScanQueue   = 10_000
+	scanWorkers = 16
+	scanQueue   = 10_000
 )
 
-func (n *Node) outputGate() *safety.OutputGate {
+func (n *Node) outputGate() *outputgate.Gate {
 	if n.cfg.Output == nil {
 		return nil
 	}
-	m, err := safety.NewOutputMetrics(n.cfg.Metrics)
+	m, err := outputgate.NewMetrics(n.cfg.Metrics)
 	if err != nil {
 		n.log.Warn("output metrics disabled", "err", err)
 		m = nil
 	}
-	return &safety.OutputGate{Checker: n.cfg.Output, Results: &safety.RedisResultStore{Client: n.rdb}, Metrics: m}
+	return &outputgate.Gate{Checker: n.cfg.Output, Results: &safety.RedisResultStore{Client: n.rdb}, Metrics: m}
 }
 
 // ReloadPools re-reads the pools file (and the runtime mappings) now; an

@@ -5,7 +5,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobactor"
-	"github.com/troupe-run/troupe/internal/jobtrace"
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/saga"
@@ -28,11 +27,12 @@ type Tuning struct {
 	LockTTL time.Duration
 	// WorkerTTL is the worker liveness TTL (default registry.TTLDefault).
 	WorkerTTL time.Duration
-	// WorkerBounds caps what heartbeats add to the router's registry:
-	// workers known at once and pool names seen (zero fields: registry's
-	// MaxWorkersDefault, MaxPoolsDefault). Heartbeats beyond are refused
-	// and counted in troupe_heartbeats_refused_total{reason}.
-	WorkerBounds registry.Bounds
+	// MaxWorkers and MaxPools cap what heartbeats add to the router's
+	// registry: workers known at once (default 10,000) and pool names seen
+	// since start (default 256). Heartbeats beyond are refused and
+	// counted in troupe_heartbeats_refused_total{reason}.
+	MaxWorkers int
+	MaxPools   int
 	// JobShards is the number of job supervisor shards (default 16: they
 	// spread spawn and routing work over several mailboxes).
 	JobShards int
@@ -71,8 +71,8 @@ type Tuning struct {
 	ResendAfter time.Duration
 
 	// Timeouts are the job deadlines; TimeoutsFile (timeouts.yaml) is read
-	// when Timeouts is nil (default jobactor.DefaultTimeouts()).
-	Timeouts     *jobactor.Timeouts
+	// when Timeouts is nil (default: DefaultTuning's).
+	Timeouts     *Timeouts
 	TimeoutsFile string
 	// DuePoll is the due poller's interval (default recovery.DuePollDefault);
 	// DueSlack how long past due a job must be before the poller, rather
@@ -154,10 +154,22 @@ type Tuning struct {
 	// harmless, so this trades accounting for one SET per message.
 	NoProcessedGuard bool
 
-	// JobTrace records every job actor's mailbox (jobtrace). Off unless
-	// Enabled or TROUPE_JOB_TRACE=on; the node fills Redis, Keys, NodeID,
-	// Retention, Log, Metrics and Origin. Off installs no middleware at all.
-	JobTrace jobtrace.Config
+	// JobTrace records every job actor's mailbox (`troupe ctl jobs trace`,
+	// Node.JobTrace): true or TROUPE_JOB_TRACE=on turns it on. Off
+	// installs no middleware at all.
+	JobTrace bool
+}
+
+// Timeouts are a node's job deadlines (Tuning.Timeouts; the file
+// timeouts.yaml of `troupe node --timeouts` says the same).
+type Timeouts struct {
+	// Dispatch is how long a job may stay DISPATCHED before it times out.
+	Dispatch time.Duration
+	// Running is how long a job may stay RUNNING before it times out.
+	Running time.Duration
+	// PerTopic overrides Running for a topic (timeouts.yaml
+	// topics.<t>.timeout_seconds).
+	PerTopic map[string]time.Duration
 }
 
 // DefaultTuning returns every knob of Tuning at its default: the values a
@@ -168,7 +180,8 @@ func DefaultTuning() Tuning {
 		StreamReplicas:        1,
 		LockTTL:               store.LockTTLDefault,
 		WorkerTTL:             registry.TTLDefault,
-		WorkerBounds:          registry.Bounds{}.WithDefaults(),
+		MaxWorkers:            registry.MaxWorkersDefault,
+		MaxPools:              registry.MaxPoolsDefault,
 		JobShards:             16,
 		MaxSchedulingAttempts: jobs.MaxSchedulingAttempts,
 		PermanentGrace:        jobs.PermanentGrace,
@@ -177,7 +190,7 @@ func DefaultTuning() Tuning {
 		AdmissionHold:         jobs.AdmissionHold,
 		MaxAdmitting:          int(jobs.MaxAdmitting),
 		ResendAfter:           jobs.ResendAfter,
-		Timeouts:              jobactor.DefaultTimeouts(),
+		Timeouts:              (*Timeouts)(jobactor.DefaultTimeouts()),
 		DuePoll:               recovery.DuePollDefault,
 		DueSlack:              recovery.DueSlackDefault,
 		RescueAfter:           store.RescueAfterDefault,

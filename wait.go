@@ -8,10 +8,10 @@ import (
 	"github.com/troupe-run/troupe/internal/store"
 )
 
-// WaitPoll is how often a node looks, in one Redis pipeline for all of its
+// waitPoll is how often a node looks, in one Redis pipeline for all of its
 // waiters, for waited jobs that ended on another replica. Jobs that end on
 // this node wake their waiters at once.
-const WaitPoll = 250 * time.Millisecond
+const waitPoll = 250 * time.Millisecond
 
 // waiters are the callers of Node.Wait, by job id.
 type waiters struct {
@@ -74,10 +74,10 @@ func (w *waiters) ids() []string {
 	return out
 }
 
-// poll wakes, every WaitPoll while anyone waits, the waiters of jobs that
+// poll wakes, every waitPoll while anyone waits, the waiters of jobs that
 // ended on another replica: one pipeline for every waited job.
 func (w *waiters) poll(stop <-chan struct{}, st *store.Store) {
-	t := time.NewTicker(WaitPoll)
+	t := time.NewTicker(waitPoll)
 	defer t.Stop()
 	for {
 		ids := w.ids()
@@ -94,7 +94,7 @@ func (w *waiters) poll(stop <-chan struct{}, st *store.Store) {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), WaitPoll)
+		ctx, cancel := context.WithTimeout(context.Background(), waitPoll)
 		states, err := st.States(ctx, ids)
 		cancel()
 		if err != nil {
@@ -110,7 +110,7 @@ func (w *waiters) poll(stop <-chan struct{}, st *store.Store) {
 
 // Wait returns the record of jobID once the job is terminal, or ctx's error.
 // A job that ends on this node wakes its waiters at once; one that ends on
-// another replica is seen within WaitPoll (one Redis pipeline per poll for
+// another replica is seen within waitPoll (one Redis pipeline per poll for
 // all of the node's waiters, not a read per waiter). A job that does not
 // exist yet is waited for too.
 func (n *Node) Wait(ctx context.Context, jobID string) (*Job, error) {

@@ -26,10 +26,7 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/inspect"
-	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/jobtrace"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/testenv"
@@ -238,7 +235,7 @@ func TestRedisCluster(t *testing.T) {
 	rc := startRedisCluster(t)
 	env := testenv.New(t) // NATS, and unique prefixes
 	hook := &slotErrors{}
-	pools, err := router.ParsePools([]byte(clusterPools))
+	pools, err := troupe.ParsePools([]byte(clusterPools))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,8 +249,8 @@ func TestRedisCluster(t *testing.T) {
 			KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
 			Policy: safety.TopicRules{Approve: []string{"job.approve"}},
 			Tuning: troupe.Tuning{TenantLimits: tenants,
-				Timeouts: &jobactor.Timeouts{Dispatch: time.Minute, Running: time.Minute},
-				SagaPoll: 100 * time.Millisecond, DuePoll: 200 * time.Millisecond, JobTrace: jobtrace.Config{Enabled: true}},
+				Timeouts: &troupe.Timeouts{Dispatch: time.Minute, Running: time.Minute},
+				SagaPoll: 100 * time.Millisecond, DuePoll: 200 * time.Millisecond, JobTrace: true},
 			Logger: clusterLogger()}
 		testhook.SetBackoff(&cfg, func(int) time.Duration { return 100 * time.Millisecond })
 		n, err := troupe.NewNode(cfg)
@@ -525,7 +522,7 @@ func TestNATSClusterR3(t *testing.T) {
 	}
 	ncl := startNATSCluster(t, 3)
 	env := testenv.New(t) // Redis, and unique prefixes
-	pools, err := router.ParsePools([]byte(clusterPools))
+	pools, err := troupe.ParsePools([]byte(clusterPools))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +551,7 @@ func TestNATSClusterR3(t *testing.T) {
 			var err error
 			cfg := troupe.Config{NodeID: id, NATS: nc, Redis: env.Client,
 				Tuning: troupe.Tuning{StreamReplicas: 3,
-					Timeouts: &jobactor.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second}},
+					Timeouts: &troupe.Timeouts{Dispatch: 45 * time.Second, Running: 45 * time.Second}},
 				KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,
 				Logger: clusterLogger()}
 			testhook.SetBackoff(&cfg, func(int) time.Duration { return 100 * time.Millisecond })

@@ -21,7 +21,6 @@ import (
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testhook"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -78,7 +77,7 @@ type world struct {
 }
 
 func newWorld(t *testing.T, natsURL, redisURL string) *world {
-	pools, _ := router.ParsePools([]byte("topics:\n  job.echo: default\n"))
+	pools, _ := troupe.ParsePools([]byte("topics:\n  job.echo: default\n"))
 	cfg := troupe.Config{NodeID: "fault-n", NATSURL: natsURL, RedisURL: redisURL, Pools: pools,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	testhook.SetBackoff(&cfg, func(int) time.Duration { return 200 * time.Millisecond })

@@ -57,7 +57,7 @@ func expectUnavailable(t *testing.T, c *policyx.KernelClient, breakerOpen bool) 
 	if resp != nil {
 		t.Fatalf("a decision without a kernel: %v", resp)
 	}
-	var ue *safety.UnavailableError
+	var ue *policyx.UnavailableError
 	if !errors.Is(err, safety.ErrUnavailable) || !errors.As(err, &ue) {
 		t.Fatalf("err %v, want ErrUnavailable", err)
 	}
@@ -200,7 +200,7 @@ func TestBreakerHalfOpenProbeLimit(t *testing.T) {
 	wg.Wait()
 	close(probeErrs)
 	for err := range probeErrs {
-		var ue *safety.UnavailableError
+		var ue *policyx.UnavailableError
 		if !errors.As(err, &ue) || ue.BreakerOpen {
 			t.Fatalf("probe: %v", err)
 		}

@@ -16,10 +16,10 @@ import (
 
 // Rule ids the engine reports for decisions no policy rule made.
 const (
-	// RuleNonJobTopic: CAP kernels deny every topic outside job.*.
-	RuleNonJobTopic = "builtin:non-job-topic"
-	// RuleDefaultAllow: no rule matched, and CAP's default is allow.
-	RuleDefaultAllow = "default:allow"
+	// ruleNonJobTopic: CAP kernels deny every topic outside job.*.
+	ruleNonJobTopic = "builtin:non-job-topic"
+	// ruleDefaultAllow: no rule matched, and CAP's default is allow.
+	ruleDefaultAllow = "default:allow"
 )
 
 // jobTopicPrefix is the prefix every topic a kernel allows starts with.
@@ -192,7 +192,7 @@ func (p *Policy) decide(req *capv1.PolicyCheckRequest, explain bool) *capv1.Poli
 	if !strings.HasPrefix(topic, jobTopicPrefix) {
 		reason := "topic " + topic + " is outside job.*"
 		return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_DENY, Reason: reason,
-			RuleId: RuleNonJobTopic, PolicySnapshot: p.Snapshot}
+			RuleId: ruleNonJobTopic, PolicySnapshot: p.Snapshot}
 	}
 	in := readInput(req, p.DefaultTenant)
 	for _, r := range p.rules {
@@ -226,5 +226,5 @@ func (p *Policy) decide(req *capv1.PolicyCheckRequest, explain bool) *capv1.Poli
 			len(p.rules), in.tenant, topic)
 	}
 	return &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW, Reason: reason,
-		RuleId: RuleDefaultAllow, PolicySnapshot: p.Snapshot}
+		RuleId: ruleDefaultAllow, PolicySnapshot: p.Snapshot}
 }

@@ -12,29 +12,6 @@ import (
 // (it allows with a warning instead).
 var ErrUnavailable = errors.New("safety unavailable")
 
-// UnavailableError says why a check had no decision. errors.Is(err,
-// ErrUnavailable) holds for every one.
-type UnavailableError struct {
-	// BreakerOpen: the circuit was open (or half-open with every probe slot
-	// taken), so the kernel was not called at all.
-	BreakerOpen bool
-	// Cause is the call's error (nil when BreakerOpen).
-	Cause error
-}
-
-func (e *UnavailableError) Error() string {
-	if e.BreakerOpen {
-		return ErrUnavailable.Error() + ": circuit open"
-	}
-	return fmt.Sprintf("%s: %v", ErrUnavailable, e.Cause)
-}
-
-// Is makes errors.Is(err, ErrUnavailable) true.
-func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
-
-// Unwrap exposes the call's error (a gRPC status, a context error).
-func (e *UnavailableError) Unwrap() error { return e.Cause }
-
 // ErrInvalidPolicy wraps every policy file validation error, input and
 // output alike.
 var ErrInvalidPolicy = errors.New("invalid safety policy")

@@ -64,18 +64,18 @@ func TestKernelClientTLS(t *testing.T) {
 	p := newPKI(t)
 	e, _ := loadTestPolicy(t)
 	register := func(s *grpc.Server) { capv1.RegisterSafetyKernelServer(s, policyx.NewKernelServer(e)) }
-	serverTLS, err := safety.ServerTLS(p.serverCert, p.serverKey, "")
+	serverTLS, err := policyx.ServerTLS(p.serverCert, p.serverKey, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	mutualTLS, err := safety.ServerTLS(p.serverCert, p.serverKey, p.caFile)
+	mutualTLS, err := policyx.ServerTLS(p.serverCert, p.serverKey, p.caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tlsAddr := serve(t, tlsCreds(serverTLS), register)
 	mtlsAddr := serve(t, tlsCreds(mutualTLS), register)
 	ctx := context.Background()
-	check := func(addr string, cfg safety.ClientTLS) error {
+	check := func(addr string, cfg policyx.ClientTLS) error {
 		c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr, TLS: cfg, Log: quietLog, Timeout: 5 * time.Second})
 		if err != nil {
 			return err
@@ -87,19 +87,19 @@ func TestKernelClientTLS(t *testing.T) {
 		}
 		return err
 	}
-	if err := check(tlsAddr, safety.ClientTLS{CAFile: p.caFile}); err != nil {
+	if err := check(tlsAddr, policyx.ClientTLS{CAFile: p.caFile}); err != nil {
 		t.Fatalf("TLS with CA: %v", err)
 	}
-	if err := check(tlsAddr, safety.ClientTLS{Required: true}); !errors.Is(err, safety.ErrUnavailable) {
+	if err := check(tlsAddr, policyx.ClientTLS{Required: true}); !errors.Is(err, safety.ErrUnavailable) {
 		t.Fatalf("TLS against the system roots should fail to verify a private CA: %v", err)
 	}
-	if err := check(tlsAddr, safety.ClientTLS{}); !errors.Is(err, safety.ErrUnavailable) {
+	if err := check(tlsAddr, policyx.ClientTLS{}); !errors.Is(err, safety.ErrUnavailable) {
 		t.Fatalf("plaintext to a TLS kernel: %v", err)
 	}
-	if err := check(mtlsAddr, safety.ClientTLS{CAFile: p.caFile}); !errors.Is(err, safety.ErrUnavailable) {
+	if err := check(mtlsAddr, policyx.ClientTLS{CAFile: p.caFile}); !errors.Is(err, safety.ErrUnavailable) {
 		t.Fatalf("mTLS without a client certificate: %v", err)
 	}
-	if err := check(mtlsAddr, safety.ClientTLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}); err != nil {
+	if err := check(mtlsAddr, policyx.ClientTLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}); err != nil {
 		t.Fatalf("mTLS with a client certificate: %v", err)
 	}
 }
@@ -112,10 +112,10 @@ func TestKernelClientConfigErrors(t *testing.T) {
 		want error
 	}{
 		{"no address", policyx.KernelClientConfig{}, nil},
-		{"plaintext to a remote kernel needs insecure", policyx.KernelClientConfig{Addr: "10.1.2.3:50051"}, safety.ErrInsecureNotAllowed},
-		{"insecure contradicts a CA", policyx.KernelClientConfig{Addr: "10.1.2.3:50051", TLS: safety.ClientTLS{Insecure: true, CAFile: "x"}}, nil},
-		{"cert without key", policyx.KernelClientConfig{Addr: "127.0.0.1:1", TLS: safety.ClientTLS{CertFile: "x"}}, nil},
-		{"missing CA file", policyx.KernelClientConfig{Addr: "127.0.0.1:1", TLS: safety.ClientTLS{CAFile: "/nonexistent/ca.pem"}}, nil},
+		{"plaintext to a remote kernel needs insecure", policyx.KernelClientConfig{Addr: "10.1.2.3:50051"}, policyx.ErrInsecureNotAllowed},
+		{"insecure contradicts a CA", policyx.KernelClientConfig{Addr: "10.1.2.3:50051", TLS: policyx.ClientTLS{Insecure: true, CAFile: "x"}}, nil},
+		{"cert without key", policyx.KernelClientConfig{Addr: "127.0.0.1:1", TLS: policyx.ClientTLS{CertFile: "x"}}, nil},
+		{"missing CA file", policyx.KernelClientConfig{Addr: "127.0.0.1:1", TLS: policyx.ClientTLS{CAFile: "/nonexistent/ca.pem"}}, nil},
 		{"bad fail mode", policyx.KernelClientConfig{Addr: "127.0.0.1:1", FailMode: "sideways"}, nil},
 	} {
 		c, err := policyx.NewKernelClient(tc.cfg)
@@ -136,7 +136,7 @@ func TestKernelClientConfigErrors(t *testing.T) {
 		}
 		c.Close()
 	}
-	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: "kernel.internal:50051", TLS: safety.ClientTLS{Insecure: true}})
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: "kernel.internal:50051", TLS: policyx.ClientTLS{Insecure: true}})
 	if err != nil {
 		t.Fatalf("explicit insecure refused: %v", err)
 	}
@@ -145,12 +145,12 @@ func TestKernelClientConfigErrors(t *testing.T) {
 
 // Not parallel: it sets the environment.
 func TestKernelClientConfigFromEnv(t *testing.T) {
-	t.Setenv(safety.EnvKernelAddr, "kernel:50051")
-	t.Setenv(safety.EnvKernelTLSCA, "/etc/ca.pem")
-	t.Setenv(safety.EnvKernelTLSReq, "true")
-	t.Setenv(safety.EnvKernelInsecure, "")
-	t.Setenv(safety.EnvFailMode, "OPEN")
-	t.Setenv(safety.EnvDecisionTTL, "30")
+	t.Setenv(policyx.EnvKernelAddr, "kernel:50051")
+	t.Setenv(policyx.EnvKernelTLSCA, "/etc/ca.pem")
+	t.Setenv(policyx.EnvKernelTLSReq, "true")
+	t.Setenv(policyx.EnvKernelInsecure, "")
+	t.Setenv(policyx.EnvFailMode, "OPEN")
+	t.Setenv(policyx.EnvDecisionTTL, "30")
 	cfg, err := policyx.KernelClientConfigFromEnv()
 	if err != nil {
 		t.Fatal(err)
@@ -159,15 +159,15 @@ func TestKernelClientConfigFromEnv(t *testing.T) {
 		cfg.FailMode != policyx.FailOpen || cfg.CacheTTL != 30*time.Second {
 		t.Fatalf("cfg %+v", cfg)
 	}
-	t.Setenv(safety.EnvDecisionTTL, "1m30s")
+	t.Setenv(policyx.EnvDecisionTTL, "1m30s")
 	if cfg, _ = policyx.KernelClientConfigFromEnv(); cfg.CacheTTL != 90*time.Second {
 		t.Fatalf("ttl %v", cfg.CacheTTL)
 	}
-	t.Setenv(safety.EnvKernelInsecure, "maybe")
+	t.Setenv(policyx.EnvKernelInsecure, "maybe")
 	if _, err := policyx.KernelClientConfigFromEnv(); err == nil {
 		t.Fatal("bad bool accepted")
 	}
-	t.Setenv(safety.EnvKernelInsecure, "")
+	t.Setenv(policyx.EnvKernelInsecure, "")
 
 	// The environment's fail mode overrides a config built elsewhere.
 	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: "127.0.0.1:1", FailMode: policyx.FailClosed})

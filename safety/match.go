@@ -64,11 +64,11 @@ func compileMCP(d *mcpDoc) *mcpLists {
 
 // Label names the matcher reads from a request's labels.
 const (
-	LabelSecretsPresent = "secrets_present"
-	LabelMCPServer      = "mcp.server"
-	LabelMCPTool        = "mcp.tool"
-	LabelMCPResource    = "mcp.resource"
-	LabelMCPAction      = "mcp.action"
+	labelSecretsPresent = "secrets_present"
+	labelMCPServer      = "mcp.server"
+	labelMCPTool        = "mcp.tool"
+	labelMCPResource    = "mcp.resource"
+	labelMCPAction      = "mcp.action"
 )
 
 // input is the part of a PolicyCheckRequest the rules look at, read once
@@ -101,13 +101,13 @@ func readInput(req *capv1.PolicyCheckRequest, defaultTenant string) input {
 		in.actorT = "service"
 	}
 	in.riskTags, in.requires = meta.GetRiskTags(), meta.GetRequires()
-	if v, ok := in.labels[LabelSecretsPresent]; ok {
+	if v, ok := in.labels[labelSecretsPresent]; ok {
 		in.secrets, _ = strconv.ParseBool(strings.TrimSpace(v))
 	}
-	in.mcpServer = strings.TrimSpace(in.labels[LabelMCPServer])
-	in.mcpTool = strings.TrimSpace(in.labels[LabelMCPTool])
-	in.mcpRes = strings.TrimSpace(in.labels[LabelMCPResource])
-	in.mcpAct = strings.TrimSpace(in.labels[LabelMCPAction])
+	in.mcpServer = strings.TrimSpace(in.labels[labelMCPServer])
+	in.mcpTool = strings.TrimSpace(in.labels[labelMCPTool])
+	in.mcpRes = strings.TrimSpace(in.labels[labelMCPResource])
+	in.mcpAct = strings.TrimSpace(in.labels[labelMCPAction])
 	return in
 }
 

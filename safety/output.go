@@ -94,10 +94,10 @@ func parseOutputDecision(s string) (capv1.OutputDecision, bool) {
 	return 0, false
 }
 
-// OutputMaxResultBytesDefault is the largest content phase 2 scans. Larger
+// outputMaxResultBytesDefault is the largest content phase 2 scans. Larger
 // results take the limits decision (quarantine by default): content that
 // was not scanned is not released as if it had been.
-const OutputMaxResultBytesDefault = 16 << 20
+const outputMaxResultBytesDefault = 16 << 20
 
 // The output policy file (Troupe's own format):
 //
@@ -258,7 +258,7 @@ func ParseOutputPolicy(data []byte) (*OutputPolicy, error) {
 		return nil, &PolicyError{Line: lineOf(&root, "limits", "max_result_bytes"), Msg: "limits.max_result_bytes must not be negative"}
 	}
 	if p.maxResultBytes == 0 {
-		p.maxResultBytes = OutputMaxResultBytesDefault
+		p.maxResultBytes = outputMaxResultBytesDefault
 	}
 	p.limitDecision = capv1.OutputDecision_OUTPUT_DECISION_QUARANTINE
 	if doc.Limits.Decision != "" {
@@ -276,8 +276,8 @@ func ParseOutputPolicy(data []byte) (*OutputPolicy, error) {
 		decision capv1.OutputDecision
 		defaults []string
 	}{
-		{"secrets", doc.Scanners.Secrets, true, capv1.OutputDecision_OUTPUT_DECISION_QUARANTINE, SecretDetectors},
-		{"pii", doc.Scanners.PII, false, capv1.OutputDecision_OUTPUT_DECISION_REDACT, PIIDetectors},
+		{"secrets", doc.Scanners.Secrets, true, capv1.OutputDecision_OUTPUT_DECISION_QUARANTINE, secretDetectors},
+		{"pii", doc.Scanners.PII, false, capv1.OutputDecision_OUTPUT_DECISION_REDACT, pIIDetectors},
 	} {
 		at := func(keys ...any) int { return lineOf(&root, append([]any{"scanners", sc.name}, keys...)...) }
 		on, dec := sc.on, sc.decision
@@ -302,7 +302,7 @@ func ParseOutputPolicy(data []byte) (*OutputPolicy, error) {
 			if !ok {
 				return nil, &PolicyError{Line: at("detectors", j), Msg: fmt.Sprintf(
 					"scanners.%s: unknown detector %q (known: %s)", sc.name, n,
-					strings.Join(append(append([]string(nil), SecretDetectors...), PIIDetectors...), ", "))}
+					strings.Join(append(append([]string(nil), secretDetectors...), pIIDetectors...), ", "))}
 			}
 			s.detectors = append(s.detectors, d)
 		}

@@ -10,24 +10,24 @@ import (
 // Built-in detectors. Each finds one kind of sensitive text; the secrets
 // and pii scanners of the output policy are sets of them.
 const (
-	DetectPrivateKey   = "private_key"    // PEM private key blocks (RSA, EC, OpenSSH, PKCS#8, encrypted)
-	DetectAWSAccessKey = "aws_access_key" // AKIA…/ASIA… access key ids
-	DetectAWSSecretKey = "aws_secret_key" // aws_secret_access_key = <40 chars>
-	DetectGCPAPIKey    = "gcp_api_key"    // AIza… API keys
-	DetectGitHubToken  = "github_token"   // ghp_/gho_/ghu_/ghs_/ghr_ tokens
-	DetectSlackToken   = "slack_token"    // xoxb-/xoxp-/… tokens
-	DetectBearerToken  = "bearer_token"   // "Bearer <token>"
-	DetectURLPassword  = "url_password"   // scheme://user:password@host
-	DetectEmail        = "email"
-	DetectPhone        = "phone"       // E.164 (+4915123456789) and NANP-style (555-123-4567)
-	DetectCreditCard   = "credit_card" // 13–19 digits passing the Luhn check
+	detectPrivateKey   = "private_key"    // PEM private key blocks (RSA, EC, OpenSSH, PKCS#8, encrypted)
+	detectAWSAccessKey = "aws_access_key" // AKIA…/ASIA… access key ids
+	detectAWSSecretKey = "aws_secret_key" // aws_secret_access_key = <40 chars>
+	detectGCPAPIKey    = "gcp_api_key"    // AIza… API keys
+	detectGitHubToken  = "github_token"   // ghp_/gho_/ghu_/ghs_/ghr_ tokens
+	detectSlackToken   = "slack_token"    // xoxb-/xoxp-/… tokens
+	detectBearerToken  = "bearer_token"   // "Bearer <token>"
+	detectURLPassword  = "url_password"   // scheme://user:password@host
+	detectEmail        = "email"
+	detectPhone        = "phone"       // E.164 (+4915123456789) and NANP-style (555-123-4567)
+	detectCreditCard   = "credit_card" // 13–19 digits passing the Luhn check
 )
 
-// SecretDetectors and PIIDetectors are the scanners' default sets.
+// secretDetectors and pIIDetectors are the scanners' default sets.
 var (
-	SecretDetectors = []string{DetectPrivateKey, DetectAWSAccessKey, DetectAWSSecretKey, DetectGCPAPIKey,
-		DetectGitHubToken, DetectSlackToken, DetectBearerToken, DetectURLPassword}
-	PIIDetectors = []string{DetectEmail, DetectPhone, DetectCreditCard}
+	secretDetectors = []string{detectPrivateKey, detectAWSAccessKey, detectAWSSecretKey, detectGCPAPIKey,
+		detectGitHubToken, detectSlackToken, detectBearerToken, detectURLPassword}
+	pIIDetectors = []string{detectEmail, detectPhone, detectCreditCard}
 )
 
 // detector finds one kind of sensitive text. The hot path is the cheap
@@ -70,30 +70,30 @@ type detector struct {
 const tokenReach = 256
 
 var detectors = map[string]*detector{
-	DetectPrivateKey: {name: DetectPrivateKey, any: lits("PRIVATE KEY-----"),
+	detectPrivateKey: {name: detectPrivateKey, any: lits("PRIVATE KEY-----"),
 		// A block cut off before its END line is still a key.
 		re: regexp.MustCompile(`-----BEGIN[ A-Z0-9]*PRIVATE KEY-----(?:[\s\S]*?-----END[ A-Z0-9]*PRIVATE KEY-----|[\s\S]*)`)},
-	DetectAWSAccessKey: {name: DetectAWSAccessKey, any: lits("AKIA", "ASIA", "ABIA", "ACCA"),
+	detectAWSAccessKey: {name: detectAWSAccessKey, any: lits("AKIA", "ASIA", "ABIA", "ACCA"),
 		re: regexp.MustCompile(`\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b`)},
-	DetectAWSSecretKey: {name: DetectAWSSecretKey, any: lits("ecret", "ECRET"),
+	detectAWSSecretKey: {name: detectAWSSecretKey, any: lits("ecret", "ECRET"),
 		re:    regexp.MustCompile(`(?i)aws_?secret_?(?:access_?)?key["']?\s*[:=]\s*["']?([A-Za-z0-9/+=]{40})`),
 		group: 1},
-	DetectGCPAPIKey: {name: DetectGCPAPIKey, any: lits("AIza"),
+	detectGCPAPIKey: {name: detectGCPAPIKey, any: lits("AIza"),
 		re: regexp.MustCompile(`\bAIza[0-9A-Za-z_\-]{35}`)},
-	DetectGitHubToken: {name: DetectGitHubToken, any: lits("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+	detectGitHubToken: {name: detectGitHubToken, any: lits("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
 		re: regexp.MustCompile(`\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b`)},
-	DetectSlackToken: {name: DetectSlackToken, any: lits("xox"),
+	detectSlackToken: {name: detectSlackToken, any: lits("xox"),
 		re: regexp.MustCompile(`\bxox[abposr]-[A-Za-z0-9-]{10,}`)},
-	DetectBearerToken: {name: DetectBearerToken, any: lits("earer", "EARER"),
+	detectBearerToken: {name: detectBearerToken, any: lits("earer", "EARER"),
 		re: regexp.MustCompile(`(?i)\bbearer\s+([A-Za-z0-9\-._~+/]{16,}=*)`), group: 1},
-	DetectURLPassword: {name: DetectURLPassword, any: lits("://"), window: true, need: []byte("@"),
+	detectURLPassword: {name: detectURLPassword, any: lits("://"), window: true, need: []byte("@"),
 		re: regexp.MustCompile(`\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:([^\s/@]+)@`), group: 1},
-	DetectEmail: {name: DetectEmail, any: lits("@"), window: true,
+	detectEmail: {name: detectEmail, any: lits("@"), window: true,
 		re:      regexp.MustCompile(`[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}`),
 		validAt: notInURLAuthority},
-	DetectPhone: {name: DetectPhone, minDigits: 10,
+	detectPhone: {name: detectPhone, minDigits: 10,
 		re: regexp.MustCompile(`(?:\+\d{10,15}\b|(?:\+\d{1,3}[\s.\-]?)?(?:\(\d{3}\)\s?|\b\d{3}[\s.\-])\d{3}[\s.\-]\d{4}\b)`)},
-	DetectCreditCard: {name: DetectCreditCard, minDigits: 13,
+	detectCreditCard: {name: detectCreditCard, minDigits: 13,
 		re: regexp.MustCompile(`\b(?:\d[ \-]?){12,18}\d\b`), valid: luhn},
 }
 
@@ -108,7 +108,7 @@ func lits(s ...string) [][]byte {
 // Finding is one piece of sensitive text found. It never holds the text
 // itself, so that findings can be logged and stored on the job.
 type Finding struct {
-	// Detector is the detector's name (DetectEmail, ...).
+	// Detector is the detector's name (detectEmail, ...).
 	Detector string
 	// Where is the field: "content", "result_ptr", "error_message",
 	// "artifact_ptrs[i]".

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -332,11 +333,11 @@ func TestOutputGateBuiltIn(t *testing.T) {
 	t.Parallel()
 	b := setupResults(t)
 	reg := prometheus.NewRegistry()
-	m, err := safety.NewOutputMetrics(reg)
+	m, err := outputgate.NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &safety.OutputGate{Checker: outputPolicy(t), Results: b.store, Metrics: m}
+	g := &outputgate.Gate{Checker: outputPolicy(t), Results: b.store, Metrics: m}
 	ctx := context.Background()
 
 	t.Run("phase 1 allow", func(t *testing.T) {
@@ -387,11 +388,11 @@ func TestOutputGateBuiltIn(t *testing.T) {
 		}
 	})
 	t.Run("phase 1 redact without a copy quarantines", func(t *testing.T) {
-		for _, o := range []safety.OutputOutcome{
+		for _, o := range []outputgate.Outcome{
 			g.Phase1(ctx, outReq("job.customer.x", "beta", b.env.KeyPrefix()+"not-a-pointer")),
 			g.Phase1(ctx, outReq("job.customer.x", "beta", "redis://"+b.env.KeyPrefix()+"res:missing")),
 			g.Phase1(ctx, outReq("job.customer.x", "beta", "")),
-			(&safety.OutputGate{Checker: outputPolicy(t)}).Phase1(ctx, outReq("job.customer.x", "beta", "redis://x")),
+			(&outputgate.Gate{Checker: outputPolicy(t)}).Phase1(ctx, outReq("job.customer.x", "beta", "redis://x")),
 		} {
 			if !o.Quarantine || o.Decision != oQuarantine || !strings.Contains(o.Reason, "quarantined:") {
 				t.Fatalf("%+v", o)
@@ -437,11 +438,11 @@ func TestOutputGateBuiltIn(t *testing.T) {
 func TestOutputGateFailsOpen(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, _ := safety.NewOutputMetrics(reg)
+	m, _ := outputgate.NewMetrics(reg)
 	b := setupResults(t)
-	g := &safety.OutputGate{Checker: brokenChecker{}, Results: b.store, Metrics: m}
+	g := &outputgate.Gate{Checker: brokenChecker{}, Results: b.store, Metrics: m}
 	ptr := b.put(t, "r", "content")
-	for _, o := range []safety.OutputOutcome{g.Phase1(context.Background(), outReq("job.x", "t", ptr)),
+	for _, o := range []outputgate.Outcome{g.Phase1(context.Background(), outReq("job.x", "t", ptr)),
 		g.Phase2(context.Background(), outReq("job.x", "t", ptr))} {
 		if o.Decision != oAllow || o.Quarantine || o.Err == nil || o.ResultPtr != ptr {
 			t.Fatalf("%+v", o)
@@ -476,7 +477,7 @@ func TestRemoteOutputChecker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer remote.Close()
-	g := &safety.OutputGate{Checker: remote} // no Results: the service reads content itself
+	g := &outputgate.Gate{Checker: remote} // no Results: the service reads content itself
 	ctx := context.Background()
 
 	o := g.Phase1(ctx, outReq("job.x", "beta", "", func(r *capv1.OutputCheckRequest) { r.Labels["export"] = "banned" }))
@@ -516,7 +517,7 @@ func TestRemoteOutputChecker(t *testing.T) {
 	})
 	remote2, _ := policyx.NewRemoteOutputChecker(policyx.RemoteOutputConfig{Addr: addr2})
 	defer remote2.Close()
-	o = (&safety.OutputGate{Checker: remote2}).Phase2(ctx, outReq("job.x", "beta", ptr))
+	o = (&outputgate.Gate{Checker: remote2}).Phase2(ctx, outReq("job.x", "beta", ptr))
 	if o.Quarantine || o.Err == nil || o.Decision != oAllow {
 		t.Fatalf("phase 2 without content access: %+v", o)
 	}

@@ -109,9 +109,9 @@ type tenantDoc struct {
 	MCP               mcpDoc   `yaml:"mcp"`
 }
 
-// DefaultTenant is the tenant of a request that names none, when the policy
+// defaultTenantName is the tenant of a request that names none, when the policy
 // sets no default_tenant (CAP's rule).
-const DefaultTenant = "default"
+const defaultTenantName = "default"
 
 // Policy is one compiled version of a policy file. It is immutable: the
 // Engine swaps whole Policies on reload, so a check in flight always sees
@@ -172,7 +172,7 @@ func ParsePolicy(data []byte) (*Policy, error) {
 		p.Snapshot = p.Version + ":" + p.Hash
 	}
 	if p.DefaultTenant == "" {
-		p.DefaultTenant = DefaultTenant
+		p.DefaultTenant = defaultTenantName
 	}
 	seen := map[string]int{}
 	for i := range doc.Rules {

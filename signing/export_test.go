@@ -26,3 +26,6 @@ func Malleate(sig []byte) ([]byte, error) {
 	rs.S = new(big.Int).Sub(elliptic.P256().Params().N, rs.S)
 	return asn1.Marshal(rs)
 }
+
+// Test names of unexported constants.
+const MaxKeysPerSender = maxKeysPerSender

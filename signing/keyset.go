@@ -18,11 +18,11 @@ import (
 // Key set limits: they bound what one packet can cost to verify and what a
 // sender pattern can look like.
 const (
-	// MaxKeysPerSender: a sender lists its current key and a few being
+	// maxKeysPerSender: a sender lists its current key and a few being
 	// rotated in or out; each listed key can cost one ECDSA verification.
-	MaxKeysPerSender = 8
-	// MaxSenderLen bounds a sender id or pattern in the key set.
-	MaxSenderLen = 256
+	maxKeysPerSender = 8
+	// maxSenderLen bounds a sender id or pattern in the key set.
+	maxSenderLen = 256
 )
 
 // ErrInvalidKeySet wraps every key set error.
@@ -211,8 +211,8 @@ func checkSender(s string) error {
 	switch {
 	case s == "":
 		return errors.New("empty sender id")
-	case len(s) > MaxSenderLen:
-		return fmt.Errorf("sender id longer than %d bytes", MaxSenderLen)
+	case len(s) > maxSenderLen:
+		return fmt.Errorf("sender id longer than %d bytes", maxSenderLen)
 	case strings.Contains(strings.TrimSuffix(s, "*"), "*"):
 		return errors.New(`"*" is only allowed at the end of a sender (a prefix pattern)`)
 	}
@@ -257,8 +257,8 @@ func parseSenderKeys(v *yaml.Node, sender string) ([]*ecdsa.PublicKey, error) {
 		if len(bytes.TrimSpace(rest)) > 0 {
 			return nil, ksErr(it, sender, "key %d: not a PEM public key (want -----BEGIN PUBLIC KEY-----)", len(keys)+1)
 		}
-		if len(keys) > MaxKeysPerSender {
-			return nil, ksErr(it, sender, "more than %d keys", MaxKeysPerSender)
+		if len(keys) > maxKeysPerSender {
+			return nil, ksErr(it, sender, "more than %d keys", maxKeysPerSender)
 		}
 	}
 	if len(keys) == 0 {

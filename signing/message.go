@@ -16,9 +16,9 @@ import (
 
 // Header names of a signed node-to-node message.
 const (
-	HeaderSender   = "Troupe-Sender"
-	HeaderSignedAt = "Troupe-Signed-At" // Unix nanoseconds
-	HeaderSig      = "Troupe-Signature" // base64 (standard) of an ASN.1 DER ECDSA signature
+	headerSender   = "Troupe-Sender"
+	headerSignedAt = "Troupe-Signed-At" // Unix nanoseconds
+	headerSig      = "Troupe-Signature" // base64 (standard) of an ASN.1 DER ECDSA signature
 )
 
 const messageDomain = "troupe-msg/1\n"
@@ -35,7 +35,7 @@ func messageDigest(subject string, at int64, data []byte) []byte {
 }
 
 // SignMessage signs a node-to-node message body for subject at time at; it
-// returns the header values for HeaderSignedAt and HeaderSig.
+// returns the header values for headerSignedAt and headerSig.
 func (s *Signer) SignMessage(subject string, at time.Time, data []byte) (signedAt, sig string, err error) {
 	ns := at.UnixNano()
 	b, err := ecdsa.SignASN1(rand.Reader, s.key, messageDigest(subject, ns, data))

@@ -176,9 +176,9 @@ func scopeList(v *yaml.Node, sender, what string) ([]string, error) {
 	}
 	out := make([]string, 0, len(items))
 	for _, it := range items {
-		if it.Kind != yaml.ScalarNode || it.Value == "" || len(it.Value) > MaxSenderLen ||
+		if it.Kind != yaml.ScalarNode || it.Value == "" || len(it.Value) > maxSenderLen ||
 			strings.ContainsFunc(it.Value, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-			return nil, ksErr(it, sender, "%s: want non-empty names of at most %d bytes without spaces", what, MaxSenderLen)
+			return nil, ksErr(it, sender, "%s: want non-empty names of at most %d bytes without spaces", what, maxSenderLen)
 		}
 		out = append(out, it.Value)
 	}

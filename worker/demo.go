@@ -12,16 +12,16 @@ import (
 // (`troupe submit --env demo.fail=1`). Env, not labels: a job's labels
 // constrain which worker takes it.
 const (
-	// EnvFail: any value but "" or "0" ends the job FAILED (the node writes
+	// envFail: any value but "" or "0" ends the job FAILED (the node writes
 	// a DLQ entry).
-	EnvFail = "demo.fail"
-	// EnvFatal: ends the job FAILED_FATAL, which rolls back its workflow
+	envFail = "demo.fail"
+	// envFatal: ends the job FAILED_FATAL, which rolls back its workflow
 	// (saga) when it is a workflow's step.
-	EnvFatal = "demo.fatal"
-	// EnvSleep: a Go duration ("2s") the job takes before its outcome.
-	EnvSleep = "demo.sleep"
-	// EnvError: the error message of a failure (default "demo failure").
-	EnvError = "demo.error"
+	envFatal = "demo.fatal"
+	// envSleep: a Go duration ("2s") the job takes before its outcome.
+	envSleep = "demo.sleep"
+	// envError: the error message of a failure (default "demo failure").
+	envError = "demo.error"
 )
 
 // Fail ends every job FAILED, or with fatal FAILED_FATAL.
@@ -32,7 +32,7 @@ func Fail(fatal bool) Handler {
 }
 
 func failure(req *capv1.JobRequest, fatal bool) *capv1.JobResult {
-	msg := req.GetEnv()[EnvError]
+	msg := req.GetEnv()[envError]
 	if msg == "" {
 		msg = "demo failure"
 	}
@@ -48,12 +48,12 @@ func envOn(req *capv1.JobRequest, key string) bool {
 	return v != "" && v != "0" && v != "false"
 }
 
-// Demo wraps next with the per-job demo switches (EnvFail, EnvFatal,
-// EnvSleep): a job without them runs next as it is. A sleep that its
+// Demo wraps next with the per-job demo switches (envFail, envFatal,
+// envSleep): a job without them runs next as it is. A sleep that its
 // context ends first ends the job CANCELLED.
 func Demo(next Handler) Handler {
 	return func(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
-		if d, err := time.ParseDuration(req.GetEnv()[EnvSleep]); err == nil && d > 0 {
+		if d, err := time.ParseDuration(req.GetEnv()[envSleep]); err == nil && d > 0 {
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:
@@ -63,9 +63,9 @@ func Demo(next Handler) Handler {
 			}
 		}
 		switch {
-		case envOn(req, EnvFatal):
+		case envOn(req, envFatal):
 			return failure(req, true)
-		case envOn(req, EnvFail):
+		case envOn(req, envFail):
 			return failure(req, false)
 		}
 		return next(ctx, req)

@@ -5,3 +5,13 @@ func (w *Worker) StaleDropped() uint64 { return w.stale.Load() }
 
 // Beat publishes a heartbeat now.
 func (w *Worker) Beat() { w.beat() }
+
+// Test names of unexported constants.
+const (
+	CodeBadInput  = codeBadInput
+	CodeFailed    = codeFailed
+	CodeFailFatal = codeFailFatal
+	EnvFail       = envFail
+	EnvFatal      = envFatal
+	EnvSleep      = envSleep
+)

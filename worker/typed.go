@@ -16,10 +16,10 @@ import (
 // Error codes of the results Typed sends for jobs fn never ran or could
 // not answer.
 const (
-	CodeBadInput  = "bad_input"
-	CodeNoResult  = "result_not_stored"
-	CodeFailed    = "failed"
-	CodeFailFatal = "failed_fatal"
+	codeBadInput  = "bad_input"
+	codeNoResult  = "result_not_stored"
+	codeFailed    = "failed"
+	codeFailFatal = "failed_fatal"
 )
 
 // fatalError marks an error as not worth a retry (FAILED_FATAL).
@@ -52,16 +52,16 @@ func Typed[In, Out any](rdb redis.UniversalClient, ttl time.Duration, fn func(co
 				err = json.Unmarshal(raw, &in)
 			}
 			if err != nil {
-				return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED_FATAL, ErrorCode: CodeBadInput,
+				return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED_FATAL, ErrorCode: codeBadInput,
 					ErrorMessage: fmt.Sprintf("input %s: %v", ptr, err)}
 			}
 		}
 		out, err := fn(ctx, in)
 		if err != nil {
-			res := &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: CodeFailed, ErrorMessage: err.Error()}
+			res := &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: codeFailed, ErrorMessage: err.Error()}
 			var fe fatalError
 			if errors.As(err, &fe) {
-				res.Status, res.ErrorCode = capv1.JobStatus_JOB_STATUS_FAILED_FATAL, CodeFailFatal
+				res.Status, res.ErrorCode = capv1.JobStatus_JOB_STATUS_FAILED_FATAL, codeFailFatal
 			}
 			return res
 		}
@@ -71,7 +71,7 @@ func Typed[In, Out any](rdb redis.UniversalClient, ttl time.Duration, fn func(co
 			ptr, err = data.PutResult(ctx, req.GetJobId(), raw)
 		}
 		if err != nil {
-			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: CodeNoResult, ErrorMessage: err.Error()}
+			return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: codeNoResult, ErrorMessage: err.Error()}
 		}
 		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: ptr}
 	}

@@ -146,11 +146,11 @@ type Worker struct {
 	resending map[string]bool
 }
 
-// DedupeKeepDefault is how many job ids a deduping worker remembers;
-// ResultKeepDefault how many results it keeps to send again.
+// dedupeKeepDefault is how many job ids a deduping worker remembers;
+// resultKeepDefault how many results it keeps to send again.
 const (
-	DedupeKeepDefault = 100_000
-	ResultKeepDefault = 10_000
+	dedupeKeepDefault = 100_000
+	resultKeepDefault = 10_000
 )
 
 // Start subscribes and starts heartbeating.
@@ -180,10 +180,10 @@ func Start(nc *nats.Conn, cfg Config) (*Worker, error) {
 	if cfg.Dedupe {
 		labels[registry.LabelDedupe] = registry.DedupeJobID
 		if cfg.DedupeKeep <= 0 {
-			cfg.DedupeKeep = DedupeKeepDefault
+			cfg.DedupeKeep = dedupeKeepDefault
 		}
 		if cfg.ResultKeep <= 0 {
-			cfg.ResultKeep = ResultKeepDefault
+			cfg.ResultKeep = resultKeepDefault
 		}
 	}
 	cfg.Labels = labels
@@ -500,17 +500,17 @@ func (w *Worker) run(trace string, req *capv1.JobRequest) {
 // at that moment, and the job would then wait for its running deadline. The
 // result subject is a JetStream stream's, so a request gets the stream's
 // PubAck back; the worker retries until it has one (a duplicate result is
-// absorbed by the scheduler), for at most ResultRetryFor.
+// absorbed by the scheduler), for at most resultRetryFor.
 const (
-	ResultAckWait  = 2 * time.Second
-	ResultRetryFor = 2 * time.Minute
+	resultAckWait  = 2 * time.Second
+	resultRetryFor = 2 * time.Minute
 )
 
 func (w *Worker) publishResult(jobID string, data []byte) {
-	deadline := time.Now().Add(ResultRetryFor)
+	deadline := time.Now().Add(resultRetryFor)
 	backoff := 100 * time.Millisecond
 	for {
-		reply, err := w.nc.Request(w.subj.Result, data, ResultAckWait)
+		reply, err := w.nc.Request(w.subj.Result, data, resultAckWait)
 		if err == nil && !bytes.Contains(reply.Data, []byte(`"error"`)) {
 			return
 		}

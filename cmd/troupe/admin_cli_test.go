@@ -15,7 +15,6 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/inspect"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -42,7 +41,7 @@ func ctlHandler(ctx context.Context, req *capv1.JobRequest) *capv1.JobResult {
 func ctlNode(t *testing.T) string {
 	t.Helper()
 	env := testenv.New(t)
-	pools, err := router.ParsePools([]byte("topics:\n  job.echo: echo\npools:\n  echo: {requires: []}\n"))
+	pools, err := troupe.ParsePools([]byte("topics:\n  job.echo: echo\npools:\n  echo: {requires: []}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

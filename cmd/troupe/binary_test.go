@@ -23,7 +23,6 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/inspect"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -126,7 +125,7 @@ func runBin(t *testing.T, env []string, args ...string) binResult {
 func cliNode(t *testing.T) ([]string, *troupe.Node) {
 	t.Helper()
 	env := testenv.New(t)
-	pools := &router.PoolConfig{Topics: map[string][]string{"job.echo": {"echo"}, "job.approve": {"echo"}}}
+	pools := &troupe.Pools{Topics: map[string][]string{"job.echo": {"echo"}, "job.approve": {"echo"}}}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := troupe.NewNode(troupe.Config{NodeID: "node-cli", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,

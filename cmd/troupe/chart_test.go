@@ -9,7 +9,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/jobactor"
-	"github.com/troupe-run/troupe/internal/router"
 )
 
 // TestHelmChartConfig parses the Helm chart's default pools.yaml and
@@ -36,7 +35,7 @@ func TestHelmChartConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := router.ParsePools(pools)
+	got, err := troupe.ParsePools(pools)
 	if err != nil {
 		t.Fatalf("config.pools: %v\n%s", err, pools)
 	}

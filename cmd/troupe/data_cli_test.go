@@ -18,7 +18,6 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/inspect"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/testenv"
 )
@@ -29,7 +28,7 @@ import (
 func dataNode(t *testing.T) ([]string, *testenv.Env) {
 	t.Helper()
 	env := testenv.New(t)
-	pools := &router.PoolConfig{Topics: map[string][]string{"job.echo": {"demo"}, "job.undo": {"demo"}}}
+	pools := &troupe.Pools{Topics: map[string][]string{"job.echo": {"demo"}, "job.undo": {"demo"}}}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node, err := troupe.NewNode(troupe.Config{NodeID: "node-data", NATSURL: env.NATSURL, RedisURL: env.RedisURL,
 		KeyPrefix: env.KeyPrefix(), SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools,

@@ -19,7 +19,6 @@ import (
 	"github.com/troupe-run/troupe/internal/embedded"
 	"github.com/troupe-run/troupe/internal/inspect"
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/jobtrace"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -70,7 +69,7 @@ func runDev(ctx context.Context, args []string) error {
 	// something; TROUPE_JOB_TRACE=off turns it off.
 	node, err := troupe.NewNode(troupe.Config{NodeID: "dev-node", NATSURL: ns.URL(), RedisURL: rs.URL(),
 		Pools: pools, Policy: safety.AllowAll{}, Logger: log,
-		Tuning: troupe.Tuning{JobTrace: jobtrace.Config{Enabled: os.Getenv("TROUPE_JOB_TRACE") == ""}}, OTLPEndpoint: *otlp})
+		Tuning: troupe.Tuning{JobTrace: os.Getenv("TROUPE_JOB_TRACE") == ""}, OTLPEndpoint: *otlp})
 	if err != nil {
 		return err
 	}

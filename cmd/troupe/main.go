@@ -33,7 +33,6 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/connect"
-	"github.com/troupe-run/troupe/internal/router"
 )
 
 // GCPercentDefault is the node's GOGC unless the environment sets one.
@@ -206,11 +205,19 @@ func durationEnv(fs *flag.FlagSet, name, env string, dst *time.Duration) error {
 	return nil
 }
 
-func loadPools(path string) (*router.PoolConfig, error) {
+func loadPools(path string) (*troupe.Pools, error) {
 	if path == "" {
 		return troupe.DefaultPools(), nil
 	}
-	return router.LoadPools(path)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pools: %w", err)
+	}
+	pools, err := troupe.ParsePools(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return pools, nil
 }
 
 func newID(prefix string) string {

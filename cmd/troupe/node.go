@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/signing"
 )
 
@@ -84,13 +84,13 @@ func runNode(ctx context.Context, args []string) error {
 	}
 	// With --pools the node reads (and watches, and reloads on SIGHUP) the
 	// file itself; without it, the built-in demo routing applies.
-	var pools *router.PoolConfig
+	var pools *troupe.Pools
 	if *poolsFile == "" {
 		if pools, err = loadPools(""); err != nil {
 			return err
 		}
 	}
-	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: conn.NATS, RedisURL: conn.RedisURL, RedisAuth: conn.Redis,
+	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: natsAuth(conn.NATS), RedisURL: conn.RedisURL, RedisAuth: redisAuth(conn.Redis),
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
 		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
@@ -142,4 +142,15 @@ func runNode(ctx context.Context, args []string) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return node.Stop(sctx)
+}
+
+// natsAuth and redisAuth hand the connection flags to the node.
+func natsAuth(c connect.NATS) troupe.NATSAuth {
+	return troupe.NATSAuth{User: c.User, Password: c.Password, PasswordFile: c.PasswordFile, Token: c.Token,
+		TokenFile: c.TokenFile, NKeyFile: c.NKeyFile, CredsFile: c.CredsFile, TLS: troupe.TLSSettings(c.TLS)}
+}
+
+func redisAuth(c connect.Redis) troupe.RedisAuth {
+	return troupe.RedisAuth{User: c.User, Password: c.Password, PasswordFile: c.PasswordFile, Cluster: c.Cluster,
+		TLS: troupe.TLSSettings(c.TLS)}
 }

@@ -28,7 +28,7 @@ type policyFlags struct {
 func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.file, "policy", envOr("TROUPE_POLICY_FILE", ""),
 		"safety policy YAML for the built-in engine (reloaded on change)")
-	fs.StringVar(&p.addr, "safety-addr", os.Getenv(safety.EnvKernelAddr),
+	fs.StringVar(&p.addr, "safety-addr", os.Getenv(policyx.EnvKernelAddr),
 		"an external SafetyKernel (host:port); TLS from SAFETY_KERNEL_TLS_CA / _TLS_REQUIRED / _INSECURE")
 	fs.StringVar(&p.failMode, "policy-fail-mode", "",
 		"closed (default: jobs wait while the kernel is unavailable) or open (they proceed, counted); TROUPE_POLICY_CHECK_FAIL_MODE wins")

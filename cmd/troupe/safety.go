@@ -110,7 +110,7 @@ func serveSafety(ctx context.Context, o safetyServeOpts) error {
 	defer engine.Close()
 	var opts []grpc.ServerOption
 	if o.tlsCert != "" {
-		tcfg, err := safety.ServerTLS(o.tlsCert, o.tlsKey, o.clientCA)
+		tcfg, err := policyx.ServerTLS(o.tlsCert, o.tlsKey, o.clientCA)
 		if err != nil {
 			return err
 		}
@@ -199,8 +199,8 @@ func isLoopbackListen(addr string) bool {
 
 func runSafetyCheck(ctx context.Context, args []string) error {
 	fs := newFlags("safety check")
-	addr := fs.String("addr", envOr(safety.EnvKernelAddr, "127.0.0.1:50051"), "kernel address (env SAFETY_KERNEL_ADDR)")
-	ca := fs.String("tls-ca", os.Getenv(safety.EnvKernelTLSCA), "verify the kernel with this CA (env SAFETY_KERNEL_TLS_CA)")
+	addr := fs.String("addr", envOr(policyx.EnvKernelAddr, "127.0.0.1:50051"), "kernel address (env SAFETY_KERNEL_ADDR)")
+	ca := fs.String("tls-ca", os.Getenv(policyx.EnvKernelTLSCA), "verify the kernel with this CA (env SAFETY_KERNEL_TLS_CA)")
 	tlsReq := fs.Bool("tls-required", false, "use TLS with the system roots")
 	insecure := fs.Bool("insecure", false, "plaintext to a non-loopback kernel")
 	cert := fs.String("tls-cert", "", "client certificate (mutual TLS)")
@@ -233,7 +233,7 @@ func runSafetyCheck(ctx context.Context, args []string) error {
 	default:
 		return fmt.Errorf("--actor-type %q: want human or service", *actorType)
 	}
-	creds, err := safety.ClientTLS{CAFile: *ca, Required: *tlsReq, Insecure: *insecure, CertFile: *cert, KeyFile: *key}.
+	creds, err := policyx.ClientTLS{CAFile: *ca, Required: *tlsReq, Insecure: *insecure, CertFile: *cert, KeyFile: *key}.
 		Credentials(*addr)
 	if err != nil {
 		return err

@@ -22,7 +22,6 @@ import (
 
 	"github.com/troupe-run/troupe/internal/policyx"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 )
 
 const servePolicy = `version: cli
@@ -110,7 +109,7 @@ func TestSafetyServeTLS(t *testing.T) {
 	caFile, certFile, keyFile := testCerts(t)
 	addr, stop := startServe(t, safetyServeOpts{policy: writeFile(t, "policy.yaml", servePolicy), tlsCert: certFile, tlsKey: keyFile})
 	defer stop()
-	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr, TLS: safety.ClientTLS{CAFile: caFile},
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: addr, TLS: policyx.ClientTLS{CAFile: caFile},
 		Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -245,7 +245,7 @@ func TestPauseHoldsATopicOnEveryReplicaUntilResumed(t *testing.T) {
 		t.Fatalf("pools: %+v, %v: want job.echo paused", pl.Topics, err)
 	}
 	// A second replica, started after the pause (as after a restart).
-	pools, _ := router.ParsePools([]byte(testPools))
+	pools, _ := troupe.ParsePools([]byte(testPools))
 	cfg := troupe.Config{NodeID: "node-b", NATSURL: b.env.NATSURL, RedisURL: b.env.RedisURL,
 		KeyPrefix: b.env.KeyPrefix(), SubjectPrefix: b.env.Prefix, StreamPrefix: b.env.StreamPrefix(),
 		Pools: pools, Tuning: troupe.Tuning{PermanentGrace: 100 * time.Millisecond, MaxSchedulingAttempts: 1}, Logger: quiet()}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -365,7 +366,7 @@ func (s *Server) resultDatum(ctx context.Context, rec *store.JobRecord, req *cap
 	if r, ok := checker.(interface{ ReadsContentItself() bool }); ok && r.ReadsContentItself() {
 		return withheld(d, "withheld: the output policy's checker reads content itself and was not asked")
 	}
-	oreq := safety.OutputRequest(req, &capv1.JobResult{JobId: rec.ID, Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED,
+	oreq := outputgate.Request(req, &capv1.JobResult{JobId: rec.ID, Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED,
 		ResultPtr: ptr, WorkerId: rec.Worker, ErrorCode: rec.ErrorCode, ErrorMessage: rec.ErrorMessage})
 	v, err := checker.ScanContent(ctx, oreq, data)
 	if err != nil {

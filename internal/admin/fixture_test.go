@@ -16,7 +16,6 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/admin"
 	"github.com/troupe-run/troupe/internal/inspect"
-	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/internal/testhook"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -68,7 +67,7 @@ type bundle struct {
 func setup(t *testing.T, o options) *bundle {
 	t.Helper()
 	env := testenv.New(t)
-	pools, err := router.ParsePools([]byte(testPools))
+	pools, err := troupe.ParsePools([]byte(testPools))
 	if err != nil {
 		t.Fatal(err)
 	}

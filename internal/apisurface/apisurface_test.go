@@ -29,22 +29,6 @@ func publicDirs(t *testing.T) []string {
 	return dirs
 }
 
-// pending are the internal types still in the public API, each with the
-// work that removes it: the node's Config (config.go) is being rewritten
-// into user settings plus one Tuning value (issue #30, item 3), which
-// gives its fields and the routing config (Config.Pools, DefaultPools)
-// public types. Nothing may be added here.
-var pending = map[string]bool{
-	"tuning.go: Tuning.Timeouts names jobactor.Timeouts":   true,
-	"tuning.go: Tuning.JobTrace names jobtrace.Config":     true,
-	"config.go: NATSAuth names connect.NATS":               true,
-	"config.go: RedisAuth names connect.Redis":             true,
-	"config.go: TLSSettings names connect.TLS":             true,
-	"config.go: Config.Pools names router.PoolConfig":      true,
-	"tuning.go: Tuning.WorkerBounds names registry.Bounds": true,
-	"pools.go: DefaultPools names router.PoolConfig":       true,
-}
-
 // TestPublicSignaturesHaveNoInternalTypes fails when an exported function,
 // method, field, interface method, type definition or typed var/const of a
 // public package names a type from an internal/ package: an embedder could
@@ -56,9 +40,6 @@ func TestPublicSignaturesHaveNoInternalTypes(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, r := range p.InternalRefs() {
-			if pending[pendingKey(r)] {
-				continue
-			}
 			t.Errorf("%s: %s", dir, r)
 		}
 	}
@@ -90,12 +71,4 @@ func TestInternalRefsFindsAnInternalType(t *testing.T) {
 	if c := p.Count(); c.Total() != 12 {
 		t.Errorf("count = %+v (total %d), want 12", c, c.Total())
 	}
-}
-
-// pendingKey is a report without its line number and import path.
-func pendingKey(r string) string {
-	file, rest, _ := strings.Cut(r, ":")
-	_, rest, _ = strings.Cut(rest, ": ")
-	rest, _, _ = strings.Cut(rest, " (")
-	return file + ": " + rest
 }

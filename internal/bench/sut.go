@@ -14,8 +14,6 @@ import (
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/inspect"
-	"github.com/troupe-run/troupe/internal/jobactor"
-	"github.com/troupe-run/troupe/internal/router"
 )
 
 // sutSpec says what system under test to start and where: a Troupe node or
@@ -61,8 +59,8 @@ type sut struct {
 }
 
 // benchPools routes the bench topic to the bench pool.
-func benchPools(topic, pool string) (*router.PoolConfig, error) {
-	return router.ParsePools([]byte(fmt.Sprintf("topics:\n  %s: %s\npools:\n  %s: {requires: []}\n", topic, pool, pool)))
+func benchPools(topic, pool string) (*troupe.Pools, error) {
+	return troupe.ParsePools([]byte(fmt.Sprintf("topics:\n  %s: %s\npools:\n  %s: {requires: []}\n", topic, pool, pool)))
 }
 
 func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error) {
@@ -83,9 +81,9 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 			s.close()
 			return nil, err
 		}
-		var timeouts *jobactor.Timeouts
+		var timeouts *troupe.Timeouts
 		if spec.DispatchTimeout > 0 {
-			timeouts = jobactor.DefaultTimeouts()
+			timeouts = troupe.DefaultTuning().Timeouts
 			timeouts.Dispatch = spec.DispatchTimeout
 			timeouts.Running = max(timeouts.Running, spec.DispatchTimeout)
 		}

@@ -7,9 +7,10 @@ import (
 
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/outputgate"
+	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/proto/capv1"
-	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/signing"
 )
 
@@ -37,17 +38,17 @@ func By(p *signing.Principal) lifecycle.Sender {
 func policyDone(epoch uint64, dec *capv1.PolicyCheckResponse, err error) *lifecycle.PolicyDone {
 	m := &lifecycle.PolicyDone{Epoch: epoch, Dec: dec, Err: err}
 	if err == nil && dec != nil {
-		m.Record = safety.DecisionFields(dec)
+		m.Record = policyenv.DecisionFields(dec)
 		if dec.Decision == capv1.DecisionType_DECISION_TYPE_ALLOW_WITH_CONSTRAINTS {
 			c := dec.Constraints
-			m.Constrain = func(req *capv1.JobRequest) { safety.ApplyConstraints(req, c) }
+			m.Constrain = func(req *capv1.JobRequest) { policyenv.ApplyConstraints(req, c) }
 		}
 	}
 	return m
 }
 
 // outputOutcome is phase 1's outcome as the core takes it.
-func outputOutcome(o safety.OutputOutcome) lifecycle.OutputOutcome {
+func outputOutcome(o outputgate.Outcome) lifecycle.OutputOutcome {
 	return lifecycle.OutputOutcome{Phase: o.Phase, Quarantine: o.Quarantine, ResultPtr: o.ResultPtr,
 		Redacted: o.Redacted, Reason: o.Reason, RuleID: o.RuleID, ContentChecked: o.ContentChecked,
 		Fields: o.Fields()}

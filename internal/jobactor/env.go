@@ -13,6 +13,7 @@ import (
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/tracing"
 	"github.com/troupe-run/troupe/safety"
@@ -142,7 +143,7 @@ type Env struct {
 	// Output checks results before they are called SUCCEEDED (phase 1) and
 	// scans their content afterwards (phase 2, on Scans). Nil: no output
 	// policy.
-	Output *safety.OutputGate
+	Output *outputgate.Gate
 	// Scans runs phase-2 content scans off the actors (nil with Output nil).
 	Scans *ScanPool
 	// TenantLimit returns a tenant's concurrency limit across all replicas

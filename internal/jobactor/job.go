@@ -13,6 +13,7 @@ import (
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/lifecycle"
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/store"
@@ -214,7 +215,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		}
 	case lifecycle.AskOutput:
 		self, root, gate, ep := c.Self(), env.Root, env.Output, e.Epoch
-		oreq := safety.OutputRequest(a.job.Req, e.Res.Res)
+		oreq := outputgate.Request(a.job.Req, e.Res.Res)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), PolicyTimeout)
 			o := gate.Phase1(ctx, oreq)
@@ -222,7 +223,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			root.Send(self, &lifecycle.OutputDone{Epoch: ep, Outcome: outputOutcome(o), Res: e.Res, Path: e.Path})
 		}()
 	case lifecycle.ScanContent:
-		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), safety.OutputRequest(a.job.Req, e.Res))
+		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), outputgate.Request(a.job.Req, e.Res))
 	case lifecycle.PublishRequest:
 		a.admitted()
 		return a.publishRequest(e)
@@ -529,7 +530,7 @@ func ForwardRetryDelay(err error, remaining func(context.Context, string) (time.
 // downgraded to OUTPUT_QUARANTINED only if it is still SUCCEEDED.
 func scanContent(env *Env, id, trace, topic string, oreq *capv1.OutputCheckRequest) {
 	ok := env.Scans.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), safety.OutputContentBudgetDefault)
+		ctx, cancel := context.WithTimeout(context.Background(), outputgate.ContentBudgetDefault)
 		defer cancel()
 		o := env.Output.Phase2(ctx, oreq)
 		if !o.Quarantine {
@@ -545,13 +546,13 @@ func scanContent(env *Env, id, trace, topic string, oreq *capv1.OutputCheckReque
 		env.Writer.Submit(op)
 		r := <-done
 		if r.OK() {
-			env.Output.Metrics.Quarantined(safety.PhaseContent)
+			env.Output.Metrics.Quarantined(outputgate.PhaseContent)
 			env.Log.Warn("audit: output quarantined after release", "job_id", id, "trace_id", trace, "topic", topic,
-				"phase", safety.PhaseContent, "rule_id", o.RuleID, "reason", o.Reason)
+				"phase", outputgate.PhaseContent, "rule_id", o.RuleID, "reason", o.Reason)
 		}
 	})
 	if !ok {
-		env.Output.Metrics.Skipped(safety.PhaseContent, "scan_queue_full")
+		env.Output.Metrics.Skipped(outputgate.PhaseContent, "scan_queue_full")
 	}
 }
 

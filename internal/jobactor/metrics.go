@@ -5,7 +5,7 @@ import (
 
 	"github.com/troupe-run/troupe/internal/lifecycle"
 	"github.com/troupe-run/troupe/internal/metricsx"
-	"github.com/troupe-run/troupe/safety"
+	"github.com/troupe-run/troupe/internal/outputgate"
 )
 
 // Metrics are the job actors' counters. They are plain atomics behind
@@ -125,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // count adds one to the counter the core names.
-func (m *Metrics) count(c lifecycle.Count, output *safety.OutputGate) {
+func (m *Metrics) count(c lifecycle.Count, output *outputgate.Gate) {
 	switch c.M {
 	case lifecycle.MAbsorbed:
 		m.Absorbed.WithLabelValues(c.Label).Inc()

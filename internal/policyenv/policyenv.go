@@ -1,6 +1,8 @@
 // Package policyenv holds what the safety package and its kernel client
 // (internal/policyx) share and users do not call: the reconnect backoff,
-// boolean environment settings, decision labels.
+// boolean environment settings, decision labels; and what the job actor
+// does with a decision (constraints.go: the env entries and deadline a
+// worker receives, the job record's policy fields).
 package policyenv
 
 import (

@@ -59,7 +59,7 @@ type KernelClientConfig struct {
 	Addr string
 	// TLS: how to reach it. Loopback addresses may go plaintext without
 	// saying so; anything else needs TLS settings or TLS.Insecure.
-	TLS safety.ClientTLS
+	TLS ClientTLS
 	// Timeout bounds one check (default KernelTimeoutDefault).
 	Timeout time.Duration
 	// Redis, when set, holds the circuit breaker's state so that every
@@ -94,21 +94,21 @@ type KernelClientConfig struct {
 // mode and the cache TTL. Addr is "" when no kernel is configured (the
 // caller then uses the built-in engine or AllowAll).
 func KernelClientConfigFromEnv() (KernelClientConfig, error) {
-	cfg := KernelClientConfig{Addr: strings.TrimSpace(os.Getenv(safety.EnvKernelAddr)),
-		TLS: safety.ClientTLS{CAFile: strings.TrimSpace(os.Getenv(safety.EnvKernelTLSCA))}}
+	cfg := KernelClientConfig{Addr: strings.TrimSpace(os.Getenv(EnvKernelAddr)),
+		TLS: ClientTLS{CAFile: strings.TrimSpace(os.Getenv(EnvKernelTLSCA))}}
 	var err error
-	if cfg.TLS.Required, err = policyenv.EnvBool(safety.EnvKernelTLSReq); err != nil {
+	if cfg.TLS.Required, err = policyenv.EnvBool(EnvKernelTLSReq); err != nil {
 		return cfg, err
 	}
-	if cfg.TLS.Insecure, err = policyenv.EnvBool(safety.EnvKernelInsecure); err != nil {
+	if cfg.TLS.Insecure, err = policyenv.EnvBool(EnvKernelInsecure); err != nil {
 		return cfg, err
 	}
-	if cfg.FailMode, err = parseFailMode(os.Getenv(safety.EnvFailMode)); err != nil {
+	if cfg.FailMode, err = parseFailMode(os.Getenv(EnvFailMode)); err != nil {
 		return cfg, err
 	}
-	if v := strings.TrimSpace(os.Getenv(safety.EnvDecisionTTL)); v != "" {
+	if v := strings.TrimSpace(os.Getenv(EnvDecisionTTL)); v != "" {
 		if cfg.CacheTTL, err = parseTTL(v); err != nil {
-			return cfg, fmt.Errorf("safety: %s: %w", safety.EnvDecisionTTL, err)
+			return cfg, fmt.Errorf("safety: %s: %w", EnvDecisionTTL, err)
 		}
 	}
 	return cfg, nil
@@ -157,7 +157,7 @@ func NewKernelClient(cfg KernelClientConfig) (*KernelClient, error) {
 	if strings.TrimSpace(cfg.Addr) == "" {
 		return nil, errors.New("safety: kernel client needs an address")
 	}
-	if v := os.Getenv(safety.EnvFailMode); strings.TrimSpace(v) != "" {
+	if v := os.Getenv(EnvFailMode); strings.TrimSpace(v) != "" {
 		mode, err := parseFailMode(v)
 		if err != nil {
 			return nil, err
@@ -226,7 +226,7 @@ func (c *KernelClient) Check(ctx context.Context, req *capv1.PolicyCheckRequest)
 	}
 	p, ok := c.breaker.acquire(ctx)
 	if !ok {
-		return c.unavailable(req, &safety.UnavailableError{BreakerOpen: true})
+		return c.unavailable(req, &UnavailableError{BreakerOpen: true})
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	start := time.Now()
@@ -236,10 +236,10 @@ func (c *KernelClient) Check(ctx context.Context, req *capv1.PolicyCheckRequest)
 		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// The caller gave up (not the kernel): no verdict on the
 			// kernel, and no decision to make up either.
-			return nil, &safety.UnavailableError{Cause: ctx.Err()}
+			return nil, &UnavailableError{Cause: ctx.Err()}
 		}
 		c.breaker.record(ctx, p, false)
-		return c.unavailable(req, &safety.UnavailableError{Cause: err})
+		return c.unavailable(req, &UnavailableError{Cause: err})
 	}
 	c.m.latency.Observe(time.Since(start).Seconds())
 	c.breaker.record(ctx, p, true)
@@ -250,7 +250,7 @@ func (c *KernelClient) Check(ctx context.Context, req *capv1.PolicyCheckRequest)
 	return resp, nil
 }
 
-func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *safety.UnavailableError) (*capv1.PolicyCheckResponse, error) {
+func (c *KernelClient) unavailable(req *capv1.PolicyCheckRequest, uerr *UnavailableError) (*capv1.PolicyCheckResponse, error) {
 	c.m.checks.WithLabelValues("unavailable").Inc()
 	if c.cfg.FailMode != FailOpen {
 		return nil, uerr

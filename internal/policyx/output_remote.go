@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe/internal/outputgate"
 	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
@@ -37,10 +38,10 @@ type RemoteOutputConfig struct {
 	// Addr is the OutputPolicy service's host:port (required).
 	Addr string
 	// TLS reaches it (same rules as the kernel client's).
-	TLS safety.ClientTLS
+	TLS ClientTLS
 	// MetaTimeout bounds phase 1 (default RemoteOutputMetaTimeoutDefault).
 	MetaTimeout time.Duration
-	// ContentTimeout bounds phase 2 (default safety.OutputContentBudgetDefault).
+	// ContentTimeout bounds phase 2 (default outputgate.ContentBudgetDefault).
 	ContentTimeout time.Duration
 	// DialOptions are appended to the client's own.
 	DialOptions []grpc.DialOption
@@ -66,7 +67,7 @@ func NewRemoteOutputChecker(cfg RemoteOutputConfig) (*RemoteOutputChecker, error
 		cfg.MetaTimeout = RemoteOutputMetaTimeoutDefault
 	}
 	if cfg.ContentTimeout <= 0 {
-		cfg.ContentTimeout = safety.OutputContentBudgetDefault
+		cfg.ContentTimeout = outputgate.ContentBudgetDefault
 	}
 	creds, err := cfg.TLS.Credentials(cfg.Addr)
 	if err != nil {
@@ -188,7 +189,7 @@ type OutputConfig struct {
 	// Addr, instead of File, is an external OutputPolicy gRPC service.
 	Addr string
 	// TLS reaches Addr.
-	TLS safety.ClientTLS
+	TLS ClientTLS
 }
 
 // OutputConfigFromEnv reads OUTPUT_POLICY_ENABLED, OUTPUT_POLICY_FILE and
@@ -196,7 +197,7 @@ type OutputConfig struct {
 // SAFETY_KERNEL_INSECURE settings).
 func OutputConfigFromEnv() (OutputConfig, error) {
 	cfg := OutputConfig{File: strings.TrimSpace(os.Getenv(EnvOutputFile)), Addr: strings.TrimSpace(os.Getenv(EnvOutputAddr)),
-		TLS: safety.ClientTLS{CAFile: strings.TrimSpace(os.Getenv(safety.EnvKernelTLSCA))}}
+		TLS: ClientTLS{CAFile: strings.TrimSpace(os.Getenv(EnvKernelTLSCA))}}
 	if v := strings.TrimSpace(os.Getenv(EnvOutputEnabled)); v != "" {
 		b, err := policyenv.EnvBool(EnvOutputEnabled)
 		if err != nil {
@@ -205,10 +206,10 @@ func OutputConfigFromEnv() (OutputConfig, error) {
 		cfg.Enabled = &b
 	}
 	var err error
-	if cfg.TLS.Required, err = policyenv.EnvBool(safety.EnvKernelTLSReq); err != nil {
+	if cfg.TLS.Required, err = policyenv.EnvBool(EnvKernelTLSReq); err != nil {
 		return cfg, err
 	}
-	if cfg.TLS.Insecure, err = policyenv.EnvBool(safety.EnvKernelInsecure); err != nil {
+	if cfg.TLS.Insecure, err = policyenv.EnvBool(EnvKernelInsecure); err != nil {
 		return cfg, err
 	}
 	return cfg, nil

@@ -1,4 +1,4 @@
-package safety
+package policyx
 
 // Environment variables the kernel client (`troupe node`) reads. The names are the
 // ones CAP deployments already set.

@@ -1,11 +1,10 @@
-package safety
+package policyenv
 
 import (
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/troupe-run/troupe/internal/policyenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
 
@@ -64,7 +63,7 @@ func ApplyConstraints(req *capv1.JobRequest, c *capv1.PolicyConstraints) {
 // decision, reason, rule id, policy version, and (when present)
 // constraints and remediations as protojson.
 func DecisionFields(resp *capv1.PolicyCheckResponse) []string {
-	f := []string{"policy_decision", policyenv.DecisionLabel(resp.GetDecision()), "policy_reason", resp.GetReason(),
+	f := []string{"policy_decision", DecisionLabel(resp.GetDecision()), "policy_reason", resp.GetReason(),
 		"rule_id", resp.GetRuleId(), "policy_snapshot", resp.GetPolicySnapshot()}
 	if c := resp.GetConstraints(); c != nil {
 		if b, err := protojson.Marshal(c); err == nil {

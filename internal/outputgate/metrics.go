@@ -1,4 +1,4 @@
-package safety
+package outputgate
 
 import (
 	"github.com/troupe-run/troupe/internal/metricsx"
@@ -6,10 +6,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// OutputMetrics are the output policy's series: checks and their decisions,
+// Metrics are the output policy's series: checks and their decisions,
 // quarantines, skipped checks and latency, each by phase ("meta" for phase
 // 1, "content" for phase 2). Safe for concurrent use.
-type OutputMetrics struct {
+type Metrics struct {
 	checked     *prometheus.CounterVec
 	quarantined *prometheus.CounterVec
 	skipped     *prometheus.CounterVec
@@ -22,10 +22,10 @@ const (
 	PhaseContent = "content"
 )
 
-// NewOutputMetrics registers the output policy series on reg (nil: the
+// NewMetrics registers the output policy series on reg (nil: the
 // series exist but are exported nowhere).
-func NewOutputMetrics(reg prometheus.Registerer) (*OutputMetrics, error) {
-	m := &OutputMetrics{
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
 		checked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "troupe_output_policy_checked_total",
 			Help: "Output policy checks by phase and decision (error: the checker failed and the result was released).",
@@ -64,28 +64,28 @@ func NewOutputMetrics(reg prometheus.Registerer) (*OutputMetrics, error) {
 }
 
 // Checked counts a check's decision ("error" when the checker failed).
-func (m *OutputMetrics) Checked(phase, decision string) {
+func (m *Metrics) Checked(phase, decision string) {
 	if m != nil {
 		m.checked.WithLabelValues(phase, decision).Inc()
 	}
 }
 
 // Quarantined counts a result moved to OUTPUT_QUARANTINED.
-func (m *OutputMetrics) Quarantined(phase string) {
+func (m *Metrics) Quarantined(phase string) {
 	if m != nil {
 		m.quarantined.WithLabelValues(phase).Inc()
 	}
 }
 
 // Skipped counts a check not run, and why.
-func (m *OutputMetrics) Skipped(phase, why string) {
+func (m *Metrics) Skipped(phase, why string) {
 	if m != nil {
 		m.skipped.WithLabelValues(phase, why).Inc()
 	}
 }
 
 // Observe records a check's latency in seconds.
-func (m *OutputMetrics) Observe(phase string, seconds float64) {
+func (m *Metrics) Observe(phase string, seconds float64) {
 	if m != nil {
 		m.latency.WithLabelValues(phase).Observe(seconds)
 	}

@@ -1,4 +1,4 @@
-package safety
+package policyx
 
 import (
 	"crypto/tls"
@@ -17,7 +17,7 @@ import (
 // no TLS settings. Plaintext to a remote kernel must be asked for
 // (ClientTLS.Insecure, SAFETY_KERNEL_INSECURE=true): a policy decision
 // anyone on the path can forge is no policy.
-var ErrInsecureNotAllowed = errors.New("safety: plaintext to a non-loopback kernel needs an explicit insecure setting")
+var ErrInsecureNotAllowed = errors.New("policy: plaintext to a non-loopback kernel needs an explicit insecure setting")
 
 // ClientTLS says how a client reaches a kernel (or output policy service).
 type ClientTLS struct {

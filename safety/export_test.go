@@ -1,0 +1,9 @@
+package safety
+
+// Test names of unexported constants.
+const (
+	RuleNonJobTopic             = ruleNonJobTopic
+	RuleDefaultAllow            = ruleDefaultAllow
+	RedisPointerPrefix          = redisPointerPrefix
+	OutputMaxResultBytesDefault = outputMaxResultBytesDefault
+)
