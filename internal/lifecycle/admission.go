@@ -31,8 +31,8 @@ func (j *Job) onSubmit(m *Submit) {
 	}
 	j.acks = append(j.acks, m.Delivery)
 	if key := m.Req.GetMeta().GetIdempotencyKey(); key != "" && !j.idemChecked {
-		j.write(&pending{kind: wClaim, op: Op{Kind: OpClaim, JobID: j.ID,
-			IdemKey: j.cfg.IdemKey(jobstate.TenantOf(j.Req), key)}})
+		j.write(j.pend(pending{kind: wClaim, op: Op{Kind: OpClaim, JobID: j.ID,
+			IdemKey: j.cfg.IdemKey(jobstate.TenantOf(j.Req), key)}}))
 		return
 	}
 	j.decideFresh()
@@ -140,7 +140,7 @@ func (j *Job) requestApproval(dec *capv1.PolicyCheckResponse) {
 		Release: true, Due: -1,
 		Fields: []string{"job_hash", jobstate.HashRequest(j.Req), "rule_id", dec.RuleId,
 			"policy_reason", dec.Reason, "policy_snapshot", dec.PolicySnapshot}},
-		nil, &pending{applied: []Effect{j.logFx(info, "job waits for approval", "topic", j.topic(), "rule_id", dec.RuleId)}})
+		nil, j.pend(pending{applied: []Effect{j.logFx(info, "job waits for approval", "topic", j.topic(), "rule_id", dec.RuleId)}}))
 }
 
 // resumeApproval acts on the decision recorded for an APPROVAL_REQUIRED job.
@@ -155,7 +155,7 @@ func (j *Job) resumeApproval() {
 		}
 		j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateApprovalRequired),
 			Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonApprovalGranted}}, Due: -1, Fields: by},
-			nil, &pending{then: nAskRouter})
+			nil, j.pend(pending{then: nAskRouter}))
 	case jobstate.DecisionRejected:
 		j.deny(jobstate.ReasonApprovalRejected, f["approval_reason"], by)
 	default:
@@ -175,11 +175,11 @@ func (j *Job) deny(reason jobstate.Reason, detail string, fields []string) {
 	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled, jobstate.StateApprovalRequired),
 		Path:   []jobstate.Hop{{To: jobstate.StateDenied, Reason: reason}},
 		Fields: append(fields, "error_code", string(reason), "error_message", detail)}, entry,
-		&pending{applied: []Effect{
+		j.pend(pending{applied: []Effect{
 			j.logFx(info, "job denied", "topic", j.topic(), "reason", reason, "detail", detail),
 			PublishDLQ{Entry: entry},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_DENIED, Code: reason, Msg: detail},
-		}})
+		}}))
 }
 
 // fail moves the job to FAILED with reason and dead-letters it.
@@ -191,11 +191,11 @@ func (j *Job) fail(reason jobstate.Reason, detail string, last jobstate.Reason) 
 	}
 	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled, jobstate.StateApprovalRequired),
 		Path: []jobstate.Hop{{To: jobstate.StateFailed, Reason: reason}}, Fields: fields}, entry,
-		&pending{applied: []Effect{
+		j.pend(pending{applied: []Effect{
 			j.logFx(warn, "job failed", "topic", j.topic(), "reason", reason, "last_reason", last, "detail", detail),
 			PublishDLQ{Entry: entry},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: reason, Msg: detail},
-		}})
+		}}))
 }
 
 // retryIn waits d (a throttling policy's answer) and decides again.

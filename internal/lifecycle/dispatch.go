@@ -50,8 +50,8 @@ func (j *Job) onPick(p *PickReply) {
 	}
 	// The tenant has a concurrency limit: take a slot (shared by every
 	// replica) before dispatching, or wait like any transient failure.
-	j.write(&pending{kind: wAdmit, pick: p, op: Op{Kind: OpAdmit, JobID: j.ID,
-		TenantKey: j.cfg.TenantKey(jobstate.TenantOf(j.Req)), Limit: limit}})
+	j.write(j.pend(pending{kind: wAdmit, pick: p, op: Op{Kind: OpAdmit, JobID: j.ID,
+		TenantKey: j.cfg.TenantKey(jobstate.TenantOf(j.Req)), Limit: limit}}))
 }
 
 func (j *Job) admittedTo(p *pending, r *WriteResult) {
@@ -107,7 +107,7 @@ func (j *Job) dispatchTo(p *PickReply) {
 	}
 	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
 		Due: dl.at.UnixMilli(), Fields: fields},
-		nil, &pending{then: nDispatched, pick: p, dl: dl})
+		nil, j.pend(pending{then: nDispatched, pick: p, dl: dl}))
 }
 
 // dispatched: DISPATCHED is durable; publish the request.
@@ -140,7 +140,7 @@ func (j *Job) onPublishFailed(m *PublishFailed) {
 	j.disarm()
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonDispatchFailed}}, Due: -1}, nil,
-		&pending{then: nRetryLater})
+		j.pend(pending{then: nRetryLater}))
 }
 
 // deadlineFor returns when a job entering state times out, and why: the
@@ -340,7 +340,7 @@ func waitsUnbounded(reason jobstate.Reason) bool {
 // and cost no read.
 func (j *Job) probe() {
 	j.probed = true
-	j.activate(false, &pending{probe: true})
+	j.activate(false, j.pend(pending{probe: true}))
 }
 
 // probedAbsent: the job waiting within its grace has no record; it waits
@@ -467,7 +467,7 @@ func (j *Job) writeWait(at time.Time) {
 	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(j.capReason)}},
-		nil, &pending{then: nArm, at: at})
+		nil, j.pend(pending{then: nArm, at: at}))
 }
 
 // leaveGrace ends a wait within the grace (written, placed or finished).
@@ -534,7 +534,7 @@ func (j *Job) placementFailed(p *PickReply) {
 	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
-		nil, &pending{then: nArm, at: at})
+		nil, j.pend(pending{then: nArm, at: at}))
 }
 
 // markRunning records DISPATCHED → RUNNING (or, after its worker was
@@ -561,7 +561,7 @@ func (j *Job) markRunning(from string) {
 	}
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
 		Path: []jobstate.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),
-		Fields: fields}, nil, &pending{then: nRunning, dl: dl})
+		Fields: fields}, nil, j.pend(pending{then: nRunning, dl: dl}))
 }
 
 // onWorkerLost dispatches elsewhere a job whose worker was evicted before
@@ -585,7 +585,7 @@ func (j *Job) onWorkerLost(m *WorkerLost) {
 	j.lostWorkers = lost
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonWorkerLost}}, Due: -1,
-		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, &pending{then: nAskRouter})
+		Fields: []string{"lost_worker", m.WorkerID, "lost_workers", lost}}, nil, j.pend(pending{then: nAskRouter}))
 }
 
 // runnerUnknownDetail is the record's lost_detail when a started job's
@@ -616,7 +616,7 @@ func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 			"worker_id", worker, "deadline", j.deadline)
 		j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
 			Path:   []jobstate.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLostRunnerUnknown}},
-			Fields: []string{"lost_worker", worker, "lost_detail", runnerUnknownDetail}}, nil, &pending{then: nWatch})
+			Fields: []string{"lost_worker", worker, "lost_detail", runnerUnknownDetail}}, nil, j.pend(pending{then: nWatch}))
 		return
 	}
 	grace := j.cfg.WorkerLostGrace
@@ -637,5 +637,5 @@ func (j *Job) lostWhileRunning(worker string, evicted time.Time) {
 		Path: []jobstate.Hop{{To: j.State, Reason: jobstate.ReasonWorkerLost}}, Due: at.UnixMilli(),
 		Fields: []string{"lost_worker", worker, "deadline", strconv.FormatInt(at.UnixMilli(), 10),
 			"deadline_kind", string(jobstate.ReasonWorkerLost)}},
-		nil, &pending{then: nDeadline, dl: deadline{at, jobstate.ReasonWorkerLost}})
+		nil, j.pend(pending{then: nDeadline, dl: deadline{at, jobstate.ReasonWorkerLost}}))
 }

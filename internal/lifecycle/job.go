@@ -157,6 +157,13 @@ type Inputs interface {
 	Observe(m Metric, value float64)
 }
 
+// owed is what a result owes besides its outcome while the output
+// policy's phase 1 runs on it (Job.outputOwed).
+type owed struct {
+	fields []string
+	fx     []Effect
+}
+
 // Job is one job's state as its holder knows it, and the core's bookkeeping
 // of the one step it waits for. Step is its only mutator.
 type Job struct {
@@ -251,12 +258,10 @@ type Job struct {
 	// outputOwed holds, while the output policy's phase 1 runs on a
 	// result, what that result owes besides its outcome: record fields
 	// (result_of) and effects (a later dispatch's cancel, a log line).
-	outputOwed struct {
-		fields []string
-		fx     []Effect
-	}
-	pending  *pending
-	deferred []any
+	outputOwed *owed
+	pending    *pending
+	spare      *pending // a finished write step, reused by pend
+	deferred   []any
 	// acks are deliveries to acknowledge once the current write is durable.
 	acks []Delivery
 
@@ -367,6 +372,7 @@ func (j *Job) reply(ev any) bool {
 		p := j.pending
 		j.busy, j.pending = false, nil
 		j.written(p, &m.Res)
+		j.recycle(p)
 		j.drain()
 	case *RetryNow:
 		if m.Epoch != j.opEpoch || !j.busy || j.pending == nil {

@@ -20,7 +20,7 @@ const second = time.Second
 func (j *Job) activate(create bool, p *pending) {
 	op := Op{Kind: OpActivate, JobID: j.ID, Node: j.cfg.NodeID, Create: create, TraceID: j.TraceID}
 	if p == nil {
-		p = &pending{}
+		p = j.pend(pending{})
 	}
 	if create && j.Req != nil {
 		op.Topic = j.Req.Topic
@@ -40,7 +40,7 @@ func (j *Job) activate(create bool, p *pending) {
 // in the same script call; p's effects run only if it was.
 func (j *Job) activatePlan(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) {
 	if p == nil {
-		p = &pending{}
+		p = j.pend(pending{})
 	}
 	p.t, p.dlq = t, dlq
 	j.activate(true, p)
@@ -258,7 +258,7 @@ func (j *Job) recreate() {
 	if j.deadline.IsZero() {
 		t.Due = 0
 	}
-	j.activatePlan(t, nil, &pending{then: nAdvance})
+	j.activatePlan(t, nil, j.pend(pending{then: nAdvance}))
 }
 
 // adopt loads what the job needs from the record of an existing job.
@@ -351,7 +351,7 @@ func (j *Job) unknownJob() {
 		// other outcome Troupe decides; no record will ever answer it.
 		fx = append(fx, TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: reason, Msg: msg, Once: true})
 	}
-	j.write(&pending{kind: wDLQ, op: Op{Kind: OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx})
+	j.write(j.pend(pending{kind: wDLQ, op: Op{Kind: OpDLQ, JobID: j.ID, DLQ: entry}, applied: fx}))
 	j.log(warn, "event for unknown job dead-lettered", "reason", reason)
 }
 
@@ -371,7 +371,7 @@ func (j *Job) passivate() {
 	lv := j.LockValue
 	j.emit(Forget{LockValue: lv})
 	j.LockValue = ""
-	j.write(&pending{kind: wRelease, op: Op{Kind: OpRelease, JobID: j.ID, LockValue: lv}})
+	j.write(j.pend(pending{kind: wRelease, op: Op{Kind: OpRelease, JobID: j.ID, LockValue: lv}}))
 }
 
 // park stops the actor of a job that waits for its worker, keeping the job
@@ -389,8 +389,8 @@ func (j *Job) park() {
 	// parked value ("…|p") and be refused, harmlessly.
 	j.emit(Forget{LockValue: lv})
 	j.LockValue = ""
-	j.write(&pending{kind: wPark, op: Op{Kind: OpPark, JobID: j.ID, Node: j.cfg.NodeID,
-		LockValue: lv, ParkDue: j.deadline.UnixMilli()}})
+	j.write(j.pend(pending{kind: wPark, op: Op{Kind: OpPark, JobID: j.ID, Node: j.cfg.NodeID,
+		LockValue: lv, ParkDue: j.deadline.UnixMilli()}}))
 }
 
 func (j *Job) parkedAt(r *WriteResult) {

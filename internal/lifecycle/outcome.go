@@ -82,7 +82,7 @@ func (j *Job) onResult(m *Result) {
 		// SUCCEEDED (it may ask a remote checker or store a redacted copy).
 		j.opEpoch++
 		j.busy = true
-		j.outputOwed.fields, j.outputOwed.fx = extra, fx
+		j.outputOwed = &owed{fields: extra, fx: fx}
 		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path})
 		return
 	}
@@ -93,7 +93,7 @@ func (j *Job) onResult(m *Result) {
 	if j.cfg.Debug {
 		fx = append(fx, j.logFx(debug, "job finished", "topic", j.topic(), "state", to))
 	}
-	j.transition(t, nil, &pending{applied: fx})
+	j.transition(t, nil, j.pend(pending{applied: fx}))
 }
 
 func resultFields(res *capv1.JobResult, ptr string) []string {
@@ -120,25 +120,32 @@ func (j *Job) sagaRecord(t *jobstate.Transition, to jobstate.State, reason jobst
 	}
 }
 
+// noneOwed stands in when no result left anything owed (every AskOutput
+// records its own; this only keeps onOutput total).
+var noneOwed owed
+
 // onOutput writes what phase 1 decided: OUTPUT_QUARANTINED (with a DLQ
 // entry and an audit line), or SUCCEEDED with the (possibly redacted)
 // result pointer — and then hands the content scan to the scan pool.
 func (j *Job) onOutput(m *OutputDone) {
 	o := m.Outcome
 	owed := j.outputOwed
-	j.outputOwed.fields, j.outputOwed.fx = nil, nil
+	j.outputOwed = nil
+	if owed == nil {
+		owed = &noneOwed
+	}
 	fields := append(append(resultFields(m.Res.Res, o.ResultPtr), owed.fields...), o.Fields...)
 	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")
 		path := append(m.Path, jobstate.Hop{To: jobstate.StateOutputQuarantined, Reason: jobstate.ReasonOutputQuarantined})
-		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, &pending{applied: append(owed.fx,
+		j.transition(&jobstate.Transition{Expect: expect, Path: path, Fields: fields}, entry, j.pend(pending{applied: append(owed.fx,
 			Count{M: MQuarantined, Label: o.Phase},
 			j.logFx(warn, "audit: output quarantined", "topic", j.topic(), "phase", o.Phase,
 				"rule_id", o.RuleID, "reason", o.Reason),
 			PublishDLQ{Entry: entry},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_OUTPUT_QUARANTINED, Code: jobstate.ReasonOutputQuarantined, Msg: o.Reason},
-		)})
+		)}))
 		return
 	}
 	reason := jobstate.ReasonCompleted
@@ -148,7 +155,7 @@ func (j *Job) onOutput(m *OutputDone) {
 	path := append(m.Path, jobstate.Hop{To: jobstate.StateSucceeded, Reason: reason})
 	t := &jobstate.Transition{Expect: expect, Path: path, Fields: fields}
 	j.sagaRecord(t, jobstate.StateSucceeded, reason)
-	p := &pending{applied: owed.fx}
+	p := j.pend(pending{applied: owed.fx})
 	if !o.ContentChecked {
 		res := m.Res.Res
 		p.applied = append(p.applied, ScanContent{Res: &capv1.JobResult{JobId: j.ID,
@@ -168,10 +175,10 @@ func (j *Job) cancelUnwritten(m *Cancel) {
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason},
 			{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
-		&pending{applied: []Effect{
+		j.pend(pending{applied: []Effect{
 			j.logFx(info, "job cancelled while waiting for capacity", "topic", j.topic(), "by", m.C.GetRequestedBy()),
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, Code: jobstate.ReasonCancelRequested, Msg: m.C.GetReason()},
-		}})
+		}}))
 }
 
 // onCancel moves a live job to CANCELLED. Workers listen on sys.job.cancel
@@ -196,10 +203,10 @@ func (j *Job) onCancel(m *Cancel) {
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
 		Path:   []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
-		&pending{applied: []Effect{
+		j.pend(pending{applied: []Effect{
 			j.logFx(info, "job cancelled", "topic", j.topic(), "by", m.C.GetRequestedBy()),
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, Code: jobstate.ReasonCancelRequested, Msg: m.C.GetReason()},
-		}})
+		}}))
 }
 
 // timeout moves a DISPATCHED or RUNNING job to TIMEOUT and tells its worker.
@@ -215,21 +222,21 @@ func (j *Job) timeout() {
 		j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
 			Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonWorkerLost}},
 			Fields: []string{"error_code", string(why), "error_message", detail}}, entry,
-			&pending{applied: []Effect{
+			j.pend(pending{applied: []Effect{
 				j.logFx(warn, "job failed: its worker was lost", "topic", j.topic(), "worker_id", j.Worker),
 				PublishDLQ{Entry: entry},
 				TellClient{Status: capv1.JobStatus_JOB_STATUS_FAILED, Code: why, Msg: detail},
-			}})
+			}}))
 		return
 	}
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
 		Path: []jobstate.Hop{{To: jobstate.StateTimeout, Reason: why}}, Fields: []string{"error_code", string(why)}}, nil,
-		&pending{applied: []Effect{
+		j.pend(pending{applied: []Effect{
 			Count{M: MTimeouts, Label: string(why)},
 			j.logFx(info, "job timed out", "topic", j.topic(), "reason", why, "worker_id", j.Worker),
 			CancelWorker{Reason: string(why)},
 			TellClient{Status: capv1.JobStatus_JOB_STATUS_TIMEOUT, Code: why, Msg: "the job passed its " + string(why)},
-		}})
+		}}))
 }
 
 // onAbandon: the job's previous actor failed for good; the job is FAILED
@@ -250,5 +257,5 @@ func (j *Job) onAbandon(m *Abandon) {
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
 		Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonActorFailed}},
 		Fields: []string{"error_code", string(jobstate.ReasonActorFailed), "error_message", m.Detail}}, entry,
-		&pending{applied: fx})
+		j.pend(pending{applied: fx}))
 }

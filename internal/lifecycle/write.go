@@ -64,6 +64,30 @@ type deadline struct {
 
 // write hands p's op to the store writer; its outcome comes back as a
 // WriteDone and is decided by written.
+// pend returns v as the job's next write step, in the step the job's last
+// finished write left (a job has at most one write outstanding, so one
+// spare saves an allocation for every write after its first).
+func (j *Job) pend(v pending) *pending {
+	p := j.spare
+	if p == nil {
+		p = new(pending)
+	} else {
+		j.spare = nil
+	}
+	*p = v
+	return p
+}
+
+// recycle keeps p, a write step whose outcome was handled and which is no
+// longer the job's pending one, for the job's next write.
+func (j *Job) recycle(p *pending) {
+	if j.pending == p {
+		return
+	}
+	*p = pending{}
+	j.spare = p
+}
+
 func (j *Job) write(p *pending) { j.writeTry(p, false) }
 
 // writeTry writes p; retry: p's write failed before (RetryNow) and is
@@ -189,7 +213,7 @@ func (j *Job) transition(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pend
 		from = h.To
 	}
 	if p == nil {
-		p = &pending{}
+		p = j.pend(pending{})
 	}
 	t.Op = j.opID()
 	p.kind, p.t = wTransition, t
