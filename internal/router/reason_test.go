@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/lifecycle"
 )
 
 func TestPermanentClassifiesRoutingReasons(t *testing.T) {
@@ -19,7 +20,7 @@ func TestPermanentClassifiesRoutingReasons(t *testing.T) {
 		jobstate.ReasonDispatchFailed:        false,
 		jobstate.Reason("added_later"):       false,
 	} {
-		if got := Permanent(r); got != want {
+		if got := lifecycle.Permanent(r); got != want {
 			t.Errorf("Permanent(%s) = %v, want %v", r, got, want)
 		}
 	}

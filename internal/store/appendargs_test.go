@@ -14,7 +14,7 @@ import (
 // lua/transition.lua document — or a script would read the wrong argument —
 // and keyCount and argCount must fit what is appended.
 func TestAppendedScriptArgsFollowTheScriptsOrder(t *testing.T) {
-	plan := &Transition{Expect: Expect(jobstate.StateDispatched, jobstate.StateRunning),
+	plan := &Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
 		Path:   []Hop{{To: jobstate.StateScheduled, Reason: "r1"}, {To: jobstate.StateDispatched, Reason: "r2"}},
 		Fields: []string{"worker", "w1"}, Op: "op1",
 		Adds: []ShardZAdd{{Suffix: "saga:stack:wf", Score: 1, Member: "m", TrimBelow: 3, TTL: time.Hour}},

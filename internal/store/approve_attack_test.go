@@ -14,7 +14,7 @@ func (b *bundle) holdForApproval(t *testing.T, id string, fields ...string) {
 	t.Helper()
 	b.activate(t, id, "a", true)
 	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: "a", LockValue: "a|1", T: &store.Transition{
-		Expect: store.Expect(jobstate.StatePending), Path: []store.Hop{{To: jobstate.StateApprovalRequired, Reason: "approval_required"}},
+		Expect: jobstate.Expect(jobstate.StatePending), Path: []store.Hop{{To: jobstate.StateApprovalRequired, Reason: "approval_required"}},
 		Release: true, Fields: fields}})
 	if !r.OK() {
 		t.Fatalf("%+v", r)

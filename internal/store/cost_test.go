@@ -116,8 +116,8 @@ func TestHappyPathServerCommandsPerJob(t *testing.T) {
 		if r.Status != store.ActivateCreated || r.State != jobstate.StateDispatched {
 			t.Fatalf("activate %s: %+v", id, r)
 		}
-		r = b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: store.LockValue("n", 1),
-			T: &store.Transition{Expect: store.Expect(jobstate.StateDispatched),
+		r = b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: "n", LockValue: jobstate.LockValue("n", 1),
+			T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
 				Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted},
 					{To: jobstate.StateSucceeded, Reason: jobstate.ReasonCompleted}},
 				Fields: []string{"result_ptr", "p"}}})

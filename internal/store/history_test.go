@@ -31,8 +31,8 @@ func TestHistoryIsKeptInTheRecord(t *testing.T) {
 	if r := b.activate(t, "h1", "b", false); r.Status != store.ActivateAdopted || r.Fence != 2 {
 		t.Fatalf("adoption: %+v", r)
 	}
-	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "h1", Node: "b", LockValue: store.LockValue("b", 2),
-		T: &store.Transition{Expect: store.Expect(jobstate.StateDispatched), Path: []store.Hop{
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "h1", Node: "b", LockValue: jobstate.LockValue("b", 2),
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched), Path: []store.Hop{
 			{To: jobstate.StateRunning, Reason: "started"}, {To: jobstate.StateSucceeded, Reason: "completed"}}}}); !sr.OK() {
 		t.Fatalf("finish: %+v", sr)
 	}
@@ -169,8 +169,8 @@ func TestHistoryNodeOfANewRecordIsItsFirstHops(t *testing.T) {
 	if ok, err := b.s.Client().HExists(ctx, b.s.Keys().Job("hn1"), "hl").Result(); err != nil || ok {
 		t.Fatalf("a new record has field hl (%v, %v)", ok, err)
 	}
-	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "hn1", Node: "a", LockValue: store.LockValue("a", 1),
-		T: &store.Transition{Expect: store.Expect(jobstate.StateDispatched),
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "hn1", Node: "a", LockValue: jobstate.LockValue("a", 1),
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
 			Path: []store.Hop{{To: jobstate.StateRunning, Reason: "started"}}}}); !sr.OK() {
 		t.Fatalf("running: %+v", sr)
 	}
@@ -180,8 +180,8 @@ func TestHistoryNodeOfANewRecordIsItsFirstHops(t *testing.T) {
 	if r := b.activate(t, "hn1", "b", false); r.Status != store.ActivateAdopted || r.Fence != 2 {
 		t.Fatalf("adoption: %+v", r)
 	}
-	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "hn1", Node: "b", LockValue: store.LockValue("b", 2),
-		T: &store.Transition{Expect: store.Expect(jobstate.StateRunning),
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "hn1", Node: "b", LockValue: jobstate.LockValue("b", 2),
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StateRunning),
 			Path: []store.Hop{{To: jobstate.StateSucceeded, Reason: "completed"}}}}); !sr.OK() {
 		t.Fatalf("finish: %+v", sr)
 	}

@@ -18,8 +18,8 @@ func (b *bundle) dispatch(t *testing.T, id, node string) time.Time {
 	t.Helper()
 	b.activate(t, id, node, true)
 	deadline := time.Now().Add(time.Hour).Truncate(time.Millisecond)
-	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: store.LockValue(node, 1),
-		T: &store.Transition{Expect: store.Expect(jobstate.StatePending), Due: deadline.UnixMilli(),
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: jobstate.LockValue(node, 1),
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StatePending), Due: deadline.UnixMilli(),
 			Path:   []store.Hop{{To: jobstate.StateScheduled, Reason: "r"}, {To: jobstate.StateDispatched, Reason: "r"}},
 			Fields: []string{"deadline", time.Now().Add(time.Hour).Format("x")}}})
 	if !r.OK() {
@@ -31,7 +31,7 @@ func (b *bundle) dispatch(t *testing.T, id, node string) time.Time {
 }
 
 func (b *bundle) park(t *testing.T, id, node string, fence int64, due time.Time) *store.Result {
-	return b.do(t, &store.Op{Kind: store.OpPark, JobID: id, Node: node, LockValue: store.LockValue(node, fence),
+	return b.do(t, &store.Op{Kind: store.OpPark, JobID: id, Node: node, LockValue: jobstate.LockValue(node, fence),
 		ParkDue: due.UnixMilli()})
 }
 

@@ -135,7 +135,7 @@ func TestNoScriptIsLoadedAndSentAgain(t *testing.T) {
 
 	// The lock renewer.
 	rn := b.s.NewLockRenewer(nil)
-	rn.Hold("ns1", store.LockValue("a", 1), func(bool) { t.Error("lock ns1 lost") })
+	rn.Hold("ns1", jobstate.LockValue("a", 1), func(bool) { t.Error("lock ns1 lost") })
 	hook.arm()
 	rn.RenewOnce(ctx)
 	if st := rn.Stats(); st.Renewed != 1 || hook.count("evalsha") != 1 {
@@ -144,8 +144,8 @@ func TestNoScriptIsLoadedAndSentAgain(t *testing.T) {
 
 	// The due poller's pops, over every shard.
 	due := time.Now().Add(-time.Second)
-	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "ns1", Node: "a", LockValue: store.LockValue("a", 1),
-		T: &store.Transition{Expect: store.Expect(jobstate.StatePending), Due: due.UnixMilli(),
+	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "ns1", Node: "a", LockValue: jobstate.LockValue("a", 1),
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StatePending), Due: due.UnixMilli(),
 			Path: []store.Hop{{To: jobstate.StateScheduled, Reason: "r"}}}})
 	if !r.OK() {
 		t.Fatalf("transition: %+v", r)

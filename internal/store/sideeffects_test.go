@@ -43,7 +43,7 @@ func TestFencedWriteHasNoSideEffects(t *testing.T) {
 	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "jf", Node: "a", LockValue: "a|1",
 		TenantRelease: tenant,
 		DLQ:           &store.DLQEntry{JobID: "jf", Reason: jobstate.ReasonDispatchTimeout, Message: "stale owner"},
-		T: &store.Transition{Expect: store.Expect(jobstate.StatePending), Op: "stale-op",
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StatePending), Op: "stale-op",
 			Path: []store.Hop{{To: jobstate.StateTimeout, Reason: jobstate.ReasonDispatchTimeout}}}})
 	if r.Step != store.StepFenced {
 		t.Fatalf("stale owner's write: %+v, want FENCED", r)
@@ -58,7 +58,7 @@ func TestFencedWriteHasNoSideEffects(t *testing.T) {
 	r = b.do(t, &store.Op{Kind: store.OpTransition, JobID: "jf", Node: "b", LockValue: "b|2",
 		TenantRelease: tenant,
 		DLQ:           &store.DLQEntry{JobID: "jf", Reason: jobstate.ReasonDispatchTimeout, Message: "owner"},
-		T: &store.Transition{Expect: store.Expect(jobstate.StatePending), Op: "owner-op",
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StatePending), Op: "owner-op",
 			Path: []store.Hop{{To: jobstate.StateTimeout, Reason: jobstate.ReasonDispatchTimeout}}}})
 	if !r.OK() {
 		t.Fatalf("owner's write: %+v", r)
@@ -112,7 +112,7 @@ func TestDLQEntryReachesTheStreamOnceAfterFailures(t *testing.T) {
 		b.activate(t, id, "a", true)
 		return &store.Op{Kind: store.OpTransition, JobID: id, Node: "a", LockValue: "a|1",
 			DLQ: &store.DLQEntry{JobID: id, Reason: jobstate.ReasonDispatchTimeout},
-			T: &store.Transition{Expect: store.Expect(jobstate.StatePending), Op: "op-" + id,
+			T: &store.Transition{Expect: jobstate.Expect(jobstate.StatePending), Op: "op-" + id,
 				Path: []store.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonDispatchTimeout}}}}
 	}
 	submit := func(op *store.Op) *store.Result {
@@ -205,7 +205,7 @@ func TestRetriedTerminalWriteGivesItsTenantSlotBack(t *testing.T) {
 	hook := &faultHook{match: func(c redis.Cmder) bool { return isCmd(c, "zrem", tenant) }}
 	b.s.Client().AddHook(hook)
 	op := &store.Op{Kind: store.OpTransition, JobID: "jt", Node: "a", LockValue: "a|1", TenantRelease: tenant,
-		T: &store.Transition{Expect: store.Expect(jobstate.StatePending), Op: "end",
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StatePending), Op: "end",
 			Path: []store.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonDispatchTimeout}}}}
 	ch := make(chan *store.Result, 1)
 	op.Done = func(r *store.Result) { ch <- r }

@@ -86,7 +86,7 @@ func TestScriptKeysShareOneSlot(t *testing.T) {
 	s := New(rdb, Config{Prefix: "slots:"})
 	ctx := context.Background()
 	k := s.keys
-	plan := &Transition{Expect: Expect(jobstate.StateDispatched, jobstate.StateRunning),
+	plan := &Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
 		Path:   []Hop{{To: jobstate.StateScheduled, Reason: "r"}, {To: jobstate.StateDispatched, Reason: "r"}},
 		Fields: []string{"worker", "w1"}, Op: "op1",
 		Adds: []ShardZAdd{{Suffix: "saga:stack:wf", Score: 1, Member: "m", TTL: time.Hour}, {Suffix: "saga:triggers", Score: 2, Member: "wf"}},

@@ -112,8 +112,6 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	return nil
 }
 
-// LockValue is the value of a job lock held by node under fence.
-func LockValue(node string, fence int64) string { return jobstate.LockValue(node, fence) }
 
 // HistoryEntry is one transition of a job.
 type HistoryEntry struct {

@@ -54,8 +54,8 @@ func (b *bundle) activate(t *testing.T, id, node string, create bool) *store.Res
 }
 
 func (b *bundle) step(t *testing.T, id, node string, fence int64, from, to jobstate.State) *store.Result {
-	return b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: store.LockValue(node, fence),
-		T: &store.Transition{Expect: store.Expect(from), Path: []store.Hop{{To: to, Reason: "test"}}}})
+	return b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: node, LockValue: jobstate.LockValue(node, fence),
+		T: &store.Transition{Expect: jobstate.Expect(from), Path: []store.Hop{{To: to, Reason: "test"}}}})
 }
 
 func TestActivateCreatesOnceAndFencesOtherNodes(t *testing.T) {
@@ -119,7 +119,7 @@ func TestTransitionCompareAndSetAndTerminalRelease(t *testing.T) {
 		t.Fatalf("wrong expected state: %+v", sr)
 	}
 	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "j3", Node: "a", LockValue: "a|1", T: &store.Transition{
-		Expect: store.Expect(jobstate.StatePending),
+		Expect: jobstate.Expect(jobstate.StatePending),
 		Path:   []store.Hop{{To: jobstate.StateScheduled, Reason: "r1"}, {To: jobstate.StateDispatched, Reason: "r2"}},
 		Due:    time.Now().Add(time.Hour).UnixMilli(), Fields: []string{"worker", "w1"}}})
 	if !r.OK() {
@@ -229,7 +229,7 @@ func TestDecideApproval(t *testing.T) {
 		t.Fatal("approved a job that is not waiting for approval")
 	}
 	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "ap", Node: "a", LockValue: "a|1", T: &store.Transition{
-		Expect: store.Expect(jobstate.StatePending), Path: []store.Hop{{To: jobstate.StateApprovalRequired, Reason: "approval_required"}},
+		Expect: jobstate.Expect(jobstate.StatePending), Path: []store.Hop{{To: jobstate.StateApprovalRequired, Reason: "approval_required"}},
 		Release: true, Fields: []string{"job_hash", "h1"}}})
 	if !r.OK() {
 		t.Fatalf("%+v", r)
@@ -397,7 +397,7 @@ func TestSagaShardWritesOfATransitionExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "sw", Node: "a", LockValue: "a|1", T: &store.Transition{
-		Expect: store.Expect(jobstate.StatePending), Path: []store.Hop{{To: jobstate.StateSucceeded, Reason: "done"}},
+		Expect: jobstate.Expect(jobstate.StatePending), Path: []store.Hop{{To: jobstate.StateSucceeded, Reason: "done"}},
 		Adds: []store.ShardZAdd{{Suffix: "stack", Score: 100, Member: "sw", TTL: time.Hour},
 			{Suffix: "trig", Score: 100, Member: "new", TrimBelow: 10, TTL: 2 * time.Hour}},
 		Sets:   []store.ShardHSet{{Suffix: "tmpl", Field: "c:sw", Value: "raw", TTL: time.Hour}},

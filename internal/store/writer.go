@@ -87,8 +87,6 @@ type (
 	ShardHSet  = jobstate.ShardHSet
 )
 
-// Expect joins states for Transition.Expect.
-func Expect(states ...jobstate.State) string { return jobstate.Expect(states...) }
 
 // Op is one unit of work for the Writer.
 type Op struct {

@@ -56,14 +56,14 @@ func activate(b *testing.B, w *store.Writer, id string) *benchJob {
 	if r.Status != store.ActivateCreated {
 		b.Fatalf("activate %s: %s", id, r.Status)
 	}
-	j := &benchJob{id: id, lock: store.LockValue(benchNode, r.Fence), state: jobstate.StatePending}
+	j := &benchJob{id: id, lock: jobstate.LockValue(benchNode, r.Fence), state: jobstate.StatePending}
 	j.step(b, w, jobstate.StateScheduled, nil)
 	return j
 }
 
 func (j *benchJob) step(b *testing.B, w *store.Writer, to jobstate.State, fields []string) {
 	r := do(b, w, &store.Op{Kind: store.OpTransition, JobID: j.id, Node: benchNode, LockValue: j.lock,
-		T: &store.Transition{Expect: store.Expect(j.state), Path: []store.Hop{{To: to, Reason: jobstate.Reason("bench")}},
+		T: &store.Transition{Expect: jobstate.Expect(j.state), Path: []store.Hop{{To: to, Reason: jobstate.Reason("bench")}},
 			Fields: fields}})
 	if !r.OK() {
 		b.Fatalf("%s → %s: %+v", j.state, to, r.Step)
@@ -142,9 +142,9 @@ func BenchmarkJobHappyPath(b *testing.B) {
 			if r.Status != store.ActivateCreated || r.State != jobstate.StateDispatched {
 				b.Fatalf("dispatch %s: %+v", id, r)
 			}
-			lock := store.LockValue(benchNode, r.Fence)
+			lock := jobstate.LockValue(benchNode, r.Fence)
 			r = do(b, w, &store.Op{Kind: store.OpTransition, JobID: id, Node: benchNode, LockValue: lock,
-				T: &store.Transition{Expect: store.Expect(jobstate.StateDispatched),
+				T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
 					Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.Reason("started")},
 						{To: jobstate.StateSucceeded, Reason: jobstate.Reason("completed")}},
 					Fields: []string{"result_ptr", "redis://res:" + id}}})
