@@ -38,7 +38,7 @@ func wanted(from, to jobstate.State) bool {
 func TestEveryTransition(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	s := store.New(env.Redis, store.Config{Prefix: env.KeyPrefix()})
+	s := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
 	ctx := context.Background()
 	if err := s.LoadScripts(ctx); err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestEveryTransition(t *testing.T) {
 			// Put the job in `from` directly, then apply the transition
 			// through the fenced CAS — once from a wrong state (refused),
 			// once from the right one.
-			env.Redis.HSet(ctx, s.Keys().Job(id), "s", string(from))
+			env.Client.HSet(ctx, s.Keys().Job(id), "s", string(from))
 			wrong := jobstate.StatePending
 			if from == jobstate.StatePending {
 				wrong = jobstate.StateRunning
