@@ -407,7 +407,7 @@ func (p *OutputPolicy) CheckMeta(ctx context.Context, req *capv1.OutputCheckRequ
 	if len(findings) == 0 {
 		return p.verdict(capv1.OutputDecision_OUTPUT_DECISION_ALLOW, "", "no finding in metadata"), nil
 	}
-	v := p.verdict(best, "scanner:"+bestScanner, describeFindings(findings)+" in result metadata")
+	v := p.verdict(best, "scanner:"+bestScanner, DescribeFindings(findings)+" in result metadata")
 	v.Findings = findings
 	return v, nil
 }
@@ -455,7 +455,7 @@ func (p *OutputPolicy) ScanContent(ctx context.Context, req *capv1.OutputCheckRe
 	if forceRedact != "" {
 		best, ruleID = capv1.OutputDecision_OUTPUT_DECISION_REDACT, forceRedact
 	}
-	v := p.verdict(best, ruleID, describeFindings(findings)+" in content")
+	v := p.verdict(best, ruleID, DescribeFindings(findings)+" in content")
 	v.Findings = findings
 	if best == capv1.OutputDecision_OUTPUT_DECISION_REDACT {
 		v.Redacted = redact(content, findings)
@@ -463,8 +463,9 @@ func (p *OutputPolicy) ScanContent(ctx context.Context, req *capv1.OutputCheckRe
 	return v, nil
 }
 
-// describeFindings summarises findings by detector: "2 email, 1 aws_access_key".
-func describeFindings(fs []Finding) string {
+// DescribeFindings summarises findings by detector: "2 email, 1
+// aws_access_key" (also the job record's output_*_findings field).
+func DescribeFindings(fs []Finding) string {
 	counts := map[string]int{}
 	var order []string
 	for _, f := range fs {

@@ -7,8 +7,6 @@ package outputgate
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -85,7 +83,7 @@ func (o *Outcome) Fields() []string {
 		f = append(f, p+"skipped", o.Skipped)
 	}
 	if len(o.Findings) > 0 {
-		f = append(f, p+"findings", describeFindings(o.Findings))
+		f = append(f, p+"findings", safety.DescribeFindings(o.Findings))
 	}
 	if o.Redacted {
 		f = append(f, p+"redacted_ptr", o.ResultPtr)
@@ -254,22 +252,4 @@ func (g *Gate) Phase2(ctx context.Context, req *capv1.OutputCheckRequest) Outcom
 		g.storeRedacted(cctx, req, v, &o)
 	}
 	return o
-}
-
-// describeFindings summarises findings by detector: "2 email, 1
-// aws_access_key" (the record's output_*_findings field).
-func describeFindings(fs []safety.Finding) string {
-	counts := map[string]int{}
-	var order []string
-	for _, f := range fs {
-		if counts[f.Detector] == 0 {
-			order = append(order, f.Detector)
-		}
-		counts[f.Detector]++
-	}
-	parts := make([]string, len(order))
-	for i, d := range order {
-		parts[i] = fmt.Sprintf("%d %s", counts[d], d)
-	}
-	return strings.Join(parts, ", ")
 }
