@@ -19,19 +19,26 @@ import (
 // and this node's forwarding inbox, subj.Inbox(nodeID). The subscriptions
 // are returned in that order; the caller unsubscribes them.
 func (in *Intake) Subscribe(nc *nats.Conn, subj bus.Subjects, nodeID string) ([]*nats.Subscription, error) {
-	hb, err := nc.Subscribe(subj.Heartbeat, in.HandleHeartbeat)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe heartbeats: %w", err)
+	var subs []*nats.Subscription
+	for _, s := range []struct {
+		what, subject string
+		handle        nats.MsgHandler
+	}{
+		{"heartbeats", subj.Heartbeat, in.HandleHeartbeat},
+		{"progress", subj.Progress, in.HandleProgress},
+		{"inbox", subj.Inbox(nodeID), in.HandleInbox},
+	} {
+		sub, err := nc.Subscribe(s.subject, s.handle)
+		if err != nil {
+			// Nothing half-subscribed is left behind.
+			for _, done := range subs {
+				_ = done.Unsubscribe()
+			}
+			return nil, fmt.Errorf("subscribe %s: %w", s.what, err)
+		}
+		subs = append(subs, sub)
 	}
-	pr, err := nc.Subscribe(subj.Progress, in.HandleProgress)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe progress: %w", err)
-	}
-	inbox, err := nc.Subscribe(subj.Inbox(nodeID), in.HandleInbox)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe inbox: %w", err)
-	}
-	return []*nats.Subscription{hb, pr, inbox}, nil
+	return subs, nil
 }
 
 // Consume starts the fetch loops (bus.Consume) of the submit, result and
