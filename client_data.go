@@ -14,7 +14,7 @@ import (
 // SubmitPayload stores payload as req's input where CAP workers read it
 // (Redis key ctx:<job_id>, package jobdata), points req's context_ptr at
 // it and submits req. A payload over ClientConfig.MaxPayloadBytes is
-// jobdata.ErrTooLarge, and nothing is submitted.
+// ErrTooLarge, and nothing is submitted.
 func (c *Client) SubmitPayload(ctx context.Context, req *capv1.JobRequest, payload []byte) error {
 	if req.GetJobId() == "" {
 		return errors.New("troupe: client: submit needs a job id")
@@ -32,7 +32,7 @@ func (c *Client) SubmitPayload(ctx context.Context, req *capv1.JobRequest, paylo
 
 // Result returns the bytes of jobID's result where they are kept by CAP's
 // Redis convention (the job's own res:<job_id>, its redacted copy, or the
-// input an echo pointed back at): jobdata.ErrNotHeld for a result pointer
+// input an echo pointed back at): ErrNotHeld for a result pointer
 // to another store, ErrNotFound when the job has no record. The
 // output policy's content scan is not applied: a program reads what its
 // own workers wrote (the admin API shows results redacted).

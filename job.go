@@ -3,6 +3,7 @@ package troupe
 import (
 	"time"
 
+	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/store"
 )
@@ -95,3 +96,26 @@ const (
 // ErrNotFound: the job has no record (not taken by a node yet, or no
 // longer: see Config.Retention).
 var ErrNotFound error = store.ErrNotFound
+
+// Why Node.Decide refused a decision (match with errors.Is).
+var (
+	// ErrNotAwaitingApproval: the job is not in APPROVAL_REQUIRED.
+	ErrNotAwaitingApproval error = store.ErrNotAwaitingApproval
+	// ErrHashMismatch: the hash given is not the job's recorded one.
+	ErrHashMismatch error = store.ErrHashMismatch
+	// ErrAlreadyDecided: another decision was recorded first.
+	ErrAlreadyDecided error = store.ErrAlreadyDecided
+	// ErrNoJobHash: the job has no recorded hash, so no decision could say
+	// what it approved.
+	ErrNoJobHash error = store.ErrNoJobHash
+)
+
+// Why a Client's payload call failed (match with errors.Is).
+var (
+	// ErrTooLarge: the payload is over the job data size cap.
+	ErrTooLarge error = jobdata.ErrTooLarge
+	// ErrNotHeld: the pointer is not one Troupe holds in Redis.
+	ErrNotHeld error = jobdata.ErrNotHeld
+	// ErrMissing: nothing is stored behind the pointer (expired or never written).
+	ErrMissing error = jobdata.ErrMissing
+)

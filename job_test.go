@@ -215,7 +215,7 @@ func TestApprovalPassivatesAndResumesOnlyWithTheRightHash(t *testing.T) {
 	if len(hash) != 64 || r.LockHolder != "" {
 		t.Fatalf("job hash %q, lock %q", hash, r.LockHolder)
 	}
-	if err := f.node.Decide(ctx, "job-approve", troupe.DecisionApproved, "alice", "looks fine", "not-the-hash"); !errors.Is(err, store.ErrHashMismatch) {
+	if err := f.node.Decide(ctx, "job-approve", troupe.DecisionApproved, "alice", "looks fine", "not-the-hash"); !errors.Is(err, troupe.ErrHashMismatch) {
 		t.Fatalf("approval with a stale hash: %v", err)
 	}
 	if err := f.node.Decide(ctx, "job-approve", troupe.DecisionApproved, "alice", "looks fine", hash); err != nil {

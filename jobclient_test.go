@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe"
-	"github.com/troupe-run/troupe/internal/jobdata"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -80,7 +79,7 @@ func TestClientPayloadCapAndWatch(t *testing.T) {
 	t.Cleanup(func() { f.env.Client.Del(context.Background(), "ctx:"+big, "ctx:"+small) })
 
 	err = c.SubmitPayload(ctx, &capv1.JobRequest{JobId: big, Topic: "job.echo"}, []byte(`"more than sixteen bytes"`))
-	if !errors.Is(err, jobdata.ErrTooLarge) {
+	if !errors.Is(err, troupe.ErrTooLarge) {
 		t.Fatalf("oversize payload: %v", err)
 	}
 	if err := c.SubmitPayload(ctx, &capv1.JobRequest{JobId: small, Topic: "job.echo"}, []byte(`{"a":1}`)); err != nil {
