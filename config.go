@@ -82,12 +82,12 @@ type Config struct {
 	Signer *signing.Signer
 	// Verifier, when set, checks the signature of every submit, result,
 	// cancel, heartbeat and progress before the node acts on it; see
-	// intake.Signatures for what happens to a rejected packet.
+	// SECURITY.md, "Packet signatures", for what happens to a rejected packet.
 	Verifier *signing.Verifier
 	// TracerProvider, when set, receives an OpenTelemetry span per job
 	// activation and per state the job passes through (README, "Tracing
 	// with OpenTelemetry"); the node does not shut it down. Build it with
-	// sdktrace.WithIDGenerator(tracing.IDGenerator()) so a job whose client
+	// sdktrace.WithIDGenerator(troupe.TraceIDGenerator()) so a job whose client
 	// sent a CAP trace id but no traceparent keeps that trace id.
 	TracerProvider trace.TracerProvider
 	// OTLPEndpoint, when TracerProvider is nil, makes the node export those

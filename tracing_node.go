@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/troupe-run/troupe/internal/tracing"
 )
 
@@ -46,3 +48,11 @@ func (n *Node) stopTracing(ctx context.Context) {
 		n.log.Warn("tracing: flushing the last spans failed", "err", err)
 	}
 }
+
+// TraceIDGenerator is the OpenTelemetry id generator to build a
+// Config.TracerProvider with (sdktrace.WithIDGenerator): a job whose client
+// sent a CAP trace id but no traceparent then keeps one trace id, derived
+// from the CAP trace id, on every node and activation. With another
+// generator such a job's span starts a trace of its own (the CAP trace id
+// is still its troupe.trace_id attribute).
+func TraceIDGenerator() sdktrace.IDGenerator { return tracing.IDGenerator() }

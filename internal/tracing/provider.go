@@ -93,7 +93,7 @@ func WithTraceID(ctx context.Context, id trace.TraceID) context.Context {
 // takes that trace id. That is how a job whose client sent a CAP trace id
 // but no traceparent keeps the client's trace id. An embedder that passes
 // its own provider (troupe.Config.TracerProvider) gets the same by building
-// it with sdktrace.WithIDGenerator(tracing.IDGenerator()); with another
+// it with sdktrace.WithIDGenerator(troupe.TraceIDGenerator()); with another
 // generator such a job's span starts a trace of its own (the CAP trace id
 // is still its troupe.trace_id attribute).
 func IDGenerator() sdktrace.IDGenerator { return idGenerator{} }
