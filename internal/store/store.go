@@ -112,7 +112,6 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	return nil
 }
 
-
 // HistoryEntry is one transition of a job.
 type HistoryEntry struct {
 	At     time.Time

@@ -87,7 +87,6 @@ type (
 	ShardHSet  = jobstate.ShardHSet
 )
 
-
 // Op is one unit of work for the Writer.
 type Op struct {
 	Kind  OpKind
