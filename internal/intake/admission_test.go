@@ -25,18 +25,8 @@ import (
 // until a renewal round has answered every live lock; then both arrive.
 func TestAdmissionWaitsForLateRenewals(t *testing.T) {
 	env := testenv.New(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
 	if err := st.LoadScripts(ctx); err != nil {
 		t.Fatal(err)
@@ -57,68 +47,12 @@ func TestAdmissionWaitsForLateRenewals(t *testing.T) {
 		t.Fatal("renewer not late")
 	}
 
-	// The job shard: every message the intake routes arrives here.
-	sys := actor.NewActorSystem()
-	defer sys.Shutdown()
-	routed := make(chan string, 10)
-	shard := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-		if d, ok := c.Message().(*supervisor.Deliver); ok {
-			switch m := d.Msg.(type) {
-			case *jobactor.Submit:
-				_ = m.Delivery.Ack()
-				routed <- "submit " + d.JobID
-			case *jobactor.Result:
-				_ = m.Delivery.Ack()
-				routed <- "result " + d.JobID
-			}
-		}
-	}))
-	in := &Intake{Store: st, Log: log, Shards: []*actor.PID{shard}, Env: &jobactor.Env{NodeID: "n1", Log: log,
-		Subjects: subj, Root: sys.Root, Renewer: rn, Publish: func(string, []byte) error { return nil }}}
-
-	// The submit loops' own hold never holds; each call says a loop is
-	// polling the gate.
-	polls := make(chan struct{}, 1000)
-	notHeld := func() bool {
-		select {
-		case polls <- struct{}{}:
-		default:
-		}
-		return false
-	}
-	req, err := bus.EncodeRequest("tr-1", "client", &capv1.JobRequest{JobId: "late-job", Topic: "job.echo"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := bus.EncodeResult("tr-2", "another-node", &capv1.JobResult{JobId: "late-result",
-		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, subj.Submit, req); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, subj.Result, res); err != nil {
-		t.Fatal(err)
-	}
-	if err := in.Consume(ctx, js, prefix, notHeld); err != nil {
-		t.Fatal(err)
-	}
+	rig := startAdmissionRig(t, ctx, env, st, rn, "late-job", "late-result")
 
 	// Every submit loop has asked the gate again and again (the second
 	// starts half a fetch wait late); none took anything.
-	for i := 0; i < 4*bus.FetchLoops+int(bus.FetchMaxWait/bus.HoldPoll); i++ {
-		select {
-		case <-polls:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("the submit loops stopped polling after %d polls", i)
-		}
-	}
-	select {
-	case m := <-routed:
-		t.Fatalf("%s taken while the renewals were late", m)
-	default:
-	}
+	rig.waitPolls(t)
+	rig.noneTaken(t, "while the renewals were late")
 
 	// A round renews the lock: the renewals have caught up, and both
 	// messages are taken.
@@ -129,7 +63,7 @@ func TestAdmissionWaitsForLateRenewals(t *testing.T) {
 	got := map[string]bool{}
 	for len(got) < 2 {
 		select {
-		case m := <-routed:
+		case m := <-rig.routed:
 			got[m] = true
 		case <-time.After(10 * time.Second):
 			t.Fatalf("taken after the renewals caught up: %v, want the submit and the result", got)
@@ -144,53 +78,78 @@ func TestAdmissionWaitsForLateRenewals(t *testing.T) {
 // still come in, since they end jobs — until one lock goes.
 func TestSubmitsWaitWhileMaxLiveLocksAreHeld(t *testing.T) {
 	env := testenv.New(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
 	rn := st.NewLockRenewer(nil) // not started: nothing is renewed, and nothing is late
 	for i := 0; i < MaxLiveLocks; i++ {
 		rn.Hold(fmt.Sprintf("live-%d", i), "n1|1", func(bool) {})
 	}
+	rig := startAdmissionRig(t, ctx, env, st, rn, "one-more", "ending")
+	select {
+	case m := <-rig.routed:
+		if m != "result ending" {
+			t.Fatalf("%s taken at MaxLiveLocks live locks", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the result was not taken at MaxLiveLocks live locks")
+	}
+	rig.waitPolls(t)
+	rig.noneTaken(t, "at MaxLiveLocks live locks")
+	rn.Forget("live-0", "n1|1")
+	select {
+	case m := <-rig.routed:
+		if m != "submit one-more" {
+			t.Fatalf("taken %s", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the submit was not taken once a live lock went")
+	}
+}
+
+// admissionRig is an intake over real streams whose job shard reports every
+// message it is routed, with a submit and a result waiting in the streams.
+type admissionRig struct {
+	routed chan string   // "submit <job id>" or "result <job id>", as routed
+	polls  chan struct{} // one per time a submit loop asked its own hold
+}
+
+// startAdmissionRig publishes a submit of submitID and a result of
+// resultID and starts the intake's fetch loops with renewer rn.
+func startAdmissionRig(t *testing.T, ctx context.Context, env *testenv.Env, st *store.Store, rn *store.LockRenewer,
+	submitID, resultID string) *admissionRig {
+	t.Helper()
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := bus.NewSubjects(env.Prefix)
+	if err := bus.EnsureStreams(ctx, js, env.StreamPrefix(), subj); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := &admissionRig{routed: make(chan string, 10), polls: make(chan struct{}, 1000)}
 	sys := actor.NewActorSystem()
-	defer sys.Shutdown()
-	routed := make(chan string, 10)
+	t.Cleanup(sys.Shutdown)
 	shard := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if d, ok := c.Message().(*supervisor.Deliver); ok {
 			switch m := d.Msg.(type) {
 			case *jobactor.Submit:
 				_ = m.Delivery.Ack()
-				routed <- "submit " + d.JobID
+				r.routed <- "submit " + d.JobID
 			case *jobactor.Result:
 				_ = m.Delivery.Ack()
-				routed <- "result " + d.JobID
+				r.routed <- "result " + d.JobID
 			}
 		}
 	}))
 	in := &Intake{Store: st, Log: log, Shards: []*actor.PID{shard}, Env: &jobactor.Env{NodeID: "n1", Log: log,
 		Subjects: subj, Root: sys.Root, Renewer: rn, Publish: func(string, []byte) error { return nil }}}
-	polls := make(chan struct{}, 1000)
-	notHeld := func() bool {
-		select {
-		case polls <- struct{}{}:
-		default:
-		}
-		return false
-	}
-	req, err := bus.EncodeRequest("tr-1", "client", &capv1.JobRequest{JobId: "one-more", Topic: "job.echo"})
+	req, err := bus.EncodeRequest("tr-1", "client", &capv1.JobRequest{JobId: submitID, Topic: "job.echo"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := bus.EncodeResult("tr-2", "another-node", &capv1.JobResult{JobId: "ending",
+	res, err := bus.EncodeResult("tr-2", "another-node", &capv1.JobResult{JobId: resultID,
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
 	if err != nil {
 		t.Fatal(err)
@@ -201,36 +160,40 @@ func TestSubmitsWaitWhileMaxLiveLocksAreHeld(t *testing.T) {
 	if _, err := js.Publish(ctx, subj.Result, res); err != nil {
 		t.Fatal(err)
 	}
-	if err := in.Consume(ctx, js, prefix, notHeld); err != nil {
+	// The submit loops' own hold never holds; each call says a loop is
+	// polling the gate.
+	notHeld := func() bool {
+		select {
+		case r.polls <- struct{}{}:
+		default:
+		}
+		return false
+	}
+	if err := in.Consume(ctx, js, env.StreamPrefix(), notHeld); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case m := <-routed:
-		if m != "result ending" {
-			t.Fatalf("%s taken at MaxLiveLocks live locks", m)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the result was not taken at MaxLiveLocks live locks")
-	}
+	return r
+}
+
+// waitPolls waits until every submit loop has asked the gate again and
+// again (the second starts half a fetch wait late).
+func (r *admissionRig) waitPolls(t *testing.T) {
+	t.Helper()
 	for i := 0; i < 4*bus.FetchLoops+int(bus.FetchMaxWait/bus.HoldPoll); i++ {
 		select {
-		case <-polls:
+		case <-r.polls:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("the submit loops stopped polling after %d polls", i)
 		}
 	}
+}
+
+// noneTaken fails if a message was routed by now.
+func (r *admissionRig) noneTaken(t *testing.T, when string) {
+	t.Helper()
 	select {
-	case m := <-routed:
-		t.Fatalf("%s taken at MaxLiveLocks live locks", m)
+	case m := <-r.routed:
+		t.Fatalf("%s taken %s", m, when)
 	default:
-	}
-	rn.Forget("live-0", "n1|1")
-	select {
-	case m := <-routed:
-		if m != "submit one-more" {
-			t.Fatalf("taken %s", m)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the submit was not taken once a live lock went")
 	}
 }
