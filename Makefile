@@ -56,10 +56,12 @@ image:
 # a worker paused with free slots, FLUSHALL, a worker killed with started
 # jobs, a stock worker killed, a node and a worker killed together, NATS
 # paused 90 s, streams deleted mid-deletion; about 10 minutes, whatever
-# FAULTS_JOBS says).
+# FAULTS_JOBS says); then the lock renewer under a flooded Writer (alone:
+# it floods its Redis).
 FAULTS_JOBS ?= 10000
 test-faults:
 	TROUPE_FAULTS=1 TROUPE_FAULTS_JOBS=$(FAULTS_JOBS) $(GO) test -count=1 -timeout 30m -v -run 'TestFaultSuite|TestFault(Worker|Node|Flushall|Stock|NATS|StreamDeletedMidDeletion)' ./faults/
+	TROUPE_FAULTS=1 $(GO) test -count=1 -timeout 5m -v -run '^TestRenewerKeepsLocksWhileTheWriterIsFlooded$$' ./internal/store/
 
 # The end-to-end tests again, against the in-process NATS server and the
 # embedded Redis-protocol store, as on a machine with no services.

@@ -57,7 +57,11 @@ func (n *Node) intakePart() part {
 			invalidHB := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_heartbeats_invalid_total",
 				Help: "Heartbeats ignored for an invalid worker id, pool name, labels or other field (intake.ValidateHeartbeat)."})
 			invalidHB, _ = metricsx.Register(n.cfg.Metrics, invalidHB)
-			n.intake = &intake.Intake{Env: n.env, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
+			ownResults := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_results_shared_copies_total",
+				Help: "Results taken from the shared result consumer while every node also hears the result subject, by what became of them: owner (the job's record showed the owning node had handled its copy: acked unread), handled (handled here, or forwarded to the owner)."},
+				[]string{"how"})
+			ownResults, _ = metricsx.Register(n.cfg.Metrics, ownResults)
+			n.intake = &intake.Intake{Env: n.env, OwnResults: ownResults, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
 				DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode,
 				SubmitRoom: n.submitRoom}
 			if n.guard != nil {

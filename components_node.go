@@ -18,6 +18,7 @@ import (
 	"github.com/troupe-run/troupe/internal/jobactor"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/jobtrace"
+	"github.com/troupe-run/troupe/internal/keyslot"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/registry"
@@ -25,6 +26,7 @@ import (
 	"github.com/troupe-run/troupe/internal/saga"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/supervisor"
+	"github.com/troupe-run/troupe/proto/capv1"
 )
 
 // parts lists the node's components in start order; the node stops them in
@@ -58,6 +60,7 @@ func (n *Node) parts() []component {
 		n.routerPart(),        // the pools watcher and the router actor
 		n.snapshotPart(),      // the router's snapshot in Redis
 		n.policyWaitersPart(), // wakes jobs waiting on a policy; Node.Wait's poller
+		n.ratesPart(),         // rate limit buckets
 		n.jobEnvPart(),        // what the job actors share
 		n.resolverPart(),      // forwards events of jobs owned elsewhere
 		n.jobShardsPart(),     // the job supervisors and their actors
@@ -335,7 +338,8 @@ func (n *Node) routerPart() part {
 				path = n.cfg.PoolsFile
 			}
 			watcher, err := router.NewPoolsWatcher(router.PoolsWatcherConfig{Path: path, Base: n.cfg.routing,
-				Mappings: router.NewMappingStore(n.rdb, n.cfg.KeyPrefix), Log: n.log})
+				Mappings: router.NewMappingStore(n.rdb, n.cfg.KeyPrefix), Log: n.log,
+				Extra: n.poolsExtra, OnApply: n.poolsApplied})
 			if err != nil {
 				return err
 			}
@@ -425,14 +429,38 @@ func (n *Node) policyWaitersPart() part {
 
 // jobEnvPart builds what every job actor shares, and its gauges.
 func (n *Node) jobEnvPart() part {
-	return part{name: "job-env", start: func(context.Context) error {
+	var (
+		stopKeys context.CancelFunc
+		keysDone chan struct{}
+	)
+	return part{name: "job-env", stop: func(context.Context) error {
+		if stopKeys != nil {
+			stopKeys()
+			<-keysDone
+		}
+		return nil
+	}, start: func(context.Context) error {
+		if n.keysOn {
+			n.keySlots = keyslot.New(n.rdb, n.store.Keys().Prefix())
+			n.keyWaiters = jobactor.NewKeyWaiters()
+			var ctx context.Context
+			ctx, stopKeys = context.WithCancel(context.Background())
+			keysDone = make(chan struct{})
+			root, kw, slots, log := n.sys.Root, n.keyWaiters, n.keySlots, n.log
+			go func() {
+				defer close(keysDone)
+				kw.Run(ctx, root, slots, func(err error) { log.Warn("concurrency key wakes: subscription lost", "err", err) })
+			}()
+		}
 		n.env = (&jobactor.Env{
 			NodeID: n.cfg.NodeID, Writer: n.writer, Renewer: n.renewer, Router: n.router, Policy: n.cfg.Policy,
 			Subjects: n.subj, Publish: n.nc.Publish, Log: n.log, Root: n.sys.Root,
 			Keys: n.store.Keys(), Wheel: n.wheel, Metrics: jobactor.NewMetrics(n.cfg.Metrics), Timeouts: (*jobactor.Timeouts)(n.cfg.Tuning.Timeouts),
 			Forward: intakeForwarder(n), Redispatch: redispatch(n.cfg.Tuning.NoRedispatchTopics),
-			TenantLimit: tenantLimit(n.cfg.Tuning.TenantLimits),
-			Output:      n.outputGate(), Scans: n.scans,
+			Retry:       n.retryPolicy,
+			TenantLimit: tenantLimit(n.cfg.Tuning.TenantLimits), Rates: n.rates,
+			KeyLimit: n.keyLimitNow(), KeySlots: n.keySlots, KeyWaiters: n.keyWaiters,
+			Output: n.outputGate(), Scans: n.scans,
 			Tuning: n.cfg.Tuning.jobs(), Backoff: n.cfg.backoff,
 			Connected: n.nc.IsConnected, SafetyWaiters: n.safetyWaiters,
 			DispatchStamp: n.beats.Stamp,
@@ -470,7 +498,7 @@ func (n *Node) resolverPart() part {
 func (n *Node) jobShardsPart() part {
 	return part{name: "job-shards",
 		start: func(context.Context) error {
-			onPool := actor.WithDispatcher(n.dispatcher)
+			onPool := supervisor.OnPool(n.dispatcher)
 			tc := jobtrace.Config{Enabled: n.cfg.Tuning.JobTrace}
 			tc.Redis, tc.Keys, tc.NodeID, tc.Retention = n.rdb, n.store.Keys(), n.cfg.NodeID, n.store.Retention()
 			tc.Log, tc.Metrics, tc.Origin = n.log, n.cfg.Metrics, jobactor.TraceOrigin
@@ -662,7 +690,7 @@ func (n *Node) duePart() part {
 				stale = nil
 			}
 			n.due = &recovery.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.Tuning.DuePoll,
-				Stale: stale, Slack: n.cfg.Tuning.DueSlack}
+				Stale: stale, Slack: n.cfg.Tuning.DueSlack, Housekeep: n.repairKeySlots}
 			n.due.Start()
 			return nil
 		},
@@ -678,4 +706,14 @@ func (n *Node) sagasPart() part {
 			return err
 		},
 		stop: func(ctx context.Context) error { return n.sagas.Stop(ctx) }}
+}
+
+// retryPolicies is each job's retry policy: its topic's (pools.yaml key
+// retries), overridden by its meta.labels (intake refused labels that do
+// not parse; such a job keeps its topic's).
+func retryPolicies(topics map[string]jobstate.RetryPolicy) func(req *capv1.JobRequest) jobstate.RetryPolicy {
+	return func(req *capv1.JobRequest) jobstate.RetryPolicy {
+		p, _ := jobstate.RetryPolicyOf(req, topics[req.GetTopic()])
+		return p
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/ratelimit"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/safety"
 	"github.com/troupe-run/troupe/signing"
@@ -108,6 +109,8 @@ type Config struct {
 
 	// routing is Pools or PoolsFile in the router's form (NewNode).
 	routing *router.PoolConfig
+	// rates are the rate limit buckets of Pools or PoolsFile (NewNode).
+	rates *ratelimit.Spec
 
 	// backoff overrides the scheduling retry delay (tests: SetBackoff).
 	backoff func(attempt int) time.Duration

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/supervisor"
 )
 
@@ -27,6 +28,9 @@ func (n *Node) ParkedInMemory() (int, error) {
 	}
 	return total, nil
 }
+
+// RenewStats is the node's lock renewer's counts.
+func (n *Node) RenewStats() store.RenewStats { return n.renewer.Stats() }
 
 // Admitting is the node's count of jobs taken from the submit stream and
 // not yet dispatched, written as waiting, or finished.

@@ -71,16 +71,18 @@ type ClientConfig struct {
 //	rec, err := c.Wait(ctx, "hello-1")
 type Client struct {
 	// Immutable after NewClient.
-	cfg    ClientConfig
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	rdb    redis.UniversalClient
-	store  *store.Store
-	data   *jobdata.Store
-	subj   bus.Subjects
-	enc    bus.Encoder
-	ownNC  bool
-	ownRDB bool
+	cfg ClientConfig
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	// batchJS is SubmitBatch's: its own async publish window and ack timeout.
+	batchJS jetstream.JetStream
+	rdb     redis.UniversalClient
+	store   *store.Store
+	data    *jobdata.Store
+	subj    bus.Subjects
+	enc     bus.Encoder
+	ownNC   bool
+	ownRDB  bool
 }
 
 // NewClient connects to NATS and Redis (or takes the connections given).
@@ -119,6 +121,11 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("troupe: client: jetstream: %w", err)
 	}
 	c.js = js
+	if c.batchJS, err = jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(64*submitBatchWindow),
+		jetstream.WithPublishAsyncTimeout(submitBatchAckWait)); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("troupe: client: jetstream: %w", err)
+	}
 	c.rdb = cfg.Redis
 	if c.rdb == nil {
 		rdb, err := connect.DialRedis(ctx, cfg.RedisURL, cfg.RedisAuth.conn())
@@ -158,6 +165,71 @@ func (c *Client) Submit(ctx context.Context, req *capv1.JobRequest) error {
 		return fmt.Errorf("troupe: client: submit %s: %w", req.JobId, err)
 	}
 	return nil
+}
+
+// submitBatchWindow bounds the publishes of one SubmitBatch awaiting their
+// JetStream ack at once; submitBatchAckWait bounds the wait for one ack.
+const (
+	submitBatchWindow  = 1024
+	submitBatchAckWait = 10 * time.Second
+)
+
+// SubmitBatch submits many jobs at once: each request goes out as its own
+// packet on the submit subject, exactly as Submit sends it (a node, or any
+// CAP consumer, sees N ordinary submits), but the publishes are pipelined
+// and the call waits once for all their JetStream acks instead of once per
+// job. It returns nil when JetStream has every job; otherwise an error
+// joining one error per job that was not submitted (a request with no job
+// id, one that does not encode, one whose publish failed), each naming the
+// job's index and id — the other jobs are submitted regardless. Sending a
+// batch again is safe: a node creates each job id once.
+func (c *Client) SubmitBatch(ctx context.Context, reqs []*capv1.JobRequest) error {
+	type sent struct {
+		i   int
+		ack jetstream.PubAckFuture
+	}
+	var errs []error
+	fail := func(i int, id string, err error) {
+		errs = append(errs, fmt.Errorf("troupe: client: batch item %d (job %q): %w", i, id, err))
+	}
+	window := make([]sent, 0, min(len(reqs), submitBatchWindow))
+	drain := func() {
+		for _, s := range window {
+			select {
+			case <-s.ack.Ok():
+			case err := <-s.ack.Err():
+				fail(s.i, reqs[s.i].GetJobId(), err)
+			case <-ctx.Done():
+				fail(s.i, reqs[s.i].GetJobId(), ctx.Err())
+			}
+		}
+		window = window[:0]
+	}
+	for i, req := range reqs {
+		if req.GetJobId() == "" {
+			fail(i, "", errors.New("no job id"))
+			continue
+		}
+		if ctx.Err() != nil {
+			fail(i, req.JobId, ctx.Err())
+			continue
+		}
+		data, err := c.enc.Request(req.JobId, c.cfg.Sender, req)
+		if err != nil {
+			fail(i, req.JobId, err)
+			continue
+		}
+		ack, err := c.batchJS.PublishAsync(c.subj.Submit, data)
+		if err != nil {
+			fail(i, req.JobId, err)
+			continue
+		}
+		if window = append(window, sent{i: i, ack: ack}); len(window) == submitBatchWindow {
+			drain()
+		}
+	}
+	drain()
+	return errors.Join(errs...)
 }
 
 // Cancel publishes a JobCancel for jobID (JetStream, so a node takes it

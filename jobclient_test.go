@@ -3,11 +3,14 @@ package troupe_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -101,5 +104,66 @@ func TestClientPayloadCapAndWatch(t *testing.T) {
 	// The oversize job was never submitted.
 	if _, err := c.Job(ctx, big); !errors.Is(err, troupe.ErrNotFound) {
 		t.Fatalf("oversize job: %v", err)
+	}
+}
+
+// SubmitBatch submits every good job of a batch exactly once, reports the
+// item it could not send (no job id) by index without holding back the
+// rest, leaves the node to dead-letter the one it refuses (a bad id), and a
+// second send of the same batch runs no job again.
+func TestClientSubmitBatchSubmitsEachJobOnceAndReportsBadItems(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	rec := newReceipts()
+	f.startWorker("w1", true, rec, worker.Echo)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := troupe.NewClient(ctx, troupe.ClientConfig{NATSURL: f.env.NATSURL, RedisURL: f.env.RedisURL,
+		KeyPrefix: f.env.KeyPrefix(), SubjectPrefix: f.env.Prefix, WaitPoll: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	const good = 300
+	var batch []*capv1.JobRequest
+	for i := range good {
+		batch = append(batch, &capv1.JobRequest{JobId: fmt.Sprintf("batch-%d", i), Topic: "job.echo"})
+		if i == 100 {
+			batch = append(batch, &capv1.JobRequest{Topic: "job.echo"}) // index 101: no job id
+		}
+		if i == 200 {
+			batch = append(batch, &capv1.JobRequest{JobId: "batch bad*>", Topic: "job.echo"}) // the node refuses it
+		}
+	}
+	check := func(err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "batch item 101 ") || !strings.Contains(err.Error(), "no job id") ||
+			strings.Count(err.Error(), "batch item") != 1 {
+			t.Fatalf("batch error: want exactly item 101 without a job id, got %v", err)
+		}
+	}
+	check(c.SubmitBatch(ctx, batch))
+	for i := range good {
+		if j, err := c.Wait(ctx, fmt.Sprintf("batch-%d", i)); err != nil || j.State != troupe.StateSucceeded {
+			t.Fatalf("batch-%d: %v %+v", i, err, j)
+		}
+	}
+	f.waitDLQ(func(e store.DLQEntry) bool {
+		return e.Reason == jobstate.ReasonInvalidRequest && e.JobID == "batch bad*>"
+	})
+
+	// Sent again: the node takes every packet (none left pending) and
+	// creates no job a second time.
+	check(c.SubmitBatch(ctx, batch))
+	waitNoPending(t, f.js, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
+	for i := range good {
+		id := fmt.Sprintf("batch-%d", i)
+		if n := rec.count(id); n != 1 {
+			t.Fatalf("%s received %d times, want once", id, n)
+		}
+		if j, err := c.Job(ctx, id); err != nil || j.State != troupe.StateSucceeded {
+			t.Fatalf("%s after the resend: %v %+v", id, err, j)
+		}
 	}
 }

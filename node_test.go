@@ -33,6 +33,22 @@ type fixture struct {
 	node *troupe.Node
 	subj bus.Subjects
 	js   jetstream.JetStream
+	// beat is startWorker's heartbeat interval (workerBeat).
+	beat time.Duration
+}
+
+// workerBeat is the heartbeat interval of the fixture's workers under a
+// node whose worker TTL is ttl: 1 s, or a tenth of a shorter TTL. A worker
+// beating once per window is stale for the last quarter of every interval:
+// `troupe worker` drops a dispatch that reaches it 0.75 window after the
+// beat its node stamped it with (worker.StaleDispatch), and the node evicts
+// it whenever a beat arrives late. At a tenth, only a stall of 0.65 window
+// of the worker's own heartbeats or of the dispatch's path does that.
+func workerBeat(ttl time.Duration) time.Duration {
+	if ttl > 0 && ttl/10 < time.Second {
+		return ttl / 10
+	}
+	return time.Second
 }
 
 const testPools = `
@@ -83,7 +99,7 @@ func newFixtureIn(t *testing.T, env *testenv.Env, mutate func(*troupe.Config)) *
 	}
 	t.Cleanup(func() { _ = node.Stop(context.Background()) })
 	js, _ := jetstream.New(env.NATS)
-	return &fixture{t: t, env: env, node: node, subj: node.Subjects(), js: js}
+	return &fixture{t: t, env: env, node: node, subj: node.Subjects(), js: js, beat: workerBeat(cfg.Tuning.WorkerTTL)}
 }
 
 // receipts counts job receipts per job id across workers.
@@ -114,10 +130,20 @@ func (r *receipts) count(id string) int {
 
 func (f *fixture) startWorker(id string, direct bool, rec *receipts, h worker.Handler) *worker.Worker {
 	f.t.Helper()
+	return f.startWorkerWith(id, direct, rec, h, nil)
+}
+
+// startWorkerWith is startWorker with mutate applied to the worker's config.
+func (f *fixture) startWorkerWith(id string, direct bool, rec *receipts, h worker.Handler,
+	mutate func(*worker.Config)) *worker.Worker {
+	f.t.Helper()
 	cfg := worker.Config{ID: id, Pool: "echo", Topics: []string{"job.echo"}, Direct: direct,
-		SubjectPrefix: f.subj.Prefix(), Handler: h, Heartbeat: time.Second}
+		SubjectPrefix: f.subj.Prefix(), Handler: h, Heartbeat: f.beat}
 	if rec != nil {
 		cfg.OnReceive = rec.hook
+	}
+	if mutate != nil {
+		mutate(&cfg)
 	}
 	w, err := worker.Start(f.env.NATS, cfg)
 	if err != nil {

@@ -216,7 +216,7 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, func(c *troupe.Config) {
 		parkFast(c)
-		c.Tuning.WorkerTTL = time.Second
+		c.Tuning.WorkerTTL = evictTTL
 	})
 	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
@@ -227,7 +227,7 @@ func TestParkedJobOfAnEvictedWorkerIsDispatchedElsewhere(t *testing.T) {
 	waitParked(t, f.node, 1)
 	die() // the worker dies holding the parked job
 	rec := newReceipts()
-	f.startWorker("survivor", true, rec, worker.Echo)
+	startSurvivor(f, rec)
 	r := f.waitState("job-park-evict", jobstate.StateSucceeded)
 	if !redispatched.MatchString(reasons(r.History)) || r.Worker != "survivor" {
 		t.Fatalf("history %s worker %s", reasons(r.History), r.Worker)

@@ -1,10 +1,16 @@
 package troupe
 
 import (
+	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/ratelimit"
 	"github.com/troupe-run/troupe/internal/registry"
 	"github.com/troupe-run/troupe/internal/router"
+	"github.com/troupe-run/troupe/proto/capv1"
 )
 
 // Pool names of DefaultPools.
@@ -24,6 +30,18 @@ type Pools struct {
 	Topics map[string][]string
 	// Pools are the pools by name.
 	Pools map[string]Pool
+
+	// keys keeps a parsed file's concurrency_keys (README, "Concurrency
+	// keys"); read when the node starts.
+	keys map[string]router.KeyLimit
+
+	// retries keeps a parsed file's retry policies per topic (pools.yaml
+	// key retries; README, "Retries").
+	retries map[string]jobstate.RetryPolicy
+
+	// rates are the pools.yaml's rate limit buckets (section rate_limits;
+	// nil: none), read when the node starts.
+	rates *ratelimit.Spec
 }
 
 // Pool is one pool of Pools.
@@ -71,12 +89,19 @@ func ParsePools(yaml []byte) (*Pools, error) {
 	if err != nil {
 		return nil, err
 	}
-	return poolsFrom(pc), nil
+	rates, err := ratelimit.Parse(yaml)
+	if err != nil {
+		return nil, err
+	}
+	p := poolsFrom(pc)
+	p.rates = rates
+	return p, nil
 }
 
 // poolsFrom is the public form of a parsed routing config.
 func poolsFrom(pc *router.PoolConfig) *Pools {
-	p := &Pools{Topics: pc.Topics, Pools: make(map[string]Pool, len(pc.Pools))}
+	p := &Pools{Topics: pc.Topics, Pools: make(map[string]Pool, len(pc.Pools)), keys: pc.Keys,
+		retries: pc.Retries}
 	for name, rp := range pc.Pools {
 		p.Pools[name] = Pool{Requires: rp.Requires, Dispatch: string(rp.Dispatch), overload: rp.Overload}
 	}
@@ -86,7 +111,8 @@ func poolsFrom(pc *router.PoolConfig) *Pools {
 // routing is the router's form of p (a fresh value: the router and the
 // pools watcher share it; the caller's maps are copied).
 func (p *Pools) routing() *router.PoolConfig {
-	pc := &router.PoolConfig{Topics: make(map[string][]string, len(p.Topics)), Pools: make(map[string]router.Pool, len(p.Pools))}
+	pc := &router.PoolConfig{Topics: make(map[string][]string, len(p.Topics)), Pools: make(map[string]router.Pool, len(p.Pools)),
+		Keys: p.keys, Retries: maps.Clone(p.retries)}
 	for t, ps := range p.Topics {
 		pc.Topics[t] = slices.Clone(ps)
 	}
@@ -95,4 +121,94 @@ func (p *Pools) routing() *router.PoolConfig {
 			Overload: pl.overload}
 	}
 	return pc
+}
+
+// poolsReload is what a pools reload (the pools file changed, SIGHUP,
+// Node.ReloadPools) changes beside the router's routing: the retry
+// policies and concurrency key limits the job core reads on each use, and
+// the rate limit buckets. The core's functions read cur, so a reload needs
+// no new core config; a job keeps the retry policy it read when it started.
+type poolsReload struct {
+	cur atomic.Pointer[poolsNow]
+	// mu orders Apply on the limiter with its creation (ratesPart) and
+	// guards what follows. spec is the last pools file's buckets (a node
+	// built from Config.Pools keeps its own), poolsKeys its concurrency
+	// keys; policyRates and policyKeys the policy file's (policy_limits.go);
+	// applied the buckets last given to the limiter.
+	mu          sync.Mutex
+	spec        *ratelimit.Spec
+	poolsKeys   map[string]router.KeyLimit
+	policyRates *ratelimit.Spec
+	policyKeys  map[string]router.KeyLimit
+	applied     *ratelimit.Spec
+}
+
+type poolsNow struct {
+	retry    func(*capv1.JobRequest) jobstate.RetryPolicy
+	keyLimit func(string) (int, string)
+}
+
+// poolsApplied is the pools watcher's OnApply: every config it loads or
+// applies, with the file's rate limit buckets (extra).
+func (n *Node) poolsApplied(cfg *router.PoolConfig, extra any) {
+	n.reload.mu.Lock()
+	defer n.reload.mu.Unlock()
+	n.reload.poolsKeys = cfg.Keys
+	if n.poolsFromFile {
+		n.reload.spec, _ = extra.(*ratelimit.Spec)
+	}
+	n.applyLimitsLocked(retryPolicies(cfg.Retries), "pools reload")
+}
+
+// poolsExtra is the pools watcher's Extra: a pools file's buckets, refused
+// (the whole file) when they or its keys conflict with the policy file's.
+func (n *Node) poolsExtra(data []byte) (any, error) {
+	spec, err := ratelimit.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := router.ParseKeys(data)
+	if err != nil {
+		return nil, err
+	}
+	n.reload.mu.Lock()
+	defer n.reload.mu.Unlock()
+	if err := checkLimits(spec, n.reload.policyRates, keys, n.reload.policyKeys); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// rateSpec is the buckets the limiter starts with.
+func (n *Node) rateSpec() *ratelimit.Spec {
+	spec := n.rateSpecLocked()
+	n.reload.applied = spec
+	return spec
+}
+
+// retryPolicy is the job core's Config.Retry: the policy of the pools in
+// force.
+func (n *Node) retryPolicy(req *capv1.JobRequest) jobstate.RetryPolicy {
+	if c := n.reload.cur.Load(); c != nil {
+		return c.retry(req)
+	}
+	return retryPolicies(n.cfg.routing.Retries)(req)
+}
+
+// keyLimitNow is the job core's Config.KeyLimit: the limits of the pools and
+// policy in force. nil (keys ignored) when the node started without
+// concurrency_keys in either:
+// their slots and wakes start with the node, so keys a reload adds need a
+// restart.
+func (n *Node) keyLimitNow() func(string) (int, string) {
+	if !n.keysOn {
+		return nil
+	}
+	return func(key string) (int, string) {
+		c := n.reload.cur.Load()
+		if c == nil || c.keyLimit == nil {
+			return 0, "" // a reload removed every key's limit
+		}
+		return c.keyLimit(key)
+	}
 }

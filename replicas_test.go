@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 
@@ -18,15 +19,75 @@ import (
 	"github.com/troupe-run/troupe/worker"
 )
 
-// Two replicas share one durable consumer per stream, so a result often
-// lands on the replica that does not own its job. It must be forwarded to
-// the owner and applied at once, not bounced through JetStream redelivery,
-// and without a job actor on the replica that got it (supervisor.Resolver).
+// Three replicas share the result stream's consumer, so two results in
+// three land on a replica that does not own their job; every node also
+// hears every result on the result subject and keeps its own jobs', and
+// the shared copy is acked once the job's record shows it handled (intake
+// own.go). Forwards stay at or below 0.1 per job (issue 33),
+// and each job runs once and ends once.
 func TestResultsReachTheOwningReplica(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	a := f.node
-	b := newNodeOn(t, f, "node-b")
+	nodes := []*troupe.Node{f.node, newNodeOn(t, f, "node-b"), newNodeOn(t, f, "node-c")}
+	const jobs = 300
+	owners, forwarded := replicaRun(t, f, nodes, "own", jobs)
+	byOwner, handled := 0.0, 0.0
+	for _, n := range nodes {
+		byOwner += counter(t, n, "troupe_results_shared_copies_total", "owner")
+		handled += counter(t, n, "troupe_results_shared_copies_total", "handled")
+	}
+	t.Logf("%d jobs, owners %v; shared copies acked for their owner %v, handled as before %v; forwards %v (%.3f per job)",
+		jobs, owners, byOwner, handled, forwarded, forwarded/jobs)
+	if len(owners) < 2 {
+		t.Fatalf("one replica took every job: %v", owners)
+	}
+	if byOwner == 0 {
+		t.Fatal("no shared copy was acked for its owner: the nodes' own result subscriptions did nothing")
+	}
+	if forwarded/jobs > 0.1 {
+		t.Fatalf("%v forwards for %d jobs: %.3f per job, want at most 0.1", forwarded, jobs, forwarded/jobs)
+	}
+}
+
+// Without the processed-message guard (the minimal configuration) a node
+// does not hear the result subject itself: the shared consumer alone
+// carries results, and a result for another
+// replica's job is forwarded to its owner straight from a lock read, with
+// no job actor on the replica that got it (supervisor.Resolver), and
+// applied at once, not bounced through JetStream redelivery.
+func TestResultsForwardedToTheOwningReplicaWithoutOwnConsumers(t *testing.T) {
+	t.Parallel()
+	noGuard := func(c *troupe.Config) { c.Tuning.NoProcessedGuard = true }
+	f := newFixture(t, noGuard)
+	nodes := []*troupe.Node{f.node, newNodeOn(t, f, "node-b", noGuard)}
+	const jobs = 200
+	owners, taken := replicaRun(t, f, nodes, "rep", jobs)
+	t.Logf("%d jobs, owners %v, results forwarded to their owner: %v", jobs, owners, taken)
+	if len(owners) < 2 {
+		t.Fatalf("one replica took every job: %v", owners)
+	}
+	if taken == 0 {
+		t.Fatal("no result was forwarded although both replicas own jobs")
+	}
+	// Every forward comes from a read of the job's lock, with no job actor:
+	// no activation finds the job busy on the other replica.
+	unspawned, busy := 0.0, 0.0
+	for _, n := range nodes {
+		unspawned += counter(t, n, "troupe_events_forwarded_unspawned_total", "")
+		busy += counter(t, n, "troupe_job_activations_busy_total", "")
+	}
+	if unspawned != taken || busy != 0 {
+		t.Fatalf("%v results forwarded, %v of them without an actor; %v busy activations (want all, and 0)", taken, unspawned, busy)
+	}
+}
+
+// replicaRun runs jobs echo jobs (ids prefix-<i>) on three direct workers
+// with nodes sharing the work; each job must be received once and succeed.
+// It returns the jobs per creating node and the results and cancels the
+// nodes forwarded (taken or handed back), read once every result's shared
+// copy is settled.
+func replicaRun(t *testing.T, f *fixture, nodes []*troupe.Node, prefix string, jobs int) (map[string]int, float64) {
+	t.Helper()
 	rec := newReceipts()
 	for i := 0; i < 3; i++ {
 		w, err := worker.Start(f.env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
@@ -36,37 +97,43 @@ func TestResultsReachTheOwningReplica(t *testing.T) {
 		}
 		defer w.Stop()
 	}
-	waitLive(t, a, 3)
-	waitLive(t, b, 3)
-	const jobs = 200
-	start := time.Now()
+	for _, n := range nodes {
+		waitLive(t, n, 3)
+	}
 	for i := 0; i < jobs; i++ {
-		f.submit(echoReq(fmt.Sprintf("rep-%d", i)))
+		f.submit(echoReq(fmt.Sprintf("%s-%d", prefix, i)))
 	}
 	owners := map[string]int{}
 	for i := 0; i < jobs; i++ {
-		r := f.waitState(fmt.Sprintf("rep-%d", i), jobstate.StateSucceeded)
+		r := f.waitState(fmt.Sprintf("%s-%d", prefix, i), jobstate.StateSucceeded)
 		owners[r.History[0].Node]++
 		if n := rec.count(r.ID); n != 1 {
 			t.Fatalf("%s received %d times", r.ID, n)
 		}
 	}
-	taken := counter(t, a, "troupe_events_forwarded_total", "taken") + counter(t, b, "troupe_events_forwarded_total", "taken")
-	t.Logf("%d jobs in %v, owners %v, results forwarded to their owner: %v", jobs, time.Since(start), owners, taken)
-	if owners["node-a"] == 0 || owners["node-b"] == 0 {
-		t.Fatalf("one replica took every job: %v", owners)
+	// The shared copies settle after their jobs end (own.go reads the
+	// job's record a little later): wait until the result stream's shared
+	// consumer has none pending, so every forward is counted.
+	js, err := jetstream.New(f.env.NATS)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if taken == 0 {
-		t.Fatal("no result was forwarded although both replicas own jobs")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		c, err := js.Consumer(context.Background(), bus.StreamName(f.env.StreamPrefix(), bus.StreamResult), bus.ConsumerName(bus.StreamResult))
+		if err == nil {
+			if info, err := c.Info(context.Background()); err == nil && info.NumAckPending == 0 && info.NumPending == 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the shared result consumer never settled its copies")
+		}
 	}
-	// Every forward comes from a read of the job's lock, with no job actor:
-	// no activation finds the job busy on the other replica.
-	unspawned := counter(t, a, "troupe_events_forwarded_unspawned_total", "") +
-		counter(t, b, "troupe_events_forwarded_unspawned_total", "")
-	busy := counter(t, a, "troupe_job_activations_busy_total", "") + counter(t, b, "troupe_job_activations_busy_total", "")
-	if unspawned != taken || busy != 0 {
-		t.Fatalf("%v results forwarded, %v of them without an actor; %v busy activations (want all, and 0)", taken, unspawned, busy)
+	forwarded := 0.0
+	for _, n := range nodes {
+		forwarded += counter(t, n, "troupe_events_forwarded_total", "taken") + counter(t, n, "troupe_events_forwarded_total", "returned")
 	}
+	return owners, forwarded
 }
 
 // waitLive waits until node n's router sees want live workers.
@@ -203,8 +270,11 @@ func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 		"created", time.Now().UnixMilli(), "node", "ghost")
 	f.env.Redis.Set(ctx, keys.Lock("orphan-1"), "ghost|1", time.Millisecond) // a lease runs 2 lock TTLs: the lock is gone first
 	f.env.Redis.ZAdd(ctx, keys.Leases(store.Shard("orphan-1")), redis.Z{Score: float64(time.Now().Add(-time.Second).UnixMilli()), Member: "orphan-1"})
-	// Adopted: node-a holds the lock with a new fence, and counts it.
-	deadlineT := time.Now().Add(10 * time.Second)
+	// Adopted: node-a holds the lock with a new fence, and counts it. The
+	// bound is generous, not the expectation: each due tick may take its
+	// 1 s budget on a loaded embedded store, and 10 s ran out once in 8
+	// runs at load ~13 with -race (the passes took up to 8.8 s in all).
+	deadlineT := time.Now().Add(time.Minute)
 	for {
 		if holder := f.env.Redis.Get(ctx, keys.Lock("orphan-1")).Val(); strings.HasPrefix(holder, "node-a|") {
 			break
@@ -228,7 +298,12 @@ func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 	if last := r.History[len(r.History)-1]; last.Node != "node-a" {
 		t.Fatalf("finished by %s", last.Node)
 	}
+	// The ghost's lease (in the lease set of a node of the version before)
+	// and the adopter's (in the due set) are both gone.
 	if n, _ := f.env.Redis.ZScore(ctx, keys.Leases(store.Shard("orphan-1")), "orphan-1").Result(); n != 0 {
 		t.Fatal("lease left behind by a terminal job")
+	}
+	if n, _ := f.env.Redis.ZScore(ctx, keys.Due(store.Shard("orphan-1")), store.LeaseMember("orphan-1")).Result(); n != 0 {
+		t.Fatal("the adopter's lease left behind by a terminal job")
 	}
 }

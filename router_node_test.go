@@ -20,6 +20,24 @@ import (
 	"github.com/troupe-run/troupe/worker"
 )
 
+// evictTTL is the worker TTL of the tests where a worker dies holding a
+// job that must go to a survivor: short, so the dead worker is evicted
+// quickly, yet twice the 1 s that made them fail 3 in 80 at load ~20: the
+// survivor dropped its dispatch as stale (worker.StaleDispatch: 0.75 of
+// the window after the beat it was stamped with, which a ~750 ms stall of
+// the test process reaches) and, beating every second into a 1 s window,
+// flapped between live and evicted.
+const evictTTL = 2 * time.Second
+
+// startSurvivor starts the worker that must take over a dead worker's
+// job. It dedupes, so a dispatch it drops as stale after a stall of the
+// test process is repeated until it arrives (the node's own answer to a
+// dropped dispatch), not left to the dispatch timeout.
+func startSurvivor(f *fixture, rec *receipts) {
+	f.t.Helper()
+	f.startWorkerWith("survivor", true, rec, worker.Echo, func(c *worker.Config) { c.Dedupe = true })
+}
+
 // redispatched matches a history that goes back to SCHEDULED for the lost
 // worker and is dispatched again, with any waits between.
 var redispatched = regexp.MustCompile(`SCHEDULED:worker_lost (SCHEDULED:[a-z_]+ )*DISPATCHED:dispatched`)
@@ -29,7 +47,7 @@ var redispatched = regexp.MustCompile(`SCHEDULED:worker_lost (SCHEDULED:[a-z_]+ 
 // worker, not a dispatch timeout.
 func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(c *troupe.Config) { c.Tuning.WorkerTTL = time.Second })
+	f := newFixture(t, func(c *troupe.Config) { c.Tuning.WorkerTTL = evictTTL })
 	got, die := f.doomedWorker("doomed")
 	f.waitWorkers(1)
 	f.submit(echoReq("job-orphan"))
@@ -38,7 +56,7 @@ func TestEvictedWorkersJobsAreDispatchedElsewhere(t *testing.T) {
 	}
 	die() // the worker dies holding the job
 	rec := newReceipts()
-	f.startWorker("survivor", true, rec, worker.Echo)
+	startSurvivor(f, rec)
 	r := f.waitState("job-orphan", jobstate.StateSucceeded)
 	// Re-placed after the loss; it may wait a moment (stale_worker,
 	// no_workers) if the survivor's first heartbeat is not in yet.

@@ -3,6 +3,7 @@ package troupe
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/schedule"
+	"github.com/troupe-run/troupe/internal/store"
 )
 
 // Delayed and scheduled jobs (internal/schedule): the node runs a
@@ -37,6 +39,7 @@ func (n *Node) startTicker(ctx context.Context) error {
 		Metrics: n.cfg.Metrics,
 	})
 	n.intake.Delay = n.ticker.Hold
+	n.intake.CancelDelayed = n.cancelDelayed
 	if err := n.ticker.Start(ctx); err != nil {
 		return fmt.Errorf("troupe: %w", err)
 	}
@@ -84,4 +87,15 @@ func (n *Node) submitScheduled(ctx context.Context, jobs []schedule.Job) error {
 		}
 	}
 	return nil
+}
+
+// cancelDelayed is the intake's CancelDelayed hook: a cancel on the bus of
+// a delayed job not yet due removes it (as the admin API's cancel does).
+func (n *Node) cancelDelayed(ctx context.Context, jobID string, tenants []string) bool {
+	st := n.ticker.Store()
+	d, err := st.GetDelayed(ctx, jobID)
+	if err != nil || !slices.Contains(tenants, store.AnyTenant) && !slices.Contains(tenants, d.Tenant) {
+		return false
+	}
+	return st.DeleteDelayed(ctx, jobID) == nil
 }

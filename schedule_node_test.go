@@ -332,3 +332,136 @@ func TestScheduleSignedNodeSubmitsAsItself(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A delayed job is a job before its time: GET /v1/jobs/{id} and the job
+// list show it SCHEDULED, reason delayed, with its run_at, to its tenant
+// only; its cancel removes it and it never runs; a job whose due time has
+// come is cancelled as a job (CANCELLED once it has a record).
+func TestScheduleDelayedJobIsAJobUntilItsTime(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	f.startWorker("w1", true, nil, worker.Echo)
+	const allKey, acmeKey, betaKey = "sched-all-key-0123456789abd", "sched-acme-key-0123456789ac", "sched-beta-key-0123456789ac"
+	url := startAdmin(t, f.node, map[string]string{allKey: admin.AllTenants, acmeKey: "acme", betaKey: "beta"})
+	ctx := context.Background()
+	all, acme, beta := admin.NewClient(url, allKey), admin.NewClient(url, acmeKey), admin.NewClient(url, betaKey)
+
+	for _, id := range []string{"hold-1", "hold-2"} {
+		req := echoReq(id)
+		req.TenantId = "acme"
+		req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAfter: "1h"}}
+		f.submit(req)
+	}
+	var j admin.Job
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if j, err = acme.Job(ctx, "hold-2"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the delayed job was never shown: %v", err)
+		}
+	}
+	if j.State != string(jobstate.StateScheduled) || j.Reason != admin.DelayedReason || j.RunAt == nil ||
+		time.Until(*j.RunAt) < 50*time.Minute || !j.Unwritten || j.Tenant != "acme" || j.Topic != "job.echo" {
+		t.Fatalf("delayed job shown as %+v, want SCHEDULED delayed with its run_at", j)
+	}
+	if _, err := beta.Job(ctx, "hold-2"); err == nil {
+		t.Fatal("another tenant's key sees the delayed job")
+	}
+	listed := func(c *admin.Client, f admin.JobFilter) []string {
+		l, err := c.SearchJobs(ctx, f, 10, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, s := range l.Jobs {
+			if s.Reason == admin.DelayedReason && s.RunAt != nil {
+				ids = append(ids, s.ID)
+			}
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	if got := listed(acme, admin.JobFilter{State: "SCHEDULED"}); !slices.Equal(got, []string{"hold-1", "hold-2"}) {
+		t.Errorf("acme's SCHEDULED list shows delayed %v, want hold-1 hold-2", got)
+	}
+	if got := listed(all, admin.JobFilter{Topic: "job.other"}); len(got) != 0 {
+		t.Errorf("a topic filter kept delayed %v", got)
+	}
+	if got := listed(beta, admin.JobFilter{}); len(got) != 0 {
+		t.Errorf("beta's list shows acme's delayed %v", got)
+	}
+	// A page of one: the cursor walks the delayed jobs.
+	p1, err := all.SearchJobs(ctx, admin.JobFilter{State: "SCHEDULED"}, 1, "")
+	if err != nil || len(p1.Jobs) != 1 || p1.Next == "" {
+		t.Fatalf("first page: %+v %v", p1, err)
+	}
+	p2, err := all.SearchJobs(ctx, admin.JobFilter{State: "SCHEDULED"}, 1, p1.Next)
+	if err != nil || len(p2.Jobs) != 1 || p2.Jobs[0].ID == p1.Jobs[0].ID {
+		t.Fatalf("second page: %+v %v (first %+v)", p2, err, p1)
+	}
+
+	if _, err := beta.Cancel(ctx, "hold-1", "", ""); err == nil {
+		if _, gerr := f.node.Schedules().GetDelayed(ctx, "hold-1"); gerr != nil {
+			t.Fatal("another tenant's cancel removed the delayed job")
+		}
+	}
+	a, err := acme.Cancel(ctx, "hold-1", "not needed", "")
+	if err != nil || a.Note != admin.CancelledDelayedNote {
+		t.Fatalf("cancel: %+v %v, want the delayed job removed", a, err)
+	}
+	if _, err := acme.Job(ctx, "hold-1"); err == nil {
+		t.Fatal("the cancelled delayed job is still shown")
+	}
+	if _, err := f.node.Schedules().GetDelayed(ctx, "hold-1"); !errors.Is(err, schedule.ErrNotFound) {
+		t.Fatalf("the cancelled delayed job is still held: %v", err)
+	}
+	if got := listed(acme, admin.JobFilter{State: "SCHEDULED"}); !slices.Equal(got, []string{"hold-2"}) {
+		t.Errorf("after the cancel, delayed listed %v, want hold-2", got)
+	}
+	// A bulk cancel reaches delayed jobs too.
+	res, err := acme.Bulk(ctx, admin.BulkRequest{Action: "cancel", Filter: admin.JobFilter{State: "SCHEDULED", Q: "hold-"}})
+	if err != nil || res.Done != 1 || len(res.Failed) != 0 {
+		t.Fatalf("bulk cancel: %+v %v, want hold-2 cancelled", res, err)
+	}
+	if _, err := f.node.Schedules().GetDelayed(ctx, "hold-2"); !errors.Is(err, schedule.ErrNotFound) {
+		t.Fatalf("the bulk-cancelled delayed job is still held: %v", err)
+	}
+}
+
+// A CAP client's cancel on the bus of a delayed job not yet due removes it
+// (its cancel mark alone would expire long before a far run_at).
+func TestScheduleDelayedJobCancelledOnTheBusIsRemoved(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	req := echoReq("bus-later")
+	req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAfter: "200h"}}
+	f.submit(req)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := f.node.Schedules().GetDelayed(ctx, "bus-later"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the delayed submit was never held")
+		}
+	}
+	data, err := bus.EncodeCancel("trace-bus-later", "test-client", &capv1.JobCancel{JobId: "bus-later", Reason: "not needed",
+		RequestedBy: "test-client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.js.Publish(ctx, f.subj.Cancel, data); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := f.node.Schedules().GetDelayed(ctx, "bus-later")
+		if errors.Is(err, schedule.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancel never removed the delayed job: %v", err)
+		}
+	}
+}

@@ -30,7 +30,9 @@ import (
 	"github.com/troupe-run/troupe/internal/defaults"
 	"github.com/troupe-run/troupe/internal/intake"
 	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/keyslot"
 	"github.com/troupe-run/troupe/internal/outputgate"
+	"github.com/troupe-run/troupe/internal/ratelimit"
 	"github.com/troupe-run/troupe/internal/recovery"
 	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/internal/saga"
@@ -67,11 +69,14 @@ type Node struct {
 	renewer *store.LockRenewer
 	subj    bus.Subjects
 
-	sys           *actor.ActorSystem
-	router        *actor.PID
-	beats         *router.Beats // what the router hears of each worker
-	shards        []*actor.PID
-	env           *jobactor.Env
+	sys    *actor.ActorSystem
+	router *actor.PID
+	beats  *router.Beats // what the router hears of each worker
+	shards []*actor.PID
+	env    *jobactor.Env
+	rates  *ratelimit.Limiter // rate limit buckets (ratesPart)
+	// reload is what a pools reload changes for the job core (pools.go).
+	reload        poolsReload
 	intake        *intake.Intake
 	intakeRef     atomic.Pointer[intake.Intake] // n.intake, for the router's goroutine
 	sigs          *intake.Signatures
@@ -80,9 +85,13 @@ type Node struct {
 	wheel         *jobactor.Wheel
 	toucher       *jobactor.Toucher
 	safetyWaiters *jobactor.SafetyWaiters
-	jobSpans      *tracing.Tracer
-	due           *recovery.DuePoller
-	ticker        *schedule.Ticker // delayed and scheduled jobs (schedule_node.go)
+	// keySlots and keyWaiters: the concurrency keys' slots in Redis and
+	// this node's jobs waiting for one (nil without concurrency_keys).
+	keySlots   *keyslot.Slots
+	keyWaiters *jobactor.KeyWaiters
+	jobSpans   *tracing.Tracer
+	due        *recovery.DuePoller
+	ticker     *schedule.Ticker // delayed and scheduled jobs (schedule_node.go)
 
 	dispatcher *supervisor.PoolDispatcher
 	resolver   *supervisor.Resolver
@@ -90,8 +99,12 @@ type Node struct {
 	scans      *jobactor.ScanPool
 
 	poolsFromFile bool
-	pools         *router.PoolsWatcher
-	snap          *router.SnapshotWriter
+	// keysOn: the node started with concurrency keys (the pools' or the
+	// policy's): their slots and wakes run.
+	keysOn       bool
+	unbindPolicy func() // the policy engine's Bind (ratesPart)
+	pools        *router.PoolsWatcher
+	snap         *router.SnapshotWriter
 
 	// stopTracer flushes and shuts down the OTLP exporter the node owns.
 	stopTracer func(context.Context) error
@@ -136,12 +149,16 @@ func NewNode(cfg Config) (*Node, error) {
 	switch {
 	case cfg.Pools != nil:
 		cfg.routing = cfg.Pools.routing()
+		cfg.rates = cfg.Pools.rates
 	case cfg.PoolsFile != "":
 		p, err := router.LoadPools(cfg.PoolsFile)
 		if err != nil {
 			return nil, fmt.Errorf("troupe: %w", err)
 		}
 		cfg.routing, poolsFromFile = p, true
+		if cfg.rates, err = ratelimit.Load(cfg.PoolsFile); err != nil {
+			return nil, fmt.Errorf("troupe: %w", err)
+		}
 	default:
 		// The CLI's routing, so an embedder's first node runs the demo topics.
 		cfg.routing = DefaultPools().routing()
@@ -170,8 +187,22 @@ func NewNode(cfg Config) (*Node, error) {
 	if v := os.Getenv("TROUPE_JOB_TRACE"); v == "on" || v == "1" || v == "true" {
 		cfg.Tuning.JobTrace = true
 	}
-	return &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
-		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}, nil
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
+		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}
+	// The policy file's limits, merged with the pools' (policy_limits.go).
+	n.reload.spec, n.reload.poolsKeys = cfg.rates, cfg.routing.Keys
+	if e := n.policyEngine(); e != nil {
+		rates, keys, err := policyLimits(e.Policy())
+		if err == nil {
+			err = checkLimits(cfg.rates, rates, cfg.routing.Keys, keys)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("troupe: %w", err)
+		}
+		n.reload.policyRates, n.reload.policyKeys = rates, keys
+	}
+	n.keysOn = len(cfg.routing.Keys) > 0 || len(n.reload.policyKeys) > 0
+	return n, nil
 }
 
 // Output content scans (phase 2) run on a small pool: each may take up to

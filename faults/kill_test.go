@@ -30,9 +30,15 @@ var (
 	buildErr  error
 )
 
+// TROUPE_FAULTS_BIN names a troupe binary built beforehand instead (to
+// run a base commit's binary under this commit's tests).
 func troupeBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if bin := os.Getenv("TROUPE_FAULTS_BIN"); bin != "" {
+			binPath = bin
+			return
+		}
 		dir, err := os.MkdirTemp("", "troupe-bin-")
 		if err != nil {
 			buildErr = err

@@ -65,6 +65,16 @@ type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...interface{}) {}
 
+// suiteLogLevel is the nodes' or workers' log level: warn, or the one
+// env names (TROUPE_FAULTS_NODE_LOG_LEVEL, TROUPE_FAULTS_WORKER_LOG_LEVEL;
+// a worker at debug logs each receipt with its time).
+func suiteLogLevel(env string) string {
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return "warn"
+}
+
 func suiteEnvInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
@@ -146,8 +156,10 @@ type rigOptions struct {
 	kernel     bool // nodes ask a `troupe safety serve` process
 	redisAOF   bool // Redis keeps an append-only file (survives a restart)
 	workerHold time.Duration
-	// workerReconnect is the workers' NATS reconnect wait (0: nats.go's 2 s).
-	workerReconnect time.Duration
+	// workerReconnect is the workers' NATS reconnect wait (0: nats.go's 2 s);
+	// workerReconnects, when set, each worker's (w1, w2).
+	workerReconnect  time.Duration
+	workerReconnects []time.Duration
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -201,7 +213,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		adminPort := freePort(t)
 		r.adminPorts = append(r.adminPorts, adminPort)
 		args := append([]string{"node", "--id", id, "--nats", natsURL, "--redis", redisURL, "--lock-ttl", suiteLockTTL.String(),
-			"--timeouts", timeouts, "--admin-listen", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", "warn"}, safetyArgs...)
+			"--timeouts", timeouts, "--admin-listen", "127.0.0.1:" + strconv.Itoa(adminPort), "--log-level", suiteLogLevel("TROUPE_FAULTS_NODE_LOG_LEVEL")}, safetyArgs...)
 		n := &proc{name: id, bin: bin, args: args, log: filepath.Join(r.dir, id+".log")}
 		n.start(t)
 		r.nodes = append(r.nodes, n)
@@ -215,9 +227,13 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		w := &proc{name: id, bin: bin, log: filepath.Join(r.dir, id+".log"),
 			args: []string{"worker", "--id", id, "--nats", natsURL, "--topics", "job.echo", "--handler", "sleep",
 				"--sleep", hold.String(), "--max-parallel", "500", "--heartbeat", "500ms",
-				"--receipts", filepath.Join(r.dir, id+".receipts"), "--log-level", "warn"}}
-		if o.workerReconnect > 0 {
-			w.args = append(w.args, "--reconnect-wait", o.workerReconnect.String())
+				"--receipts", filepath.Join(r.dir, id+".receipts"), "--log-level", suiteLogLevel("TROUPE_FAULTS_WORKER_LOG_LEVEL")}}
+		wait := o.workerReconnect
+		if len(o.workerReconnects) >= i {
+			wait = o.workerReconnects[i-1]
+		}
+		if wait > 0 {
+			w.args = append(w.args, "--reconnect-wait", wait.String())
 		}
 		w.start(t)
 		r.workers = append(r.workers, w)
@@ -261,6 +277,7 @@ func (r *rig) stopAll() {
 		_ = r.rdb.Close()
 	}
 	if r.t.Failed() {
+		keepLogs(r.t, r.dir)
 		for _, p := range append(append([]*proc{}, r.nodes...), r.workers...) {
 			if b, err := os.ReadFile(p.log); err == nil {
 				if len(b) > 4000 {
@@ -270,6 +287,34 @@ func (r *rig) stopAll() {
 			}
 		}
 	}
+}
+
+// keepLogs copies a failed run's logs and receipts (not the stores) into a
+// fresh folder under TROUPE_FAULTS_KEEP, when that is set.
+func keepLogs(t *testing.T, dir string) {
+	root := os.Getenv("TROUPE_FAULTS_KEEP")
+	if root == "" {
+		return
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Logf("keep logs: %v", err)
+		return
+	}
+	dst, err := os.MkdirTemp(root, strings.ReplaceAll(t.Name(), "/", "_")+"-")
+	if err != nil {
+		t.Logf("keep logs: %v", err)
+		return
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil {
+			_ = os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644)
+		}
+	}
+	t.Logf("logs kept in %s", dst)
 }
 
 // warmUp waits until the nodes made their streams and both workers take
@@ -478,9 +523,10 @@ func (r *rig) receipts() (map[string]map[string]int, int) {
 type verdict struct {
 	states       map[jobstate.State]int
 	lost         int
-	sameWorker   int // jobs a worker ran more than once (a worker logs a run once per job: it dedupes)
-	deduped      int // repeated deliveries a worker recognised and did not run
-	crossWorkers int // jobs that reached two different workers
+	sameWorker   int      // jobs a worker ran more than once (a worker logs a run once per job: it dedupes)
+	deduped      int      // repeated deliveries a worker recognised and did not run
+	crossWorkers int      // jobs that reached two different workers
+	crossIDs     []string // their ids
 	deniedOutage int
 	notSucceeded []string        // "<id> <state> <reason>", dispatch-lost jobs excepted
 	received     map[string]bool // job ids some worker received
@@ -523,6 +569,7 @@ func (r *rig) verify() verdict {
 			}
 			if other, ok := seen[id]; ok && other != w {
 				v.crossWorkers++
+				v.crossIDs = append(v.crossIDs, id)
 			}
 			seen[id] = w
 			v.received[id] = true
@@ -538,6 +585,11 @@ func (r *rig) verify() verdict {
 		kept = append(kept, desc)
 	}
 	v.notSucceeded = kept
+	for _, id := range v.crossIDs {
+		if rec, err := r.st.GetJob(ctx, id); err == nil {
+			r.t.Logf("%s reached w1 and w2: %s", id, hops(rec))
+		}
+	}
 	return v
 }
 
@@ -592,8 +644,8 @@ func runScenario(t *testing.T, o rigOptions, name string,
 	t.Logf("%s: throughput during the fault (%v) %.0f jobs/s, overall %.0f jobs/s, longest stall %v; %s",
 		name, fe.Sub(fs).Round(time.Millisecond), r.throughput(fs, fe), float64(r.jobs)/total.Seconds(),
 		r.longestStall().Round(100*time.Millisecond), note)
-	t.Logf("%s: dispatches repeated by the nodes still alive (troupe_dispatch_resent_total): %.0f", name,
-		r.sumCounter("troupe_dispatch_resent_total"))
+	t.Logf("%s: dispatches repeated by the nodes still alive (troupe_dispatch_resent_total): %.0f; workers evicted (troupe_workers_evicted_total): %.0f",
+		name, r.sumCounter("troupe_dispatch_resent_total"), r.sumCounter("troupe_workers_evicted_total"))
 	if v.lost != 0 {
 		t.Errorf("%d jobs lost", v.lost)
 	}
@@ -661,6 +713,31 @@ func TestFaultSuiteNATSKill(t *testing.T) {
 	natsOutage(t, "NATS killed", "kill -9", func(p *proc) { p.kill() })
 }
 
+// (c3) kill -9 the NATS server while the workers come back apart: w1
+// reconnects every 250 ms, w2 waits 8 s between attempts, longer than its
+// liveness window (2 s) after w1 speaks again. w2 may have received jobs
+// just before the kill and run them while cut off, their start and result
+// queued in its client: evicting it would place those on w1 too. Its
+// silence began with the bus's, so no node evicts it
+// (router.StallReconnect, 10 s after the stall); every job runs on one
+// worker and succeeds.
+func TestFaultSuiteNATSKillWorkerBackLate(t *testing.T) {
+	r, v := runScenario(t, rigOptions{workerReconnects: []time.Duration{250 * time.Millisecond, 8 * time.Second}},
+		"NATS killed, w2 back late", func(r *rig) (time.Time, time.Time, string) {
+			r.nats.kill()
+			down := time.Now()
+			time.Sleep(time.Second)
+			r.nats.start(r.t)
+			waitPort(r.t, r.natsPort)
+			return down, time.Now(), "nats-server down (kill -9, restart) for " + time.Since(down).Round(time.Millisecond).String() +
+				"; w2 reconnects 8 s apart"
+		})
+	v.requireSucceeded(t)
+	if n := r.sumCounter("troupe_workers_evicted_total"); n != 0 {
+		t.Errorf("%.0f evictions of a worker silent since the bus stalled, back within router.StallReconnect", n)
+	}
+}
+
 // natsOutage stops the NATS server with stop, starts it again a second
 // later, and requires every job to succeed.
 func natsOutage(t *testing.T, name, how string, stop func(*proc)) {
@@ -720,8 +797,8 @@ func TestFaultSuiteKernelDown(t *testing.T) {
 	v.requireSucceeded(t)
 }
 
-// sumCounter adds up an unlabelled counter over the nodes that answer on
-// their admin port (a killed node does not).
+// sumCounter adds up a counter, over its labels and the nodes that answer
+// on their admin port (a killed node does not).
 func (r *rig) sumCounter(name string) float64 {
 	total := 0.0
 	client := &http.Client{Timeout: 2 * time.Second}
@@ -732,10 +809,13 @@ func (r *rig) sumCounter(name string) float64 {
 		}
 		sc := bufio.NewScanner(resp.Body)
 		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-				f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-				total += f
+			rest, ok := strings.CutPrefix(sc.Text(), name)
+			if !ok || !strings.HasPrefix(rest, " ") && !strings.HasPrefix(rest, "{") {
+				continue
 			}
+			fields := strings.Fields(rest)
+			f, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
+			total += f
 		}
 		resp.Body.Close()
 	}
@@ -749,17 +829,22 @@ func (r *rig) inFlightOwnedBy(node string) []string {
 	pipe := r.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, r.jobs)
 	for i := range cmds {
-		cmds[i] = pipe.HMGet(ctx, r.st.Keys().Job(r.jobID(i)), "s", "node")
+		cmds[i] = pipe.HMGet(ctx, r.st.Keys().Job(r.jobID(i)), "s", "node", "h1")
 	}
 	_, _ = pipe.Exec(ctx)
 	var ids []string
 	for i, c := range cmds {
 		v, err := c.Result()
-		if err != nil || len(v) != 2 {
+		if err != nil || len(v) != 3 {
 			continue
 		}
 		st, _ := v[0].(string)
 		owner, _ := v[1].(string)
+		if h1, _ := v[2].(string); owner == "" && h1 != "" {
+			// A record never adopted has no "node": its creator, the
+			// first hop's node, owns it (store.ExpandRecord).
+			owner = h1[strings.LastIndexByte(h1, '|')+1:]
+		}
 		if owner == node && st != "" && !jobstate.State(st).Terminal() {
 			ids = append(ids, r.jobID(i))
 		}

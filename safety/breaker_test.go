@@ -40,7 +40,16 @@ func setupBreaker(t *testing.T) *breakerBundle {
 
 func (b *breakerBundle) client(t *testing.T, rdb redis.UniversalClient, mode policyx.FailMode, reg prometheus.Registerer) *policyx.KernelClient {
 	t.Helper()
-	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: b.addr, Timeout: hangTimeout, Redis: rdb,
+	return b.clientTimeout(t, rdb, mode, reg, hangTimeout)
+}
+
+// clientTimeout is client with its own call timeout: a test whose kernel
+// never hangs gives a loaded machine room (150 ms ran out for a kernel
+// that answers at load ~35).
+func (b *breakerBundle) clientTimeout(t *testing.T, rdb redis.UniversalClient, mode policyx.FailMode, reg prometheus.Registerer,
+	timeout time.Duration) *policyx.KernelClient {
+	t.Helper()
+	c, err := policyx.NewKernelClient(policyx.KernelClientConfig{Addr: b.addr, Timeout: timeout, Redis: rdb,
 		KeyPrefix: b.env.KeyPrefix(), FailMode: mode, Clock: b.clock.Now, Log: quietLog, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -249,9 +258,10 @@ func TestFailOpenVersusFailClosed(t *testing.T) {
 	t.Parallel()
 	b := setupBreaker(t)
 	b.kernel.mode.Store(kernelFail)
-	closed := b.client(t, nil, policyx.FailClosed, nil)
+	// The kernel fails at once or answers: no call waits out a timeout.
+	closed := b.clientTimeout(t, nil, policyx.FailClosed, nil, 10*time.Second)
 	reg := prometheus.NewRegistry()
-	open := b.client(t, nil, policyx.FailOpen, reg)
+	open := b.clientTimeout(t, nil, policyx.FailOpen, reg, 10*time.Second)
 
 	expectUnavailable(t, closed, false)
 	for i := 0; i < 5; i++ { // past the breaker opening: still allowed

@@ -72,6 +72,7 @@ type Engine struct {
 	mu        sync.Mutex
 	snapshots []string
 	lastBad   string // hash of the last refused content, to log it once
+	binds     map[*binding]struct{}
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -141,6 +142,45 @@ func (e *Engine) Close() error {
 
 // Policy returns the version in force.
 func (e *Engine) Policy() *Policy { return e.cur.Load() }
+
+// binding is one Bind's pair of hooks.
+type binding struct {
+	check   func(*Policy) error
+	applied func(*Policy)
+}
+
+// Bind makes the engine ask check before a reload puts a new version in
+// force (an error refuses the file, as an invalid one is refused: the
+// version in force stays, the error is logged and returned by Reload) and
+// tell applied after it did. A node binds itself to apply the file's
+// limits (Policy.Limits). Neither hook may call the engine's Reload or
+// Bind. The returned function unbinds.
+func (e *Engine) Bind(check func(*Policy) error, applied func(*Policy)) (unbind func()) {
+	b := &binding{check: check, applied: applied}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.binds == nil {
+		e.binds = map[*binding]struct{}{}
+	}
+	e.binds[b] = struct{}{}
+	return func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		delete(e.binds, b)
+	}
+}
+
+// checkLocked asks every binding's check about p (e.mu held).
+func (e *Engine) checkLocked(p *Policy) error {
+	for b := range e.binds {
+		if b.check != nil {
+			if err := b.check(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // Snapshots lists the policy versions this engine has had in force, in the
 // order they last came into force (the current one last; at most 64).

@@ -73,6 +73,9 @@ func (e *Engine) Reload() error {
 		return nil
 	}
 	p, err := ParsePolicy(data)
+	if err == nil {
+		err = e.checkLocked(p)
+	}
 	if err != nil {
 		if e.lastBad != hash {
 			e.lastBad = hash
@@ -90,6 +93,11 @@ func (e *Engine) Reload() error {
 	e.lastBad = ""
 	e.installLocked(p)
 	e.log.Info("safety policy reloaded", "snapshot", p.Snapshot, "previous", cur.Snapshot, "rules", p.Rules())
+	for b := range e.binds {
+		if b.applied != nil {
+			b.applied(p)
+		}
+	}
 	e.notify(p, nil)
 	return nil
 }

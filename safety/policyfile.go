@@ -29,6 +29,10 @@ type policyDoc struct {
 	DefaultTenant string               `yaml:"default_tenant"`
 	Rules         []ruleDoc            `yaml:"rules"`
 	Tenants       map[string]tenantDoc `yaml:"tenants"`
+	// Troupe's additions, read by the node (not by the rules): rate limit
+	// buckets and concurrency key limits, in the pools file's format.
+	RateLimits      yaml.Node `yaml:"rate_limits"`
+	ConcurrencyKeys yaml.Node `yaml:"concurrency_keys"`
 }
 
 type ruleDoc struct {
@@ -131,7 +135,17 @@ type Policy struct {
 	Legacy bool
 
 	rules []*rule
+	// limits: the file's content when it declares rate_limits or
+	// concurrency_keys (nil: neither).
+	limits []byte
 }
+
+// Limits returns the file's content when it declares Troupe's
+// rate_limits or concurrency_keys sections (nil when it declares neither),
+// for the node to parse as it parses a pools file's (README, "Rate limits"
+// and "Concurrency keys"). The engine does not read them; a node bound to
+// the engine (Engine.Bind) refuses a file whose sections are invalid.
+func (p *Policy) Limits() []byte { return p.limits }
 
 // Rules returns how many rules the policy evaluates (generated legacy rules
 // included).
@@ -173,6 +187,9 @@ func ParsePolicy(data []byte) (*Policy, error) {
 	}
 	if p.DefaultTenant == "" {
 		p.DefaultTenant = defaultTenantName
+	}
+	if doc.RateLimits.Kind != 0 || doc.ConcurrencyKeys.Kind != 0 {
+		p.limits = data
 	}
 	seen := map[string]int{}
 	for i := range doc.Rules {

@@ -500,10 +500,13 @@ func (w *Worker) run(trace string, req *capv1.JobRequest) {
 // at that moment, and the job would then wait for its running deadline. The
 // result subject is a JetStream stream's, so a request gets the stream's
 // PubAck back; the worker retries until it has one (a duplicate result is
-// absorbed by the scheduler), for at most resultRetryFor.
+// absorbed by the scheduler), for at most resultRetryFor. A result stream at
+// its cap (bus.StreamMaxMsgs) refuses the publish (DiscardNew) until the
+// nodes drain it — at a node's intake rate that can take minutes after a
+// release of hundreds of thousands of jobs — so the bound is long.
 const (
 	resultAckWait  = 2 * time.Second
-	resultRetryFor = 2 * time.Minute
+	resultRetryFor = 10 * time.Minute
 )
 
 func (w *Worker) publishResult(jobID string, data []byte) {

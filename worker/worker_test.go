@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/registry"
@@ -270,5 +271,74 @@ func TestDedupingWorkerSendsAFinishedJobsResultAgain(t *testing.T) {
 	}
 	if n := runs.Load(); n != 2 {
 		t.Fatalf("%d runs for 2 jobs delivered 5 times, want 2", n)
+	}
+}
+
+// A result stream at its cap refuses a result (DiscardNew); the worker
+// publishes it again, with backoff, until the stream has room and stores it.
+func TestWorkerPublishesARefusedResultAgain(t *testing.T) {
+	env := testenv.New(t)
+	subj := bus.NewSubjects(env.Prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: env.StreamPrefix() + "_RESULT",
+		Subjects: []string{subj.Result}, MaxMsgs: 1, Discard: jetstream.DiscardNew, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, subj.Result, []byte("filler")); err != nil { // the stream is full
+		t.Fatal(err)
+	}
+	tries := make(chan struct{}, 64)
+	sub, err := env.NATS.Subscribe(subj.Result, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult().GetJobId() == "rf-1" {
+			select {
+			case tries <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = env.NATS.Flush()
+	w, err := worker.Start(env.NATS, worker.Config{ID: "rf", Pool: "p", Topics: []string{"job.rf"}, Direct: true,
+		SubjectPrefix: subj.Prefix(), Heartbeat: time.Hour, Handler: worker.Echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	data, err := bus.EncodeRequest("tr", "node", &capv1.JobRequest{JobId: "rf-1", Topic: "job.rf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.NATS.Publish(subj.Worker("rf"), data); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ { // the first publish, refused, and one more
+		select {
+		case <-tries:
+		case <-ctx.Done():
+			t.Fatalf("%d result publishes seen, want a refused one published again", i)
+		}
+	}
+	if err := stream.Purge(ctx); err != nil { // room again
+		t.Fatal(err)
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(50 * time.Second)) // the first message stored after the purge
+	if err != nil {
+		t.Fatalf("the refused result was never stored: %v", err)
+	}
+	if p, err := bus.Decode(msg.Data()); err != nil || p.GetJobResult().GetJobId() != "rf-1" {
+		t.Fatalf("stored %v, %v; want rf-1's result", p, err)
 	}
 }

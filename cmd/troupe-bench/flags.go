@@ -40,6 +40,9 @@ func parseArgs(args []string) (*options, error) {
 	fs.IntVar(&cfg.Warmup, "warmup", bench.WarmupDefault, "warm-up jobs before measuring (-1: none)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", bench.HeartbeatDefault, "worker heartbeat interval")
 	fs.IntVar(&cfg.SubmitWindow, "window", bench.SubmitWindowDefault, "submits awaiting their JetStream ack at full speed")
+	fs.IntVar(&cfg.SubmitBatch, "submit-batch", 0, "submit in batches of this many jobs, one wait for all their acks "+
+		"(Client.SubmitBatch); 1: one acked publish per job (Client.Submit); 0: the --window of async publishes")
+	fs.IntVar(&cfg.Submitters, "submitters", 1, "with --submit-batch: goroutines submitting at once")
 	fs.StringVar(&cfg.RedisURL, "redis", envOr("TROUPE_REDIS_URL", bench.RedisURLDefault), "Redis URL, or several addresses "+
 		"separated by commas for a Redis Cluster (its seeds), as troupe node takes them (env TROUPE_REDIS_URL)")
 	fs.IntVar(&o.cluster, "redis-cluster", 0, "start a local Redis Cluster of this many masters on free loopback ports "+
@@ -73,6 +76,10 @@ func parseArgs(args []string) (*options, error) {
 	fs.DurationVar(&cfg.CapacityGrace, "capacity-grace", 0, "the node's capacity grace: how long a job waiting for room stays unwritten (0: its default, 1m; negative: written at once)")
 	fs.DurationVar(&cfg.LockTTL, "lock-ttl", 0, "the node's job lock TTL (0: its default, 60s)")
 	fs.Int64Var(&cfg.NodeMemoryLimit, "node-memory-limit", 0, "the node's Go soft memory limit in bytes (what GOMEMLIMIT sets; 0: none)")
+	fs.IntVar(&cfg.ConcurrencyKeys, "concurrency-keys", 0, "give the jobs this many concurrency keys, round-robin, with the node(s) "+
+		"limiting each to --key-limit; the workers count per key the jobs held at once (over-fills) and the makespan is "+
+		"compared with the ideal, ceil(jobs/(keys×limit))×--delay")
+	fs.IntVar(&cfg.KeyLimit, "key-limit", 0, "with --concurrency-keys: each key's limit (pools file concurrency_keys: {\"*\": {limit: N}})")
 	fs.StringVar(&cfg.HeapProfile, "heapprofile", "", "with --hold: write the node's heap profile at the end of the hold to this file")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -38,6 +38,14 @@ func TestFlagsReachTheRunConfig(t *testing.T) {
 			t.Errorf("%v: max parallel %v, %v; want %d", tc.args, o, err, tc.want)
 		}
 	}
+	if o, err := parseArgs([]string{"--submit-batch", "1000", "--submitters", "4"}); err != nil ||
+		o.cfg.SubmitBatch != 1000 || o.cfg.Submitters != 4 {
+		t.Errorf("--submit-batch 1000 --submitters 4: %+v, %v", o, err)
+	}
+	if o, err := parseArgs([]string{"--concurrency-keys", "100", "--key-limit", "2"}); err != nil ||
+		o.cfg.ConcurrencyKeys != 100 || o.cfg.KeyLimit != 2 {
+		t.Errorf("--concurrency-keys 100 --key-limit 2: %+v, %v", o, err)
+	}
 	if o, err := parseArgs([]string{"--floor"}); err != nil || o.cfg.Target != bench.TargetFloor {
 		t.Errorf("--floor: %+v, %v", o, err)
 	}

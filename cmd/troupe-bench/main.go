@@ -7,6 +7,8 @@
 //	troupe-bench [--compare | --floor] [--jobs N] [--workers N] [--rate R] [--nodes N] [--hold] [--adopt] ...
 //	    [--redis URL | --redis host:port,host:port,... | --redis-cluster N] [--worker-mode direct|cap]
 //	troupe-bench matrix-table RESULT.json...   (the scale matrix's table: scripts/scale-matrix.sh)
+//	troupe-bench --rate-limit [--through-nodes] [--replicas N] [--limit R] [--waiting N] [--duration D]
+//	    (a bucket shared by limiters, or by node processes with workers: ratelimit.go)
 //
 // It is a separate binary so that the harness is not linked into troupe.
 // It re-runs itself (troupe-bench __serve) as the child process that hosts
@@ -35,7 +37,13 @@ func main() {
 		debug.SetGCPercent(gcPercent)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := exitCode(runBench(ctx, os.Args[1:]), os.Stderr)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "--rate-limit" {
+		err = runRateLimit(ctx, os.Args[2:])
+	} else {
+		err = runBench(ctx, os.Args[1:])
+	}
+	code := exitCode(err, os.Stderr)
 	stop()
 	os.Exit(code)
 }

@@ -139,9 +139,11 @@ const ctlUsage = `usage: troupe ctl <command> [arguments] [flags]
   bulk cancel|retry [filters]                              act on every job a filter selects
   dlq list|retry|delete                                    the dead-letter queue
   workers                                                  live workers and pool load
+  keys                                                     concurrency keys: slots held, lingering, waiting
   pool list|get|map|unmap|pause|resume                     topic → pool mappings, pausing a topic
   saga <workflow_id> | list, sagas                         a workflow's compensations, the workflows
   schedule list|get|create|pause|resume|delete|delayed     schedules (cron, intervals) and delayed jobs
+  limits [--bucket NAME]                                   rate limit buckets: level, waiters
   trace <job_id>                                           a job's mailbox trace
   stats | ready | series                                   node counters, readiness, chart series
 
@@ -229,6 +231,8 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		return e.usage("dlq", fmt.Errorf("unknown dlq command %q (list, retry, delete)", verb))
 	case "workers":
 		return e.workers(ctx, args[1:])
+	case "keys":
+		return e.keys(ctx, args[1:]) // keys_cli.go
 	case "jobs":
 		return e.jobSearch(ctx, args[1:])
 	case "bulk":
@@ -248,6 +252,8 @@ func (e *ctlEnv) run(ctx context.Context, args []string) error {
 		return e.trace(ctx, args[1:])
 	case "schedule", "schedules":
 		return e.schedules(ctx, args[1:]) // schedule.go
+	case "limits", "limit":
+		return e.limits(ctx, args[1:]) // limits.go
 	case "stats":
 		return e.stats(ctx, args[1:])
 	case "ready":
@@ -503,7 +509,11 @@ func printAPIJob(w io.Writer, j admin.Job) {
 	if j.QueuePosition != nil {
 		fmt.Fprintf(w, "  waiting for capacity: %d jobs ahead in the queue\n", *j.QueuePosition)
 	}
-	if j.Unwritten {
+	switch {
+	case j.RunAt != nil:
+		fmt.Fprintf(w, "  delayed: submitted at %s (in %s); no record until then; cancel removes it\n",
+			j.RunAt.Format(time.RFC3339Nano), time.Until(*j.RunAt).Round(time.Second))
+	case j.Unwritten:
 		fmt.Fprintf(w, "  no record yet: waiting within its capacity grace in node %s's memory since %s, its submit held in the stream\n",
 			orDash(j.Node), j.Created.Format(time.RFC3339))
 	}

@@ -55,6 +55,7 @@ var commands = []command{
 	{"trace", "a job's mailbox trace, in order (trace <job_id>)", runTrace},
 	{"workers", "live workers and their pools' load", runWorkers},
 	{"schedule", "schedules (cron, intervals) and delayed jobs: list, get, create, pause, resume, delete, delayed", runSchedule},
+	{"limits", "rate limit buckets: each one's level and its waiters", runLimits},
 	{"ctl", "all of the above under one name (ctl job|dlq|pool|saga|trace|workers|stats|ready)", runCtl},
 	{"safety", "serve the built-in policy engine as a CAP SafetyKernel (gRPC), or query or validate policies", runSafety},
 	{"bench", "moved: the benchmark is its own command, cmd/troupe-bench (make bench)", runBench},

@@ -130,7 +130,10 @@ func (e *ctlEnv) jobSearch(ctx context.Context, args []string) error {
 		fmt.Fprintln(tw, "JOB\tSTATE\tTOPIC\tTENANT\tREASON\tWORKER\tATTEMPTS\tCREATED")
 		for _, j := range jobs {
 			worker := orDash(j.Worker)
-			if j.Unwritten {
+			switch {
+			case j.RunAt != nil:
+				worker = "(delayed to " + j.RunAt.Format(time.RFC3339) + ")" // no record until then
+			case j.Unwritten:
 				worker = "(unwritten)" // waiting within its capacity grace, no record yet
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.State, j.Topic, j.Tenant, orDash(j.Reason),

@@ -21,6 +21,8 @@ import (
 
 	"github.com/troupe-run/troupe/internal/connect"
 	"github.com/troupe-run/troupe/internal/policyx"
+	"github.com/troupe-run/troupe/internal/ratelimit"
+	"github.com/troupe-run/troupe/internal/router"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
@@ -288,6 +290,22 @@ func runSafetyValidate(args []string) error {
 	if p.Legacy {
 		kind = "legacy tenant rules"
 	}
-	fmt.Printf("%s: valid; snapshot %s; %d %s\n", args[0], p.Snapshot, p.Rules(), kind)
+	limits := ""
+	if p.Limits() != nil { // Troupe's rate_limits and concurrency_keys, as a node reads them
+		rates, err := ratelimit.Parse(p.Limits())
+		if err != nil {
+			return fmt.Errorf("%s: %w", args[0], err)
+		}
+		keys, err := router.ParseKeys(p.Limits())
+		if err != nil {
+			return fmt.Errorf("%s: %w", args[0], err)
+		}
+		n := 0
+		if rates != nil {
+			n = len(rates.Buckets) + len(rates.Templates)
+		}
+		limits = fmt.Sprintf("; %d rate limit buckets, %d concurrency keys", n, len(keys))
+	}
+	fmt.Printf("%s: valid; snapshot %s; %d %s%s\n", args[0], p.Snapshot, p.Rules(), kind, limits)
 	return nil
 }

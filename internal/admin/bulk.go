@@ -110,6 +110,8 @@ func (s *Server) bulkMatch(r *http.Request, m *jobMatch, limit int) ([]store.Job
 				}
 			}
 		}
+		// Then the delayed jobs, soonest first (schedules.go).
+		out = append(out, s.delayedSummaries(r, m, limit+1-len(out))...)
 		if len(out) > limit {
 			return out[:limit], true, nil
 		}
@@ -151,6 +153,9 @@ func (s *Server) bulkOne(r *http.Request, p principal, body BulkRequest, j store
 		reason := body.Reason
 		if reason == "" {
 			reason = "cancelled in bulk through the admin API"
+		}
+		if j.Reason == DelayedReason && s.removeDelayed(r.Context(), j.ID) {
+			return "", nil
 		}
 		if err := s.cfg.Node.Cancel(r.Context(), j.ID, reason, p.by()); err != nil {
 			return "", err

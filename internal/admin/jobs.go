@@ -109,6 +109,11 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request, p principal) err
 			writeJSON(w, http.StatusOK, waitingView(wj))
 			return nil
 		}
+		// Or it is delayed: held in Redis until its time (schedules.go).
+		if d := s.delayedJob(r.Context(), p, r.PathValue("id")); d != nil {
+			writeJSON(w, http.StatusOK, delayedView(d))
+			return nil
+		}
 	}
 	if err != nil {
 		return err
@@ -287,6 +292,11 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request, p principal) 
 	id := r.PathValue("id")
 	rec, err := s.cancellable(r, p, id)
 	if errors.Is(err, store.ErrNotFound) {
+		// A delayed job not yet due is removed: it never runs
+		// (schedules.go). One taken to be submitted is cancelled as below.
+		if done, err := s.cancelDelayed(w, r, p, id, body.By); done || err != nil {
+			return err
+		}
 		// No record and waiting on no node: the submit may still be held
 		// in the stream (taken by no node yet). The cancel is recorded, for
 		// this key's tenant only, and the job is created CANCELLED when a

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -65,11 +66,13 @@ type Attempt struct {
 
 // attemptsOf reads a job's attempts from its history: each hop to
 // DISPATCHED starts one, the next hop out of DISPATCHED and RUNNING ends
-// it. The record keeps only the latest worker and error, so only the last
-// attempt names them.
+// it. An attempt its retry policy ran again (SCHEDULED retry_wait) names
+// its error from the record (te<n>); otherwise the record keeps only the
+// latest worker and error, so only the last attempt names them.
 func attemptsOf(rec *store.JobRecord) []Attempt {
 	out := []Attempt{}
 	live := false
+	try := 1
 	for _, h := range rec.History {
 		switch {
 		case h.To == jobstate.StateDispatched:
@@ -79,6 +82,10 @@ func attemptsOf(rec *store.JobRecord) []Attempt {
 			at := h.At
 			a := &out[len(out)-1]
 			a.EndedAt, a.State, a.Reason = &at, string(h.To), string(h.Reason)
+			if h.Reason == jobstate.ReasonRetryWait {
+				a.Error = rec.Fields[jobstate.FieldAttemptErr+strconv.Itoa(try)]
+				try++
+			}
 			live = false
 		}
 	}

@@ -6,8 +6,16 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
+	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/schedule"
+	"github.com/troupe-run/troupe/internal/store"
+	"github.com/troupe-run/troupe/proto/capv1"
 )
 
 // Schedules and delayed jobs (internal/schedule):
@@ -77,6 +85,8 @@ func scheduleErr(err error) error {
 		return errConflict(err.Error())
 	case errors.Is(err, schedule.ErrSpec):
 		return errBadRequest(err.Error())
+	case errors.Is(err, schedule.ErrTaken):
+		return errConflict(err.Error() + ": it is due; cancel it as a job (POST /v1/jobs/{id}/cancel)")
 	}
 	return err
 }
@@ -263,6 +273,163 @@ func (s *Server) deleteDelayed(w http.ResponseWriter, r *http.Request, p princip
 	s.audit("delayed job deleted", "job_id", id, "by", p.by())
 	writeJSON(w, http.StatusOK, ScheduleAction{ID: id, Action: "deleted"})
 	return nil
+}
+
+// --- delayed jobs as jobs ------------------------------------------------------
+//
+// A delayed job has no record before its time: the job endpoints show it
+// from the delayed jobs Redis holds (a view, no state of its own), as
+// SCHEDULED with reason DelayedReason and its run_at, and its cancel
+// removes it (it never runs). See NOTES.md "Delayed and scheduled jobs".
+
+// DelayedReason is the reason a delayed job is shown with.
+const DelayedReason = "delayed"
+
+// CancelledDelayedNote is the note of a cancel that removed a delayed job
+// before its time.
+const CancelledDelayedNote = "delayed job removed before its time: it never runs"
+
+// delayedJob returns delayed job id if p may see it (nil: none, or no
+// schedule store on this node).
+func (s *Server) delayedJob(ctx context.Context, p principal, id string) *schedule.Delayed {
+	st, err := s.schedules()
+	if err != nil {
+		return nil
+	}
+	d, err := st.GetDelayed(ctx, id)
+	if err != nil || !p.sees(d.Tenant) {
+		return nil
+	}
+	return d
+}
+
+// delayedView is a delayed job as GET /v1/jobs/{id} shows it.
+func delayedView(d *schedule.Delayed) Job {
+	due := d.Due
+	j := Job{ID: d.JobID, State: string(jobstate.StateScheduled), Topic: d.Topic, Tenant: d.Tenant, TraceID: d.TraceID,
+		Reason: DelayedReason, Unwritten: true, RunAt: &due, Created: d.Submitted, Updated: d.Submitted,
+		History: []HistoryEntry{}, AttemptList: []Attempt{}}
+	if req := delayedRequest(d); req != nil {
+		if b, err := (protojson.MarshalOptions{UseProtoNames: true}).Marshal(req); err == nil {
+			j.Request = b
+		}
+	}
+	return j
+}
+
+func delayedRequest(d *schedule.Delayed) *capv1.JobRequest {
+	req := &capv1.JobRequest{}
+	if len(d.Request) == 0 || proto.Unmarshal(d.Request, req) != nil {
+		return nil
+	}
+	return req
+}
+
+// delayedKeeper is m as a filter of delayed jobs (labels: the request's).
+func delayedKeeper(m *jobMatch) func(*schedule.Delayed) bool {
+	return func(d *schedule.Delayed) bool {
+		var labels map[string]string
+		if req := delayedRequest(d); req != nil {
+			labels = req.Labels
+		}
+		return m.keeps(&store.JobSummary{ID: d.JobID, State: jobstate.StateScheduled, Topic: d.Topic, Tenant: d.Tenant,
+			Created: d.Submitted}, labels)
+	}
+}
+
+// delayedCursor starts the cursor of a page of delayed jobs.
+const delayedCursor = "delayed:"
+
+// listDelayedJobs puts the page of delayed jobs that lq's cursor asks for
+// into out, as listWaiting does for jobs waiting with no record (they come
+// first, then these, then the records).
+func (s *Server) listDelayedJobs(r *http.Request, lq *store.ListQuery, out *JobList, m *jobMatch) (full bool, next string, err error) {
+	skip := 0
+	switch {
+	case lq.Cursor == "":
+	case strings.HasPrefix(lq.Cursor, delayedCursor):
+		skip, err = strconv.Atoi(strings.TrimPrefix(lq.Cursor, delayedCursor))
+		if err != nil || skip < 0 {
+			return false, "", errBadRequest("cursor is not one this API gave")
+		}
+		lq.Cursor = ""
+	default:
+		return false, "", nil
+	}
+	st, serr := s.schedules()
+	if serr != nil {
+		return false, "", nil // this node holds no delayed jobs
+	}
+	limit := lq.Limit
+	if limit <= 0 {
+		limit = store.ListLimitDefault
+	}
+	ds, err := st.ListDelayedPage(r.Context(), lq.Tenant, int64(skip), int64(limit)+1, delayedKeeper(m))
+	if err != nil {
+		return false, "", err
+	}
+	more := len(ds) > limit
+	ds = ds[:min(limit, len(ds))]
+	for _, d := range ds {
+		due := d.Due
+		out.Jobs = append(out.Jobs, JobSummary{ID: d.JobID, State: string(jobstate.StateScheduled), Topic: d.Topic,
+			Tenant: d.Tenant, Reason: DelayedReason, Created: d.Submitted, Updated: d.Submitted, Unwritten: true,
+			RunAt: &due})
+	}
+	if more || len(ds) == limit {
+		return true, delayedCursor + strconv.Itoa(skip+len(ds)), nil
+	}
+	lq.Limit = limit - len(ds)
+	return false, "", nil
+}
+
+// cancelDelayed cancels delayed job id for p if it is one not yet taken to
+// be submitted, and answers: done. Otherwise (no such delayed job, or one
+// being submitted) it answers nothing and the cancel goes the usual way (a
+// cancel mark, then the job's record).
+func (s *Server) cancelDelayed(w http.ResponseWriter, r *http.Request, p principal, id, by string) (bool, error) {
+	d := s.delayedJob(r.Context(), p, id)
+	if d == nil {
+		return false, nil
+	}
+	st, _ := s.schedules()
+	err := st.DeleteDelayed(r.Context(), id)
+	switch {
+	case errors.Is(err, schedule.ErrTaken), errors.Is(err, schedule.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	s.audit("delayed job cancelled before its time", "job_id", id, "run_at", d.Due.Format(time.RFC3339Nano), "by", by,
+		"key_tenant", p.tenant)
+	writeJSON(w, http.StatusOK, Accepted{JobID: id, Action: "cancel", Note: CancelledDelayedNote})
+	return true, nil
+}
+
+// delayedSummaries lists up to limit delayed jobs m keeps, for a bulk
+// action (best effort: none when Redis cannot be read).
+func (s *Server) delayedSummaries(r *http.Request, m *jobMatch, limit int) []store.JobSummary {
+	st, err := s.schedules()
+	if err != nil || limit <= 0 {
+		return nil
+	}
+	ds, err := st.ListDelayedPage(r.Context(), m.tenant, 0, int64(limit), delayedKeeper(m))
+	if err != nil {
+		return nil
+	}
+	out := make([]store.JobSummary, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, store.JobSummary{ID: d.JobID, State: jobstate.StateScheduled, Topic: d.Topic, Tenant: d.Tenant,
+			Reason: jobstate.Reason(DelayedReason), Created: d.Submitted, Updated: d.Submitted})
+	}
+	return out
+}
+
+// removeDelayed cancels delayed job id if it is not yet taken to be
+// submitted (the caller checked the tenant).
+func (s *Server) removeDelayed(ctx context.Context, id string) bool {
+	st, err := s.schedules()
+	return err == nil && st.DeleteDelayed(ctx, id) == nil
 }
 
 // --- client -------------------------------------------------------------------

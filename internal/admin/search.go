@@ -187,6 +187,11 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request, p principal) e
 		// yet: the nodes list them, newest first, on the pages before the
 		// records' (cursor waitingCursor<n>: n of them listed already).
 		full, next, err := s.listWaiting(r, &lq, &out, m)
+		if err == nil && !full {
+			// Then the delayed jobs, soonest first (cursor
+			// delayedCursor<n>; schedules.go).
+			full, next, err = s.listDelayedJobs(r, &lq, &out, m)
+		}
 		if err != nil {
 			return err
 		}

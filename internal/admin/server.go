@@ -338,7 +338,9 @@ func (s *Server) routes() http.Handler {
 	// A workflow's steps may belong to several tenants: all-tenant keys only.
 	api("GET /v1/sagas", allTenants, s.listSagas)
 	api("GET /v1/sagas/{id}", allTenants, s.getSaga)
-	s.scheduleRoutes(api) // schedules.go
+	s.scheduleRoutes(api)                           // schedules.go
+	s.keyRoutes(api)                                // keys.go
+	api("GET /v1/limits", allTenants, s.listLimits) // limits.go
 
 	// OpenMetrics for scrapers that ask for it: the only format that
 	// carries exemplars (the job latency histograms' trace ids, when tracing

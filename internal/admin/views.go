@@ -38,13 +38,18 @@ type Job struct {
 	// QueuePosition: the job waits for room in its pool (SCHEDULED
 	// pool_overloaded / no_workers) with this many jobs before it.
 	QueuePosition *int `json:"queue_position,omitempty"`
-	// Unwritten: the job waits for room within its capacity grace and has
-	// no record yet; it is described from the memory of Node, the replica
-	// whose queue holds it, and its submit is held un-acked in the stream.
-	Unwritten bool      `json:"unwritten,omitempty"`
-	Fence     int64     `json:"fence"`
-	Created   time.Time `json:"created"`
-	Updated   time.Time `json:"updated"`
+	// Unwritten: the job has no record yet. Either it waits for room
+	// within its capacity grace, described from the memory of Node, the
+	// replica whose queue holds it, its submit held un-acked in the
+	// stream; or it is delayed (RunAt set, reason "delayed"), described
+	// from the delayed jobs Redis holds.
+	Unwritten bool `json:"unwritten,omitempty"`
+	// RunAt: a delayed job (troupe.run_at / troupe.run_after) is submitted
+	// then.
+	RunAt   *time.Time `json:"run_at,omitempty"`
+	Fence   int64      `json:"fence"`
+	Created time.Time  `json:"created"`
+	Updated time.Time  `json:"updated"`
 	// Owner is the lock holder ("<node>|<fence>"), empty when unlocked.
 	Owner     string         `json:"owner,omitempty"`
 	History   []HistoryEntry `json:"history"`
@@ -164,10 +169,12 @@ type JobSummary struct {
 	Attempts int               `json:"attempts"`
 	Created  time.Time         `json:"created"`
 	Updated  time.Time         `json:"updated"`
-	// Unwritten: waiting for room within its capacity grace, with no
-	// record yet (listed by the nodes, on the first page, before the
-	// records).
-	Unwritten bool `json:"unwritten,omitempty"`
+	// Unwritten: no record yet: waiting for room within its capacity
+	// grace (listed by the nodes), or delayed until RunAt (listed from
+	// Redis's delayed jobs, soonest first); both on the pages before the
+	// records.
+	Unwritten bool       `json:"unwritten,omitempty"`
+	RunAt     *time.Time `json:"run_at,omitempty"`
 }
 
 // JobList is GET /v1/jobs.

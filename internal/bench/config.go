@@ -127,6 +127,12 @@ type Config struct {
 	Settle time.Duration
 	// SubmitWindow bounds un-acked submits (default SubmitWindowDefault).
 	SubmitWindow int
+	// SubmitBatch, when > 0, submits as a client with many jobs at once
+	// does instead of through the rolling window: 1, one acked publish per
+	// job at a time (Client.Submit); N, N async publishes then one wait for
+	// all their acks (Client.SubmitBatch). Submitters goroutines (default
+	// 1) each do so. Rate does not apply.
+	SubmitBatch, Submitters int
 
 	RedisURL string // default RedisURLDefault
 	NATSURL  string // default NATSURLDefault
@@ -191,6 +197,15 @@ type Config struct {
 	// NodeMemoryLimit, when set, is the node's Go soft memory limit
 	// (debug.SetMemoryLimit, what GOMEMLIMIT sets for `troupe node`).
 	NodeMemoryLimit int64
+	// ConcurrencyKeys, when > 0, gives measured job i the concurrency key
+	// keyName(i mod ConcurrencyKeys) (meta.labels troupe.concurrency_key,
+	// round-robin) and runs the node(s) with a pools file limiting every key
+	// to KeyLimit (concurrency_keys: {"*": {limit: KeyLimit}}). The workers
+	// count per key the jobs they hold at once (Result.Keys).
+	ConcurrencyKeys, KeyLimit int
+	// keysUnenforced (tests) runs the node(s) with no key limit while the
+	// workers still count against KeyLimit: the over-fills must show.
+	keysUnenforced bool
 	// HeapProfile, with Hold, is written with the node's heap profile at the
 	// end of the hold window (after a GC).
 	HeapProfile string
@@ -242,6 +257,13 @@ func (c *Config) withDefaults() error {
 	if c.SubmitWindow <= 0 {
 		c.SubmitWindow = SubmitWindowDefault
 	}
+	if c.SubmitBatch < 0 || c.Submitters < 0 {
+		return fmt.Errorf("%w: --submit-batch and --submitters must not be negative", ErrConfig)
+	}
+	if c.SubmitBatch > 0 && c.Rate > 0 {
+		return fmt.Errorf("%w: --submit-batch submits as fast as acks come; it takes no --rate", ErrConfig)
+	}
+	c.Submitters = max(c.Submitters, 1)
 	if c.RedisURL == "" {
 		c.RedisURL = RedisURLDefault
 	}
@@ -307,7 +329,33 @@ func (c *Config) withDefaults() error {
 	if c.ParkAfter < 0 && c.ParkAfter != -1 {
 		c.ParkAfter = -1
 	}
+	return c.keysDefaults()
+}
+
+// keysDefaults checks the concurrency-key mode (ConcurrencyKeys, KeyLimit).
+func (c *Config) keysDefaults() error {
+	switch {
+	case c.ConcurrencyKeys == 0 && c.KeyLimit == 0:
+		return nil
+	case c.ConcurrencyKeys < 1 || c.KeyLimit < 1:
+		return fmt.Errorf("%w: --concurrency-keys and --key-limit go together, each ≥ 1", ErrConfig)
+	case c.Target != TargetTroupe || c.Node == NodeExternal:
+		return fmt.Errorf("%w: --concurrency-keys runs Troupe nodes the bench starts (child or inproc)", ErrConfig)
+	case c.Hold:
+		return fmt.Errorf("%w: --concurrency-keys and --hold: pick one (held jobs never free their key's slots)", ErrConfig)
+	}
 	return nil
+}
+
+// IdealMakespan is the shortest time the keys allow for the measured jobs:
+// each key runs KeyLimit jobs of Delay at once, so jobs/(keys×limit) rounds
+// of Delay (rounded up; 0 outside the concurrency-key mode).
+func (c *Config) IdealMakespan() time.Duration {
+	if c.ConcurrencyKeys < 1 || c.KeyLimit < 1 {
+		return 0
+	}
+	slots := c.ConcurrencyKeys * c.KeyLimit
+	return time.Duration((c.Jobs+slots-1)/slots) * c.Delay
 }
 
 // nodesDefaults fills Nodes and refuses the combinations several nodes do

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -84,45 +86,29 @@ func startFloor(ctx context.Context, nc *nats.Conn, rdb redis.UniversalClient, s
 	}
 	cctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for kind, handle := range map[bus.StreamKind]func([]jetstream.Msg){
 		bus.StreamSubmit: f.onSubmits, bus.StreamResult: f.onResults,
 	} {
-		cons, err := js.Consumer(ctx, bus.StreamName(spec.StreamPrefix, kind), bus.ConsumerName(kind))
-		if err != nil {
+		ch := make(chan jetstream.Msg, floorQueue)
+		queue := func(m jetstream.Msg) {
+			select {
+			case ch <- m:
+			case <-cctx.Done():
+			}
+		}
+		// As many pulls at once, pulled as the node's intake pulls.
+		if err := bus.Consume(cctx, js, spec.StreamPrefix, kind, quiet, queue, nil); err != nil {
 			cancel()
 			f.wg.Wait()
 			return nil, fmt.Errorf("bench: floor consumer %s: %w", kind, err)
 		}
-		ch := make(chan jetstream.Msg, floorQueue)
-		f.wg.Add(bus.FetchLoops + floorPipelines)
-		for range bus.FetchLoops { // as many pulls at once as the node's intake keeps
-			go f.fetch(cctx, cons, ch)
-		}
+		f.wg.Add(floorPipelines)
 		for range floorPipelines {
 			go f.batches(cctx, ch, handle)
 		}
 	}
 	return f, nil
-}
-
-// fetch pulls in batches (a fetch loop, not Consume(), which was seen
-// stalling; a fetch cannot outlive its max wait).
-func (f *floor) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- jetstream.Msg) {
-	defer f.wg.Done()
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(bus.FetchBatch, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			sleepCtx(ctx, 100*time.Millisecond)
-			continue
-		}
-		for m := range batch.Messages() {
-			select {
-			case out <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}
 }
 
 // batches takes what is queued, up to one fetch batch, and hands it to handle.

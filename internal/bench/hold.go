@@ -52,13 +52,16 @@ type HoldResult struct {
 	NodeSentByName map[string]float64 `json:"node_redis_by_name_per_s,omitempty"`
 	// ServerPerSec: commands per second Redis ran over the window (all
 	// clients; includes the commands inside scripts).
-	ServerPerSec       float64            `json:"redis_commands_per_s"`
-	ServerByName       map[string]float64 `json:"redis_by_name_per_s,omitempty"`
-	RedisCPUPerSec     float64            `json:"redis_cpu_ms_per_s"`
-	RedisUsedBytes     int64              `json:"redis_used_memory_bytes"`
-	RedisBytesPerJob   float64            `json:"redis_bytes_per_job"`
-	ReleaseToDoneSec   float64            `json:"release_to_all_terminal_s"`
-	Adoption           *AdoptResult       `json:"adoption,omitempty"`
+	ServerPerSec     float64            `json:"redis_commands_per_s"`
+	ServerByName     map[string]float64 `json:"redis_by_name_per_s,omitempty"`
+	RedisCPUPerSec   float64            `json:"redis_cpu_ms_per_s"`
+	RedisUsedBytes   int64              `json:"redis_used_memory_bytes"`
+	RedisBytesPerJob float64            `json:"redis_bytes_per_job"`
+	ReleaseToDoneSec float64            `json:"release_to_all_terminal_s"`
+	// RefusedAnswers: answer publishes the result stream refused (at its
+	// cap) during the release, each published again.
+	RefusedAnswers     int64        `json:"release_refused_publishes"`
+	Adoption           *AdoptResult `json:"adoption,omitempty"`
 	redisUsedBeforeRun int64
 	releasedAt         time.Time
 }
@@ -160,8 +163,12 @@ func (r *runner) holdPhase(ctx context.Context, firstSubmit time.Time) {
 	if cfg.Adopt {
 		r.adoptPhase(ctx)
 	}
-	r.fl.releaseHeld()
 	h.releasedAt = time.Now()
+	_, refused, err := r.fl.releaseHeld(ctx)
+	h.RefusedAnswers = refused
+	if err != nil {
+		r.res.Failures = append(r.res.Failures, err.Error())
+	}
 }
 
 // adoptPhase starts a second node, kills the first (SIGKILL) and waits until
@@ -275,5 +282,6 @@ func formatHold(w interface{ Write([]byte) (int, error) }, h *HoldResult) {
 			a.Killed, a.ParkedAtK, a.Adopter, a.FirstSec, a.AllSec, a.LockTTLS, a.AfterTTLSec, a.RatePerSec,
 			a.RedisPerSec, a.Complete)
 	}
-	fmt.Fprintf(w, "  release       answers → all terminal %.1f s\n", h.ReleaseToDoneSec)
+	fmt.Fprintf(w, "  release       answers → all terminal %.1f s (%d answer publishes refused and sent again)\n",
+		h.ReleaseToDoneSec, h.RefusedAnswers)
 }

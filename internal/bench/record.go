@@ -181,6 +181,13 @@ func capacityText(res *Result) string {
 	if res.Params.MaxParallel > 0 {
 		s += fmt.Sprintf(", %d overfills (receipts at or past the limit)", res.Overfills)
 	}
+	if k := res.Keys; k != nil {
+		s += fmt.Sprintf("; %d concurrency keys limited to %d: at most %d of one key held at once, %d key overfills; "+
+			"makespan %.3f s vs ideal %.3f s (%+.1f %%); %d slot hand-offs (a key's answer → its next receipt) "+
+			"mean %.1f ms, p50 %.1f, p90 %.1f, p99 %.1f, max %.1f; %d of them 20 s or more into the run, mean %.1f ms",
+			k.Keys, k.Limit, k.MaxHeld, k.Overfills, res.DurationSec, k.IdealMakespanSec, k.OverIdealPct,
+			k.Gaps, k.GapMeanMs, k.GapP50Ms, k.GapP90Ms, k.GapP99Ms, k.GapMaxMs, k.LateGaps, k.LateGapMeanMs)
+	}
 	if res.CapacityWaitsPerJob != nil {
 		s += fmt.Sprintf("; node %.3f capacity waits/job written (pool_overloaded/no_workers transitions)", *res.CapacityWaitsPerJob)
 	}
@@ -324,6 +331,11 @@ func capacityCell(res *Result) string {
 	}
 	if res.Params.Nodes > 1 && res.Forwarding != nil {
 		s += fmt.Sprintf(", %.3f forwarded/job", res.Forwarding.PerJob)
+	}
+	if k := res.Keys; k != nil {
+		s += fmt.Sprintf("; %d keys ≤%d: key held ≤%d, %d key overfills, makespan %+.1f %% of ideal %.2f s, "+
+			"hand-off p50/p90/p99 %.0f/%.0f/%.0f ms", k.Keys, k.Limit, k.MaxHeld, k.Overfills, k.OverIdealPct, k.IdealMakespanSec,
+			k.GapP50Ms, k.GapP90Ms, k.GapP99Ms)
 	}
 	return s
 }

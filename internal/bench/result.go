@@ -54,6 +54,8 @@ type Result struct {
 	// that arrived while the worker already held Params.MaxParallel jobs or
 	// more (0 when the workers state no limit).
 	Overfills int64 `json:"overfills"`
+	// Keys is set in the concurrency-key mode (Config.ConcurrencyKeys).
+	Keys *KeysResult `json:"keys,omitempty"`
 	// CapacityWaitsPerJob is the node's troupe_capacity_waits_total over
 	// the measured run per job: how often jobs were written SCHEDULED to
 	// wait for room in their pool. Absent when not read (floor, external).
@@ -253,4 +255,35 @@ type Comparison struct {
 	Floor  *Result `json:"floor"`
 	// OfFloor is Troupe's throughput as a fraction of the floor's.
 	OfFloor float64 `json:"of_floor"`
+}
+
+// KeysResult is what the workers counted per concurrency key, all workers
+// together, over the measured run, and the makespan against the ideal.
+type KeysResult struct {
+	Keys  int `json:"keys"`
+	Limit int `json:"limit"`
+	// MaxHeld is the most jobs of one key held at once (received, not yet
+	// answered) by the workers together.
+	MaxHeld int32 `json:"max_held"`
+	// Overfills counts the receipts that found their key's jobs already
+	// held at the limit or more: each is a job over its key's limit.
+	Overfills int64 `json:"overfills"`
+	// IdealMakespanSec is Config.IdealMakespan: ceil(jobs/(keys×limit)) ×
+	// delay. The makespan is Result.DurationSec (first submit → last
+	// terminal write); OverIdealPct is how far above the ideal it is.
+	IdealMakespanSec float64 `json:"ideal_makespan_s"`
+	OverIdealPct     float64 `json:"over_ideal_pct"`
+	// Gaps: from a worker's answer to a job of a key to the next receipt
+	// of a job of that key (a slot handed on), in ms: how many, mean,
+	// p50, p90, p99, max.
+	Gaps      int     `json:"gaps"`
+	GapMeanMs float64 `json:"gap_mean_ms"`
+	GapP50Ms  float64 `json:"gap_p50_ms"`
+	GapP90Ms  float64 `json:"gap_p90_ms"`
+	GapP99Ms  float64 `json:"gap_p99_ms"`
+	GapMaxMs  float64 `json:"gap_max_ms"`
+	// LateGaps, LateGapMeanMs: those of receipts 20 s or more into the
+	// run (past the submit burst).
+	LateGaps      int     `json:"late_gaps"`
+	LateGapMeanMs float64 `json:"late_gap_mean_ms"`
 }

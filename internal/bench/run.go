@@ -138,17 +138,18 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	}
 	r.tr = newTracker(cfg.RunID+"-", cfg.RunID+"w-", cfg.Jobs)
 	if r.fl, err = startFleet(r.wconn, r.subj, cfg.Workers, cfg.Pool, cfg.Topic, cfg.Delay, cfg.Heartbeat,
-		cfg.announcedMaxParallel(), cfg.WorkerMode, r.tr); err != nil {
+		cfg.announcedMaxParallel(), cfg.WorkerMode, r.tr, cfg.ConcurrencyKeys, cfg.KeyLimit); err != nil {
 		return nil, err
 	}
 	r.fl.hold.Store(cfg.Hold) // measured jobs only: the warm-up is answered
 	if err := r.waitWorkers(ctx); err != nil {
 		return nil, err
 	}
-	sub, err := newSubmitter(r.sconn, r.subj.Submit, cfg.Topic, r.tr, cfg.SubmitWindow)
+	sub, err := newSubmitter(r.sconn, r.subj.Submit, cfg.Topic, r.tr, cfg.SubmitWindow, cfg.SubmitBatch, cfg.Submitters)
 	if err != nil {
 		return nil, err
 	}
+	sub.keys = cfg.ConcurrencyKeys
 	cnt := &counter{st: r.st}
 	if err := cnt.baseline(ctx); err != nil {
 		return nil, err
@@ -168,10 +169,13 @@ func (r *runner) startTarget(ctx context.Context) error {
 		KeyPrefix: r.pfx.Key, SubjectPrefix: r.pfx.Subject, StreamPrefix: r.pfx.Stream,
 		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: nodeIDs(cfg.RunID, 1)[0], WorkerIDs: workerIDs(cfg.Workers),
 		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit,
-		CapacityGrace: cfg.CapacityGrace, PoolDispatch: cfg.WorkerMode == WorkerCAP}
+		CapacityGrace: cfg.CapacityGrace, PoolDispatch: cfg.WorkerMode == WorkerCAP, KeyLimit: cfg.KeyLimit}
 	if cfg.Hold {
 		// Held jobs stay DISPATCHED far longer than the default 300 s.
 		spec.DispatchTimeout = holdDispatchTimeout
+	}
+	if cfg.keysUnenforced {
+		spec.KeyLimit = 0
 	}
 	r.spec = spec
 	if cfg.Nodes > 1 {
@@ -454,6 +458,13 @@ func (r *runner) compute(recs []record, before, after snapshot) {
 	res.Jobs.Duplicates, res.Jobs.NeverReceived = tr.duplicates()
 	res.PerWorker = r.fl.perWorker()
 	res.MaxHeld, res.Overfills = r.fl.capacity()
+	if c := r.cfg; c.ConcurrencyKeys > 0 {
+		res.Keys = &KeysResult{Keys: c.ConcurrencyKeys, Limit: c.KeyLimit, IdealMakespanSec: c.IdealMakespan().Seconds()}
+		res.Keys.MaxHeld, res.Keys.Overfills = r.fl.keyCapacity()
+		k := res.Keys
+		k.Gaps, k.GapMeanMs, k.GapP50Ms, k.GapP90Ms, k.GapP99Ms, k.GapMaxMs = r.fl.keyGapStats()
+		k.LateGaps, k.LateGapMeanMs = r.fl.keyLateGaps()
+	}
 
 	var firstSubmit int64 = math.MaxInt64
 	for i := 0; i < n; i++ {
@@ -521,6 +532,9 @@ func (r *runner) compute(recs []record, before, after snapshot) {
 		// 1 ms rather than divided by zero.
 		durMs = math.Max(durMs, 1)
 		res.DurationSec = round3(durMs / 1000)
+		if k := res.Keys; k != nil && k.IdealMakespanSec > 0 {
+			k.OverIdealPct = math.Round(1000*(res.DurationSec-k.IdealMakespanSec)/k.IdealMakespanSec) / 10
+		}
 		if res.Jobs.NotTerminal == 0 {
 			res.JobsPerSec = math.Round(float64(res.Jobs.Terminal) / (durMs / 1000))
 		}

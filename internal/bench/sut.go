@@ -43,6 +43,12 @@ type sutSpec struct {
 	DispatchTimeout time.Duration `json:"dispatch_timeout,omitempty"`
 	// MemoryLimit is the node process's Go soft memory limit (0: none).
 	MemoryLimit int64 `json:"memory_limit,omitempty"`
+	// KeyLimit, when > 0, limits every concurrency key to that many jobs at
+	// once (the pools file's concurrency_keys "*").
+	KeyLimit int `json:"key_limit,omitempty"`
+	// RateLimit, when > 0, declares the bucket RateBucket of that many
+	// tokens a second (the pools file's rate_limits).
+	RateLimit int `json:"rate_limit,omitempty"`
 }
 
 // sut is a running system under test with the counters the bench reads: a
@@ -58,9 +64,18 @@ type sut struct {
 	fl   *floor
 }
 
-// benchPools routes the bench topic to the bench pool.
-func benchPools(topic, pool string) (*troupe.Pools, error) {
-	return troupe.ParsePools([]byte(fmt.Sprintf("topics:\n  %s: %s\npools:\n  %s: {requires: []}\n", topic, pool, pool)))
+// benchPools routes the bench topic to the bench pool and, with keyLimit >
+// 0, limits every concurrency key to keyLimit jobs at once; with rate > 0
+// it declares the bucket RateBucket of rate tokens a second (burst rate).
+func benchPools(topic, pool string, keyLimit, rate int) (*troupe.Pools, error) {
+	y := fmt.Sprintf("topics:\n  %s: %s\npools:\n  %s: {requires: []}\n", topic, pool, pool)
+	if keyLimit > 0 {
+		y += fmt.Sprintf("concurrency_keys:\n  \"*\": {limit: %d}\n", keyLimit)
+	}
+	if rate > 0 {
+		y += fmt.Sprintf("rate_limits:\n  %s: {limit: %d, per: 1s}\n", RateBucket, rate)
+	}
+	return troupe.ParsePools([]byte(y))
 }
 
 func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error) {
@@ -76,7 +91,7 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 	s := &sut{spec: spec, rdb: rdb, rc: rc, nc: nc}
 	switch spec.Role {
 	case TargetTroupe:
-		pools, err := benchPools(spec.Topic, spec.Pool)
+		pools, err := benchPools(spec.Topic, spec.Pool, spec.KeyLimit, spec.RateLimit)
 		if err != nil {
 			s.close()
 			return nil, err

@@ -395,6 +395,8 @@ func ServeChild(ctx context.Context, in io.Reader, out io.Writer, stderr io.Writ
 	if err := enc.Encode(childReply{Ready: true, PID: os.Getpid()}); err != nil {
 		return err
 	}
+	stopUSR1 := heapProfilesOnSignal(ctx, os.Getenv(HeapDirEnv), log)
+	defer stopUSR1()
 	var prof *os.File
 	defer func() {
 		if prof != nil {

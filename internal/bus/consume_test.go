@@ -121,3 +121,83 @@ func TestConsumeFetchesNoMoreThanTheRoom(t *testing.T) {
 		t.Fatalf("%d messages taken with room for 4", n)
 	}
 }
+
+// Consume's messages are JetStream's: their metadata counts deliveries, a
+// delayed nak has the server deliver the message again, and an ack
+// settles it (none left pending).
+func TestConsumeMessagesAckNakAndCountDeliveries(t *testing.T) {
+	env := testenv.NewWithPrivateNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := 0; i < n; i++ {
+		if _, err := js.Publish(ctx, subj.Result, []byte{byte('a' + i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type delivery struct {
+		data  string
+		count uint64
+		seq   uint64
+	}
+	got := make(chan delivery, 4*n)
+	handle := func(m jetstream.Msg) {
+		md, err := m.Metadata()
+		if err != nil {
+			t.Errorf("metadata: %v", err)
+			return
+		}
+		if md.NumDelivered == 1 {
+			_ = m.NakWithDelay(10 * time.Millisecond)
+		} else {
+			_ = m.Ack()
+		}
+		got <- delivery{string(m.Data()), md.NumDelivered, md.Sequence.Stream}
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, log, handle, nil); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string][]uint64{}
+	for acked := 0; acked < n; {
+		select {
+		case d := <-got:
+			if d.seq < 1 || d.seq > n {
+				t.Fatalf("message %q with stream sequence %d", d.data, d.seq)
+			}
+			seen[d.data] = append(seen[d.data], d.count)
+			if d.count > 1 {
+				acked++
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d messages acked; deliveries %v", acked, n, seen)
+		}
+	}
+	for data, counts := range seen {
+		if len(counts) != 2 || counts[0] != 1 || counts[1] != 2 {
+			t.Fatalf("message %q delivered with counts %v, want [1 2]", data, counts)
+		}
+	}
+	cons, err := js.Consumer(ctx, bus.StreamName(prefix, bus.StreamResult), bus.ConsumerName(bus.StreamResult))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		info, err := cons.Info(ctx)
+		if err == nil && info.NumAckPending == 0 && info.NumPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumer after every ack: %+v (err %v), want nothing pending", info, err)
+		}
+	}
+}

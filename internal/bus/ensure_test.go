@@ -140,3 +140,48 @@ func TestEnsureStreamsFailsOnAForeignOverlap(t *testing.T) {
 		t.Fatalf("EnsureStreams = %v, want the subjects-overlap error", err)
 	}
 }
+
+// A result stream made with interest retention (a build of 2026-11-26 read
+// it through a consumer per node; JetStream cannot change a stream's
+// retention) is kept as it is: EnsureStreams takes it, with the shared
+// consumer, instead of failing the node's start.
+func TestEnsureStreamsKeepsAnInterestResultStream(t *testing.T) {
+	env := testenv.NewWithPrivateNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	name := bus.StreamName(prefix, bus.StreamResult)
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	if err := js.DeleteStream(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Retention = jetstream.InterestPolicy
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatalf("an interest-retention result stream failed the start: %v", err)
+	}
+	st, err = js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := st.CachedInfo().Config.Retention; r != jetstream.InterestPolicy {
+		t.Fatalf("retention %v, want the stream kept as it was (interest)", r)
+	}
+	if _, err := js.Consumer(ctx, name, bus.ConsumerName(bus.StreamResult)); err != nil {
+		t.Fatalf("shared result consumer: %v", err)
+	}
+}

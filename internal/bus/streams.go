@@ -156,6 +156,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 		switch {
 		case err == nil && sameStream(st.CachedInfo().Config, cfg):
 			return st, nil
+		case err == nil && interestStream(st.CachedInfo().Config, cfg):
+			// JetStream cannot change a stream's retention; with the
+			// shared consumer alone, interest retention removes a
+			// message at its ack, as a work queue does.
+			return st, nil
 		case err == nil:
 			st, err = js.UpdateStream(ctx, cfg)
 		case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -183,6 +188,17 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 func sameStream(got, want jetstream.StreamConfig) bool {
 	return slices.Equal(got.Subjects, want.Subjects) && got.Retention == want.Retention && got.Storage == want.Storage && got.Replicas == want.Replicas &&
 		got.MaxAge == want.MaxAge && got.Discard == want.Discard
+}
+
+// interestStream reports whether got is an interest-retention stream
+// (a result stream made by a build of 2026-11-26, which read it through a
+// consumer per node) where want is a work queue: otherwise the same.
+func interestStream(got, want jetstream.StreamConfig) bool {
+	if got.Retention != jetstream.InterestPolicy || want.Retention != jetstream.WorkQueuePolicy {
+		return false
+	}
+	got.Retention = want.Retention
+	return sameStream(got, want)
 }
 
 // ensureConsumer is ensureStream for a durable consumer.
@@ -284,11 +300,12 @@ func OnFetchError(f func(error)) ConsumeOption {
 }
 
 // FetchLoops is how many fetch loops pull from each stream at once. A
-// Fetch that ends by expiry (below FetchBatch messages a second, every
-// fetch does) is now and then not seen to end by nats.go, which then waits
-// its own idle timeout, about a second more (measured with nats.go alone:
-// 2 of 61 fetches at 200 messages/s); with one loop, messages that arrive meanwhile
-// wait for it. With two, the server hands them to the other loop's pull;
+// pull that ends by expiry (below FetchBatch messages a second, every
+// pull does) was now and then not seen to end by nats.go's Fetch, which
+// then waited its own idle timeout, about a second more (measured with
+// nats.go alone: 2 of 61 fetches at 200 messages/s; a puller waits the
+// same second when the expiry status never comes); with one loop, messages
+// that arrive meanwhile wait for it. With two, the server hands them to the other loop's pull;
 // both stalling at once is the rare case. At full speed the second pull is
 // already waiting when the first batch is full.
 //
@@ -306,9 +323,10 @@ const (
 
 // Consume pulls from the durable consumer kind in batches and calls handle for
 // every message until ctx ends, from FetchLoops goroutines at once (handle
-// must be safe for concurrent use). Each uses Fetch in a loop rather than
-// Consume(): Consume() was measured here stalling for ~30 s in about
-// one run in ten, and a fetch loop cannot stall past its own max wait.
+// must be safe for concurrent use). Each sends JetStream pull requests in a
+// loop (see puller) rather than using nats.go's Consume(), measured here
+// stalling for ~30 s in about one run in ten: a pull cannot stall past its
+// own max wait.
 //
 // hold, when set, is asked before every fetch: while it says true the loop
 // waits (checking every HoldPoll) instead of pulling more — the node's
@@ -324,22 +342,23 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 	for _, opt := range opts {
 		opt(&o)
 	}
-	cons, err := js.Consumer(ctx, StreamName(prefix, kind), ConsumerName(kind))
-	if err != nil {
+	if _, err := js.Consumer(ctx, StreamName(prefix, kind), ConsumerName(kind)); err != nil {
 		return fmt.Errorf("bus: consumer %s: %w", kind, err)
 	}
 	for i := range FetchLoops {
 		start := time.Duration(i) * FetchMaxWait / FetchLoops
 		wait := FetchMaxWait + time.Duration(i)*fetchWaitSpread
-		go fetchLoop(ctx, cons, StreamName(prefix, kind), log, handle, hold, start, wait, o)
+		p := newPuller(js, StreamName(prefix, kind), ConsumerName(kind))
+		go fetchLoop(ctx, p, StreamName(prefix, kind), log, handle, hold, start, wait, o)
 	}
 	return nil
 }
 
 // fetchLoop is one of Consume's loops.
-func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log *slog.Logger,
+func fetchLoop(ctx context.Context, p *puller, stream string, log *slog.Logger,
 	handle func(jetstream.Msg), hold func() bool, start, wait time.Duration, o consumeOpts) {
 	sleep(ctx, start)
+	handle = skipProbes(handle)
 	backoff := 100 * time.Millisecond
 	failed := func(err error) {
 		var back <-chan struct{}
@@ -370,25 +389,11 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 			sleep(ctx, HoldPoll)
 			continue
 		}
-		batch, err := cons.Fetch(size, jetstream.FetchMaxWait(wait))
+		n, err := p.pull(ctx, size, wait, handle)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			failed(err)
-			continue
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			if IsProbe(msg) {
-				_ = msg.Ack()
-				continue
-			}
-			handle(msg)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
-			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoHeartbeat) && ctx.Err() == nil {
 			if n > 0 {
 				backoff = 100 * time.Millisecond // it did deliver: retry soon
 			}
@@ -396,6 +401,17 @@ func fetchLoop(ctx context.Context, cons jetstream.Consumer, stream string, log 
 			continue
 		}
 		backoff = 100 * time.Millisecond
+	}
+}
+
+// skipProbes acks a keeper's probe instead of handing it to handle.
+func skipProbes(handle func(jetstream.Msg)) func(jetstream.Msg) {
+	return func(msg jetstream.Msg) {
+		if IsProbe(msg) {
+			_ = msg.Ack()
+			return
+		}
+		handle(msg)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe/internal/bus"
@@ -195,5 +196,80 @@ func (r *admissionRig) noneTaken(t *testing.T, when string) {
 	case m := <-r.routed:
 		t.Fatalf("%s taken %s", m, when)
 	default:
+	}
+}
+
+// A result heard on the result subject (the owner's fast path, which
+// starts a parked job's actor) is dropped while the node's renewals are
+// late, as the result stream's fetches are held then — its shared copy
+// comes in through the gate — and goes to the job's shard again once a
+// round has renewed every lock.
+func TestHeardResultsDroppedWhileRenewalsAreLate(t *testing.T) {
+	env := testenv.New(t)
+	ctx := context.Background()
+	st := store.New(env.Client, store.Config{Prefix: env.KeyPrefix()})
+	if err := st.LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rn := st.NewLockRenewer(nil)
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	rn.SetClock(func() time.Time { return time.Unix(0, clock.Load()) })
+	if err := env.Client.Set(ctx, st.Keys().Lock("held-1"), "n1|1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rn.Hold("held-1", "n1|1", func(bool) { t.Error("the held lock was reported lost") })
+	clock.Add(int64(rn.LateAfter() + time.Millisecond))
+	if !rn.Late() {
+		t.Fatal("renewer not late")
+	}
+
+	// The shard reports every job it is delivered and every marker it gets
+	// (one sender's messages arrive in order).
+	got := make(chan string, 10)
+	sys := actor.NewActorSystem()
+	t.Cleanup(sys.Shutdown)
+	shard := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		switch m := c.Message().(type) {
+		case *supervisor.Deliver:
+			got <- "deliver " + m.JobID
+		case string:
+			got <- m
+		}
+	}))
+	router := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	in := &Intake{Store: st, Log: log, Shards: []*actor.PID{shard}, confirm: &confirmer{}, Env: &jobactor.Env{NodeID: "n1", Log: log,
+		Subjects: bus.NewSubjects(env.Prefix), Root: sys.Root, Router: router, Renewer: rn}}
+	in.confirm = &confirmer{in: in} // as startOwnResults leaves it (the settled set heard copies mark)
+	res, err := bus.EncodeResult("tr-1", "w1", &capv1.JobResult{JobId: "heard-1", WorkerId: "w1",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		select {
+		case m := <-got:
+			return m
+		case <-time.After(10 * time.Second):
+			t.Fatal("the shard got nothing")
+			return ""
+		}
+	}
+
+	in.HandleOwnResult(&nats.Msg{Data: res})
+	sys.Root.Send(shard, "marker")
+	if m := next(); m != "marker" {
+		t.Fatalf("while the renewals were late the shard got %q first, want the marker only", m)
+	}
+
+	rn.RenewOnce(ctx)
+	if rn.Late() {
+		t.Fatal("renewer still late after a round renewed every lock")
+	}
+	in.HandleOwnResult(&nats.Msg{Data: res})
+	if m := next(); m != "deliver heard-1" {
+		t.Fatalf("after the renewals caught up the shard got %q, want the heard result", m)
 	}
 }

@@ -54,6 +54,14 @@ func (in *Intake) markHeld(jobID string, c *jobactor.Cancel) bool {
 	if err := in.Store.MarkCancel(ctx, jobID, tenants, c.C.GetRequestedBy(), reason); err != nil {
 		return false
 	}
+	// No record: a delayed job not yet due is removed too (the mark
+	// expires long before a far run_at).
+	if in.CancelDelayed != nil && in.CancelDelayed(ctx, jobID, tenants) {
+		in.Log.Info("delayed job cancelled before its time; it never runs", "job_id", jobID, "trace_id", c.TraceID,
+			"by", c.C.GetRequestedBy())
+		_ = c.Delivery.Ack()
+		return true
+	}
 	in.Log.Info("cancel recorded for a job not yet admitted; it is created CANCELLED when a node takes it",
 		"job_id", jobID, "trace_id", c.TraceID, "by", c.C.GetRequestedBy())
 	_ = c.Delivery.Ack()

@@ -57,6 +57,9 @@ func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix st
 	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, in.admission(holdSubmits, true), submitOpts...); err != nil {
 		return err
 	}
+	// The node's own subscription to the result subject first: the shared
+	// copies wait for their job's record only once it runs (own.go).
+	in.startOwnResults(ctx, js.Conn())
 	if err := bus.Consume(ctx, js, prefix, bus.StreamResult, in.Log, in.HandleResult, in.admission(nil, false), opts...); err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"context"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,3 +38,10 @@ func (in *Intake) divert(msg jetstream.Msg, req *capv1.JobRequest, trace string)
 	}
 	return held
 }
+
+// CancelDelayedHook removes delayed job jobID, if it is held, not yet
+// taken to be submitted, and of one of tenants (store.AnyTenant: any),
+// and reports whether it did: the job then never runs. It is called for a
+// cancel of a job with no record, once its cancel mark is written (which
+// covers a delayed job already taken: it is created CANCELLED).
+type CancelDelayedHook func(ctx context.Context, jobID string, tenants []string) bool

@@ -22,12 +22,15 @@
 //   - inbox.go: the forwarding inbox, both sides — Forwarder, which job
 //     actors use to hand an event to the job's owner, and HandleInbox, the
 //     owner's intake of it;
+//   - own.go: the node's own subscription to the result subject (every
+//     result, its own jobs' kept) and the settling of the shared
+//     consumer's copies by their job's record;
 //   - inbox_batch.go: batches of forwarded events — BatchForwarder, which
 //     the Resolver uses to hand one owner several events in one request,
 //     the framing, and the owner's answer of one outcome per event.
 //
 // What it does not do: decide anything about a job (the job actor and its
-// decision core, packages actors and actors/lifecycle); spawn, supervise or
+// decision core, packages jobactor and lifecycle); spawn, supervise or
 // stop actors (package supervisor); find jobs that need waking — due,
 // orphaned, parked or left by a dead node (package recovery, which wakes
 // them through the Intake); create streams and consumers or run the fetch

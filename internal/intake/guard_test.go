@@ -104,9 +104,24 @@ func TestGuardRecognisesAMessageHandledButNotAcked(t *testing.T) {
 	if got := m.GetCounter().GetValue(); got != 1 {
 		t.Fatalf("skipped counter %v, want 1", got)
 	}
-	// Through the guard, the real ack lands: nothing comes back.
+	// Through the guard, the real ack lands: nothing comes back. The
+	// guard acks after its mark is written (asynchronously): wait for the
+	// consumer to hold nothing pending, else a loaded machine lets the
+	// 300 ms ack wait pass first and JetStream rightly redelivers.
 	if err := g.Wrap(again).Ack(); err != nil {
 		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the guarded ack never landed: %d pending", info.NumAckPending)
+		}
 	}
 
 	// A message that was never handled is redelivered and handled.

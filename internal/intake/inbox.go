@@ -144,12 +144,12 @@ func (in *Intake) takeForwarded(kind string, raw []byte, d jobactor.Delivery) bo
 	}
 	switch kind {
 	case jobactor.ForwardResult:
-		if res := pkt.GetJobResult(); res != nil && ValidateJobID(res.JobId) == nil {
+		if res := pkt.GetJobResult(); res != nil && ValidateEventJobID(res.JobId) == nil {
 			if reason, detail := in.Signatures.mayResult(by, pkt); reason != "" {
 				refuse(reason, detail)
 				return true
 			}
-			in.route(res.JobId, &jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true,
+			in.route(JobOf(res.JobId), &jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: d, Forwarded: true,
 				By: jobactor.By(by), Refuse: refuse}, true)
 			return true
 		}

@@ -75,6 +75,16 @@ type Intake struct {
 
 	// Delay, when set, holds submits that ask to run later (delay.go).
 	Delay DelayHook
+
+	// OwnResults, when set, counts the shared consumer's copies of results
+	// by what became of them (own.go).
+	OwnResults OwnResultCounts
+	// confirm, once the node hears the result subject itself, holds the
+	// shared consumer's copies until their job's record is read.
+	confirm *confirmer
+	// CancelDelayed, when set, removes a delayed job not yet due that a
+	// cancel with no record names (delay.go).
+	CancelDelayed CancelDelayedHook
 }
 
 // Drain makes the node's inbox refuse every forwarded event from now on,
@@ -86,9 +96,31 @@ type Intake struct {
 func (in *Intake) Drain() { in.draining.Store(true) }
 
 func (in *Intake) route(jobID string, msg interface{}, spawn bool) {
-	shard := in.Shards[supervisor.ShardFor(jobID, len(in.Shards))]
-	in.Env.Root.Send(shard, &supervisor.Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
+	in.send(&supervisor.Deliver{JobID: jobID, Msg: msg, Spawn: spawn})
 }
+
+// send hands d to its job's shard.
+func (in *Intake) send(d *supervisor.Deliver) {
+	in.Env.Root.Send(in.Shards[supervisor.ShardFor(d.JobID, len(in.Shards))], d)
+}
+
+// A stream message's event for its job actor is allocated as one block
+// with the shard's envelope and the guarded delivery (three allocations
+// were one each on every submit and result). The block lives as long as
+// its longest-held part, the event: the envelope's few words longer than before.
+type (
+	submitEvent struct {
+		d supervisor.Deliver
+		s jobactor.Submit
+		g GuardedMsg
+	}
+	resultEvent struct {
+		d   supervisor.Deliver
+		r   jobactor.Result
+		g   GuardedMsg
+		rel router.Released // the router's, for a worker's final answer
+	}
+)
 
 // lastOffer dead-letters a message on its last delivery: JetStream drops
 // it after that, and nothing is dropped unrecorded. It reports whether it did.
@@ -113,6 +145,9 @@ type metaMsg struct {
 }
 
 func withMetadata(msg jetstream.Msg) jetstream.Msg {
+	if _, ok := msg.(interface{ MetadataParsed() }); ok {
+		return msg // bus's pulled messages parse theirs as they arrive
+	}
 	md, err := msg.Metadata()
 	return &metaMsg{Msg: msg, md: md, err: err}
 }
@@ -175,6 +210,15 @@ func (in *Intake) delivery(msg jetstream.Msg) jobactor.Delivery {
 	return msg
 }
 
+// deliveryIn is delivery with the guard's wrapper in g, allocated by the caller.
+func (in *Intake) deliveryIn(msg jetstream.Msg, g *GuardedMsg) jobactor.Delivery {
+	if in.Guard != nil {
+		*g = GuardedMsg{Msg: msg, g: in.Guard}
+		return g
+	}
+	return msg
+}
+
 // HandleSubmit handles one message from the submit stream.
 func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	msg = withMetadata(msg)
@@ -192,8 +236,10 @@ func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	if in.divert(msg, req, trace) {
 		return
 	}
-	in.route(req.JobId, &jobactor.Submit{Req: req, TraceID: trace, Delivery: in.delivery(msg), Published: publishedAt(msg)},
-		true)
+	ev := &submitEvent{}
+	ev.s = jobactor.Submit{Req: req, TraceID: trace, Delivery: in.deliveryIn(msg, &ev.g), Published: publishedAt(msg)}
+	ev.d = supervisor.Deliver{JobID: req.JobId, Msg: &ev.s, Spawn: true}
+	in.send(&ev.d)
 }
 
 // HandleResult handles one message from the result stream.
@@ -201,7 +247,7 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 	msg = withMetadata(msg)
 	pkt, by, ok := in.take(msg, KindResult, "job_result",
 		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobResult(); return r.GetJobId(), r != nil },
-		func(p *capv1.BusPacket) error { return ValidateJobID(p.GetJobResult().GetJobId()) })
+		func(p *capv1.BusPacket) error { return ValidateEventJobID(p.GetJobResult().GetJobId()) })
 	if !ok {
 		return
 	}
@@ -219,14 +265,27 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
-	if res.WorkerId != "" && terminalStatus(res.Status) {
-		// The worker has answered: its slot is free now, before the job's
-		// actor has written the outcome (the router ignores a job it does
-		// not count on that worker).
-		in.Env.Root.Send(in.Env.Router, &router.Released{WorkerID: res.WorkerId, JobID: res.JobId, Done: true})
+	route := func() {
+		ev := &resultEvent{}
+		if res.WorkerId != "" && terminalStatus(res.Status) {
+			// The worker has answered: its slot is free now, before the
+			// job's actor has written the outcome (the router ignores a job
+			// it does not count on that worker).
+			ev.rel = router.Released{WorkerID: res.WorkerId, JobID: JobOf(res.JobId), Done: true}
+			in.Env.Root.Send(in.Env.Router, &ev.rel)
+		}
+		ev.r = jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.deliveryIn(msg, &ev.g), Raw: msg.Data(),
+			Published: publishedAt(msg), By: jobactor.By(by), Refuse: in.refuser(msg, KindResult, pkt)}
+		ev.d = supervisor.Deliver{JobID: JobOf(res.JobId), Msg: &ev.r, Spawn: true}
+		in.send(&ev.d)
 	}
-	in.route(res.JobId, &jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.delivery(msg), Raw: msg.Data(),
-		Published: publishedAt(msg), By: jobactor.By(by), Refuse: in.refuser(msg, KindResult, pkt)}, true)
+	if in.confirm != nil && res.WorkerId != "" {
+		// The job's owner hears its own copy (own.go): this one is acked
+		// once the job's record shows it handled, handled otherwise.
+		in.confirm.hold(msg, res, route)
+		return
+	}
+	route()
 }
 
 // terminalStatus reports whether a result status ends the worker's run.
@@ -245,7 +304,7 @@ func terminalStatus(s capv1.JobStatus) bool {
 // with a log line (there is nothing to ack or redeliver).
 func (in *Intake) HandleProgress(msg *nats.Msg) {
 	pkt, err := bus.Decode(msg.Data)
-	if err != nil || pkt.GetJobProgress() == nil || ValidateJobID(pkt.GetJobProgress().GetJobId()) != nil {
+	if err != nil || pkt.GetJobProgress() == nil || ValidateEventJobID(pkt.GetJobProgress().GetJobId()) != nil {
 		in.Log.Debug("progress packet ignored", "subject", msg.Subject, "err", err)
 		return
 	}
@@ -272,7 +331,7 @@ func (in *Intake) HandleProgress(msg *nats.Msg) {
 		in.Signatures.count(KindProgress, refusalLabel(reason))
 		in.Log.Debug("progress packet refused", "job_id", p.JobId, "reason", reason, "detail", detail)
 	}
-	in.route(p.JobId, &jobactor.Progress{P: p, From: pkt.SenderId, By: jobactor.By(by), Refuse: refuse}, false)
+	in.route(JobOf(p.JobId), &jobactor.Progress{P: p, From: pkt.SenderId, By: jobactor.By(by), Refuse: refuse}, false)
 }
 
 // HandleHeartbeat handles a core NATS heartbeat.

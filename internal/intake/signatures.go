@@ -312,11 +312,11 @@ func packetJobID(p *capv1.BusPacket) string {
 	case p.GetJobRequest() != nil:
 		id = p.GetJobRequest().GetJobId()
 	case p.GetJobResult() != nil:
-		id = p.GetJobResult().GetJobId()
+		id = JobOf(p.GetJobResult().GetJobId())
 	case p.GetJobCancel() != nil:
 		id = p.GetJobCancel().GetJobId()
 	case p.GetJobProgress() != nil:
-		id = p.GetJobProgress().GetJobId()
+		id = JobOf(p.GetJobProgress().GetJobId())
 	}
 	if ValidateJobID(id) != nil {
 		return ""

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/logx"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
@@ -64,6 +65,20 @@ func ValidateJobID(id string) error {
 		return fmt.Errorf("%w job_id: %v", ErrInvalid, err)
 	}
 	return nil
+}
+
+// ValidateEventJobID checks the job id of a result or progress: a job id,
+// or the id of one of its attempts ("<job_id>~a<n>", jobstate.AttemptID),
+// which a job that may retry is dispatched under.
+func ValidateEventJobID(id string) error {
+	return ValidateJobID(JobOf(id))
+}
+
+// JobOf is the job a result's or progress's job id names (an attempt id
+// names its job).
+func JobOf(id string) string {
+	base, _ := jobstate.SplitAttempt(id)
+	return base
 }
 
 // ValidateWorkerID applies the job id rules to a worker id, minus '.', since
@@ -183,6 +198,9 @@ func ValidateRequest(req *capv1.JobRequest) error {
 	}
 	if err := validMap("env", req.Env, MaxEnv, MaxEnvKey, MaxEnvValue); err != nil {
 		return err
+	}
+	if _, err := jobstate.RetryPolicyOf(req, jobstate.RetryPolicy{}); err != nil {
+		return fmt.Errorf("%w meta.labels: %v", ErrInvalid, err)
 	}
 	if n := mapBytes(req.Env); n > MaxEnvBytes {
 		return fmt.Errorf("%w env: %d bytes, at most %d", ErrInvalid, n, MaxEnvBytes)

@@ -12,10 +12,14 @@ import (
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/defaults"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/keyslot"
 	"github.com/troupe-run/troupe/internal/lifecycle"
 	"github.com/troupe-run/troupe/internal/outputgate"
+	"github.com/troupe-run/troupe/internal/ratelimit"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/tracing"
+	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/safety"
 )
 
@@ -149,9 +153,20 @@ type Env struct {
 	// TenantLimit returns a tenant's concurrency limit across all replicas
 	// (0: none). A policy's max_concurrent_jobs constraint can lower it.
 	TenantLimit func(tenant string) int
+	// KeyLimit returns a concurrency key's limit (0: none) and strategy;
+	// KeySlots keeps the keys' slots in Redis; KeyWaiters are this node's
+	// jobs waiting for one. Nil KeyLimit: concurrency keys are ignored.
+	KeyLimit   func(key string) (int, string)
+	KeySlots   *keyslot.Slots
+	KeyWaiters *KeyWaiters
+	// Rates are the node's rate limit buckets (nil: none; see ratewait.go).
+	Rates *ratelimit.Limiter
 	// Redispatch reports whether jobs of topic are re-dispatched when their
 	// worker is evicted before it starts them (nil: always).
 	Redispatch func(topic string) bool
+	// Retry is a job's retry policy (nil: jobs run once); see
+	// lifecycle.Config.Retry.
+	Retry func(req *capv1.JobRequest) jobstate.RetryPolicy
 
 	// PolicySlots bounds the remote (non-inline) policy checks in flight
 	// from this node (default PolicyConcurrencyDefault; see checkBounded).
@@ -290,15 +305,19 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		NodeID:        e.NodeID,
 		SubmitSubject: e.Subjects.Submit, ResultSubject: e.Subjects.Result,
 		Dispatch: e.Timeouts.Dispatch, RunningFor: e.Timeouts.RunningFor,
-		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch,
+		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch, KeyLimit: e.KeyLimit, Retry: e.Retry,
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
-		ParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
+		ParkAfter: e.ParkAfter, RateParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
 		AdmissionHold: e.AdmissionHold,
 		Saga:          sagaRecorder(e.SagaRetention), UnknownHold: max(e.UnknownHold, 0),
 		WorkerLostGrace: max(e.WorkerLostGrace, 0),
 		Direct:          func(subject, worker string) bool { return subject == e.Subjects.Worker(worker) },
 		Output:          e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
 		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug), Trace: e.Tracing != nil,
+	}
+	if e.Rates != nil {
+		// The limiter's current buckets: a pools reload changes them.
+		cfg.RateLimit = e.Rates.ForJob
 	}
 	if e.Keys != nil {
 		cfg.IdemKey, cfg.TenantKey = e.Keys.Idempotency, e.Keys.TenantActive

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -56,16 +57,32 @@ type JobActor struct {
 	// trace is the job's OpenTelemetry spans (nil: tracing off); see
 	// tracing.go in this package.
 	trace *jobSpans
+	// waitingKey: the concurrency key the job waits on among
+	// Env.KeyWaiters ("": none), to leave when the actor stops.
+	waitingKey string
 	// started: the actor has had its first event; admitting: that event
 	// was a submit, and the job counts in Env.Admitting until it is
 	// dispatched, written as waiting, or its actor finishes or stops.
 	started, admitting bool
-	// sop is the store op carrying the core's write sopOf: a retry of the
-	// same write (Write.Retry) submits the same store op again, so the
-	// store writes the same DLQ outbox entry (see store.Op); any other
-	// write gets a store op of its own.
-	sop   *store.Op
-	sopOf *lifecycle.Op
+	// wop is the store op carrying the core's last answered write (see
+	// writeOp): a retry of the same write (Write.Retry) submits the same
+	// store op again, so the store writes the same DLQ outbox entry (see
+	// store.Op); any other write refills it.
+	wop *writeOp
+	// stamp holds stampDispatch's entries (no slice allocated per dispatch).
+	stamp [4]string
+	// fin is the actor's first Finished, sent to its shard (finSent).
+	fin     Finished
+	finSent bool
+	// self is the actor's PID, set at its first start and never again:
+	// LockLost reads it on the lock renewer's goroutine.
+	self *actor.PID
+}
+
+// LockLost tells the job, from the lock renewer's goroutine, that its lock
+// of value could not be kept (store.LockLoser).
+func (a *JobActor) LockLost(value string, vanished bool) {
+	a.env.Root.Send(a.self, &lifecycle.LockLost{LockValue: value, Vanished: vanished})
 }
 
 // NewJobProps returns the props every job actor of a node is spawned with.
@@ -83,6 +100,9 @@ func jobIDFromPID(c actor.Context) string {
 func (a *JobActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
+		if a.self == nil {
+			a.self = c.Self()
+		}
 		a.id = jobIDFromPID(c)
 		a.job = lifecycle.New(a.env.core, a.id, rand.Uint64())
 		a.env.Metrics.LiveActors.Inc()
@@ -93,6 +113,9 @@ func (a *JobActor) Receive(c actor.Context) {
 		a.step(c, &lifecycle.Stopping{})
 	case *actor.Stopped:
 		a.admitted()
+		if a.waitingKey != "" && a.env.KeyWaiters != nil {
+			a.env.KeyWaiters.remove(a.waitingKey, a.id)
+		}
 		a.env.Metrics.LiveActors.Dec()
 		if a.trace != nil {
 			a.trace.end(tracing.EndStopped)
@@ -100,7 +123,10 @@ func (a *JobActor) Receive(c actor.Context) {
 		// protoactor's child set keeps a stopped child's PID (and through
 		// it the actor) reachable until the slot is reused: drop what the
 		// actor references so that costs a struct, not the job.
-		a.job, a.timer, a.trace = nil, nil, nil
+		if a.wop != nil {
+			a.wop.release()
+		}
+		a.job, a.timer, a.trace, a.wop = nil, nil, nil, nil
 	case *actor.Restarting:
 		a.admitted()
 		a.env.Metrics.LiveActors.Dec() // Started follows and counts it again
@@ -186,12 +212,19 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			env.Writer.Submit(op)
 			break
 		}
-		if !e.Retry || a.sopOf != e.Op {
-			a.sop, a.sopOf = storeOp(e.Op), e.Op
+		w := a.wop
+		if !e.Retry || w == nil || w.of != e.Op || w.inFlight.Load() {
+			if w == nil || w.inFlight.Load() {
+				w = newWriteOp(c.Self(), env.Root)
+				a.wop = w
+			}
+			fillStoreOp(&w.op, e.Op)
+			w.of = e.Op
 		}
-		self, root, ep := c.Self(), env.Root, e.Epoch
-		a.sop.Done = func(r *store.Result) { root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: writeResult(r)}) }
-		env.Writer.Submit(a.sop)
+		w.epoch = e.Epoch
+		w.op.Done = w.done
+		w.inFlight.Store(true)
+		env.Writer.Submit(&w.op)
 	case lifecycle.RetryWrite:
 		self, root, ep := c.Self(), env.Root, e.Epoch
 		time.AfterFunc(e.After, func() { root.Send(self, &lifecycle.RetryNow{Epoch: ep}) })
@@ -201,6 +234,8 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		c.Send(env.Router, e.Msg)
 	case lifecycle.AskPolicy:
 		return a.askPolicy(c, e)
+	case lifecycle.AskKeySlot, lifecycle.WaitKey, lifecycle.ReleaseKey, lifecycle.CancelJob:
+		a.keyEffect(c, e)
 	case lifecycle.WakePolicyWaiters:
 		if env.SafetyWaiters != nil {
 			env.SafetyWaiters.wake(env.Root, SafetyWakeBatch)
@@ -234,14 +269,11 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.PublishDLQ:
 		publishDLQ(env, e.Entry)
 	case lifecycle.Arm:
-		if a.timer != nil {
-			env.Wheel.Cancel(a.timer)
-		}
-		a.timer = env.Wheel.Schedule(time.Until(e.At), c.Self(), e.Epoch)
+		// The actor's one wheel entry, moved (no entry allocated per timer).
+		a.timer = env.Wheel.Reschedule(a.timer, time.Until(e.At), c.Self(), e.Epoch)
 	case lifecycle.Disarm:
 		if a.timer != nil {
-			env.Wheel.Cancel(a.timer)
-			a.timer = nil
+			env.Wheel.Cancel(a.timer) // kept for the next Arm
 		}
 	case lifecycle.Refusal:
 		if e.Refuse != nil {
@@ -261,10 +293,8 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case lifecycle.Touch:
 		_ = e.D.InProgress()
 	case lifecycle.Hold:
-		self, root, lv := c.Self(), env.Root, e.LockValue
-		env.Renewer.Hold(a.id, lv, func(vanished bool) {
-			root.Send(self, &lifecycle.LockLost{LockValue: lv, Vanished: vanished})
-		})
+		// The actor is its own store.LockLoser (LockLost): no closure per job.
+		env.Renewer.HoldFor(a.id, e.LockValue, a)
 	case lifecycle.Forget:
 		env.Renewer.Forget(a.id, e.LockValue)
 	case lifecycle.Forward:
@@ -274,8 +304,15 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		if a.trace != nil {
 			a.trace.finish(a.job.State, e.Parked)
 		}
-		c.Send(c.Parent(), &Finished{JobID: a.id, PID: c.Self(), Parked: e.Parked, Running: e.Running,
-			Redeliver: e.Redeliver})
+		f := &Finished{}
+		if !a.finSent {
+			// The actor's first Finished (as a rule its only one) is its
+			// own field: the shard reads it and keeps nothing of it. A
+			// second gets its own, the first perhaps not read yet.
+			a.finSent, f = true, &a.fin
+		}
+		*f = Finished{JobID: a.id, PID: c.Self(), Parked: e.Parked, Running: e.Running, Redeliver: e.Redeliver}
+		c.Send(c.Parent(), f)
 	case lifecycle.Redeliver:
 		c.Send(c.Parent(), &Redeliver{JobID: a.id, Msgs: e.Msgs})
 	case lifecycle.Terminal:
@@ -304,6 +341,14 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		} else {
 			env.Metrics.observe(e)
 		}
+	case lifecycle.TakeTokens:
+		return a.takeTokens(c, e)
+	case lifecycle.LeaveTokens:
+		if env.Rates != nil {
+			env.Rates.Leave(a.id, e.Bucket, e.Epoch, e.Return)
+		}
+	case lifecycle.ParkTokens:
+		a.parkTokens(c, e)
 	case lifecycle.Moved:
 		a.traceMoved(e)
 	case lifecycle.Resumed:
@@ -365,6 +410,11 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 	if a.trace != nil {
 		req = a.trace.request(req)
 	}
+	if j.Retries() {
+		// Dispatched under its attempt's id, with the attempt's number
+		// (lifecycle/retry.go): a copy, the job's request stays as it is.
+		req = attemptRequest(req, j.WorkerJobID(), j.Attempt())
+	}
 	data, err := bus.EncodeRequestEnv(j.TraceID, a.env.NodeID, req, a.stampDispatch(e.Subject)...)
 	if err == nil {
 		err = a.env.Publish(e.Subject, data)
@@ -399,8 +449,9 @@ func (a *JobActor) stampDispatch(subject string) []string {
 	if !ok {
 		return nil
 	}
-	return []string{registry.EnvHeardBeat, strconv.FormatInt(heard.UnixNano(), 10),
+	a.stamp = [4]string{registry.EnvHeardBeat, strconv.FormatInt(heard.UnixNano(), 10),
 		registry.EnvEvictAfter, strconv.FormatInt(window.Milliseconds(), 10)}
+	return a.stamp[:]
 }
 
 // tellClient publishes an outcome Troupe decided itself (cancelled, timed
@@ -414,14 +465,30 @@ func (a *JobActor) tellClient(e lifecycle.TellClient) {
 		a.tellClientOnce(e)
 		return
 	}
-	data, err := bus.EncodeResult(a.job.TraceID, a.env.NodeID, &capv1.JobResult{JobId: a.id, Status: e.Status,
-		ErrorCode: string(e.Code), ErrorMessage: e.Msg})
+	res := e.Res
+	if res == nil {
+		res = &capv1.JobResult{JobId: a.id, Status: e.Status, ErrorCode: string(e.Code), ErrorMessage: e.Msg}
+	}
+	data, err := bus.EncodeResult(a.job.TraceID, a.env.NodeID, res)
 	if err == nil {
 		err = a.env.Publish(a.env.Subjects.Result, data)
 	}
 	if err != nil {
 		a.env.Log.Warn("outcome publish failed", "job_id", a.id, "trace_id", a.job.TraceID, "err", err)
 	}
+}
+
+// attemptRequest is req as attempt n of a job that may retry is
+// dispatched: under the attempt's id, its number in the env
+// (lifecycle.EnvAttempt).
+func attemptRequest(req *capv1.JobRequest, id string, n int) *capv1.JobRequest {
+	out := proto.Clone(req).(*capv1.JobRequest)
+	out.JobId = id
+	if out.Env == nil {
+		out.Env = make(map[string]string, 1)
+	}
+	out.Env[lifecycle.EnvAttempt] = strconv.Itoa(n)
+	return out
 }
 
 // tellClientOnce tells the client only if no replica told it e's outcome
@@ -451,7 +518,7 @@ func (a *JobActor) tellClientOnce(e lifecycle.TellClient) {
 // cancelWorker publishes a JobCancel on sys.job.cancel, where CAP workers
 // listen for them.
 func (a *JobActor) cancelWorker(reason string) {
-	data, err := bus.EncodeCancel(a.job.TraceID, a.env.NodeID, &capv1.JobCancel{JobId: a.id, Reason: reason,
+	data, err := bus.EncodeCancel(a.job.TraceID, a.env.NodeID, &capv1.JobCancel{JobId: a.job.WorkerJobID(), Reason: reason,
 		RequestedBy: a.env.NodeID})
 	if err == nil {
 		err = a.env.Publish(a.env.Subjects.Cancel, data)

@@ -22,6 +22,9 @@ type (
 	WorkerLost  = lifecycle.WorkerLost
 	ResultsLost = lifecycle.ResultsLost
 	Abandon     = lifecycle.Abandon
+	// Tokens is the rate limiter's answer; for a parked job's ask it
+	// reaches the shard (Redeliver) and spawns the job's next actor.
+	Tokens = lifecycle.Tokens
 )
 
 // Forward kinds, as carried in the Troupe-Kind header of a forwarded packet.
@@ -36,8 +39,9 @@ const (
 type Finished struct {
 	JobID string
 	PID   *actor.PID
-	// Parked: the job stays DISPATCHED or RUNNING on this node with no live
-	// actor (see lifecycle.Job.park). The shard remembers it, so that the worker's progress
+	// Parked: the job stays DISPATCHED or RUNNING (or SCHEDULED waiting
+	// for rate limit tokens) on this node with no live actor (see
+	// lifecycle.Job.park, parkTokens). The shard remembers it, so that the worker's progress
 	// or eviction — events that only the dispatching node acts on — spawn
 	// an actor for it again.
 	Parked bool
@@ -50,8 +54,10 @@ type Finished struct {
 }
 
 // Redeliver hands the shard events that reached a job's actor after it
-// parked the job (the worker's first progress, its eviction): they go to
-// the job's next actor.
+// parked the job (the worker's first progress, its eviction), and the rate
+// limiter's answer to a parked job's ask (a *Tokens, which spawns an actor
+// whether or not the shard remembers the job parked): they go to the job's
+// next actor.
 type Redeliver struct {
 	JobID string
 	Msgs  []interface{}

@@ -55,6 +55,13 @@ type Metrics struct {
 	// too, and only the job's deadline ends it. Such a job's record says
 	// so (reason worker_lost_runner_unknown, field lost_detail).
 	RunnerUnknown prometheus.Counter
+
+	// AttemptRetries counts failed attempts run again under a retry
+	// policy, by what failed them (worker_failed, worker_timeout,
+	// worker_lost); StaleAttempts the results of attempts a job was past,
+	// ignored.
+	AttemptRetries *prometheus.CounterVec // cause
+	StaleAttempts  prometheus.Counter
 }
 
 // NewMetrics creates the job metrics and registers them on reg (nil: not
@@ -95,7 +102,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Jobs the due poller woke and this node adopted (their owner died, or their wait was due)."},
 			[]string{"topic"}),
 		Parked: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_parked_total",
-			Help: "Jobs parked while waiting for their worker: actor stopped, lock held through the node lease."}),
+			Help: "Jobs parked while waiting for their worker or rate limit tokens: actor stopped, lock held through the node lease."}),
 		Unparked: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_unparked_total",
 			Help: "Parked jobs activated again (a result, cancel, progress, deadline, eviction or adoption)."}),
 		AdoptionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "troupe_adoption_latency_seconds",
@@ -111,6 +118,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Results and cancels for a job with no record handed back to JetStream to wait for the record (a replica that lost it with Redis recreates it)."}),
 		RunnerUnknown: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_jobs_runner_unknown_total",
 			Help: "Started jobs whose picked worker was lost on a pool subject: their runner is unknown and may be lost; each ends at its deadline unless a result comes (GET /v1/jobs?state=DISPATCHED, reason worker_lost_runner_unknown)."}),
+		AttemptRetries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "troupe_job_attempt_retries_total",
+			Help: "Failed attempts run again under the job's retry policy, by cause (worker_failed, worker_timeout, worker_lost)."},
+			[]string{"cause"}),
+		StaleAttempts: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_job_stale_attempt_results_total",
+			Help: "Results of an attempt the job had moved past (a retry was already under way), ignored."}),
 		Busy: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_job_activations_busy_total",
 			Help: "Job activations that found the job's lock held by another owner (its results and cancels go to that owner or back to JetStream; its submits are duplicates)."}),
 	}
@@ -119,7 +131,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Received, m.Dispatched, m.Completed, m.Absorbed, m.FailClosed, m.Fenced,
 			m.IdemDuplicates, m.Timeouts, m.Retries, m.LiveActors, m.ActivationDelay, m.Forwarded,
 			m.DispatchLatency, m.OrphanReplayed, m.Parked, m.Unparked, m.Resent, m.AdoptionLatency, m.CapacityWaits,
-			m.Held, m.Busy, m.UnwrittenWaits, m.RunnerUnknown)
+			m.Held, m.Busy, m.UnwrittenWaits, m.RunnerUnknown,
+			m.AttemptRetries, m.StaleAttempts)
 	}
 	return m
 }
@@ -161,6 +174,10 @@ func (m *Metrics) count(c lifecycle.Count, output *outputgate.Gate) {
 		m.Busy.Inc()
 	case lifecycle.MRunnerUnknown:
 		m.RunnerUnknown.Inc()
+	case lifecycle.MRetried:
+		m.AttemptRetries.WithLabelValues(c.Label).Inc()
+	case lifecycle.MStaleAttempt:
+		m.StaleAttempts.Inc()
 	case lifecycle.MQuarantined:
 		if output != nil {
 			output.Metrics.Quarantined(c.Label)

@@ -1,6 +1,11 @@
 package jobactor
 
 import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/troupe-run/troupe/internal/lifecycle"
 	"github.com/troupe-run/troupe/internal/store"
 )
@@ -20,10 +25,73 @@ var opKinds = [...]store.OpKind{
 
 // storeOp is the store op for the core's write o (without Done).
 func storeOp(o *lifecycle.Op) *store.Op {
-	return &store.Op{Kind: opKinds[o.Kind], JobID: o.JobID, Node: o.Node, LockValue: o.LockValue,
+	op := new(store.Op)
+	fillStoreOp(op, o)
+	return op
+}
+
+// fillStoreOp makes dst the store op for the core's write o (without
+// Done), overwriting all of dst: what the writer kept in it for an earlier
+// write (its commands, its DLQ outbox entry) goes with it.
+func fillStoreOp(dst *store.Op, o *lifecycle.Op) {
+	*dst = store.Op{Kind: opKinds[o.Kind], JobID: o.JobID, Node: o.Node, LockValue: o.LockValue,
 		Create: o.Create, Topic: o.Topic, Tenant: o.Tenant, TraceID: o.TraceID, Request: o.Request,
 		T: o.T, DLQ: o.DLQ, TenantRelease: o.TenantRelease,
 		IdemKey: o.IdemKey, TenantKey: o.TenantKey, Limit: o.Limit, ParkDue: o.ParkDue}
+}
+
+// writeOp is a job actor's store op for its core's answered writes (those
+// with an epoch), with the completion that sends the outcome back as a
+// WriteDone. A job has at most one such write outstanding, so the actor
+// keeps one writeOp and refills it for each write once the writer is done
+// with the last: no store op and no completion closure allocated per write.
+// A write that finds the last one still with the writer (it cannot, while
+// the core keeps one write outstanding; a restarted actor starts with none)
+// gets a writeOp of its own.
+type writeOp struct {
+	op    store.Op
+	of    *lifecycle.Op // the core's write op was filled from
+	epoch uint64        // the write's epoch, read by complete
+	self  *actor.PID
+	root  *actor.RootContext
+	// inFlight: submitted and not yet completed (the writer may still
+	// read op).
+	inFlight atomic.Bool
+	done     func(*store.Result) // complete, bound once
+}
+
+// writeOps keeps the writeOps of stopped job actors for the next jobs' (a
+// writeOp and its bound completion are two allocations a job otherwise).
+var writeOps = sync.Pool{New: func() any {
+	w := &writeOp{}
+	w.done = w.complete
+	return w
+}}
+
+func newWriteOp(self *actor.PID, root *actor.RootContext) *writeOp {
+	w := writeOps.Get().(*writeOp)
+	w.self, w.root = self, root
+	return w
+}
+
+// release gives w back for another actor once its actor stops; one still
+// with the writer is left to the garbage collector.
+func (w *writeOp) release() {
+	if w.inFlight.Load() {
+		return
+	}
+	w.op, w.of, w.self, w.root = store.Op{}, nil, nil, nil
+	writeOps.Put(w)
+}
+
+// complete is the op's Done, on a writer goroutine: the writer has finished
+// with the op, and its outcome goes to the job's actor. Everything it needs
+// is read before the op is marked free: from then on the op may be refilled,
+// or given to another actor.
+func (w *writeOp) complete(r *store.Result) {
+	ep, self, root := w.epoch, w.self, w.root
+	w.inFlight.Store(false)
+	root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: writeResult(r)})
 }
 
 // writeResult is the core's view of a store op's outcome.

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/lifecycle"
 	"github.com/troupe-run/troupe/internal/store"
@@ -41,11 +43,13 @@ func jobLife(t *testing.T) {
 	j := lifecycle.New(cfg, "job-1", 0)
 	in := &lifeInputs{now: time.Unix(1_000_000, 0)}
 	var epoch uint64
+	sop := new(store.Op) // the actor's one store op (writeOp), refilled per write
 	feed := func(ev any) {
 		for _, e := range j.Step(ev, in) {
 			switch e := e.(type) {
 			case lifecycle.Write:
-				epoch, opSink = e.Epoch, storeOp(e.Op)
+				fillStoreOp(sop, e.Op)
+				epoch, opSink = e.Epoch, sop
 			case lifecycle.AskPolicy:
 				epoch = e.Epoch
 			case lifecycle.AskRouter:
@@ -72,7 +76,8 @@ func jobLife(t *testing.T) {
 // core keeps its own write inside its pending step, allocating none), no
 // allocation for an outcome (the core's result travels by value in its
 // WriteDone) or a sender. The count of a whole job's life through the core
-// and these translations is logged (go test -v -run TestShellTranslation).
+// and these translations is logged (go test -v -run TestShellTranslation);
+// the shell refills one store op per actor (writeOp), as jobLife does.
 func TestShellTranslationAllocations(t *testing.T) {
 	op := &lifecycle.Op{Kind: lifecycle.OpTransition, JobID: "j", Node: "n", LockValue: "n|1",
 		T: &jobstate.Transition{Path: []jobstate.Hop{{To: jobstate.StateRunning}}}}
@@ -95,4 +100,56 @@ func TestShellTranslationAllocations(t *testing.T) {
 	}
 	t.Logf("allocations per job life through the core and the shell's translations: %.0f",
 		testing.AllocsPerRun(200, func() { jobLife(t) }))
+}
+
+type writeDoneSink struct{ got chan *lifecycle.WriteDone }
+
+func (s *writeDoneSink) Receive(c actor.Context) {
+	if m, ok := c.Message().(*lifecycle.WriteDone); ok {
+		s.got <- m
+	}
+}
+
+// An actor's one store op is free for its next write exactly once the
+// writer completed it, and its completion answers with the epoch of the
+// write it carried (not of a later one).
+func TestWriteOpAnswersItsEpochAndIsFreeOnceComplete(t *testing.T) {
+	sys := actor.NewActorSystem()
+	sink := &writeDoneSink{got: make(chan *lifecycle.WriteDone, 2)}
+	pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sink }))
+	w := newWriteOp(pid, sys.Root)
+	fillStoreOp(&w.op, &lifecycle.Op{Kind: lifecycle.OpTransition, JobID: "j1", LockValue: "lv"})
+	w.epoch = 7
+	w.op.Done = w.done
+	w.inFlight.Store(true)
+	w.op.Done(&store.Result{Step: store.StepOK})
+	if w.inFlight.Load() {
+		t.Fatal("completed op still in flight: the actor would allocate a new one")
+	}
+	select {
+	case d := <-sink.got:
+		if d.Epoch != 7 || d.Res.Step != lifecycle.StepOK {
+			t.Fatalf("WriteDone %+v, want epoch 7 and OK", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no WriteDone")
+	}
+	// Refilled for the next write: nothing of the last one is left.
+	fillStoreOp(&w.op, &lifecycle.Op{Kind: lifecycle.OpRelease, JobID: "j1", LockValue: "lv2"})
+	if w.op.Kind != store.OpRelease || w.op.LockValue != "lv2" || w.op.Done != nil {
+		t.Fatalf("refilled op %+v", w.op)
+	}
+	// An actor that stops with its op still at the writer keeps it out of
+	// the pool: the writer may still read it, and its completion still
+	// answers the stopped actor.
+	w.inFlight.Store(true)
+	w.release()
+	if w.op.JobID != "j1" || w.self != pid {
+		t.Fatal("an op still with the writer was cleared for another actor")
+	}
+	w.inFlight.Store(false)
+	w.release()
+	if w.op.JobID != "" || w.self != nil {
+		t.Fatal("a released op keeps its job's data")
+	}
 }

@@ -59,6 +59,9 @@ type touched struct {
 	ds          []lifecycle.Delivery
 	next, until time.Time
 	gone        bool
+	// inline holds ds when it fits: a waiting job has its submit's
+	// delivery, rarely more (one allocation per wait, not two).
+	inline [1]lifecycle.Delivery
 }
 
 // touchQueue is a FIFO of waits in order of their next touch.
@@ -104,14 +107,18 @@ func NewToucher(maxAge time.Duration) *Toucher {
 
 // Add keeps job's deliveries (copied) until Remove.
 func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
-	kept := make([]lifecycle.Delivery, 0, len(ds))
+	now := time.Now()
+	w := &touched{job: job, next: now.Add(TouchFirst), until: now.Add(t.maxAge)}
+	kept := w.inline[:0]
+	if len(ds) > len(w.inline) {
+		kept = make([]lifecycle.Delivery, 0, len(ds))
+	}
 	for _, d := range ds {
 		if d != nil {
 			kept = append(kept, d)
 		}
 	}
-	now := time.Now()
-	w := &touched{job: job, ds: kept, next: now.Add(TouchFirst), until: now.Add(t.maxAge)}
+	w.ds = kept
 	t.mu.Lock()
 	if old := t.waits[job]; old != nil {
 		old.gone = true

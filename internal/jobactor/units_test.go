@@ -7,6 +7,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/lifecycle"
 )
 
 func TestBackoffDoublesWithJitterAndCaps(t *testing.T) {
@@ -125,5 +126,53 @@ func TestParseTimeouts(t *testing.T) {
 	}
 	if _, err := jobactor.ParseTimeouts([]byte("topics:\n  job.x:\n    timeout_seconds: 0\n")); err == nil {
 		t.Fatal("zero topic timeout accepted")
+	}
+}
+
+type timerSink struct{ got chan uint64 }
+
+func (s *timerSink) Receive(c actor.Context) {
+	if m, ok := c.Message().(*lifecycle.Timer); ok {
+		s.got <- m.Epoch
+	}
+}
+
+// A job actor keeps one wheel entry: Reschedule moves it (scheduled or
+// fired) to its new time and epoch, so only the last epoch fires and the
+// wheel holds one entry for it.
+func TestWheelRescheduleMovesTheOneEntry(t *testing.T) {
+	t.Parallel()
+	sys := actor.NewActorSystem()
+	w := jobactor.NewWheel(sys.Root)
+	defer w.Stop()
+	sink := &timerSink{got: make(chan uint64, 10)}
+	pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sink }))
+	e := w.Schedule(time.Hour, pid, 1)
+	if again := w.Reschedule(e, 20*time.Millisecond, pid, 2); again != e {
+		t.Fatal("Reschedule allocated a new entry for a scheduled one")
+	}
+	if w.Len() != 1 {
+		t.Fatalf("len %d after moving the one entry, want 1", w.Len())
+	}
+	for _, want := range []uint64{2, 3} {
+		select {
+		case got := <-sink.got:
+			if got != want {
+				t.Fatalf("fired epoch %d, want %d (a moved entry fired at its old epoch)", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("epoch %d never fired", want)
+		}
+		if w.Len() != 0 {
+			t.Fatalf("len %d after the entry fired", w.Len())
+		}
+		// Fired: the same entry is scheduled again.
+		if again := w.Reschedule(e, 20*time.Millisecond, pid, want+1); again != e {
+			t.Fatal("Reschedule allocated a new entry for a fired one")
+		}
+	}
+	w.Cancel(e)
+	if w.Len() != 0 {
+		t.Fatalf("len %d after cancelling", w.Len())
 	}
 }

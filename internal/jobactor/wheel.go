@@ -68,6 +68,16 @@ func NewWheel(root *actor.RootContext) *Wheel {
 
 // Schedule sends &lifecycle.Timer{Epoch} to pid after d.
 func (w *Wheel) Schedule(d time.Duration, pid *actor.PID, epoch uint64) TimerRef {
+	return w.Reschedule(nil, d, pid, epoch)
+}
+
+// Reschedule is Schedule that reuses e (nil: none), an entry of the
+// caller's own: e is cancelled if still scheduled and scheduled again for
+// d, with epoch. A job actor keeps its one entry from one timer to the
+// next, so arming a timer allocates nothing. The wheel reads an entry only
+// under its lock (a due entry's pid and epoch are copied out before it is
+// sent), so the caller may reuse it as soon as it fired.
+func (w *Wheel) Reschedule(e TimerRef, d time.Duration, pid *actor.PID, epoch uint64) TimerRef {
 	// The next tick may come at any moment of the current period, so one
 	// tick more than d needs: an entry never fires early, at most one tick
 	// late.
@@ -75,8 +85,14 @@ func (w *Wheel) Schedule(d time.Duration, pid *actor.PID, epoch uint64) TimerRef
 	if ticks < 1 {
 		ticks = 1
 	}
-	e := &wheelEntry{pid: pid, epoch: epoch, live: true}
+	if e == nil {
+		e = &wheelEntry{}
+	}
 	w.mu.Lock()
+	if e.live {
+		w.unlink(e)
+	}
+	e.pid, e.epoch, e.live = pid, epoch, true
 	e.slot = (w.pos + ticks) % WheelSlots
 	e.rounds = (ticks - 1) / WheelSlots
 	e.next = w.slots[e.slot]
@@ -142,7 +158,12 @@ func (w *Wheel) run() {
 	defer close(w.done)
 	t := time.NewTicker(WheelTick)
 	defer t.Stop()
-	var due []*wheelEntry
+	// due: the entries that fired in a tick, copied out under the lock.
+	type dueTimer struct {
+		pid   *actor.PID
+		epoch uint64
+	}
+	var due []dueTimer
 	for {
 		w.mu.Lock()
 		idle := w.n == 0
@@ -173,14 +194,14 @@ func (w *Wheel) run() {
 				e.rounds--
 			} else {
 				w.unlink(e)
-				due = append(due, e)
+				due = append(due, dueTimer{pid: e.pid, epoch: e.epoch})
 			}
 			e = next
 		}
 		w.mu.Unlock()
 		for i, e := range due {
 			w.root.Send(e.pid, &lifecycle.Timer{Epoch: e.epoch})
-			due[i] = nil
+			due[i] = dueTimer{}
 		}
 		due = due[:0]
 	}

@@ -43,7 +43,12 @@ const (
 	ReasonPoolOverloaded        Reason = "pool_overloaded"
 	ReasonStaleWorker           Reason = "stale_worker"
 	ReasonTenantLimit           Reason = "tenant_limit"
-	ReasonDispatchFailed        Reason = "dispatch_failed"
+	// ReasonConcurrencyKey: the job waits for a slot of its concurrency
+	// key; ReasonConcurrencyKeyCancelled: it was cancelled for one
+	// (cancel_newest), or to make room for a newer job (cancel_in_progress).
+	ReasonConcurrencyKey          Reason = "concurrency_key"
+	ReasonConcurrencyKeyCancelled Reason = "concurrency_key_cancelled"
+	ReasonDispatchFailed          Reason = "dispatch_failed"
 	// ReasonPoolPaused: an operator paused the job's topic; the job waits
 	// SCHEDULED, in order, until the topic is resumed.
 	ReasonPoolPaused Reason = "pool_paused"
@@ -87,9 +92,13 @@ const (
 
 	// Lifecycle.
 	ReasonMaxSchedulingRetries Reason = "max_scheduling_retries"
-	ReasonLockBusy             Reason = "lock_busy"
-	ReasonStateUnavailable     Reason = "state_unavailable"
-	ReasonIdempotentDuplicate  Reason = "idempotent_duplicate"
+	// ReasonRetryWait: the worker failed the attempt (FAILED, TIMEOUT, or
+	// it was lost while running it) and the job's retry policy runs it
+	// again: DISPATCHED or RUNNING → SCHEDULED until its backoff ends.
+	ReasonRetryWait           Reason = "retry_wait"
+	ReasonLockBusy            Reason = "lock_busy"
+	ReasonStateUnavailable    Reason = "state_unavailable"
+	ReasonIdempotentDuplicate Reason = "idempotent_duplicate"
 	// ReasonStateLost: Redis no longer had the job's record (it restarted
 	// without persistence); the owning actor wrote it back from memory.
 	ReasonStateLost Reason = "state_lost"
@@ -101,4 +110,13 @@ const (
 	// cannot fix (or failed past its restart budget); its supervisor
 	// marked the job FAILED.
 	ReasonActorFailed Reason = "actor_failed"
+)
+
+// Rate limits (internal/ratelimit): a job waiting for its bucket's tokens
+// is SCHEDULED rate_limited; a job whose declaration can never be granted
+// (an undeclared bucket, units beyond its burst) fails rate_limit_invalid.
+// A job still waiting at its deadline fails deadline_exceeded.
+const (
+	ReasonRateLimited      Reason = "rate_limited"
+	ReasonRateLimitInvalid Reason = "rate_limit_invalid"
 )

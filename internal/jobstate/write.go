@@ -201,3 +201,13 @@ func DecodeRequest(raw []byte) (*capv1.JobRequest, error) {
 	}
 	return req, nil
 }
+
+// FieldLanded is the record field a write's script sets to when the write
+// landed, on Redis's clock (unix ms), where the write's fields give it the
+// value LandedNow: a dispatch on a tenant or key slot (lifecycle,
+// adoptedSlotStale), whose slot may have been given away had it landed
+// long after the job asked for it.
+const (
+	FieldLanded = "dat"
+	LandedNow   = "\x00now"
+)

@@ -287,3 +287,27 @@ func TestDispatchWritesUnsetFlagsOnlyOverAnExistingRecord(t *testing.T) {
 		t.Errorf("a dispatch over an existing record wrote %v, want every flag", f)
 	}
 }
+
+// A result heard on the result subject (the owner's own copy, issue 33)
+// for a job with no record is dropped: the stream's copy of it is
+// dead-lettered in its turn, once. The stream's copy itself is
+// dead-lettered.
+func TestHeardResultForAJobWithNoRecordIsNotDeadLettered(t *testing.T) {
+	for _, heard := range []bool{true, false} {
+		d := newDriver(t)
+		res := &capv1.JobResult{JobId: "job-1", WorkerId: "w1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}
+		fx := d.feed(&Result{Res: res, Heard: heard})
+		if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
+			t.Fatalf("heard %v: effects %v, want an activation that creates nothing", heard, fx)
+		}
+		fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
+		w, wrote := find[Write](fx)
+		dlq := wrote && w.Op.Kind == OpDLQ
+		if dlq == heard {
+			t.Fatalf("heard %v: dead-lettered %v (effects %v)", heard, dlq, fx)
+		}
+		if _, done := find[Finish](fx); heard && !done {
+			t.Fatalf("heard: the actor did not stop after dropping it: %v", fx)
+		}
+	}
+}

@@ -14,6 +14,9 @@ import (
 // askRouter asks for a worker; the answer arrives as a *PickReply.
 // With no room the router queues the job (see waitCapacity).
 func (j *Job) askRouter() {
+	if j.rateGate() {
+		return // its tokens first (ratewait.go)
+	}
 	j.dropPick()
 	j.opEpoch++
 	j.busy = true
@@ -45,11 +48,12 @@ func (j *Job) onPick(p *PickReply) {
 	j.picked = p.WorkerID
 	limit := j.tenantLimit()
 	if limit <= 0 || j.admitted {
-		j.dispatchTo(p)
+		j.keyThenDispatch(p)
 		return
 	}
 	// The tenant has a concurrency limit: take a slot (shared by every
 	// replica) before dispatching, or wait like any transient failure.
+	j.admitAt = j.now()
 	j.write(j.pend(pending{kind: wAdmit, pick: p, op: Op{Kind: OpAdmit, JobID: j.ID,
 		TenantKey: j.cfg.TenantKey(jobstate.TenantOf(j.Req)), Limit: limit}}))
 }
@@ -62,7 +66,150 @@ func (j *Job) admittedTo(p *pending, r *WriteResult) {
 		return
 	}
 	j.admitted = true
-	j.dispatchTo(p.pick)
+	j.keyThenDispatch(p.pick)
+}
+
+// TenantSlotFresh: a dispatch made durable this long or longer after the
+// job asked for its tenant's concurrency slot is not published; the job
+// goes back to SCHEDULED (its slot given back) and asks again. The node's
+// repair of tenant slots (recovery.TenantSlotGrace) frees a slot older than
+// twice this whose job is not DISPATCHED or RUNNING (a slot's age counts
+// from the job's last ask: admit.lua moves a held slot's score to the ask,
+// or a re-ask in a slot taken long before could be freed at once after
+// it, seeds 3100 and 4075): a dispatch write that
+// landed that late (a stalled node or connection, writes retried through
+// an outage, a long wait for a key's slot) may have landed after such a
+// repair gave its slot to another job of the tenant.
+const TenantSlotFresh = 30 * time.Second
+
+// msgTenantSlotStale is the log message of a dispatch not published
+// because its tenant slot was asked for too long before (TenantSlotFresh).
+const msgTenantSlotStale = "dispatch recorded too long after its tenant slot was granted; not published, asking again"
+
+// tenantSlotStale: the dispatch just made durable rests on a tenant slot
+// asked for TenantSlotFresh or longer ago (or taken by an earlier actor of
+// the job, when is not known), which the node's repair may have given to
+// another job meanwhile; it is not published: the job goes back to
+// SCHEDULED (tenant_limit), which gives the slot back, and asks for a
+// worker and a slot again.
+func (j *Job) tenantSlotStale() bool {
+	if !j.admitted || j.now().Sub(j.admitAt) < TenantSlotFresh {
+		return false
+	}
+	j.log(warn, msgTenantSlotStale, "tenant", jobstate.TenantOf(j.Req), "asked", j.admitAt, "worker", j.Worker)
+	j.withholdDispatch(jobstate.ReasonTenantLimit, nRetryTenant)
+	return true
+}
+
+// Record fields of a dispatch write on a slot (see adoptedSlotStale):
+// fieldTenantAsked and fieldKeyAsked, when the job asked for its tenant's
+// and its key's slot (unix ms on the node's clock, the clock of the slots'
+// scores; "" none); fieldLanded, set by the write's script to Redis's TIME
+// when it lands (the store replaces the value landedNow).
+const (
+	fieldTenantAsked = "tsat"
+	fieldKeyAsked    = "ksat"
+	fieldLanded      = jobstate.FieldLanded
+	landedNow        = jobstate.LandedNow
+)
+
+// AdoptedSlotStale: the adopter of a DISPATCHED record withholds its
+// dispatch when the record landed this long or longer after the job asked
+// for the slot it rests on. Longer than TenantSlotFresh (and KeySlotFresh)
+// by half of it, shorter than the repair's grace (twice it) by as much:
+// the landing is timed on Redis's clock and the ask on the node's, and a
+// skew of up to 15 s either way must neither withhold a dispatch its first
+// owner published (landed and answered within TenantSlotFresh) nor resend
+// one the repair may have robbed of its slot (landed a grace after the
+// ask).
+const AdoptedSlotStale = TenantSlotFresh + TenantSlotFresh/2
+
+// slotAskFields adds to a dispatch write when the job asked for the slots
+// it rests on, and asks the write's script to stamp its landing; a write
+// over a record that may hold an earlier dispatch's asks clears them.
+func (j *Job) slotAskFields(fields []string, fresh bool) []string {
+	clear := j.asksSet && !fresh
+	stamped := false
+	switch {
+	case j.admitted:
+		fields = append(fields, fieldTenantAsked, askedMs(j.admitAt))
+		stamped = true
+	case clear:
+		fields = append(fields, fieldTenantAsked, "")
+	}
+	switch {
+	case j.ks.asked && j.concurrencyKey() != "":
+		fields = append(fields, fieldKeyAsked, askedMs(j.ks.askedAt))
+		stamped = true
+	case clear:
+		fields = append(fields, fieldKeyAsked, "")
+	}
+	if stamped {
+		fields = append(fields, fieldLanded, landedNow)
+	}
+	j.asksSet = stamped
+	return fields
+}
+
+// askedMs is a slot ask's time as a record field: unix ms, "0" when the
+// ask is not known (a slot taken by an earlier actor of the job).
+func askedMs(t time.Time) string {
+	if t.IsZero() {
+		return "0"
+	}
+	return strconv.FormatInt(t.UnixMilli(), 10)
+}
+
+// adoptedSlotStale: an adopted DISPATCHED record whose dispatch landed
+// AdoptedSlotStale or longer after the job asked for its tenant's or its
+// key's slot is withheld, as its first owner withheld it (or would have,
+// had it lived to see the write's reply: tenantSlotStale, keySlotStale):
+// the node's repair may have given the slot to another job before the
+// write landed, so the request is not sent again (a resend on a result
+// stream's loss, seed 837): the job goes back to SCHEDULED and asks for its
+// slot anew. Such a dispatch was never published — its owner's reply came
+// later than the landing — so no worker holds it. A record with no asks
+// (written before these fields, or back after Redis lost it) is adopted
+// as before.
+func (j *Job) adoptedSlotStale(f map[string]string) bool {
+	if j.State != jobstate.StateDispatched {
+		return false
+	}
+	landed, err := strconv.ParseInt(f[fieldLanded], 10, 64)
+	if err != nil {
+		return false
+	}
+	stale := func(asked string) (time.Time, bool) {
+		ms, err := strconv.ParseInt(asked, 10, 64)
+		if err != nil {
+			return time.Time{}, false
+		}
+		return time.UnixMilli(ms), time.Duration(landed-ms)*time.Millisecond >= AdoptedSlotStale
+	}
+	if at, ok := stale(f[fieldTenantAsked]); ok {
+		j.log(warn, msgTenantSlotStale, "tenant", jobstate.TenantOf(j.Req), "asked", at, "worker", j.Worker,
+			"adopted", true)
+		j.withholdDispatch(jobstate.ReasonTenantLimit, nRetryTenant)
+		return true
+	}
+	if at, ok := stale(f[fieldKeyAsked]); ok {
+		j.ks.asked = true // its slot, held still, is given back should the job end
+		j.log(warn, msgKeySlotStale, "key", j.concurrencyKey(), "asked", at, "worker", j.Worker, "adopted", true)
+		j.withholdDispatch(jobstate.ReasonConcurrencyKey, nRetryKey)
+		return true
+	}
+	return false
+}
+
+// withholdDispatch takes back a dispatch made durable but not published
+// (its slot may have been given away): DISPATCHED → SCHEDULED for reason,
+// then the job asks again (then).
+func (j *Job) withholdDispatch(reason jobstate.Reason, then next) {
+	j.disarm()
+	j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched),
+		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: reason}}, Due: -1,
+		Fields: []string{"last_reason", string(reason)}}, nil,
+		j.pend(pending{then: then}))
 }
 
 // tenantLimit is the job's tenant concurrency limit (0: none): the node's
@@ -94,17 +241,29 @@ func (j *Job) dispatchTo(p *PickReply) {
 		// a start that never gets reported.
 		dl = j.deadlineFor(jobstate.StateRunning)
 	}
-	// Room for the policy decision's fields, which apply adds: one slice.
-	fields := make([]string, 0, 16+len(j.decision))
+	// Room for the policy decision's fields, which apply adds, and for the
+	// history fields of a create (historyFields: submitted, waited): one
+	// slice. (16 here grew it once per job: 20 fields with the flags, the
+	// pool and a wait within the grace.)
+	fields := make([]string, 0, 24+len(j.decision))
 	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
 		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
 	fresh := !j.live()
 	fields = appendFlag(fields, fresh, "tslot", j.admitted)
 	fields = appendFlag(fields, fresh, "resend", p.Resend)
 	fields = appendFlag(fields, fresh, "sod", p.StartsOnDelivery)
+	fields = j.slotAskFields(fields, fresh)
+	if j.runnerSet && !fresh {
+		// Whoever ran an earlier dispatch (an attempt retried, a job
+		// placed again) is not this one's runner: an adopter must not
+		// take the new worker for it (seed 2653).
+		fields = append(fields, "runner", "")
+	}
+	j.runnerSet = false
 	if p.Pool != "" {
 		fields = append(fields, "pool", p.Pool)
 	}
+	fields = j.keyFields(fields)
 	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
 		Due: dl.at.UnixMilli(), Fields: fields},
 		nil, j.pend(pending{then: nDispatched, pick: p, dl: dl}))
@@ -114,9 +273,16 @@ func (j *Job) dispatchTo(p *PickReply) {
 func (j *Job) dispatched(p *pending) {
 	j.Worker, j.Subject, j.pool = p.pick.WorkerID, p.pick.Subject, p.pick.Pool
 	j.picked = ""
+	j.retryAt = time.Time{}
 	j.resend, j.resends = p.pick.Resend, 0
 	j.startsOnDelivery = p.pick.StartsOnDelivery
 	j.deadline, j.deadlineWhy = p.dl.at, p.dl.why
+	// A new dispatch: its runner is not known until a worker speaks for
+	// it (on a pool subject NATS picks the receiver).
+	j.runnerKnown, j.lostNoted = false, false
+	if j.keySlotStale() || j.tenantSlotStale() {
+		return
+	}
 	j.emit(PublishRequest{Subject: j.Subject})
 	if j.startsOnDelivery {
 		// Started on delivery as far as anyone can tell: the worker's
@@ -505,6 +671,7 @@ func (j *Job) dropPick() {
 
 // withdraw takes the job out of the router's queue.
 func (j *Job) withdraw() {
+	j.leaveTokens(0)
 	if j.queued {
 		j.queued = false
 		j.toRouter(&Withdraw{JobID: j.ID, Ticket: j.ticket})
@@ -558,6 +725,7 @@ func (j *Job) markRunning(from string) {
 		}
 		j.runnerKnown = true
 		fields = append(fields, "worker", from, "runner", from)
+		j.runnerSet = true
 	}
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
 		Path: []jobstate.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted}}, Due: dl.at.UnixMilli(),

@@ -73,6 +73,11 @@ type TellClient struct {
 	Status capv1.JobStatus
 	Code   jobstate.Reason
 	Msg    string
+	// Res, when set, is the worker's result that ended a job dispatched
+	// under attempt ids (see retry.go): the client, waiting for the job's
+	// own id, has not heard it; the shell relays it under the job's id,
+	// naming no worker (Status, Code and Msg are then its own).
+	Res *capv1.JobResult
 	// Once: the shell tells the client at most once per job across every
 	// replica (a claim in Redis). For outcomes no record makes terminal —
 	// state_lost — so that each event dead-lettered for the job, on any
@@ -208,6 +213,11 @@ const (
 	// MRunnerUnknown: a started job's picked worker was lost, and its
 	// runner is unknown (a pool subject).
 	MRunnerUnknown
+	// MRetried: a worker's failed attempt is run again (label: the
+	// outcome: worker_failed, worker_timeout, worker_lost).
+	MRetried
+	// MStaleAttempt: a result of an attempt the job is past, ignored.
+	MStaleAttempt
 )
 
 // Count adds one to a counter; Observe records a value in a histogram.

@@ -41,6 +41,11 @@ type Result struct {
 	Forwarded bool
 	// Published is when the message entered its stream (zero: unknown).
 	Published time.Time
+	// Heard marks the owner's own copy of a result, heard on the result
+	// subject rather than taken from the stream (intake own.go): only a
+	// fast path, settled by nothing. A job with no record drops it
+	// instead of dead-lettering it: the stream's copy answers for it.
+	Heard bool
 	// By is the verified sender (nil: the node does not verify, and trusts
 	// everyone on the bus); Refuse settles a result the job refuses from
 	// it (see Refusal).

@@ -94,6 +94,9 @@ type Config struct {
 	RunningFor func(topic string) time.Duration
 	// TenantLimit is a tenant's concurrency limit (0: none).
 	TenantLimit func(tenant string) int
+	// KeyLimit is a concurrency key's limit (0: none) and strategy
+	// (KeyQueue, KeyCancelNewest, KeyCancelInProgress); nil: no keys.
+	KeyLimit func(key string) (int, string)
 	// Redispatch reports whether jobs of topic are dispatched again when
 	// their worker is lost before starting them (nil: always).
 	Redispatch func(topic string) bool
@@ -104,6 +107,9 @@ type Config struct {
 	// ParkAfter (≤ 0: never), ResendAfter (≤ 0: never) and CapacityGrace
 	// (≤ 0: none): see package actors.
 	ParkAfter, ResendAfter, CapacityGrace time.Duration
+	// RateParkAfter: how long a wait for rate limit tokens keeps a live
+	// actor before it parks (≤ 0: never; the node's ParkAfter).
+	RateParkAfter time.Duration
 	// AdmissionHold: see AdmissionHoldDefault (≤ 0: none, the wait leaves
 	// the node's admissions at once).
 	AdmissionHold time.Duration
@@ -126,6 +132,14 @@ type Config struct {
 	// FAILED worker_lost this long after, unless its result or progress
 	// comes first (≤ 0: it waits for its own deadline).
 	WorkerLostGrace time.Duration
+	// Retry is a job's retry policy, from its request (its topic's
+	// policy, overridden by its labels). Nil, or MaxAttempts ≤ 1: a job
+	// runs once. See retry.go.
+	Retry func(req *capv1.JobRequest) jobstate.RetryPolicy
+	// RateLimit names the token bucket and units the job takes before it
+	// asks for a worker ("": none), or the problem that makes its
+	// declaration ungrantable (see ratewait.go). Nil: no rate limits.
+	RateLimit func(req *capv1.JobRequest) (bucket string, units int, problem string)
 	// Direct reports whether subject reaches exactly worker (a direct
 	// dispatch; on a pool subject NATS chose the receiver). Nil: never.
 	Direct func(subject, worker string) bool
@@ -185,7 +199,14 @@ type Job struct {
 	pool       string
 	LastReason jobstate.Reason // the reason of the last state change
 
-	attempts    int
+	attempts int
+	// try is the attempt the job is on (0: the first; see retry.go),
+	// retryAt when a job waiting to be retried runs again (zero: not
+	// waiting), retry its policy (read from Req once: retrySet).
+	try         int
+	retryAt     time.Time
+	retry       jobstate.RetryPolicy
+	retrySet    bool
 	policyTries int       // checks an unavailable policy refused (backoff only)
 	firstFail   time.Time // first permanent routing error, for the grace window
 	created     time.Time
@@ -194,6 +215,8 @@ type Job struct {
 	record      map[string]string // the record as read at adoption
 	policyLimit int               // max_concurrent_jobs from the policy's constraints
 	admitted    bool              // the job holds one of its tenant's slots
+	admitAt     time.Time         // when it last asked for that slot (see TenantSlotFresh)
+	ks          keyState          // its concurrency key (keyslot.go)
 	lost        jobstate.State    // the state known when the lock vanished
 	decision    []string          // the policy's decision as fields, until written
 	woken       bool              // activated by the due poller
@@ -246,6 +269,12 @@ type Job struct {
 	runnerKnown bool
 	// lostNoted: a loss of a worker that may not run the job is recorded.
 	lostNoted bool
+	// runnerSet, asksSet: the record may name a runner, a slot ask
+	// (tsat, ksat) from an earlier dispatch, which the next dispatch
+	// clears (adopted records, and this actor's writes).
+	runnerSet, asksSet bool
+	// rate is the job's wait for its rate limit tokens (ratewait.go).
+	rate rateWait
 	// lostWorkers lists the workers of earlier dispatches given up when
 	// their worker was evicted (comma-separated, as recorded).
 	lostWorkers string
@@ -271,6 +300,12 @@ type Job struct {
 	in    Inputs
 	nowAt time.Time // Now, once read in this step
 	fx    []Effect
+
+	// Storage allocated with the job rather than on its first use: the
+	// effects of a busy step (fx's first backing array) and its first
+	// write step (spare's first value). Two allocations a job fewer.
+	fxBuf     [8]Effect
+	firstStep pending
 }
 
 // New returns the core of job id. Seed starts its epochs and wait tickets: a fresh actor of
@@ -281,7 +316,10 @@ func New(cfg *Config, id string, seed uint64) *Job {
 	seed >>= 2 // room to count up
 	// Room for the effects of a busy step, so that emit does not grow the
 	// slice a step at a time (it is reused from step to step).
-	return &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed, ticket: seed, fx: make([]Effect, 0, 8)}
+	j := &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed, ticket: seed}
+	j.fx = j.fxBuf[:0]
+	j.spare = &j.firstStep
+	return j
 }
 
 // Done reports whether the job's actor has nothing left to do.
@@ -396,11 +434,20 @@ func (j *Job) reply(ev any) bool {
 		j.busy = false
 		j.onOutput(m)
 		j.drain()
+	case *KeySlotDone:
+		if m.Epoch != j.opEpoch || !j.busy {
+			return true
+		}
+		j.busy = false
+		j.onKeySlot(m)
+		j.drain()
 	case *PublishFailed:
 		if !j.res.Gone() {
 			j.onPublishFailed(m)
 			j.drain()
 		}
+	case *Tokens:
+		j.onTokens(m)
 	case *PickReply:
 		if m.Epoch != j.opEpoch || !j.busy {
 			// An answer to a question no longer asked: the worker it names
@@ -451,6 +498,10 @@ func (j *Job) drain() {
 
 // handle processes one input event, as its residency says (OutcomeOf).
 func (j *Job) handle(m any) {
+	if t, ok := m.(*Tokens); ok {
+		j.onTokens(t) // a grant deferred while a step was outstanding
+		return
+	}
 	k, _ := KindOf(m)
 	o := OutcomeOf(j.res, k)
 	if j.res.Gone() {
@@ -530,6 +581,8 @@ func (j *Job) handle(m any) {
 		j.log(warn, "job lock vanished at renewal; re-activating", "state", j.State)
 		j.disarm()
 		j.recover()
+	case *KeyBack:
+		j.onKeyBack()
 	case *PolicyBack:
 		if j.waitingPolicy {
 			// Woken early: another job's check has just succeeded.
@@ -541,6 +594,9 @@ func (j *Job) handle(m any) {
 }
 
 func (j *Job) onProgress(m *Progress) {
+	if j.staleAttempt(m.P.GetJobId()) {
+		return // from the worker of an attempt the job is past
+	}
 	if !j.mayReport(m.By, m.From) {
 		j.refuse(jobstate.ReasonNotJobWorker, "progress from worker "+m.From+", not the job's", m.Refuse, nil)
 		return
@@ -626,6 +682,12 @@ func (j *Job) advance() {
 	case jobstate.StatePending:
 		j.checkPolicy()
 	case jobstate.StateScheduled:
+		if !j.retryAt.IsZero() && j.now().Before(j.retryAt) {
+			// Woken before its retry's backoff ended (an adoption, a
+			// restart): the wait goes on.
+			j.arm(j.retryAt)
+			return
+		}
 		j.askRouter()
 	case jobstate.StateApprovalRequired:
 		j.resumeApproval()
@@ -694,7 +756,7 @@ func (j *Job) finishIn(gone Residency) {
 	j.withdraw()
 	j.dropPick()
 	j.leaveGrace()
-	if gone == Parked && !active(j.State) {
+	if gone == Parked && !active(j.State) && !j.rate.parked {
 		gone = Away
 	}
 	if gone == Away && j.State.Terminal() {
@@ -731,6 +793,15 @@ func (j *Job) finishIn(gone Residency) {
 				again = append(again, m)
 				continue
 			}
+		case *Tokens:
+			// The limiter's answer to a parked ask is the next actor's; a
+			// grant nobody here will use goes back.
+			if m := m.(*Tokens); parked && j.rate.parked && (m.Granted || m.Invalid != "") {
+				again = append(again, m)
+			} else if m.Granted {
+				j.emit(LeaveTokens{Bucket: m.Bucket, Epoch: m.Epoch, Return: m.Units})
+			}
+			continue
 		}
 		k, _ := KindOf(m)
 		j.absorb(m, OutcomeOf(gone, k))

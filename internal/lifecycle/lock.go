@@ -143,6 +143,9 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 			}
 		}
 		j.ackAll()
+		if j.adoptedSlotStale(r.Fields) {
+			return
+		}
 		j.advance()
 	case ActivateTerminal:
 		j.State = r.State
@@ -246,17 +249,25 @@ func (j *Job) recreate() {
 		path = []jobstate.Hop{lost(jobstate.StateScheduled), lost(jobstate.StateDispatched), lost(jobstate.StateRunning)}
 	}
 	j.log(warn, "job record lost from Redis; recreating it", "state", known, "reason", jobstate.ReasonStateLost)
+	if !active(known) {
+		// The tenant slot taken for a dispatch not yet written went with
+		// the record: the dispatch asks for one anew.
+		j.admitted = false
+	}
 	j.State = jobstate.StatePending
 	if len(path) == 0 {
 		j.activate(true, nil)
 		return
 	}
 	t := &jobstate.Transition{Path: path, Due: j.deadline.UnixMilli(),
-		Fields: []string{"worker", j.Worker, "subj", j.Subject, "attempts", strconv.Itoa(j.attempts),
+		Fields: []string{"worker", j.Worker, "subj", j.Subject, "attempts", strconv.Itoa(j.attempts), jobstate.FieldTry, strconv.Itoa(j.Attempt()),
 			"deadline", strconv.FormatInt(j.deadline.UnixMilli(), 10), "deadline_kind", string(j.deadlineWhy),
 			"tslot", slotFlag(j.admitted), "resend", slotFlag(j.resend), "sod", slotFlag(j.startsOnDelivery)}}
 	if j.deadline.IsZero() {
 		t.Due = 0
+	}
+	if !j.retryAt.IsZero() {
+		t.Fields = append(t.Fields, jobstate.FieldRetryAt, strconv.FormatInt(j.retryAt.UnixMilli(), 10))
 	}
 	j.activatePlan(t, nil, j.pend(pending{then: nAdvance}))
 }
@@ -269,20 +280,32 @@ func (j *Job) adopt(f map[string]string) {
 		j.TraceID = f["trace"]
 	}
 	j.attempts, _ = strconv.Atoi(f["attempts"])
+	j.try, _ = strconv.Atoi(f[jobstate.FieldTry])
+	j.retryAt = time.Time{}
+	if jobstate.State(f["s"]) == jobstate.StateScheduled {
+		j.retryAt = msTime(f[jobstate.FieldRetryAt])
+	}
 	j.created = msTime(f["created"])
 	j.deadline = msTime(f["deadline"])
 	j.deadlineWhy = jobstate.Reason(f["deadline_kind"])
-	j.admitted = f["tslot"] == "1"
+	// A slot is held only with a worker: the write that took the job
+	// back from DISPATCHED or RUNNING gave it back (and left the flag).
+	j.admitted = f["tslot"] == "1" && active(jobstate.State(f["s"]))
 	j.resend = f["resend"] == "1"
 	j.startsOnDelivery = f["sod"] == "1"
 	j.lostWorkers = f["lost_workers"]
-	j.runnerKnown = f["runner"] != "" && f["runner"] == j.Worker
+	// A runner is the current dispatch's only while the job is with it: a
+	// record back in SCHEDULED may still name an earlier attempt's.
+	j.runnerKnown = f["runner"] != "" && f["runner"] == j.Worker && active(jobstate.State(f["s"]))
 	j.lostNoted = f["reason"] == string(jobstate.ReasonWorkerLostRunnerUnknown)
+	j.runnerSet = f["runner"] != ""
+	j.asksSet = f[fieldTenantAsked] != "" || f[fieldKeyAsked] != ""
 	if raw := f["req"]; raw != "" {
 		if req, err := jobstate.DecodeRequest([]byte(raw)); err == nil {
 			j.Req = req
 		}
 	}
+	j.adoptTokens(f)
 }
 
 func msTime(s string) time.Time {
@@ -316,6 +339,11 @@ func (j *Job) unknownJob() {
 	for _, m := range j.deferred {
 		switch m := m.(type) {
 		case *Result:
+			if m.Heard {
+				// The stream's copy of it is held or dead-lettered in
+				// its turn, once.
+				continue
+			}
 			if hold(m.Published, m.Delivery) {
 				continue
 			}
@@ -394,6 +422,7 @@ func (j *Job) park() {
 }
 
 func (j *Job) parkedAt(r *WriteResult) {
+	j.parkedTokens(r.Parked)
 	if !r.Parked {
 		// The lock is not the job's any more: another node took it, or it
 		// vanished (it expired, or Redis lost its data — then the record

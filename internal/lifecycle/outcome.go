@@ -13,6 +13,15 @@ import (
 
 func (j *Job) onResult(m *Result) {
 	res := m.Res
+	if j.staleAttempt(res.JobId) {
+		// The answer of an attempt the job is past (its worker was slow,
+		// or repeats itself): it ends nothing.
+		j.log(info, "result of an earlier attempt ignored", "attempt", res.JobId, "status", res.Status,
+			"current", j.Attempt())
+		j.count(MStaleAttempt, "")
+		j.ack(m.Delivery)
+		return
+	}
 	// A job sent back to SCHEDULED because its worker was evicted may have
 	// been running there after all (the worker was alive): its result ends
 	// the job rather than the job running a second time. Any worker's
@@ -56,6 +65,10 @@ func (j *Job) onResult(m *Result) {
 		j.markRunning(res.WorkerId)
 		return
 	}
+	ofEarlier := earlier || active(j.State) && j.lostWorkers != "" && res.WorkerId != "" && res.WorkerId != j.Worker
+	if !ofEarlier && j.retryAfterFailure(retryCause(res.Status), res.ErrorCode, res.ErrorMessage, m.Delivery) {
+		return
+	}
 	path := make([]jobstate.Hop, 0, 2)
 	if j.State == jobstate.StateDispatched && to == jobstate.StateSucceeded {
 		// The worker ran it: record RUNNING even if no progress was sent.
@@ -65,7 +78,7 @@ func (j *Job) onResult(m *Result) {
 	fields := resultFields(res, res.ResultPtr)
 	var extra []string
 	var fx []Effect
-	if earlier || active(j.State) && j.lostWorkers != "" && res.WorkerId != "" && res.WorkerId != j.Worker {
+	if ofEarlier {
 		// The result of a dispatch before the current one: it ends the
 		// job, and the later dispatch is cancelled at its worker.
 		extra = append(extra, "result_of", "earlier_dispatch")
@@ -87,6 +100,7 @@ func (j *Job) onResult(m *Result) {
 		return
 	}
 	fields = append(fields, extra...)
+	fx = append(fx, j.tellFinal(res, res.ResultPtr)...)
 	path = append(path, jobstate.Hop{To: to, Reason: reason})
 	t := &jobstate.Transition{Expect: jobstate.Expect(j.State), Path: path, Fields: fields}
 	j.sagaRecord(t, to, reason)
@@ -155,7 +169,7 @@ func (j *Job) onOutput(m *OutputDone) {
 	path := append(m.Path, jobstate.Hop{To: jobstate.StateSucceeded, Reason: reason})
 	t := &jobstate.Transition{Expect: expect, Path: path, Fields: fields}
 	j.sagaRecord(t, jobstate.StateSucceeded, reason)
-	p := j.pend(pending{applied: owed.fx})
+	p := j.pend(pending{applied: append(owed.fx, j.tellFinal(m.Res.Res, o.ResultPtr)...)})
 	if !o.ContentChecked {
 		res := m.Res.Res
 		p.applied = append(p.applied, ScanContent{Res: &capv1.JobResult{JobId: j.ID,
@@ -200,13 +214,19 @@ func (j *Job) onCancel(m *Cancel) {
 	j.stopWaitingPolicy()
 	j.withdraw()
 	j.acks = append(j.acks, m.Delivery)
+	fx := []Effect{
+		j.logFx(info, "job cancelled", "topic", j.topic(), "by", m.C.GetRequestedBy()),
+		TellClient{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, Code: jobstate.ReasonCancelRequested, Msg: m.C.GetReason()},
+	}
+	if active(j.State) && j.Retries() {
+		// The worker knows the job by its attempt's id: the client's
+		// cancel, naming the job's, did not reach it.
+		fx = append(fx, CancelWorker{Reason: string(jobstate.ReasonCancelRequested)})
+	}
 	j.transition(&jobstate.Transition{Expect: jobstate.Expect(j.State),
 		Path:   []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonCancelRequested}},
 		Fields: []string{"cancel_reason", m.C.GetReason(), "cancelled_by", m.C.GetRequestedBy()}}, nil,
-		j.pend(pending{applied: []Effect{
-			j.logFx(info, "job cancelled", "topic", j.topic(), "by", m.C.GetRequestedBy()),
-			TellClient{Status: capv1.JobStatus_JOB_STATUS_CANCELLED, Code: jobstate.ReasonCancelRequested, Msg: m.C.GetReason()},
-		}}))
+		j.pend(pending{applied: fx}))
 }
 
 // timeout moves a DISPATCHED or RUNNING job to TIMEOUT and tells its worker.
@@ -218,6 +238,9 @@ func (j *Job) timeout() {
 	if why == jobstate.ReasonWorkerLost {
 		// Its worker was evicted and never answered within the grace.
 		detail := "worker " + j.Worker + " was lost while running the job and did not come back"
+		if j.retryAfterFailure(jobstate.ReasonWorkerLost, string(jobstate.ReasonWorkerLost), detail, nil) {
+			return
+		}
 		entry := j.dlqEntry(jobstate.ReasonWorkerLost, detail, "")
 		j.transition(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
 			Path:   []jobstate.Hop{{To: jobstate.StateFailed, Reason: jobstate.ReasonWorkerLost}},

@@ -23,9 +23,10 @@ const (
 	// Live: the actor holds the job's lock; the record is the truth and
 	// this actor its only writer.
 	Live
-	// Parked: the actor is gone; the job waits for its worker in Redis, its
+	// Parked: the actor is gone; the job waits for its worker (or, SCHEDULED
+	// rate_limited, for its tokens: the limiter keeps its ask) in Redis, its
 	// lock held through this node's lease (…|p). Its next actor is spawned
-	// by an event or its due time.
+	// by an event (the limiter's grant), or its due time.
 	Parked
 	// Away: the actor is gone and the job lives elsewhere — another node
 	// owns it, it was passivated, or its record is still to come. Events
@@ -268,7 +269,7 @@ func KindOf(ev any) (EventKind, bool) {
 			return EvLockVanished, true
 		}
 		return EvLockTaken, true
-	case *PolicyBack:
+	case *PolicyBack, *KeyBack:
 		return EvPolicyBack, true
 	case *Stopping:
 		return EvStopping, true

@@ -452,18 +452,18 @@ func closeMs(a, b string) bool {
 func (c *conformance) compareKeys(diff func(string, ...any)) {
 	k := c.st.Keys()
 	pipe := c.rdb.Pipeline()
+	fields := append([]string{"s", "fence"}, confFields...)
 	type jobCmds struct {
-		rec            *redis.SliceCmd
+		rec            *redis.MapStringStringCmd
 		lock           *redis.StringCmd
 		due, lease, tn *redis.FloatCmd
 		parked         []*redis.FloatCmd
 	}
-	fields := append([]string{"s", "fence"}, confFields...)
 	cmds := make([]jobCmds, len(c.jobs))
 	for i, j := range c.jobs {
 		sh := store.Shard(j)
-		cmds[i] = jobCmds{rec: pipe.HMGet(c.ctx, k.Job(j), fields...), lock: pipe.Get(c.ctx, k.Lock(j)),
-			due: pipe.ZScore(c.ctx, k.Due(sh), j), lease: pipe.ZScore(c.ctx, k.Leases(sh), j),
+		cmds[i] = jobCmds{rec: pipe.HGetAll(c.ctx, k.Job(j)), lock: pipe.Get(c.ctx, k.Lock(j)),
+			due: pipe.ZScore(c.ctx, k.Due(sh), j), lease: pipe.ZScore(c.ctx, k.Due(sh), store.LeaseMember(j)),
 			tn: pipe.ZScore(c.ctx, c.tenantKey(), j)}
 		for _, n := range confNodes {
 			cmds[i].parked = append(cmds[i].parked, pipe.ZScore(c.ctx, k.Parked(sh, n), j))
@@ -480,10 +480,13 @@ func (c *conformance) compareKeys(diff func(string, ...any)) {
 	}
 	for i, j := range c.jobs {
 		r := c.m.recs[j]
-		vals := cmds[i].rec.Val()
+		// The record as its readers see it: the fields a create packs or
+		// leaves out put back (store.ExpandRecord).
+		all := cmds[i].rec.Val()
+		store.ExpandRecord(all)
 		got := map[string]string{}
-		for x, f := range fields {
-			if s, ok := vals[x].(string); ok {
+		for _, f := range fields {
+			if s, ok := all[f]; ok {
 				got[f] = s
 			}
 		}

@@ -110,12 +110,18 @@ func (s *sim) fault() {
 		n.alive = false
 		n.live, n.held, n.queue, n.picks, n.parked = map[string]*simActor{}, map[string]string{}, map[string]uint64{},
 			map[string]string{}, map[string]bool{}
+		delete(s.rate.queues, n) // the limiter's memory goes with the node
 		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() {
 			s.logf("fault: %s restarts", n.id)
 			n.alive = true
 			for id, r := range s.recs {
 				if r.parkedBy == n.id && r.state == jobstate.StateDispatched {
 					n.parked[id] = true
+				}
+				if r.parkedBy == n.id && r.state == jobstate.StateScheduled {
+					// Parked waiting for tokens: the limiter's queue died
+					// with the process; the job is woken to ask again.
+					s.send(&simMsg{node: n, job: id, spawn: true, at: s.now.Add(s.latency()), ev: &Wake{}})
 				}
 			}
 		})
@@ -148,7 +154,9 @@ func (s *sim) fault() {
 			s.logf("fault: redis loses its data")
 			s.recs, s.idem, s.tenant, s.terminal = map[string]*simRec{}, map[string]string{}, map[string]bool{},
 				map[string]jobstate.State{}
+			s.tenantAt = map[string]int64{}
 			s.dataLostAt = s.now
+			s.losses++
 		}
 	case 5: // a worker dies; every node's router evicts it
 		w := s.workers[s.rng.IntN(len(s.workers))]

@@ -55,6 +55,9 @@ type simActor struct {
 	// sum, 0 or 1); admitted: an Admitted was emitted in the current one.
 	grace    int64
 	admitted bool
+	// rec: the record the actor's last write met in the store (nil: none
+	// then), as its reply tells it; a relay is counted against it.
+	rec *simRec
 }
 
 type simNode struct {
@@ -91,7 +94,8 @@ type simMsg struct {
 	spawn   bool
 	at      time.Time
 	seq     int
-	fn      func() // a model action instead of an event (ticks, workers)
+	fn      func()  // a model action instead of an event (ticks, workers)
+	rec     *simRec // a write's reply: the record the write met
 }
 
 // policy answers a check: down during an outage; else by the job's label.
@@ -197,12 +201,15 @@ func (s *sim) reach(job, worker, subject string) {
 	if w == nil {
 		return
 	}
+	// job is the id the worker knows (an attempt id for a job that may
+	// retry); its answers go to the job it names.
+	base, _ := jobstate.SplitAttempt(job)
 	if st, done := w.done[job]; w.dedupe && (w.running[job] || done) {
 		if w.running[job] {
 			s.progress(job, w)
 		} else {
 			s.resent++
-			s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
+			s.deliverNew(base, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + base})
 		}
 		return
 	}
@@ -224,17 +231,30 @@ func (s *sim) reach(job, worker, subject string) {
 		}
 		delete(w.running, job)
 		st := capv1.JobStatus_JOB_STATUS_SUCCEEDED
-		if s.rng.IntN(10) == 0 {
+		switch r := s.rng.IntN(10); {
+		case r == 0:
 			st = capv1.JobStatus_JOB_STATUS_FAILED
+		case r < 5 && base != job: // attempts of jobs that retry fail often
+			st = capv1.JobStatus_JOB_STATUS_FAILED
+			if r == 4 {
+				st = capv1.JobStatus_JOB_STATUS_TIMEOUT
+			}
 		}
 		w.done[job] = st
-		s.deliverNew(job, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + job})
+		// An attempt dispatched more than once (re-placed before it was
+		// known started) may fail at one worker and succeed at another: a
+		// failure, once sent, stays what the attempt's retry may rest on.
+		if prev, ok := s.attemptSent[job]; !ok || prev != capv1.JobStatus_JOB_STATUS_FAILED && prev != capv1.JobStatus_JOB_STATUS_TIMEOUT {
+			s.attemptSent[job] = st
+		}
+		s.deliverNew(base, &Result{Res: &capv1.JobResult{JobId: job, Status: st, WorkerId: w.id}, TraceID: "tr-" + base})
 	})
 }
 
 func (s *sim) progress(job string, w *simWorker) {
+	base, _ := jobstate.SplitAttempt(job)
 	for _, n := range s.aliveNodes() {
-		s.send(&simMsg{node: n, job: job, at: s.now.Add(s.latency()),
+		s.send(&simMsg{node: n, job: base, at: s.now.Add(s.latency()),
 			ev: &Progress{P: &capv1.JobProgress{JobId: job, Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: w.id}})
 	}
 }
@@ -273,6 +293,11 @@ func (s *sim) apply(n *simNode, op *Op) *WriteResult {
 			}
 		}
 		if s.tenant[op.JobID] || used < op.Limit {
+			if !s.tenant[op.JobID] {
+				s.admittedIn[op.JobID] = s.losses
+			}
+			// Asking again moves the slot's score to now (admit.lua).
+			s.tenantAt[op.JobID] = s.now.UnixMilli()
 			s.tenant[op.JobID] = true
 			return &WriteResult{Admitted: true}
 		}
@@ -312,6 +337,7 @@ func (s *sim) apply(n *simNode, op *Op) *WriteResult {
 		}
 		if op.TenantRelease != "" {
 			delete(s.tenant, op.JobID)
+			delete(s.tenantAt, op.JobID)
 		}
 		if op.DLQ != nil {
 			s.dlq++
@@ -380,7 +406,9 @@ func (s *sim) activate(n *simNode, op *Op, r *simRec) *WriteResult {
 	}
 	r.fence++
 	r.lock, r.lockExp, r.lease = jobstate.LockValue(n.id, r.fence), s.now.Add(simLockTTL), true
-	f := map[string]string{"reason": r.fields["reason"], "op": r.op}
+	// The record's fields as activate.lua reads them, its state ("s")
+	// among them.
+	f := map[string]string{"reason": r.fields["reason"], "op": r.op, "s": string(r.state)}
 	for k, v := range r.fields {
 		f[k] = v
 	}
@@ -399,8 +427,21 @@ func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 		}
 		if h.To == jobstate.StateDispatched {
 			s.dispatchHops[id]++
+			if h.Reason == jobstate.ReasonDispatched {
+				delete(s.lostActive, id) // dispatched again, on a slot asked for anew
+				delete(s.withheld, id)
+				s.tenantDispatch(id)
+			}
 		}
-		if from == jobstate.StateDispatched && h.To == jobstate.StateScheduled {
+		if h.Reason == jobstate.ReasonStateLost {
+			s.rewrittenIn[id] = s.losses
+		}
+		if h.Reason == jobstate.ReasonStateLost && (h.To == jobstate.StateDispatched || h.To == jobstate.StateRunning) {
+			s.lostActive[id] = true
+		}
+		if h.Reason == jobstate.ReasonRetryWait {
+			s.retryHop(id, r, from, t)
+		} else if from == jobstate.StateDispatched && h.To == jobstate.StateScheduled {
 			switch h.Reason {
 			case jobstate.ReasonWorkerLost:
 				if !s.lostSent[id][r.fields["worker"]] {
@@ -411,6 +452,11 @@ func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 					s.fail("%s: dispatch_failed with no failed publish", id)
 				}
 			case jobstate.ReasonStateLost:
+			case jobstate.ReasonConcurrencyKey, jobstate.ReasonTenantLimit:
+				if !s.withheld[id] {
+					s.fail("%s: DISPATCHED → SCHEDULED for %s, its dispatch not withheld", id, h.Reason)
+				}
+				delete(s.withheld, id)
 			default:
 				s.fail("%s: DISPATCHED → SCHEDULED for %s", id, h.Reason)
 			}
@@ -418,11 +464,18 @@ func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 		from = h.To
 	}
 	for i := 0; i+1 < len(t.Fields); i += 2 {
-		r.fields[t.Fields[i]] = t.Fields[i+1]
+		v := t.Fields[i+1]
+		if v == jobstate.LandedNow {
+			v = strconv.FormatInt(s.now.UnixMilli(), 10) // the script's TIME: when the write lands
+		}
+		r.fields[t.Fields[i]] = v
 	}
 	r.state = t.Final()
 	r.fields["reason"] = string(t.Path[len(t.Path)-1].Reason)
 	r.op = t.Op
+	if r.state.Terminal() && s.jobRetries(id) {
+		s.endedByCurrentAttempt(id, r)
+	}
 	switch {
 	case r.state.Terminal():
 		r.due, r.lock, r.lease = 0, "", false
@@ -445,5 +498,52 @@ func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 	}
 	if t.Release && !r.state.Terminal() {
 		r.lock, r.lease = "", false
+	}
+}
+
+// jobRetries: the job's submit asked for retries (simRetryAttempts).
+func (s *sim) jobRetries(id string) bool { return hash(id)%20 >= 10 && hash(id)%20 <= 12 }
+
+// retryHop checks a retry: only a job that retries, out of DISPATCHED or
+// RUNNING, after its current attempt's worker sent FAILED or TIMEOUT or was
+// reported lost, to the next attempt, within the policy's attempts.
+func (s *sim) retryHop(id string, r *simRec, from jobstate.State, t *jobstate.Transition) {
+	cur, _ := strconv.Atoi(r.fields[jobstate.FieldTry])
+	cur = max(cur, 1)
+	next := 0
+	for i := 0; i+1 < len(t.Fields); i += 2 {
+		if t.Fields[i] == jobstate.FieldTry {
+			next, _ = strconv.Atoi(t.Fields[i+1])
+		}
+	}
+	st, sent := s.attemptSent[jobstate.AttemptID(id, cur)]
+	failed := sent && (st == capv1.JobStatus_JOB_STATUS_FAILED || st == capv1.JobStatus_JOB_STATUS_TIMEOUT)
+	switch {
+	case !s.jobRetries(id):
+		s.fail("%s: retried, but its policy runs it once", id)
+	case from != jobstate.StateDispatched && from != jobstate.StateRunning:
+		s.fail("%s: retry_wait from %s", id, from)
+	case next != cur+1 || next > simRetryAttempts:
+		s.fail("%s: retry from attempt %d to %d (at most %d)", id, cur, next, simRetryAttempts)
+	case !failed && !s.lostSent[id][r.fields["worker"]]:
+		s.fail("%s: attempt %d retried, but its worker neither failed it nor was lost", id, cur)
+	}
+}
+
+// endedByCurrentAttempt: a job that retries and ends by a worker's result
+// ends by its current attempt's result, never an earlier attempt's.
+func (s *sim) endedByCurrentAttempt(id string, r *simRec) {
+	switch jobstate.Reason(r.fields["reason"]) {
+	case jobstate.ReasonCompleted, jobstate.ReasonWorkerFailed, jobstate.ReasonWorkerFailedFatal,
+		jobstate.ReasonWorkerCancelled, jobstate.ReasonWorkerTimeout, jobstate.ReasonOutputRedacted:
+	default:
+		return
+	}
+	if r.fields["result_of"] != "" {
+		return // an earlier dispatch of the same attempt (its worker was lost)
+	}
+	cur, _ := strconv.Atoi(r.fields[jobstate.FieldTry])
+	if _, ok := s.attemptSent[jobstate.AttemptID(id, max(cur, 1))]; !ok {
+		s.fail("%s: ended %s by a result, but attempt %d sent none", id, r.state, max(cur, 1))
 	}
 }

@@ -19,26 +19,52 @@ import (
 var simRegressions = []struct {
 	name string
 	seed uint64
+	// open, when set, is a defect not fixed yet: the seed is skipped with
+	// it until the fix, which removes it.
+	open string
 }{
 	// A result or cancel dead-lettered for a job waiting unwritten within
 	// its grace acked the job's own held submit: the job never ran, had no
 	// record, and its client was never told (issue 27, item 1).
-	{"UnwrittenWaitKeepsItsSubmitWhenAnEventNeedsTheRecord", 201626},
+	{"UnwrittenWaitKeepsItsSubmitWhenAnEventNeedsTheRecord", 201626, ""},
 	// An ADOPTED activation of a job waiting unwritten kept the capacity
 	// recheck of the wait: the router's answer tried RUNNING → DISPATCHED,
 	// which is refused, and left the job with no timer (issue 27, item 1).
-	{"AdoptedUnwrittenWaitDropsItsCapacityRecheck", 212048},
+	{"AdoptedUnwrittenWaitDropsItsCapacityRecheck", 212048, ""},
 	// A result stream reset (ResultsLost, told to every live actor) reached
 	// a job waiting unwritten while a cancel for it was held: the activation
 	// found no record, the cancel was dead-lettered unknown_job and the
 	// job's held submit acked with it (found by make soak's range; issue
 	// 27, item 1).
-	{"ResultsLostToAnUnwrittenWaitKeepsItsSubmit", 204311},
+	{"ResultsLostToAnUnwrittenWaitKeepsItsSubmit", 204311, ""},
+	// An attempt dispatched to several workers (re-placed before it was
+	// known started) failed at one and succeeded at another; the checker
+	// kept only the last status an attempt sent and called the core's retry
+	// on the failure unfounded (make soak's range, 13 of 7,603 seeds; issue
+	// 31, retries). The checker's fault, kept so it stays fixed.
+	{"RetryRestsOnAnyFailedRunOfTheAttempt", 1000648, ""},
+	{"RetryRestsOnAFailedRunBeforeAnotherWorkerSucceeded", 1002080, ""},
+	// The checker's fault: a node paused with its terminal write's reply
+	// in flight; the write had ended the record (SUCCEEDED), Redis then
+	// lost its data and the client's new submit wrote a PENDING record
+	// under the same id; the late reply's relay was counted against the
+	// new record (seed 541 on main at b5d5da4). A relay now counts against
+	// the record its actor's write met.
+	{"RelayConfirmedAfterALossCountsForTheRecordItEnded", 541, ""},
+	// The same, the later record written again by another node's actor
+	// (state_lost, RUNNING) after a second loss (seed 4840 before).
+	{"RelayConfirmedAfterALossAndARewriteCountsForTheRecordItEnded", 4840, ""},
+	// Seed 1001637 (branch ratepark's course): the same relay counted against
+	// a later record, the job's worker lost first.
+	{"RelayConfirmedAfterALossCountsForTheRecordItEndedWorkerLost", 1001637, ""},
 }
 
 func TestSimRegressions(t *testing.T) {
 	for _, r := range simRegressions {
 		t.Run(r.name, func(t *testing.T) {
+			if r.open != "" {
+				t.Skip(r.open)
+			}
 			s := newSim(t, r.seed)
 			s.run(simMaxSteps)
 			if len(s.failures) > 0 {
@@ -116,7 +142,7 @@ func TestSimSoak(t *testing.T) {
 		first, next.Load()-1, seeds.Load(), steps.Load(), el.Round(time.Second),
 		float64(steps.Load())/el.Seconds(), par, len(failed))
 	for _, f := range failed {
-		t.Errorf("%s (replay: TROUPE_SIM_SEED=<seed> TROUPE_SIM_STEPS=%d go test -run TestSimJobLifecycle ./actors/lifecycle/)",
+		t.Errorf("%s (replay: TROUPE_SIM_SEED=<seed> TROUPE_SIM_STEPS=%d go test -run TestSimJobLifecycle ./internal/lifecycle/)",
 			f, perSeed)
 	}
 }

@@ -36,24 +36,42 @@ const (
 	simTick      = time.Second
 	simMaxSteps  = 6000 // per seed, before the calm phase
 	simCalmSteps = 60000
+	// simRetryAttempts: jobs labelled retry run at most this many times.
+	simRetryAttempts = 3
 )
 
 type sim struct {
-	t       testing.TB
-	seed    uint64
-	rng     *rand.Rand
-	now     time.Time
-	cfg     Config
-	recs    map[string]*simRec
-	idem    map[string]string
-	tenant  map[string]bool // job ids holding a tenant slot
-	dlq     int
-	nodes   []*simNode
-	workers []*simWorker
-	net     []*simMsg
-	seq     int
-	jobs    []string
-	subs    map[string][]*simDelivery
+	t      testing.TB
+	seed   uint64
+	rng    *rand.Rand
+	now    time.Time
+	cfg    Config
+	recs   map[string]*simRec
+	idem   map[string]string
+	tenant map[string]bool // job ids holding a tenant slot
+	// tenantAt: when each holder took its tenant slot (unix ms), the
+	// slot's score, which the repair reads (sim_tenant_test.go).
+	tenantAt map[string]int64
+	tenants  bool // more jobs of the limited tenant (newTenantSim)
+	// sentHop: the DISPATCHED write (dispatchHops' count) whose request
+	// was last sent to a worker (a publish or a resend), per job.
+	sentHop map[string]int
+	// admittedIn: the loss count when each job last took a tenant slot (kept across a
+	// loss); slotLost: jobs dispatched without one, Redis having lost it
+	// since (checkTenants leaves them out until dispatched again).
+	admittedIn map[string]int
+	slotLost   map[string]bool
+	// rewrittenIn: the loss count when an actor of the job last wrote its record back
+	// (state_lost): an actor that did so after a loss knew of it.
+	rewrittenIn map[string]int
+	losses      int // Redis data losses so far
+	dlq         int
+	nodes       []*simNode
+	workers     []*simWorker
+	net         []*simMsg
+	seq         int
+	jobs        []string
+	subs        map[string][]*simDelivery
 
 	kernelDownUntil time.Time
 	dataLostAt      time.Time
@@ -67,23 +85,47 @@ type sim struct {
 	resent          int // results a deduping worker sent again
 
 	// What the invariants compare against.
-	dispatchHops map[string]int
-	published    map[string]int
-	lostSent     map[string]map[string]bool
-	pubFailed    map[string]bool
-	denies       map[string]bool
-	terminal     map[string]jobstate.State
-	failures     []string
-	trace        []string
-	outcomes     map[string]int // final state:reason → jobs
+	dispatchHops   map[string]int
+	published      map[string]int
+	lostSent       map[string]map[string]bool
+	pubFailed      map[string]bool
+	denies         map[string]bool
+	terminal       map[string]jobstate.State
+	failures       []string
+	trace          []string
+	outcomes       map[string]int // final state:reason → jobs
+	keys           *simKeyModel   // concurrency keys, when on (sim_keys_test.go)
+	keyWaits       int
+	keyVictims     int
+	keyStale       int       // dispatches withheld on a stale key slot
+	keyRepaired    int       // key slots the repair freed
+	tenantStale    int       // dispatches withheld on a stale tenant slot
+	tenantRepaired int       // tenant slots the repair freed
+	tenantRepairAt time.Time // the next repair of tenant slots
+	// withheld: jobs whose DISPATCHED record the core did not publish (its
+	// key slot granted too long before), until a publish or its undo.
+	withheld map[string]bool
+	// lostActive: jobs whose records Redis lost and their actors wrote
+	// again (state_lost) as with a worker, until dispatched again
+	// (checkKeys).
+	lostActive map[string]bool
+	// Retries: the attempt ids a worker sent a terminal result for (and
+	// which status), the retries written, the final outcomes relayed to
+	// clients per job.
+	attemptSent map[string]capv1.JobStatus
+	retries     int
+	relays      map[*simRec]int
+	rate        simRate // the rate limiter's model (sim_rate_test.go)
 }
 
 func newSim(t testing.TB, seed uint64) *sim {
 	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), recs: map[string]*simRec{}, idem: map[string]string{},
-		tenant: map[string]bool{}, subs: map[string][]*simDelivery{}, dispatchHops: map[string]int{},
+		tenant: map[string]bool{}, tenantAt: map[string]int64{}, sentHop: map[string]int{}, admittedIn: map[string]int{}, slotLost: map[string]bool{}, rewrittenIn: map[string]int{}, subs: map[string][]*simDelivery{}, dispatchHops: map[string]int{},
 		published: map[string]int{}, lostSent: map[string]map[string]bool{}, pubFailed: map[string]bool{},
-		denies: map[string]bool{}, terminal: map[string]jobstate.State{}, faults: true, outcomes: map[string]int{}}
+		denies: map[string]bool{}, terminal: map[string]jobstate.State{}, faults: true, outcomes: map[string]int{},
+		attemptSent: map[string]capv1.JobStatus{}, relays: map[*simRec]int{}, withheld: map[string]bool{},
+		lostActive: map[string]bool{}}
 	s.cfg = Config{NodeID: "", IdemKey: func(tenant, key string) string { return tenant + "/" + key },
 		TenantKey: func(tenant string) string { return "tenant:" + tenant }, SubmitSubject: "sys.job.submit",
 		ResultSubject: "sys.job.result", Dispatch: simDispatch,
@@ -98,8 +140,16 @@ func newSim(t testing.TB, seed uint64) *sim {
 			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
 		},
 		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
-		ResendAfter: 5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
-		WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" }}
+		RateParkAfter: simRateParkAfter,
+		ResendAfter:   5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
+		RateLimit: simRateLimit, WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" },
+		Retry: func(req *capv1.JobRequest) jobstate.RetryPolicy {
+			if req.GetLabels()["retry"] == "" {
+				return jobstate.RetryPolicy{}
+			}
+			return jobstate.RetryPolicy{MaxAttempts: simRetryAttempts, BackoffMin: 200 * time.Millisecond, BackoffMax: 2 * time.Second}
+		}}
+	s.rateInit()
 	for i := 0; i < 3; i++ {
 		s.nodes = append(s.nodes, s.newNode(fmt.Sprintf("n%d", i)))
 	}
@@ -198,7 +248,17 @@ func (s *sim) submit() {
 		req.TenantId = "limited"
 	case h == 5:
 		req.Budget = &capv1.Budget{DeadlineMs: 90_000}
+	case h >= 6 && h <= 9 && s.keys != nil:
+		keyLabel(req, h)
+	case h == 10 || h == 11:
+		req.Labels["retry"] = "yes"
+	case h == 12:
+		req.Labels["retry"] = "yes"
+		req.Budget = &capv1.Budget{DeadlineMs: 30_000}
+	case h >= 13 && h <= 17 && s.tenants:
+		req.TenantId = "limited"
 	}
+	rateLabel(req)
 	s.deliverNew(id, &Submit{Req: req, TraceID: "tr-" + id})
 	if s.rng.IntN(10) == 0 {
 		s.deliverNew(id, &Submit{Req: req, TraceID: "tr-" + id}) // a duplicate publish
@@ -234,7 +294,10 @@ func (s *sim) deliver(n *simNode, job string, ev any, spawn bool) {
 	if a == nil {
 		_, wl := ev.(*WorkerLost)
 		_, pr := ev.(*Progress)
-		if !spawn && !(n.parked[job] && (wl || pr)) {
+		// A rate limiter's answer for a parked ask spawns the job's next
+		// actor (the shard's Redeliver of *Tokens).
+		_, tk := ev.(*Tokens)
+		if !spawn && !tk && !(n.parked[job] && (wl || pr)) {
 			return
 		}
 		delete(n.parked, job)
@@ -335,6 +398,10 @@ func describe(ev any) string {
 		return fmt.Sprintf("%s%s %s", r.Status, r.Step, r.State)
 	case *PickReply:
 		return fmt.Sprintf("w=%s q=%v %s", e.WorkerID, e.Queued, e.Reason)
+	case *Result:
+		return fmt.Sprintf("%s %s w=%s", e.Res.GetJobId(), e.Res.GetStatus(), e.Res.GetWorkerId())
+	case *WorkerLost:
+		return "w=" + e.WorkerID
 	}
 	return ""
 }
@@ -358,7 +425,8 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		ep := e.Epoch
 		s.after(s.latency(), func() {
 			r := s.writeFault(n, op)
-			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: *r}, at: s.now.Add(s.latency())})
+			s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &WriteDone{Epoch: ep, Res: *r}, at: s.now.Add(s.latency()),
+				rec: s.recs[op.JobID]})
 		})
 	case RetryWrite:
 		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})
@@ -381,8 +449,17 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	case AskPolicy:
 		ep, req := e.Epoch, e.Req
 		s.send(&simMsg{node: n, actor: a, job: j.ID, at: s.now.Add(s.latency()), ev: s.policy(j.ID, req, ep)})
+	case TakeTokens:
+		return s.takeTokens(n, a, e)
+	case LeaveTokens:
+		s.leaveTokens(n, a, e)
+	case ParkTokens:
+		s.parkTokens(n, a, e)
 	case PublishRequest:
+		delete(s.withheld, j.ID)
+		s.sentHop[j.ID] = s.dispatchHops[j.ID]
 		if !e.Resend {
+			s.checkRateDispatch(a)
 			s.published[j.ID]++
 			if s.published[j.ID] > s.dispatchHops[j.ID] {
 				s.fail("%s: %d dispatches published for %d DISPATCHED writes", j.ID, s.published[j.ID], s.dispatchHops[j.ID])
@@ -392,12 +469,34 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 				return &PublishFailed{Err: errors.New("nats: connection closed")}
 			}
 		}
-		s.reach(j.ID, j.Worker, e.Subject)
+		s.reach(j.WorkerJobID(), j.Worker, e.Subject)
 	case CancelWorker:
 		for _, w := range s.workers {
-			if !w.stock && w.running[j.ID] {
-				delete(w.running, j.ID)
+			if !w.stock && w.running[j.WorkerJobID()] {
+				delete(w.running, j.WorkerJobID())
 			}
+		}
+	case TellClient:
+		if e.Res != nil {
+			// At most once per record (a record Redis lost is written
+			// again, and its job may end again), counted against the
+			// record the actor's write met: a reply delayed past a loss
+			// and a new submit's record tells of the record it ended, not
+			// of the new one (seed 541).
+			r := s.recs[j.ID]
+			if a.rec != nil {
+				r = a.rec
+			}
+			if r != nil {
+				s.relays[r]++
+			}
+			if r != nil && (!r.state.Terminal() || s.relays[r] > 1) || !j.Retries() {
+				s.fail("%s: a worker's result relayed to the client (%d for its record), record %v, retries %v", j.ID, s.relays[r], r, j.Retries())
+			}
+		}
+	case Count:
+		if e.M == MRetried {
+			s.retries++
 		}
 	case Arm:
 		a.timerAt, a.timerEpoch = e.At, e.Epoch
@@ -427,6 +526,9 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 				return
 			}
 			delete(n.live, j.ID)
+			if s.keys != nil {
+				s.keys.dropJob(n, j.ID) // the actor's stop leaves the node's key waiters
+			}
 			if fin.Parked {
 				n.parked[j.ID] = true
 			}
@@ -461,7 +563,17 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		if e.Msg == MsgIllegalMove {
 			s.fail("%s: %s %v", j.ID, e.Msg, e.Args)
 		}
-	case PublishDLQ, TellClient, Count, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
+		if e.Msg == msgKeySlotStale {
+			s.withheld[j.ID] = true
+			s.keyStale++
+		}
+		if e.Msg == msgTenantSlotStale {
+			s.withheld[j.ID] = true
+			s.tenantStale++
+		}
+	case AskKeySlot, WaitKey, ReleaseKey, CancelJob:
+		s.keyEffect(n, a, e)
+	case PublishDLQ, Observe, Terminal, WaitPolicy, WakePolicyWaiters, ScanContent, AskOutput, Forward:
 	}
 	return nil
 }
@@ -568,7 +680,16 @@ func (s *sim) handle(m *simMsg) {
 	}
 	if m.actor != nil {
 		if n.live[m.job] != m.actor {
+			if _, tk := m.ev.(*Tokens); tk && m.actor.j.res == Parked {
+				// Sent before the actor parked the job: its mailbox still
+				// held it when the shard stopped it (a poison pill comes
+				// after what is queued).
+				s.step(n, m.actor, m.ev)
+			}
 			return // the actor that asked is gone: its answer is dropped
+		}
+		if _, ok := m.ev.(*WriteDone); ok {
+			m.actor.rec = m.rec
 		}
 		s.step(n, m.actor, m.ev)
 		return
@@ -589,6 +710,11 @@ func (s *sim) redeliverStale() {
 
 // check verifies the invariants that hold at every step.
 func (s *sim) check() {
+	if s.keys != nil {
+		s.checkKeys()
+	}
+	s.tenantRepair()
+	s.checkTenants()
 	for _, id := range s.jobs {
 		r := s.recs[id]
 		if r == nil {
@@ -722,6 +848,9 @@ func (s *sim) run(steps int) {
 			}
 		}
 	}
+	if len(s.failures) == 0 {
+		s.checkRateQueues()
+	}
 	if len(s.failures) == 0 && !s.allTerminal() {
 		for _, id := range s.jobs {
 			if r := s.recs[id]; r != nil && !r.state.Terminal() {
@@ -773,7 +902,8 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total, resent, graceWaits, holdsEnded, probes := 0, 0, 0, 0, 0
+	total, resent, graceWaits, holdsEnded, probes, retries, rateParks := 0, 0, 0, 0, 0, 0, 0
+	tenantStale, tenantRepaired := 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
@@ -783,11 +913,15 @@ func TestSimJobLifecycle(t *testing.T) {
 		graceWaits += s.graceWaits
 		holdsEnded += s.holdsEnded
 		probes += len(s.probes)
+		retries += s.retries
+		rateParks += s.rate.parks
+		tenantStale += s.tenantStale
+		tenantRepaired += s.tenantRepaired
 		for k, v := range s.outcomes {
 			outcomes[k] += v
 		}
 		if len(s.failures) > 0 {
-			t.Errorf("seed %d (replay: TROUPE_SIM_SEED=%d go test -run TestSimJobLifecycle ./actors/lifecycle/):\n  %s\nlast events:\n  %s",
+			t.Errorf("seed %d (replay: TROUPE_SIM_SEED=%d go test -run TestSimJobLifecycle ./internal/lifecycle/):\n  %s\nlast events:\n  %s",
 				seed, seed, strings.Join(s.failures[:min(len(s.failures), 5)], "\n  "),
 				strings.Join(s.trace[max(0, len(s.trace)-envInt("TROUPE_SIM_TRACE", 40)):], "\n  "))
 			return
@@ -798,8 +932,14 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d",
-		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes)
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d; attempts retried %d; tenant slots freed by the repair %d, dispatches withheld on a stale tenant slot %d; waits for tokens parked %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes, retries, tenantRepaired, tenantStale, rateParks)
+	if seeds >= 50 && rateParks == 0 {
+		t.Errorf("the simulation never parked a job waiting for rate limit tokens")
+	}
+	if seeds >= 50 && retries == 0 {
+		t.Errorf("the simulation never retried a failed attempt")
+	}
 	if seeds >= 50 && (graceWaits == 0 || holdsEnded == 0 || probes == 0) {
 		t.Errorf("the simulation never had a job wait within its capacity grace (%d), outlast its admission hold (%d) or look its record up while waiting (%d)",
 			graceWaits, holdsEnded, probes)

@@ -24,15 +24,19 @@ const (
 type next int
 
 const (
-	nNone       next = iota
-	nAdvance         // do what the new state calls for
-	nAskRouter       // ask for a worker
-	nArm             // wait until pending.at
-	nDispatched      // publish the dispatch (pending.pick, deadline)
-	nRunning         // RUNNING recorded: new deadline, wait for the worker
-	nDeadline        // a new deadline recorded (worker lost): wait for the worker
-	nWatch           // keep waiting for the worker, deadline unchanged
-	nRetryLater      // a failed dispatch went back to SCHEDULED: retry
+	nNone        next = iota
+	nAdvance          // do what the new state calls for
+	nAskRouter        // ask for a worker
+	nArm              // wait until pending.at
+	nParkTokens       // park the job waiting for tokens, or wait until pending.at
+	nDispatched       // publish the dispatch (pending.pick, deadline)
+	nRunning          // RUNNING recorded: new deadline, wait for the worker
+	nDeadline         // a new deadline recorded (worker lost): wait for the worker
+	nWatch            // keep waiting for the worker, deadline unchanged
+	nRetryLater       // a failed dispatch went back to SCHEDULED: retry
+	nRetryKey         // a dispatch on a stale key slot went back to SCHEDULED: retry
+	nRetryTenant      // a dispatch on a stale tenant slot went back to SCHEDULED: retry
+	nRetry            // a failed attempt waits to run again at pending.at
 )
 
 // pending is the one outstanding write: the op, and everything its outcome
@@ -146,6 +150,8 @@ func (j *Job) then(p *pending) {
 		j.askRouter()
 	case nArm:
 		j.arm(p.at)
+	case nParkTokens:
+		j.parkTokens(p.at)
 	case nDispatched:
 		j.dispatched(p)
 	case nRunning, nDeadline:
@@ -155,6 +161,12 @@ func (j *Job) then(p *pending) {
 		j.watchDeadline()
 	case nRetryLater:
 		j.retryLater(jobstate.ReasonDispatchFailed)
+	case nRetryKey:
+		j.retryLater(jobstate.ReasonConcurrencyKey)
+	case nRetryTenant:
+		j.retryLater(jobstate.ReasonTenantLimit)
+	case nRetry:
+		j.retrying(p.at)
 	}
 }
 
@@ -281,6 +293,7 @@ func (j *Job) transitioned(p *pending, r *WriteResult) {
 	if j.cfg.Trace {
 		j.emit(Moved{From: j.State, Path: t.Path})
 	}
+	j.keyMoved(j.State, to)
 	j.State = to
 	j.LastReason = t.Path[len(t.Path)-1].Reason
 	if !t.LockKept() {

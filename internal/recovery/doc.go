@@ -21,7 +21,7 @@
 //     outbox flush and the tenant slot repair.
 //
 // What it does not do: decide what a woken job does (its actor and decision
-// core, packages actors and actors/lifecycle: a wake for a job that needs
+// core, packages jobactor and lifecycle: a wake for a job that needs
 // nothing changes nothing); route messages or keep actors (packages intake
 // and supervisor); renew locks, leases or the node's own lease, or run the
 // scripts that read and push back the due, lease and parked sets (package

@@ -54,6 +54,9 @@ type DuePoller struct {
 	// Stale, when set, receives per tick how many overdue jobs the poller
 	// found in each state (troupe_stale_jobs{state}).
 	Stale *prometheus.GaugeVec
+	// Housekeep, when set, runs with the lock holder's housekeeping (the
+	// concurrency key slots' repair).
+	Housekeep func(ctx context.Context)
 
 	stop  chan struct{}
 	done  chan struct{}

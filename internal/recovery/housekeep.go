@@ -51,4 +51,7 @@ func (p *DuePoller) housekeep(now time.Time) {
 	} else if n > 0 {
 		p.Log.Info("tenant slots given back", "count", n)
 	}
+	if p.Housekeep != nil {
+		p.Housekeep(ctx)
+	}
 }

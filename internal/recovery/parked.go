@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/store"
 )
 
@@ -50,5 +51,20 @@ func RememberParked(ctx context.Context, st *store.Store, nodeID string, in Inta
 		log.Warn("reading this node's parked jobs failed; their progress and eviction are missed until their results or deadlines", "err", err)
 	} else if count > 0 {
 		log.Info("parked jobs of an earlier run of this node remembered", "count", count)
+	}
+	// Jobs it parked waiting for rate limit tokens: their places in the
+	// limiter's queue died with that process, so they are woken to ask
+	// again.
+	woken := 0
+	err = st.ParkedIn(ctx, nodeID, func(ids []string) {
+		woken += len(ids)
+		for _, id := range ids {
+			in.Wake(id)
+		}
+	}, jobstate.StateScheduled)
+	if err != nil && ctx.Err() == nil {
+		log.Warn("reading this node's parked rate limit waits failed; they wait for their deadlines", "err", err)
+	} else if woken > 0 {
+		log.Info("parked rate limit waits of an earlier run of this node woken", "count", woken)
 	}
 }

@@ -1,5 +1,7 @@
 package registry
 
+import "time"
+
 // Pool-wide reconciliation of the in-flight counts of workers that take
 // their jobs on the pool subject.
 //
@@ -34,6 +36,9 @@ type poolCounts struct {
 	// members' old jobs of this node and those of them freed.
 	active, old, gone int32
 	unreported        int
+	// startedAt is when the last job on a member started (Start): a beat
+	// sent before it does not end its member's part in a round.
+	startedAt time.Time
 }
 
 // stamp is the counter a job placed on w now is stamped with.
@@ -84,6 +89,9 @@ func (w *Worker) restamp() {
 	w.oldOwn, w.gone = 0, 0
 	s := w.stamp()
 	for id, m := range w.jobs {
+		if m&jobUnsent != 0 {
+			continue // ages from its start
+		}
 		w.jobs[id] = m&jobStarted | s
 		w.young[s%stamps]++
 	}
@@ -126,7 +134,7 @@ func (r *Registry) afterLeave(p *poolIndex) {
 // beatCounts records a heartbeat of w in its pool's round.
 func (r *Registry) beatCounts(w *Worker) {
 	p := w.pool
-	if w.roundSeen == p.round {
+	if w.roundSeen == p.round || w.beatAt.Before(p.startedAt) {
 		return
 	}
 	w.roundSeen = p.round

@@ -200,6 +200,13 @@ type Worker struct {
 	shareRank int32
 	shareOf   int32
 	shared    bool // reconciled with its pool (poolcount.go)
+	// lag is the least delay (this node's clock less the sender's) its
+	// heartbeats have shown, rising slowly so a drifting clock is
+	// followed; beatAt is when the last beat was sent, in this node's
+	// clock by lag (when it was seen, without a sent time).
+	lag       time.Duration
+	lagKnown  bool
+	beatAt    time.Time
 	beats     uint32
 	roundSeen uint32        // the pool round of its last beat
 	young     [stamps]int32 // own jobs by stamp%stamps at placement, not yet old
@@ -264,6 +271,11 @@ func (w *Worker) InFlight() int32 {
 // is no longer waiting for the worker to take it); the rest of the value is
 // the worker's heartbeat count when the job was placed.
 const jobStarted = 1 << 31
+
+// jobUnsent marks a job, in Worker.jobs, placed on a worker that does not
+// report its start and not yet started (see Start): it is in no age
+// bucket, so heartbeats never free it.
+const jobUnsent = 1 << 30
 
 // Before orders workers for placement: lower score first, and between equal
 // scores the lower random key. Keys are redrawn whenever a score changes, so
@@ -387,6 +399,16 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 		if relabel {
 			r.linkSelectors(w)
 		}
+	}
+	w.beatAt = now
+	if !sent.IsZero() {
+		d := now.Sub(sent)
+		if !w.lagKnown || d < w.lag {
+			w.lag, w.lagKnown = d, true
+		} else {
+			w.lag += (d - w.lag) / 1024
+		}
+		w.beatAt = sent.Add(w.lag)
 	}
 	r.reconcile(w)
 	for job, until := range w.linger {
@@ -626,9 +648,13 @@ func (r *Registry) Occupy(w *Worker, job string) bool {
 	if w.jobs == nil {
 		w.jobs = make(map[string]uint32)
 	}
-	s := w.stamp()
-	w.jobs[job] = s
-	w.young[s%stamps]++
+	if w.Reports {
+		s := w.stamp()
+		w.jobs[job] = s
+		w.young[s%stamps]++
+	} else {
+		w.jobs[job] = jobUnsent
+	}
 	w.Dispatched++
 	r.reload(w)
 	return true
@@ -643,9 +669,32 @@ func (r *Registry) Unstarted(w *Worker, job string) bool {
 
 // Start marks an occupying job as started: it is running at the worker, so
 // the worker's eviction need not place it again (see Waiting).
-func (r *Registry) Start(w *Worker, job string) {
-	if m, ok := w.jobs[job]; ok {
+//
+// A job on a worker that does not report its start (Reports false) ages
+// (reconcile, poolcount.go) only from here: the router places it, and its
+// job publishes it only once its dispatch is durable, then says it started
+// on delivery. That write may outlast the two heartbeats (three rounds of
+// its pool) that make a job old; aged from its placement, the job was old
+// before any worker could hold it, heartbeats of 0 active jobs freed its
+// slot, and every replica placed more jobs on the slot it was about to
+// fill. Until then it stays counted (until its answer, its return, or its
+// end). now is when it started: on a pool subject, a heartbeat sent before
+// then does not count toward its age (beatCounts), though this node reads
+// it after (heartbeats queued while this node was slow, read in a burst).
+func (r *Registry) Start(w *Worker, job string, now time.Time) {
+	m, ok := w.jobs[job]
+	if !ok {
+		return
+	}
+	if m&jobUnsent == 0 {
 		w.jobs[job] = m | jobStarted
+		return
+	}
+	s := w.stamp()
+	w.jobs[job] = s | jobStarted
+	w.young[s%stamps]++
+	if w.shared && now.After(w.pool.startedAt) {
+		w.pool.startedAt = now
 	}
 }
 
@@ -659,10 +708,14 @@ func (r *Registry) Vacate(w *Worker, job string) bool {
 	delete(w.jobs, job)
 	delete(w.linger, job)
 	w.Dispatched--
-	if placed := m &^ jobStarted; !w.isOld(placed) {
+	switch placed := m &^ jobStarted; {
+	case m&jobUnsent != 0: // in no age bucket
+	case !w.isOld(placed):
 		w.young[placed%stamps]--
-	} else if w.oldOwn--; w.shared {
-		r.vacateShared(w)
+	default:
+		if w.oldOwn--; w.shared {
+			r.vacateShared(w)
+		}
 	}
 	r.reload(w)
 	return true
@@ -680,7 +733,7 @@ func (r *Registry) Linger(w *Worker, job string, until time.Time) {
 	if _, ok := w.jobs[job]; !ok {
 		return
 	}
-	r.Start(w, job)
+	r.Start(w, job, time.Time{})
 	if w.linger == nil {
 		w.linger = map[string]time.Time{}
 	}

@@ -448,7 +448,7 @@ func TestRegistryIdleWorkerWithMaxParallelFreesJobsItDoesNotHold(t *testing.T) {
 	hb.MaxParallelJobs, hb.ActiveJobs = 1, 0
 	w := r.Observe(hb, t0)
 	r.Occupy(w, "lost-elsewhere")
-	r.Start(w, "lost-elsewhere")
+	r.Start(w, "lost-elsewhere", t0)
 	if r.HasRoom(w) {
 		t.Fatal("room right after the placement")
 	}
@@ -479,7 +479,7 @@ func TestRegistryPoolSubjectJobRunningOnAnotherMemberKeepsItsSlot(t *testing.T) 
 	y := r.Observe(hy, t0.Add(500*time.Millisecond))
 	inFlight := func() int32 { return x.InFlight() + y.InFlight() }
 	r.Occupy(x, "j") // NATS hands it to y
-	r.Start(x, "j")
+	r.Start(x, "j", t0.Add(500*time.Millisecond))
 	for i := 1; i <= 4; i++ { // x beats, 0 active; y is late
 		r.Observe(hx, t0.Add(time.Duration(i)*time.Second))
 		if got := inFlight(); got < 1 {
@@ -504,7 +504,7 @@ func TestRegistryPoolSubjectJobRunningOnAnotherMemberKeepsItsSlot(t *testing.T) 
 	// A job lost (taken, never answered): every member reports 0, so its
 	// slot is freed within a few rounds.
 	r.Occupy(y, "lost")
-	r.Start(y, "lost")
+	r.Start(y, "lost", t0.Add(11*time.Second))
 	for i := 12; i <= 15; i++ {
 		r.Observe(hx, t0.Add(time.Duration(i)*time.Second))
 		r.Observe(hy, t0.Add(time.Duration(i)*time.Second+500*time.Millisecond))
@@ -542,5 +542,67 @@ func checkPoolCounts(t *testing.T, step int, p *poolIndex) {
 	if c.active != p.active || c.old != p.old || c.gone != p.gone || c.unreported != p.unreported ||
 		c.gone != want || c.pending != p.pending || p.pending <= 0 {
 		t.Fatalf("step %d: pool %s sums %+v, members' %+v (gone should be %d)", step, p.name, p.poolCounts, c, want)
+	}
+}
+
+// TestRegistryJobAgesFromItsPublishNotItsPick: a job for a worker that
+// does not report its start is published only once its dispatch is
+// durable. While that write is slow, the pool's members beat with 0 active
+// jobs for three rounds; the job must not be old when it is published
+// (Start), or those heartbeats free its slot and the pool takes a third job
+// on its two slots as it arrives (TestTwoReplicasRecoverTheSlotOfAJobLostOnAStockWorker
+// overfilled so under load). Heartbeats after the publish that still show
+// 0 (sent before the worker took it) keep it counted; if the worker loses
+// it, its slot is still freed a few rounds after the publish.
+func TestRegistryJobAgesFromItsPublishNotItsPick(t *testing.T) {
+	t.Parallel()
+	r := New(time.Hour)
+	hx, hy := beat("x", "p"), beat("y", "p")
+	hx.MaxParallelJobs, hy.MaxParallelJobs = 1, 1
+	x := r.ObserveSent(hx, t0, t0)
+	y := r.ObserveSent(hy, t0.Add(500*time.Millisecond), t0.Add(500*time.Millisecond))
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	rounds := func(from, to int) {
+		for i := from; i <= to; i++ {
+			r.ObserveSent(hx, at(i), at(i)) // sent and read at once
+			r.ObserveSent(hy, at(i).Add(500*time.Millisecond), at(i).Add(500*time.Millisecond))
+			checkPoolCounts(t, i, x.pool)
+		}
+	}
+	inFlight := func() int32 { return x.InFlight() + y.InFlight() }
+	r.Occupy(x, "j") // picked; its dispatch write is slow
+	rounds(1, 4)     // 0 active: nobody holds j yet
+	if got := inFlight(); got != 1 {
+		t.Fatalf("pool in flight %d while j's dispatch is written, want 1", got)
+	}
+	started := at(4).Add(750 * time.Millisecond)
+	r.Start(x, "j", started) // published, started on delivery
+	checkPoolCounts(t, 5, x.pool)
+	// This node was slow: beats the members sent before j's publish are
+	// read after it, in a burst.
+	for i := range 6 {
+		sent := at(4).Add(time.Duration(100*i) * time.Millisecond)
+		r.ObserveSent(hx, started.Add(time.Duration(i)*time.Millisecond), sent)
+		r.ObserveSent(hy, started.Add(time.Duration(i)*time.Millisecond), sent)
+		checkPoolCounts(t, 5, x.pool)
+	}
+	if got := inFlight(); got != 1 || r.Room(x)+r.Room(y) > 1 {
+		t.Fatalf("pool in flight %d, room %d+%d after beats sent before j's publish; want 1 and one slot free",
+			got, r.Room(x), r.Room(y))
+	}
+	rounds(5, 6) // beats sent before a member took j
+	if got := inFlight(); got != 1 || r.Room(x)+r.Room(y) > 1 {
+		t.Fatalf("pool in flight %d, room %d+%d two rounds after j's publish (0 active jobs reported); want 1 and one slot free",
+			got, r.Room(x), r.Room(y))
+	}
+	hy.ActiveJobs = 1 // y took j
+	rounds(7, 10)
+	if got := inFlight(); got < 1 || r.Room(x)+r.Room(y) > 1 {
+		t.Fatalf("pool in flight %d, room %d+%d while y runs j; want ≥ 1 and at most one slot free", got, r.Room(x), r.Room(y))
+	}
+	hy.ActiveJobs = 0 // y lost j (taken, never answered)
+	rounds(11, 14)
+	if got := inFlight(); got != 0 || !r.HasRoom(x) || !r.HasRoom(y) {
+		t.Fatalf("pool in flight %d after four rounds of 0 active jobs, want 0 (the lost job's slot freed)", got)
 	}
 }

@@ -289,6 +289,11 @@ type Router struct {
 	gone      evictedMemory
 	lastHeard time.Time
 	hushSince time.Time
+	// stallAt is the latest sweep that saw the bus stalled (this node's
+	// link down or re-established, or the hush); stallKept the workers
+	// kept since as maybe still reconnecting (logged once each).
+	stallAt   time.Time
+	stallKept map[string]bool
 	// heardMsgs is Heard's count at the last sweep; busAt the latest time
 	// the bus is known to have carried messages to this node (the sweep
 	// before the one that saw the count move: they came after it).
@@ -425,7 +430,7 @@ func (r *Router) Receive(c actor.Context) {
 		case m.Done:
 			r.vacate(c, w, m.JobID)
 		default:
-			r.reg.Start(w, m.JobID)
+			r.reg.Start(w, m.JobID, r.now())
 		}
 	case *Occupied:
 		if m.Started {
@@ -439,7 +444,7 @@ func (r *Router) Receive(c actor.Context) {
 		if r.reg.Occupy(w, m.JobID) {
 			r.changed(c, w)
 			if m.Started {
-				r.reg.Start(w, m.JobID)
+				r.reg.Start(w, m.JobID, r.now())
 			} else {
 				r.track(m.JobID, w)
 			}
@@ -497,6 +502,7 @@ func (r *Router) Receive(c actor.Context) {
 				// the workers may be reconnecting too. Each worker's
 				// silence counts from now.
 				r.reconnects = reconnects
+				r.stalled(now)
 				n := r.reg.Reprieve(now)
 				r.log.Warn("NATS connection down or re-established; no eviction or replica expiry this round, worker silence counts from now",
 					"connected", up, "workers", n)
@@ -508,6 +514,7 @@ func (r *Router) Receive(c actor.Context) {
 		if r.sweep() {
 			// Every worker went silent at once: the replicas' reports
 			// cross the same bus, so their silence proves nothing either.
+			r.stalled(now)
 			r.expireHandoffs(c)
 			r.expirePicks(c)
 			r.publish(true)
@@ -550,7 +557,7 @@ func (r *Router) sweep() bool {
 	gone := r.reg.SweepExcept(now, func(w *registry.Worker) bool {
 		h := r.hold(w, now)
 		hushed = hushed || h
-		return h
+		return h || r.reconnecting(w, now)
 	})
 	for _, w := range gone {
 		r.gone.add(w.ID, now)

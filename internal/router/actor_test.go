@@ -164,7 +164,8 @@ func TestRouterPauseEvictsNobody(t *testing.T) {
 // TestRouterNATSOutageEvictsNobody: while this node's NATS connection is
 // down, and at the first sweep after it reconnects, no worker is evicted
 // for the silence the node could not have heard; a worker that stays
-// silent for a whole window after the reconnect is.
+// silent for a whole window after the reconnect is, once StallReconnect
+// has passed since the stall too (it may still be reconnecting).
 func TestRouterNATSOutageEvictsNobody(t *testing.T) {
 	t.Parallel()
 	var clock atomic.Int64
@@ -205,6 +206,8 @@ func TestRouterNATSOutageEvictsNobody(t *testing.T) {
 	sweepAt(14 * time.Second) // within the TTL counted from the reconnect
 	noEviction("a sweep within the window after the reconnect")
 	sweepAt(16 * time.Second) // a whole TTL of silence since the reconnect
+	noEviction("a sweep within StallReconnect of the stall")
+	sweepAt(10*time.Second + StallReconnect)
 	select {
 	case id := <-evicted:
 		if id != "w1" {

@@ -20,6 +20,14 @@ import (
 //     every worker's (the hush): a stale worker is evicted only once some
 //     other worker spoke after it should have; the first heartbeat after a
 //     hush gives every worker a whole window to speak (registry.Reprieve).
+//   - A worker not heard since the bus stalled (this node's link went down
+//     or came back, or the hush) is kept for StallReconnect after the
+//     stall, however short its window: every NATS client reconnects on its
+//     own schedule (its reconnect wait), and a worker cut off by the stall
+//     may have received a dispatch just before it and run it meanwhile, its
+//     answer queued in its client until it reconnects. Evicting it would
+//     place that job on another worker too (the job is DISPATCHED, its
+//     start unheard). While kept it is stale: nothing new is placed on it.
 //   - A dispatch carries what this router had heard of its worker when it
 //     was sent (Beats): `troupe worker` drops one that arrives after a
 //     silence this router could have evicted it for (worker.StaleDispatch).
@@ -40,6 +48,14 @@ const (
 // unanswered: internal/connect.NATSPingInterval), which holds evictions by
 // the link rule instead.
 const HushMax = 5 * time.Minute
+
+// StallReconnect is how long after a stall of the bus (the last sweep
+// that saw it) a worker not heard since is kept rather than evicted by its
+// window (see above): several reconnect waits of a NATS client (nats.go's
+// default 2 s), so a worker the stall cut off is heard again first. A
+// worker that died with the stall is evicted this much later, and its
+// unstarted jobs placed elsewhere then.
+const StallReconnect = 10 * time.Second
 
 // hushMinWorkers: a single worker's silence cannot be told from the
 // bus's; it is evicted by its window alone (the link rule still holds).
@@ -220,4 +236,36 @@ func (r *Router) noteTraffic(now time.Time) {
 		r.busAt = r.prevSweep
 	}
 	r.prevSweep = now
+}
+
+// stalled records that a sweep at now saw the bus stalled (see
+// reconnecting).
+func (r *Router) stalled(now time.Time) {
+	if !now.After(r.stallAt) {
+		return
+	}
+	r.stallAt = now
+	r.stallKept = nil
+}
+
+// reconnecting reports whether the sweep must keep a stale worker because
+// it has not been heard since the bus stalled, within StallReconnect of
+// the stall: it may be reconnecting still, holding a job it received just
+// before the stall (see above).
+func (r *Router) reconnecting(w *registry.Worker, now time.Time) bool {
+	if !r.hushSince.IsZero() && now.Sub(r.hushSince) >= HushMax {
+		return false // nobody spoke again within HushMax: taken to be gone
+	}
+	if r.stallAt.IsZero() || w.LastSeen.After(r.stallAt) || !now.Before(r.stallAt.Add(StallReconnect)) {
+		return false
+	}
+	if !r.stallKept[w.ID] {
+		if r.stallKept == nil {
+			r.stallKept = map[string]bool{}
+		}
+		r.stallKept[w.ID] = true
+		r.log.Info("worker not heard since the bus stalled; kept while it may be reconnecting",
+			"worker_id", w.ID, "last_seen", w.LastSeen, "stalled_at", r.stallAt, "keep_for", StallReconnect)
+	}
+	return true
 }

@@ -100,8 +100,9 @@ func TestRouterAdoptedJobOfAnEvictedWorkerIsLostAtOnce(t *testing.T) {
 
 // TestRouterEveryWorkerSilentAtOnceEvictsNobody: when every worker goes
 // silent at once (the bus stalled), no sweep evicts any of them, however
-// short a window; the first heartbeat after gives each a whole window to
-// speak, after which a worker still silent is evicted.
+// short a window; after the first heartbeat a worker still silent since
+// the stall is kept StallReconnect after it (it may be reconnecting), then
+// evicted.
 func TestRouterEveryWorkerSilentAtOnceEvictsNobody(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
@@ -133,11 +134,93 @@ func TestRouterEveryWorkerSilentAtOnceEvictsNobody(t *testing.T) {
 	b.sweepAt(t, clock, resumed.Add(3*time.Second)) // fast silent a whole window since
 	select {
 	case id := <-evicted:
+		t.Fatalf("%s evicted within StallReconnect of the stall", id)
+	default:
+	}
+	b.sweepAt(t, clock, t0.Add(90*time.Second+StallReconnect)) // the last hushed sweep + StallReconnect
+	select {
+	case id := <-evicted:
 		if id != "fast" {
 			t.Fatalf("evicted %s, want fast", id)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("fast never evicted after a window of silence while slow spoke")
+	}
+}
+
+// TestRouterWorkerSilentSinceTheLinkDroppedIsKeptWhileReconnecting: this
+// node's NATS link drops and comes back; w1 speaks again at once, w2 (its
+// reconnect wait longer than its window) does not. w2 is kept — stale, so
+// nothing new is placed on it, and its jobs are not reported lost — until
+// StallReconnect after the last sweep that saw the stall, then evicted
+// with its jobs. A worker heard after the stall (w3) is evicted by its
+// window as usual. (The NATS kill -9 fault run in which w2, evicted 150 ms
+// before it reconnected, had its unannounced jobs placed on w1 too.)
+func TestRouterWorkerSilentSinceTheLinkDroppedIsKeptWhileReconnecting(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	clock := newFakeClock(t0)
+	evicted := make(chan string, 8)
+	lost := make(chan lostJobs, 8)
+	var up atomic.Bool
+	var reconnects atomic.Uint64
+	up.Store(true)
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 30 * time.Second,
+		SweepEach: time.Second, Now: clock.now, OnEvict: func(id string) { evicted <- id },
+		OnEvictJobs: func(w string, ids []string, at time.Time) { lost <- lostJobs{w, ids, at} },
+		Link:        func() (bool, uint64) { return up.Load(), reconnects.Load() }})
+	for _, id := range []string{"w1", "w2"} {
+		b.beat(beatEvery(id, 500*time.Millisecond), t0) // window 2 s
+	}
+	b.sweepAt(t, clock, t0.Add(100*time.Millisecond))
+	b.sys.Root.Send(b.pid, &Occupied{WorkerID: "w2", JobID: "on-w2", Heard: true})
+	up.Store(false) // the server is killed
+	b.sweepAt(t, clock, t0.Add(time.Second))
+	up.Store(true)
+	reconnects.Store(1)
+	stalled := t0.Add(2 * time.Second) // the last sweep that saw the stall
+	b.sweepAt(t, clock, stalled)
+	b.beat(beatEvery("w3", 500*time.Millisecond), stalled.Add(500*time.Millisecond)) // heard after the stall, then silent
+	for at := stalled.Add(500 * time.Millisecond); at.Before(stalled.Add(StallReconnect)); at = at.Add(500 * time.Millisecond) {
+		b.beat(beatEvery("w1", 500*time.Millisecond), at)
+		if at.Sub(stalled)%time.Second == 0 {
+			b.sweepAt(t, clock, at)
+		}
+	}
+	select {
+	case id := <-evicted:
+		if id != "w3" {
+			t.Fatalf("evicted %s, want w3 alone within StallReconnect of the stall", id)
+		}
+	default:
+		t.Fatal("w3, heard after the stall and silent since, was not evicted by its window")
+	}
+	select {
+	case id := <-evicted:
+		t.Fatalf("%s evicted within StallReconnect of the stall, silent since it", id)
+	case l := <-lost:
+		t.Fatalf("jobs %v of %s reported lost within StallReconnect of the stall", l.jobs, l.worker)
+	default:
+	}
+	if p := b.pick(t, "job.a"); p.WorkerID != "w1" {
+		t.Fatalf("picked %+v, want w1: w2, kept while reconnecting, is stale (nothing new placed on it)", p)
+	}
+	b.sweepAt(t, clock, stalled.Add(StallReconnect))
+	select {
+	case id := <-evicted:
+		if id != "w2" {
+			t.Fatalf("evicted %s, want w2 at StallReconnect after the stall", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("w2 never evicted StallReconnect after the stall")
+	}
+	select {
+	case l := <-lost:
+		if l.worker != "w2" || len(l.jobs) != 1 || l.jobs[0] != "on-w2" {
+			t.Fatalf("lost %+v, want on-w2 of w2", l)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("w2's job not reported lost at its eviction")
 	}
 }
 
@@ -223,6 +306,40 @@ func TestRouterSilentWorkersAreEvictedWhileTheBusCarriesTraffic(t *testing.T) {
 		b.sweepAt(t, clock, t0.Add(time.Duration(s)*time.Second))
 	}
 	awaitEvictions(t, evicted, 2, "evicted %v, want w1 and w2: the bus carried traffic while they were silent")
+}
+
+// TestRouterWorkersSilentSinceAHushAreKeptWhenOnlyTheBusResumes: every
+// worker falls silent with the bus (the hush); then this node's
+// connection carries messages again (Config.Heard) but no heartbeat yet.
+// The workers' silence since the stall may be their reconnect: they are
+// kept StallReconnect after the last hushed sweep, then evicted.
+func TestRouterWorkersSilentSinceAHushAreKeptWhenOnlyTheBusResumes(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	clock := newFakeClock(t0)
+	evicted := make(chan string, 8)
+	var msgs atomic.Uint64
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 30 * time.Second,
+		SweepEach: time.Second, Now: clock.now, OnEvict: func(id string) { evicted <- id },
+		Heard: func() uint64 { return msgs.Load() }})
+	b.beat(beatEvery("w1", 500*time.Millisecond), t0) // window 2 s
+	b.beat(beatEvery("w2", 500*time.Millisecond), t0)
+	for s := 1; s <= 5; s++ { // the hush: nothing reaches this node
+		b.sweepAt(t, clock, t0.Add(time.Duration(s)*time.Second))
+	}
+	hushed := t0.Add(5 * time.Second)
+	for s := 6; s < 5+int(StallReconnect/time.Second); s++ { // messages again, no heartbeat
+		msgs.Add(1)
+		b.sweepAt(t, clock, t0.Add(time.Duration(s)*time.Second))
+	}
+	select {
+	case id := <-evicted:
+		t.Fatalf("%s evicted within StallReconnect of the hush", id)
+	default:
+	}
+	msgs.Add(1)
+	b.sweepAt(t, clock, hushed.Add(StallReconnect))
+	awaitEvictions(t, evicted, 2, "evicted %v, want w1 and w2 StallReconnect after the hush")
 }
 
 // TestEvictedMemoryIsBounded: evicted workers are remembered up to

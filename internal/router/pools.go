@@ -14,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/registry"
 )
 
@@ -52,6 +53,18 @@ type PoolConfig struct {
 	Pools  map[string]Pool
 	// Paused are the topics whose jobs are not dispatched (pause.go).
 	Paused map[string]bool
+	// Keys are the concurrency keys' limits (pools.yaml concurrency_keys;
+	// "*" applies to every key without its own entry).
+	Keys map[string]KeyLimit
+	// Retries are the topics' retry policies (key retries, retries.go).
+	Retries map[string]jobstate.RetryPolicy
+}
+
+// KeyLimit is one concurrency key's limit and strategy (queue,
+// cancel_newest or cancel_in_progress).
+type KeyLimit struct {
+	Limit    int
+	Strategy string
 }
 
 // ErrInvalidPools wraps every pools.yaml validation error.
@@ -101,15 +114,21 @@ func ParsePools(data []byte) (*PoolConfig, error) {
 	if root.Kind != yaml.MappingNode {
 		return nil, poolsErr(root, "the file must be a mapping with topics and pools")
 	}
-	var topicsNode, poolsNode *yaml.Node
+	var topicsNode, poolsNode, keysNode, retriesNode *yaml.Node
 	err := eachKey(root, "", func(k, v *yaml.Node) error {
 		switch k.Value {
 		case "topics":
 			topicsNode = v
 		case "pools":
 			poolsNode = v
+		case "concurrency_keys":
+			keysNode = v
+		case "retries":
+			retriesNode = v
+		case "rate_limits":
+			// Parsed by internal/ratelimit (the node reads it at start).
 		default:
-			return poolsErr(k, "unknown key %q (allowed: topics, pools)", k.Value)
+			return poolsErr(k, "unknown key %q (allowed: topics, pools, concurrency_keys, retries, rate_limits)", k.Value)
 		}
 		return nil
 	})
@@ -117,8 +136,18 @@ func ParsePools(data []byte) (*PoolConfig, error) {
 		return nil, err
 	}
 	cfg := &PoolConfig{Topics: map[string][]string{}, Pools: map[string]Pool{}}
+	if retriesNode != nil {
+		if err := parseRetries(retriesNode, cfg); err != nil {
+			return nil, err
+		}
+	}
 	if poolsNode != nil {
 		if err := parsePoolsSection(poolsNode, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if keysNode != nil {
+		if err := parseKeysSection(keysNode, cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -147,6 +176,64 @@ func ParsePools(data []byte) (*PoolConfig, error) {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// ParseKeys reads only the concurrency_keys section of a YAML document
+// (a policy file that declares key limits; README, "Concurrency keys"):
+// nil without one. Its errors name their line.
+func ParseKeys(data []byte) (map[string]KeyLimit, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, &PoolsError{Line: yamlErrLine(err), Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	if len(doc.Content) == 0 || resolve(doc.Content[0]).Kind != yaml.MappingNode {
+		return nil, nil
+	}
+	root := resolve(doc.Content[0])
+	cfg := &PoolConfig{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if root.Content[i].Value == "concurrency_keys" {
+			if err := parseKeysSection(root.Content[i+1], cfg); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return cfg.Keys, nil
+}
+
+// parseKeysSection reads concurrency_keys: a mapping of key ("*": every
+// other key) to {limit: N, strategy: queue|cancel_newest|cancel_in_progress}.
+func parseKeysSection(n *yaml.Node, cfg *PoolConfig) error {
+	n = resolve(n)
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return poolsErr(n, "concurrency_keys must be a mapping of key to {limit, strategy}")
+	}
+	cfg.Keys = map[string]KeyLimit{}
+	return eachKey(n, "concurrency_keys", func(k, v *yaml.Node) error {
+		if k.Value == "" || len(k.Value) > 128 {
+			return poolsErr(k, "concurrency_keys: a key must have 1 to 128 bytes")
+		}
+		var kl struct {
+			Limit    *int   `yaml:"limit"`
+			Strategy string `yaml:"strategy"`
+		}
+		if err := resolve(v).Decode(&kl); err != nil || kl.Limit == nil || *kl.Limit < 0 {
+			return poolsErr(v, "concurrency_keys.%s must be {limit: N ≥ 0, strategy: queue|cancel_newest|cancel_in_progress}", k.Value)
+		}
+		switch kl.Strategy {
+		case "", "queue", "cancel_newest", "cancel_in_progress":
+		default:
+			return poolsErr(v, "concurrency_keys.%s.strategy: %q is not queue, cancel_newest or cancel_in_progress", k.Value, kl.Strategy)
+		}
+		if kl.Strategy == "" {
+			kl.Strategy = "queue"
+		}
+		cfg.Keys[k.Value] = KeyLimit{Limit: *kl.Limit, Strategy: kl.Strategy}
+		return nil
+	})
 }
 
 func parsePoolsSection(n *yaml.Node, cfg *PoolConfig) error {
@@ -353,7 +440,8 @@ func (c *PoolConfig) TopicNames() []string {
 // over it: a runtime mapping replaces the file's mapping for its topic, and
 // a pool named only at runtime has no requirements. c is not modified.
 func (c *PoolConfig) WithMappings(m map[string][]string) *PoolConfig {
-	out := &PoolConfig{Topics: make(map[string][]string, len(c.Topics)+len(m)), Pools: make(map[string]Pool, len(c.Pools))}
+	out := &PoolConfig{Topics: make(map[string][]string, len(c.Topics)+len(m)), Pools: make(map[string]Pool, len(c.Pools)),
+		Keys: c.Keys, Retries: c.Retries}
 	for t, ps := range c.Topics {
 		out.Topics[t] = ps
 	}

@@ -82,7 +82,8 @@ func (r *Router) enqueue(m *PickRequest, pid *actor.PID) *waiter {
 	}
 	r.seq++
 	w := &waiter{jobID: m.JobID, pid: pid, req: m.Req, ticket: m.Ticket, tenant: safety.TenantOf(m.Req),
-		rank: priorityRank(m.Req.GetPriority()), seq: r.seq, pools: r.strategy.Candidates(), since: r.now()}
+		rank: priorityRank(m.Req.GetPriority()), seq: r.seq, since: r.now()}
+	w.pools = r.strategy.appendCandidates(w.pool1[:0]) // no slice of its own for one pool
 	if !m.Submitted.IsZero() {
 		w.submit = m.Submitted.UnixMilli()
 	}

@@ -121,6 +121,10 @@ type Strategy struct {
 	// placement labels, their selectors (same order).
 	cand []*poolRoute
 	sels []registry.Selector
+	// overPool and overDetail: the overloaded detail last said for a pick
+	// with the one candidate pool overPool. At full speed nearly every job
+	// waits for room with that detail: said once, not built per job.
+	overPool, overDetail string
 }
 
 // NewStrategy returns a least-loaded strategy over reg. direct names a
@@ -356,7 +360,7 @@ func (s *Strategy) noWorker(placed bool, stale int) Pick {
 	}
 	switch {
 	case overloaded > 0:
-		return Pick{Reason: jobstate.ReasonPoolOverloaded, Detail: "every live worker in pools " + s.candNames() + " is overloaded"}
+		return Pick{Reason: jobstate.ReasonPoolOverloaded, Detail: s.overloaded()}
 	case away > 0:
 		// Their slots are placed by another replica, which offers this
 		// node the room its own jobs leave.
@@ -377,11 +381,25 @@ func (s *Strategy) noWorker(placed bool, stale int) Pick {
 
 func (s *Strategy) candNames() string { return strings.Join(s.Candidates(), ",") }
 
+// overloaded is the detail of a pick whose candidates are all overloaded.
+func (s *Strategy) overloaded() string {
+	if len(s.cand) != 1 {
+		return "every live worker in pools " + s.candNames() + " is overloaded"
+	}
+	if s.overDetail == "" || s.overPool != s.cand[0].name {
+		s.overPool = s.cand[0].name
+		s.overDetail = "every live worker in pools " + s.overPool + " is overloaded"
+	}
+	return s.overDetail
+}
+
 // Candidates returns the names of the pools the last pick considered.
-func (s *Strategy) Candidates() []string {
-	names := make([]string, len(s.cand))
-	for i, p := range s.cand {
-		names[i] = p.name
+func (s *Strategy) Candidates() []string { return s.appendCandidates(make([]string, 0, len(s.cand))) }
+
+// appendCandidates appends the names of the pools the last pick considered.
+func (s *Strategy) appendCandidates(names []string) []string {
+	for _, p := range s.cand {
+		names = append(names, p.name)
 	}
 	return names
 }

@@ -38,7 +38,8 @@ type waiter struct {
 	submit int64 // submit time, unix ms (0: unknown)
 	seq    uint64
 	pools  []string
-	gone   bool // placed, withdrawn or replaced: links to it are dead
+	pool1  [1]string // pools' backing array when there is one pool (most jobs)
+	gone   bool      // placed, withdrawn or replaced: links to it are dead
 	// reason is why it waits (pool_overloaded, no_workers, stale_worker);
 	// since is when it began to wait here.
 	reason jobstate.Reason

@@ -37,6 +37,15 @@ type PoolsWatcherConfig struct {
 	Poll time.Duration
 	// Log receives reload lines (default slog.Default()).
 	Log *slog.Logger
+	// Extra, when set, parses the file's sections the router does not read
+	// (the node's rate limit buckets); a file it rejects is rejected whole,
+	// as one with an invalid routing section is.
+	Extra func(data []byte) (any, error)
+	// OnApply, when set, hears every config the watcher loads or applies,
+	// with Extra's result for the file in force (nil without a Path or an
+	// Extra), before the router does; it runs under the watcher's lock and
+	// must not block.
+	OnApply func(cfg *PoolConfig, extra any)
 }
 
 // PoolsWatcher keeps the router's pool config current. It re-reads
@@ -57,6 +66,7 @@ type PoolsWatcher struct {
 	// loop runs.
 	mu          sync.Mutex
 	file        *PoolConfig
+	extra       any // Extra's result for file
 	fileHash    [sha256.Size]byte
 	lastFileErr string
 	runtime     Mappings
@@ -99,14 +109,17 @@ func (w *PoolsWatcher) Load(ctx context.Context) (*PoolConfig, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pools: %w", err)
 		}
-		cfg, err := ParsePools(data)
+		cfg, extra, err := w.parse(data)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", w.cfg.Path, err)
 		}
-		w.file, w.fileHash = cfg, sha256.Sum256(data)
+		w.file, w.extra, w.fileHash = cfg, extra, sha256.Sum256(data)
 	}
 	w.loadMappings(ctx, true)
 	w.current = w.file.WithMappings(w.runtime.Topics).WithPaused(w.runtime.Paused)
+	if w.cfg.OnApply != nil {
+		w.cfg.OnApply(w.current, w.extra)
+	}
 	return w.current, nil
 }
 
@@ -177,6 +190,9 @@ func (w *PoolsWatcher) reload(onDemand bool) error {
 		w.current = w.file.WithMappings(w.runtime.Topics).WithPaused(w.runtime.Paused)
 		w.log.Info("pools config applied", "topics", len(w.current.Topics), "pools", len(w.current.Pools),
 			"runtime_mappings", len(w.runtime.Topics), "mapping_version", w.runtime.Version)
+		if w.cfg.OnApply != nil {
+			w.cfg.OnApply(w.current, w.extra)
+		}
 		if w.deliver != nil {
 			w.deliver(w.current)
 		}
@@ -197,9 +213,12 @@ func (w *PoolsWatcher) reloadFile(onDemand bool) (bool, error) {
 			w.lastFileErr = ""
 			return false, nil
 		}
-		var cfg *PoolConfig
-		if cfg, err = ParsePools(data); err == nil {
-			w.file, w.fileHash, w.lastFileErr = cfg, h, ""
+		var (
+			cfg   *PoolConfig
+			extra any
+		)
+		if cfg, extra, err = w.parse(data); err == nil {
+			w.file, w.extra, w.fileHash, w.lastFileErr = cfg, extra, h, ""
 			w.log.Info("pools file reloaded", "path", w.cfg.Path)
 			return true, nil
 		}
@@ -212,6 +231,19 @@ func (w *PoolsWatcher) reloadFile(onDemand bool) (bool, error) {
 	}
 	w.lastFileErr = err.Error()
 	return false, err
+}
+
+// parse reads a pools file: the routing config and Extra's sections.
+func (w *PoolsWatcher) parse(data []byte) (*PoolConfig, any, error) {
+	cfg, err := ParsePools(data)
+	if err != nil || w.cfg.Extra == nil {
+		return cfg, nil, err
+	}
+	extra, err := w.cfg.Extra(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, extra, nil
 }
 
 // loadMappings reloads the runtime mappings when their version moved and

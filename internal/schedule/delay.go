@@ -101,10 +101,11 @@ func delayedOf(req *capv1.JobRequest, trace string, due, stored time.Time) Delay
 }
 
 // AddDelayed stores submits to be submitted at their due times, in one
-// transaction. Adding a job id already held keeps the first (a redelivered
-// submit).
+// script. Adding a job id already held keeps the first (a redelivered
+// submit); a job id cancelled within CancelledKeep is not held again.
 func (st *Store) AddDelayed(ctx context.Context, ds []Delayed) error {
-	pipe := st.rdb.TxPipeline()
+	args := make([]any, 0, 1+3*len(ds))
+	args = append(args, time.Now().UnixMilli())
 	for _, d := range ds {
 		if d.req != nil {
 			raw, err := proto.Marshal(d.req)
@@ -117,18 +118,25 @@ func (st *Store) AddDelayed(ctx context.Context, ds []Delayed) error {
 		if err != nil {
 			return err
 		}
-		pipe.HSetNX(ctx, st.delayJob, d.JobID, data)
-		pipe.ZAddNX(ctx, st.delayDue, redis.Z{Score: float64(d.Due.UnixMilli()), Member: d.JobID})
+		args = append(args, d.JobID, d.Due.UnixMilli(), data)
 	}
-	_, err := pipe.Exec(ctx)
-	return err
+	return st.addScript.Run(ctx, st.rdb, []string{st.delayDue, st.delayJob, st.delayGone}, args...).Err()
 }
 
 // ListDelayed returns up to limit delayed jobs, soonest first (tenant's
 // only unless tenant is "").
 func (st *Store) ListDelayed(ctx context.Context, tenant string, limit int64) ([]Delayed, error) {
+	return st.ListDelayedPage(ctx, tenant, 0, limit, nil)
+}
+
+// ListDelayedPage returns up to limit delayed jobs, soonest first, after
+// the first skip of those that are tenant's (every tenant's when tenant is
+// "") and that keep (when set) keeps. keep sees the job with its Request;
+// the jobs returned have none. Bounded: the first 100,000 delayed jobs.
+func (st *Store) ListDelayedPage(ctx context.Context, tenant string, skip, limit int64, keep func(*Delayed) bool) ([]Delayed, error) {
 	const page = 500
 	out := []Delayed{}
+	seen := int64(0)
 	// Pages of the zset, soonest first; bounded: at most 200 pages.
 	for start := int64(0); int64(len(out)) < limit && start < 200*page; start += page {
 		ids, err := st.rdb.ZRange(ctx, st.delayDue, start, start+page-1).Result()
@@ -148,7 +156,11 @@ func (st *Store) ListDelayed(ctx context.Context, tenant string, limit int64) ([
 				continue
 			}
 			var d Delayed
-			if json.Unmarshal([]byte(s), &d) != nil || (tenant != "" && d.Tenant != tenant) {
+			if json.Unmarshal([]byte(s), &d) != nil || (tenant != "" && d.Tenant != tenant) ||
+				(keep != nil && !keep(&d)) {
+				continue
+			}
+			if seen++; seen <= skip {
 				continue
 			}
 			d.Request = nil
@@ -180,24 +192,42 @@ func (st *Store) GetDelayed(ctx context.Context, id string) (*Delayed, error) {
 	return d, nil
 }
 
-// DeleteDelayed drops delayed job id before it is submitted.
+// ErrTaken: the delayed job is due and a replica took it to submit; it
+// can no longer be cancelled here, only as a job (a cancel mark, or the
+// job's cancel once it has a record).
+var ErrTaken = errors.New("schedule: delayed job is being submitted")
+
+// DeleteDelayed cancels delayed job id before it is submitted: it never
+// runs, and its submit, if the stream delivers it again, is not held
+// again. Exactly one of a cancel and the take of its due time wins (one
+// script each): ErrTaken once a replica took it, ErrNotFound when no such
+// job is held.
 func (st *Store) DeleteDelayed(ctx context.Context, id string) error {
-	pipe := st.rdb.TxPipeline()
-	n := pipe.HDel(ctx, st.delayJob, id)
-	pipe.ZRem(ctx, st.delayDue, id)
-	if _, err := pipe.Exec(ctx); err != nil {
+	now := time.Now()
+	res, err := st.cancelScript.Run(ctx, st.rdb, []string{st.delayDue, st.delayJob, st.delayTaken, st.delayGone},
+		id, now.UnixMilli(), now.Add(CancelledKeep).UnixMilli()).Text()
+	if err != nil {
 		return err
 	}
-	if n.Val() == 0 {
-		return fmt.Errorf("%w: delayed job %s", ErrNotFound, id)
+	switch res {
+	case "CANCELLED":
+		return nil
+	case "TAKEN":
+		return fmt.Errorf("%w: %s", ErrTaken, id)
 	}
-	return nil
+	return fmt.Errorf("%w: delayed job %s", ErrNotFound, id)
+}
+
+// dropDelayed forgets delayed job id whatever its state (an unreadable
+// entry).
+func (st *Store) dropDelayed(ctx context.Context, id string) error {
+	return st.doneDelayed(ctx, []string{id})
 }
 
 // takeDelayed takes up to limit delayed jobs due by upTo, leased until
 // leaseEnd.
 func (st *Store) takeDelayed(ctx context.Context, upTo, leaseEnd time.Time, limit int) ([]Delayed, error) {
-	res, err := st.takeScript.Run(ctx, st.rdb, []string{st.delayDue, st.delayJob}, upTo.UnixMilli(),
+	res, err := st.takeScript.Run(ctx, st.rdb, []string{st.delayDue, st.delayJob, st.delayTaken}, upTo.UnixMilli(),
 		leaseEnd.UnixMilli(), limit).StringSlice()
 	if err != nil {
 		return nil, err
@@ -206,7 +236,7 @@ func (st *Store) takeDelayed(ctx context.Context, upTo, leaseEnd time.Time, limi
 	for i := 0; i+1 < len(res); i += 2 {
 		var d Delayed
 		if err := json.Unmarshal([]byte(res[i+1]), &d); err != nil {
-			_ = st.DeleteDelayed(ctx, res[i]) // unreadable: drop it rather than retry forever
+			_ = st.dropDelayed(ctx, res[i]) // unreadable: drop it rather than retry forever
 			continue
 		}
 		out = append(out, d)
@@ -226,6 +256,7 @@ func (st *Store) doneDelayed(ctx context.Context, ids []string) error {
 	pipe := st.rdb.TxPipeline()
 	pipe.ZRem(ctx, st.delayDue, members...)
 	pipe.HDel(ctx, st.delayJob, ids...)
+	pipe.HDel(ctx, st.delayTaken, ids...)
 	_, err := pipe.Exec(ctx)
 	return err
 }

@@ -26,12 +26,16 @@ var ErrExists = errors.New("schedule: exists")
 //	<p>{sched}:claim:<id>:<tick>   a tick's claim (SET NX, LeaseTTL)
 //	<p>{delay}:due        ZSET job id → due time (unix ms), or a taker's lease end
 //	<p>{delay}:job        HASH job id → Delayed JSON
+//	<p>{delay}:taken      HASH job id → lease end (unix ms): taken by a replica to submit
+//	<p>{delay}:gone       ZSET job id → until (unix ms): cancelled; its submit is not held again
 type Store struct {
 	rdb                        redis.UniversalClient
 	def, due, last, claim      string
 	delayDue, delayJob         string
+	delayTaken, delayGone      string
 	claimScript, advanceScript *redis.Script
-	takeScript                 *redis.Script
+	takeScript, cancelScript   *redis.Script
+	addScript                  *redis.Script
 }
 
 // NewStore returns the store under prefix (the node's KeyPrefix, e.g.
@@ -40,8 +44,10 @@ func NewStore(rdb redis.UniversalClient, prefix string) *Store {
 	return &Store{rdb: rdb,
 		def: prefix + "{sched}:def", due: prefix + "{sched}:due", last: prefix + "{sched}:last",
 		claim: prefix + "{sched}:claim:", delayDue: prefix + "{delay}:due", delayJob: prefix + "{delay}:job",
+		delayTaken: prefix + "{delay}:taken", delayGone: prefix + "{delay}:gone",
 		claimScript: redis.NewScript(claimLua), advanceScript: redis.NewScript(advanceLua),
-		takeScript: redis.NewScript(takeLua)}
+		takeScript: redis.NewScript(takeLua), cancelScript: redis.NewScript(cancelLua),
+		addScript: redis.NewScript(addLua)}
 }
 
 // claimLua: KEYS due, claim; ARGV id, tick, lease ms. The tick is claimed
@@ -61,23 +67,64 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[1], ARGV[4]) end
 return 1`
 
-// takeLua: KEYS due, job; ARGV now ms, lease end ms, limit. Takes up to
-// limit due delayed jobs: each is re-scored to the lease end (a taker that
-// dies leaves it due again then) and returned with its JSON.
+// takeLua: KEYS due, job, taken; ARGV now ms, lease end ms, limit. Takes
+// up to limit due delayed jobs: each is re-scored to the lease end (a
+// taker that dies leaves it due again then), marked taken (from then on a
+// cancel no longer removes it: it is being submitted) and returned with
+// its JSON.
 const takeLua = `
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
 for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[1], ARGV[2], id)
   local v = redis.call('HGET', KEYS[2], id)
   if v then
+    redis.call('ZADD', KEYS[1], ARGV[2], id)
+    redis.call('HSET', KEYS[3], id, ARGV[2])
     out[#out+1] = id
     out[#out+1] = v
   else
     redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[3], id)
   end
 end
 return out`
+
+// cancelLua: KEYS due, job, taken, gone; ARGV id, now ms, until ms.
+// Removes delayed job id unless a replica took it to submit: "CANCELLED"
+// (it never runs; its submit, redelivered until then, is not held again),
+// "TAKEN" (it is being submitted: the job's own cancel applies), "NONE"
+// (no such delayed job).
+const cancelLua = `
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 'NONE' end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 'TAKEN' end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+return 'CANCELLED'`
+
+// addLua: KEYS due, job, gone; ARGV now ms, then (id, due ms, JSON) per
+// job. Holds each job unless it is held already (a redelivered submit: the
+// first stands) or was cancelled (its redelivered submit is dropped).
+// Returns the number held.
+const addLua = `
+local n = 0
+for i = 2, #ARGV, 3 do
+  local id = ARGV[i]
+  local g = redis.call('ZSCORE', KEYS[3], id)
+  if not g or tonumber(g) <= tonumber(ARGV[1]) then
+    if redis.call('HSETNX', KEYS[2], id, ARGV[i+2]) == 1 then
+      redis.call('ZADD', KEYS[1], 'NX', ARGV[i+1], id)
+      n = n + 1
+    end
+  end
+end
+return n`
+
+// CancelledKeep is how long a cancelled delayed job's submit is refused
+// if it is delivered again: as long as the submit stream keeps a submit
+// (bus.StreamMaxAge, 72 h), as a cancel mark (store.CancelMarkTTL).
+const CancelledKeep = 73 * time.Hour
 
 // Create stores s (validated) and schedules its first tick after now.
 func (st *Store) Create(ctx context.Context, s *Schedule) error {
@@ -242,10 +289,19 @@ func (st *Store) earliestTick(ctx context.Context) (time.Time, bool, error) {
 }
 
 // earliestDelayed returns the earliest delayed job's due time less
-// lookahead (ok false when none is held).
-func (st *Store) earliestDelayed(ctx context.Context, lookahead time.Duration) (time.Time, bool, error) {
-	at, ok, err := first(st.rdb.ZRangeWithScores(ctx, st.delayDue, 0, 0).Result())
-	return at.Add(-lookahead), ok, err
+// lookahead, and how many delayed jobs are held (one round trip).
+func (st *Store) earliestDelayed(ctx context.Context, lookahead time.Duration) (time.Time, int64, error) {
+	pipe := st.rdb.Pipeline()
+	z := pipe.ZRangeWithScores(ctx, st.delayDue, 0, 0)
+	n := pipe.ZCard(ctx, st.delayDue)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return time.Time{}, 0, err
+	}
+	at, ok, _ := first(z.Result())
+	if !ok {
+		return time.Time{}, 0, nil
+	}
+	return at.Add(-lookahead), max(n.Val(), 1), nil
 }
 
 func first(zs []redis.Z, err error) (time.Time, bool, error) {

@@ -87,6 +87,8 @@ type Ticker struct {
 	fired    *prometheus.CounterVec
 	lag      prometheus.Histogram
 	missed   prometheus.Counter
+	caughtUp prometheus.Counter
+	waiting  prometheus.Gauge
 	errors   prometheus.Counter
 }
 
@@ -118,11 +120,15 @@ func NewTicker(cfg Config) *Ticker {
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30, 60}}),
 		missed: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedule_ticks_missed_total",
 			Help: "Schedule ticks found missed (older than their grace) and dropped by the missed-tick policy."}),
+		caughtUp: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedule_ticks_caught_up_total",
+			Help: "Missed schedule ticks fired late by the catch_up policy (counted in jobs_submitted_total too)."}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "troupe_schedule_delayed_waiting",
+			Help: "Delayed jobs held (all replicas') not yet submitted, as of this node's last look."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedule_errors_total",
 			Help: "Ticker passes that failed (Redis or the submit stream); what was due stays due."}),
 	}
 	if cfg.Metrics != nil {
-		for _, c := range []prometheus.Collector{t.fired, t.lag, t.missed, t.errors} {
+		for _, c := range []prometheus.Collector{t.fired, t.lag, t.missed, t.caughtUp, t.waiting, t.errors} {
 			_ = cfg.Metrics.Register(c)
 		}
 	}
@@ -203,7 +209,11 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 			if err := t.drainDelayed(ctx); err != nil {
 				return time.Time{}, false, err
 			}
-			return t.cfg.Store.earliestDelayed(ctx, t.cfg.Lookahead)
+			at, n, err := t.cfg.Store.earliestDelayed(ctx, t.cfg.Lookahead)
+			if err == nil {
+				t.waiting.Set(float64(n))
+			}
+			return at, n > 0, err
 		})
 	}()
 	wg.Wait()
@@ -256,10 +266,12 @@ func (t *Ticker) RunOnce(ctx context.Context) (next time.Time, found bool, err e
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	b, okB, err := t.cfg.Store.earliestDelayed(ctx, t.cfg.Lookahead)
+	b, n, err := t.cfg.Store.earliestDelayed(ctx, t.cfg.Lookahead)
 	if err != nil {
 		return time.Time{}, false, err
 	}
+	t.waiting.Set(float64(n))
+	okB := n > 0
 	switch {
 	case okA && (!okB || a.Before(b)):
 		return a, true, nil
@@ -381,9 +393,10 @@ func (t *Ticker) submit(ctx context.Context, kind string, jobs []Job) error {
 // most recent missed ones the policy keeps) and the on-time ticks, oldest
 // first, how many missed ticks it drops, and the next tick after now.
 type Plan struct {
-	Fire    []time.Time
-	Dropped int
-	Next    time.Time
+	Fire     []time.Time
+	Dropped  int
+	CaughtUp int // of Fire, the missed ticks the policy keeps
+	Next     time.Time
 }
 
 // PlanTicks returns what s fires at now when its stored next tick is tick:
@@ -411,7 +424,7 @@ func PlanTicks(s *Schedule, spec Spec, tick, now time.Time) Plan {
 			T = spec.Next(late.Add(-time.Millisecond))
 		}
 		p.Fire = append(p.Fire, ring...)
-		p.Dropped = n - len(ring)
+		p.Dropped, p.CaughtUp = n-len(ring), len(ring)
 	}
 	for !T.IsZero() && !T.After(now) {
 		if len(p.Fire) < keepOnTime(s) {
@@ -458,10 +471,11 @@ func (t *Ticker) fireSchedule(ctx context.Context, id string, tickMS int64, now 
 	if err := t.submit(ctx, "tick", jobs); err != nil {
 		return err // the claim's lease ends; the tick fires then
 	}
-	if plan.Dropped > 0 {
+	t.caughtUp.Add(float64(plan.CaughtUp))
+	if plan.Dropped > 0 || plan.CaughtUp > 0 {
 		t.missed.Add(float64(plan.Dropped))
-		t.cfg.Log.Warn("schedule: missed ticks dropped", "schedule", id, "dropped", plan.Dropped,
-			"policy", s.Missed, "caught_up", max(len(plan.Fire)-1, 0))
+		t.cfg.Log.Warn("schedule: missed ticks", "schedule", id, "dropped", plan.Dropped,
+			"policy", s.Missed, "caught_up", plan.CaughtUp)
 	}
 	var fired *Fired
 	if n := len(jobs); n > 0 {

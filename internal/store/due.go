@@ -32,9 +32,11 @@ type Orphan struct {
 // ExpiredLeases returns, over every shard, up to perShard jobs whose owner
 // stopped renewing their lease before cutoff (the owner died), and moves
 // each lease to next so a job is offered again only if nobody adopts it.
+// A lease is a member of the shard's due set (Keys.LeaseMember), or, one
+// written by a node of the version before, of its lease set (Keys.Leases).
 // One pipeline for all shards.
 func (s *Store) ExpiredLeases(ctx context.Context, cutoff, next time.Time, perShard int) ([]Orphan, error) {
-	cmds, err := s.runShards(ctx, true, s.keys.Leases, cutoff, next, perShard)
+	cmds, err := s.runShards(ctx, true, s.keys.Due, cutoff, next, perShard)
 	if err != nil {
 		return nil, err
 	}
@@ -75,13 +77,13 @@ func (s *Store) popDue(ctx context.Context, key func(shard int) string, cutoff, 
 	return out, nil
 }
 
-// runShards runs dueScript (dueScoresScript if withScores) over the sorted
-// set key(shard) of every shard in one pipeline, loading the scripts if
-// Redis lost them.
+// runShards runs dueScript (dueScoresScript if withScores, with the
+// shard's lease set as its second key) over the sorted set key(shard) of
+// every shard in one pipeline, loading the scripts if Redis lost them.
 func (s *Store) runShards(ctx context.Context, withScores bool, key func(shard int) string,
 	cutoff, next time.Time, perShard int) ([]*redis.Cmd, error) {
 	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
-		return []redis.Cmder{evalSha(ctx, pipe, dueCall{withScores: withScores, setKey: key(i),
+		return []redis.Cmder{evalSha(ctx, pipe, dueCall{withScores: withScores, setKey: key(i), leasesKey: s.keys.Leases(i),
 			cutoffMs: cutoff.UnixMilli(), limit: perShard, laterMs: next.UnixMilli()})}
 	})
 	if err != nil {
@@ -155,32 +157,81 @@ func (s *Store) Decide(ctx context.Context, jobID string, d Decision, by, reason
 	return fmt.Errorf("store: decide %s: unexpected reply %v", jobID, v)
 }
 
-// TrimTerminal drops entries older than before from every shard's
-// terminal-state indexes (their records have expired by then). One pipeline.
+// Retention trim bounds: ids read per terminal-state index and pass, and
+// passes per TrimTerminal call (a backlog beyond them waits for the next
+// call).
+const (
+	trimBatch  = 500
+	trimRounds = 20
+)
+
+// TrimTerminal deletes the jobs that ended before before: their records
+// (with their histories) and their entries in every shard's terminal-state
+// indexes. A terminal write sets no expiry on the record (an EXPIRE per job
+// cost Redis a command on the hot path); the index entry, scored with the
+// job's terminal time, is how the trim finds it. Each pass reads up to
+// trimBatch ids per index (one pipeline), then deletes them (a script per
+// index with ids, one pipeline); it returns how many it deleted.
 func (s *Store) TrimTerminal(ctx context.Context, before time.Time) (int64, error) {
-	items, err := s.sendScripts(ctx, Shards, func(pipe redis.Pipeliner, i int) []redis.Cmder {
-		var keys []string
-		for _, st := range jobstate.AllStates {
-			if st.Terminal() {
-				keys = append(keys, s.keys.Index(i, string(st)))
+	var terminal []string
+	for _, st := range jobstate.AllStates {
+		if st.Terminal() {
+			terminal = append(terminal, string(st))
+		}
+	}
+	maxScore := strconv.FormatInt(before.UnixMilli(), 10)
+	var n int64
+	for round := 0; round < trimRounds; round++ {
+		pipe := s.rdb.Pipeline()
+		reads := make([]*redis.StringSliceCmd, 0, Shards*len(terminal))
+		for sh := 0; sh < Shards; sh++ {
+			for _, st := range terminal {
+				reads = append(reads, pipe.ZRangeByScore(ctx, s.keys.Index(sh, st),
+					&redis.ZRangeBy{Min: "-inf", Max: maxScore, Count: trimBatch}))
 			}
 		}
-		return []redis.Cmder{evalSha(ctx, pipe, trimCall{indexKeys: keys, beforeMs: before.UnixMilli()})}
-	})
-	if err != nil {
-		return 0, err
-	}
-	cmds := make([]*redis.Cmd, Shards)
-	for i, it := range items {
-		cmds[i] = it.cmds[0].(*redis.Cmd)
-	}
-	var n int64
-	for _, c := range cmds {
-		v, err := c.Int64()
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return n, fmt.Errorf("store: trim: read: %w", err)
+		}
+		var calls []trimCall
+		full := false
+		for i, r := range reads {
+			ids := r.Val()
+			if len(ids) == 0 {
+				continue
+			}
+			full = full || len(ids) >= trimBatch
+			sh, st := i/len(terminal), terminal[i%len(terminal)]
+			c := trimCall{indexKey: s.keys.Index(sh, st)}
+			for _, id := range ids {
+				if Shard(id) == sh { // else not a job of this shard: left alone
+					c.jobIDs = append(c.jobIDs, id)
+					c.jobKeys = append(c.jobKeys, s.keys.Job(id))
+				}
+			}
+			if len(c.jobIDs) > 0 {
+				calls = append(calls, c)
+			}
+		}
+		if len(calls) == 0 {
+			return n, nil
+		}
+		items, err := s.sendScripts(ctx, len(calls), func(pipe redis.Pipeliner, i int) []redis.Cmder {
+			return []redis.Cmder{evalSha(ctx, pipe, calls[i])}
+		})
 		if err != nil {
 			return n, fmt.Errorf("store: trim: %w", err)
 		}
-		n += v
+		for _, it := range items {
+			v, err := it.cmds[0].(*redis.Cmd).Int64()
+			if err != nil {
+				return n, fmt.Errorf("store: trim: %w", err)
+			}
+			n += v
+		}
+		if !full {
+			return n, nil
+		}
 	}
 	return n, nil
 }

@@ -127,9 +127,19 @@ func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }
 // wakes the job if its owner did not.
 func (k *Keys) Due(shard int) string { return k.shards[shard].due }
 
-// Leases is the sorted set of shard's jobs whose owner holds their lock:
-// score = the time by which the owner must renew (2 lock TTLs after its last
-// renewal). An entry in the past means the owner died.
+// LeaseMember is a job's lease: its member in its shard's due set (Keys.Due)
+// while its owner holds its lock, score = the time by which the owner must
+// renew (2 lock TTLs after its last renewal). An entry in the past means the
+// owner died. "|" is in no job id (intake's ids are [A-Za-z0-9_.:-]), so a
+// lease never reads as a due job. Being in the due set, a job's lease is
+// written and dropped with its due entry in one ZADD or ZREM.
+func LeaseMember(jobID string) string { return "|" + jobID }
+
+// Leases is the sorted set where nodes of the version before keep leases
+// (member = job id, score as LeaseMember's). This version writes none; it
+// reads and adopts from it (ExpiredLeases), and drops a job's entry when it
+// adopts, releases, parks or ends the job off the hot path, so a rolling
+// upgrade loses no old node's lease.
 func (k *Keys) Leases(shard int) string { return k.shards[shard].leases }
 
 // Parked is the sorted set of shard's jobs that node has parked: DISPATCHED

@@ -59,7 +59,7 @@ func TestParkedLockIsHeldByTheNodeLeaseAndAdoptedWhenItLapses(t *testing.T) {
 	if v, ttl := rdb.Get(ctx, keys.Lock("p1")).Val(), rdb.PTTL(ctx, keys.Lock("p1")).Val(); v != "a|1|p" || ttl != -1 {
 		t.Fatalf("parked lock %q ttl %v", v, ttl)
 	}
-	if _, err := rdb.ZScore(ctx, keys.Leases(sh), "p1").Result(); err != redis.Nil {
+	if _, err := rdb.ZScore(ctx, keys.Due(sh), store.LeaseMember("p1")).Result(); err != redis.Nil {
 		t.Fatalf("a parked job still has a per-job lease (%v)", err)
 	}
 	if due, _ := b.s.DueAt(ctx, "p1"); !due.IsZero() {

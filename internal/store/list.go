@@ -255,7 +255,9 @@ func sortEntries(es []indexEntry) {
 }
 
 // summaryFields are the record fields a JobSummary reads.
-var summaryFields = []string{"s", "topic", "tenant", "reason", "worker", "updated", "created", "attempts", "req"}
+// The last, fieldPacked, holds topic and tenant for a record created
+// without them (see packed.go).
+var summaryFields = []string{"s", "topic", "tenant", "reason", "worker", "updated", "created", "attempts", "req", fieldPacked}
 
 // summaries reads the summary fields of every entry's record in one
 // pipeline; a nil element means the record is gone.
@@ -277,6 +279,14 @@ func (s *Store) summaries(ctx context.Context, entries []indexEntry) ([]*JobSumm
 		}
 		out[i] = &JobSummary{ID: entries[i].id, State: jobstate.State(str(0)), Topic: str(1), Tenant: str(2),
 			Reason: jobstate.Reason(str(3)), Worker: str(4), Created: parseMillis(str(6))}
+		if pk := str(9); pk != "" {
+			if _, plain := v[1].(string); !plain {
+				out[i].Topic = unpacked(pk, "topic")
+			}
+			if _, plain := v[2].(string); !plain {
+				out[i].Tenant = unpacked(pk, "tenant")
+			}
+		}
 		out[i].Updated = updatedAt(str(5), out[i].Created)
 		out[i].Attempts, _ = strconv.Atoi(str(7))
 		if req := str(8); req != "" {
@@ -370,7 +380,37 @@ func (s *Store) States(ctx context.Context, jobIDs []string) (map[string]jobstat
 // Tenants returns the tenant recorded on each job that has a record, in
 // one pipeline (jobs without a record are left out).
 func (s *Store) Tenants(ctx context.Context, jobIDs []string) (map[string]string, error) {
-	return s.recordField(ctx, "tenants", "tenant", jobIDs)
+	cmds, err := s.eachJobFields(ctx, "tenants", jobIDs, "tenant", fieldPacked)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(jobIDs))
+	for i, c := range cmds {
+		v := c.Val()
+		if len(v) != 2 {
+			continue
+		}
+		if t, ok := v[0].(string); ok {
+			out[jobIDs[i]] = t
+		} else if pk, ok := v[1].(string); ok {
+			out[jobIDs[i]] = unpacked(pk, "tenant")
+		}
+	}
+	return out, nil
+}
+
+// eachJobFields reads fields of each job's record, in one pipeline of
+// HMGETs, in order.
+func (s *Store) eachJobFields(ctx context.Context, what string, jobIDs []string, fields ...string) ([]*redis.SliceCmd, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(jobIDs))
+	for i, id := range jobIDs {
+		cmds[i] = pipe.HMGet(ctx, s.keys.Job(id), fields...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: %s: %w", what, err)
+	}
+	return cmds, nil
 }
 
 // LockHolders returns the lock value of each job ("" when unlocked), in

@@ -40,6 +40,35 @@ func luaScript(name string, libs ...string) *redis.Script {
 	return sc
 }
 
+// multiScript returns the multi-job variant of lua/<name>.lua with libs
+// (see lua/lib/multi.lua). The script's text is the body of a local
+// function one(), which multi.lua calls once per job; in it and in its
+// libraries, KEYS[i] reads KEYS[mko + i], ARGV[i] ARGV[mao + i] and #ARGV
+// is man: the job's keys and arguments within the call's, with no copy of
+// them. It is recorded in multiScripts, not luaScripts: it has no file of
+// its own.
+func multiScript(name string, libs ...string) *redis.Script {
+	shift := strings.NewReplacer("KEYS[", "KEYS[mko + ", "ARGV[", "ARGV[mao + ", "#ARGV", "man", "#KEYS", "mkn")
+	var b strings.Builder
+	b.WriteString("local mko, mao, mkn, man = 0, 0, 0, 0\n")
+	for _, l := range libs {
+		b.WriteString(shift.Replace(luaSource("lib/" + l)))
+		b.WriteByte('\n')
+	}
+	b.WriteString("local function one()\n")
+	b.WriteString(shift.Replace(luaSource(name)))
+	b.WriteString("\nend\n")
+	b.WriteString(luaSource("lib/multi"))
+	sc := redis.NewScript(b.String())
+	multiScripts = append(multiScripts, sc)
+	luaHashes[sc] = sc.Hash()
+	return sc
+}
+
+// multiScripts are the scripts multiScript made; LoadScripts loads them
+// with allScripts.
+var multiScripts []*redis.Script
+
 // luaHashes holds each script's SHA-1 as an interface value, made once, so
 // that an EVALSHA's arguments do not box it again on every call.
 var luaHashes = map[*redis.Script]interface{}{}
@@ -164,10 +193,22 @@ const (
 type argFreeList struct {
 	mu   sync.Mutex
 	free [][]interface{}
+	// minCap, maxCap and kept, when maxCap is set, replace argListCap,
+	// argListMaxCap and argListsKept.
+	minCap, maxCap, kept int
+}
+
+// bounds returns the list's capacity bounds and how many lists it keeps.
+func (f *argFreeList) bounds() (lo, hi, kept int) {
+	if f.maxCap > 0 {
+		return f.minCap, f.maxCap, f.kept
+	}
+	return argListCap, argListMaxCap, argListsKept
 }
 
 // get returns an empty list with room for n arguments.
 func (f *argFreeList) get(n int) []interface{} {
+	lo, _, _ := f.bounds()
 	f.mu.Lock()
 	if k := len(f.free); k > 0 {
 		l := f.free[k-1]
@@ -177,24 +218,29 @@ func (f *argFreeList) get(n int) []interface{} {
 		if cap(l) >= n {
 			return l
 		}
-		return make([]interface{}, 0, max(n, argListCap))
+		return make([]interface{}, 0, max(n, lo))
 	}
 	f.mu.Unlock()
-	return make([]interface{}, 0, max(n, argListCap))
+	return make([]interface{}, 0, max(n, lo))
 }
 
 // put keeps l, cleared, for a later get.
 func (f *argFreeList) put(l []interface{}) {
-	if cap(l) < argListCap || cap(l) > argListMaxCap {
+	lo, hi, kept := f.bounds()
+	if cap(l) < lo || cap(l) > hi {
 		return
 	}
 	clear(l[:cap(l)])
 	f.mu.Lock()
-	if len(f.free) < argListsKept {
+	if len(f.free) < kept {
 		f.free = append(f.free, l[:0])
 	}
 	f.mu.Unlock()
 }
+
+// multiArgLists recycles the argument lists of the multi-job calls
+// (evalShaMulti): up to multiMax jobs' arguments each, a few per flush.
+var multiArgLists = argFreeList{minCap: 1024, maxCap: 8192, kept: 32}
 
 // recycleArgs hands back the argument lists of cmds, which their caller
 // has done with (replies decoded, errors read): only EVALSHA lists.

@@ -138,14 +138,15 @@ func luaTokens(src string) ([]luaToken, error) {
 }
 
 // luaKeyArgs says which arguments of a Redis command, after its name, are
-// keys: the first (n = 1) or all of them (n = -1). A command the scripts
-// use must be listed here, so the check knows its keys.
+// keys: the first (n = 1), all of them (n = -1) or none (n = 0: TIME). A
+// command the scripts use must be listed here, so the check knows its keys.
 var luaKeyArgs = map[string]int{
 	"GET": 1, "SET": 1, "EXPIRE": 1, "PEXPIRE": 1,
 	"HGET": 1, "HSET": 1, "HMGET": 1, "HINCRBY": 1, "HGETALL": 1,
 	"ZADD": 1, "ZREM": 1, "ZSCORE": 1, "ZCARD": 1, "ZRANGEBYSCORE": 1, "ZREMRANGEBYSCORE": 1,
 	"RPUSH": 1, "XADD": 1, "XRANGE": 1, "XREVRANGE": 1, "XTRIM": 1,
 	"DEL": -1, "EXISTS": -1,
+	"TIME": 0,
 }
 
 // continuesExpr holds the tokens that, after "KEYS[...]", would make it
@@ -333,6 +334,12 @@ func luaKeyProblems(src string) ([]string, error) {
 			continue
 		}
 		keyArgs := args[1:]
+		if n == 0 {
+			if len(keyArgs) > 0 {
+				bad(t, "%s takes no arguments", cmd)
+			}
+			continue
+		}
 		if n > 0 && len(keyArgs) > n {
 			keyArgs = keyArgs[:n]
 		}

@@ -83,7 +83,7 @@ func (r *LockRenewer) Stats() RenewStats {
 type heldLock struct {
 	value    string
 	failures int
-	lost     func(vanished bool)
+	loser    LockLoser
 	// releasing counts the writes in flight that give this lock up if
 	// they apply (see releasing.go).
 	releasing int
@@ -164,6 +164,23 @@ func (r *LockRenewer) stopNow() {
 // expired while renewals failed, or Redis lost its data), not when another
 // holder has it.
 func (r *LockRenewer) Hold(jobID, value string, lost func(vanished bool)) {
+	r.HoldFor(jobID, value, lostFunc(lost))
+}
+
+// lostFunc is Hold's function as a LockLoser.
+type lostFunc func(vanished bool)
+
+func (f lostFunc) LockLost(_ string, vanished bool) { f(vanished) }
+
+// LockLoser is told, as Hold's lost is, that its lock of value could not be kept.
+type LockLoser interface {
+	LockLost(value string, vanished bool)
+}
+
+// HoldFor is Hold telling l instead of calling a function: a job actor is
+// its own LockLoser, where a closure per job was an allocation per job.
+func (r *LockRenewer) HoldFor(jobID, value string, l LockLoser) {
+	h := &heldLock{value: value, loser: l}
 	r.mu.Lock()
 	if len(r.locks) == 0 {
 		// Every live lock is this one, taken just now.
@@ -172,7 +189,7 @@ func (r *LockRenewer) Hold(jobID, value string, lost func(vanished bool)) {
 	if _, ok := r.locks[jobID]; !ok {
 		r.heldN.Add(1)
 	}
-	r.locks[jobID] = &heldLock{value: value, lost: lost}
+	r.locks[jobID] = h
 	r.mu.Unlock()
 }
 
@@ -193,6 +210,15 @@ func (r *LockRenewer) forgetLocked(jobID string) {
 
 // Held returns the number of registered (live) locks.
 func (r *LockRenewer) Held() int { return int(r.heldN.Load()) }
+
+// Holds reports whether this node holds jobID's live lock: the job's actor
+// is live here.
+func (r *LockRenewer) Holds(jobID string) bool {
+	r.mu.Lock()
+	_, ok := r.locks[jobID]
+	r.mu.Unlock()
+	return ok
+}
 
 func (r *LockRenewer) loop() {
 	defer close(r.done)
@@ -318,7 +344,7 @@ func (r *LockRenewer) RenewOnce(ctx context.Context) {
 		r.caughtUp(snapshot)
 	}
 	for _, l := range out.lost {
-		l.f(l.vanished)
+		l.h.loser.LockLost(l.h.value, l.vanished)
 	}
 }
 
@@ -331,7 +357,7 @@ type renewItem struct {
 }
 
 type lostLock struct {
-	f        func(bool)
+	h        *heldLock
 	vanished bool
 }
 
@@ -351,7 +377,7 @@ func (r *LockRenewer) renewGroup(ctx context.Context, group [][]renewItem, out *
 	cmds := make([]*redis.Cmd, len(group))
 	_, _ = r.s.sendScripts(ctx, len(group), func(pipe redis.Pipeliner, i int) []redis.Cmder {
 		items := group[i]
-		rc := renewManyCall{leasesKey: r.s.keys.Leases(Shard(items[0].id)), ttlMs: ttl, leaseUntilMs: leaseUntil,
+		rc := renewManyCall{dueKey: r.s.keys.Due(Shard(items[0].id)), ttlMs: ttl, leaseUntilMs: leaseUntil,
 			locks: make([]renewedLock, len(items))}
 		for j, it := range items {
 			rc.locks[j] = renewedLock{jobID: it.id, lockKey: r.s.keys.Lock(it.id), lockValue: it.h.value}
@@ -408,7 +434,7 @@ func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, 
 				// Refused: the lock is gone (-1) or someone else's (0).
 				r.refused.Add(1)
 				r.forgetLocked(it.id)
-				out.lost = append(out.lost, lostLock{it.h.lost, res[i] < 0})
+				out.lost = append(out.lost, lostLock{it.h, res[i] < 0})
 				if res[i] < 0 {
 					out.gone++
 				} else {
@@ -420,7 +446,7 @@ func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, 
 				it.h.failures++
 				if it.h.failures >= MaxRenewFailures {
 					r.forgetLocked(it.id)
-					out.lost = append(out.lost, lostLock{it.h.lost, false})
+					out.lost = append(out.lost, lostLock{it.h, false})
 					out.failedOut++
 				}
 			}

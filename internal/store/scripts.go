@@ -20,6 +20,10 @@ import (
 // to it in the same call.
 var activateScript = luaScript("activate", "shard_writes", "hops")
 
+// activateMultiScript is activateScript for several jobs in one call
+// (multiScript, lua/lib/multi.lua).
+var activateMultiScript = multiScript("activate", "shard_writes", "hops")
+
 // activateCall is a call of activateScript.
 type activateCall struct {
 	jobKey, lockKey, dueKey, leasesKey string
@@ -44,7 +48,6 @@ type activateCall struct {
 	rescueAtMs  int64
 	lockAfter   string // keep, release or terminal
 	dueMs       int64  // 0: the rescue time; -1: none; > 0: this time
-	retentionS  int64
 	parkedOwner string
 	plan        planArgs
 }
@@ -54,7 +57,7 @@ func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)
 func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *activateCall) keyCount() int { return 9 + c.plan.writeCount() }
-func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 14 + c.plan.argCount() }
+func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 13 + c.plan.argCount() }
 func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
 	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey,
 		&c.markKey, &c.cancelledKey)
@@ -66,8 +69,16 @@ func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
 		create = "1"
 	}
 	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, &c.topic, &c.tenant, &c.traceID, c.request,
-		&c.rescueAtMs, &c.lockAfter, &c.dueMs, &c.retentionS, &c.parkedOwner)
-	return c.plan.appendArgs(dst)
+		&c.rescueAtMs, &c.lockAfter, &c.dueMs, &c.parkedOwner)
+	plan := c.plan
+	if c.create {
+		var fields []string
+		if plan.t != nil {
+			fields = plan.t.Fields
+		}
+		plan.packed = packCreate(c.topic, c.tenant, c.traceID, fields)
+	}
+	return plan.appendArgs(dst)
 }
 
 // activateParkedBy is the status activateScript answers, changing nothing,
@@ -79,41 +90,43 @@ const activateParkedBy = "PARKED_BY"
 // lock value is the current one.
 var transitionScript = luaScript("transition", "shard_writes", "hops")
 
+// transitionMultiScript is transitionScript for several jobs in one call.
+var transitionMultiScript = multiScript("transition", "shard_writes", "hops")
+
 // transitionCall is a call of transitionScript.
 type transitionCall struct {
-	jobKey, lockKey, dueKey, leasesKey string
+	jobKey, lockKey, dueKey string
 	// toIndexKey is the shard's index of the last hop's state;
 	// fromIndexKeys the shard's index of each state of expected, in order.
 	toIndexKey    string
 	fromIndexKeys []string
 	fromBuf       [3]string // fromIndexKeys' storage for up to 3 expected states
 
-	lockValue  string
-	node       string
-	expected   string // comma-separated states (see Expect)
-	nowMs      int64
-	jobID      string
-	lockAfter  string // keep, release or terminal
-	retentionS int64
-	dueMs      int64 // 0: kept; -1: cleared; > 0: this time
-	plan       planArgs
+	lockValue string
+	node      string
+	expected  string // comma-separated states (see Expect)
+	nowMs     int64
+	jobID     string
+	lockAfter string // keep, release or terminal
+	dueMs     int64  // 0: kept; -1: cleared; > 0: this time
+	plan      planArgs
 }
 
 func (transitionCall) script() *redis.Script { return transitionScript }
 func (c transitionCall) keys() []string      { return keyStrings(c.appendKeys(nil)) }
 func (c transitionCall) args() []interface{} { return c.appendArgs(nil) }
 
-func (c *transitionCall) keyCount() int { return 5 + len(c.fromIndexKeys) + c.plan.writeCount() }
-func (c *transitionCall) argCount() int { return c.keyCount() + 8 + c.plan.argCount() }
+func (c *transitionCall) keyCount() int { return 4 + len(c.fromIndexKeys) + c.plan.writeCount() }
+func (c *transitionCall) argCount() int { return c.keyCount() + 7 + c.plan.argCount() }
 func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
-	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.toIndexKey)
+	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.toIndexKey)
 	for i := range c.fromIndexKeys {
 		dst = append(dst, &c.fromIndexKeys[i])
 	}
 	return c.plan.appendKeys(dst)
 }
 func (c *transitionCall) appendArgs(dst []interface{}) []interface{} {
-	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.retentionS, &c.dueMs)
+	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.dueMs)
 	return c.plan.appendArgs(dst)
 }
 
@@ -142,6 +155,10 @@ type planArgs struct {
 	// extra, when set, is one more sorted-set write after t.Adds (the
 	// DLQ outbox's).
 	extra *ShardZAdd
+	// packed, when set, is the fieldPacked value of a record being
+	// created: the packable fields among t.Fields are in it, not sent
+	// on their own (see packed.go).
+	packed string
 }
 
 // adds returns the plan's sorted-set writes, in order. Without t there are
@@ -192,9 +209,9 @@ func (p planArgs) appendKeys(dst []interface{}) []interface{} {
 // argCount is how many arguments appendArgs adds, at most.
 func (p planArgs) argCount() int {
 	if p.t == nil {
-		return 3
+		return 5
 	}
-	return 5 + 2*len(p.t.Path) + 4*len(p.adds()) + 3*len(p.t.Sets) + len(p.t.Fields)
+	return 7 + 2*len(p.t.Path) + 4*len(p.adds()) + 3*len(p.t.Sets) + len(p.t.Fields)
 }
 
 // appendArgs adds "n, (to, reason)×n, m, (score, member, trim_below,
@@ -202,7 +219,11 @@ func (p planArgs) argCount() int {
 // fields end with "op", t.Op when t.Op is set.
 func (p planArgs) appendArgs(args []interface{}) []interface{} {
 	if p.t == nil {
-		return append(args, 0, 0, 0)
+		args = append(args, 0, 0, 0)
+		if p.packed != "" {
+			args = append(args, fieldPacked, p.packed)
+		}
+		return args
 	}
 	t := p.t
 	// Pointers into the Transition (and its adds), which outlive the
@@ -223,8 +244,17 @@ func (p planArgs) appendArgs(args []interface{}) []interface{} {
 		h := &t.Sets[i]
 		args = append(args, &h.Field, &h.Value, h.TTL.Milliseconds())
 	}
-	for i := range t.Fields {
-		args = append(args, &t.Fields[i])
+	if p.packed == "" {
+		for i := range t.Fields {
+			args = append(args, &t.Fields[i])
+		}
+	} else {
+		for i := 0; i+1 < len(t.Fields); i += 2 {
+			if !packable(t.Fields[i]) {
+				args = append(args, &t.Fields[i], &t.Fields[i+1])
+			}
+		}
+		args = append(args, fieldPacked, p.packed)
 	}
 	if t.Op != "" {
 		args = append(args, "op", &t.Op)
@@ -237,12 +267,12 @@ func (p planArgs) appendArgs(args []interface{}) []interface{} {
 var releaseScript = luaScript("release")
 
 type releaseCall struct {
-	lockKey, leasesKey string
-	lockValue, jobID   string
+	lockKey, leasesKey, dueKey string
+	lockValue, jobID           string
 }
 
 func (releaseCall) script() *redis.Script { return releaseScript }
-func (c releaseCall) keys() []string      { return []string{c.lockKey, c.leasesKey} }
+func (c releaseCall) keys() []string      { return []string{c.lockKey, c.leasesKey, c.dueKey} }
 func (c releaseCall) args() []interface{} { return []interface{}{c.lockValue, c.jobID} }
 
 // parkScript (lua/park.lua) parks a DISPATCHED or RUNNING job whose actor
@@ -327,6 +357,7 @@ var (
 type dueCall struct {
 	withScores bool // dueScoresScript rather than dueScript
 	setKey     string
+	leasesKey  string // dueScoresScript's second key
 	cutoffMs   int64
 	limit      int
 	laterMs    int64
@@ -338,21 +369,34 @@ func (c dueCall) script() *redis.Script {
 	}
 	return dueScript
 }
-func (c dueCall) keys() []string      { return []string{c.setKey} }
+func (c dueCall) keys() []string {
+	if c.withScores {
+		return []string{c.setKey, c.leasesKey}
+	}
+	return []string{c.setKey}
+}
 func (c dueCall) args() []interface{} { return []interface{}{c.cutoffMs, c.limit, c.laterMs} }
 
-// trimScript (lua/trim.lua) drops old entries from a shard's terminal-state
-// indexes.
+// trimScript (lua/trim.lua) deletes the records of jobs read from a
+// shard's terminal-state index whose retention has passed, with their
+// entries.
 var trimScript = luaScript("trim")
 
 type trimCall struct {
-	indexKeys []string
-	beforeMs  int64
+	indexKey string
+	jobKeys  []string // the records of jobIDs, in order
+	jobIDs   []string
 }
 
 func (trimCall) script() *redis.Script { return trimScript }
-func (c trimCall) keys() []string      { return c.indexKeys }
-func (c trimCall) args() []interface{} { return []interface{}{c.beforeMs} }
+func (c trimCall) keys() []string      { return append([]string{c.indexKey}, c.jobKeys...) }
+func (c trimCall) args() []interface{} {
+	a := make([]interface{}, 0, len(c.jobIDs))
+	for _, id := range c.jobIDs {
+		a = append(a, id)
+	}
+	return a
+}
 
 // admitScript (lua/admit.lua) takes one of a tenant's concurrency slots for
 // a job.
@@ -382,7 +426,7 @@ var renewManyScript = luaScript("renew_many")
 
 // renewManyCall renews locks, all of one shard.
 type renewManyCall struct {
-	leasesKey    string
+	dueKey       string // the shard's due set, which holds the leases
 	ttlMs        int64
 	leaseUntilMs int64
 	locks        []renewedLock
@@ -396,7 +440,7 @@ type renewedLock struct {
 func (renewManyCall) script() *redis.Script { return renewManyScript }
 func (c renewManyCall) keys() []string {
 	keys := make([]string, 0, 1+len(c.locks))
-	keys = append(keys, c.leasesKey)
+	keys = append(keys, c.dueKey)
 	for _, l := range c.locks {
 		keys = append(keys, l.lockKey)
 	}

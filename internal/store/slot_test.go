@@ -115,12 +115,13 @@ func TestScriptKeysShareOneSlot(t *testing.T) {
 		}
 		sh := Shard(id)
 		calls := map[string]scriptCall{
-			"renew_many": renewManyCall{leasesKey: k.Leases(sh), locks: []renewedLock{{jobID: id, lockKey: k.Lock(id)},
+			"renew_many": renewManyCall{dueKey: k.Due(sh), locks: []renewedLock{{jobID: id, lockKey: k.Lock(id)},
 				{jobID: id + "x", lockKey: k.Lock(id)}}},
 			"approve":     approveCall{jobKey: k.Job(id), dueKey: k.Due(sh)},
 			"cancel_mark": cancelMarkCall{jobKey: k.Job(id), markKey: k.CancelMark(id)},
 			"due":         dueCall{setKey: k.Parked(sh, "a")},
-			"trim":        trimCall{indexKeys: []string{k.Index(sh, "SUCCEEDED"), k.Index(sh, "FAILED")}},
+			"due_scores":  dueCall{withScores: true, setKey: k.Due(sh), leasesKey: k.Leases(sh)},
+			"trim":        trimCall{indexKey: k.Index(sh, "SUCCEEDED"), jobKeys: []string{k.Job(id)}, jobIDs: []string{id}},
 			"dead_node":   deadNodeCall{nodesKey: k.Nodes()},
 			"dlq_append":  dlqAppendCall{dlqKey: k.DLQ(), markKey: k.DLQMark(id)},
 			"take_lease":  leaseCall{sc: takeLeaseScript, leaseKey: k.Prefix() + "lock:due-poller"},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +67,14 @@ type Store struct {
 	// renewers are the lock renewers of this store (NewLockRenewer): the
 	// Writer tells them of the writes that give a lock up (releasing.go).
 	renewers atomic.Pointer[[]*LockRenewer]
+	// cluster: rdb is a Redis Cluster client, so one script call may name
+	// the keys of one slot only, and the Writer groups jobs per shard
+	// (Writer.units).
+	cluster bool
+	// single: the server does not keep a failed redis.call to its job in a
+	// multi-job call (probeMulti; the embedded store's Lua does not), so
+	// the Writer sends every op as a call of its own.
+	single bool
 }
 
 // New returns a Store over rdb.
@@ -88,7 +97,8 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	if cfg.RescueAfter <= 0 {
 		cfg.RescueAfter = RescueAfterDefault
 	}
-	return &Store{rdb: rdb, keys: NewKeys(cfg.Prefix), cfg: cfg}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &Store{rdb: rdb, keys: NewKeys(cfg.Prefix), cfg: cfg, cluster: cluster}
 }
 
 // Keys returns the key namer.
@@ -104,11 +114,22 @@ func (s *Store) LockTTL() time.Duration { return s.cfg.LockTTL }
 // can use EVALSHA. It is called at start and again whenever Redis answers
 // NOSCRIPT (after a Redis restart or SCRIPT FLUSH).
 func (s *Store) LoadScripts(ctx context.Context) error {
-	for _, sc := range allScripts {
+	for _, sc := range append(allScripts[:len(allScripts):len(allScripts)], multiScripts...) {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			return fmt.Errorf("store: load script: %w", err)
 		}
 	}
+	return s.probeMulti(ctx)
+}
+
+// probeMulti decides whether the Writer groups jobs into multi-job calls
+// (lua/lib/multi.lua): only on a Redis server (INFO server names its
+// redis_version). The embedded store's Lua mis-runs a multi-job call in
+// which one job's redis.call failed — the jobs after it failed too — so
+// there every op is a call of its own (single).
+func (s *Store) probeMulti(ctx context.Context) error {
+	info, err := s.rdb.Info(ctx, "server").Result()
+	s.single = err != nil || !strings.Contains(info, "redis_version:")
 	return nil
 }
 
@@ -159,6 +180,7 @@ func (s *Store) GetJob(ctx context.Context, jobID string) (*JobRecord, error) {
 	if len(f) == 0 {
 		return nil, ErrNotFound
 	}
+	ExpandRecord(f)
 	r := &JobRecord{
 		ID: jobID, State: jobstate.State(f["s"]), Topic: f["topic"], Tenant: f["tenant"],
 		TraceID: f["trace"], Node: f["node"], Worker: f["worker"], Subject: f["subj"],

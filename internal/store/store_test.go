@@ -2,7 +2,9 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -143,8 +145,8 @@ func TestTransitionCompareAndSetAndTerminalRelease(t *testing.T) {
 	if due, _ := b.s.DueAt(ctx, "j3"); !due.IsZero() {
 		t.Fatal("due entry survived a terminal state")
 	}
-	if ttl := b.s.Client().TTL(ctx, b.s.Keys().Job("j3")).Val(); ttl <= 0 {
-		t.Fatalf("terminal record has no retention TTL (%v)", ttl)
+	if ttl := b.s.Client().TTL(ctx, b.s.Keys().Job("j3")).Val(); ttl != -1 {
+		t.Fatalf("terminal record has a TTL (%v): the retention trim deletes it", ttl)
 	}
 	want := []jobstate.State{jobstate.StatePending, jobstate.StateScheduled, jobstate.StateDispatched, jobstate.StateSucceeded}
 	if fmt.Sprint(states(rec.History)) != fmt.Sprint(want) {
@@ -205,6 +207,48 @@ func TestRenewerKeepsLocksAndReportsLostOnes(t *testing.T) {
 	st := rn.Stats()
 	if st.Renewed != 1 || st.Refused != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// lockLoser records what HoldFor's loser is told.
+type lockLoser struct {
+	id   string
+	told chan<- [3]string
+}
+
+func (l lockLoser) LockLost(value string, vanished bool) {
+	l.told <- [3]string{l.id, value, strconv.FormatBool(vanished)}
+}
+
+// HoldFor tells a LockLoser what Hold's function is told, with the lost
+// lock's value: a kept lock tells nothing.
+func TestRenewerTellsHoldForLosersTheirLockValue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.activate(t, "keep", "a", true)
+	b.activate(t, "steal", "a", true)
+	b.activate(t, "gone", "a", true)
+	rn := b.s.NewLockRenewer(nil)
+	told := make(chan [3]string, 3)
+	for _, id := range []string{"keep", "steal", "gone"} {
+		rn.HoldFor(id, "a|1", lockLoser{id, told})
+	}
+	rdb := b.s.Client()
+	rdb.Set(ctx, b.s.Keys().Lock("steal"), "b|9", time.Minute)
+	rdb.Del(ctx, b.s.Keys().Lock("gone"))
+	rn.RenewOnce(ctx)
+	close(told)
+	got := map[string][3]string{}
+	for l := range told {
+		got[l[0]] = l
+	}
+	want := map[string][3]string{"steal": {"steal", "a|1", "false"}, "gone": {"gone", "a|1", "true"}}
+	if len(got) != len(want) || got["steal"] != want["steal"] || got["gone"] != want["gone"] {
+		t.Fatalf("told %v, want %v", got, want)
+	}
+	if rn.Held() != 1 {
+		t.Fatalf("held %d", rn.Held())
 	}
 }
 
@@ -310,6 +354,39 @@ func TestTenantSlotRepairFindsTenantsByTheirAdmissions(t *testing.T) {
 	}
 	if left, _ := b.s.Client().ZRange(ctx, keys.TenantActive("acme"), 0, -1).Result(); len(left) != 1 || left[0] != "ta-2" {
 		t.Fatalf("acme's slots after repair %v, want [ta-2]", left)
+	}
+}
+
+// TestTenantSlotAskedAgainIsRepairedByItsLastAsk: a job that asks again for
+// the slot it holds keeps it with its score moved to the ask, so the repair
+// (which frees slots by age) cannot free it within lifecycle.TenantSlotFresh
+// of the ask that the job's dispatch is timed from.
+func TestTenantSlotAskedAgainIsRepairedByItsLastAsk(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	keys := b.s.Keys()
+	key := keys.TenantActive("again")
+	b.activate(t, "tr-1", "a", true)
+	admit := func() {
+		t.Helper()
+		if r := b.do(t, &store.Op{Kind: store.OpAdmit, JobID: "tr-1", TenantKey: key, Limit: 1}); !r.Admitted {
+			t.Fatal("tr-1 not admitted")
+		}
+	}
+	admit()
+	// The slot was taken an hour ago (its holder's actor since lost).
+	if err := b.s.Client().ZAdd(ctx, key, redis.Z{Score: float64(time.Now().Add(-time.Hour).UnixMilli()), Member: "tr-1"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	admit()
+	// The job is SCHEDULED (not using its slot): only the slot's age keeps it.
+	n, err := b.s.RepairTenantSlots(ctx, time.Minute, 100)
+	if err != nil || n != 0 {
+		t.Fatalf("repair gave back %d slots (%v), want 0: the job asked again now", n, err)
+	}
+	if left, _ := b.s.Client().ZRange(ctx, key, 0, -1).Result(); len(left) != 1 || left[0] != "tr-1" {
+		t.Fatalf("slots after repair %v, want [tr-1]", left)
 	}
 }
 
@@ -456,5 +533,43 @@ func TestRepairTenantSlotsKeepsSlotsOnReadError(t *testing.T) {
 	hook.on.Store(false)
 	if n, err := b.s.RepairTenantSlots(ctx, 0, 100); err != nil || n != 0 {
 		t.Fatalf("repair removed %d (%v), want 0", n, err)
+	}
+}
+
+// A terminal job's record has no expiry of its own: the retention trim
+// (Store.TrimTerminal, run by the due poller) deletes it and its index
+// entry once it ended before the cutoff, and leaves younger ones.
+func TestRetentionTrimDeletesEndedRecordsAndTheirEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for _, id := range []string{"old1", "old2", "young"} {
+		b.activate(t, id, "a", true)
+		if sr := b.step(t, id, "a", 1, jobstate.StatePending, jobstate.StateFailed); sr.Step != store.StepOK {
+			t.Fatalf("%s terminal: %+v", id, sr)
+		}
+	}
+	cut := time.Now().Add(time.Hour)
+	young := b.s.Keys().Index(store.Shard("young"), string(jobstate.StateFailed))
+	if err := b.s.Client().ZAdd(ctx, young, redis.Z{Score: float64(cut.Add(time.Hour).UnixMilli()), Member: "young"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.s.TrimTerminal(ctx, cut)
+	if err != nil || n != 2 {
+		t.Fatalf("trim: %d, %v; want 2 dropped", n, err)
+	}
+	for _, id := range []string{"old1", "old2"} {
+		if _, err := b.s.GetJob(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s after the trim: %v, want not found", id, err)
+		}
+	}
+	if rec, err := b.s.GetJob(ctx, "young"); err != nil || rec.State != jobstate.StateFailed {
+		t.Fatalf("young after the trim: %+v %v", rec, err)
+	}
+	if c, _ := b.s.CountIndex(ctx, jobstate.StateFailed); c != 1 {
+		t.Fatalf("FAILED index holds %d entries after the trim, want 1", c)
+	}
+	if n, err := b.s.TrimTerminal(ctx, cut); err != nil || n != 0 {
+		t.Fatalf("second trim: %d, %v; want 0", n, err)
 	}
 }

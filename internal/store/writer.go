@@ -357,22 +357,30 @@ func (w *Writer) exec(batch []*Op) {
 	s.markReleasing(batch, true)
 	pending := batch
 	for send := 1; len(pending) > 0; send++ {
-		items, loadErr := w.s.sendScripts(ctx, len(pending), func(pipe redis.Pipeliner, i int) []redis.Cmder {
-			w.s.queue(ctx, pipe, pending[i])
-			return pending[i].cmds
+		units := s.units(pending)
+		items, loadErr := s.sendScripts(ctx, len(units), func(pipe redis.Pipeliner, u int) []redis.Cmder {
+			return s.queueUnit(ctx, pipe, units[u])
 		})
 		var again []*Op
-		for i, op := range pending {
-			if loadErr != nil && noScript(op.cmds) {
-				results[indexOf(batch, op)] = &Result{Err: loadErr}
-				continue
+		for u, unit := range units {
+			if len(unit) > 1 {
+				multi := items[u].cmds[0].(*redis.Cmd)
+				splitMulti(ctx, unit, multi)
+				// Its reply is split: nothing reads its arguments again.
+				multiArgLists.put(multi.Args())
 			}
-			if owner, ok := parkedBy(op); ok && send < activateSends {
-				op.parkedOwner, op.parkedOwnerKnown = owner, true
-				again = append(again, op)
-				continue
+			for _, op := range unit {
+				if loadErr != nil && noScript(op.cmds) {
+					results[indexOf(batch, op)] = &Result{Err: loadErr}
+					continue
+				}
+				if owner, ok := parkedBy(op); ok && send < activateSends {
+					op.parkedOwner, op.parkedOwnerKnown = owner, true
+					again = append(again, op)
+					continue
+				}
+				results[indexOf(batch, op)] = s.decode(op, items[u].err)
 			}
-			results[indexOf(batch, op)] = w.s.decode(op, items[i].err)
 		}
 		pending = again
 	}
@@ -416,29 +424,151 @@ func parkedBy(op *Op) (string, bool) {
 	return owner, true
 }
 
-// queue adds op's commands to pipe.
-func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
-	op.cmds = op.cmds[:0]
-	k := s.keys
-	now := time.Now().UnixMilli()
-	// Whole seconds, rounded up: a retention under a second must still
-	// expire the record, not keep it forever (0 means no expiry to the
-	// scripts).
-	retention := int64((s.cfg.Retention + time.Second - 1) / time.Second)
-	if s.cfg.Retention < 0 {
-		retention = 0
+// multiMax caps the jobs of one multi-job script call (Writer.units): a
+// call runs them all in one atomic step, during which Redis serves nothing
+// else.
+const multiMax = 64
+
+// units splits ops into what one pipeline sends: each activation or
+// transition with the others of its kind, up to multiMax, in one call of
+// the kind's multi-job script (activateMultiScript, transitionMultiScript),
+// whose fixed cost (EVALSHA's parsing, the script's call) they then share;
+// every other op on its own. On Redis Cluster a call's keys must be in one
+// slot, so only jobs of one shard (one hash tag) are grouped. A unit of one
+// op is sent as that op's own commands (queue).
+func (s *Store) units(ops []*Op) [][]*Op {
+	type group struct {
+		kind  OpKind
+		shard int
 	}
-	var outbox *ShardZAdd
-	if op.DLQ != nil && op.Kind != OpDLQ {
-		if op.outbox == "" {
-			op.outbox = encodeOutbox(op.DLQ)
-			op.outboxItem, _ = decodeOutbox(op.outbox)
+	var units [][]*Op
+	open := map[group]int{} // the unit of each group still taking ops
+	for _, op := range ops {
+		if s.single || op.Kind != OpActivate && op.Kind != OpTransition {
+			units = append(units, []*Op{op})
+			continue
 		}
-		outbox = &ShardZAdd{Suffix: dlqOutboxSuffix, Score: now, Member: op.outbox}
+		g := group{kind: op.Kind}
+		if s.cluster {
+			g.shard = Shard(op.JobID)
+		}
+		if u, ok := open[g]; ok && len(units[u]) < multiMax {
+			units[u] = append(units[u], op)
+			continue
+		}
+		open[g] = len(units)
+		units = append(units, []*Op{op})
 	}
+	return units
+}
+
+// queueUnit adds unit's commands to pipe (see units) and returns them: a
+// single op's own, or a grouped unit's one multi-job call. splitMulti hands
+// that call's replies to the unit's ops.
+func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op) []redis.Cmder {
+	if len(unit) == 1 {
+		s.queue(ctx, pipe, unit[0])
+		return unit[0].cmds
+	}
+	now := time.Now().UnixMilli()
+	calls := make([]argsAppender, len(unit))
+	for i, op := range unit {
+		op.cmds = op.cmds[:0]
+		calls[i] = s.hotCall(op, now, s.outbox(op, now))
+	}
+	sc := activateMultiScript
+	if unit[0].Kind == OpTransition {
+		sc = transitionMultiScript
+	}
+	return []redis.Cmder{evalShaMulti(ctx, pipe, sc, calls)}
+}
+
+// evalShaMulti sends calls, or queues them on a pipeline, as one EVALSHA of
+// sc, the multi-job variant of their script (see lua/lib/multi.lua).
+func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []argsAppender) *redis.Cmd {
+	nkeys, n := 0, 4+2*len(calls)
+	for _, call := range calls {
+		nkeys += call.keyCount()
+		n += call.argCount()
+	}
+	args := multiArgLists.get(n)
+	args = append(args, "evalsha", luaHashes[sc], nkeys)
+	for _, call := range calls {
+		args = call.appendKeys(args)
+	}
+	args = append(args, len(calls))
+	head := len(args)
+	for range calls {
+		args = append(args, 0, 0)
+	}
+	for i, call := range calls {
+		from := len(args)
+		args = call.appendArgs(args)
+		args[head+2*i], args[head+2*i+1] = call.keyCount(), len(args)-from
+	}
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = c.Process(ctx, cmd)
+	return cmd
+}
+
+// splitMulti gives each op of unit its own reply of the unit's multi-job
+// call: a command of its own that holds its element of the call's reply
+// (an error element as the command's error), or the call's error, so that
+// parkedBy, noScript and decode read it as a call of its own.
+func splitMulti(ctx context.Context, unit []*Op, multi *redis.Cmd) {
+	var vals []interface{}
+	err := multi.Err()
+	if err == nil {
+		var ok bool
+		if vals, ok = multi.Val().([]interface{}); !ok || len(vals) != len(unit) {
+			err = fmt.Errorf("store: multi-job call of %d jobs: bad reply %v", len(unit), multi.Val())
+		}
+	}
+	for i, op := range unit {
+		c := redis.NewCmd(ctx, multiReplyArgs...)
+		switch {
+		case err != nil:
+			c.SetErr(err)
+		default:
+			if e, ok := vals[i].(error); ok {
+				c.SetErr(e)
+			} else {
+				c.SetVal(vals[i])
+			}
+		}
+		op.cmds = append(op.cmds[:0], c)
+	}
+}
+
+// multiReplyArgs are the arguments of each command that splitMulti makes:
+// a name for its errors, shared (nothing writes them).
+var multiReplyArgs = []interface{}{"evalsha"}
+
+// outbox returns the shard write that puts op's DLQ entry in its job's
+// outbox (nil without one), encoding the entry on op's first send.
+func (s *Store) outbox(op *Op, now int64) *ShardZAdd {
+	if op.DLQ == nil || op.Kind == OpDLQ {
+		return nil
+	}
+	if op.outbox == "" {
+		op.outbox = encodeOutbox(op.DLQ)
+		op.outboxItem, _ = decodeOutbox(op.outbox)
+	}
+	return &ShardZAdd{Suffix: dlqOutboxSuffix, Score: now, Member: op.outbox}
+}
+
+// hotScriptCall is a *activateCall or *transitionCall.
+type hotScriptCall interface {
+	scriptCall
+	argsAppender
+}
+
+// hotCall returns the script call of an OpActivate or OpTransition.
+func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
+	k := s.keys
 	sh := Shard(op.JobID)
-	switch op.Kind {
-	case OpActivate:
+	if op.Kind == OpActivate {
 		// The plan's state: where a created job's index entry goes.
 		planEnd := jobstate.StatePending
 		if op.T != nil && len(op.T.Path) > 0 {
@@ -448,7 +578,7 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 		if op.parkedOwnerKnown {
 			parkedOwner = op.parkedOwner
 		}
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, &activateCall{
+		return &activateCall{
 			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
@@ -456,20 +586,32 @@ func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
 			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
 			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.LockAfter(), dueMs: due(op.T),
-			retentionS: retention, parkedOwner: parkedOwner,
-			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}))
-	case OpTransition:
-		call := &transitionCall{
-			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
-			leasesKey: k.Leases(sh), toIndexKey: k.Index(sh, string(op.T.Final())),
-			lockValue: op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
-			lockAfter: op.T.LockAfter(), retentionS: retention, dueMs: due(op.T),
-			plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
-		call.fromIndexKeys = appendExpectedIndexes(call.fromBuf[:0], k, sh, op.T.Expect)
-		op.cmds = append(op.cmds, evalSha(ctx, pipe, call))
+			parkedOwner: parkedOwner,
+			plan:        planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
+	}
+	call := &transitionCall{
+		jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+		toIndexKey: k.Index(sh, string(op.T.Final())),
+		lockValue:  op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
+		lockAfter: op.T.LockAfter(), dueMs: due(op.T),
+		plan: planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
+	call.fromIndexKeys = appendExpectedIndexes(call.fromBuf[:0], k, sh, op.T.Expect)
+	return call
+}
+
+// queue adds op's commands to pipe.
+func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
+	op.cmds = op.cmds[:0]
+	k := s.keys
+	now := time.Now().UnixMilli()
+	outbox := s.outbox(op, now)
+	sh := Shard(op.JobID)
+	switch op.Kind {
+	case OpActivate, OpTransition:
+		op.cmds = append(op.cmds, evalSha(ctx, pipe, s.hotCall(op, now, outbox)))
 	case OpRelease:
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, releaseCall{lockKey: k.Lock(op.JobID),
-			leasesKey: k.Leases(Shard(op.JobID)), lockValue: op.LockValue, jobID: op.JobID}))
+			leasesKey: k.Leases(sh), dueKey: k.Due(sh), lockValue: op.LockValue, jobID: op.JobID}))
 	case OpPark:
 		op.cmds = append(op.cmds, evalSha(ctx, pipe, parkCall{lockKey: k.Lock(op.JobID), leasesKey: k.Leases(sh),
 			parkedKey: k.Parked(sh, op.Node), aliveKey: k.Alive(sh, op.Node), dueKey: k.Due(sh),
@@ -617,6 +759,7 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 			for i := 4; i+1 < len(v); i += 2 {
 				r.Fields[v[i]] = v[i+1]
 			}
+			ExpandRecord(r.Fields)
 		}
 	case OpTransition, OpDowngrade:
 		var buf [4]string

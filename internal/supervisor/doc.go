@@ -15,6 +15,6 @@
 //
 // What it does not do: read the bus (package intake turns bus messages into
 // Deliver messages), find jobs to wake (package recovery, through the
-// intake), or decide anything about a job (packages actors and
-// actors/lifecycle).
+// intake), or decide anything about a job (packages jobactor and
+// lifecycle).
 package supervisor

@@ -104,7 +104,7 @@ func (s *JobShard) Receive(c actor.Context) {
 			}
 			for _, msg := range m.Redeliver {
 				// Delivered once the actor has terminated, to a fresh one.
-				s.stopping[m.JobID] = append(s.stopping[m.JobID], &Deliver{JobID: m.JobID, Msg: msg})
+				s.stopping[m.JobID] = append(s.stopping[m.JobID], &Deliver{JobID: m.JobID, Msg: msg, Spawn: spawnsAlways(msg)})
 			}
 		}
 	case *jobactor.Redeliver:
@@ -112,7 +112,7 @@ func (s *JobShard) Receive(c actor.Context) {
 		// follow its Finished, so the job is stopping or parked here, and
 		// they go to its next actor.
 		for _, msg := range m.Msgs {
-			s.deliver(c, &Deliver{JobID: m.JobID, Msg: msg})
+			s.deliver(c, &Deliver{JobID: m.JobID, Msg: msg, Spawn: spawnsAlways(msg)})
 		}
 	case *actor.Stopping:
 		s.shuttingDown = true // children stop with the shard: not failures
@@ -180,6 +180,15 @@ func wakesParked(msg interface{}, dispatched bool) bool {
 		return true
 	}
 	return false
+}
+
+// spawnsAlways reports whether msg, handed back by a job's actor, spawns
+// the job's next actor even when the shard does not remember the job
+// parked: the rate limiter's answer to a parked ask (the grant's units are
+// the job's; its actor uses them or gives them back).
+func spawnsAlways(msg interface{}) bool {
+	_, ok := msg.(*jobactor.Tokens)
+	return ok
 }
 
 // abandon handles a job actor that supervision stopped (a failure that is

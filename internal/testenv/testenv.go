@@ -217,5 +217,9 @@ func deleteMatching(ctx context.Context, c redis.UniversalClient, pattern string
 // KeyPrefix is the test's Redis key prefix.
 func (e *Env) KeyPrefix() string { return e.Prefix + ":" }
 
+// RedisEmbedded reports whether the tests run against the embedded
+// Redis-protocol store (no Redis reachable, or TROUPE_TEST_REDIS=embedded).
+func (e *Env) RedisEmbedded() bool { return strings.Contains(kinds, "redis=embedded") }
+
 // StreamPrefix is the test's JetStream stream prefix.
 func (e *Env) StreamPrefix() string { return strings.ToUpper(e.Prefix) }

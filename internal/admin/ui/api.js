@@ -179,3 +179,15 @@ export function rfc3339(v) {
 }
 
 export function filterEmpty(f = ui.filter) { return [...filterQuery(f)].length === 0; }
+
+// actionButton is a button that runs fn once per click (disabled while it
+// runs), reports the outcome on the status line and then calls refresh.
+export function actionButton(label, fn, refresh, cls) {
+  const b = el("button", label, cls);
+  b.addEventListener("click", async () => {
+    b.disabled = true;
+    try { await fn(); status(label + " done"); } catch (e) { status(label + ": " + e.message, true); }
+    refresh();
+  });
+  return b;
+}

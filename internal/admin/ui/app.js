@@ -6,6 +6,8 @@
 //   job.js       one job: wait, payloads, attempts, timeline, trace, actions
 //   ops.js       topic routes (pause, resume), workers, the DLQ
 //   workflows.js sagas: steps, compensations, rollback
+//   schedules.js schedules (pause, resume, delete) and delayed jobs
+//   limits.js    concurrency keys and rate-limit buckets
 // The URL fragment holds what is shown (#state=FAILED&topic=job.echo&job=<id>
 // &saga=<id>), so a view can be bookmarked and shared.
 
@@ -15,6 +17,8 @@ import { readFilter, refreshJobs, initJobs } from "./jobs.js";
 import { refreshJob, initJob } from "./job.js";
 import { refreshPools, refreshWorkers, refreshDLQ } from "./ops.js";
 import { refreshSagas, initSagas } from "./workflows.js";
+import { refreshSchedules, refreshDelayed } from "./schedules.js";
+import { refreshKeys, refreshBuckets } from "./limits.js";
 
 const POLL_MS = 3000; // one refresh every 3 s keeps the Redis cost of stats negligible
 
@@ -86,7 +90,8 @@ async function refresh() {
     $("login").hidden = true;
     await refreshStats();
     const parts = [refreshJobs(), refreshJob(), refreshWorkers(), refreshPools(refresh), refreshDLQ(refresh),
-      refreshSeries(), refreshSagas()];
+      refreshSeries(), refreshSagas(), refreshSchedules(refresh), refreshDelayed(refresh),
+      refreshKeys(), refreshBuckets()];
     const failed = (await Promise.allSettled(parts)).filter(r => r.status === "rejected");
     if (failed.length) status(failed[0].reason.message, true);
     else status("updated " + new Date().toLocaleTimeString([], { hour12: false }));

@@ -87,6 +87,7 @@ function renderWait(j) {
   const why = {
     pool_paused: "its pool is paused: it is dispatched, in order, when the pool is resumed",
     pool_overloaded: "every worker of its pool is at its limit",
+    delayed: "its time (troupe.run_at / troupe.run_after)",
     no_workers: "no live worker is in its pool",
   }[j.reason] || (j.state === "APPROVAL_REQUIRED" ? "a person's approval" : j.reason || "its turn");
   box.append(el("b", "Waiting: "), document.createTextNode(why));
@@ -94,7 +95,8 @@ function renderWait(j) {
   const bits = [];
   if (j.queue_position !== undefined && j.queue_position !== null) bits.push(j.queue_position + " jobs before it");
   if (since) bits.push("since " + fmtWhen(since));
-  if (j.unwritten) bits.push("held in the memory of node " + (j.node || "?") + ", no record written yet");
+  if (j.run_at) bits.push("delayed: submitted at " + fmtWhen(j.run_at) + ", no record until then; a cancel removes it");
+  else if (j.unwritten) bits.push("held in the memory of node " + (j.node || "?") + ", no record written yet");
   if (bits.length) box.append(el("span", " · " + bits.join(" · "), "muted"));
   box.dataset.reason = j.reason || "";
 }

@@ -74,7 +74,7 @@ function jobRow(j) {
   const lc = el("td", labels, "labels");
   lc.title = labels;
   tr.append(cell(jobLink(j.id)), cell(badge(j.state)), el("td", j.topic), el("td", j.tenant), el("td", j.worker || ""),
-    el("td", j.attempts || ""), el("td", j.reason || ""), lc, el("td", fmtWhen(j.created)), el("td", fmtTime(j.updated)));
+    el("td", j.attempts || ""), el("td", (j.reason || "") + (j.run_at ? " until " + fmtWhen(j.run_at) : "")), lc, el("td", fmtWhen(j.created)), el("td", fmtTime(j.updated)));
   return tr;
 }
 

@@ -1,17 +1,7 @@
 // The cluster's side: topic routes with pause and resume, live workers per
 // pool, and the dead-letter queue.
 
-import { $, el, clear, api, ui, status, emptyRow, cell, jobLink, fmtTime, ago, setHash, FILTER_KEYS } from "./api.js";
-
-function actionButton(label, fn, refresh, cls) {
-  const b = el("button", label, cls);
-  b.addEventListener("click", async () => {
-    b.disabled = true;
-    try { await fn(); status(label + " done"); } catch (e) { status(label + ": " + e.message, true); }
-    refresh();
-  });
-  return b;
-}
+import { $, el, clear, api, ui, status, emptyRow, cell, jobLink, fmtTime, ago, setHash, FILTER_KEYS, actionButton } from "./api.js";
 
 // refreshPools lists the topic routes; an all-tenant key pauses and
 // resumes them (POST /v1/pools/{topic}/pause, /resume).

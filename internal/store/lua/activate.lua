@@ -6,6 +6,9 @@
 -- The plan's writes in the job's shard are made by shardWrites (see
 -- lib/shard_writes.lua, which runs in front of this).
 --
+-- A job created terminal (or cancelled) is deleted, like every terminal
+-- record, by the retention trim (trim.lua) through its index entry.
+--
 -- A created job with no due time of its own is due at rescue_at: every live
 -- job has a due entry from its first moment, so a job whose actor or node
 -- dies before it records a wait of its own is still woken by the due
@@ -26,8 +29,13 @@
 -- KEYS[1]  job_key           the job's record (Keys.Job), its history
 --                            included (see lib/hops.lua)
 -- KEYS[2]  lock_key          the job's lock (Keys.Lock)
--- KEYS[3]  due_key           the shard's due set (Keys.Due)
--- KEYS[4]  leases_key        the shard's lease set (Keys.Leases)
+-- KEYS[3]  due_key           the shard's due set (Keys.Due); it holds
+--                            the job's lease too, as member
+--                            "|<job_id>" (Keys.LeaseMember)
+-- KEYS[4]  leases_key        the shard's lease set of nodes of the
+--                            version before (Keys.Leases): an old node's
+--                            lease entry is dropped when this node adopts
+--                            or ends the job here
 -- KEYS[5]  index_key         the shard's index of the state the plan ends
 --                            in (PENDING without hops) (Keys.Index)
 -- KEYS[6]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
@@ -49,13 +57,15 @@
 -- ARGV[10] rescue_at_ms
 -- ARGV[11] lock_after        keep, release or terminal (after the plan)
 -- ARGV[12] due_ms            0: rescue_at, -1: none, > 0: this time
--- ARGV[13] retention_s       how long a terminal job's record and history
---                            are kept (0: for ever)
--- ARGV[14] parked_owner      the node KEYS[7] and KEYS[8] belong to
--- ARGV[15] n                 the number of the plan's hops
--- ARGV[16 ..]                n × (to, reason), then the shard writes'
+-- ARGV[13] parked_owner      the node KEYS[6] and KEYS[7] belong to
+-- ARGV[14] n                 the number of the plan's hops
+-- ARGV[15 ..]                n × (to, reason), then the shard writes'
 --                            arguments (see shardWrites), then record
---                            fields to set: field, value, ...
+--                            fields to set: field, value, ... (for a
+--                            create, topic, tenant and trace among them,
+--                            packed in field "pd" by the caller; ARGV[6]
+--                            to ARGV[8] serve the create cancelled by a
+--                            mark, below)
 --
 -- A job created while a cancel mark for its tenant (or '*') exists is
 -- created CANCELLED instead of with the plan (history PENDING submitted →
@@ -69,8 +79,8 @@
 -- record's fields follow), BUSY (another node holds the lock; holder = its
 -- value), TERMINAL (no lock taken), NOTFOUND, or PARKED_BY (another node
 -- than parked_owner parked the lock, holder = its value; nothing changed).
--- A job that is terminal or missing loses its due entry: nothing will ever
--- wait for it.
+-- A job that is terminal or missing loses its due entry and its lease:
+-- nothing will ever wait for it.
 local job_key = KEYS[1]
 local lock_key = KEYS[2]
 local due_key = KEYS[3]
@@ -93,10 +103,10 @@ local request = ARGV[9]
 local rescue_at_ms = ARGV[10]
 local lock_after = ARGV[11]
 local due_ms = ARGV[12]
-local retention_s = ARGV[13]
-local parked_owner = ARGV[14]
-local n = tonumber(ARGV[15])
-local first_hop = 16
+local parked_owner = ARGV[13]
+local n = tonumber(ARGV[14])
+local first_hop = 15
+local lease = '|' .. job_id
 
 -- createCancelled creates the job CANCELLED, as a cancel mark asks (mark:
 -- "<by>\n<reason>"). Of the plan only the submit time is kept (field
@@ -118,13 +128,10 @@ local function createCancelled(mark)
   hopFields(f, 0, '', now_ms, now_ms, node, {'PENDING', 'submitted', 'CANCELLED', 'cancel_requested'})
   redis.call('HSET', job_key, unpack(f))
   redis.call('ZADD', cancelled_key, now_ms, job_id)
-  redis.call('ZREM', due_key, job_id)
+  redis.call('ZREM', due_key, job_id, lease)
   -- Any lock left here is this node's own (another's answered BUSY above).
   redis.call('DEL', lock_key)
   redis.call('ZREM', leases_key, job_id)
-  if tonumber(retention_s) > 0 then
-    redis.call('EXPIRE', job_key, retention_s)
-  end
   return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
 end
 
@@ -169,7 +176,7 @@ if parkedBy then
 end
 if not st then
   if create ~= '1' then
-    redis.call('ZREM', due_key, job_id)
+    redis.call('ZREM', due_key, job_id, lease)
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
   end
@@ -184,34 +191,48 @@ if not st then
   for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
   local prev, reason = hops[#hops - 1], hops[#hops]
   local first_field = shardWrites(first_write_key, first_hop + 2 * n)
-  local f = {'s', prev, 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
-    'created', now_ms, 'node', node, 'reason', reason}
+  -- Every field a create writes costs Redis time: no "fence" (1 until an
+  -- adoption counts it up, below), no "node" (the first hop's until an
+  -- adoption writes it), and topic, tenant and trace come packed in one
+  -- field among the caller's (store.ExpandRecord puts them back for
+  -- readers).
+  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason}
   hopFields(f, 0, '', now_ms, now_ms, node, hops)
-  for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
+  recordFields(f, first_field)
   redis.call('HSET', job_key, unpack(f))
   redis.call('ZADD', index_key, now_ms, job_id)
+  -- The job's due entry and its lease are members of one sorted set, so
+  -- one ZADD writes both.
+  local z = {}
   if lock_after ~= 'terminal' and due_ms ~= '-1' then
     local due = due_ms
     if due == '0' then due = rescue_at_ms end
-    redis.call('ZADD', due_key, due, job_id)
+    z[1], z[2] = due, job_id
   end
   if lock_after == 'keep' then
     redis.call('SET', lock_key, node .. '|1', 'PX', lock_ttl_ms)
-    redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
-  elseif lock_after == 'terminal' and tonumber(retention_s) > 0 then
-    redis.call('EXPIRE', job_key, retention_s)
+    z[#z + 1] = tonumber(now_ms) + 2 * tonumber(lock_ttl_ms)
+    z[#z + 1] = lease
+  end
+  if #z > 0 then
+    redis.call('ZADD', due_key, unpack(z))
   end
   return {'CREATED', prev, '1', ''}
 end
 if terminal then
-  redis.call('ZREM', due_key, job_id)
+  redis.call('ZREM', due_key, job_id, lease)
   redis.call('ZREM', leases_key, job_id)
   return {'TERMINAL', st, '0', cur or ''}
 end
 local fence = redis.call('HINCRBY', job_key, 'fence', 1)
+if fence == 1 then
+  -- Created with no "fence" field: its creator held fence 1.
+  fence = redis.call('HINCRBY', job_key, 'fence', 1)
+end
 redis.call('HSET', job_key, 'node', node)
 redis.call('SET', lock_key, node .. '|' .. fence, 'PX', lock_ttl_ms)
-redis.call('ZADD', leases_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), job_id)
+redis.call('ZADD', due_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), lease)
+redis.call('ZREM', leases_key, job_id)
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', job_key)
 for i = 1, #all do out[#out + 1] = all[i] end

@@ -1,18 +1,20 @@
 -- park: parks a DISPATCHED or RUNNING job whose actor is about to stop. The
 -- lock stays the caller's but loses its TTL and gains the "|p" mark: the
 -- node's lease (the alive key) holds it from now on, not a per-job
--- renewal. The job leaves the lease set (nothing renews it) and the due set
--- (another node's due poller must not wake it: it would find the lock
--- busy), and joins the node's parked set with its due time as score, where
+-- renewal. The job's lease leaves the due set (nothing renews it), and so
+-- does its due entry (another node's due poller must not wake it: it would
+-- find the lock busy), and joins the node's parked set with its due time as score, where
 -- the node's own poll finds it. The alive key is set if it is missing, so
 -- a node never holds a parked lock without a lease: the renewer sets it at
 -- start, but a job may park first.
 --
 -- KEYS[1]  lock_key     the job's lock (Keys.Lock)
--- KEYS[2]  leases_key   the job's shard's lease set (Keys.Leases)
+-- KEYS[2]  leases_key   the job's shard's lease set of nodes of the
+--                       version before (Keys.Leases)
 -- KEYS[3]  parked_key   the node's parked set in the shard (Keys.Parked)
 -- KEYS[4]  alive_key    the node's lease in the shard (Keys.Alive)
--- KEYS[5]  due_key      the shard's due set (Keys.Due)
+-- KEYS[5]  due_key      the shard's due set (Keys.Due), with the job's
+--                       lease as member "|<job_id>" (Keys.LeaseMember)
 -- ARGV[1]  lock_value   the caller's lock value, "<node>|<fence>"
 -- ARGV[2]  job_id
 -- ARGV[3]  due_ms       the job's score in the parked set
@@ -31,8 +33,8 @@ local lease_ttl_ms = ARGV[4]
 
 if redis.call('GET', lock_key) ~= lock_value then return 0 end
 redis.call('SET', lock_key, lock_value .. '|p')
+redis.call('ZREM', due_key, job_id, '|' .. job_id)
 redis.call('ZREM', leases_key, job_id)
-redis.call('ZREM', due_key, job_id)
 redis.call('ZADD', parked_key, due_ms, job_id)
 redis.call('SET', alive_key, '1', 'PX', lease_ttl_ms, 'NX')
 return 1

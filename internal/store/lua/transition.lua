@@ -3,30 +3,31 @@
 -- value ("<node>|<fence>") is the current one. It records each hop in the
 -- job's history (fields of the record, see lib/hops.lua), moves the job from its
 -- state's index to the last hop's, sets its due time, gives the lock up
--- when asked (or when the job ends, which also starts the retention
--- clock), and makes the Transition's writes in the job's shard (see
--- lib/shard_writes.lua, which runs in front of this).
+-- when asked (or when the job ends), and makes the Transition's writes in
+-- the job's shard (see lib/shard_writes.lua, which runs in front of this).
+-- A terminal job's record is deleted by the retention trim (trim.lua),
+-- which finds it by its entry in the terminal state's index: no EXPIRE
+-- here.
 --
 -- KEYS[1]  job_key       the job's record (Keys.Job)
 -- KEYS[2]  lock_key      the job's lock (Keys.Lock)
--- KEYS[3]  due_key       the shard's due set (Keys.Due)
--- KEYS[4]  leases_key    the shard's lease set (Keys.Leases)
--- KEYS[5]  to_index_key  the shard's index of the last hop's state
+-- KEYS[3]  due_key       the shard's due set (Keys.Due), which holds the
+--                        job's lease too, as member "|<job_id>"
+--                        (Keys.LeaseMember)
+-- KEYS[4]  to_index_key  the shard's index of the last hop's state
 --                        (Keys.Index)
--- KEYS[6 .. 5+e]         the shard's index of each expected state, in the
+-- KEYS[5 .. 4+e]         the shard's index of each expected state, in the
 --                        order of ARGV[3] (e states)
--- KEYS[6+e ..]           the shard-write keys (see shardWrites)
+-- KEYS[5+e ..]           the shard-write keys (see shardWrites)
 -- ARGV[1]  lock_value    the caller's lock value
 -- ARGV[2]  node
 -- ARGV[3]  expected      the states the job may be in, comma-separated
 -- ARGV[4]  now_ms
 -- ARGV[5]  job_id
 -- ARGV[6]  lock_after    keep, release or terminal
--- ARGV[7]  retention_s   how long a terminal job's record (with its
---                        history) is kept (0: for ever)
--- ARGV[8]  due_ms        0 keeps the due time, -1 clears it, > 0 sets it
--- ARGV[9]  n             the number of hops (at least 1)
--- ARGV[10 ..]            n × (to, reason), then the shard writes' arguments
+-- ARGV[7]  due_ms        0 keeps the due time, -1 clears it, > 0 sets it
+-- ARGV[8]  n             the number of hops (at least 1)
+-- ARGV[9 ..]             n × (to, reason), then the shard writes' arguments
 --                        (see shardWrites), then record fields to set:
 --                        field, value, ...
 --
@@ -40,19 +41,17 @@
 local job_key = KEYS[1]
 local lock_key = KEYS[2]
 local due_key = KEYS[3]
-local leases_key = KEYS[4]
-local to_index_key = KEYS[5]
-local first_from_index = 6
+local to_index_key = KEYS[4]
+local first_from_index = 5
 local lock_value = ARGV[1]
 local node = ARGV[2]
 local expected = ARGV[3]
 local now_ms = ARGV[4]
 local job_id = ARGV[5]
 local lock_after = ARGV[6]
-local retention_s = ARGV[7]
-local due_ms = ARGV[8]
-local n = tonumber(ARGV[9])
-local first_hop = 10
+local due_ms = ARGV[7]
+local n = tonumber(ARGV[8])
+local first_hop = 9
 
 local cur = redis.call('GET', lock_key)
 if cur ~= lock_value then
@@ -81,26 +80,30 @@ local f = {'s', prev, 'updated', now_ms, 'reason', reason}
 local hops = {}
 for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
 hopFields(f, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, hops)
-for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
+recordFields(f, first_field)
 redis.call('HSET', job_key, unpack(f))
 if st ~= prev then
   redis.call('ZREM', KEYS[from_index], job_id)
 end
 redis.call('ZADD', to_index_key, now_ms, job_id)
+-- The due entry and the lease are members of one set: a job that gives its
+-- lock up and clears its due time drops both in one ZREM.
+local unlock = lock_after == 'release' or lock_after == 'terminal'
 if lock_after == 'terminal' or due_ms == '-1' then
-  redis.call('ZREM', due_key, job_id)
-elseif due_ms ~= '0' then
-  redis.call('ZADD', due_key, due_ms, job_id)
-end
-if lock_after == 'release' then
-  redis.call('DEL', lock_key)
-  redis.call('ZREM', leases_key, job_id)
-elseif lock_after == 'terminal' then
-  redis.call('DEL', lock_key)
-  redis.call('ZREM', leases_key, job_id)
-  local keep = tonumber(retention_s)
-  if keep > 0 then
-    redis.call('EXPIRE', job_key, keep)
+  if unlock then
+    redis.call('ZREM', due_key, job_id, '|' .. job_id)
+  else
+    redis.call('ZREM', due_key, job_id)
   end
+else
+  if due_ms ~= '0' then
+    redis.call('ZADD', due_key, due_ms, job_id)
+  end
+  if unlock then
+    redis.call('ZREM', due_key, '|' .. job_id)
+  end
+end
+if unlock then
+  redis.call('DEL', lock_key)
 end
 return {'OK', st}

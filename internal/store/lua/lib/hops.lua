@@ -43,3 +43,19 @@ local function lastNode(hl, h1)
   if h1 then return string.match(h1, '[^|]*$') end
   return ''
 end
+
+-- recordFields appends the caller's record fields, ARGV[first ..] as field,
+-- value pairs, to f. A value "\0now" (jobstate.LandedNow) becomes when the
+-- write lands, on Redis's clock (TIME, unix ms): a dispatch on a slot
+-- records it (lifecycle's adoptedSlotStale reads it).
+local function recordFields(f, first)
+  for i = first, #ARGV, 2 do
+    local v = ARGV[i + 1]
+    if v == '\0now' then
+      local t = redis.call('TIME')
+      v = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
+    f[#f + 1] = ARGV[i]
+    f[#f + 1] = v
+  end
+end

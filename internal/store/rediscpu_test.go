@@ -1,0 +1,128 @@
+package store_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/store"
+)
+
+// redisCPU is the CPU-seconds (user + sys) a redis-server has used.
+func redisCPU(t *testing.T, c *redis.Client) float64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			sum += f
+		}
+	}
+	return sum
+}
+
+// TestHappyPathRedisCPU measures the Redis CPU of the store's happy path per
+// job (a node's create with its dispatch and policy fields, then its
+// terminal write) on a private redis-server, 256 jobs in flight through one
+// writer; it runs only when TROUPE_REDIS_CPU_JOBS sets the number of jobs
+// (a measurement for BENCHMARKS.md, not a test of behaviour):
+//
+//	TROUPE_REDIS_CPU_JOBS=30000 go test -count=1 -run TestHappyPathRedisCPU -v ./internal/store/
+func TestHappyPathRedisCPU(t *testing.T) {
+	jobs, _ := strconv.Atoi(os.Getenv("TROUPE_REDIS_CPU_JOBS"))
+	if jobs <= 0 {
+		t.Skip("TROUPE_REDIS_CPU_JOBS not set")
+	}
+	rdb := privateRedis(t)
+	ctx := context.Background()
+	s := store.New(rdb, store.Config{Prefix: "cpu:", LockTTL: time.Minute})
+	if err := s.LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := s.NewWriter(0, 0, 0)
+	t.Cleanup(w.Close)
+	run := func(prefix string, n int) {
+		const inFlight = 256
+		var wg sync.WaitGroup
+		ids := make(chan int)
+		for g := 0; g < inFlight; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res := make(chan *store.Result, 1)
+				do := func(op *store.Op) *store.Result {
+					op.Done = func(r *store.Result) { res <- r }
+					w.Submit(op)
+					r := <-res
+					if r.Err != nil {
+						t.Error(r.Err)
+					}
+					return r
+				}
+				for i := range ids {
+					id := prefix + strconv.Itoa(i)
+					now := time.Now()
+					dl := strconv.FormatInt(now.Add(150*time.Minute).UnixMilli(), 10)
+					r := do(&store.Op{Kind: store.OpActivate, JobID: id, Node: "bench-node", Create: true,
+						Topic: "job.bench", Tenant: "default", TraceID: id, Request: []byte("\n\x0f" + id + "\x12\tjob.bench\"\x1bredis://ctx:" + id),
+						T: &store.Transition{Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed},
+							{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched}},
+							Due: now.Add(150 * time.Minute).UnixMilli(), Op: "10qb36hj69zb6",
+							Fields: []string{"worker", "bw4", "subj", "bench-node.worker.bw4.jobs", "attempts", "1",
+								"deadline", dl, "deadline_kind", "running_timeout", "sod", "1", "pool", "bench",
+								"policy_decision", "allow", "policy_reason", "allow-all policy", "rule_id", "troupe:allow-all",
+								"policy_snapshot", "allow-all"}}})
+					if r.Status != store.ActivateCreated {
+						t.Errorf("create %s: %+v", id, r)
+						return
+					}
+					r = do(&store.Op{Kind: store.OpTransition, JobID: id, Node: "bench-node", LockValue: jobstate.LockValue("bench-node", r.Fence),
+						T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched), Op: "3llbv2k2zgyx7",
+							Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted},
+								{To: jobstate.StateSucceeded, Reason: jobstate.ReasonCompleted}},
+							Fields: []string{"result_ptr", "redis://res:" + id, "worker", "bw4", "execution_ms", "0"}}})
+					if r.Step != store.StepOK {
+						t.Errorf("finish %s: %+v", id, r)
+						return
+					}
+				}
+			}()
+		}
+		for i := 0; i < n; i++ {
+			ids <- i
+		}
+		close(ids)
+		wg.Wait()
+	}
+	run("warm-", jobs/10) // the scripts compiled, the sets grown
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cpu0 := redisCPU(t, rdb)
+	start := time.Now()
+	run("job-", jobs)
+	cpu := redisCPU(t, rdb) - cpu0
+	calls := commandCalls(t, rdb)
+	var total int64
+	for name, n := range calls {
+		switch name {
+		case "info", "config|resetstat", "config", "ping", "hello", "client|setinfo", "client", "script|load", "script":
+			continue
+		}
+		total += n
+	}
+	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %d jobs in %s",
+		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), jobs, time.Since(start).Round(time.Millisecond))
+}
