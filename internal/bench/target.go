@@ -165,6 +165,12 @@ type childReply struct {
 	Error   string `json:"error,omitempty"`
 }
 
+// nodeProcsEnv names the environment variable whose value, when set,
+// becomes the GOMAXPROCS of the node children (not of the bench process,
+// its workers, or the servers it starts): how many cores one node uses on a
+// many-core host.
+const nodeProcsEnv = "TROUPE_BENCH_NODE_GOMAXPROCS"
+
 // childStartTimeout bounds the child's start (dial, streams, scripts).
 const childStartTimeout = 30 * time.Second
 
@@ -188,6 +194,10 @@ func startChild(argv []string, spec sutSpec, stderr io.Writer) (*childTarget, er
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stderr = stderr
+	if procs := os.Getenv(nodeProcsEnv); procs != "" {
+		// The node's own GOMAXPROCS, the bench's and the servers' left alone.
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+procs)
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
