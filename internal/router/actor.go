@@ -285,10 +285,13 @@ type Router struct {
 	hello bool // the next report asks the others for theirs (Announce)
 	// warned: workers already warned about (checkPool); slowWarned: when
 	// each worker was last warned about as too slow for the TTL
-	// (cadence.go), slowPruned when the old ones were last dropped.
+	// (cadence.go), slowPruned when the old ones were last dropped, and
+	// slowLogged how many were named since slowPeriod began.
 	warned     map[string]bool
 	slowWarned map[string]time.Time
 	slowPruned time.Time
+	slowPeriod time.Time
+	slowLogged int
 	// lastSweep is when the last sweep ran: a much longer gap means this
 	// node was paused, and silence it did not hear proves nothing.
 	lastSweep time.Time

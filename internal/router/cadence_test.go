@@ -2,6 +2,7 @@ package router
 
 import (
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,39 @@ func TestRouterWarnsOfAWorkerEvictedBetweenBeats(t *testing.T) {
 	}
 	if n := strings.Count(out, slowWarning); n != 1 || !strings.Contains(out, "heartbeat_interval=5s") {
 		t.Fatalf("%d warnings, want 1 naming the 5 s interval; log %q", n, out)
+	}
+}
+
+// TestRouterBoundsTheTooSlowWarnings: a fleet too slow for the TTL gets
+// SlowBeatWarnMax warnings naming workers and one saying the rest are
+// counted; all of them count in the gauge.
+func TestRouterBoundsTheTooSlowWarnings(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	reg := prometheus.NewRegistry()
+	t0 := time.Now()
+	clock := newFakeClock(t0)
+	b := setupRouter(t, Config{Pools: mustPools(t, "topics: {job.a: a}\n"), TTL: 10 * time.Second,
+		SweepEach: time.Second, Now: clock.now, Log: log, Metrics: reg})
+	const fleet = SlowBeatWarnMax + 20
+	for s := 0; s <= 20; s++ { // a sweep a second: a longer gap is a pause of the node's
+		at := t0.Add(time.Duration(s) * time.Second)
+		if s%5 == 0 { // every worker beats every 5 s
+			for i := range fleet {
+				b.beat(&capv1.Heartbeat{WorkerId: "w" + strconv.Itoa(i), Pool: "a"}, at)
+			}
+		}
+		b.sweepAt(t, clock, at)
+	}
+	out := buf.String()
+	if n := strings.Count(out, slowWarning); n != SlowBeatWarnMax {
+		t.Fatalf("%d workers named, want %d", n, SlowBeatWarnMax)
+	}
+	if n := strings.Count(out, "more workers heartbeat too seldom"); n != 1 {
+		t.Fatalf("%d lines about the rest, want 1", n)
+	}
+	if got := metricSum(t, reg, "troupe_workers_heartbeat_too_slow", map[string]string{"pool": "a"}); got != fleet {
+		t.Fatalf("troupe_workers_heartbeat_too_slow{pool=a} = %v, want %d", got, fleet)
 	}
 }
