@@ -189,6 +189,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), poolsFromFile: poolsFromFile,
 		subj: bus.NewSubjects(cfg.SubjectPrefix), waiters: newWaiters()}
+	n.checkWorkerTTL()
 	// The policy file's limits, merged with the pools' (policy_limits.go).
 	n.reload.spec, n.reload.poolsKeys = cfg.rates, cfg.routing.Keys
 	if e := n.policyEngine(); e != nil {

@@ -26,6 +26,11 @@ type Tuning struct {
 	// LockTTL is the job lock TTL (default store.LockTTLDefault).
 	LockTTL time.Duration
 	// WorkerTTL is the worker liveness TTL (default registry.TTLDefault).
+	// Workers should beat at least three times in it: one beating less
+	// often is evicted, or has its direct dispatches dropped, after one
+	// lost heartbeat; the node warns of each such worker and counts them
+	// (troupe_workers_heartbeat_too_slow). Under 15 s (three beats of the
+	// CAP SDKs' 5 s) NewNode warns at once.
 	WorkerTTL time.Duration
 	// MaxWorkers and MaxPools cap what heartbeats add to the router's
 	// registry: workers known at once (default 10,000) and pool names seen
@@ -214,5 +219,21 @@ func (t Tuning) jobs() jobactor.Tuning {
 		CapacityGrace: t.CapacityGrace, AdmissionHold: t.AdmissionHold, MaxAdmitting: int64(t.MaxAdmitting),
 		ResendAfter: t.ResendAfter, WorkerLostGrace: t.WorkerLostGrace, UnknownHold: t.UnknownHold,
 		SagaRetention: t.SagaRetention,
+	}
+}
+
+// checkWorkerTTL warns when the worker TTL is too short for workers that
+// beat at the CAP SDKs' interval: each would be too slow for it
+// (registry.TooSlow), and the router would warn of them one by one. Not
+// refused: a fleet that beats faster (announcing troupe.heartbeat_interval,
+// or `troupe worker --heartbeat`) may want a short TTL.
+func (n *Node) checkWorkerTTL() {
+	floor := registry.MissedIntervals * registry.SDKHeartbeat
+	if ttl := n.cfg.Tuning.WorkerTTL; ttl < floor {
+		n.log.Warn("worker TTL is under three heartbeats of a stock CAP worker: workers beating at the SDKs' interval "+
+			"will be evicted, or have direct dispatches dropped, after one lost heartbeat; raise Tuning.WorkerTTL to "+
+			"ttl_at_least or make every worker beat at least every beat_at_most",
+			"worker_ttl", ttl, "sdk_heartbeat", registry.SDKHeartbeat, "ttl_at_least", floor,
+			"beat_at_most", ttl/registry.MissedIntervals)
 	}
 }

@@ -33,7 +33,7 @@ import (
 )
 
 // HeartbeatDefault is the CAP SDKs' heartbeat interval.
-const HeartbeatDefault = 5 * time.Second
+const HeartbeatDefault = registry.SDKHeartbeat
 
 // Handler runs one job and returns its result (job_id and worker_id are
 // filled in by the worker).

@@ -674,7 +674,8 @@ func (e *ctlEnv) workers(ctx context.Context, args []string) error {
 			loadBar(p.Load))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "WORKER\tPOOL\tIN FLIGHT\tREPORTED\tMAX\tCPU\tDISPATCH\tPLACED BY\tLAST SEEN")
+	fmt.Fprintln(tw, "WORKER\tPOOL\tIN FLIGHT\tREPORTED\tMAX\tCPU\tDISPATCH\tPLACED BY\tBEATS EVERY\tLAST SEEN")
+	slow := 0
 	for _, x := range w.Workers {
 		mode := "pool"
 		if x.Direct {
@@ -684,10 +685,26 @@ func (e *ctlEnv) workers(ctx context.Context, args []string) error {
 		if x.Unrouted {
 			pool += " (no topic routes here)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s\t%s ago\n", x.ID, pool, x.InFlight, x.ActiveJobs,
-			capacity(x.MaxParallel), x.CPULoad, mode, orDash(x.Steward), time.Since(x.LastSeen).Truncate(100*time.Millisecond))
+		beat := "-"
+		if x.HeartbeatIntervalMS > 0 {
+			beat = (time.Duration(x.HeartbeatIntervalMS) * time.Millisecond).String()
+		}
+		if x.HeartbeatTooSlow {
+			beat += " (too slow)"
+			slow++
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%.0f%%\t%s\t%s\t%s\t%s ago\n", x.ID, pool, x.InFlight, x.ActiveJobs,
+			capacity(x.MaxParallel), x.CPULoad, mode, orDash(x.Steward), beat, time.Since(x.LastSeen).Truncate(100*time.Millisecond))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if slow > 0 {
+		fmt.Fprintf(e.out, "\n%d worker(s) beat too seldom for the node's worker TTL (over a third of it): one lost heartbeat "+
+			"gets them evicted or their direct dispatches dropped. Make them beat more often or raise the worker TTL; "+
+			"the node's log names each.\n", slow)
+	}
+	return nil
 }
 
 func capacity(n int32) string {

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -260,6 +262,36 @@ func TestCtlJobListsItsAttempts(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("want %q in:\n%s", want, out)
+		}
+	}
+}
+
+// TestCtlWorkersShowsHeartbeatIntervals: `troupe workers` shows each
+// worker's heartbeat interval, marks one too slow for the node's worker
+// TTL and says what that costs and what to change.
+func TestCtlWorkersShowsHeartbeatIntervals(t *testing.T) {
+	t.Parallel()
+	list := admin.WorkerList{Pools: []admin.PoolLoad{{Pool: "echo", Workers: 3}}, Workers: []admin.Worker{
+		{ID: "fast", Pool: "echo", LastSeen: time.Now(), HeartbeatIntervalMS: 1000},
+		{ID: "new", Pool: "echo", LastSeen: time.Now()},
+		{ID: "slow", Pool: "echo", LastSeen: time.Now(), HeartbeatIntervalMS: 5000, HeartbeatTooSlow: true}}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/workers" {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(list)
+	}))
+	t.Cleanup(srv.Close)
+	out, _, err := ctl(t, srv.URL, "workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, re := range []string{`(?m)^WORKER\s.*\sBEATS EVERY\s+LAST SEEN$`, `(?m)^fast\s.*\s1s\s+\S+ ago$`,
+		`(?m)^new\s.*\s-\s+\S+ ago$`, `(?m)^slow\s.*\s5s \(too slow\)\s+\S+ ago$`,
+		`1 worker\(s\) beat too seldom for the node's worker TTL`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Fatalf("output lacks %s:\n%s", re, out)
 		}
 	}
 }

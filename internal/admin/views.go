@@ -252,6 +252,13 @@ type Worker struct {
 	Direct      bool              `json:"direct"`
 	LastSeen    time.Time         `json:"last_seen"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// HeartbeatIntervalMS is its heartbeat interval as the node knows it
+	// (announced, or learned from its last gaps; absent while unknown);
+	// HeartbeatTooSlow: it beats too seldom for the node's worker TTL (its
+	// steady interval is over a third of it), so one lost heartbeat gets
+	// it evicted or its direct dispatches dropped.
+	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms,omitempty"`
+	HeartbeatTooSlow    bool  `json:"heartbeat_too_slow,omitempty"`
 	// InFlight is what placement counts (this node's jobs, the other
 	// replicas', and any the heartbeat shows beyond them); Dispatched is
 	// this node's part. Steward is the replica that places jobs on it.
@@ -283,7 +290,8 @@ func workerList(ws []router.WorkerInfo) WorkerList {
 		v := Worker{ID: w.ID, Pool: w.Pool, ActiveJobs: w.ActiveJobs, Dispatched: w.Dispatched,
 			InFlight: w.InFlight, Steward: w.Steward, Unrouted: !w.Routed,
 			MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
-			LastSeen: w.LastSeen, Labels: w.Labels, Load: load(w.InFlight, w.MaxParallel)}
+			LastSeen: w.LastSeen, Labels: w.Labels, Load: load(w.InFlight, w.MaxParallel),
+			HeartbeatIntervalMS: w.Interval.Milliseconds(), HeartbeatTooSlow: w.TooSlow}
 		out.Workers = append(out.Workers, v)
 		p := pools[w.Pool]
 		if p == nil {

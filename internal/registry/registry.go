@@ -236,12 +236,8 @@ type Worker struct {
 	// registry learned; 0 while unknown.
 	Interval time.Duration
 
-	lastBeat  time.Time // last real heartbeat (sent, or seen); zero after hydration
-	sentClock bool      // lastBeat is the sender's time
-	gaps      [gapWindow]time.Duration
-	nGaps     int
-	gapPos    int
-	poolPos   int // index in its pool's members
+	cadence     // its heartbeats' gaps (learnInterval), kept across an eviction (cadence.go)
+	poolPos int // index in its pool's members
 }
 
 // Load is the worker's score for least-loaded placement: lower is better.
@@ -324,6 +320,7 @@ type poolIndex struct {
 type Registry struct {
 	ttl        time.Duration
 	workers    map[string]*Worker
+	trails     trails // the cadence of workers evicted lately (cadence.go)
 	pools      map[string]*poolIndex
 	thresholds map[string]Thresholds // as configured, defaults not applied
 	rnd        *rand.Rand
@@ -367,6 +364,7 @@ func (r *Registry) ObserveSent(hb *capv1.Heartbeat, now, sent time.Time) *Worker
 	if w == nil {
 		w = newWorker(hb.WorkerId)
 		r.workers[hb.WorkerId] = w
+		r.trails.resume(w, now)
 	}
 	if w.pool != nil && w.Pool != hb.Pool {
 		r.detach(w)
@@ -486,7 +484,7 @@ func (r *Registry) learnInterval(w *Worker, now, sent time.Time) {
 	}
 	if s := w.Labels[LabelHeartbeatInterval]; s != "" {
 		if d, err := time.ParseDuration(s); err == nil && d > 0 {
-			w.Interval = d
+			w.Interval, w.steady = d, d
 			return
 		}
 	}
@@ -505,11 +503,15 @@ func (r *Registry) learnInterval(w *Worker, now, sent time.Time) {
 	if w.nGaps < minGapsToLearn {
 		return
 	}
-	var longest time.Duration
-	for _, g := range w.gaps[:w.nGaps] {
-		longest = max(longest, g)
+	longest, shortest := w.gaps[0], w.gaps[0]
+	for _, g := range w.gaps[1:w.nGaps] {
+		longest, shortest = max(longest, g), min(shortest, g)
 	}
 	w.Interval = longest
+	w.steady = 0
+	if w.nGaps == gapWindow {
+		w.steady = shortest
+	}
 }
 
 // ttlFor is the worker's liveness window: the configured TTL, shortened to
@@ -903,6 +905,7 @@ func (r *Registry) SweepExcept(now time.Time, hold func(*Worker) bool) []*Worker
 		if !r.Live(w, now) && (hold == nil || !hold(w)) {
 			delete(r.workers, id)
 			r.detach(w)
+			r.trails.keep(w, now, r.lim.MaxWorkers)
 			gone = append(gone, w)
 		}
 	}

@@ -143,6 +143,12 @@ type WorkerInfo struct {
 	Direct      bool
 	LastSeen    time.Time
 	Labels      map[string]string
+	// Interval is the worker's heartbeat interval as the router knows it
+	// (announced, or the longest of its last four gaps; 0 while unknown);
+	// TooSlow: its steady interval is over a third of the worker TTL
+	// (registry.TooSlow).
+	Interval time.Duration
+	TooSlow  bool
 }
 
 type sweepTick struct{}
@@ -174,6 +180,7 @@ type Config struct {
 	// fields: registry defaults).
 	Bounds registry.Bounds
 	// Metrics, when set, receives troupe_live_workers{pool},
+	// troupe_workers_heartbeat_too_slow{pool},
 	// troupe_stale_worker_retry_total{topic,worker} and
 	// troupe_workers_evicted_total{pool}.
 	Metrics prometheus.Registerer
@@ -276,8 +283,15 @@ type Router struct {
 	armed bool
 	full  bool // the next report is a full one
 	hello bool // the next report asks the others for theirs (Announce)
-	// warned: workers already warned about (checkPool).
-	warned map[string]bool
+	// warned: workers already warned about (checkPool); slowWarned: when
+	// each worker was last warned about as too slow for the TTL
+	// (cadence.go), slowPruned when the old ones were last dropped, and
+	// slowLogged how many were named since slowPeriod began.
+	warned     map[string]bool
+	slowWarned map[string]time.Time
+	slowPruned time.Time
+	slowPeriod time.Time
+	slowLogged int
 	// lastSweep is when the last sweep ran: a much longer gap means this
 	// node was paused, and silence it did not hear proves nothing.
 	lastSweep time.Time
@@ -381,6 +395,7 @@ func (r *Router) Receive(c actor.Context) {
 		}
 		r.gone.forget(w.ID)
 		r.cfg.Beats.heard(w.ID, m.Sent, r.reg.Window(w))
+		r.checkCadence(w, m.At)
 		if !known {
 			r.joined(c, w)
 			r.checkPool(w)
@@ -553,6 +568,7 @@ func (r *Router) checkPool(w *registry.Worker) {
 func (r *Router) sweep() bool {
 	now := r.now()
 	r.gone.expire(now.Add(-EvictedMemory))
+	r.forgetWarnings(now)
 	hushed := false
 	gone := r.reg.SweepExcept(now, func(w *registry.Worker) bool {
 		h := r.hold(w, now)
@@ -599,8 +615,10 @@ func (r *Router) sweep() bool {
 			}
 		}
 	}
+	slow := r.reg.TooSlowPerPool(now)
 	for p, n := range live {
 		r.metrics.live.WithLabelValues(p).Set(float64(n))
+		r.metrics.tooSlow.WithLabelValues(p).Set(float64(slow[p]))
 		r.reported[p] = true
 	}
 	return hushed
@@ -618,7 +636,7 @@ func (r *Router) listWorkers() []WorkerInfo {
 				InFlight: w.InFlight(), Others: w.Others, Foreign: w.Foreign, Steward: r.stewardOf(w.ID),
 				Routed:      r.strategy.Routed(w.Pool),
 				MaxParallel: w.MaxParallel, CPULoad: w.CPULoad, GPUUtil: w.GPUUtil, Direct: w.Direct,
-				LastSeen: w.LastSeen, Labels: w.Labels})
+				LastSeen: w.LastSeen, Labels: w.Labels, Interval: w.Interval, TooSlow: r.reg.TooSlow(w)})
 		}
 	}
 	slices.SortFunc(out, func(a, b WorkerInfo) int {

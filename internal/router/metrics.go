@@ -10,6 +10,7 @@ import (
 // concurrent use; everything else is owned by the router actor.
 type metrics struct {
 	live     *prometheus.GaugeVec
+	tooSlow  *prometheus.GaugeVec
 	stale    *prometheus.CounterVec
 	evicted  *prometheus.CounterVec
 	waiting  prometheus.Gauge
@@ -23,6 +24,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		live: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "troupe_live_workers",
 			Help: "Workers whose last heartbeat is within their liveness window, per pool (updated at every sweep).",
+		}, []string{"pool"}),
+		tooSlow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "troupe_workers_heartbeat_too_slow",
+			Help: "Live workers whose heartbeat interval is over a third of this node's worker TTL, per pool (updated at every sweep): one lost heartbeat gets them evicted or their direct dispatches dropped.",
 		}, []string{"pool"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "troupe_stale_worker_retry_total",
@@ -44,6 +49,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.staleKeys = metricsx.NewLabelCap(reg, "stale_worker_retry", 0)
 	var err error
 	if m.live, err = metricsx.Register(reg, m.live); err != nil {
+		return nil, err
+	}
+	if m.tooSlow, err = metricsx.Register(reg, m.tooSlow); err != nil {
 		return nil, err
 	}
 	if m.stale, err = metricsx.Register(reg, m.stale); err != nil {

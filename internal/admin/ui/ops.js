@@ -59,9 +59,15 @@ export async function refreshWorkers() {
       setHash({ ...Object.fromEntries(FILTER_KEYS.map(k => [k, ""])), worker: x.id });
       $("jobs-panel").scrollIntoView();
     });
+    const seen = el("td", ago(x.last_seen));
+    if (x.heartbeat_interval_ms) seen.title = "heartbeat every " + x.heartbeat_interval_ms + " ms";
+    if (x.heartbeat_too_slow) {
+      seen.append(" · beats too seldom");
+      seen.title += ": over a third of the node's worker TTL; one lost heartbeat gets it evicted";
+    }
     tr.append(cell(name), el("td", x.unrouted ? x.pool + " (no topic routes here)" : x.pool), el("td", x.in_flight),
       el("td", x.active_jobs), el("td", x.max_parallel || "∞"), el("td", x.cpu_load ? x.cpu_load.toFixed(0) + "%" : ""),
-      el("td", ago(x.last_seen)));
+      seen);
     workers.append(tr);
   }
 }
