@@ -142,3 +142,11 @@ func TestWorkerTTLUnderThreeSDKHeartbeatsIsWarnedOfAtStart(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerTTLNegativeIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := troupe.NewNode(troupe.Config{Tuning: troupe.Tuning{WorkerTTL: -time.Second}})
+	if err == nil || !strings.Contains(err.Error(), "worker TTL -1s") {
+		t.Fatalf("NewNode with a negative worker TTL: %v, want refused", err)
+	}
+}

@@ -178,6 +178,9 @@ func NewNode(cfg Config) (*Node, error) {
 	if t.JobShards < 0 {
 		t.JobShards = DefaultTuning().JobShards
 	}
+	if t.WorkerTTL < 0 {
+		return nil, fmt.Errorf("troupe: worker TTL %v: want a positive duration (0: the default %v)", t.WorkerTTL, DefaultTuning().WorkerTTL)
+	}
 	if t.StreamReplicas < 1 || t.StreamReplicas > bus.MaxStreamReplicas {
 		return nil, fmt.Errorf("troupe: stream replicas %d: want 1..%d", t.StreamReplicas, bus.MaxStreamReplicas)
 	}

@@ -22,6 +22,7 @@ func runNode(ctx context.Context, args []string) error {
 	poolsFile := fs.String("pools", envOr("TROUPE_POOLS_FILE", ""), "pools.yaml (default: built-in routing for job.echo, job.sleep, job.bench)")
 	timeouts := fs.String("timeouts", envOr("TROUPE_TIMEOUTS_FILE", ""), "timeouts.yaml (default: dispatch 300 s, running 9000 s)")
 	lockTTL := fs.Duration("lock-ttl", 0, "job lock TTL (default 60s); a dead node's jobs are adopted 1–2 TTLs after it dies")
+	workerTTL := fs.Duration("worker-ttl", 0, "how long a worker stays routable after its last heartbeat (default 30s); keep it at least three of the workers' heartbeat intervals (stock CAP workers beat every 5s)")
 	resendAfter := fs.Duration("resend-after", 0, "how long a job directly dispatched to a deduping worker may wait for a sign of arrival before the dispatch is repeated (default 5s; negative: never)")
 	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
 	workerLostGrace := fs.Duration("worker-lost-grace", 0, "how long a job started on a worker that was evicted waits for the worker's answer before it ends FAILED worker_lost (default 60s; negative: its running deadline decides)")
@@ -93,7 +94,7 @@ func runNode(ctx context.Context, args []string) error {
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: natsAuth(conn.NATS), RedisURL: conn.RedisURL, RedisAuth: redisAuth(conn.Redis),
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
-		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
+		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, WorkerTTL: *workerTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
 			WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
 			StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention,
 			ReplayWindow: *replayWindow, ReplaySeen: *replaySeen}})
