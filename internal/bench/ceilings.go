@@ -32,7 +32,9 @@ func (r *runner) redisMasters(before, after snapshot) {
 		m := RedisMaster{Addr: a.addr, CPUSec: round3(cpu),
 			CPUSecPer1k:    math.Round(cpu/n*1000*1e4) / 1e4,
 			Commands:       total,
-			CommandsPerJob: round3(float64(total) / n)}
+			CommandsPerJob: round3(float64(total) / n),
+			EvalshaPerJob:  round3(float64(calls["evalsha"]) / n),
+			ReadsPerJob:    round3(float64(a.reads-b.reads) / n)}
 		if cpu > 0 {
 			m.CeilingJobsPerSec = math.Round(n / cpu)
 		}

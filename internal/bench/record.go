@@ -106,8 +106,8 @@ func FormatReport(w io.Writer, res *Result) {
 	}
 	fmt.Fprintln(w)
 	for _, m := range rd.Masters {
-		fmt.Fprintf(w, "  redis master  %s: %.3f CPU-s = %.4f s/1k jobs, %d commands = %.2f per job",
-			m.Addr, m.CPUSec, m.CPUSecPer1k, m.Commands, m.CommandsPerJob)
+		fmt.Fprintf(w, "  redis master  %s: %.3f CPU-s = %.4f s/1k jobs, %d commands = %.2f per job (evalsha %.3f), %.3f reads per job",
+			m.Addr, m.CPUSec, m.CPUSecPer1k, m.Commands, m.CommandsPerJob, m.EvalshaPerJob, m.ReadsPerJob)
 		if m.CeilingJobsPerSec > 0 {
 			fmt.Fprintf(w, "; saturated at %.0f jobs/s", m.CeilingJobsPerSec)
 		}

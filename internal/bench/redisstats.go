@@ -138,6 +138,7 @@ func sumServers(ms []masterStats) serverStats {
 	for _, m := range ms {
 		sum.ok = sum.ok && m.ok
 		sum.cpuSec += m.cpuSec
+		sum.reads += m.reads
 		for k, v := range m.calls {
 			sum.calls[k] += v
 		}
@@ -151,9 +152,12 @@ func sumServers(ms []masterStats) serverStats {
 // serverStats is what INFO tells about the whole Redis server. Another client
 // of the same server (a test run on a shared machine) shows up in it too.
 type serverStats struct {
-	ok      bool
-	calls   map[string]int64 // INFO commandstats: calls per command, including commands run inside scripts
-	cpuSec  float64          // INFO cpu: used_cpu_user + used_cpu_sys
+	ok     bool
+	calls  map[string]int64 // INFO commandstats: calls per command, including commands run inside scripts
+	cpuSec float64          // INFO cpu: used_cpu_user + used_cpu_sys
+	// reads is INFO stats total_reads_processed: the socket reads the
+	// server's event loop made, about one per round trip a client makes.
+	reads   int64
 	version string
 }
 
@@ -161,7 +165,7 @@ type serverStats struct {
 // store) yields ok=false and the report says the figure is unavailable.
 func readServerStats(ctx context.Context, rdb redis.UniversalClient) serverStats {
 	st := serverStats{calls: map[string]int64{}}
-	txt, err := rdb.Info(ctx, "server", "cpu", "commandstats").Result()
+	txt, err := rdb.Info(ctx, "server", "cpu", "stats", "commandstats").Result()
 	if err != nil {
 		// Older servers (and miniredis) take one section at a time.
 		if t, err2 := rdb.Info(ctx, "commandstats").Result(); err2 == nil {
@@ -194,6 +198,8 @@ func parseInfo(txt string, st *serverStats) {
 		case k == "used_cpu_user" || k == "used_cpu_sys":
 			f, _ := strconv.ParseFloat(v, 64)
 			st.cpuSec += f
+		case k == "total_reads_processed":
+			st.reads, _ = strconv.ParseInt(v, 10, 64)
 		case k == "redis_version":
 			st.version = v
 		}

@@ -200,6 +200,13 @@ type RedisMaster struct {
 	// own reads included, since they cannot be told apart per master).
 	Commands       int64   `json:"commands"`
 	CommandsPerJob float64 `json:"commands_per_job"`
+	// EvalshaPerJob is its EVALSHA calls per job: how many jobs a script
+	// call carries on this master (a job's writes are 2 script runs).
+	EvalshaPerJob float64 `json:"evalsha_per_job"`
+	// ReadsPerJob is its INFO stats total_reads_processed delta per job:
+	// the socket reads it made, about one per round trip a client made
+	// (the bench's own INFO reads included).
+	ReadsPerJob float64 `json:"reads_per_job"`
 	// CeilingJobsPerSec = 1 / (CPU-s per job): the jobs/s at which this
 	// master's one thread would be busy all the time (0: no CPU measured).
 	CeilingJobsPerSec float64 `json:"ceiling_jobs_per_s,omitempty"`

@@ -67,9 +67,10 @@ type Store struct {
 	// renewers are the lock renewers of this store (NewLockRenewer): the
 	// Writer tells them of the writes that give a lock up (releasing.go).
 	renewers atomic.Pointer[[]*LockRenewer]
-	// cluster: rdb is a Redis Cluster client, so one script call may name
-	// the keys of one slot only, and the Writer groups jobs per shard
-	// (Writer.units).
+	// cluster: rdb is a Redis Cluster client, or a plain client of a
+	// cluster node (probeMulti reads INFO's redis_mode), so one script call
+	// may name the keys of one slot only, and the Writer groups jobs per
+	// shard (Writer.units).
 	cluster bool
 	// single: the server does not keep a failed redis.call to its job in a
 	// multi-job call (probeMulti; the embedded store's Lua does not), so
@@ -126,10 +127,18 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 // (lua/lib/multi.lua): only on a Redis server (INFO server names its
 // redis_version). The embedded store's Lua mis-runs a multi-job call in
 // which one job's redis.call failed — the jobs after it failed too — so
-// there every op is a call of its own (single).
+// there every op is a call of its own (single). A server in cluster mode
+// sets cluster, whatever the client.
 func (s *Store) probeMulti(ctx context.Context) error {
 	info, err := s.rdb.Info(ctx, "server").Result()
 	s.single = err != nil || !strings.Contains(info, "redis_version:")
+	if !s.cluster && strings.Contains(info, "redis_mode:cluster") {
+		// A cluster node reached through a plain client (one address, as
+		// a single seed makes): a call's keys must still be in one slot.
+		// Written only once, before the Writer runs: a NOSCRIPT's reload
+		// finds it set.
+		s.cluster = true
+	}
 	return nil
 }
 
