@@ -51,7 +51,7 @@ func (s *Store) sendScripts(ctx context.Context, n int,
 			}
 		}
 		if len(again) > 0 {
-			if lerr := s.LoadScripts(ctx); lerr != nil {
+			if lerr := s.loadScripts(ctx); lerr != nil {
 				return items, lerr
 			}
 		}

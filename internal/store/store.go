@@ -112,15 +112,25 @@ func (s *Store) Client() redis.UniversalClient { return s.rdb }
 func (s *Store) LockTTL() time.Duration { return s.cfg.LockTTL }
 
 // LoadScripts loads every Lua script into Redis's script cache, so pipelines
-// can use EVALSHA. It is called at start and again whenever Redis answers
-// NOSCRIPT (after a Redis restart or SCRIPT FLUSH).
+// can use EVALSHA, and decides how the Writer groups its calls
+// (probeMulti). It is called at start, before the Writer runs; a NOSCRIPT
+// later (a Redis restart or SCRIPT FLUSH) reloads the scripts only
+// (loadScripts): the Writer's goroutines read what the probe decided, and an
+// INFO failing while Redis restarts must not turn grouping off.
 func (s *Store) LoadScripts(ctx context.Context) error {
+	if err := s.loadScripts(ctx); err != nil {
+		return err
+	}
+	return s.probeMulti(ctx)
+}
+
+func (s *Store) loadScripts(ctx context.Context) error {
 	for _, sc := range append(allScripts[:len(allScripts):len(allScripts)], multiScripts...) {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			return fmt.Errorf("store: load script: %w", err)
 		}
 	}
-	return s.probeMulti(ctx)
+	return nil
 }
 
 // probeMulti decides whether the Writer groups jobs into multi-job calls
@@ -135,8 +145,6 @@ func (s *Store) probeMulti(ctx context.Context) error {
 	if !s.cluster && strings.Contains(info, "redis_mode:cluster") {
 		// A cluster node reached through a plain client (one address, as
 		// a single seed makes): a call's keys must still be in one slot.
-		// Written only once, before the Writer runs: a NOSCRIPT's reload
-		// finds it set.
 		s.cluster = true
 	}
 	return nil
