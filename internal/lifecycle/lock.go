@@ -136,7 +136,10 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 		if wasParked {
 			j.count(MUnparked, "")
 		}
-		if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.cfg.NodeID+"|")) {
+		// A retry wait that parked (no holder, woken at its due time, not
+		// for a lapsed lease) comes back by design: no orphan either.
+		retryBack := r.Holder == "" && j.lapsedAt.IsZero() && j.LastReason == jobstate.ReasonRetryWait
+		if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.cfg.NodeID+"|")) && !retryBack {
 			j.count(MOrphanReplayed, j.topic())
 			if !j.lapsedAt.IsZero() && r.Holder == "" {
 				j.observe(MAdoptionLatency, j.lapsedAt)
