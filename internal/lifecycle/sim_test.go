@@ -147,7 +147,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 		},
 		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
 		RateParkAfter: simRateParkAfter, RetryParkMin: simRetryParkMin,
-		ResendAfter:   5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
+		ResendAfter: 5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
 		RateLimit: simRateLimit, WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" },
 		Retry: func(req *capv1.JobRequest) jobstate.RetryPolicy {
 			switch req.GetLabels()["retry"] {
