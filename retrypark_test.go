@@ -2,10 +2,14 @@ package troupe_test
 
 import (
 	"context"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -201,4 +205,88 @@ func TestRetryPolicyParkedWaitIsCancelled(t *testing.T) {
 	if seen != "job-retry-park-3~a1" {
 		t.Fatalf("attempts at the worker: %s", seen)
 	}
+}
+
+// TestRetryPolicyParkHold measures, on demand (TROUPE_RETRY_PARK_HOLD=<jobs>;
+// BENCHMARKS.md, "Retries"), what jobs waiting out a long retry backoff
+// (10 min) hold on their node, with their waits kept live (RetryParkMin
+// −1, the node before parking) and parked (the default), alternated
+// TROUPE_RETRY_PARK_PAIRS times (default 1): live actors, locks held,
+// lock renewals over one renewal interval (LockTTL/3, 20 s), and the Go
+// heap's live bytes after a GC (the node runs in the test's process).
+func TestRetryPolicyParkHold(t *testing.T) {
+	jobs, _ := strconv.Atoi(os.Getenv("TROUPE_RETRY_PARK_HOLD"))
+	if jobs <= 0 {
+		t.Skip("set TROUPE_RETRY_PARK_HOLD=<jobs> to measure what long retry waits hold")
+	}
+	pairs, _ := strconv.Atoi(os.Getenv("TROUPE_RETRY_PARK_PAIRS"))
+	for i := 0; i < max(pairs, 1); i++ {
+		for _, mode := range []string{"kept", "parked"} {
+			t.Run(mode, func(t *testing.T) { retryParkHold(t, jobs, mode == "parked") })
+		}
+	}
+}
+
+func retryParkHold(t *testing.T, jobs int, park bool) {
+	f := newFixture(t, func(c *troupe.Config) {
+		c.Tuning.RetryParkMin = -1
+		if park {
+			c.Tuning.RetryParkMin = 0 // the default
+		}
+	})
+	h := &flaky{fails: 1, seen: map[string][]string{}}
+	for i := 0; i < 4; i++ {
+		f.startWorker("w-flaky-"+strconv.Itoa(i), true, nil, h.handle)
+	}
+	f.waitWorkers(4)
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	for i := 0; i < jobs; i++ {
+		f.submit(longRetryReq("job-hold-"+strconv.Itoa(i), 10*time.Minute))
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Minute)
+	want := 0
+	if !park {
+		want = jobs
+	}
+	for {
+		n, err := f.node.Store().CountStates(ctx, jobstate.StateScheduled)
+		live, _ := f.node.LiveJobActors()
+		h.mu.Lock()
+		failed := len(h.seen)
+		h.mu.Unlock()
+		if err == nil && failed == jobs && n[jobstate.StateScheduled] == int64(jobs) && live == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v SCHEDULED, %d actors live after 10 min", n, live)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waited := time.Since(start)
+	renewed := counter(t, f.node, "troupe_lock_renewals_total", "renewed")
+	time.Sleep(21 * time.Second)
+	renewed = counter(t, f.node, "troupe_lock_renewals_total", "renewed") - renewed
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	live, _ := f.node.LiveJobActors()
+	keys := store.NewKeys(f.env.KeyPrefix())
+	pipe := f.env.Redis.Pipeline()
+	exists := make([]*redis.IntCmd, jobs)
+	for i := range exists {
+		exists[i] = pipe.Exists(ctx, keys.Lock("job-hold-"+strconv.Itoa(i)))
+	}
+	_, _ = pipe.Exec(ctx)
+	locks := 0
+	for _, c := range exists {
+		locks += int(c.Val())
+	}
+	t.Logf("retry park hold (parked %v): %d jobs in retry_wait after %s; %d actors live, %d lock keys, %v locks held, %v renewals in 21 s; heap %.1f MiB live (%.1f MiB before the jobs, %+.0f B a job)",
+		park, jobs, waited.Round(time.Millisecond), live, locks, counter(t, f.node, "troupe_job_locks_held", ""), renewed,
+		float64(after.HeapAlloc)/(1<<20), float64(before.HeapAlloc)/(1<<20),
+		(float64(after.HeapAlloc)-float64(before.HeapAlloc))/float64(jobs))
 }
