@@ -271,6 +271,11 @@ func (j *Job) recreate() {
 	}
 	if !j.retryAt.IsZero() {
 		t.Fields = append(t.Fields, jobstate.FieldRetryAt, strconv.FormatInt(j.retryAt.UnixMilli(), 10))
+		if known == jobstate.StateScheduled && j.retryAt.After(j.now()) {
+			// A retry wait is due at its retry time, as its retry wrote it:
+			// a wait that parks again is brought back by it.
+			t.Due = j.retryAt.UnixMilli()
+		}
 	}
 	j.activatePlan(t, nil, j.pend(pending{then: nAdvance}))
 }

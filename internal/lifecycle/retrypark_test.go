@@ -171,3 +171,31 @@ func TestRetryPolicyParkedWaitParksAgainAfterAnEarlierAttemptsResult(t *testing.
 		t.Fatalf("the wait did not park again: %v", fx)
 	}
 }
+
+// A live retry wait whose record Redis lost is written back due at its
+// retry time (not at the rescue time a plain recreate gets), so that once
+// it parks it is brought back when its attempt is to run.
+func TestRetryPolicyRecreatedWaitIsDueAtItsRetryTime(t *testing.T) {
+	d := newDriver(t)
+	d.j.cfg.RetryParkMin = 30 * time.Second
+	d.j.cfg.Retry = func(*capv1.JobRequest) jobstate.RetryPolicy {
+		return jobstate.RetryPolicy{MaxAttempts: 3, BackoffMin: 20 * time.Second, BackoffMax: 20 * time.Second}
+	}
+	d.dispatch()
+	d.result("job-1~a1", capv1.JobStatus_JOB_STATUS_FAILED)
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
+	at := d.j.retryAt
+	if at.IsZero() || d.j.LockValue == "" {
+		t.Fatalf("no live retry wait: retry at %v, lock %q", at, d.j.LockValue)
+	}
+	d.now = d.now.Add(time.Second)
+	d.feed(&LockLost{LockValue: d.j.LockValue, Vanished: true})
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
+	w, ok := find[Write](fx)
+	if !ok || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled {
+		t.Fatalf("the lost retry wait is not written back: %v", fx)
+	}
+	if w.Op.T.Due != at.UnixMilli() {
+		t.Fatalf("written back due at %d, want its retry time %d", w.Op.T.Due, at.UnixMilli())
+	}
+}
