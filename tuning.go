@@ -51,6 +51,12 @@ type Tuning struct {
 	// job waits in Redis, held by this node through its node lease (default
 	// jobactor.ParkAfterDefault; negative: never park).
 	ParkAfter time.Duration
+	// RetryParkMin is the shortest retry backoff whose wait parks: the
+	// job's lock is released and its actor stops, and the due poller of
+	// any replica brings it back at its retry time, up to DueSlack plus a
+	// DuePoll late (default jobactor.RetryParkMinDefault, 30 s; negative:
+	// never). Shorter waits keep their actor and exact timer.
+	RetryParkMin time.Duration
 	// CapacityGrace is how long a new job that finds no room in its pools
 	// waits before its record is written (SCHEDULED pool_overloaded /
 	// no_workers): until then its submit stays un-acked in JetStream
@@ -191,6 +197,7 @@ func DefaultTuning() Tuning {
 		MaxSchedulingAttempts: jobs.MaxSchedulingAttempts,
 		PermanentGrace:        jobs.PermanentGrace,
 		ParkAfter:             jobs.ParkAfter,
+		RetryParkMin:          jobs.RetryParkMin,
 		CapacityGrace:         jobs.CapacityGrace,
 		AdmissionHold:         jobs.AdmissionHold,
 		MaxAdmitting:          int(jobs.MaxAdmitting),
@@ -216,7 +223,7 @@ func DefaultTuning() Tuning {
 func (t Tuning) jobs() jobactor.Tuning {
 	return jobactor.Tuning{
 		MaxSchedulingAttempts: t.MaxSchedulingAttempts, PermanentGrace: t.PermanentGrace, ParkAfter: t.ParkAfter,
-		CapacityGrace: t.CapacityGrace, AdmissionHold: t.AdmissionHold, MaxAdmitting: int64(t.MaxAdmitting),
+		RetryParkMin: t.RetryParkMin, CapacityGrace: t.CapacityGrace, AdmissionHold: t.AdmissionHold, MaxAdmitting: int64(t.MaxAdmitting),
 		ResendAfter: t.ResendAfter, WorkerLostGrace: t.WorkerLostGrace, UnknownHold: t.UnknownHold,
 		SagaRetention: t.SagaRetention,
 	}

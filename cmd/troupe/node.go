@@ -25,6 +25,7 @@ func runNode(ctx context.Context, args []string) error {
 	workerTTL := fs.Duration("worker-ttl", 0, "how long a worker stays routable after its last heartbeat (default 30s); keep it at least three of the workers' heartbeat intervals (stock CAP workers beat every 5s)")
 	resendAfter := fs.Duration("resend-after", 0, "how long a job directly dispatched to a deduping worker may wait for a sign of arrival before the dispatch is repeated (default 5s; negative: never)")
 	parkAfter := fs.Duration("park-after", 0, "how long a job waiting for its worker keeps a live actor before it parks (default 10s; negative: never)")
+	retryParkMin := fs.Duration("retry-park-min", 0, "the shortest retry backoff whose wait parks: the job's lock is released and its actor stops until its retry time (default 30s; negative: never)")
 	workerLostGrace := fs.Duration("worker-lost-grace", 0, "how long a job started on a worker that was evicted waits for the worker's answer before it ends FAILED worker_lost (default 60s; negative: its running deadline decides)")
 	capacityGrace := fs.Duration("capacity-grace", 0, "how long a new job that finds no room stays unwritten (its submit un-acked) before it is written SCHEDULED (default 1m for pool_overloaded, 2s for no_workers; its submit is kept in progress at JetStream meanwhile; negative: at once)")
 	unknownHold := fs.Duration("unknown-hold", 0, "how long a result or cancel for a job with no record waits for a replica to recreate the record before it is dead-lettered (default 30s; negative: at once)")
@@ -94,7 +95,7 @@ func runNode(ctx context.Context, args []string) error {
 	node, err := troupe.NewNode(troupe.Config{NodeID: *id, NATSURL: conn.NATSURL, NATSAuth: natsAuth(conn.NATS), RedisURL: conn.RedisURL, RedisAuth: redisAuth(conn.Redis),
 		KeyPrefix: c.keyPrefix, SubjectPrefix: c.subjPrefix, StreamPrefix: c.streamPrefix, Pools: pools, PoolsFile: *poolsFile, Logger: log,
 		Policy: policy, Output: output, Metrics: reg, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
-		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, WorkerTTL: *workerTTL, ParkAfter: *parkAfter, ResendAfter: *resendAfter,
+		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, WorkerTTL: *workerTTL, ParkAfter: *parkAfter, RetryParkMin: *retryParkMin, ResendAfter: *resendAfter,
 			WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
 			StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention,
 			ReplayWindow: *replayWindow, ReplaySeen: *replaySeen}})

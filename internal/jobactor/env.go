@@ -100,6 +100,14 @@ const (
 	// never pay the two extra scripts (park, and the re-activation when the
 	// result comes); a job held for minutes costs no memory on the node.
 	ParkAfterDefault = 10 * time.Second
+	// RetryParkMinDefault is the shortest retry backoff whose wait parks
+	// (lifecycle.Config.RetryParkMin): the lock is released, the actor
+	// stops, and the due poller brings the job back. A parked wait comes
+	// back up to the due poller's slack and tick late (2–3 s by default)
+	// and costs a release and an activation; from 30 s on that is at most
+	// a tenth of the wait, and shorter backoffs (the 100 ms–1 s of a
+	// quick retry) keep their exact timer. Users' caps of 5–30 min park.
+	RetryParkMinDefault = 30 * time.Second
 	// ResendAfterDefault is how long a job dispatched to a deduping worker
 	// (registry.LabelDedupe) may stay DISPATCHED with no sign from the
 	// worker before the dispatch is repeated; later repeats back off
@@ -225,6 +233,9 @@ type Tuning struct {
 	// ParkAfter is how long a job waiting for its worker keeps a live actor
 	// before it parks (negative: never park).
 	ParkAfter time.Duration
+	// RetryParkMin: a retry wait with at least this long left parks
+	// (RetryParkMinDefault; negative: never).
+	RetryParkMin time.Duration
 	// CapacityGrace: see CapacityGraceDefault (negative: write at once);
 	// at most MaxUnwrittenWaits jobs wait within it.
 	CapacityGrace     time.Duration
@@ -255,7 +266,7 @@ type Tuning struct {
 func DefaultTuning() Tuning {
 	return Tuning{
 		MaxSchedulingAttempts: MaxSchedulingAttemptsDefault, PermanentGrace: PermanentGraceDefault,
-		ParkAfter: ParkAfterDefault, CapacityGrace: CapacityGraceDefault, MaxUnwrittenWaits: MaxUnwrittenWaitsDefault,
+		ParkAfter: ParkAfterDefault, RetryParkMin: RetryParkMinDefault, CapacityGrace: CapacityGraceDefault, MaxUnwrittenWaits: MaxUnwrittenWaitsDefault,
 		AdmissionHold: lifecycle.AdmissionHoldDefault, MaxAdmitting: MaxAdmittingDefault,
 		ResendAfter: ResendAfterDefault, WorkerLostGrace: WorkerLostGraceDefault, UnknownHold: UnknownHoldDefault,
 		PolicyConcurrency: PolicyConcurrencyDefault,
@@ -307,7 +318,7 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		Dispatch: e.Timeouts.Dispatch, RunningFor: e.Timeouts.RunningFor,
 		TenantLimit: e.TenantLimit, Redispatch: e.Redispatch, KeyLimit: e.KeyLimit, Retry: e.Retry,
 		Backoff: e.Backoff, MaxSchedulingAttempts: e.MaxSchedulingAttempts, PermanentGrace: e.PermanentGrace,
-		ParkAfter: e.ParkAfter, RateParkAfter: e.ParkAfter, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
+		ParkAfter: e.ParkAfter, RateParkAfter: e.ParkAfter, RetryParkMin: e.RetryParkMin, ResendAfter: e.ResendAfter, CapacityGrace: e.CapacityGrace,
 		AdmissionHold: e.AdmissionHold,
 		Saga:          sagaRecorder(e.SagaRetention), UnknownHold: max(e.UnknownHold, 0),
 		WorkerLostGrace: max(e.WorkerLostGrace, 0),

@@ -110,6 +110,10 @@ type Config struct {
 	// RateParkAfter: how long a wait for rate limit tokens keeps a live
 	// actor before it parks (≤ 0: never; the node's ParkAfter).
 	RateParkAfter time.Duration
+	// RetryParkMin: a retry wait with at least this long left parks — its
+	// lock is released and its actor stops; the due set brings it back at
+	// its retry time (≤ 0: never; see retry.go).
+	RetryParkMin time.Duration
 	// AdmissionHold: see AdmissionHoldDefault (≤ 0: none, the wait leaves
 	// the node's admissions at once).
 	AdmissionHold time.Duration
@@ -684,8 +688,8 @@ func (j *Job) advance() {
 	case jobstate.StateScheduled:
 		if !j.retryAt.IsZero() && j.now().Before(j.retryAt) {
 			// Woken before its retry's backoff ended (an adoption, a
-			// restart): the wait goes on.
-			j.arm(j.retryAt)
+			// restart, an event for the parked wait): the wait goes on.
+			j.waitRetry()
 			return
 		}
 		j.askRouter()

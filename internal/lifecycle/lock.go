@@ -136,7 +136,10 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 		if wasParked {
 			j.count(MUnparked, "")
 		}
-		if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.cfg.NodeID+"|")) {
+		// A retry wait that parked (no holder, woken at its due time, not
+		// for a lapsed lease) comes back by design: no orphan either.
+		retryBack := r.Holder == "" && j.lapsedAt.IsZero() && j.LastReason == jobstate.ReasonRetryWait
+		if j.woken && !(wasParked && strings.HasPrefix(r.Holder, j.cfg.NodeID+"|")) && !retryBack {
 			j.count(MOrphanReplayed, j.topic())
 			if !j.lapsedAt.IsZero() && r.Holder == "" {
 				j.observe(MAdoptionLatency, j.lapsedAt)
@@ -268,6 +271,11 @@ func (j *Job) recreate() {
 	}
 	if !j.retryAt.IsZero() {
 		t.Fields = append(t.Fields, jobstate.FieldRetryAt, strconv.FormatInt(j.retryAt.UnixMilli(), 10))
+		if known == jobstate.StateScheduled && j.retryAt.After(j.now()) {
+			// A retry wait is due at its retry time, as its retry wrote it:
+			// a wait that parks again is brought back by it.
+			t.Due = j.retryAt.UnixMilli()
+		}
 	}
 	j.activatePlan(t, nil, j.pend(pending{then: nAdvance}))
 }

@@ -126,7 +126,34 @@ func (j *Job) retrying(at time.Time) {
 	j.lostWorkers, j.runnerKnown, j.lostNoted, j.recall = "", false, false, false
 	j.deadline, j.deadlineWhy = time.Time{}, ""
 	j.parkAt, j.resendAt, j.resends = time.Time{}, time.Time{}, 0
-	j.arm(at)
+	j.waitRetry()
+}
+
+// waitRetry waits out the rest of the retry's backoff: parked if
+// RetryParkMin or more is left, else on the job's timer. A wait with
+// events still to handle (they came during the retry's write) handles
+// them first: its timer is armed for now, and the decision is made again
+// when it fires.
+func (j *Job) waitRetry() {
+	if !j.retryParks() {
+		j.arm(j.retryAt)
+		return
+	}
+	if len(j.deferred) > 0 {
+		j.arm(j.now())
+		return
+	}
+	j.disarm()
+	j.log(debug, "retry wait parks", "retry_at", j.retryAt)
+	j.passivate()
+}
+
+// retryParks reports whether the job's retry wait is long enough to park,
+// and the job in a state to: live with its lock, no step outstanding and
+// no delivery left to ack.
+func (j *Job) retryParks() bool {
+	return j.cfg.RetryParkMin > 0 && j.State == jobstate.StateScheduled && !j.retryAt.IsZero() &&
+		j.retryAt.Sub(j.now()) >= j.cfg.RetryParkMin && j.live() && j.LockValue != "" && !j.busy && len(j.acks) == 0
 }
 
 // tellFinal relays res, the worker's result that ended a job dispatched

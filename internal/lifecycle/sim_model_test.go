@@ -307,6 +307,9 @@ func (s *sim) apply(n *simNode, op *Op) *WriteResult {
 		return &WriteResult{}
 	case OpRelease:
 		if r != nil && r.lock == op.LockValue && s.now.Before(r.lockExp) {
+			if r.state == jobstate.StateScheduled && r.fields["reason"] == string(jobstate.ReasonRetryWait) {
+				s.retryWaitParked(op.JobID, r)
+			}
 			r.lock, r.lease = "", false
 			return &WriteResult{Released: true}
 		}
@@ -498,6 +501,17 @@ func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 	}
 	if t.Release && !r.state.Terminal() {
 		r.lock, r.lease = "", false
+	}
+}
+
+// retryWaitParked checks a retry wait whose lock is about to be released
+// (it parks): its due entry, written with the wait, is what brings it back
+// at its retry time, so it must be there.
+func (s *sim) retryWaitParked(id string, r *simRec) {
+	s.retryParks++
+	at, err := strconv.ParseInt(r.fields[jobstate.FieldRetryAt], 10, 64)
+	if err != nil || r.due <= 0 || r.due > at {
+		s.fail("%s: a retry wait parks with due %d, retry_at %q", id, r.due, r.fields[jobstate.FieldRetryAt])
 	}
 }
 

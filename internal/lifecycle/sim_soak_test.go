@@ -57,6 +57,11 @@ var simRegressions = []struct {
 	// Seed 1001637 (branch ratepark's course): the same relay counted against
 	// a later record, the job's worker lost first.
 	{"RelayConfirmedAfterALossCountsForTheRecordItEndedWorkerLost", 1001637, ""},
+	// The checker's fault (branch retrypark's course): a retry wait's lock
+	// release failed on a Redis error and was tried again a second later;
+	// the check that a wait parks only with RetryParkMin left took the
+	// retried write for a new decision (seed 48, 14.6 s left of 15 s).
+	{"RetriedReleaseOfAParkingRetryWaitIsNoNewDecision", 48, ""},
 }
 
 func TestSimRegressions(t *testing.T) {

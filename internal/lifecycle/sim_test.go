@@ -38,6 +38,11 @@ const (
 	simCalmSteps = 60000
 	// simRetryAttempts: jobs labelled retry run at most this many times.
 	simRetryAttempts = 3
+	// simRetryParkMin: a retry wait this long or longer parks. Jobs
+	// labelled retry=long back off 10–20 s before attempt 2 (some park,
+	// some do not) and 20–40 s before attempt 3 (all park); retry=yes
+	// backs off 100–400 ms and never parks.
+	simRetryParkMin = 15 * time.Second
 )
 
 type sim struct {
@@ -114,6 +119,7 @@ type sim struct {
 	// clients per job.
 	attemptSent map[string]capv1.JobStatus
 	retries     int
+	retryParks  int // retry waits that released their lock to park
 	relays      map[*simRec]int
 	rate        simRate // the rate limiter's model (sim_rate_test.go)
 }
@@ -140,12 +146,15 @@ func newSim(t testing.TB, seed uint64) *sim {
 			return min(time.Second<<min(n, 5), 30*time.Second) + time.Duration(s.rng.IntN(500))*time.Millisecond
 		},
 		MaxSchedulingAttempts: 8, PermanentGrace: 10 * time.Second, ParkAfter: 10 * time.Second,
-		RateParkAfter: simRateParkAfter,
-		ResendAfter:   5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
+		RateParkAfter: simRateParkAfter, RetryParkMin: simRetryParkMin,
+		ResendAfter: 5 * time.Second, CapacityGrace: 25 * time.Second, AdmissionHold: 2 * time.Second, UnknownHold: 20 * time.Second, PolicyWaiters: false, Forward: false,
 		RateLimit: simRateLimit, WorkerLostGrace: time.Minute, Direct: func(subject, worker string) bool { return subject == "worker."+worker+".jobs" },
 		Retry: func(req *capv1.JobRequest) jobstate.RetryPolicy {
-			if req.GetLabels()["retry"] == "" {
+			switch req.GetLabels()["retry"] {
+			case "":
 				return jobstate.RetryPolicy{}
+			case "long":
+				return jobstate.RetryPolicy{MaxAttempts: simRetryAttempts, BackoffMin: 20 * time.Second, BackoffMax: 40 * time.Second}
 			}
 			return jobstate.RetryPolicy{MaxAttempts: simRetryAttempts, BackoffMin: 200 * time.Millisecond, BackoffMax: 2 * time.Second}
 		}}
@@ -250,8 +259,10 @@ func (s *sim) submit() {
 		req.Budget = &capv1.Budget{DeadlineMs: 90_000}
 	case h >= 6 && h <= 9 && s.keys != nil:
 		keyLabel(req, h)
-	case h == 10 || h == 11:
+	case h == 10:
 		req.Labels["retry"] = "yes"
+	case h == 11:
+		req.Labels["retry"] = "long"
 	case h == 12:
 		req.Labels["retry"] = "yes"
 		req.Budget = &capv1.Budget{DeadlineMs: 30_000}
@@ -417,6 +428,10 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 				s.probes = map[string]bool{}
 			}
 			s.probes[j.ID] = true
+		}
+		if op.Kind == OpRelease && !e.Retry && j.State == jobstate.StateScheduled && j.LastReason == jobstate.ReasonRetryWait &&
+			j.retryAt.Sub(s.now) < simRetryParkMin {
+			s.fail("%s: a retry wait with %s left parks (the threshold is %s)", j.ID, j.retryAt.Sub(s.now), simRetryParkMin)
 		}
 		if e.Epoch == 0 {
 			s.after(s.latency(), func() { s.apply(n, op) })
@@ -902,7 +917,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total, resent, graceWaits, holdsEnded, probes, retries, rateParks := 0, 0, 0, 0, 0, 0, 0
+	total, resent, graceWaits, holdsEnded, probes, retries, rateParks, retryParks := 0, 0, 0, 0, 0, 0, 0, 0
 	tenantStale, tenantRepaired := 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
@@ -915,6 +930,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		probes += len(s.probes)
 		retries += s.retries
 		rateParks += s.rate.parks
+		retryParks += s.retryParks
 		tenantStale += s.tenantStale
 		tenantRepaired += s.tenantRepaired
 		for k, v := range s.outcomes {
@@ -932,8 +948,11 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d; attempts retried %d; tenant slots freed by the repair %d, dispatches withheld on a stale tenant slot %d; waits for tokens parked %d",
-		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes, retries, tenantRepaired, tenantStale, rateParks)
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d; attempts retried %d; tenant slots freed by the repair %d, dispatches withheld on a stale tenant slot %d; waits for tokens parked %d; retry waits parked %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes, retries, tenantRepaired, tenantStale, rateParks, retryParks)
+	if seeds >= 50 && retryParks == 0 {
+		t.Errorf("the simulation never parked a retry wait")
+	}
 	if seeds >= 50 && rateParks == 0 {
 		t.Errorf("the simulation never parked a job waiting for rate limit tokens")
 	}
