@@ -283,13 +283,11 @@ type Router struct {
 	armed bool
 	full  bool // the next report is a full one
 	hello bool // the next report asks the others for theirs (Announce)
-	// warned: workers already warned about (checkPool); slowWarned: when
-	// each worker was last warned about as too slow for the TTL
-	// (cadence.go), slowPruned when the old ones were last dropped, and
-	// slowLogged how many were named since slowPeriod began.
-	warned     map[string]bool
-	slowWarned map[string]time.Time
-	slowPruned time.Time
+	// warned: workers warned about lately (checkPool); slowWarned: those
+	// warned about as too slow for the TTL (cadence.go), and slowLogged
+	// how many were named since slowPeriod began.
+	warned     recentWarnings
+	slowWarned recentWarnings
 	slowPeriod time.Time
 	slowLogged int
 	// lastSweep is when the last sweep ran: a much longer gap means this
@@ -354,24 +352,24 @@ func Props(cfg Config) *actor.Props {
 		if m != nil {
 			st.onStale = m.countStale
 		}
-		warned := map[string]bool{}
+		now := cfg.Now
+		if now == nil {
+			now = time.Now
+		}
+		blind := &recentWarnings{every: WarnAgainEvery}
 		st.onBlindDirect = func(w *registry.Worker, pool string) {
-			if !warned[w.ID] {
-				warned[w.ID] = true
+			if blind.due(w.ID, now()) {
 				cfg.Log.Warn("pool "+pool+" forces direct dispatch, but this worker does not announce "+
 					registry.LabelDispatch+"="+registry.DispatchDirect+" (stock CAP workers listen on the pool subject only); "+
 					"its jobs go to the pool subject", "worker_id", w.ID, "pool", pool)
 			}
 		}
-		now := cfg.Now
-		if now == nil {
-			now = time.Now
-		}
 		return &Router{cfg: cfg, metrics: m, latest: latest, now: now,
 			reg: reg, strategy: st, log: cfg.Log, reported: map[string]bool{},
 			queues: map[string]*waitQueue{}, waiting: map[string]*waiter{}, handed: map[string]handoff{},
 			peers: map[string]*peer{}, dirty: map[*registry.Worker]struct{}{}, offers: map[uint64]*offer{},
-			warned: map[string]bool{}, picks: map[string]pickRec{}}
+			warned: recentWarnings{every: WarnAgainEvery}, slowWarned: recentWarnings{every: SlowBeatWarnEvery},
+			picks: map[string]pickRec{}}
 	})
 }
 
@@ -543,16 +541,15 @@ func (r *Router) Receive(c actor.Context) {
 	}
 }
 
-// checkPool warns, once per worker, about a heartbeat that no topic can
+// checkPool warns, once per worker per WarnAgainEvery, about a heartbeat that no topic can
 // route to: its pool is named by no topic of the config. A common slip is
 // announcing the topic (job.echo) as the pool; its jobs would otherwise
 // wait no_workers with nothing saying why.
 func (r *Router) checkPool(w *registry.Worker) {
 	cfg := r.strategy.Config()
-	if cfg == nil || len(cfg.Topics) == 0 || r.warned[w.ID] || r.strategy.Routed(w.Pool) {
+	if cfg == nil || len(cfg.Topics) == 0 || r.strategy.Routed(w.Pool) || !r.warned.due(w.ID, r.now()) {
 		return
 	}
-	r.warned[w.ID] = true
 	hint := ""
 	if pools, ok := cfg.Topics[w.Pool]; ok {
 		hint = "; " + w.Pool + " is a topic, routed to pool(s) " + strings.Join(pools, ",") +

@@ -26,13 +26,9 @@ func (r *Router) checkCadence(w *registry.Worker, now time.Time) {
 	if !r.reg.TooSlow(w) {
 		return
 	}
-	if at, ok := r.slowWarned[w.ID]; ok && now.Sub(at) < SlowBeatWarnEvery {
+	if !r.slowWarned.due(w.ID, now) {
 		return
 	}
-	if r.slowWarned == nil {
-		r.slowWarned = map[string]time.Time{}
-	}
-	r.slowWarned[w.ID] = now
 	if now.Sub(r.slowPeriod) >= SlowBeatWarnEvery {
 		r.slowPeriod, r.slowLogged = now, 0
 	}
@@ -51,17 +47,9 @@ func (r *Router) checkCadence(w *registry.Worker, now time.Time) {
 		"beat_at_most", ttl/registry.MissedIntervals, "ttl_at_least", every*registry.MissedIntervals)
 }
 
-// forgetWarnings drops the warnings older than SlowBeatWarnEvery, at most
-// once per SlowBeatWarnEvery: they would not hold a warning back any more,
-// and workers come and go under new ids.
+// forgetWarnings drops the warnings older than their period, at most once
+// per period (recentWarnings.prune): workers come and go under new ids.
 func (r *Router) forgetWarnings(now time.Time) {
-	if len(r.slowWarned) == 0 || now.Sub(r.slowPruned) < SlowBeatWarnEvery {
-		return
-	}
-	r.slowPruned = now
-	for id, at := range r.slowWarned {
-		if now.Sub(at) >= SlowBeatWarnEvery {
-			delete(r.slowWarned, id)
-		}
-	}
+	r.slowWarned.prune(now)
+	r.warned.prune(now)
 }
