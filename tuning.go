@@ -260,7 +260,7 @@ func (n *Node) checkRecordEncoding(ctx context.Context) {
 		return
 	}
 	n.log.Info("Redis keeps job records in its hashtable encoding, since their longer fields (the request) exceed "+
-		"hash-max-listpack-value; setting it to advised (CONFIG SET, or redis.conf) measured ~1.3 KB less Redis memory "+
-		"per record and up to ~13 % less Redis CPU per job (BENCHMARKS.md)",
+		"hash-max-listpack-value; setting it to advised (redis.conf, or CONFIG SET on every master) measured ~1.3 KB "+
+		"less Redis memory per record and ~3x cheaper record reads, at about the same CPU per job (BENCHMARKS.md)",
 		"hash_max_listpack_value", v, "advised", store.ListpackValueAdvised)
 }

@@ -133,6 +133,14 @@ func TestHappyPathRedisCPU(t *testing.T) {
 	if keys, err := rdb.Keys(ctx, "cpu:*:job:job-1").Result(); err == nil && len(keys) == 1 {
 		enc = rdb.ObjectEncoding(ctx, keys[0]).Val()
 	}
+	mem := ""
+	if info, err := rdb.Info(ctx, "memory").Result(); err == nil {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+				mem = v
+			}
+		}
+	}
 	calls := commandCalls(t, rdb)
 	var total int64
 	for name, n := range calls {
@@ -142,6 +150,6 @@ func TestHappyPathRedisCPU(t *testing.T) {
 		}
 		total += n
 	}
-	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %d jobs in %s, records %s",
-		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), jobs, time.Since(start).Round(time.Millisecond), enc)
+	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %d jobs in %s, records %s, used_memory %s",
+		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), jobs, time.Since(start).Round(time.Millisecond), enc, mem)
 }
