@@ -9,13 +9,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/troupe-run/troupe/internal/embedded"
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/store"
 )
 
 // TestHashListpackValueReadsTheServersSetting: the store reads the
 // server's hash-max-listpack-value, and a server that refuses CONFIG GET
-// (an ACL user without it, as on a managed Redis) gives no value.
+// (an ACL user without it, as on a managed Redis; the embedded store, which
+// has no CONFIG) gives no value.
 func TestHashListpackValueReadsTheServersSetting(t *testing.T) {
 	t.Parallel()
 	rdb := privateRedis(t)
@@ -37,6 +39,16 @@ func TestHashListpackValueReadsTheServersSetting(t *testing.T) {
 	t.Cleanup(func() { _ = limited.Close() })
 	if v, ok := store.New(limited, store.Config{Prefix: "enc:"}).HashListpackValue(ctx); ok {
 		t.Fatalf("CONFIG refused: %d, %v; want no value", v, ok)
+	}
+	emb, err := embedded.StartRedis()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Stop)
+	ec := redis.NewClient(&redis.Options{Addr: emb.Addr()})
+	t.Cleanup(func() { _ = ec.Close() })
+	if v, ok := store.New(ec, store.Config{Prefix: "enc:"}).HashListpackValue(ctx); ok {
+		t.Fatalf("embedded store: %d, %v; want no value", v, ok)
 	}
 }
 
