@@ -201,6 +201,7 @@ func (n *Node) storePart() part {
 		if err := n.store.LoadScripts(ctx); err != nil {
 			return err
 		}
+		n.checkRecordEncoding(ctx)
 		return bus.EnsureReplicatedStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj, n.cfg.Tuning.StreamReplicas)
 	}}
 }

@@ -40,6 +40,11 @@ func redisCPU(t *testing.T, c *redis.Client) float64 {
 // (a measurement for BENCHMARKS.md, not a test of behaviour):
 //
 //	TROUPE_REDIS_CPU_JOBS=30000 go test -count=1 -run TestHappyPathRedisCPU -v ./internal/store/
+//
+// TROUPE_REDIS_CPU_REQ_BYTES pads each job's request to that many bytes
+// (the default, ~60, is shorter than a real request);
+// TROUPE_REDIS_CPU_CONFIG="name value ..." is CONFIG SET on the server
+// first (e.g. "hash-max-listpack-value 1024").
 func TestHappyPathRedisCPU(t *testing.T) {
 	jobs, _ := strconv.Atoi(os.Getenv("TROUPE_REDIS_CPU_JOBS"))
 	if jobs <= 0 {
@@ -47,6 +52,12 @@ func TestHappyPathRedisCPU(t *testing.T) {
 	}
 	rdb := privateRedis(t)
 	ctx := context.Background()
+	if kv := strings.Fields(os.Getenv("TROUPE_REDIS_CPU_CONFIG")); len(kv) > 0 {
+		if err := rdb.ConfigSet(ctx, kv[0], strings.Join(kv[1:], " ")).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqBytes, _ := strconv.Atoi(os.Getenv("TROUPE_REDIS_CPU_REQ_BYTES"))
 	s := store.New(rdb, store.Config{Prefix: "cpu:", LockTTL: time.Minute})
 	if err := s.LoadScripts(ctx); err != nil {
 		t.Fatal(err)
@@ -73,10 +84,14 @@ func TestHappyPathRedisCPU(t *testing.T) {
 				}
 				for i := range ids {
 					id := prefix + strconv.Itoa(i)
+					req := "\n\x0f" + id + "\x12\tjob.bench\"\x1bredis://ctx:" + id
+					if pad := reqBytes - len(req); pad > 0 {
+						req += strings.Repeat("x", pad)
+					}
 					now := time.Now()
 					dl := strconv.FormatInt(now.Add(150*time.Minute).UnixMilli(), 10)
 					r := do(&store.Op{Kind: store.OpActivate, JobID: id, Node: "bench-node", Create: true,
-						Topic: "job.bench", Tenant: "default", TraceID: id, Request: []byte("\n\x0f" + id + "\x12\tjob.bench\"\x1bredis://ctx:" + id),
+						Topic: "job.bench", Tenant: "default", TraceID: id, Request: []byte(req),
 						T: &store.Transition{Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed},
 							{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched}},
 							Due: now.Add(150 * time.Minute).UnixMilli(), Op: "10qb36hj69zb6",
@@ -114,6 +129,18 @@ func TestHappyPathRedisCPU(t *testing.T) {
 	start := time.Now()
 	run("job-", jobs)
 	cpu := redisCPU(t, rdb) - cpu0
+	enc := "?"
+	if keys, err := rdb.Keys(ctx, "cpu:*:job:job-1").Result(); err == nil && len(keys) == 1 {
+		enc = rdb.ObjectEncoding(ctx, keys[0]).Val()
+	}
+	mem := ""
+	if info, err := rdb.Info(ctx, "memory").Result(); err == nil {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+				mem = v
+			}
+		}
+	}
 	calls := commandCalls(t, rdb)
 	var total int64
 	for name, n := range calls {
@@ -123,6 +150,6 @@ func TestHappyPathRedisCPU(t *testing.T) {
 		}
 		total += n
 	}
-	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %d jobs in %s",
-		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), jobs, time.Since(start).Round(time.Millisecond))
+	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %d jobs in %s, records %s, used_memory %s",
+		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), jobs, time.Since(start).Round(time.Millisecond), enc, mem)
 }
