@@ -83,7 +83,7 @@ var GuardTTL = 2 * bus.RedeliveryBackoff[len(bus.RedeliveryBackoff)-1]
 const (
 	// guardBucket is how much stored time the marks of one bucket key
 	// span.
-	guardBucket = 10 * time.Second
+	guardBucket = time.Second
 	// guardHeadroom is how much longer than GuardTTL a bucket key's TTL
 	// runs when the guard sets it, so that one EXPIRE covers every mark
 	// written to the key in the next guardHeadroom: the whole bucket's,
