@@ -342,3 +342,12 @@ func TestWorkerPublishesARefusedResultAgain(t *testing.T) {
 		t.Fatalf("stored %v, %v; want rf-1's result", p, err)
 	}
 }
+
+// TestHeartbeatDefaultIsTheNodesSDKHeartbeat: the worker's default beat and
+// the interval the node's start-up check assumes of CAP SDK workers are the
+// same figure (the public constant cannot name the internal one).
+func TestHeartbeatDefaultIsTheNodesSDKHeartbeat(t *testing.T) {
+	if worker.HeartbeatDefault != registry.SDKHeartbeat {
+		t.Fatalf("worker.HeartbeatDefault %v, registry.SDKHeartbeat %v: want equal", worker.HeartbeatDefault, registry.SDKHeartbeat)
+	}
+}
