@@ -38,9 +38,14 @@ import (
 //     leaves it. A grant that reaches an actor already queued again for
 //     the same units ends its wait, and its own ask is withdrawn: a job
 //     never holds two grants.
-//   - A grant is used once: a job granted tokens asks the router, and a
-//     later wait for a worker (capacity, a tenant slot, a lost worker's
-//     job placed again) takes none again on this actor.
+//   - A grant is for one attempt, used once: a job granted tokens asks the
+//     router, and a later wait for a worker of the same attempt (capacity,
+//     a tenant slot, a lost worker's job placed again, a publish that
+//     failed) takes none again on this actor. A retry (retry.go) is a new
+//     attempt, which calls the API again: it takes the job's units again
+//     after its backoff, live, parked or adopted alike, and waits for them
+//     as a first attempt does (in the queue's order, parking after
+//     RateParkAfter).
 //   - A job whose deadline (budget.deadline_ms) passes while it waits
 //     leaves the queue and fails deadline_exceeded, naming the bucket.
 //   - A job whose declaration can never be granted (an undeclared bucket,
