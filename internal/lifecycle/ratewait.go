@@ -109,6 +109,9 @@ type rateWait struct {
 	// the job's next actor. woken: the grant came with the actor's wake
 	// and is not yet used (given back if the job leaves).
 	parked, woken bool
+	// attempt: the attempt the grant is for (a woken grant's: the
+	// record's, learnt as it is used).
+	attempt int
 	// parkAt: when the wait parks (zero: not waiting).
 	parkAt time.Time
 }
@@ -129,8 +132,16 @@ func (ParkTokens) effect() {}
 func (j *Job) rateGate() bool {
 	r := &j.rate
 	if r.granted {
-		r.woken = false // used
-		return false
+		if r.woken {
+			r.woken, r.attempt = false, j.Attempt() // used
+		}
+		if r.attempt == j.Attempt() {
+			return false
+		}
+		// The grant was an earlier attempt's: a retry (retrying), or a
+		// later attempt adopted by this actor after its lock lapsed
+		// (another node ran and retried the job meanwhile).
+		r.granted = false
 	}
 	if j.cfg.RateLimit == nil || j.Req == nil {
 		return false
@@ -271,7 +282,7 @@ func (j *Job) tokensInvalid(why string) {
 
 func (j *Job) tokensGranted() {
 	j.rate.queued, j.rate.parkAt = false, time.Time{}
-	j.rate.granted = true
+	j.rate.granted, j.rate.attempt = true, j.Attempt()
 	j.askRouter()
 }
 

@@ -217,3 +217,25 @@ func TestRateLimitParkedRetryWaitTakesItsUnitsAtItsTime(t *testing.T) {
 		t.Fatalf("a woken retry wait asked for a worker before its tokens: %v", fx)
 	}
 }
+
+// An actor whose lock lapsed after its attempt's grant, re-activating the
+// job, finds a later attempt (another node ran the job and retried it
+// meanwhile): that attempt takes its own units, not this actor's grant.
+func TestRateLimitAttemptAdoptedByTheActorOfAnEarlierOneTakesItsUnits(t *testing.T) {
+	d := rateRetryDriver(t)
+	d.rateDispatch()
+	d.feed(&LockLost{LockValue: d.j.LockValue, Vanished: true})
+	req, _ := jobstate.EncodeRequest(&capv1.JobRequest{JobId: "job-1", Topic: "job.x"})
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateScheduled, Fence: 3,
+		Fields: map[string]string{"s": "SCHEDULED", "reason": "retry_wait", "try": "2",
+			jobstate.FieldRetryAt: itoa64(d.now.Add(-time.Second).UnixMilli()), "req": string(req)}}})
+	if d.j.Attempt() != 2 {
+		t.Fatalf("adopted attempt %d, want 2", d.j.Attempt())
+	}
+	if _, ok := find[TakeTokens](fx); !ok {
+		t.Fatalf("attempt 2 went on attempt 1's grant: %v", fx)
+	}
+	if _, asked := find[AskRouter](fx); asked {
+		t.Fatalf("attempt 2 asked for a worker before its tokens: %v", fx)
+	}
+}

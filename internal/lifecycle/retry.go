@@ -124,7 +124,8 @@ func (j *Job) retryAfterFailure(cause jobstate.Reason, code, msg string, d Deliv
 // retrying: the retry is durable; the next attempt waits for its time.
 // What the job knew of the failed attempt's dispatch goes, its rate limit
 // grant too: the failed attempt used it, and the next one calls the API
-// again, so it takes its units again before its dispatch (ratewait.go).
+// again, so it takes its units again before its dispatch (rateGate also
+// drops a grant made for another attempt than the job's).
 func (j *Job) retrying(at time.Time) {
 	j.try = j.Attempt() + 1
 	j.retryAt = at
