@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -315,5 +317,119 @@ func TestRateLimitParkedWaiterIsAdoptedAndAsksAgain(t *testing.T) {
 	if r, _ := b.Record(ctx, "rate-adopt"); r.State != jobstate.StateScheduled || r.LockHolder == "" ||
 		!strings.HasPrefix(r.LockHolder, otherID+"|") {
 		t.Fatalf("adopted waiter %s held by %q", r.State, r.LockHolder)
+	}
+}
+
+// timedFlaky is a worker handler that fails each job's first attempt and
+// lets the second succeed, and notes when each attempt reached it: the
+// calls an external API behind the bucket would have had.
+type timedFlaky struct {
+	mu       sync.Mutex
+	at       []time.Time
+	attempts map[string][]string // job id → the ids its attempts came under
+}
+
+func (h *timedFlaky) handle(_ context.Context, req *capv1.JobRequest) *capv1.JobResult {
+	id, _ := jobstate.SplitAttempt(req.JobId)
+	h.mu.Lock()
+	h.at = append(h.at, time.Now())
+	h.attempts[id] = append(h.attempts[id], req.JobId)
+	run := len(h.attempts[id])
+	h.mu.Unlock()
+	if run == 1 {
+		return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_FAILED, ErrorCode: "upstream_429"}
+	}
+	return &capv1.JobResult{Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED, ResultPtr: "mem://" + id}
+}
+
+// mostInAWindow is the most receipts in any window of length w starting
+// at a receipt (at sorted).
+func mostInAWindow(at []time.Time, w time.Duration) int {
+	most := 0
+	for i := range at {
+		n := 0
+		for j := i; j < len(at) && at[j].Sub(at[i]) < w; j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+// Every attempt of a rate-limited job takes its units before its dispatch,
+// the retries of failed attempts included: 20 jobs under a limit of 5 a
+// second (burst 2) whose workers fail every first attempt reach their
+// workers 40 times, never more than the bucket allows in any second
+// (burst + limit), all SUCCEEDED on attempt 2, and 40 units are granted.
+// A retry that reused its first attempt's grant (issue 31's flow control)
+// ran right after its 50 ms backoff: about twice the limit. Live: the
+// waits keep their actors; parked: every wait parks 50 ms in, and the
+// retries' grants wake them.
+func TestRateLimitEveryRetryTakesItsTokens(t *testing.T) {
+	t.Parallel()
+	const (
+		limit, burst = 5, 2
+		jobs         = 20
+	)
+	for _, tc := range []struct {
+		name string
+		opt  func(*troupe.Config)
+	}{
+		{"Live", func(*troupe.Config) {}},
+		{"Parked", parkSoon},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, func(c *troupe.Config) {
+				p, err := troupe.ParsePools([]byte(testPools + fmt.Sprintf(`
+retries:
+  job.echo: {attempts: 2, backoff_min: 50ms, backoff_max: 50ms}
+rate_limits:
+  api:
+    limit: %d
+    burst: %d
+    per: 1s
+`, limit, burst)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Pools = p
+				c.NodeID = rateNodeID(t)
+				tc.opt(c)
+			})
+			h := &timedFlaky{attempts: map[string][]string{}}
+			f.startWorker("w-rate-retry", true, nil, h.handle)
+			for i := range jobs {
+				f.submit(rateReq(fmt.Sprintf("rate-retry-%d", i)))
+			}
+			for i := range jobs {
+				id := fmt.Sprintf("rate-retry-%d", i)
+				rec := f.waitStateWithin(id, jobstate.StateSucceeded, time.Minute)
+				if rec.Fields[jobstate.FieldTry] != "2" {
+					t.Fatalf("%s succeeded on attempt %q, want 2", id, rec.Fields[jobstate.FieldTry])
+				}
+			}
+			h.mu.Lock()
+			at := slices.Clone(h.at)
+			for id, a := range h.attempts {
+				if strings.Join(a, ",") != id+"~a1,"+id+"~a2" {
+					t.Errorf("%s reached its worker as %v", id, a)
+				}
+			}
+			h.mu.Unlock()
+			if len(at) != 2*jobs {
+				t.Fatalf("%d receipts, want %d", len(at), 2*jobs)
+			}
+			slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+			most := mostInAWindow(at, time.Second)
+			t.Logf("%d receipts over %v, at most %d in one second", len(at), at[len(at)-1].Sub(at[0]), most)
+			if most > limit+burst {
+				t.Fatalf("%d receipts in one second, the bucket allows %d (limit %d + burst %d); spread over %v",
+					most, limit+burst, limit, burst, at[len(at)-1].Sub(at[0]))
+			}
+			if got := counter(t, f.node, "troupe_rate_limit_granted_units_total", "api"); got != 2*jobs {
+				t.Fatalf("units granted %v, want %d (one a attempt)", got, 2*jobs)
+			}
+		})
 	}
 }

@@ -22,6 +22,7 @@ func (j *Job) askRouter() {
 	j.busy = true
 	if !j.queued {
 		j.ticket++
+		j.ticketFor = j.Attempt()
 	}
 	submitted := j.created
 	if submitted.IsZero() {
@@ -647,9 +648,13 @@ func (j *Job) leaveGrace() {
 
 // onPlaced acts on a placement the router made for the queued job.
 func (j *Job) onPlaced(m *Placed) {
-	if j.State != jobstate.StatePending && j.State != jobstate.StateScheduled {
-		// Moved on meanwhile (dispatched on a recheck, cancelled): the
-		// slot goes back, and the job's own wait (its timer) stays.
+	if j.State != jobstate.StatePending && j.State != jobstate.StateScheduled ||
+		m.Ticket != j.ticket || j.ticketFor != j.Attempt() {
+		// Moved on meanwhile (dispatched on a recheck, cancelled, asked
+		// again under a new ticket; or dispatched elsewhere and retried —
+		// a placement held while the job was busy would run the retry
+		// before its backoff and its rate limit tokens): the slot goes
+		// back, and the job's own wait (its timer) stays.
 		if m.Reply.WorkerID != "" {
 			j.toRouter(&Released{WorkerID: m.Reply.WorkerID, JobID: j.ID, Done: true})
 		}

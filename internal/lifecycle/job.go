@@ -254,6 +254,9 @@ type Job struct {
 	queued    bool
 	ticket    uint64
 	capReason jobstate.Reason
+	// ticketFor: the attempt the place under ticket was asked for (its
+	// rate limit tokens taken): a placement for another is not used.
+	ticketFor int
 	// While Unwritten: the grace ends at graceEnd; the router is asked
 	// again at recheckAt; until holdEnd (zero: over) the job counts in the
 	// node's admissions.

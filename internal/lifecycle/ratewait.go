@@ -38,9 +38,14 @@ import (
 //     leaves it. A grant that reaches an actor already queued again for
 //     the same units ends its wait, and its own ask is withdrawn: a job
 //     never holds two grants.
-//   - A grant is used once: a job granted tokens asks the router, and a
-//     later wait for a worker (capacity, a tenant slot, a lost worker's
-//     job placed again) takes none again on this actor.
+//   - A grant is for one attempt, used once: a job granted tokens asks the
+//     router, and a later wait for a worker of the same attempt (capacity,
+//     a tenant slot, a lost worker's job placed again, a publish that
+//     failed) takes none again on this actor. A retry (retry.go) is a new
+//     attempt, which calls the API again: it takes the job's units again
+//     after its backoff, live, parked or adopted alike, and waits for them
+//     as a first attempt does (in the queue's order, parking after
+//     RateParkAfter).
 //   - A job whose deadline (budget.deadline_ms) passes while it waits
 //     leaves the queue and fails deadline_exceeded, naming the bucket.
 //   - A job whose declaration can never be granted (an undeclared bucket,
@@ -104,6 +109,9 @@ type rateWait struct {
 	// the job's next actor. woken: the grant came with the actor's wake
 	// and is not yet used (given back if the job leaves).
 	parked, woken bool
+	// attempt: the attempt the grant is for (a woken grant's: the
+	// record's, learnt as it is used).
+	attempt int
 	// parkAt: when the wait parks (zero: not waiting).
 	parkAt time.Time
 }
@@ -124,8 +132,16 @@ func (ParkTokens) effect() {}
 func (j *Job) rateGate() bool {
 	r := &j.rate
 	if r.granted {
-		r.woken = false // used
-		return false
+		if r.woken {
+			r.woken, r.attempt = false, j.Attempt() // used
+		}
+		if r.attempt == j.Attempt() {
+			return false
+		}
+		// The grant was an earlier attempt's: a retry (retrying), or a
+		// later attempt adopted by this actor after its lock lapsed
+		// (another node ran and retried the job meanwhile).
+		r.granted = false
 	}
 	if j.cfg.RateLimit == nil || j.Req == nil {
 		return false
@@ -266,7 +282,7 @@ func (j *Job) tokensInvalid(why string) {
 
 func (j *Job) tokensGranted() {
 	j.rate.queued, j.rate.parkAt = false, time.Time{}
-	j.rate.granted = true
+	j.rate.granted, j.rate.attempt = true, j.Attempt()
 	j.askRouter()
 }
 

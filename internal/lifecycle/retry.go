@@ -20,7 +20,10 @@ import (
 //     with the next attempt's number (try), when it runs (retry_at, also
 //     the job's due time, so a replica adopts the wait if this node dies)
 //     and the failed attempt's error (te<n>). The job keeps its lock and a
-//     timer; at retry_at it asks for a worker like any SCHEDULED job.
+//     timer; at retry_at it asks for a worker like any SCHEDULED job —
+//     a rate-limited job first takes its units again (every attempt calls
+//     the API the bucket protects), and waits for them as a first attempt
+//     does (ratewait.go).
 //   - A retry is only made while attempts remain and it would start before
 //     the job's budget deadline; otherwise the failure is final.
 //   - A job that may retry is dispatched under its attempt's id
@@ -119,13 +122,17 @@ func (j *Job) retryAfterFailure(cause jobstate.Reason, code, msg string, d Deliv
 }
 
 // retrying: the retry is durable; the next attempt waits for its time.
-// What the job knew of the failed attempt's dispatch goes.
+// What the job knew of the failed attempt's dispatch goes, its rate limit
+// grant too: the failed attempt used it, and the next one calls the API
+// again, so it takes its units again before its dispatch (rateGate also
+// drops a grant made for another attempt than the job's).
 func (j *Job) retrying(at time.Time) {
 	j.try = j.Attempt() + 1
 	j.retryAt = at
 	j.lostWorkers, j.runnerKnown, j.lostNoted, j.recall = "", false, false, false
 	j.deadline, j.deadlineWhy = time.Time{}, ""
 	j.parkAt, j.resendAt, j.resends = time.Time{}, time.Time{}, 0
+	j.rate.granted, j.rate.woken = false, false
 	j.waitRetry()
 }
 

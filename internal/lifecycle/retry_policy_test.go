@@ -154,6 +154,51 @@ func TestRetryPolicyAdoptedWaitKeepsItsTime(t *testing.T) {
 	}
 }
 
+// A placement the router gave the job's wait for capacity, held while
+// the job was busy, is not used once the job has moved on to another
+// attempt: here the wait's write found the job dispatched by another node
+// (attempt 1, adopted), whose worker failed it; the retry waits for its
+// time (and its rate limit tokens), and the held placement's slot goes
+// back (simulator seed 2001243 dispatched attempt 2 at once on it).
+func TestRetryPolicyPlacementHeldAcrossARetryIsGivenBack(t *testing.T) {
+	d := retryDriver(t)
+	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
+	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
+	fx := d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
+	if _, ok := find[Write](fx); !ok || !d.j.queued {
+		t.Fatalf("the wait for capacity is not written: %v", fx)
+	}
+	// While the wait's write is under way, the other node's worker fails
+	// attempt 1 and the router places the job: both wait for the write.
+	d.result("job-1~a1", capv1.JobStatus_JOB_STATUS_FAILED)
+	d.feed(&Placed{JobID: "job-1", Ticket: d.j.ticket, Reply: &PickReply{WorkerID: "w2", Subject: "worker.w2.jobs"}})
+	req, _ := jobstate.EncodeRequest(&capv1.JobRequest{JobId: "job-1", Topic: "job.x"})
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateDispatched, Fence: 3,
+		Fields: map[string]string{"s": "DISPATCHED", "reason": "dispatched", "worker": "w3", "subj": "worker.w3.jobs",
+			"try": "1", "req": string(req), "created": itoa64(d.now.UnixMilli())}}})
+	if w, ok := find[Write](fx); !ok || w.Op.T == nil || w.Op.T.Path[0].Reason != jobstate.ReasonRetryWait {
+		t.Fatalf("the adopted attempt's failure is not retried: %v", fx)
+	}
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
+	if d.j.State != jobstate.StateScheduled || d.j.Attempt() != 2 {
+		t.Fatalf("attempt 1's failure is not a retry: %s attempt %d %v", d.j.State, d.j.Attempt(), fx)
+	}
+	if w, ok := find[Write](fx); ok {
+		t.Fatalf("the retry was dispatched on the held placement before its time: %+v", w.Op)
+	}
+	freed := false
+	for _, e := range fx {
+		if m, ok := e.(ToRouter); ok {
+			if r, ok := m.Msg.(*Released); ok && r.WorkerID == "w2" && r.Done {
+				freed = true
+			}
+		}
+	}
+	if !freed {
+		t.Fatalf("the held placement's slot was not given back: %v", fx)
+	}
+}
+
 func fieldMap(kv []string) map[string]string {
 	m := map[string]string{}
 	for i := 0; i+1 < len(kv); i += 2 {

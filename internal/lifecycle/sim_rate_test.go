@@ -17,9 +17,11 @@ import (
 // node, which spawns the job's next actor for it; a job's next actor asks
 // again in its place, or leaves it. Now and then a pools reload is
 // modelled: an ask is answered, or a waiter dropped and told, Invalid (the
-// bucket removed or its burst cut). Invariants: a rate-limited job's
-// dispatch is published only after a grant was made to it; at the end no
-// queue entry belongs to an actor that no longer waits.
+// bucket removed or its burst cut). Invariants: every attempt of a
+// rate-limited job (the first, and each retry: each calls the API again)
+// is published only after a grant made to the job since its previous
+// attempt was published; at the end no queue entry belongs to an actor
+// that no longer waits.
 
 const (
 	simRateBurst  = 2
@@ -48,8 +50,13 @@ type simRate struct {
 	queues  map[*simNode][]*simRateWaiter
 	round   map[*simNode]bool // a round is scheduled
 	granted map[string]int    // grants sent to a job
-	parks   int               // asks parked
-	invalid map[string]int    // Invalid answers sent to a job (a reload)
+	// since: grants sent to a job since its latest attempt was first
+	// published, less the units it gave back; attempt: that attempt.
+	since   map[string]int
+	attempt map[string]int
+	retried int            // retries (attempts 2 and on) published after their grant
+	parks   int            // asks parked
+	invalid map[string]int // Invalid answers sent to a job (a reload)
 }
 
 // simRateLimit is the sim's Config.RateLimit: label "rate" names the bucket.
@@ -65,7 +72,8 @@ func simRateLimit(req *capv1.JobRequest) (string, int, string) {
 
 func (s *sim) rateInit() {
 	s.rate = simRate{tokens: simRateBurst, refilAt: s.now, queues: map[*simNode][]*simRateWaiter{},
-		round: map[*simNode]bool{}, granted: map[string]int{}, invalid: map[string]int{}}
+		round: map[*simNode]bool{}, granted: map[string]int{}, invalid: map[string]int{},
+		since: map[string]int{}, attempt: map[string]int{}}
 }
 
 // rateLabel gives some jobs a bucket (by a hash of their id of its own,
@@ -110,6 +118,7 @@ func (s *sim) takeTokens(n *simNode, a *simActor, e TakeTokens) any {
 	if len(q) == 0 && s.rate.tokens >= e.Units && s.rng.IntN(2) == 0 {
 		s.rate.tokens -= e.Units
 		s.rate.granted[a.j.ID]++
+		s.rate.since[a.j.ID]++
 		return &Tokens{Epoch: e.Epoch, Granted: true, Bucket: e.Bucket, Units: e.Units}
 	}
 	s.rate.queues[n] = append(q, &simRateWaiter{a: a, job: a.j.ID, epoch: e.Epoch, units: e.Units})
@@ -134,6 +143,7 @@ func (s *sim) leaveTokens(n *simNode, a *simActor, e LeaveTokens) {
 	}
 	if e.Return > 0 {
 		s.rate.tokens = min(s.rate.tokens+e.Return, simRateBurst)
+		s.rate.since[a.j.ID] = max(s.rate.since[a.j.ID]-e.Return, 0)
 	}
 }
 
@@ -194,6 +204,7 @@ func (s *sim) rateRound(n *simNode) {
 			q = q[1:]
 			s.rate.tokens -= w.units
 			s.rate.granted[w.job]++
+			s.rate.since[w.job]++
 			s.rateTell(n, w, &Tokens{Epoch: w.epoch, Granted: true, Bucket: "b", Units: w.units})
 		}
 		for _, w := range q {
@@ -210,11 +221,25 @@ func (s *sim) rateRound(n *simNode) {
 	})
 }
 
-// checkRateDispatch: a rate-limited job's first dispatch follows a grant.
+// checkRateDispatch: a rate-limited job's attempt, first published, follows
+// a grant made since the job's previous attempt was (a retry that reused
+// its first attempt's grant called the API more often than the bucket
+// allows). The same attempt published again (a failed publish, a worker
+// lost before it ran) takes none; an attempt number lower than the last
+// (a record Redis lost, submitted again) is left out.
 func (s *sim) checkRateDispatch(a *simActor) {
-	if b, _, _ := simRateLimit(a.j.Req); b != "" && s.rate.granted[a.j.ID] == 0 {
-		s.fail("%s: dispatched with no grant of bucket %s", a.j.ID, b)
+	b, _, _ := simRateLimit(a.j.Req)
+	n := a.j.Attempt()
+	if b == "" || n <= s.rate.attempt[a.j.ID] {
+		return
 	}
+	if s.rate.since[a.j.ID] == 0 {
+		s.fail("%s: attempt %d dispatched with no grant of bucket %s since attempt %d", a.j.ID, n, b, s.rate.attempt[a.j.ID])
+	}
+	if n > 1 {
+		s.rate.retried++
+	}
+	s.rate.attempt[a.j.ID], s.rate.since[a.j.ID] = n, 0
 }
 
 // checkRateQueues: after the calm, no waiter is left in a queue.

@@ -62,6 +62,11 @@ var simRegressions = []struct {
 	// the check that a wait parks only with RetryParkMin left took the
 	// retried write for a new decision (seed 48, 14.6 s left of 15 s).
 	{"RetriedReleaseOfAParkingRetryWaitIsNoNewDecision", 48, ""},
+	// A router placement of a job's wait for capacity, held while the job
+	// was busy, was used after the job (adopted, dispatched elsewhere)
+	// had been retried: attempt 2 ran at once, before its backoff and with
+	// no rate limit tokens (branch rateattempt's soak).
+	{"PlacementHeldAcrossARetryIsGivenBack", 2001243, ""},
 }
 
 func TestSimRegressions(t *testing.T) {

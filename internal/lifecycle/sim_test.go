@@ -917,7 +917,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		seed, _ := strconv.ParseUint(v, 10, 64)
 		first, seeds = seed, 1
 	}
-	total, resent, graceWaits, holdsEnded, probes, retries, rateParks, retryParks := 0, 0, 0, 0, 0, 0, 0, 0
+	total, resent, graceWaits, holdsEnded, probes, retries, rateParks, retryParks, rateRetries := 0, 0, 0, 0, 0, 0, 0, 0, 0
 	tenantStale, tenantRepaired := 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
@@ -931,6 +931,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		retries += s.retries
 		rateParks += s.rate.parks
 		retryParks += s.retryParks
+		rateRetries += s.rate.retried
 		tenantStale += s.tenantStale
 		tenantRepaired += s.tenantRepaired
 		for k, v := range s.outcomes {
@@ -948,10 +949,13 @@ func TestSimJobLifecycle(t *testing.T) {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s %d", k, outcomes[k]))
 	}
-	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d; attempts retried %d; tenant slots freed by the repair %d, dispatches withheld on a stale tenant slot %d; waits for tokens parked %d; retry waits parked %d",
-		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes, retries, tenantRepaired, tenantStale, rateParks, retryParks)
+	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d; attempts retried %d; tenant slots freed by the repair %d, dispatches withheld on a stale tenant slot %d; waits for tokens parked %d; retry waits parked %d; rate-limited retries dispatched %d",
+		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes, retries, tenantRepaired, tenantStale, rateParks, retryParks, rateRetries)
 	if seeds >= 50 && retryParks == 0 {
 		t.Errorf("the simulation never parked a retry wait")
+	}
+	if seeds >= 50 && rateRetries == 0 {
+		t.Errorf("the simulation never dispatched a retry of a rate-limited job")
 	}
 	if seeds >= 50 && rateParks == 0 {
 		t.Errorf("the simulation never parked a job waiting for rate limit tokens")
