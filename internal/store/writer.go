@@ -366,8 +366,7 @@ func (w *Writer) exec(batch []*Op) {
 			if len(unit) > 1 {
 				multi := items[u].cmds[0].(*redis.Cmd)
 				splitMulti(ctx, unit, multi)
-				// Its reply is split: nothing reads its arguments again.
-				multiArgLists.put(multi.Args())
+				recycleMulti(multi.Args())
 			}
 			for _, op := range unit {
 				if loadErr != nil && noScript(op.cmds) {
@@ -484,32 +483,50 @@ func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op)
 }
 
 // evalShaMulti sends calls, or queues them on a pipeline, as one EVALSHA of
-// sc, the multi-job variant of their script (see lua/lib/multi.lua).
+// sc, the multi-job variant of their script (see lua/lib/multi.lua): every
+// job's keys, then one argument that packs every job's arguments
+// (packedargs.go). A call whose arguments cannot be packed is not sent; its
+// error is each job's.
 func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []argsAppender) *redis.Cmd {
-	nkeys, n := 0, 4+2*len(calls)
+	nkeys := 0
 	for _, call := range calls {
 		nkeys += call.keyCount()
-		n += call.argCount()
 	}
-	args := multiArgLists.get(n)
+	args := multiArgLists.get(4 + nkeys)
 	args = append(args, "evalsha", luaHashes[sc], nkeys)
 	for _, call := range calls {
 		args = call.appendKeys(args)
 	}
-	args = append(args, len(calls))
-	head := len(args)
-	for range calls {
-		args = append(args, 0, 0)
+	one := argLists.get(0)
+	packed := appendPackedHeader(getPackedBuf(), len(calls))
+	var err error
+	for _, call := range calls {
+		one = call.appendArgs(one[:0])
+		if packed, err = appendPackedJob(packed, call.keyCount(), one); err != nil {
+			break
+		}
 	}
-	for i, call := range calls {
-		from := len(args)
-		args = call.appendArgs(args)
-		args[head+2*i], args[head+2*i+1] = call.keyCount(), len(args)-from
-	}
+	argLists.put(one)
+	args = append(args, packed)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
+	if err != nil {
+		cmd.SetErr(err)
+		return cmd
+	}
 	_ = c.Process(ctx, cmd)
 	return cmd
+}
+
+// recycleMulti hands back a multi-job call's argument list and its packed
+// arguments, once its reply is split: nothing reads them again.
+func recycleMulti(args []interface{}) {
+	if n := len(args); n > 0 {
+		if b, ok := args[n-1].([]byte); ok {
+			putPackedBuf(b)
+		}
+	}
+	multiArgLists.put(args)
 }
 
 // splitMulti gives each op of unit its own reply of the unit's multi-job
