@@ -145,6 +145,10 @@ type Op struct {
 	// op writes (and moves) the same entry.
 	outbox     string
 	outboxItem *outboxEntry
+	// call is the script call of an OpActivate or OpTransition (hotCall),
+	// from hotCalls, until exec hands the op its result: its send reads
+	// the call's keys, through pointers, until the pipeline is written.
+	call hotScriptCall
 }
 
 // validate refuses side effects an op kind cannot make conditional on its
@@ -390,6 +394,7 @@ func (w *Writer) exec(batch []*Op) {
 	for i, op := range batch {
 		recycleArgs(op.cmds)
 		op.cmds = nil
+		putHotCall(op)
 		op.parkedOwner, op.parkedOwnerKnown = "", false
 		op.Done(results[i])
 	}
@@ -581,7 +586,30 @@ type hotScriptCall interface {
 	argsAppender
 }
 
-// hotCall returns the script call of an OpActivate or OpTransition.
+// hotCalls recycle the script calls of activations and transitions (a
+// few hundred bytes each, two a job): an op takes one on its first send
+// (hotCall) and gives it back before its Done (putHotCall).
+var hotCalls = struct{ act, tr sync.Pool }{
+	act: sync.Pool{New: func() any { return new(activateCall) }},
+	tr:  sync.Pool{New: func() any { return new(transitionCall) }},
+}
+
+// putHotCall gives op's script call back to hotCalls, cleared, so that it
+// holds nothing of the job (its request, its transition).
+func putHotCall(op *Op) {
+	switch c := op.call.(type) {
+	case *activateCall:
+		*c = activateCall{}
+		hotCalls.act.Put(c)
+	case *transitionCall:
+		*c = transitionCall{}
+		hotCalls.tr.Put(c)
+	}
+	op.call = nil
+}
+
+// hotCall returns the script call of an OpActivate or OpTransition, in the
+// op's call (see hotCalls).
 func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 	k := s.keys
 	sh := Shard(op.JobID)
@@ -595,7 +623,13 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 		if op.parkedOwnerKnown {
 			parkedOwner = op.parkedOwner
 		}
-		return &activateCall{
+		call, _ := op.call.(*activateCall)
+		if call == nil {
+			putHotCall(op)
+			call = hotCalls.act.Get().(*activateCall)
+			op.call = call
+		}
+		*call = activateCall{
 			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
@@ -605,8 +639,15 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.LockAfter(), dueMs: due(op.T),
 			parkedOwner: parkedOwner,
 			plan:        planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
+		return call
 	}
-	call := &transitionCall{
+	call, _ := op.call.(*transitionCall)
+	if call == nil {
+		putHotCall(op)
+		call = hotCalls.tr.Get().(*transitionCall)
+		op.call = call
+	}
+	*call = transitionCall{
 		jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 		toIndexKey: k.Index(sh, string(op.T.Final())),
 		lockValue:  op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
