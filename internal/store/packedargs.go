@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"strconv"
 	"sync"
 
@@ -60,39 +59,163 @@ func appendPackedInt(b []byte, v int64) []byte {
 	return b
 }
 
-// appendPackedJob appends one job's element of a multi-job call: an array
-// of nkeys (a MessagePack integer) and args, each as appendArgs gives them
-// (the types go-redis would write for the call's ARGV). An argument of
-// another type is an error: nothing is sent.
-func appendPackedJob(b []byte, nkeys int, args []interface{}) ([]byte, error) {
-	b = appendPackedHeader(b, 1+len(args))
-	if nkeys < 0 || nkeys >= 1<<16 {
-		return b, fmt.Errorf("store: multi-job call: %d keys for one job", nkeys)
-	}
+// packedArgs is one job's element of a multi-job call being written: the
+// calls write their arguments here (packArgs) in their ARGV order, as
+// appendArgs does for go-redis (TestPackedArgsDecodeToEachCallsOwnArgv
+// holds the two to the same strings).
+type packedArgs struct {
+	b []byte
+	n int // arguments written
+}
+
+func (p *packedArgs) str(s string)   { p.b = appendPackedString(p.b, s); p.n++ }
+func (p *packedArgs) bytes(s []byte) { p.b = appendPackedString(p.b, s); p.n++ }
+func (p *packedArgs) int(v int64)    { p.b = appendPackedInt(p.b, v); p.n++ }
+
+// packer is a hot-path call that writes its arguments packed.
+type packer interface {
+	keyCount() int
+	appendKeys(dst []interface{}) []interface{}
+	packArgs(p *packedArgs)
+}
+
+// appendPackedJob appends c's element of a multi-job call to b: an array
+// of its number of keys (a MessagePack integer) and its arguments. The
+// array's header is written as a 16-bit count once the arguments are
+// (a call has fewer than 65,536).
+func appendPackedJob(b []byte, c packer) []byte {
+	at := len(b)
+	b = append(b, 0xdc, 0, 0)
+	nkeys := c.keyCount()
 	if nkeys < 128 {
 		b = append(b, byte(nkeys))
 	} else {
 		b = binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(nkeys))
 	}
-	for _, a := range args {
-		switch v := a.(type) {
-		case *string:
-			b = appendPackedString(b, *v)
-		case string:
-			b = appendPackedString(b, v)
-		case []byte:
-			b = appendPackedString(b, v)
-		case *int64:
-			b = appendPackedInt(b, *v)
-		case int64:
-			b = appendPackedInt(b, v)
-		case int:
-			b = appendPackedInt(b, int64(v))
-		default:
-			return b, fmt.Errorf("store: multi-job call: argument of type %T", a)
+	p := packedArgs{b: b}
+	c.packArgs(&p)
+	binary.BigEndian.PutUint16(p.b[at+1:], uint16(1+p.n))
+	return p.b
+}
+
+func (c *activateCall) packArgs(p *packedArgs) {
+	p.str(c.node)
+	p.int(c.nowMs)
+	p.int(c.lockTTLMs)
+	if c.create {
+		p.str("1")
+	} else {
+		p.str("0")
+	}
+	p.str(c.jobID)
+	p.str(c.topic)
+	p.str(c.tenant)
+	p.str(c.traceID)
+	p.bytes(c.request)
+	p.int(c.rescueAtMs)
+	p.str(c.lockAfter)
+	p.int(c.dueMs)
+	p.str(c.parkedOwner)
+	var create *activateCall
+	if c.create {
+		create = c
+	}
+	c.plan.packArgs(p, create)
+}
+
+func (c *transitionCall) packArgs(p *packedArgs) {
+	p.str(c.lockValue)
+	p.str(c.node)
+	p.str(c.expected)
+	p.int(c.nowMs)
+	p.str(c.jobID)
+	p.str(c.lockAfter)
+	p.int(c.dueMs)
+	c.plan.packArgs(p, nil)
+}
+
+// packArgs writes what appendArgs appends; create, when set, is the
+// activation that creates the job, whose packed field (packCreate) is
+// written straight into p.
+func (pl planArgs) packArgs(p *packedArgs, create *activateCall) {
+	t := pl.t
+	if t == nil {
+		p.int(0)
+		p.int(0)
+		p.int(0)
+		if create != nil {
+			p.str(fieldPacked)
+			p.packCreate(create, nil)
+		}
+		return
+	}
+	p.int(int64(len(t.Path)))
+	for i := range t.Path {
+		p.str(string(t.Path[i].To))
+		p.str(string(t.Path[i].Reason))
+	}
+	adds := pl.adds()
+	p.int(int64(len(adds)))
+	for i := range adds {
+		a := &adds[i]
+		p.int(a.Score)
+		p.str(a.Member)
+		p.int(a.TrimBelow)
+		p.int(a.TTL.Milliseconds())
+	}
+	p.int(int64(len(t.Sets)))
+	for i := range t.Sets {
+		h := &t.Sets[i]
+		p.str(h.Field)
+		p.str(h.Value)
+		p.int(h.TTL.Milliseconds())
+	}
+	if create == nil {
+		for _, f := range t.Fields {
+			p.str(f)
+		}
+	} else {
+		for i := 0; i+1 < len(t.Fields); i += 2 {
+			if !packable(t.Fields[i]) {
+				p.str(t.Fields[i])
+				p.str(t.Fields[i+1])
+			}
+		}
+		p.str(fieldPacked)
+		p.packCreate(create, t.Fields)
+	}
+	if t.Op != "" {
+		p.str("op")
+		p.str(t.Op)
+	}
+}
+
+// packCreate writes packCreate's value for c, with fields (name, value
+// pairs), as one string: a 32-bit length header, filled in once the
+// value is written.
+func (p *packedArgs) packCreate(c *activateCall, fields []string) {
+	at := len(p.b)
+	b := append(p.b, 0xdb, 0, 0, 0, 0)
+	b = appendPackOne(b, "topic", c.topic)
+	b = appendPackOne(b, "tenant", c.tenant)
+	b = appendPackOne(b, "trace", c.traceID)
+	for i := 0; i+1 < len(fields); i += 2 {
+		if packable(fields[i]) {
+			b = appendPackOne(b, fields[i], fields[i+1])
 		}
 	}
-	return b, nil
+	binary.BigEndian.PutUint32(b[at+1:], uint32(len(b)-at-5))
+	p.b = b
+	p.n++
+}
+
+// appendPackOne is packOne on bytes.
+func appendPackOne(b []byte, name, value string) []byte {
+	b = append(b, name...)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, int64(len(value)), 10)
+	b = append(b, ':')
+	return append(b, value...)
 }
 
 // packedBufs recycles the packed-argument buffers of multi-job calls: one
@@ -144,18 +267,18 @@ return out`
 // arguments (one job, strings of each header's length) as the Writer
 // encodes them.
 func packedArgsDecode(ctx context.Context, c redis.Scripter) bool {
-	args := []interface{}{"", "0", "\x00\xff", string(make([]byte, 31)), string(make([]byte, 32)),
-		string(make([]byte, 255)), string(make([]byte, 256)), string(make([]byte, 1<<16))}
-	b, err := appendPackedJob(appendPackedHeader(nil, 1), 9, args)
-	if err != nil {
+	lens := []int{0, 1, 31, 32, 255, 256, 1 << 16}
+	p := packedArgs{b: append(appendPackedHeader(nil, 1), 0xdc, 0, byte(2+len(lens)), 9)}
+	p.str("\x00\xff")
+	for _, n := range lens {
+		p.bytes(make([]byte, n))
+	}
+	got, err := c.Eval(ctx, packedArgsProbe, nil, p.b).Int64Slice()
+	if err != nil || len(got) != 2+len(lens) || got[0] != 9 || got[1] != 2 {
 		return false
 	}
-	got, err := c.Eval(ctx, packedArgsProbe, nil, b).Int64Slice()
-	if err != nil || len(got) != 1+len(args) || got[0] != 9 {
-		return false
-	}
-	for i, a := range args {
-		if got[1+i] != int64(len(a.(string))) {
+	for i, n := range lens {
+		if got[2+i] != int64(n) {
 			return false
 		}
 	}

@@ -22,7 +22,7 @@ func (q *queuedOnly) Process(_ context.Context, cmd redis.Cmder) error { q.cmd =
 // MessagePack string header (up to 31 bytes, 8-, 16- and 32-bit lengths),
 // empty and binary values, negative numbers, hops, shard writes, a DLQ
 // outbox entry and a create's packed fields.
-func packedTestCalls() []argsAppender {
+func packedTestCalls() []hotScriptCall {
 	req := []byte("\x00\xff\r\n$3\r\n" + strings.Repeat("r", 70000))
 	plan := &Transition{Expect: jobstate.Expect(jobstate.StateDispatched, jobstate.StateRunning),
 		Path: []Hop{{To: jobstate.StateScheduled, Reason: "r1"}, {To: jobstate.StateDispatched, Reason: ""}},
@@ -32,7 +32,7 @@ func packedTestCalls() []argsAppender {
 		Adds: []ShardZAdd{{Suffix: "saga:stack:wf", Score: -5, Member: strings.Repeat("m", 32), TrimBelow: 3, TTL: time.Hour}},
 		Sets: []ShardHSet{{Suffix: "saga:tmpl:wf", Field: "f", Value: strings.Repeat("v", 255), TTL: time.Hour}}}
 	withPlan := planArgs{t: plan, tag: "x{1}:", extra: &ShardZAdd{Suffix: dlqOutboxSuffix, Score: 9, Member: "entry"}}
-	return []argsAppender{
+	return []hotScriptCall{
 		&activateCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le", indexKey: "i",
 			ownerAliveKey: "a", ownerParkedKey: "p", markKey: "m", cancelledKey: "c", node: "n", nowMs: 1764215000123,
 			lockTTLMs: 34, create: true, jobID: "id", topic: "t", tenant: "te", traceID: "tr", request: req,
@@ -62,7 +62,11 @@ func TestPackedArgsDecodeToEachCallsOwnArgv(t *testing.T) {
 	ctx := context.Background()
 	calls := packedTestCalls()
 	var q queuedOnly
-	multi := evalShaMulti(ctx, &q, transitionMultiScript, calls)
+	packers := make([]packer, len(calls))
+	for i, c := range calls {
+		packers[i] = c
+	}
+	multi := evalShaMulti(ctx, &q, transitionMultiScript, packers)
 	if multi.Err() != nil || q.cmd == nil {
 		t.Fatalf("multi-job call not queued: %v", multi.Err())
 	}
@@ -102,21 +106,3 @@ func TestPackedArgsDecodeToEachCallsOwnArgv(t *testing.T) {
 	}
 	recycleMulti(args)
 }
-
-// A call whose arguments cannot be packed is not sent: every job of it
-// gets the error, and nothing is written.
-func TestUnpackableMultiCallIsNotSent(t *testing.T) {
-	var q queuedOnly
-	calls := []argsAppender{badArgs{}, badArgs{}}
-	cmd := evalShaMulti(context.Background(), &q, transitionMultiScript, calls)
-	if q.cmd != nil || cmd.Err() == nil {
-		t.Fatalf("sent %v, error %v", q.cmd, cmd.Err())
-	}
-}
-
-type badArgs struct{}
-
-func (badArgs) keyCount() int                              { return 1 }
-func (badArgs) argCount() int                              { return 2 }
-func (badArgs) appendKeys(dst []interface{}) []interface{} { return append(dst, "k") }
-func (badArgs) appendArgs(dst []interface{}) []interface{} { return append(dst, 1.5) }

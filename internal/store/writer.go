@@ -475,7 +475,7 @@ func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op)
 		return unit[0].cmds
 	}
 	now := time.Now().UnixMilli()
-	calls := make([]argsAppender, len(unit))
+	calls := make([]packer, len(unit))
 	for i, op := range unit {
 		op.cmds = op.cmds[:0]
 		calls[i] = s.hotCall(op, now, s.outbox(op, now))
@@ -490,9 +490,8 @@ func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op)
 // evalShaMulti sends calls, or queues them on a pipeline, as one EVALSHA of
 // sc, the multi-job variant of their script (see lua/lib/multi.lua): every
 // job's keys, then one argument that packs every job's arguments
-// (packedargs.go). A call whose arguments cannot be packed is not sent; its
-// error is each job's.
-func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []argsAppender) *redis.Cmd {
+// (packedargs.go).
+func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []packer) *redis.Cmd {
 	nkeys := 0
 	for _, call := range calls {
 		nkeys += call.keyCount()
@@ -502,23 +501,13 @@ func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []ar
 	for _, call := range calls {
 		args = call.appendKeys(args)
 	}
-	one := argLists.get(0)
 	packed := appendPackedHeader(getPackedBuf(), len(calls))
-	var err error
 	for _, call := range calls {
-		one = call.appendArgs(one[:0])
-		if packed, err = appendPackedJob(packed, call.keyCount(), one); err != nil {
-			break
-		}
+		packed = appendPackedJob(packed, call)
 	}
-	argLists.put(one)
 	args = append(args, packed)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
-	if err != nil {
-		cmd.SetErr(err)
-		return cmd
-	}
 	_ = c.Process(ctx, cmd)
 	return cmd
 }
@@ -584,6 +573,7 @@ func (s *Store) outbox(op *Op, now int64) *ShardZAdd {
 type hotScriptCall interface {
 	scriptCall
 	argsAppender
+	packer
 }
 
 // hotCalls recycle the script calls of activations and transitions (a
