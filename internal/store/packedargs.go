@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 
@@ -283,4 +285,69 @@ func packedArgsDecode(ctx context.Context, c redis.Scripter) bool {
 		}
 	}
 	return true
+}
+
+// appendPackedReply appends to dst the elements of v, a script's reply (an
+// array of strings) as cmsgpack.pack packs it: each element a part of v.
+// A small non-negative integer element is its decimal text, as go-redis
+// would read it; any other kind is an error.
+func appendPackedReply(dst []string, v string) ([]string, error) {
+	if v == "" {
+		return nil, errors.New("store: packed reply: empty")
+	}
+	var n, i int
+	switch c := v[0]; {
+	case c >= 0x90 && c <= 0x9f:
+		n, i = int(c&0x0f), 1
+	case c == 0xdc:
+		n, i = packedUint(v, 1, 2), 3
+	case c == 0xdd:
+		n, i = packedUint(v, 1, 4), 5
+	default:
+		return nil, fmt.Errorf("store: packed reply: not an array (%#x)", c)
+	}
+	for ; n > 0; n-- {
+		if i >= len(v) {
+			return nil, fmt.Errorf("store: packed reply: %d elements missing", n)
+		}
+		var l int
+		switch c := v[i]; {
+		case c <= 0x7f:
+			dst = append(dst, strconv.Itoa(int(c)))
+			i++
+			continue
+		case c >= 0xa0 && c <= 0xbf:
+			l, i = int(c&0x1f), i+1
+		case c == 0xd9 || c == 0xc4:
+			l, i = packedUint(v, i+1, 1), i+2
+		case c == 0xda || c == 0xc5:
+			l, i = packedUint(v, i+1, 2), i+3
+		case c == 0xdb || c == 0xc6:
+			l, i = packedUint(v, i+1, 4), i+5
+		default:
+			return nil, fmt.Errorf("store: packed reply: element of kind %#x", c)
+		}
+		if l < 0 || i > len(v) || l > len(v)-i {
+			return nil, errors.New("store: packed reply: truncated")
+		}
+		dst = append(dst, v[i:i+l])
+		i += l
+	}
+	if i != len(v) {
+		return nil, fmt.Errorf("store: packed reply: %d bytes after its elements", len(v)-i)
+	}
+	return dst, nil
+}
+
+// packedUint reads the width-byte big-endian number at v[i:] (-1 when v
+// ends first).
+func packedUint(v string, i, width int) int {
+	if i+width > len(v) {
+		return -1
+	}
+	n := 0
+	for _, c := range []byte(v[i : i+width]) {
+		n = n<<8 | int(c)
+	}
+	return n
 }

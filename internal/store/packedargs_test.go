@@ -106,3 +106,46 @@ func TestPackedArgsDecodeToEachCallsOwnArgv(t *testing.T) {
 	}
 	recycleMulti(args)
 }
+
+// A job's reply of a multi-job call comes packed by Redis's cmsgpack.pack
+// (lua/lib/multi.lua); the Writer reads its strings in place. Every string
+// length's header decodes to the string itself, and a reply cut short
+// anywhere, or with bytes after it, is an error, not a panic.
+func TestPackedRepliesReadAsTheScriptsStrings(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	if env.RedisEmbedded() {
+		t.Skip("the embedded store has no cmsgpack; it makes no multi-job calls")
+	}
+	want := []string{"CREATED", "", "\x00\xff\r\n", strings.Repeat("a", 31), strings.Repeat("b", 32),
+		strings.Repeat("c", 255), strings.Repeat("d", 256), strings.Repeat("e", 1<<16)}
+	args := make([]interface{}, len(want))
+	for i, w := range want {
+		args[i] = w
+	}
+	packed, err := env.Client.Eval(context.Background(),
+		`local t = {} for i = 1, #ARGV do t[i] = ARGV[i] end return cmsgpack.pack(t)`, nil, args...).Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := appendPackedReply(nil, packed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d strings read, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("element %d: %.40q, want %.40q", i+1, got[i], want[i])
+		}
+	}
+	for n := 0; n < len(packed); n++ {
+		if _, err := appendPackedReply(nil, packed[:n]); err == nil {
+			t.Fatalf("a reply cut at %d of %d bytes read without an error", n, len(packed))
+		}
+	}
+	if _, err := appendPackedReply(nil, packed+"x"); err == nil {
+		t.Fatal("a reply with a byte after it read without an error")
+	}
+}

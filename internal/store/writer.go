@@ -419,12 +419,12 @@ func parkedBy(op *Op) (string, bool) {
 		return "", false
 	}
 	// Read in place: every activation's reply passes here.
-	v, err := op.cmds[0].(*redis.Cmd).Slice()
+	var buf [8]string
+	v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
 	if err != nil || len(v) < 4 || v[0] != activateParkedBy {
 		return "", false
 	}
-	lock, _ := v[3].(string)
-	owner, _, _ := strings.Cut(lock, "|")
+	owner, _, _ := strings.Cut(v[3], "|")
 	return owner, true
 }
 
@@ -758,8 +758,13 @@ func due(t *Transition) int64 {
 
 // replyStrings appends the elements of a script's array reply of strings
 // to dst: what Cmd.StringSlice reads, into the caller's storage (a job's
-// two script replies were two slices per job).
+// two script replies were two slices per job). A job's reply of a
+// multi-job call is the array packed in one string (lua/lib/multi.lua),
+// read in place: the elements are parts of it.
 func replyStrings(dst []string, c *redis.Cmd) ([]string, error) {
+	if packed, ok := c.Val().(string); ok && c.Err() == nil {
+		return appendPackedReply(dst, packed)
+	}
 	vals, err := c.Slice()
 	if err != nil {
 		return nil, err

@@ -10,9 +10,12 @@
 -- ARGV[1]    a MessagePack array, per job: {its number of keys, its
 --            arguments, each a string}
 --
--- Returns one reply per job, in order: the script's reply, or an error
--- reply for a job whose run raised (a failed redis.call: what a call of
--- its own would have answered), which leaves the other jobs' runs alone.
+-- Returns one reply per job, in order: the script's reply (an array of
+-- strings) packed by cmsgpack in one string, which the Writer reads in
+-- place (one string a job for go-redis to read, not one per element), or
+-- an error reply for a job whose run raised (a failed redis.call: what a
+-- call of its own would have answered), which leaves the other jobs' runs
+-- alone.
 local jobs = cmsgpack.unpack(ARGV[1])
 local out = {}
 for j = 1, #jobs do
@@ -20,7 +23,7 @@ for j = 1, #jobs do
   mkn, man = ma[1], #ma - 1
   local ok, r = pcall(one)
   if ok then
-    out[j] = r
+    out[j] = cmsgpack.pack(r)
   elseif type(r) == 'table' and r.err then
     out[j] = r
   else
