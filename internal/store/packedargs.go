@@ -81,23 +81,22 @@ type packer interface {
 	packArgs(p *packedArgs)
 }
 
-// appendPackedJob appends c's element of a multi-job call to b: an array
-// of its number of keys (a MessagePack integer) and its arguments. The
-// array's header is written as a 16-bit count once the arguments are
-// (a call has fewer than 65,536).
-func appendPackedJob(b []byte, c packer) []byte {
-	at := len(b)
-	b = append(b, 0xdc, 0, 0)
+// packJob appends c's element of a multi-job call to p.b: an array of its
+// number of keys (a MessagePack integer) and its arguments. The array's
+// header is written as a 16-bit count once the arguments are (a call has
+// fewer than 65,536).
+func (p *packedArgs) packJob(c packer) {
+	at := len(p.b)
+	p.b = append(p.b, 0xdc, 0, 0)
 	nkeys := c.keyCount()
 	if nkeys < 128 {
-		b = append(b, byte(nkeys))
+		p.b = append(p.b, byte(nkeys))
 	} else {
-		b = binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(nkeys))
+		p.b = binary.BigEndian.AppendUint16(append(p.b, 0xcd), uint16(nkeys))
 	}
-	p := packedArgs{b: b}
-	c.packArgs(&p)
+	p.n = 0
+	c.packArgs(p)
 	binary.BigEndian.PutUint16(p.b[at+1:], uint16(1+p.n))
-	return p.b
 }
 
 func (c *activateCall) packArgs(p *packedArgs) {

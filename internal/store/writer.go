@@ -136,6 +136,8 @@ type Op struct {
 	Done func(*Result)
 
 	cmds []redis.Cmder
+	// cmdBuf is cmds' storage for the usual one command.
+	cmdBuf [1]redis.Cmder
 	// parkedOwner, when parkedOwnerKnown, is the node whose alive key and
 	// parked set an OpActivate passes (activateCall.parkedOwner); else it
 	// passes its own node's. A PARKED_BY reply sets it (see exec).
@@ -393,7 +395,7 @@ func (w *Writer) exec(batch []*Op) {
 	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
 		recycleArgs(op.cmds)
-		op.cmds = nil
+		op.cmds, op.cmdBuf[0] = nil, nil
 		putHotCall(op)
 		op.parkedOwner, op.parkedOwnerKnown = "", false
 		op.Done(results[i])
@@ -477,7 +479,7 @@ func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op)
 	now := time.Now().UnixMilli()
 	calls := make([]packer, len(unit))
 	for i, op := range unit {
-		op.cmds = op.cmds[:0]
+		op.cmds = op.cmdBuf[:0]
 		calls[i] = s.hotCall(op, now, s.outbox(op, now))
 	}
 	sc := activateMultiScript
@@ -501,11 +503,12 @@ func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []pa
 	for _, call := range calls {
 		args = call.appendKeys(args)
 	}
-	packed := appendPackedHeader(getPackedBuf(), len(calls))
+	// One packedArgs a call (it escapes, through the calls' packArgs).
+	p := &packedArgs{b: appendPackedHeader(getPackedBuf(), len(calls))}
 	for _, call := range calls {
-		packed = appendPackedJob(packed, call)
+		p.packJob(call)
 	}
-	args = append(args, packed)
+	args = append(args, p.b)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = c.Process(ctx, cmd)
@@ -548,7 +551,7 @@ func splitMulti(ctx context.Context, unit []*Op, multi *redis.Cmd) {
 				c.SetVal(vals[i])
 			}
 		}
-		op.cmds = append(op.cmds[:0], c)
+		op.cmds = append(op.cmdBuf[:0], c)
 	}
 }
 
@@ -649,7 +652,7 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 
 // queue adds op's commands to pipe.
 func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
-	op.cmds = op.cmds[:0]
+	op.cmds = op.cmdBuf[:0]
 	k := s.keys
 	now := time.Now().UnixMilli()
 	outbox := s.outbox(op, now)
