@@ -43,14 +43,15 @@ func luaScript(name string, libs ...string) *redis.Script {
 // multiScript returns the multi-job variant of lua/<name>.lua with libs
 // (see lua/lib/multi.lua). The script's text is the body of a local
 // function one(), which multi.lua calls once per job; in it and in its
-// libraries, KEYS[i] reads KEYS[mko + i], ARGV[i] ARGV[mao + i] and #ARGV
-// is man: the job's keys and arguments within the call's, with no copy of
-// them. It is recorded in multiScripts, not luaScripts: it has no file of
-// its own.
+// libraries, KEYS[i] reads KEYS[mko + i], #KEYS is mkn, ARGV[i] reads
+// ma[1 + i] and #ARGV is man: the job's keys within the call's, and its
+// arguments as the call's packed argument decodes them (ma[1] is its
+// number of keys). It is recorded in multiScripts, not luaScripts: it has
+// no file of its own.
 func multiScript(name string, libs ...string) *redis.Script {
-	shift := strings.NewReplacer("KEYS[", "KEYS[mko + ", "ARGV[", "ARGV[mao + ", "#ARGV", "man", "#KEYS", "mkn")
+	shift := strings.NewReplacer("KEYS[", "KEYS[mko + ", "ARGV[", "ma[1 + ", "#ARGV", "man", "#KEYS", "mkn")
 	var b strings.Builder
-	b.WriteString("local mko, mao, mkn, man = 0, 0, 0, 0\n")
+	b.WriteString("local mko, mkn, man, ma = 0, 0, 0, nil\n")
 	for _, l := range libs {
 		b.WriteString(shift.Replace(luaSource("lib/" + l)))
 		b.WriteByte('\n')

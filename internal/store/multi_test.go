@@ -231,6 +231,9 @@ func (h *failScriptsOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 func TestMultiCallIsSentAgainAfterNoScript(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
+	if env.RedisEmbedded() {
+		t.Skip("the embedded store has no cmsgpack for a multi-job call's packed arguments: no multi-job calls")
+	}
 	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
 	hook := &failScriptsOnce{}
 	env.Client.AddHook(hook)

@@ -135,13 +135,19 @@ func (s *Store) loadScripts(ctx context.Context) error {
 
 // probeMulti decides whether the Writer groups jobs into multi-job calls
 // (lua/lib/multi.lua): only on a Redis server (INFO server names its
-// redis_version). The embedded store's Lua mis-runs a multi-job call in
+// redis_version) whose scripts decode packed arguments as Redis's cmsgpack
+// does (packedArgsDecode). The embedded store's Lua mis-runs a multi-job call in
 // which one job's redis.call failed — the jobs after it failed too — so
 // there every op is a call of its own (single). A server in cluster mode
 // sets cluster, whatever the client.
 func (s *Store) probeMulti(ctx context.Context) error {
 	info, err := s.rdb.Info(ctx, "server").Result()
 	s.single = err != nil || !strings.Contains(info, "redis_version:")
+	if !s.single && !packedArgsDecode(ctx, s.rdb) {
+		// A Redis-protocol server without Redis's cmsgpack cannot read a
+		// multi-job call's packed arguments (packedargs.go).
+		s.single = true
+	}
 	if !s.cluster && strings.Contains(info, "redis_mode:cluster") {
 		// A cluster node reached through a plain client (one address, as
 		// a single seed makes): a call's keys must still be in one slot.

@@ -136,6 +136,8 @@ type Op struct {
 	Done func(*Result)
 
 	cmds []redis.Cmder
+	// cmdBuf is cmds' storage for the usual one command.
+	cmdBuf [1]redis.Cmder
 	// parkedOwner, when parkedOwnerKnown, is the node whose alive key and
 	// parked set an OpActivate passes (activateCall.parkedOwner); else it
 	// passes its own node's. A PARKED_BY reply sets it (see exec).
@@ -145,6 +147,10 @@ type Op struct {
 	// op writes (and moves) the same entry.
 	outbox     string
 	outboxItem *outboxEntry
+	// call is the script call of an OpActivate or OpTransition (hotCall),
+	// from hotCalls, until exec hands the op its result: its send reads
+	// the call's keys, through pointers, until the pipeline is written.
+	call hotScriptCall
 }
 
 // validate refuses side effects an op kind cannot make conditional on its
@@ -366,8 +372,7 @@ func (w *Writer) exec(batch []*Op) {
 			if len(unit) > 1 {
 				multi := items[u].cmds[0].(*redis.Cmd)
 				splitMulti(ctx, unit, multi)
-				// Its reply is split: nothing reads its arguments again.
-				multiArgLists.put(multi.Args())
+				recycleMulti(multi.Args())
 			}
 			for _, op := range unit {
 				if loadErr != nil && noScript(op.cmds) {
@@ -390,7 +395,8 @@ func (w *Writer) exec(batch []*Op) {
 	w.s.effects(ctx, batch, results)
 	for i, op := range batch {
 		recycleArgs(op.cmds)
-		op.cmds = nil
+		op.cmds, op.cmdBuf[0] = nil, nil
+		putHotCall(op)
 		op.parkedOwner, op.parkedOwnerKnown = "", false
 		op.Done(results[i])
 	}
@@ -415,12 +421,12 @@ func parkedBy(op *Op) (string, bool) {
 		return "", false
 	}
 	// Read in place: every activation's reply passes here.
-	v, err := op.cmds[0].(*redis.Cmd).Slice()
+	var buf [8]string
+	v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
 	if err != nil || len(v) < 4 || v[0] != activateParkedBy {
 		return "", false
 	}
-	lock, _ := v[3].(string)
-	owner, _, _ := strings.Cut(lock, "|")
+	owner, _, _ := strings.Cut(v[3], "|")
 	return owner, true
 }
 
@@ -471,9 +477,9 @@ func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op)
 		return unit[0].cmds
 	}
 	now := time.Now().UnixMilli()
-	calls := make([]argsAppender, len(unit))
+	calls := make([]packer, len(unit))
 	for i, op := range unit {
-		op.cmds = op.cmds[:0]
+		op.cmds = op.cmdBuf[:0]
 		calls[i] = s.hotCall(op, now, s.outbox(op, now))
 	}
 	sc := activateMultiScript
@@ -484,32 +490,40 @@ func (s *Store) queueUnit(ctx context.Context, pipe redis.Pipeliner, unit []*Op)
 }
 
 // evalShaMulti sends calls, or queues them on a pipeline, as one EVALSHA of
-// sc, the multi-job variant of their script (see lua/lib/multi.lua).
-func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []argsAppender) *redis.Cmd {
-	nkeys, n := 0, 4+2*len(calls)
+// sc, the multi-job variant of their script (see lua/lib/multi.lua): every
+// job's keys, then one argument that packs every job's arguments
+// (packedargs.go).
+func evalShaMulti(ctx context.Context, c processor, sc *redis.Script, calls []packer) *redis.Cmd {
+	nkeys := 0
 	for _, call := range calls {
 		nkeys += call.keyCount()
-		n += call.argCount()
 	}
-	args := multiArgLists.get(n)
+	args := multiArgLists.get(4 + nkeys)
 	args = append(args, "evalsha", luaHashes[sc], nkeys)
 	for _, call := range calls {
 		args = call.appendKeys(args)
 	}
-	args = append(args, len(calls))
-	head := len(args)
-	for range calls {
-		args = append(args, 0, 0)
+	// One packedArgs a call (it escapes, through the calls' packArgs).
+	p := &packedArgs{b: appendPackedHeader(getPackedBuf(), len(calls))}
+	for _, call := range calls {
+		p.packJob(call)
 	}
-	for i, call := range calls {
-		from := len(args)
-		args = call.appendArgs(args)
-		args[head+2*i], args[head+2*i+1] = call.keyCount(), len(args)-from
-	}
+	args = append(args, p.b)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = c.Process(ctx, cmd)
 	return cmd
+}
+
+// recycleMulti hands back a multi-job call's argument list and its packed
+// arguments, once its reply is split: nothing reads them again.
+func recycleMulti(args []interface{}) {
+	if n := len(args); n > 0 {
+		if b, ok := args[n-1].([]byte); ok {
+			putPackedBuf(b)
+		}
+	}
+	multiArgLists.put(args)
 }
 
 // splitMulti gives each op of unit its own reply of the unit's multi-job
@@ -537,7 +551,7 @@ func splitMulti(ctx context.Context, unit []*Op, multi *redis.Cmd) {
 				c.SetVal(vals[i])
 			}
 		}
-		op.cmds = append(op.cmds[:0], c)
+		op.cmds = append(op.cmdBuf[:0], c)
 	}
 }
 
@@ -562,9 +576,33 @@ func (s *Store) outbox(op *Op, now int64) *ShardZAdd {
 type hotScriptCall interface {
 	scriptCall
 	argsAppender
+	packer
 }
 
-// hotCall returns the script call of an OpActivate or OpTransition.
+// hotCalls recycle the script calls of activations and transitions (a
+// few hundred bytes each, two a job): an op takes one on its first send
+// (hotCall) and gives it back before its Done (putHotCall).
+var hotCalls = struct{ act, tr sync.Pool }{
+	act: sync.Pool{New: func() any { return new(activateCall) }},
+	tr:  sync.Pool{New: func() any { return new(transitionCall) }},
+}
+
+// putHotCall gives op's script call back to hotCalls, cleared, so that it
+// holds nothing of the job (its request, its transition).
+func putHotCall(op *Op) {
+	switch c := op.call.(type) {
+	case *activateCall:
+		*c = activateCall{}
+		hotCalls.act.Put(c)
+	case *transitionCall:
+		*c = transitionCall{}
+		hotCalls.tr.Put(c)
+	}
+	op.call = nil
+}
+
+// hotCall returns the script call of an OpActivate or OpTransition, in the
+// op's call (see hotCalls).
 func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 	k := s.keys
 	sh := Shard(op.JobID)
@@ -578,7 +616,13 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 		if op.parkedOwnerKnown {
 			parkedOwner = op.parkedOwner
 		}
-		return &activateCall{
+		call, _ := op.call.(*activateCall)
+		if call == nil {
+			putHotCall(op)
+			call = hotCalls.act.Get().(*activateCall)
+			op.call = call
+		}
+		*call = activateCall{
 			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
@@ -588,8 +632,15 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.LockAfter(), dueMs: due(op.T),
 			parkedOwner: parkedOwner,
 			plan:        planArgs{t: op.T, tag: k.Tag(op.JobID), extra: outbox}}
+		return call
 	}
-	call := &transitionCall{
+	call, _ := op.call.(*transitionCall)
+	if call == nil {
+		putHotCall(op)
+		call = hotCalls.tr.Get().(*transitionCall)
+		op.call = call
+	}
+	*call = transitionCall{
 		jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
 		toIndexKey: k.Index(sh, string(op.T.Final())),
 		lockValue:  op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
@@ -601,7 +652,7 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 
 // queue adds op's commands to pipe.
 func (s *Store) queue(ctx context.Context, pipe redis.Pipeliner, op *Op) {
-	op.cmds = op.cmds[:0]
+	op.cmds = op.cmdBuf[:0]
 	k := s.keys
 	now := time.Now().UnixMilli()
 	outbox := s.outbox(op, now)
@@ -710,8 +761,13 @@ func due(t *Transition) int64 {
 
 // replyStrings appends the elements of a script's array reply of strings
 // to dst: what Cmd.StringSlice reads, into the caller's storage (a job's
-// two script replies were two slices per job).
+// two script replies were two slices per job). A job's reply of a
+// multi-job call is the array packed in one string (lua/lib/multi.lua),
+// read in place: the elements are parts of it.
 func replyStrings(dst []string, c *redis.Cmd) ([]string, error) {
+	if packed, ok := c.Val().(string); ok && c.Err() == nil {
+		return appendPackedReply(dst, packed)
+	}
 	vals, err := c.Slice()
 	if err != nil {
 		return nil, err
