@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"strconv"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -29,8 +30,11 @@ const ListpackValueAdvised = 1024
 func (s *Store) HashListpackValue(ctx context.Context) (v int, ok bool) {
 	if cc, isCluster := s.rdb.(*redis.ClusterClient); isCluster {
 		v, ok = -1, true
+		var mu sync.Mutex // ForEachMaster calls fn for the masters concurrently
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 			mv, mok := listpackValue(ctx, c)
+			mu.Lock()
+			defer mu.Unlock()
 			if !mok {
 				ok = false
 			} else if v < 0 || mv < v {
