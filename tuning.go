@@ -239,7 +239,7 @@ func (n *Node) checkWorkerTTL() {
 	floor := registry.MissedIntervals * registry.SDKHeartbeat
 	if ttl := n.cfg.Tuning.WorkerTTL; ttl < floor {
 		n.log.Warn("worker TTL is under three heartbeats of a stock CAP worker: workers beating at the SDKs' interval "+
-			"will be evicted, or have direct dispatches dropped, after one lost heartbeat; raise Tuning.WorkerTTL to "+
+			"will be evicted, or have direct dispatches dropped, after one lost heartbeat; raise the worker TTL (--worker-ttl, Tuning.WorkerTTL) to "+
 			"ttl_at_least or make every worker beat at least every beat_at_most",
 			"worker_ttl", ttl, "sdk_heartbeat", registry.SDKHeartbeat, "ttl_at_least", floor,
 			"beat_at_most", ttl/registry.MissedIntervals)

@@ -42,7 +42,7 @@ func (r *Router) checkCadence(w *registry.Worker, now time.Time) {
 		return
 	}
 	r.log.Warn("worker heartbeats too seldom for this node's worker TTL: one lost heartbeat gets it evicted or its direct dispatches dropped as stale; "+
-		"make it beat at least every beat_at_most, or raise the node's worker TTL (Tuning.WorkerTTL) to ttl_at_least",
+		"make it beat at least every beat_at_most, or raise the node's worker TTL (troupe node --worker-ttl, Tuning.WorkerTTL) to ttl_at_least",
 		"worker_id", w.ID, "pool", w.Pool, "heartbeat_interval", every, "worker_ttl", ttl,
 		"beat_at_most", ttl/registry.MissedIntervals, "ttl_at_least", every*registry.MissedIntervals)
 }
