@@ -202,7 +202,8 @@ func (n *Node) storePart() part {
 			return err
 		}
 		n.checkRecordEncoding(ctx)
-		return bus.EnsureReplicatedStreams(ctx, n.js, n.cfg.StreamPrefix, n.subj, n.cfg.Tuning.StreamReplicas)
+		return bus.EnsureStreamsWith(ctx, n.js, n.cfg.StreamPrefix, n.subj,
+			bus.StreamSettings{Replicas: n.cfg.Tuning.StreamReplicas, MaxBytes: n.cfg.Tuning.StreamMaxBytes})
 	}}
 }
 
@@ -598,6 +599,7 @@ func (n *Node) streamKeeper() *bus.StreamKeeper {
 	_ = n.cfg.Metrics.Register(streams)
 	_ = n.cfg.Metrics.Register(consumers)
 	k := bus.NewStreamKeeper(n.js, n.cfg.StreamPrefix, n.subj, n.cfg.Tuning.StreamReplicas, n.log)
+	k.MaxBytes = n.cfg.Tuning.StreamMaxBytes
 	k.Every = n.cfg.Tuning.StreamCheck
 	refusing := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "troupe_stream_refusing",
 		Help: "1 while this node's last write probe of an input stream was refused (the stream exists and refuses publishes)."},

@@ -479,3 +479,42 @@ func TestThreeReplicasStartTogether(t *testing.T) {
 		}
 	}
 }
+
+// Tuning.StreamMaxBytes is each input stream's bound (what JetStream
+// reserves for it); below 1 MiB it is refused before anything starts.
+func TestNodeStreamsTakeTheConfiguredMaxBytes(t *testing.T) {
+	env := testenv.New(t)
+	pools, _ := parseTestPools()
+	cfg := troupe.Config{NodeID: "smb", NATSURL: env.NATSURL, RedisURL: env.RedisURL, KeyPrefix: env.KeyPrefix(),
+		SubjectPrefix: env.Prefix, StreamPrefix: env.StreamPrefix(), Pools: pools, Logger: quietLogger()}
+	for _, bad := range []int64{-1, 1000} {
+		cfg.Tuning.StreamMaxBytes = bad
+		if _, err := troupe.NewNode(cfg); err == nil || !strings.Contains(err.Error(), "stream max bytes") {
+			t.Errorf("StreamMaxBytes %d: err %v, want a refusal", bad, err)
+		}
+	}
+	cfg.Tuning.StreamMaxBytes = 8 << 20
+	n, err := troupe.NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Stop(context.Background()) }()
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"SUBMIT", "RESULT", "CANCEL"} {
+		st, err := js.Stream(ctx, env.StreamPrefix()+"_"+kind)
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		if got := st.CachedInfo().Config.MaxBytes; got != 8<<20 {
+			t.Errorf("%s MaxBytes %d, want %d", kind, got, 8<<20)
+		}
+	}
+}

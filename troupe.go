@@ -181,6 +181,9 @@ func NewNode(cfg Config) (*Node, error) {
 	if t.WorkerTTL < 0 {
 		return nil, fmt.Errorf("troupe: worker TTL %v: want a positive duration (0: the default %v)", t.WorkerTTL, DefaultTuning().WorkerTTL)
 	}
+	if t.StreamMaxBytes < streamMaxBytesMin {
+		return nil, fmt.Errorf("troupe: stream max bytes %d: want at least %d (1 MiB; 0: the default %d)", t.StreamMaxBytes, streamMaxBytesMin, int64(bus.StreamMaxBytes))
+	}
 	if t.StreamReplicas < 1 || t.StreamReplicas > bus.MaxStreamReplicas {
 		return nil, fmt.Errorf("troupe: stream replicas %d: want 1..%d", t.StreamReplicas, bus.MaxStreamReplicas)
 	}
@@ -216,6 +219,10 @@ const (
 	scanWorkers = 16
 	scanQueue   = 10_000
 )
+
+// streamMaxBytesMin is the smallest Tuning.StreamMaxBytes: a few full
+// submits of the largest size JetStream takes by default.
+const streamMaxBytesMin = 1 << 20
 
 func (n *Node) outputGate() *outputgate.Gate {
 	if n.cfg.Output == nil {

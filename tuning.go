@@ -23,6 +23,14 @@ type Tuning struct {
 	// stream (default 1; 3 on a three-server cluster survives the loss of
 	// one; at most bus.MaxStreamReplicas). A single server accepts only 1.
 	StreamReplicas int
+	// StreamMaxBytes bounds each of the node's three input streams
+	// (default bus.StreamMaxBytes, 256 MiB). JetStream reserves it from its
+	// file storage (the server's max_file_store, or the account's limit)
+	// when the stream is made, however little the stream holds: lower it
+	// where many prefixes share one JetStream. A stream past it refuses new
+	// messages (publishers get an error; nothing accepted is dropped). At
+	// start a node sets it on streams that exist with another bound.
+	StreamMaxBytes int64
 
 	// LockTTL is the job lock TTL (default store.LockTTLDefault).
 	LockTTL time.Duration
@@ -190,6 +198,7 @@ func DefaultTuning() Tuning {
 	jobs := jobactor.DefaultTuning()
 	return Tuning{
 		StreamReplicas:        1,
+		StreamMaxBytes:        bus.StreamMaxBytes,
 		LockTTL:               store.LockTTLDefault,
 		WorkerTTL:             registry.TTLDefault,
 		MaxWorkers:            registry.MaxWorkersDefault,

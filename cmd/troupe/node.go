@@ -35,6 +35,8 @@ func runNode(ctx context.Context, args []string) error {
 	dlqRetention := fs.Duration("dlq-retention", 0, "how long a DLQ entry is kept (default 0: no age limit, the DLQ's 64 MiB budget drops the oldest; env TROUPE_DLQ_RETENTION)")
 	streamReplicas := fs.Int("stream-replicas", 1,
 		"JetStream replicas of each stream (3 on a 3-server NATS cluster survives one server's loss)")
+	streamMaxBytes := fs.Int64("stream-max-bytes", 0,
+		"bound of each of the 3 input streams in bytes; JetStream reserves it from its file storage when a stream is made (default 256 MiB; lower it where many prefixes share one JetStream; at least 1 MiB)")
 	var pf policyFlags
 	pf.register(fs)
 	var af adminFlags
@@ -97,7 +99,7 @@ func runNode(ctx context.Context, args []string) error {
 		Policy: policy, Output: output, Metrics: reg, Signer: signer, Verifier: verifier, OTLPEndpoint: *otlp,
 		Tuning: troupe.Tuning{TimeoutsFile: *timeouts, LockTTL: *lockTTL, WorkerTTL: *workerTTL, ParkAfter: *parkAfter, RetryParkMin: *retryParkMin, ResendAfter: *resendAfter,
 			WorkerLostGrace: *workerLostGrace, UnknownHold: *unknownHold, CapacityGrace: *capacityGrace,
-			StreamReplicas: *streamReplicas, Retention: *retention, DLQRetention: *dlqRetention,
+			StreamReplicas: *streamReplicas, StreamMaxBytes: *streamMaxBytes, Retention: *retention, DLQRetention: *dlqRetention,
 			ReplayWindow: *replayWindow, ReplaySeen: *replaySeen}})
 	if err != nil {
 		return err

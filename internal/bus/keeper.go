@@ -99,6 +99,9 @@ type StreamKeeper struct {
 	// ProbeEvery is the interval of probes nothing else asked for (default
 	// ProbeEveryDefault).
 	ProbeEvery time.Duration
+	// MaxBytes is a recreated stream's bound (StreamSettings.MaxBytes; 0:
+	// StreamMaxBytes).
+	MaxBytes int64
 
 	kick chan struct{}
 	now  func() time.Time
@@ -297,10 +300,13 @@ func (k *StreamKeeper) recreate(ctx context.Context, kind StreamKind, name, subj
 		k.log.Info("stream missing; recreating it once it has stayed gone", "stream", name, "settle", k.settle())
 		return nil
 	}
-	st, err := k.js.CreateStream(ctx, streamConfig(name, subject, k.subj.Probe(kind), k.replicas))
+	cfg := streamConfig(name, subject, k.subj.Probe(kind), k.replicas)
+	cfg.MaxBytes = StreamSettings{MaxBytes: k.MaxBytes}.maxBytes()
+	st, err := k.js.CreateStream(ctx, cfg)
 	mine := err == nil
 	if err != nil {
 		if !lostCreateRace(err) {
+			err = storageHint(err, cfg.MaxBytes)
 			k.log.Error("stream missing and not recreated; its inputs are refused", "stream", name, "err", err)
 			return err
 		}

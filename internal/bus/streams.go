@@ -84,13 +84,69 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, prefix string, s
 // limit); a single server accepts only 1. Changing it on an existing stream
 // updates the stream in place.
 func EnsureReplicatedStreams(ctx context.Context, js jetstream.JetStream, prefix string, subj Subjects, replicas int) error {
-	if replicas < 1 || replicas > MaxStreamReplicas {
-		return fmt.Errorf("bus: stream replicas %d: want 1..%d", replicas, MaxStreamReplicas)
+	return EnsureStreamsWith(ctx, js, prefix, subj, StreamSettings{Replicas: replicas})
+}
+
+// StreamSettings are the operator's choices for Troupe's input streams.
+type StreamSettings struct {
+	// Replicas is each stream's copies (1..MaxStreamReplicas).
+	Replicas int
+	// MaxBytes bounds each stream (0: StreamMaxBytes). JetStream reserves
+	// it from the server's (or the account's) file storage when the stream
+	// is made, whatever the stream then holds: a prefix's three streams
+	// reserve three times it.
+	MaxBytes int64
+}
+
+func (s StreamSettings) maxBytes() int64 {
+	if s.MaxBytes <= 0 {
+		return StreamMaxBytes
 	}
-	for kind, subject := range streamSubjects(subj) {
+	return s.MaxBytes
+}
+
+// jsErrStorageExceeded is JetStream's "insufficient storage resources
+// available": the stream's MaxBytes does not fit in what the server or the
+// account has left to reserve.
+const jsErrStorageExceeded jetstream.ErrorCode = 10047
+
+// EnsureStreamsWith is EnsureReplicatedStreams with every setting. A stream
+// that exists with another MaxBytes is updated to this one. A stream that
+// does not fit in JetStream's storage fails with an error that says what
+// each stream reserves and how to change it.
+func EnsureStreamsWith(ctx context.Context, js jetstream.JetStream, prefix string, subj Subjects, set StreamSettings) error {
+	if set.Replicas < 1 || set.Replicas > MaxStreamReplicas {
+		return fmt.Errorf("bus: stream replicas %d: want 1..%d", set.Replicas, MaxStreamReplicas)
+	}
+	// The streams that exist first: an update that lowers a bound gives
+	// back storage that a stream still to be made may need.
+	subjects := streamSubjects(subj)
+	kinds := make([]StreamKind, 0, len(subjects))
+	for kind := range subjects {
+		kinds = append(kinds, kind)
+	}
+	slices.Sort(kinds)
+	exists := map[StreamKind]bool{}
+	for _, kind := range kinds {
+		_, err := js.Stream(ctx, StreamName(prefix, kind))
+		exists[kind] = err == nil
+	}
+	slices.SortStableFunc(kinds, func(a, b StreamKind) int {
+		switch {
+		case exists[a] == exists[b]:
+			return 0
+		case exists[a]:
+			return -1
+		}
+		return 1
+	})
+	for _, kind := range kinds {
+		subject := subjects[kind]
 		name := StreamName(prefix, kind)
-		if _, err := ensureStream(ctx, js, streamConfig(name, subject, subj.Probe(kind), replicas)); err != nil {
-			return fmt.Errorf("bus: stream %s: %w", name, err)
+		cfg := streamConfig(name, subject, subj.Probe(kind), set.Replicas)
+		cfg.MaxBytes = set.maxBytes()
+		if _, err := ensureStream(ctx, js, cfg); err != nil {
+			return fmt.Errorf("bus: stream %s: %w", name, storageHint(err, cfg.MaxBytes))
 		}
 		if err := ensureConsumer(ctx, js, name, consumerConfig(kind)); err != nil {
 			return fmt.Errorf("bus: consumer %s/%s: %w", name, ConsumerName(kind), err)
@@ -187,7 +243,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 // relies on.
 func sameStream(got, want jetstream.StreamConfig) bool {
 	return slices.Equal(got.Subjects, want.Subjects) && got.Retention == want.Retention && got.Storage == want.Storage && got.Replicas == want.Replicas &&
-		got.MaxAge == want.MaxAge && got.Discard == want.Discard
+		got.MaxAge == want.MaxAge && got.Discard == want.Discard && got.MaxBytes == want.MaxBytes
 }
 
 // interestStream reports whether got is an interest-retention stream
@@ -199,6 +255,18 @@ func interestStream(got, want jetstream.StreamConfig) bool {
 	}
 	got.Retention = want.Retention
 	return sameStream(got, want)
+}
+
+// storageHint adds to JetStream's refusal of a stream that does not fit in
+// its storage what the stream asked to reserve and which settings move it.
+func storageHint(err error, maxBytes int64) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsErrStorageExceeded {
+		return err
+	}
+	return fmt.Errorf("%w: the stream reserves %d MiB of JetStream file storage (each of a prefix's 3 streams does); "+
+		"lower it with --stream-max-bytes (Tuning.StreamMaxBytes), or give JetStream more (the server's max_file_store, the account's limit), "+
+		"or delete streams left by other prefixes", err, maxBytes>>20)
 }
 
 // ensureConsumer is ensureStream for a durable consumer.

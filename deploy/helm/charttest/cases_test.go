@@ -79,6 +79,7 @@ redis:
 nats:
   urls: [nats://n-0.nats:4222, nats://n-1.nats:4222]
   streamReplicas: 3
+  streamMaxBytes: 67108864
   auth: {existingSecret: nats-creds, credsKey: troupe.creds}
 apiKeys:
   entries: ["0123456789abcdef0123456789abcdef=* role=operator name=ops", "fedcba9876543210fedcba9876543210=acme"]
@@ -117,7 +118,7 @@ worker: {enabled: true, replicaCount: 4, pool: echo, topics: [job.echo]}
 		t.Errorf("--redis %v, --redis-cluster %v: want three addresses and the cluster flag", got, args["redis-cluster"])
 	}
 	want := map[string]string{"nats": "nats://n-0.nats:4222,nats://n-1.nats:4222", "stream-replicas": "3",
-		"retention": "72h", "dlq-retention": "168h", "resend-after": "10s", "id": "$(POD_NAME)"}
+		"stream-max-bytes": "67108864", "retention": "72h", "dlq-retention": "168h", "resend-after": "10s", "id": "$(POD_NAME)"}
 	for flag, v := range want {
 		if got := args[flag]; len(got) != 1 || got[0] != v {
 			t.Errorf("--%s = %v, want %s", flag, got, v)
