@@ -362,6 +362,9 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 // a goroutine and answers by message, so the mailbox never waits on the
 // network.
 func (a *JobActor) askPolicy(c actor.Context, e lifecycle.AskPolicy) any {
+	if _, ok := a.env.Policy.(safety.AllowAll); ok {
+		return allowAllDone(e.Epoch)
+	}
 	preq := safety.CheckRequest(e.Req)
 	if safety.IsInline(a.env.Policy) {
 		dec, err := a.env.Policy.Check(context.Background(), preq)
