@@ -334,7 +334,8 @@ func New(cfg *Config, id string, seed uint64) *Job {
 func (j *Job) Done() bool { return j.res.Gone() }
 
 // Step handles one event and returns the effects to carry out, in order.
-// The returned slice is valid until the next Step.
+// The returned slice is valid until the next Step; its pointer effects
+// (see Effect) until the next Step or Consumed.
 func (j *Job) Step(ev any, in Inputs) []Effect {
 	j.in, j.nowAt = in, time.Time{}
 	j.fx = j.fx[:0]
