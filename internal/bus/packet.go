@@ -228,12 +228,100 @@ func EncodeCancel(traceID, sender string, c *capv1.JobCancel) ([]byte, error) {
 }
 
 // Decode unmarshals a CAP envelope.
+//
+// The envelope, its timestamp and a JobRequest or JobResult payload with
+// its oneof wrapper (what a node reads per job: a submit and a result) are
+// allocated as one block, where protobuf allocates each on its own: a
+// merge into a message whose sub-message pointers are already set fills
+// them in place. Only the fields data holds are set beforehand (a scan of
+// its top-level tags), so the packet is the one proto.Unmarshal makes:
+// a field data does not hold stays nil, and a later payload of another
+// type replaces the wrapper as it would replace a fresh one.
 func Decode(data []byte) (*capv1.BusPacket, error) {
-	p := &capv1.BusPacket{}
-	if err := proto.Unmarshal(data, p); err != nil {
+	p := preset(data)
+	if err := mergeOpts.Unmarshal(data, p); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// mergeOpts unmarshals into the sub-messages preset set.
+var mergeOpts = proto.UnmarshalOptions{Merge: true}
+
+// The blocks Decode allocates a packet in (see preset).
+type (
+	requestBlock struct {
+		p   capv1.BusPacket
+		ts  timestamppb.Timestamp
+		w   capv1.BusPacket_JobRequest
+		req capv1.JobRequest
+	}
+	resultBlock struct {
+		p   capv1.BusPacket
+		ts  timestamppb.Timestamp
+		w   capv1.BusPacket_JobResult
+		res capv1.JobResult
+	}
+	packetBlock struct {
+		p  capv1.BusPacket
+		ts timestamppb.Timestamp
+	}
+)
+
+// BusPacket's field numbers preset reads.
+const (
+	createdAtField protowire.Number = 3
+	resultField    protowire.Number = 11
+)
+
+// preset returns an empty packet for data, allocated with the sub-messages
+// data's top-level fields hold (created_at; the first payload when it is a
+// job_request or job_result) and those set in it. Data it cannot scan gets
+// a bare packet: the unmarshal reports what is wrong with it.
+func preset(data []byte) *capv1.BusPacket {
+	var ts bool
+	var payload protowire.Number
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return &capv1.BusPacket{}
+		}
+		b = b[n:]
+		if num == createdAtField && typ == protowire.BytesType {
+			ts = true
+		} else if payload == 0 && (num == requestField || num == resultField) && typ == protowire.BytesType {
+			payload = num
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return &capv1.BusPacket{}
+		}
+		b = b[n:]
+	}
+	switch payload {
+	case requestField:
+		blk := &requestBlock{}
+		blk.w.JobRequest = &blk.req
+		blk.p.Payload = &blk.w
+		if ts {
+			blk.p.CreatedAt = &blk.ts
+		}
+		return &blk.p
+	case resultField:
+		blk := &resultBlock{}
+		blk.w.JobResult = &blk.res
+		blk.p.Payload = &blk.w
+		if ts {
+			blk.p.CreatedAt = &blk.ts
+		}
+		return &blk.p
+	}
+	if ts {
+		blk := &packetBlock{}
+		blk.p.CreatedAt = &blk.ts
+		return &blk.p
+	}
+	return &capv1.BusPacket{}
 }
 
 // The signers registered by SignAs. Encoding reads an immutable snapshot

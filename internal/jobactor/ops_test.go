@@ -47,15 +47,16 @@ func jobLife(t *testing.T) {
 	feed := func(ev any) {
 		for _, e := range j.Step(ev, in) {
 			switch e := e.(type) {
-			case lifecycle.Write:
+			case *lifecycle.Write:
 				fillStoreOp(sop, e.Op)
 				epoch, opSink = e.Epoch, sop
 			case lifecycle.AskPolicy:
 				epoch = e.Epoch
-			case lifecycle.AskRouter:
+			case *lifecycle.AskRouter:
 				epoch = e.Req.(*lifecycle.PickRequest).Epoch
 			}
 		}
+		j.Consumed() // as the actor does after each step
 	}
 	written := func(r *store.Result) { feed(&lifecycle.WriteDone{Epoch: epoch, Res: writeResult(r)}) }
 	feed(&lifecycle.Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, TraceID: "t-1"})

@@ -38,7 +38,7 @@ func TestTenantLimitDispatchRecordsItsSlotAsk(t *testing.T) {
 		t.Fatalf("no key slot asked for: %v", fx)
 	}
 	d.feed(&KeySlotDone{Epoch: ask.Epoch, Outcome: KeyAdmitted})
-	w, ok := find[Write](d.fx)
+	w, ok := find[*Write](d.fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateDispatched {
 		t.Fatalf("no dispatch write: %v", d.fx)
 	}
@@ -89,13 +89,13 @@ func TestTenantLimitAdopterWithholdsADispatchThatLandedLongAfterItsAsk(t *testin
 	landed := msAgo(probe, time.Minute)
 	_, fx := adoptDispatched(t, "tslot", "1", fieldTenantAsked, msAgo(probe, time.Minute+AdoptedSlotStale-time.Second),
 		jobstate.FieldLanded, landed)
-	if _, ok := find[Write](fx); ok {
+	if _, ok := find[*Write](fx); ok {
 		t.Fatalf("a dispatch that landed %s after its ask was taken back: %v", AdoptedSlotStale-time.Second, fx)
 	}
 
 	d, fx := adoptDispatched(t, "tslot", "1", fieldTenantAsked, msAgo(probe, time.Minute+AdoptedSlotStale),
 		jobstate.FieldLanded, landed)
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled ||
 		w.Op.T.Path[0].Reason != jobstate.ReasonTenantLimit || w.Op.TenantRelease != "t" {
 		t.Fatalf("the adopted stale dispatch was not taken back to SCHEDULED (tenant_limit), its slot given back: %v", fx)
@@ -110,11 +110,11 @@ func TestTenantLimitAdopterWithholdsADispatchThatLandedLongAfterItsAsk(t *testin
 		t.Fatalf("state %s, slot held %v after the stale dispatch was taken back", d.j.State, d.j.admitted)
 	}
 	fx = d.feed(&Timer{Epoch: d.timer})
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("the withheld job asked for no worker: %v", fx)
 	}
 	fx = d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpAdmit {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpAdmit {
 		t.Fatalf("the withheld job asked for no tenant slot: %v", fx)
 	}
 }
@@ -126,13 +126,13 @@ func TestConcurrencyKeyAdopterWithholdsADispatchThatLandedLongAfterItsAsk(t *tes
 	landed := msAgo(probe, time.Minute)
 	_, fx := adoptDispatched(t, "ckey", "k", fieldKeyAsked, msAgo(probe, time.Minute+AdoptedSlotStale-time.Second),
 		jobstate.FieldLanded, landed)
-	if _, ok := find[Write](fx); ok {
+	if _, ok := find[*Write](fx); ok {
 		t.Fatalf("a dispatch that landed %s after its ask was taken back: %v", AdoptedSlotStale-time.Second, fx)
 	}
 
 	d, fx := adoptDispatched(t, "ckey", "k", fieldKeyAsked, msAgo(probe, time.Minute+AdoptedSlotStale),
 		jobstate.FieldLanded, landed)
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled ||
 		w.Op.T.Path[0].Reason != jobstate.ReasonConcurrencyKey {
 		t.Fatalf("the adopted stale dispatch was not taken back to SCHEDULED (concurrency_key): %v", fx)
@@ -140,7 +140,7 @@ func TestConcurrencyKeyAdopterWithholdsADispatchThatLandedLongAfterItsAsk(t *tes
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	d.now = d.now.Add(time.Minute)
 	fx = d.feed(&Timer{Epoch: d.timer})
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("the withheld job asked for no worker: %v", fx)
 	}
 	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
@@ -161,7 +161,7 @@ func TestTenantLimitAdopterKeepsADispatchWithNoSlotAsk(t *testing.T) {
 		{"tslot", "1", jobstate.FieldLanded, msAgo(probe, 0)},
 	} {
 		if _, fx := adoptDispatched(t, extra...); len(fx) > 0 {
-			if _, ok := find[Write](fx); ok {
+			if _, ok := find[*Write](fx); ok {
 				t.Fatalf("record with %v: the adopter wrote %v", extra, fx)
 			}
 		}
@@ -185,7 +185,7 @@ func TestRetryPolicyRetriedAttemptDoesNotInheritItsRunner(t *testing.T) {
 	}
 	// w0 again, a stock worker (no progress: started on delivery).
 	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w0", Subject: "job.x", Pool: "p", StartsOnDelivery: true})
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateDispatched {
 		t.Fatalf("no dispatch write: %v", fx)
 	}
@@ -194,7 +194,7 @@ func TestRetryPolicyRetriedAttemptDoesNotInheritItsRunner(t *testing.T) {
 	}
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	fx = d.feed(&WorkerLost{WorkerID: "w0"})
-	if w, ok := find[Write](fx); ok && w.Op.T != nil && w.Op.T.Path[0].Reason == jobstate.ReasonWorkerLost {
+	if w, ok := find[*Write](fx); ok && w.Op.T != nil && w.Op.T.Path[0].Reason == jobstate.ReasonWorkerLost {
 		t.Fatalf("the picked worker's loss began the worker-lost grace of a job NATS may have given to another: %v", fx)
 	}
 }

@@ -42,13 +42,13 @@ func (d *driver) feed(ev any) []Effect {
 	d.fx = append(d.fx[:0], d.j.Step(ev, d)...)
 	for _, e := range d.fx {
 		switch e := e.(type) {
-		case Write:
+		case *Write:
 			d.step = e.Epoch
 		case AskPolicy:
 			d.step = e.Epoch
-		case AskRouter:
+		case *AskRouter:
 			d.step = e.Req.(*PickRequest).Epoch
-		case Arm:
+		case *Arm:
 			d.timer = e.Epoch
 		}
 	}
@@ -84,7 +84,7 @@ func TestParkedJobPassesOnLateProgress(t *testing.T) {
 	d.dispatch()
 	d.now = d.now.Add(10 * time.Second)
 	fx := d.feed(&Timer{Epoch: d.timer})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpPark {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpPark {
 		t.Fatalf("no park after ParkAfter: %v", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Parked: true}})
@@ -107,11 +107,11 @@ func TestStalePickReplyFreesItsSlot(t *testing.T) {
 	d := newDriver(t)
 	d.dispatch()
 	fx := d.feed(&PickReply{Epoch: d.step - 1, WorkerID: "w9", Subject: "worker.w9.jobs"})
-	if m, ok := find[ToRouter](fx); !ok || m.Msg.(*Released).WorkerID != "w9" || !m.Msg.(*Released).Done {
+	if m, ok := find[*ToRouter](fx); !ok || m.Msg.(*Released).WorkerID != "w9" || !m.Msg.(*Released).Done {
 		t.Fatalf("stale pick of w9: %v, want its slot released", fx)
 	}
 	fx = d.feed(&PickReply{Epoch: d.step - 1, WorkerID: "w1", Subject: "worker.w1.jobs"})
-	if _, ok := find[ToRouter](fx); ok {
+	if _, ok := find[*ToRouter](fx); ok {
 		t.Fatalf("stale pick naming the job's own worker released its slot: %v", fx)
 	}
 }
@@ -125,7 +125,7 @@ func TestFencedWriteEmitsNoEffects(t *testing.T) {
 	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepFenced, Before: "n2|7"}})
 	for _, e := range fx {
 		switch e.(type) {
-		case TellClient, PublishDLQ, CancelWorker, PublishRequest, Ack:
+		case TellClient, PublishDLQ, CancelWorker, PublishRequest, *Ack:
 			t.Fatalf("fenced cancel emitted %T: %v", e, fx)
 		}
 	}
@@ -183,7 +183,7 @@ func TestResultOfAnEarlierDispatchEndsTheJob(t *testing.T) {
 			}
 			fx = d.feed(&OutputDone{Epoch: ask.Epoch, Outcome: OutputOutcome{Phase: "meta", ContentChecked: true}, Res: ask.Res, Path: ask.Path})
 		}
-		w, ok := find[Write](fx)
+		w, ok := find[*Write](fx)
 		if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateSucceeded {
 			t.Fatalf("redispatched=%v: the earlier dispatch's result was not applied: %v", redispatched, fx)
 		}
@@ -242,7 +242,7 @@ func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
 // fieldsOf returns the record fields of the job's last write as a map.
 func fieldsOf(t *testing.T, fx []Effect) map[string]string {
 	t.Helper()
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil {
 		t.Fatalf("no write with a transition in %v", fx)
 	}
@@ -297,11 +297,11 @@ func TestHeardResultForAJobWithNoRecordIsNotDeadLettered(t *testing.T) {
 		d := newDriver(t)
 		res := &capv1.JobResult{JobId: "job-1", WorkerId: "w1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED}
 		fx := d.feed(&Result{Res: res, Heard: heard})
-		if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
+		if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
 			t.Fatalf("heard %v: effects %v, want an activation that creates nothing", heard, fx)
 		}
 		fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
-		w, wrote := find[Write](fx)
+		w, wrote := find[*Write](fx)
 		dlq := wrote && w.Op.Kind == OpDLQ
 		if dlq == heard {
 			t.Fatalf("heard %v: dead-lettered %v (effects %v)", heard, dlq, fx)

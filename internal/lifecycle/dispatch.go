@@ -28,7 +28,7 @@ func (j *Job) askRouter() {
 	if submitted.IsZero() {
 		submitted = j.firstEvent
 	}
-	j.emit(AskRouter{Req: &PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
+	j.emitAskRouter(AskRouter{Req: &PickRequest{JobID: j.ID, Req: j.Req, Epoch: j.opEpoch,
 		Wait: true, Ticket: j.ticket, Submitted: submitted}})
 }
 

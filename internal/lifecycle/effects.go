@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -10,7 +11,97 @@ import (
 
 // Effect is one thing the shell must do for the job, in order. The core
 // never does any of them itself: it only returns them from Step.
+//
+// The most frequent effects come as pointers (*Write, *AskRouter,
+// *ToRouter, *Arm, *Ack, *Hold, *Forget) into storage the job takes for
+// the step (fxArena): a value boxed into Effect is an allocation each. They
+// stay valid until the next Step, or until Consumed; every other effect is
+// a value.
 type Effect interface{ effect() }
+
+// fxArena is the storage of one step's pointer effects. A job takes one
+// from arenas at its first pointer effect in a step and gives it back when
+// the shell calls Consumed; one the shell does not give back (tests, the
+// simulator) is left to the garbage collector at the next Step. An effect
+// past an array's room is allocated on its own.
+type fxArena struct {
+	write  [2]Write
+	ask    [1]AskRouter
+	toR    [3]ToRouter
+	arm    [2]Arm
+	ack    [3]Ack
+	hold   [1]Hold
+	forget [2]Forget
+
+	nWrite, nAsk, nToR, nArm, nAck, nHold, nForget uint8
+}
+
+var arenas = sync.Pool{New: func() any { return new(fxArena) }}
+
+// slot is the next free element of buf (n of them taken), or a new T.
+func slot[T any](buf []T, n *uint8) *T {
+	if int(*n) < len(buf) {
+		p := &buf[*n]
+		*n++
+		return p
+	}
+	return new(T)
+}
+
+// arena is the job's storage for this step's pointer effects.
+func (j *Job) arena() *fxArena {
+	if j.fxa == nil {
+		j.fxa = arenas.Get().(*fxArena)
+	}
+	return j.fxa
+}
+
+// Consumed tells the job that the shell has carried out the effects of its
+// last Step and keeps none of them (nor any pointer to one): their storage
+// goes back for other jobs' steps. Call it before the next Step, on the
+// goroutine that called Step.
+func (j *Job) Consumed() {
+	if a := j.fxa; a != nil {
+		j.fxa = nil
+		*a = fxArena{}
+		arenas.Put(a)
+	}
+}
+
+func (j *Job) emitWrite(e Write) {
+	a := j.arena()
+	p := slot(a.write[:], &a.nWrite)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitAskRouter(e AskRouter) {
+	a := j.arena()
+	p := slot(a.ask[:], &a.nAsk)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitArm(e Arm) {
+	a := j.arena()
+	p := slot(a.arm[:], &a.nArm)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitHold(e Hold) {
+	a := j.arena()
+	p := slot(a.hold[:], &a.nHold)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitForget(e Forget) {
+	a := j.arena()
+	p := slot(a.forget[:], &a.nForget)
+	*p = e
+	j.emit(p)
+}
 
 // Write hands Op to the store writer; its outcome comes back as a
 // WriteDone with Epoch. Retry: the same write failed (RetryWrite) and is
@@ -231,10 +322,10 @@ type Observe struct {
 }
 
 func (Refusal) effect()           {}
-func (Write) effect()             {}
+func (*Write) effect()            {}
 func (RetryWrite) effect()        {}
-func (AskRouter) effect()         {}
-func (ToRouter) effect()          {}
+func (*AskRouter) effect()        {}
+func (*ToRouter) effect()         {}
 func (AskPolicy) effect()         {}
 func (WakePolicyWaiters) effect() {}
 func (WaitPolicy) effect()        {}
@@ -244,14 +335,14 @@ func (PublishRequest) effect()    {}
 func (TellClient) effect()        {}
 func (CancelWorker) effect()      {}
 func (PublishDLQ) effect()        {}
-func (Arm) effect()               {}
+func (*Arm) effect()              {}
 func (Disarm) effect()            {}
-func (Ack) effect()               {}
+func (*Ack) effect()              {}
 func (Nak) effect()               {}
 func (Touch) effect()             {}
 func (Admitted) effect()          {}
-func (Hold) effect()              {}
-func (Forget) effect()            {}
+func (*Hold) effect()             {}
+func (*Forget) effect()           {}
 func (Forward) effect()           {}
 func (Finish) effect()            {}
 func (Redeliver) effect()         {}

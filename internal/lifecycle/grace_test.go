@@ -24,7 +24,7 @@ func TestGraceEndsWhenARecheckOrARepeatedSubmitIsPlaced(t *testing.T) {
 			if how == "recheck" {
 				d.now = d.now.Add(CapacityRecheck)
 				fx := d.feed(&Timer{Epoch: d.timer})
-				if _, ok := find[AskRouter](fx); !ok {
+				if _, ok := find[*AskRouter](fx); !ok {
 					t.Fatalf("no recheck at CapacityRecheck: %v", fx)
 				}
 			} else {

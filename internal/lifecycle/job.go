@@ -307,6 +307,7 @@ type Job struct {
 	in    Inputs
 	nowAt time.Time // Now, once read in this step
 	fx    []Effect
+	fxa   *fxArena // this step's pointer effects' storage (see Consumed)
 
 	// Storage allocated with the job rather than on its first use: the
 	// effects of a busy step (fx's first backing array) and its first
@@ -333,10 +334,12 @@ func New(cfg *Config, id string, seed uint64) *Job {
 func (j *Job) Done() bool { return j.res.Gone() }
 
 // Step handles one event and returns the effects to carry out, in order.
-// The returned slice is valid until the next Step.
+// The returned slice is valid until the next Step; its pointer effects
+// (see Effect) until the next Step or Consumed.
 func (j *Job) Step(ev any, in Inputs) []Effect {
 	j.in, j.nowAt = in, time.Time{}
 	j.fx = j.fx[:0]
+	j.fxa = nil // the last step's, if the shell did not give it back
 	j.receive(ev)
 	return j.fx
 }
@@ -729,7 +732,7 @@ func (j *Job) stopWaitingPolicy() {
 func (j *Job) arm(at time.Time) {
 	j.timerEpoch++
 	j.timerAt = at
-	j.emit(Arm{At: at, Epoch: j.timerEpoch})
+	j.emitArm(Arm{At: at, Epoch: j.timerEpoch})
 }
 
 func (j *Job) disarm() {
@@ -779,7 +782,7 @@ func (j *Job) finishIn(gone Residency) {
 		j.nakAll(second)
 	}
 	if j.LockValue != "" {
-		j.emit(Forget{LockValue: j.LockValue})
+		j.emitForget(Forget{LockValue: j.LockValue})
 	}
 	parked := gone == Parked
 	if j.State == jobstate.StateDispatched && !parked {
@@ -827,7 +830,7 @@ func (j *Job) onRestarting() {
 	j.dropPick()
 	j.leaveGrace()
 	if j.LockValue != "" {
-		j.emit(Forget{LockValue: j.LockValue})
+		j.emitForget(Forget{LockValue: j.LockValue})
 	}
 	j.returnDeliveries()
 }
@@ -893,7 +896,10 @@ func (j *Job) refuse(reason jobstate.Reason, detail string, refuse func(jobstate
 
 func (j *Job) ack(d Delivery) {
 	if d != nil {
-		j.emit(Ack{D: d})
+		a := j.arena()
+		p := slot(a.ack[:], &a.nAck)
+		p.D = d
+		j.emit(p)
 	}
 }
 
@@ -903,7 +909,12 @@ func (j *Job) nak(d Delivery, delay time.Duration) {
 	}
 }
 
-func (j *Job) toRouter(m any) { j.emit(ToRouter{Msg: m}) }
+func (j *Job) toRouter(m any) {
+	a := j.arena()
+	p := slot(a.toR[:], &a.nToR)
+	p.Msg = m
+	j.emit(p)
+}
 
 func (j *Job) count(m Metric, label string) { j.in.Count(m, label) }
 

@@ -22,7 +22,7 @@ func keyedDispatch(t *testing.T, took time.Duration) (*driver, []Effect) {
 		t.Fatalf("the pick asked for no key slot: %v", fx)
 	}
 	d.feed(&KeySlotDone{Epoch: ask.Epoch, Outcome: KeyAdmitted})
-	if _, ok := find[Write](d.fx); !ok {
+	if _, ok := find[*Write](d.fx); !ok {
 		t.Fatalf("the slot granted, no dispatch write: %v", d.fx)
 	}
 	d.now = d.now.Add(took)
@@ -44,7 +44,7 @@ func TestConcurrencyKeyDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	if _, ok := find[PublishRequest](fx); ok {
 		t.Fatalf("a dispatch written %s after its slot was published: %v", KeySlotFresh, fx)
 	}
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled ||
 		w.Op.T.Path[0].Reason != jobstate.ReasonConcurrencyKey {
 		t.Fatalf("the stale dispatch was not taken back to SCHEDULED (concurrency_key): %v", fx)
@@ -53,16 +53,16 @@ func TestConcurrencyKeyDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	if d.j.State != jobstate.StateScheduled {
 		t.Fatalf("state %s after the stale dispatch was taken back", d.j.State)
 	}
-	rel, ok := find[ToRouter](fx)
+	rel, ok := find[*ToRouter](fx)
 	if r, isRel := rel.Msg.(*Released); !ok || !isRel || r.WorkerID != "w1" || !r.Done {
 		t.Fatalf("the worker's pick was not released: %v", fx)
 	}
-	if _, ok := find[Arm](fx); !ok {
+	if _, ok := find[*Arm](fx); !ok {
 		t.Fatalf("no retry armed: %v", fx)
 	}
 	d.now = d.now.Add(time.Second)
 	fx = d.feed(&Timer{Epoch: d.timer})
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("the retry asked for no worker: %v", fx)
 	}
 	fx = d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})

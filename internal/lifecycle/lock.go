@@ -194,7 +194,7 @@ func (j *Job) moved(plan *jobstate.Transition) {
 // hold records that the job owns its lock and registers it for renewal.
 func (j *Job) hold(lockValue string) {
 	j.LockValue = lockValue
-	j.emit(Hold{LockValue: lockValue})
+	j.emitHold(Hold{LockValue: lockValue})
 }
 
 // forwardToHolder passes the results and cancels waiting here to the node
@@ -229,7 +229,7 @@ func (j *Job) forwardToHolder(holder string) {
 
 // recover re-activates a job whose lock vanished under it.
 func (j *Job) recover() {
-	j.emit(Forget{LockValue: jobstate.LockValue(j.cfg.NodeID, j.Fence)})
+	j.emitForget(Forget{LockValue: jobstate.LockValue(j.cfg.NodeID, j.Fence)})
 	j.lost = j.State
 	j.moveTo(Fresh)
 	j.activate(false, nil)
@@ -405,7 +405,7 @@ func (j *Job) deadLettered(p *pending) {
 // passivate gives the lock up and stops; the job waits in Redis.
 func (j *Job) passivate() {
 	lv := j.LockValue
-	j.emit(Forget{LockValue: lv})
+	j.emitForget(Forget{LockValue: lv})
 	j.LockValue = ""
 	j.write(j.pend(pending{kind: wRelease, op: Op{Kind: OpRelease, JobID: j.ID, LockValue: lv}}))
 }
@@ -423,7 +423,7 @@ func (j *Job) park() {
 	}
 	// Not renewed from now on: a renewal racing the park would find the
 	// parked value ("…|p") and be refused, harmlessly.
-	j.emit(Forget{LockValue: lv})
+	j.emitForget(Forget{LockValue: lv})
 	j.LockValue = ""
 	j.write(j.pend(pending{kind: wPark, op: Op{Kind: OpPark, JobID: j.ID, Node: j.cfg.NodeID,
 		LockValue: lv, ParkDue: j.deadline.UnixMilli()}}))
@@ -458,7 +458,7 @@ func (j *Job) onStopping() {
 	j.dropPick()
 	j.leaveGrace()
 	if j.LockValue != "" && !j.res.Gone() {
-		j.emit(Forget{LockValue: j.LockValue})
+		j.emitForget(Forget{LockValue: j.LockValue})
 		op := &Op{Kind: OpRelease, JobID: j.ID, LockValue: j.LockValue}
 		if queued && j.State == jobstate.StateScheduled {
 			op.Kind = OpTransition
@@ -466,7 +466,7 @@ func (j *Job) onStopping() {
 				Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: j.now().UnixMilli(),
 				Release: true, Op: j.opID()}
 		}
-		j.emit(Write{Op: op}) // epoch 0: no answer is waited for
+		j.emitWrite(Write{Op: op}) // epoch 0: no answer is waited for
 	}
 	j.returnDeliveries()
 }

@@ -337,7 +337,7 @@ func (j *Job) parkTokens(at time.Time) {
 		due = dl.UnixMilli()
 	}
 	// Not renewed from now on (see park).
-	j.emit(Forget{LockValue: lv})
+	j.emitForget(Forget{LockValue: lv})
 	j.LockValue = ""
 	j.write(j.pend(pending{kind: wPark, op: Op{Kind: OpPark, JobID: j.ID, Node: j.cfg.NodeID,
 		LockValue: lv, ParkDue: due}}))

@@ -41,14 +41,14 @@ func TestRateParkedWaitWokenByCancelIsCancelled(t *testing.T) {
 		t.Fatalf("the woken wait did not ask for its tokens again: %v", fx)
 	}
 	fx = d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
-	if w, ok := find[Write](fx); ok && w.Op.Kind == OpPark {
+	if w, ok := find[*Write](fx); ok && w.Op.Kind == OpPark {
 		t.Fatalf("parked again with the cancel held: %v", fx)
 	}
 	leave, ok := find[LeaveTokens](fx)
 	if !ok || leave.Epoch != take.Epoch {
 		t.Fatalf("the cancelled job did not leave the queue under its ask's epoch: %v", fx)
 	}
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateCancelled {
 		t.Fatalf("no CANCELLED write: %v", fx)
 	}
@@ -64,7 +64,7 @@ func TestRateWakeGrantIsUsedOnceOrGivenBack(t *testing.T) {
 	if _, ok := find[TakeTokens](fx); ok {
 		t.Fatalf("a woken job with its grant asked the limiter again: %v", fx)
 	}
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("a woken job with its grant did not ask the router: %v", fx)
 	}
 
@@ -125,11 +125,11 @@ func TestRateLimitLiveRetryTakesItsUnitsAgain(t *testing.T) {
 	if !ok || take.Bucket != "b" || take.Units != 1 {
 		t.Fatalf("attempt 2 did not ask for its tokens: %v", fx)
 	}
-	if _, asked := find[AskRouter](fx); asked {
+	if _, asked := find[*AskRouter](fx); asked {
 		t.Fatalf("attempt 2 asked for a worker before its tokens: %v", fx)
 	}
 	fx = d.feed(&Tokens{Epoch: take.Epoch, Granted: true, Bucket: "b", Units: 1})
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("attempt 2's grant did not ask the router: %v", fx)
 	}
 	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
@@ -146,7 +146,7 @@ func TestRateLimitLiveRetryTakesItsUnitsAgain(t *testing.T) {
 	if _, took := find[TakeTokens](fx); took {
 		t.Fatalf("attempt 2 placed again took its units twice: %v", fx)
 	}
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("attempt 2 was not placed again: %v", fx)
 	}
 }
@@ -165,7 +165,7 @@ func TestRateLimitRetryWithoutTokensWaitsAndParksAsAFirstAttempt(t *testing.T) {
 		t.Fatal("attempt 2 did not ask for its tokens")
 	}
 	fx := d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled || w.Op.T.Path[0].Reason != jobstate.ReasonRateLimited {
 		t.Fatalf("attempt 2's wait for tokens is not written: %v", fx)
 	}
@@ -184,7 +184,7 @@ func TestRateLimitRetryWithoutTokensWaitsAndParksAsAFirstAttempt(t *testing.T) {
 	if !ok || park.Epoch != again.Epoch {
 		t.Fatalf("attempt 2's wait did not park with its place: %v", fx)
 	}
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpPark {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpPark {
 		t.Fatalf("no park write: %v", fx)
 	}
 
@@ -213,7 +213,7 @@ func TestRateLimitParkedRetryWaitTakesItsUnitsAtItsTime(t *testing.T) {
 	if _, ok := find[TakeTokens](fx); !ok {
 		t.Fatalf("a woken retry wait did not ask for its tokens: %v", fx)
 	}
-	if _, asked := find[AskRouter](fx); asked {
+	if _, asked := find[*AskRouter](fx); asked {
 		t.Fatalf("a woken retry wait asked for a worker before its tokens: %v", fx)
 	}
 }
@@ -235,7 +235,7 @@ func TestRateLimitAttemptAdoptedByTheActorOfAnEarlierOneTakesItsUnits(t *testing
 	if _, ok := find[TakeTokens](fx); !ok {
 		t.Fatalf("attempt 2 went on attempt 1's grant: %v", fx)
 	}
-	if _, asked := find[AskRouter](fx); asked {
+	if _, asked := find[*AskRouter](fx); asked {
 		t.Fatalf("attempt 2 asked for a worker before its tokens: %v", fx)
 	}
 }

@@ -180,11 +180,11 @@ func TestEveryResidencyEvent(t *testing.T) {
 // did checks that fx is what outcome o does with ev (delivery del, nil for
 // none); "" when it is.
 func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
-	w, wrote := find[Write](fx)
+	w, wrote := find[*Write](fx)
 	acked, naked := false, false
 	for _, e := range fx {
 		switch e := e.(type) {
-		case Ack:
+		case *Ack:
 			acked = acked || del != nil && e.D == del
 		case Nak:
 			naked = naked || del != nil && e.D == del
@@ -222,7 +222,7 @@ func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
 		}
 	case Ignore:
 		for _, e := range fx {
-			if m, ok := e.(ToRouter); ok {
+			if m, ok := e.(*ToRouter); ok {
 				if t, ok := m.Msg.(*Took); ok && !t.Used {
 					continue // a placement refused
 				}

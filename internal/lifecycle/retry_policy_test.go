@@ -40,7 +40,7 @@ func TestRetryPolicyFailedAttemptWaitsThenRunsAgainUnderTheNextAttemptID(t *test
 		t.Fatalf("first attempt dispatched as %q", got)
 	}
 	fx := d.result("job-1~a1", capv1.JobStatus_JOB_STATUS_FAILED)
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled || w.Op.T.Path[0].Reason != jobstate.ReasonRetryWait {
 		t.Fatalf("the failure is not a retry wait: %v", fx)
 	}
@@ -55,7 +55,7 @@ func TestRetryPolicyFailedAttemptWaitsThenRunsAgainUnderTheNextAttemptID(t *test
 	if _, told := find[TellClient](fx); told {
 		t.Fatal("the client was told of a failed attempt that is retried")
 	}
-	if _, armed := find[Arm](fx); !armed || d.j.State != jobstate.StateScheduled {
+	if _, armed := find[*Arm](fx); !armed || d.j.State != jobstate.StateScheduled {
 		t.Fatalf("no wait armed: %s %v", d.j.State, fx)
 	}
 	fx = d.redispatch()
@@ -74,7 +74,7 @@ func TestRetryPolicyEarlierAttemptsResultEndsNothing(t *testing.T) {
 	d.redispatch()
 	for _, st := range []capv1.JobStatus{capv1.JobStatus_JOB_STATUS_SUCCEEDED, capv1.JobStatus_JOB_STATUS_FAILED} {
 		fx := d.result("job-1~a1", st)
-		if _, wrote := find[Write](fx); wrote || d.j.State != jobstate.StateDispatched {
+		if _, wrote := find[*Write](fx); wrote || d.j.State != jobstate.StateDispatched {
 			t.Fatalf("attempt 1's %s moved attempt 2: %s %v", st, d.j.State, fx)
 		}
 	}
@@ -95,7 +95,7 @@ func TestRetryPolicyLastAttemptIsFinalAndTheClientHearsItOnce(t *testing.T) {
 		d.redispatch()
 	}
 	fx := d.result("job-1~a3", capv1.JobStatus_JOB_STATUS_FAILED)
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T.Final() != jobstate.StateFailed {
 		t.Fatalf("attempt 3 of 3 not final: %v", fx)
 	}
@@ -114,7 +114,7 @@ func TestRetryPolicyFatalOutcomesAreFinal(t *testing.T) {
 		capv1.JobStatus_JOB_STATUS_CANCELLED} {
 		d := retryDriver(t)
 		d.dispatch()
-		w, ok := find[Write](d.result("job-1~a1", st))
+		w, ok := find[*Write](d.result("job-1~a1", st))
 		if !ok || !w.Op.T.Final().Terminal() {
 			t.Fatalf("%s retried: %+v", st, w.Op)
 		}
@@ -132,7 +132,7 @@ func TestRetryPolicyWorkerLostRetries(t *testing.T) {
 	d.feed(&WorkerLost{WorkerID: "w1"})
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	d.now = d.now.Add(2 * time.Minute)
-	w, ok := find[Write](d.feed(&Timer{Epoch: d.timer}))
+	w, ok := find[*Write](d.feed(&Timer{Epoch: d.timer}))
 	if !ok || w.Op.T.Final() != jobstate.StateScheduled || w.Op.T.Path[0].Reason != jobstate.ReasonRetryWait {
 		t.Fatalf("a lost worker's attempt is not retried: %+v", w.Op)
 	}
@@ -148,8 +148,8 @@ func TestRetryPolicyAdoptedWaitKeepsItsTime(t *testing.T) {
 	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateScheduled, Fence: 2,
 		Fields: map[string]string{"s": "SCHEDULED", "reason": "retry_wait", "try": "2", "retry_at": itoa64(at.UnixMilli()),
 			"req": string(req)}}})
-	arm, ok := find[Arm](fx)
-	if _, asked := find[AskRouter](fx); asked || !ok || !arm.At.Equal(time.UnixMilli(at.UnixMilli())) || d.j.Attempt() != 2 {
+	arm, ok := find[*Arm](fx)
+	if _, asked := find[*AskRouter](fx); asked || !ok || !arm.At.Equal(time.UnixMilli(at.UnixMilli())) || d.j.Attempt() != 2 {
 		t.Fatalf("adopted wait: %v (attempt %d)", fx, d.j.Attempt())
 	}
 }
@@ -165,7 +165,7 @@ func TestRetryPolicyPlacementHeldAcrossARetryIsGivenBack(t *testing.T) {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
-	if _, ok := find[Write](fx); !ok || !d.j.queued {
+	if _, ok := find[*Write](fx); !ok || !d.j.queued {
 		t.Fatalf("the wait for capacity is not written: %v", fx)
 	}
 	// While the wait's write is under way, the other node's worker fails
@@ -176,19 +176,19 @@ func TestRetryPolicyPlacementHeldAcrossARetryIsGivenBack(t *testing.T) {
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateDispatched, Fence: 3,
 		Fields: map[string]string{"s": "DISPATCHED", "reason": "dispatched", "worker": "w3", "subj": "worker.w3.jobs",
 			"try": "1", "req": string(req), "created": itoa64(d.now.UnixMilli())}}})
-	if w, ok := find[Write](fx); !ok || w.Op.T == nil || w.Op.T.Path[0].Reason != jobstate.ReasonRetryWait {
+	if w, ok := find[*Write](fx); !ok || w.Op.T == nil || w.Op.T.Path[0].Reason != jobstate.ReasonRetryWait {
 		t.Fatalf("the adopted attempt's failure is not retried: %v", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	if d.j.State != jobstate.StateScheduled || d.j.Attempt() != 2 {
 		t.Fatalf("attempt 1's failure is not a retry: %s attempt %d %v", d.j.State, d.j.Attempt(), fx)
 	}
-	if w, ok := find[Write](fx); ok {
+	if w, ok := find[*Write](fx); ok {
 		t.Fatalf("the retry was dispatched on the held placement before its time: %+v", w.Op)
 	}
 	freed := false
 	for _, e := range fx {
-		if m, ok := e.(ToRouter); ok {
+		if m, ok := e.(*ToRouter); ok {
 			if r, ok := m.Msg.(*Released); ok && r.WorkerID == "w2" && r.Done {
 				freed = true
 			}

@@ -24,13 +24,13 @@ func longRetryDriver(t *testing.T) *driver {
 }
 
 // release reports the lock release among fx, if any.
-func release(fx []Effect) (Write, bool) {
+func release(fx []Effect) (*Write, bool) {
 	for _, e := range fx {
-		if w, ok := e.(Write); ok && w.Op.Kind == OpRelease {
+		if w, ok := e.(*Write); ok && w.Op.Kind == OpRelease {
 			return w, true
 		}
 	}
-	return Write{}, false
+	return nil, false
 }
 
 // A failed attempt whose backoff is long waits parked: once the retry wait
@@ -45,7 +45,7 @@ func TestRetryPolicyLongBackoffParksTheWait(t *testing.T) {
 	if !ok || w.Op.LockValue != "n1|1" || d.j.State != jobstate.StateScheduled {
 		t.Fatalf("the retry wait did not release its lock: %s %v", d.j.State, fx)
 	}
-	if arm, armed := find[Arm](fx); armed {
+	if arm, armed := find[*Arm](fx); armed {
 		t.Fatalf("a parking wait armed its timer for %v", arm.At)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Released: true}})
@@ -66,7 +66,7 @@ func TestRetryPolicyShortBackoffKeepsTheActor(t *testing.T) {
 	if _, released := release(fx); released {
 		t.Fatalf("a 100 ms backoff parked: %v", fx)
 	}
-	if arm, ok := find[Arm](fx); !ok || !arm.At.Equal(d.j.retryAt) || d.j.LockValue == "" {
+	if arm, ok := find[*Arm](fx); !ok || !arm.At.Equal(d.j.retryAt) || d.j.LockValue == "" {
 		t.Fatalf("no timer at the retry time %v: %v", d.j.retryAt, fx)
 	}
 	if fx = d.redispatch(); d.j.State != jobstate.StateDispatched || d.j.WorkerJobID() != "job-1~a2" {
@@ -84,7 +84,7 @@ func TestRetryPolicyWithoutThresholdNeverParks(t *testing.T) {
 	if _, released := release(fx); released {
 		t.Fatalf("parked with parking off: %v", fx)
 	}
-	if _, ok := find[Arm](fx); !ok {
+	if _, ok := find[*Arm](fx); !ok {
 		t.Fatalf("no timer: %v", fx)
 	}
 }
@@ -116,8 +116,8 @@ func TestRetryPolicyParkedWaitWokenByWhatIsLeft(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := longRetryDriver(t)
 			fx := d.wakeRetryWait(&Wake{}, d.now.Add(c.left))
-			_, asked := find[AskRouter](fx)
-			arm, armed := find[Arm](fx)
+			_, asked := find[*AskRouter](fx)
+			arm, armed := find[*Arm](fx)
 			_, parked := release(fx)
 			got := map[bool]string{true: "ask"}[asked] + map[bool]string{true: "arm"}[armed] + map[bool]string{true: "park"}[parked]
 			if got != c.want || d.j.Attempt() != 2 {
@@ -135,9 +135,9 @@ func TestRetryPolicyParkedWaitIsCancelled(t *testing.T) {
 	if _, parked := release(fx); parked {
 		t.Fatalf("parked again before the cancel: %v", fx)
 	}
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	for _, e := range fx {
-		if e, isW := e.(Write); isW && e.Op.T != nil {
+		if e, isW := e.(*Write); isW && e.Op.T != nil {
 			w, ok = e, true
 		}
 	}
@@ -159,10 +159,10 @@ func TestRetryPolicyParkedWaitParksAgainAfterAnEarlierAttemptsResult(t *testing.
 	d := longRetryDriver(t)
 	fx := d.wakeRetryWait(&Result{Res: &capv1.JobResult{JobId: "job-1~a1", Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED,
 		WorkerId: "w1"}}, d.now.Add(5*time.Minute))
-	if _, wrote := find[Write](fx); wrote || d.j.State != jobstate.StateScheduled {
+	if _, wrote := find[*Write](fx); wrote || d.j.State != jobstate.StateScheduled {
 		t.Fatalf("attempt 1's result moved the wait: %s %v", d.j.State, fx)
 	}
-	arm, ok := find[Arm](fx)
+	arm, ok := find[*Arm](fx)
 	if !ok || !arm.At.Equal(d.now) {
 		t.Fatalf("no timer to park at once: %v", fx)
 	}
@@ -191,7 +191,7 @@ func TestRetryPolicyRecreatedWaitIsDueAtItsRetryTime(t *testing.T) {
 	d.now = d.now.Add(time.Second)
 	d.feed(&LockLost{LockValue: d.j.LockValue, Vanished: true})
 	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled {
 		t.Fatalf("the lost retry wait is not written back: %v", fx)
 	}

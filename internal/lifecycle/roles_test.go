@@ -36,7 +36,7 @@ func refused(t *testing.T, fx []Effect, want jobstate.Reason, what string) {
 	if !ok || r.Reason != want {
 		t.Fatalf("%s: effects %v, want a refusal %s", what, fx, want)
 	}
-	if _, wrote := find[Write](fx); wrote {
+	if _, wrote := find[*Write](fx); wrote {
 		t.Fatalf("%s: refused, yet written: %v", what, fx)
 	}
 }
@@ -54,7 +54,7 @@ func TestWorkerKeyReportsOnlyForTheDispatchedWorker(t *testing.T) {
 		t.Fatalf("refusals changed the job: %s on %s", d.j.State, d.j.Worker)
 	}
 	fx := d.feed(succeeded("w1", workerKey("w1", "p")))
-	if w, ok := find[Write](fx); !ok || w.Op.T.Final() != jobstate.StateSucceeded {
+	if w, ok := find[*Write](fx); !ok || w.Op.T.Final() != jobstate.StateSucceeded {
 		t.Fatalf("the job's own worker's result: %v", fx)
 	}
 }
@@ -68,7 +68,7 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "job.x", Pool: "p"})
-	if w, ok := find[Write](fx); !ok || fieldsOf(t, fx)["pool"] != "p" {
+	if w, ok := find[*Write](fx); !ok || fieldsOf(t, fx)["pool"] != "p" {
 		t.Fatalf("the dispatch does not record its pool: %v %v", w, fx)
 	}
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
@@ -80,7 +80,7 @@ func TestPoolSubjectFirstWorkerOfThePoolBindsTheJob(t *testing.T) {
 	}
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	refused(t, d.feed(succeeded("w4", workerKey("w4", "p"))), jobstate.ReasonNotJobWorker, "a second worker of the pool")
-	if w, ok := find[Write](d.feed(succeeded("w3", workerKey("w3", "p")))); !ok || w.Op.T.Final() != jobstate.StateSucceeded {
+	if w, ok := find[*Write](d.feed(succeeded("w3", workerKey("w3", "p")))); !ok || w.Op.T.Final() != jobstate.StateSucceeded {
 		t.Fatal("the bound worker's result was not taken")
 	}
 }
@@ -92,7 +92,7 @@ func TestClientKeyCancelsOnlyItsTenantsJobs(t *testing.T) {
 	cli := &key{role: "client", tenants: []string{"tenantB"}}
 	refused(t, d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: cli}), jobstate.ReasonOutOfScope, "another tenant's client")
 	op := &key{role: "operator"}
-	if w, ok := find[Write](d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: op})); !ok || w.Op.T.Final() != jobstate.StateCancelled {
+	if w, ok := find[*Write](d.feed(&Cancel{C: &capv1.JobCancel{JobId: "job-1"}, By: op})); !ok || w.Op.T.Final() != jobstate.StateCancelled {
 		t.Fatal("the operator's cancel was not taken")
 	}
 }

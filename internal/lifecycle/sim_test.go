@@ -371,7 +371,7 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 		for _, e := range fx {
 			if fenced {
 				switch e.(type) {
-				case PublishRequest, TellClient, PublishDLQ, CancelWorker, ScanContent, Ack:
+				case PublishRequest, TellClient, PublishDLQ, CancelWorker, ScanContent, *Ack:
 					s.fail("%s: effect %T after a fenced write", a.j.ID, e)
 				}
 			}
@@ -379,6 +379,9 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 				ev = next
 			}
 		}
+		// As the shell: the step's pointer effects' storage goes back, to
+		// be reused by this and other jobs' next steps.
+		a.j.Consumed()
 	}
 }
 
@@ -421,7 +424,7 @@ func describe(ev any) string {
 func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 	j := a.j
 	switch e := e.(type) {
-	case Write:
+	case *Write:
 		op := e.Op
 		if op.Kind == OpActivate && !op.Create && a.j.res == Unwritten {
 			if s.probes == nil {
@@ -445,9 +448,9 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		})
 	case RetryWrite:
 		s.send(&simMsg{node: n, actor: a, job: j.ID, ev: &RetryNow{Epoch: e.Epoch}, at: s.now.Add(e.After)})
-	case AskRouter:
+	case *AskRouter:
 		s.pick(n, a, e.Req.(*PickRequest))
-	case ToRouter:
+	case *ToRouter:
 		switch m := e.Msg.(type) {
 		case *Withdraw:
 			if n.queue[m.JobID] == m.Ticket {
@@ -513,19 +516,19 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		if e.M == MRetried {
 			s.retries++
 		}
-	case Arm:
+	case *Arm:
 		a.timerAt, a.timerEpoch = e.At, e.Epoch
 	case Disarm:
 		a.timerAt = time.Time{}
-	case Ack:
+	case *Ack:
 		_ = e.D.Ack()
 	case Nak:
 		_ = e.D.NakWithDelay(e.Delay)
 	case Touch:
 		_ = e.D.InProgress()
-	case Hold:
+	case *Hold:
 		n.held[j.ID] = e.LockValue
-	case Forget:
+	case *Forget:
 		if n.held[j.ID] == e.LockValue {
 			delete(n.held, j.ID)
 		}

@@ -16,11 +16,11 @@ func tenantDispatch(t *testing.T, took time.Duration) (*driver, []Effect) {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x", TenantId: "t"}})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpAdmit {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpAdmit {
 		t.Fatalf("the pick asked for no tenant slot: %v", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Admitted: true}})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpActivate {
 		t.Fatalf("the slot granted, no dispatch write: %v", fx)
 	}
 	d.now = d.now.Add(took)
@@ -43,7 +43,7 @@ func TestTenantLimitDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	if _, ok := find[PublishRequest](fx); ok {
 		t.Fatalf("a dispatch written %s after its slot was published: %v", TenantSlotFresh, fx)
 	}
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled ||
 		w.Op.T.Path[0].Reason != jobstate.ReasonTenantLimit {
 		t.Fatalf("the stale dispatch was not taken back to SCHEDULED (tenant_limit): %v", fx)
@@ -55,20 +55,20 @@ func TestTenantLimitDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	if d.j.State != jobstate.StateScheduled {
 		t.Fatalf("state %s after the stale dispatch was taken back", d.j.State)
 	}
-	rel, ok := find[ToRouter](fx)
+	rel, ok := find[*ToRouter](fx)
 	if r, isRel := rel.Msg.(*Released); !ok || !isRel || r.WorkerID != "w1" || !r.Done {
 		t.Fatalf("the worker's pick was not released: %v", fx)
 	}
-	if _, ok := find[Arm](fx); !ok {
+	if _, ok := find[*Arm](fx); !ok {
 		t.Fatalf("no retry armed: %v", fx)
 	}
 	d.now = d.now.Add(time.Second)
 	fx = d.feed(&Timer{Epoch: d.timer})
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("the retry asked for no worker: %v", fx)
 	}
 	fx = d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpAdmit {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpAdmit {
 		t.Fatalf("the retry asked for no tenant slot: %v", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Admitted: true}})
@@ -94,7 +94,7 @@ func TestTenantLimitAdoptedScheduledJobAsksForItsSlotAgain(t *testing.T) {
 		t.Fatalf("a SCHEDULED record's tslot flag taken as a slot held")
 	}
 	fx := d.j.Step(&PickReply{Epoch: d.j.opEpoch, WorkerID: "w1", Subject: "worker.w1.jobs"}, d)
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpAdmit {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpAdmit {
 		t.Fatalf("the adopted job's pick asked for no tenant slot: %v", fx)
 	}
 }

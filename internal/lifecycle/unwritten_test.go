@@ -24,7 +24,7 @@ func (d *driver) waitUnwritten(sub *submitDelivery) bool {
 	}
 	d.now = d.j.timerAt
 	fx := d.feed(&Timer{Epoch: d.timer})
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
 		return false // no look for the record at the first timer
 	}
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
@@ -62,7 +62,7 @@ func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
 			if !d.beginUnwritten(sub) {
 				t.Fatalf("no wait within the grace: %v", d.fx)
 			}
-			if _, ok := find[Write](d.fx); ok {
+			if _, ok := find[*Write](d.fx); ok {
 				t.Fatalf("a read as the wait began: %v", d.fx)
 			}
 			if at := d.j.timerAt; at.After(d.now.Add(2 * time.Second)) {
@@ -70,7 +70,7 @@ func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
 			}
 			d.now = d.j.timerAt
 			fx := d.feed(&Timer{Epoch: d.timer})
-			w, ok := find[Write](fx)
+			w, ok := find[*Write](fx)
 			if !ok || w.Op.Kind != OpActivate || w.Op.Create {
 				t.Fatalf("no look for the record at the wait's first timer: %v", fx)
 			}
@@ -78,7 +78,7 @@ func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
 			if g, ok := find[Grace](fx); !ok || g.Delta != -1 || d.j.res == Unwritten {
 				t.Errorf("the job of an existing record still waits unwritten (%s): %v", d.j.res, fx)
 			}
-			if a, ok := find[Ack](fx); !ok || a.D != sub {
+			if a, ok := find[*Ack](fx); !ok || a.D != sub {
 				t.Errorf("the repeated submit was not acked: %v", fx)
 			}
 			if d.j.queued {
@@ -111,7 +111,7 @@ func TestUnwrittenWaitAbsorbsEventsThatNeedTheRecord(t *testing.T) {
 		}
 		timer := d.timer
 		fx := d.feed(ev)
-		if w, ok := find[Write](fx); ok {
+		if w, ok := find[*Write](fx); ok {
 			t.Errorf("%T: the unwritten wait wrote %v", ev, w.Op.Kind)
 		}
 		if _, ok := find[PublishDLQ](fx); ok || sub.acked+sub.naked > 0 {
@@ -125,7 +125,7 @@ func TestUnwrittenWaitAbsorbsEventsThatNeedTheRecord(t *testing.T) {
 			if n, ok := find[Nak](fx); !ok || n.D != r.Delivery || n.Delay != UnwrittenResultRetry {
 				t.Errorf("result of no dispatch of this actor: %v, want it offered again in %v", fx, UnwrittenResultRetry)
 			}
-			if _, ok := find[Ack](fx); ok {
+			if _, ok := find[*Ack](fx); ok {
 				t.Errorf("result of no dispatch of this actor acked (lost if another node dispatched the job): %v", fx)
 			}
 		}
@@ -151,11 +151,11 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 	// written — the job's record exists already, RUNNING elsewhere.
 	d.now = d.now.Add(CapacityRecheck)
 	fx := d.feed(&Timer{Epoch: d.timer})
-	if _, ok := find[AskRouter](fx); !ok {
+	if _, ok := find[*AskRouter](fx); !ok {
 		t.Fatalf("no recheck at CapacityRecheck: %v", fx)
 	}
 	picked := d.feed(&PickReply{Epoch: d.step, Reason: jobstate.ReasonTopicUnmapped, Detail: "no route"})
-	if w, ok := find[Write](picked); !ok || w.Op.Kind != OpActivate {
+	if w, ok := find[*Write](picked); !ok || w.Op.Kind != OpActivate {
 		t.Fatalf("placement failure of an unwritten job: %v, want an activation", picked)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateRunning,
@@ -172,7 +172,7 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 	if left != -1 || (d.j.res == Unwritten) {
 		t.Errorf("adopted RUNNING: grace not left once (delta %d, unwritten %v): %v then %v", left, (d.j.res == Unwritten), picked, fx)
 	}
-	if a, ok := find[Ack](fx); !ok || a.D != sub {
+	if a, ok := find[*Ack](fx); !ok || a.D != sub {
 		t.Errorf("adopted: the held submit was not acked (the job exists): %v", fx)
 	}
 	if d.j.queued {
@@ -182,7 +182,7 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 		t.Fatalf("state %s, timer %v: want RUNNING with its wait armed", d.j.State, d.j.timerAt)
 	}
 	d.now = d.j.timerAt
-	if _, ok := find[AskRouter](d.feed(&Timer{Epoch: d.timer})); ok {
+	if _, ok := find[*AskRouter](d.feed(&Timer{Epoch: d.timer})); ok {
 		t.Fatalf("a RUNNING job asked the router for a worker: %v", d.fx)
 	}
 }
@@ -204,7 +204,7 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 			break
 		}
 	}
-	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpActivate || !w.Op.Create {
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpActivate || !w.Op.Create {
 		t.Fatalf("grace over: %v, want the wait written (a create)", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateAdopted, State: jobstate.StateRunning,
@@ -212,7 +212,7 @@ func TestAdoptedAtGraceEndWithdrawsTheQueuePlace(t *testing.T) {
 			"deadline": "9999999999999", "deadline_kind": string(jobstate.ReasonRunningTimeout)}}})
 	withdrawn := false
 	for _, e := range fx {
-		if m, ok := e.(ToRouter); ok {
+		if m, ok := e.(*ToRouter); ok {
 			if _, ok := m.Msg.(*Withdraw); ok {
 				withdrawn = true
 			}
@@ -234,7 +234,7 @@ func TestAbandonedUnwrittenWaitIsRecordedThenFailed(t *testing.T) {
 		t.Fatalf("no wait within the grace: %v", d.fx)
 	}
 	fx := d.feed(&Abandon{Detail: "actor failed"})
-	w, ok := find[Write](fx)
+	w, ok := find[*Write](fx)
 	if !ok || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled {
 		t.Fatalf("abandoned unwritten wait: %v, want its wait written (created SCHEDULED)", fx)
 	}
@@ -242,10 +242,10 @@ func TestAbandonedUnwrittenWaitIsRecordedThenFailed(t *testing.T) {
 		t.Errorf("abandoned unwritten wait: grace not left: %v", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateScheduled, Fence: 1}})
-	if a, ok := find[Ack](fx); !ok || a.D != sub {
+	if a, ok := find[*Ack](fx); !ok || a.D != sub {
 		t.Errorf("wait written: held submit not acked: %v", fx)
 	}
-	w, ok = find[Write](fx)
+	w, ok = find[*Write](fx)
 	if !ok || w.Op.Kind != OpTransition || w.Op.T.Final() != jobstate.StateFailed ||
 		w.Op.T.Path[0].Reason != jobstate.ReasonActorFailed {
 		t.Fatalf("after the wait was written: %v, want FAILED actor_failed", fx)

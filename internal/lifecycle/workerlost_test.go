@@ -31,7 +31,7 @@ func TestWorkerLostGraceRunsFromTheEviction(t *testing.T) {
 			at = d.now.Add(-c.ago)
 		}
 		fx := d.feed(&WorkerLost{WorkerID: "w1", At: at})
-		w, ok := find[Write](fx)
+		w, ok := find[*Write](fx)
 		if !ok || w.Op.T == nil || w.Op.T.Due != d.now.Add(c.want).UnixMilli() {
 			t.Fatalf("evicted %v ago: %v, want a worker_lost deadline %v from now", c.ago, fx, c.want)
 		}

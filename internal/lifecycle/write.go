@@ -100,7 +100,7 @@ func (j *Job) writeTry(p *pending, retry bool) {
 	j.opEpoch++
 	j.busy = true
 	j.pending = p
-	j.emit(Write{Epoch: j.opEpoch, Op: &p.op, Retry: retry})
+	j.emitWrite(Write{Epoch: j.opEpoch, Op: &p.op, Retry: retry})
 }
 
 // written decides what a write's outcome means. A Redis error leaves the
@@ -297,7 +297,7 @@ func (j *Job) transitioned(p *pending, r *WriteResult) {
 	j.State = to
 	j.LastReason = t.Path[len(t.Path)-1].Reason
 	if !t.LockKept() {
-		j.emit(Forget{LockValue: j.LockValue})
+		j.emitForget(Forget{LockValue: j.LockValue})
 		j.LockValue = ""
 	}
 	if j.State.Terminal() {

@@ -117,6 +117,23 @@ func (k *Keys) Lock(jobID string) string { return k.tags[Shard(jobID)] + "lock:"
 // takes it. See lua/cancel_mark.lua.
 func (k *Keys) CancelMark(jobID string) string { return k.tags[Shard(jobID)] + "cmark:" + jobID }
 
+// jobKeys returns Job, Lock and CancelMark of jobID, in shard sh
+// (Shard(jobID)), cut from one string: one allocation where each key is
+// one (a job's script calls name all three).
+func (k *Keys) jobKeys(sh int, jobID string) (job, lock, mark string) {
+	tag := k.tags[sh]
+	n := len(tag) + len(jobID)
+	var b strings.Builder
+	b.Grow(3*n + len("job:lock:cmark:"))
+	for _, kind := range [...]string{"job:", "lock:", "cmark:"} {
+		b.WriteString(tag)
+		b.WriteString(kind)
+		b.WriteString(jobID)
+	}
+	s := b.String()
+	return s[:n+4], s[n+4 : 2*n+9], s[2*n+9:]
+}
+
 // Tag is the key prefix of jobID's shard ("<prefix>{NN}:"). A key of the
 // shard is the tag followed by a suffix (see ShardZAdd).
 func (k *Keys) Tag(jobID string) string { return k.tags[Shard(jobID)] }

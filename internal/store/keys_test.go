@@ -3,6 +3,7 @@ package store
 import (
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -60,3 +61,23 @@ func TestShardKeysAreTheDocumentedNames(t *testing.T) {
 }
 
 var keySink int
+
+// TestJobKeysAreJobLockCancelMark: the three keys a job's script calls
+// name, cut from one string, are Job, Lock and CancelMark byte for byte
+// (empty, short, long and non-ASCII ids; a prefix and none), and cost one
+// allocation.
+func TestJobKeysAreJobLockCancelMark(t *testing.T) {
+	for _, prefix := range []string{"p:", ""} {
+		k := NewKeys(prefix)
+		for _, id := range []string{"", "j", "r0123456789-12345", strings.Repeat("x", 300), "é|{}:"} {
+			job, lock, mark := k.jobKeys(Shard(id), id)
+			if job != k.Job(id) || lock != k.Lock(id) || mark != k.CancelMark(id) {
+				t.Errorf("prefix %q id %q: %q %q %q, want %q %q %q", prefix, id, job, lock, mark, k.Job(id), k.Lock(id), k.CancelMark(id))
+			}
+		}
+	}
+	k := NewKeys("p:")
+	if n := testing.AllocsPerRun(100, func() { k.jobKeys(3, "r0123456789-12345") }); n != 1 {
+		t.Errorf("%v allocations, want 1", n)
+	}
+}

@@ -622,11 +622,12 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 			call = hotCalls.act.Get().(*activateCall)
 			op.call = call
 		}
+		jobKey, lockKey, markKey := k.jobKeys(sh, op.JobID)
 		*call = activateCall{
-			jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+			jobKey: jobKey, lockKey: lockKey, dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
-			markKey: k.CancelMark(op.JobID), cancelledKey: k.Index(sh, string(jobstate.StateCancelled)),
+			markKey: markKey, cancelledKey: k.Index(sh, string(jobstate.StateCancelled)),
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
 			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
 			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.LockAfter(), dueMs: due(op.T),
@@ -640,8 +641,9 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 		call = hotCalls.tr.Get().(*transitionCall)
 		op.call = call
 	}
+	jobKey, lockKey, _ := k.jobKeys(sh, op.JobID)
 	*call = transitionCall{
-		jobKey: k.Job(op.JobID), lockKey: k.Lock(op.JobID), dueKey: k.Due(sh),
+		jobKey: jobKey, lockKey: lockKey, dueKey: k.Due(sh),
 		toIndexKey: k.Index(sh, string(op.T.Final())),
 		lockValue:  op.LockValue, node: op.Node, expected: op.T.Expect, nowMs: now, jobID: op.JobID,
 		lockAfter: op.T.LockAfter(), dueMs: due(op.T),
