@@ -18,10 +18,12 @@ import "time"
 // So TooSlow says when the TTL is under MissedIntervals of a worker's
 // steady interval, and the router warns about it and counts it.
 //
-// The steady interval is the shortest of the last gapWindow gaps (or the
-// announced interval): a lost heartbeat or a pause lengthens one gap, not
-// four in a row, so a healthy worker is never called too slow; an early
-// beat shortens one, which only delays the verdict. A worker evicted
+// The steady interval is the second shortest of the last gapWindow gaps
+// (or the announced interval): a lost heartbeat or a pause lengthens one
+// gap, not three of four, so a healthy worker is not called too slow; a
+// beat its busy process sent late is followed by one on time, a short gap
+// that the shortest alone would take for the interval (a worker beating
+// every 400 ms under a 1 s TTL went unwarned on a loaded machine). A worker evicted
 // between beats would never stay long enough to show four gaps, so the
 // registry keeps an evicted worker's cadence (its last beat and gaps) for
 // trailKeep and takes it up again when the worker heartbeats: the gap
@@ -50,13 +52,13 @@ type cadence struct {
 	gaps      [gapWindow]time.Duration
 	nGaps     int
 	gapPos    int
-	// steady is the announced interval, or the shortest of a full window
+	// steady is the announced interval, or the second shortest of a full window
 	// of gaps; 0 while unknown.
 	steady time.Duration
 }
 
 // BeatEvery is the worker's steady heartbeat interval (see above): the
-// interval it announced, or the shortest of its last four gaps; 0 while
+// interval it announced, or the second shortest of its last four gaps; 0 while
 // unknown.
 func (w *Worker) BeatEvery() time.Duration { return w.steady }
 

@@ -131,3 +131,28 @@ func TestRegistryHeartbeatsDoNotAllocate(t *testing.T) {
 		t.Fatalf("%v allocations per %d heartbeats, want 0", allocs, n)
 	}
 }
+
+// TestRegistryLateBeatsCatchUpDoNotHideASlowWorker: a worker beating every
+// 400 ms whose busy process sends a beat late and the next on time (a
+// ticker's catch-up: 676 ms, then 124 ms) is still too slow for a 1 s TTL;
+// a worker beating every 300 ms that loses one beat is not.
+func TestRegistryLateBeatsCatchUpDoNotHideASlowWorker(t *testing.T) {
+	t.Parallel()
+	r := New(time.Second)
+	at := t0
+	for _, gap := range []time.Duration{0, 400, 676, 124, 400, 400} {
+		at = at.Add(gap * time.Millisecond)
+		r.ObserveSent(beat("slow", "p"), at, at)
+	}
+	if w := r.Get("slow"); !r.TooSlow(w) || w.BeatEvery() != 400*time.Millisecond {
+		t.Fatalf("400 ms beats with one late: too slow %v, interval %v; want too slow at 400ms", r.TooSlow(w), w.BeatEvery())
+	}
+	at = t0
+	for _, gap := range []time.Duration{0, 300, 300, 600, 300, 300} {
+		at = at.Add(gap * time.Millisecond)
+		r.ObserveSent(beat("fast", "p"), at, at)
+	}
+	if w := r.Get("fast"); r.TooSlow(w) || w.BeatEvery() != 300*time.Millisecond {
+		t.Fatalf("300 ms beats, one lost: too slow %v, interval %v; want not, at 300ms", r.TooSlow(w), w.BeatEvery())
+	}
+}

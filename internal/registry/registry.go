@@ -503,15 +503,38 @@ func (r *Registry) learnInterval(w *Worker, now, sent time.Time) {
 	if w.nGaps < minGapsToLearn {
 		return
 	}
-	longest, shortest := w.gaps[0], w.gaps[0]
+	longest := w.gaps[0]
 	for _, g := range w.gaps[1:w.nGaps] {
-		longest, shortest = max(longest, g), min(shortest, g)
+		longest = max(longest, g)
 	}
 	w.Interval = longest
 	w.steady = 0
 	if w.nGaps == gapWindow {
-		w.steady = shortest
+		w.steady = secondShortest(w.gaps)
 	}
+}
+
+// secondShortest is the steady interval of a full window of gaps: the
+// second shortest. A worker whose ticker fired late (its process busy)
+// sends that beat late and the next on time, a long gap and then a short
+// one; the shortest gap alone would take the short one for its interval
+// and find a worker beating too seldom fast enough. A lost heartbeat or a
+// pause lengthens one gap, so three of four lengthened are needed to
+// call a healthy worker slow.
+func secondShortest(gaps [gapWindow]time.Duration) time.Duration {
+	first, second := gaps[0], gaps[1]
+	if second < first {
+		first, second = second, first
+	}
+	for _, g := range gaps[2:] {
+		switch {
+		case g < first:
+			first, second = g, first
+		case g < second:
+			second = g
+		}
+	}
+	return second
 }
 
 // ttlFor is the worker's liveness window: the configured TTL, shortened to
