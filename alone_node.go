@@ -79,6 +79,7 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 	if !intact.IsZero() {
 		cut = intact.Add(-n.aloneGrace())
 	}
+	defer n.lostWaitSweeps.Inc()
 	waits := n.alone.Snapshot(cut)
 	if len(waits) == 0 {
 		return
@@ -110,6 +111,7 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 			}
 		}
 		n.alone.Drop(gone)
+		n.lostWaitsWoken.Add(float64(len(gone)))
 		woken += len(gone)
 		if len(waits) > 0 {
 			select {
@@ -119,7 +121,6 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 			}
 		}
 	}
-	n.lostWaitsWoken.Add(float64(woken))
 	n.log.Warn("waits left alone whose records Redis lost were woken to end state_lost", "woken", woken)
 }
 

@@ -221,6 +221,9 @@ func (n *Node) renewerPart() part {
 			n.lostWaitsWoken = prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_lost_waits_woken_total",
 				Help: "Jobs this node left waiting alone (a parked retry, an approval, a rate-limited park) woken to end state_lost after Redis lost their records."})
 			_ = n.cfg.Metrics.Register(n.lostWaitsWoken)
+			n.lostWaitSweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_lost_wait_sweeps_total",
+				Help: "Sweeps of this node's waits left alone after it saw Redis lose its data (done, whether or not any was lost)."})
+			_ = n.cfg.Metrics.Register(n.lostWaitSweeps)
 			_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_waits_alone",
 				Help: "Jobs this node left waiting alone (no actor, no worker) and remembers, to end them if Redis loses their records."},
 				func() float64 { return float64(n.alone.Len()) }))

@@ -61,6 +61,7 @@ type Node struct {
 	alone          *jobactor.AloneWaits
 	aloneLost      chan time.Time
 	lostWaitsWoken prometheus.Counter
+	lostWaitSweeps prometheus.Counter
 	// keeper recreates lost streams and probes them (nil with StreamCheck
 	// negative); Ready reports a stream it found refusing writes.
 	keeper atomic.Pointer[bus.StreamKeeper]
