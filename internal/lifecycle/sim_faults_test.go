@@ -119,7 +119,7 @@ func (s *sim) fault() {
 				s.aloneDied++
 			}
 		}
-		delete(s.rate.queues, n)         // the limiter's memory goes with the node
+		delete(s.rate.queues, n) // the limiter's memory goes with the node
 		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() {
 			s.logf("fault: %s restarts", n.id)
 			n.alive = true

@@ -132,8 +132,8 @@ type sim struct {
 	everEnded     map[string]bool
 	aloneIndexed  int
 	aloneAfterEnd int
-	relays      map[*simRec]int
-	rate        simRate // the rate limiter's model (sim_rate_test.go)
+	relays        map[*simRec]int
+	rate          simRate // the rate limiter's model (sim_rate_test.go)
 }
 
 func newSim(t testing.TB, seed uint64) *sim {
