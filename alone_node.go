@@ -7,8 +7,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/internal/jobactor"
-	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/internal/lifecycle"
 )
 
 // Waits left alone (issue 31): a parked retry wait, an approval and a
@@ -140,24 +138,12 @@ func (n *Node) verifyAlone(ctx context.Context, cursor int) int {
 	}
 	var moved []jobactor.AloneWait
 	for i, w := range waits {
-		if s := states[i]; s != "" && !stillWaiting(w.Kind, s) {
+		if s := states[i]; s != "" && !w.StillWaiting(s) {
 			moved = append(moved, w)
 		}
 	}
 	n.alone.Drop(moved)
 	return next
-}
-
-// stillWaiting reports whether a record whose state and reason are s
-// ("state reason") is still in a wait of kind.
-func stillWaiting(kind lifecycle.WaitKind, s string) bool {
-	switch kind {
-	case lifecycle.WaitApproval:
-		return s == string(jobstate.StateApprovalRequired)+" "+string(jobstate.ReasonApprovalRequired)
-	case lifecycle.WaitRate:
-		return s == string(jobstate.StateScheduled)+" "+string(jobstate.ReasonRateLimited)
-	}
-	return s == string(jobstate.StateScheduled)+" "+string(jobstate.ReasonRetryWait)
 }
 
 // recordStates reads "state reason" of each wait's record ("" where the

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/lifecycle"
 )
 
@@ -169,4 +170,16 @@ func (w *AloneWaits) Undue(from, limit int) ([]AloneWait, int) {
 		s.mu.Unlock()
 	}
 	return out, i % aloneStripes
+}
+
+// StillWaiting reports whether a record whose state and reason are s
+// ("<state> <reason>") is still in the wait w names.
+func (w AloneWait) StillWaiting(s string) bool {
+	switch w.Kind {
+	case lifecycle.WaitApproval:
+		return s == string(jobstate.StateApprovalRequired)+" "+string(jobstate.ReasonApprovalRequired)
+	case lifecycle.WaitRate:
+		return s == string(jobstate.StateScheduled)+" "+string(jobstate.ReasonRateLimited)
+	}
+	return s == string(jobstate.StateScheduled)+" "+string(jobstate.ReasonRetryWait)
 }
