@@ -371,6 +371,10 @@ func (j *Job) unknownJob() {
 			found = true
 		case *Submit:
 			keep = append(keep, m)
+		case *Wake:
+			// A lost wait's wake that came while the activation was
+			// outstanding (its own, or another event's) counts too.
+			j.wokenLost = j.wokenLost || m.Lost
 		}
 	}
 	j.deferred = keep

@@ -271,3 +271,19 @@ func TestLostRecordWakeOfAWaitLeftAloneEndsStateLost(t *testing.T) {
 		})
 	}
 }
+
+// A lost wait's wake that reaches the actor while its activation (for
+// another event) is outstanding is deferred, and still counts when the
+// activation finds no record (simulator seed 2891: it was dropped).
+func TestLostRecordWakeDeferredDuringAnActivationStillEndsStateLost(t *testing.T) {
+	d := newDriver(t)
+	d.lost = true
+	d.feed(&Wake{})
+	if fx := d.feed(&Wake{Lost: true}); len(fx) != 0 {
+		t.Fatalf("the second wake was not deferred: %v", fx)
+	}
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
+	if w, ok := find[Write](fx); !ok || w.Op.Kind != OpDLQ || w.Op.DLQ.Reason != jobstate.ReasonStateLost {
+		t.Fatalf("no state_lost DLQ write: %v", fx)
+	}
+}
