@@ -13,6 +13,7 @@ import (
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/worker"
 )
 
 // Tests of waits left alone (issue 31): a parked retry wait or an approval
@@ -222,5 +223,36 @@ func TestRetryPolicyParkedWaitThatEndedIsNotWokenByALaterLoss(t *testing.T) {
 	case r := <-told:
 		t.Fatalf("told again after the loss: %v %q", r.Status, r.ErrorCode)
 	default:
+	}
+}
+
+// A job parked for its rate limit's tokens (its lock held through the node
+// lease, its ask kept by the limiter: no actor, no worker) whose record
+// Redis loses ends state_lost, its client told once, and never runs. On
+// the base it stays in the limiter's queue for a day's refill and then
+// finds no record: a plain wake, nothing recorded.
+func TestLostRecordOfARateLimitedParkEndsStateLost(t *testing.T) {
+	t.Parallel()
+	e, _ := policyEngine(t, policyAPI24h)
+	f := privateRedisFixture(t, func(c *troupe.Config) {
+		c.Policy, c.NodeID = e, rateNodeID(t)
+		parkSoon(c)
+		lostFast(c)
+	})
+	rec := newReceipts()
+	f.startWorker("w-rate", true, rec, worker.Echo)
+	f.submit(rateReq("rate-lost-first"))
+	f.waitState("rate-lost-first", jobstate.StateSucceeded)
+	const id = "rate-lost-waits"
+	told := toldOf(t, f, id)
+	f.submit(rateReq(id))
+	f.waitWaited(id)
+	waitParked(t, f.node, 1)
+	waitCounter(t, f.node, "troupe_waits_alone", "", 1)
+
+	flushAndWaitLoss(t, f, f.node)
+	endsStateLostOnce(t, f, id, told, f.node)
+	if n := rec.count(id); n != 0 {
+		t.Fatalf("the rate-limited job reached a worker %d times after its record was lost", n)
 	}
 }
