@@ -68,6 +68,7 @@ func (n *Node) parts() []component {
 		n.tickerPart(),        // delayed and scheduled jobs; the intake's delay hook
 		n.questionsPart(),     // capacity gossip and other replicas' queue questions
 		n.parkedPart(),        // remembers this node's parked jobs
+		n.aloneWaitsPart(),    // ends the waits left alone here if Redis loses them
 	)
 	if n.cfg.Tuning.StreamCheck >= 0 {
 		list = append(list, n.streamKeeperPart()) // recreates lost streams
@@ -217,9 +218,23 @@ func (n *Node) renewerPart() part {
 			dataLoss := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_redis_data_loss_total",
 				Help: "Times this node saw Redis lose its data (the epoch key vanished)."})
 			_ = n.cfg.Metrics.Register(dataLoss)
+			n.alone, n.aloneLost = jobactor.NewAloneWaits(), make(chan time.Time, 1)
+			n.lostWaitsWoken = prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_lost_waits_woken_total",
+				Help: "Jobs this node left waiting alone (a parked retry, an approval, a rate-limited park) woken to end state_lost after Redis lost their records."})
+			_ = n.cfg.Metrics.Register(n.lostWaitsWoken)
+			n.lostWaitSweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_lost_wait_sweeps_total",
+				Help: "Sweeps of this node's waits left alone after it saw Redis lose its data (done, whether or not any was lost)."})
+			_ = n.cfg.Metrics.Register(n.lostWaitSweeps)
+			_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_waits_alone",
+				Help: "Jobs this node left waiting alone (no actor, no worker) and remembers, to end them if Redis loses their records."},
+				func() float64 { return float64(n.alone.Len()) }))
 			n.renewer.OnDataLoss(func() {
 				dataLoss.Inc()
 				n.dataLostAt.Store(time.Now().UnixMilli())
+				select {
+				case n.aloneLost <- n.renewer.IntactAt():
+				default: // a sweep is already owed; it reads the index then
+				}
 			})
 			n.renewer.Start()
 			n.registerRenewMetrics()
@@ -466,7 +481,7 @@ func (n *Node) jobEnvPart() part {
 			Tuning: n.cfg.Tuning.jobs(), Backoff: n.cfg.backoff,
 			Connected: n.nc.IsConnected, SafetyWaiters: n.safetyWaiters,
 			DispatchStamp: n.beats.Stamp,
-			DataLost:      n.dataLostRecently, OnTerminal: n.waiters.ended, Tracing: n.jobSpans,
+			DataLost:      n.dataLostRecently, Alone: n.alone, OnTerminal: n.waiters.ended, Tracing: n.jobSpans,
 			OwnerWait: n.store.OwnerWait, LockTTL: n.store.LockTTL(), Toucher: n.toucher,
 		}).WithDefaults()
 		env := n.env

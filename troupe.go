@@ -55,6 +55,13 @@ type Node struct {
 	waiters *waiters
 	// dataLostAt: when the renewer last saw Redis lose its data (unix ms).
 	dataLostAt atomic.Int64
+	// alone indexes the jobs this node left waiting alone; aloneLost
+	// carries, when Redis lost its data, when it was last seen intact
+	// (alone_node.go).
+	alone          *jobactor.AloneWaits
+	aloneLost      chan time.Time
+	lostWaitsWoken prometheus.Counter
+	lostWaitSweeps prometheus.Counter
 	// keeper recreates lost streams and probes them (nil with StreamCheck
 	// negative); Ready reports a stream it found refusing writes.
 	keeper atomic.Pointer[bus.StreamKeeper]

@@ -497,6 +497,10 @@ func (in *Intake) Tell(jobID string, msg interface{}) { in.route(jobID, msg, fal
 // Wake asks the job's actor (spawning it) to activate the job.
 func (in *Intake) Wake(jobID string) { in.route(jobID, &jobactor.Wake{}, true) }
 
+// WakeLost wakes a job this node left waiting alone, Redis having lost
+// its data: one with no record ends state_lost (lifecycle.Wake.Lost).
+func (in *Intake) WakeLost(jobID string) { in.route(jobID, &jobactor.Wake{Lost: true}, true) }
+
 // WakeOrphan wakes a job whose owner's lock lapsed at lapsedAt (its lease
 // ran out), so the adoption latency can be measured.
 func (in *Intake) WakeOrphan(jobID string, lapsedAt time.Time) {

@@ -183,6 +183,9 @@ type Env struct {
 	// a result or cancel for a job with no record is then dead-lettered as
 	// state_lost rather than unknown_job.
 	DataLost func() bool
+	// Alone, when set, indexes the jobs this node leaves waiting alone
+	// (lifecycle.Alone) until its actors take their locks again.
+	Alone *AloneWaits
 	// SafetyWaiters, when set, lets a successful policy check wake jobs
 	// waiting on an unavailable policy (see SafetyWaiters).
 	SafetyWaiters *SafetyWaiters

@@ -297,6 +297,13 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case *lifecycle.Hold:
 		// The actor is its own store.LockLoser (LockLost): no closure per job.
 		env.Renewer.HoldFor(a.id, e.LockValue, a)
+		if env.Alone != nil {
+			env.Alone.Remove(a.id)
+		}
+	case lifecycle.Alone:
+		if env.Alone != nil {
+			env.Alone.Add(a.id, e.Kind, e.Due)
+		}
 	case *lifecycle.Forget:
 		env.Renewer.Forget(a.id, e.LockValue)
 	case lifecycle.Forward:

@@ -18,6 +18,7 @@ type driver struct {
 	fx    []Effect
 	step  uint64 // epoch of the last Write / AskPolicy / AskRouter
 	timer uint64
+	lost  bool // DataLost: Redis lost its data recently
 }
 
 func newDriver(t *testing.T) *driver {
@@ -33,7 +34,7 @@ func newDriver(t *testing.T) *driver {
 func (d *driver) Now() time.Time          { return d.now }
 func (d *driver) OpID() uint64            { return 7 }
 func (d *driver) GraceRoom() bool         { return true }
-func (d *driver) DataLost() bool          { return false }
+func (d *driver) DataLost() bool          { return d.lost }
 func (d *driver) Connected() bool         { return true }
 func (d *driver) Count(Metric, string)    {}
 func (d *driver) Observe(Metric, float64) {}

@@ -220,6 +220,27 @@ type Forward struct {
 	D            Delivery
 }
 
+// Alone: the job waits with no actor and no worker — a parked retry wait
+// (Due: its retry time), an approval (passivated), or a rate-limited park
+// (the limiter keeps its ask) — so its record, and the wake source kept
+// with it, are its only home. The node keeps the job in its index of such
+// waits until one of its actors takes the job's lock again (Hold): if
+// Redis loses its data, nothing else would ever wake the job, so the node
+// wakes each one (Wake{Lost}) to end it visibly.
+type Alone struct {
+	Kind WaitKind
+	Due  time.Time // a retry wait's retry time; zero for the others
+}
+
+// WaitKind is the kind of a wait a job keeps alone (see Alone).
+type WaitKind uint8
+
+const (
+	WaitRetry    WaitKind = iota + 1 // a parked retry wait
+	WaitApproval                     // waiting for a human's approval
+	WaitRate                         // parked for its rate limit's tokens
+)
+
 // Finish tells the supervisor the actor has nothing left to do.
 type Finish struct {
 	Parked    bool // DISPATCHED or RUNNING, with no actor
@@ -345,6 +366,7 @@ func (*Hold) effect()             {}
 func (*Forget) effect()           {}
 func (Forward) effect()           {}
 func (Finish) effect()            {}
+func (Alone) effect()             {}
 func (Redeliver) effect()         {}
 func (Terminal) effect()          {}
 func (Moved) effect()             {}

@@ -120,6 +120,12 @@ type Wake struct {
 	// LapsedAt, for a job woken because its holder stopped renewing its
 	// lease: when the holder's lock lapsed (for troupe_adoption_latency_seconds).
 	LapsedAt time.Time
+	// Lost: the wake of a job this node left waiting alone (see Alone)
+	// after Redis lost its data. A job it finds with no record ends
+	// visibly: dead-lettered state_lost, its client told once (a plain
+	// wake of a job with no record records nothing). A job that still has
+	// its record is woken as by any wake.
+	Lost bool
 }
 
 // WorkerLost tells a job that the worker it was dispatched to has been

@@ -224,6 +224,7 @@ type Job struct {
 	lost        jobstate.State    // the state known when the lock vanished
 	decision    []string          // the policy's decision as fields, until written
 	woken       bool              // activated by the due poller
+	wokenLost   bool              // woken as a wait left alone after Redis lost its data (Wake.Lost)
 	lapsedAt    time.Time         // when a dead holder's lock lapsed
 	firstEvent  time.Time
 	idemChecked bool
@@ -532,7 +533,7 @@ func (j *Job) handle(m any) {
 		// or owned elsewhere): the job is activated first, then the
 		// event handled.
 		if w, ok := m.(*Wake); ok {
-			j.woken, j.lapsedAt = true, w.LapsedAt
+			j.woken, j.lapsedAt, j.wokenLost = true, w.LapsedAt, w.Lost
 			j.activate(false, nil)
 			return
 		}

@@ -85,6 +85,9 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 		}
 		j.then(p)
 		if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
+			if plan.Release {
+				j.leftAlone()
+			}
 			j.finish()
 		}
 	case ActivateAdopted:
@@ -104,6 +107,9 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 			j.ackAll()
 			j.then(p)
 			if (j.State.Terminal() || plan.Release) && !j.res.Gone() {
+				if plan.Release {
+					j.leftAlone()
+				}
 				j.finish()
 			}
 			return
@@ -335,7 +341,7 @@ func msTime(s string) time.Time {
 // Redis is known to have lost its data, and dead-lettered only after.
 func (j *Job) unknownJob() {
 	var keep []any
-	found := false
+	found, lostWait := false, false
 	hold := func(published time.Time, d Delivery) bool {
 		if j.in.DataLost() || published.IsZero() || j.now().Sub(published) >= j.cfg.UnknownHold {
 			return false
@@ -365,9 +371,18 @@ func (j *Job) unknownJob() {
 			found = true
 		case *Submit:
 			keep = append(keep, m)
+		case *Wake:
+			// A lost wait's wake that came while the activation was
+			// outstanding (its own, or another event's) counts too.
+			j.wokenLost = j.wokenLost || m.Lost
 		}
 	}
 	j.deferred = keep
+	if j.wokenLost && j.in.DataLost() {
+		// A wait this node left alone, whose record Redis lost: no event
+		// is owed to it, so it ends here or never.
+		found, lostWait = true, true
+	}
 	if !found {
 		// Only a wake for a job that no longer exists: nothing to record.
 		if len(j.deferred) == 0 {
@@ -378,6 +393,9 @@ func (j *Job) unknownJob() {
 	reason, msg := jobstate.ReasonUnknownJob, "result or cancel for a job that has no record"
 	if j.in.DataLost() {
 		reason, msg = jobstate.ReasonStateLost, "result or cancel for a job whose record Redis lost (it lost its data)"
+		if lostWait {
+			msg = "the job waited with no actor (a parked retry, an approval or a rate limit) and Redis lost its record (it lost its data)"
+		}
 	}
 	entry := &jobstate.DLQEntry{JobID: j.ID, Reason: reason, TraceID: j.TraceID, Message: msg,
 		Subject: j.cfg.ResultSubject}
@@ -442,7 +460,22 @@ func (j *Job) parkedAt(r *WriteResult) {
 		return
 	}
 	j.count(MParked, "")
+	if j.State == jobstate.StateScheduled && j.rate.parked {
+		j.emit(Alone{Kind: WaitRate})
+	}
 	j.finishIn(Parked)
+}
+
+// leftAlone reports, once a write that gave the job's lock up applied,
+// a wait that nothing but its record keeps (see Alone): a retry wait or
+// an approval. A job going elsewhere (terminal, made due now) is not one.
+func (j *Job) leftAlone() {
+	switch {
+	case j.State == jobstate.StateApprovalRequired:
+		j.emit(Alone{Kind: WaitApproval})
+	case j.State == jobstate.StateScheduled && j.LastReason == jobstate.ReasonRetryWait && !j.retryAt.IsZero():
+		j.emit(Alone{Kind: WaitRetry, Due: j.retryAt})
+	}
 }
 
 // onStopping releases the lock of a job still in flight when the actor is

@@ -199,3 +199,91 @@ func TestRetryPolicyRecreatedWaitIsDueAtItsRetryTime(t *testing.T) {
 		t.Fatalf("written back due at %d, want its retry time %d", w.Op.T.Due, at.UnixMilli())
 	}
 }
+
+// A retry wait that parks says so once its release applied (Alone, due at
+// its retry time): the node indexes it, as nothing but its record will wake
+// it; a short wait, which keeps its actor, says nothing.
+func TestLostRecordRetryWaitThatParksIsReportedAlone(t *testing.T) {
+	d := longRetryDriver(t)
+	d.dispatch()
+	d.result("job-1~a1", capv1.JobStatus_JOB_STATUS_FAILED)
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
+	if _, ok := find[Alone](fx); ok {
+		t.Fatalf("reported alone before its release applied: %v", fx)
+	}
+	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Released: true}})
+	a, ok := find[Alone](fx)
+	if !ok || a.Kind != WaitRetry || !a.Due.Equal(d.j.retryAt) {
+		t.Fatalf("parked retry wait not reported alone at %v: %+v %v", d.j.retryAt, a, fx)
+	}
+
+	s := retryDriver(t)
+	s.j.cfg.RetryParkMin = 30 * time.Second
+	s.dispatch()
+	s.result("job-1~a1", capv1.JobStatus_JOB_STATUS_FAILED)
+	if fx = s.feed(&WriteDone{Epoch: s.step, Res: WriteResult{Step: StepOK}}); len(fx) > 0 {
+		if _, ok := find[Alone](fx); ok {
+			t.Fatalf("a short wait (actor kept) reported alone: %v", fx)
+		}
+	}
+}
+
+// The wake a node sends, after Redis lost its data, to a wait it left
+// alone: finding no record, the job is dead-lettered state_lost and its
+// client told once — where a plain wake of a job with no record records
+// nothing (a wake of a job that ended and expired).
+func TestLostRecordWakeOfAWaitLeftAloneEndsStateLost(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		lost, data bool
+		dlq        bool
+	}{{"lost wake, data lost", true, true, true}, {"plain wake, data lost", false, true, false},
+		{"lost wake, no loss known", true, false, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newDriver(t)
+			d.lost = c.data
+			fx := d.feed(&Wake{Lost: c.lost})
+			if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpActivate || w.Op.Create {
+				t.Fatalf("the wake did not read the record first: %v", fx)
+			}
+			fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
+			w, ok := find[*Write](fx)
+			if !c.dlq {
+				if ok {
+					t.Fatalf("%s wrote %v", c.name, w.Op.Kind)
+				}
+				if !d.j.Done() {
+					t.Fatalf("the actor did not finish: %v", fx)
+				}
+				return
+			}
+			if !ok || w.Op.Kind != OpDLQ || w.Op.DLQ.Reason != jobstate.ReasonStateLost {
+				t.Fatalf("no state_lost DLQ write: %v", fx)
+			}
+			fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{}})
+			tell, ok := find[TellClient](fx)
+			if !ok || tell.Code != jobstate.ReasonStateLost || tell.Status != capv1.JobStatus_JOB_STATUS_FAILED || !tell.Once {
+				t.Fatalf("client not told once, state_lost: %+v %v", tell, fx)
+			}
+			if _, ok := find[PublishDLQ](fx); !ok || !d.j.Done() {
+				t.Fatalf("DLQ entry not announced or actor not done: %v", fx)
+			}
+		})
+	}
+}
+
+// A lost wait's wake that reaches the actor while its activation (for
+// another event) is outstanding is deferred, and still counts when the
+// activation finds no record (simulator seed 2891: it was dropped).
+func TestLostRecordWakeDeferredDuringAnActivationStillEndsStateLost(t *testing.T) {
+	d := newDriver(t)
+	d.lost = true
+	d.feed(&Wake{})
+	if fx := d.feed(&Wake{Lost: true}); len(fx) != 0 {
+		t.Fatalf("the second wake was not deferred: %v", fx)
+	}
+	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateNotFound}})
+	if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpDLQ || w.Op.DLQ.Reason != jobstate.ReasonStateLost {
+		t.Fatalf("no state_lost DLQ write: %v", fx)
+	}
+}

@@ -110,6 +110,15 @@ func (s *sim) fault() {
 		n.alive = false
 		n.live, n.held, n.queue, n.picks, n.parked = map[string]*simActor{}, map[string]string{}, map[string]uint64{},
 			map[string]string{}, map[string]bool{}
+		n.alone = map[string]simAlone{} // its waits left alone are no longer known (a double fault with a loss)
+		for _, id := range sortedKeys(s.lostBy) {
+			if s.lostBy[id] == n && s.lostAlone[id] {
+				// Its sweep's wake died with it before the job ended: the
+				// same double fault.
+				s.lostAlone[id] = false
+				s.aloneDied++
+			}
+		}
 		delete(s.rate.queues, n) // the limiter's memory goes with the node
 		s.after(time.Duration(5+s.rng.IntN(60))*time.Second, func() {
 			s.logf("fault: %s restarts", n.id)
@@ -157,6 +166,8 @@ func (s *sim) fault() {
 			s.tenantAt = map[string]int64{}
 			s.dataLostAt = s.now
 			s.losses++
+			lostAt := s.now
+			s.after(simLostSweep, func() { s.sweepAlone(lostAt) })
 		}
 	case 5: // a worker dies; every node's router evicts it
 		w := s.workers[s.rng.IntN(len(s.workers))]
@@ -264,4 +275,71 @@ func (s *sim) evict(w *simWorker) {
 			s.send(&simMsg{node: n, job: id, at: s.now.Add(s.latency()), ev: &WorkerLost{WorkerID: w.id}})
 		}
 	}
+}
+
+// simLostSweep: when a node's sweep of its waits left alone runs after a
+// loss — the epoch check at its next lease renewal, then a lock TTL;
+// simAloneGrace: a retry wait due this long before the loss had been woken
+// (the node's cut, aloneGrace: its index drops such waits).
+const (
+	// simVerifyTick: how soon a node drops its entry for a wait that left
+	// it elsewhere (the verify of approvals and rate parks; retry waits
+	// are cut by their due time).
+	simVerifyTick = 20 * time.Second
+	// simDataLostFor: how long after a loss DataLost holds (a node's: the
+	// retention of terminal records, an hour at least).
+	simDataLostFor = 10 * time.Minute
+	simLostSweep   = 25 * time.Second
+	simAloneGrace  = 30 * time.Second
+)
+
+// sweepAlone: every live node wakes, as lost, each wait it left alone
+// whose record is gone (the node's sweep, alone_node.go), but for retry
+// waits due before lostAt less the grace.
+func (s *sim) sweepAlone(lostAt time.Time) {
+	for _, n := range s.aliveNodes() {
+		for _, id := range sortedKeys(n.alone) {
+			due := n.alone[id].due
+			if s.recs[id] != nil {
+				continue // woken since (live somewhere, written back) or ended
+			}
+			delete(n.alone, id)
+			if !due.IsZero() && due.Before(lostAt.Add(-simAloneGrace)) {
+				continue
+			}
+			s.logf("sweep: %s wakes its lost wait %s", n.id, id)
+			if s.everEnded[id] {
+				s.aloneAfterEnd++
+			}
+			if s.toldLost[id] == 0 {
+				s.lostAlone[id], s.lostBy[id] = true, n
+			}
+			s.send(&simMsg{node: n, job: id, spawn: true, at: s.now.Add(s.latency()), ev: &Wake{Lost: true}})
+		}
+	}
+}
+
+// checkLostAlone: a wait left alone whose record Redis lost, and which a
+// node's sweep woke, ends visibly after the wake: written again (a
+// record, which the calm ends), ended, or dead-lettered state_lost with its
+// client told.
+func (s *sim) checkLostAlone() {
+	for _, id := range sortedKeys(s.lostAlone) {
+		if s.lostAlone[id] && s.recs[id] == nil {
+			s.fail("%s: a wait left alone whose record Redis lost never ended (no record, no state_lost tell)", id)
+		}
+	}
+}
+
+// alone reports whether the record is in a wait a node leaves alone: a
+// retry wait, an approval, a rate-limited park.
+func (r *simRec) alone() bool {
+	switch {
+	case r.state == jobstate.StateApprovalRequired:
+		return true
+	case r.state == jobstate.StateScheduled:
+		reason := jobstate.Reason(r.fields["reason"])
+		return reason == jobstate.ReasonRetryWait || reason == jobstate.ReasonRateLimited
+	}
+	return false
 }

@@ -69,6 +69,15 @@ type simNode struct {
 	held        map[string]string // renewer: job → lock value
 	queue       map[string]uint64 // router wait queue: job → ticket
 	picks       map[string]string // router in-flight: job → worker
+	// alone: the node's index of waits it left alone (Alone; a Hold here
+	// drops one), swept after Redis loses its data (simLostSweep).
+	alone map[string]simAlone
+}
+
+// simAlone is a node's entry for a wait it left alone.
+type simAlone struct {
+	due time.Time // a retry wait's retry time (zero: none)
+	at  time.Time // when it was indexed
 }
 
 type simWorker struct {
@@ -483,6 +492,10 @@ func (s *sim) path(id string, r *simRec, t *jobstate.Transition) {
 	case r.state.Terminal():
 		r.due, r.lock, r.lease = 0, "", false
 		s.terminal[id] = r.state
+		s.everEnded[id] = true
+		if s.lostAlone[id] {
+			s.lostAlone[id] = false // ended visibly after its wake
+		}
 		s.outcomes[string(r.state)+":"+r.fields["reason"]]++
 		last := r.fields["last_reason"]
 		if r.state == jobstate.StateFailed && last == string(jobstate.ReasonSafetyUnavailable) {

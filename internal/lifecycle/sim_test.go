@@ -120,8 +120,20 @@ type sim struct {
 	attemptSent map[string]capv1.JobStatus
 	retries     int
 	retryParks  int // retry waits that released their lock to park
-	relays      map[*simRec]int
-	rate        simRate // the rate limiter's model (sim_rate_test.go)
+	// Waits left alone (Alone): lostAlone, the jobs a node's sweep woke as
+	// lost (no record after a loss), true until they end visibly (a
+	// terminal record, a state_lost tell); toldLost, the state_lost tells per
+	// job; aloneAfterEnd, lost wakes of jobs that had ended (a stale
+	// entry: woken elsewhere, ended, then lost).
+	lostAlone     map[string]bool
+	lostBy        map[string]*simNode // the node whose sweep woke it
+	aloneDied     int                 // woken by a node that died before the job ended
+	toldLost      map[string]int
+	everEnded     map[string]bool
+	aloneIndexed  int
+	aloneAfterEnd int
+	relays        map[*simRec]int
+	rate          simRate // the rate limiter's model (sim_rate_test.go)
 }
 
 func newSim(t testing.TB, seed uint64) *sim {
@@ -129,6 +141,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), recs: map[string]*simRec{}, idem: map[string]string{},
 		tenant: map[string]bool{}, tenantAt: map[string]int64{}, sentHop: map[string]int{}, admittedIn: map[string]int{}, slotLost: map[string]bool{}, rewrittenIn: map[string]int{}, subs: map[string][]*simDelivery{}, dispatchHops: map[string]int{},
 		published: map[string]int{}, lostSent: map[string]map[string]bool{}, pubFailed: map[string]bool{},
+		lostAlone: map[string]bool{}, lostBy: map[string]*simNode{}, toldLost: map[string]int{}, everEnded: map[string]bool{},
 		denies: map[string]bool{}, terminal: map[string]jobstate.State{}, faults: true, outcomes: map[string]int{},
 		attemptSent: map[string]capv1.JobStatus{}, relays: map[*simRec]int{}, withheld: map[string]bool{},
 		lostActive: map[string]bool{}}
@@ -175,7 +188,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 
 func (s *sim) newNode(id string) *simNode {
 	return &simNode{id: id, alive: true, live: map[string]*simActor{}, parked: map[string]bool{},
-		held: map[string]string{}, queue: map[string]uint64{}, picks: map[string]string{}}
+		held: map[string]string{}, queue: map[string]uint64{}, picks: map[string]string{}, alone: map[string]simAlone{}}
 }
 
 func (s *sim) fail(format string, args ...any) {
@@ -396,7 +409,7 @@ func (i *simInputs) Connected() bool         { return true }
 func (i *simInputs) Count(Metric, string)    {}
 func (i *simInputs) Observe(Metric, float64) {}
 func (i *simInputs) DataLost() bool {
-	return !i.dataLostAt.IsZero() && i.now.Sub(i.dataLostAt) < time.Minute
+	return !i.dataLostAt.IsZero() && i.now.Sub(i.dataLostAt) < simDataLostFor
 }
 
 // simWatch (TROUPE_SIM_JOB) logs every effect of one job's steps.
@@ -495,6 +508,12 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			}
 		}
 	case TellClient:
+		if e.Code == jobstate.ReasonStateLost && e.Once {
+			s.toldLost[j.ID]++
+			if s.lostAlone[j.ID] {
+				s.lostAlone[j.ID] = false
+			}
+		}
 		if e.Res != nil {
 			// At most once per record (a record Redis lost is written
 			// again, and its job may end again), counted against the
@@ -528,6 +547,24 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		_ = e.D.InProgress()
 	case *Hold:
 		n.held[j.ID] = e.LockValue
+		delete(n.alone, j.ID)
+		// Another node's entry for the job is stale from now: its verify
+		// (a read of the record, each tick) drops it a tick later if the
+		// job is still out of its wait then.
+		held, id := s.now, j.ID
+		s.after(simVerifyTick, func() {
+			for _, m := range s.nodes {
+				if e, ok := m.alone[id]; ok && e.at.Before(held) && s.recs[id] != nil && !s.recs[id].alone() {
+					delete(m.alone, id)
+				}
+			}
+		})
+	case Alone:
+		if j.LockValue != "" || (e.Kind == WaitRetry) != !e.Due.IsZero() {
+			s.fail("%s: alone (%d, due %v) with its lock %q", j.ID, e.Kind, e.Due, j.LockValue)
+		}
+		n.alone[j.ID] = simAlone{due: e.Due, at: s.now}
+		s.aloneIndexed++
 	case *Forget:
 		if n.held[j.ID] == e.LockValue {
 			delete(n.held, j.ID)
@@ -869,6 +906,9 @@ func (s *sim) run(steps int) {
 	if len(s.failures) == 0 {
 		s.checkRateQueues()
 	}
+	if len(s.failures) == 0 {
+		s.checkLostAlone()
+	}
 	if len(s.failures) == 0 && !s.allTerminal() {
 		for _, id := range s.jobs {
 			if r := s.recs[id]; r != nil && !r.state.Terminal() {
@@ -921,6 +961,7 @@ func TestSimJobLifecycle(t *testing.T) {
 		first, seeds = seed, 1
 	}
 	total, resent, graceWaits, holdsEnded, probes, retries, rateParks, retryParks, rateRetries := 0, 0, 0, 0, 0, 0, 0, 0, 0
+	aloneIndexed, lostAlone, aloneAfterEnd := 0, 0, 0
 	tenantStale, tenantRepaired := 0, 0
 	outcomes := map[string]int{}
 	for seed := first; seed < first+uint64(seeds); seed++ {
@@ -935,6 +976,9 @@ func TestSimJobLifecycle(t *testing.T) {
 		rateParks += s.rate.parks
 		retryParks += s.retryParks
 		rateRetries += s.rate.retried
+		aloneIndexed += s.aloneIndexed
+		lostAlone += len(s.lostAlone)
+		aloneAfterEnd += s.aloneAfterEnd
 		tenantStale += s.tenantStale
 		tenantRepaired += s.tenantRepaired
 		for k, v := range s.outcomes {
@@ -954,8 +998,12 @@ func TestSimJobLifecycle(t *testing.T) {
 	}
 	t.Logf("%d seeds, %d steps; outcomes: %s; results sent again: %d; waits within the capacity grace %d, admission holds ended %d, jobs that looked their record up while waiting %d; attempts retried %d; tenant slots freed by the repair %d, dispatches withheld on a stale tenant slot %d; waits for tokens parked %d; retry waits parked %d; rate-limited retries dispatched %d",
 		seeds, total, strings.Join(parts, ", "), resent, graceWaits, holdsEnded, probes, retries, tenantRepaired, tenantStale, rateParks, retryParks, rateRetries)
+	t.Logf("waits left alone indexed %d; woken as lost after a loss %d (of them after the job had ended: %d)", aloneIndexed, lostAlone, aloneAfterEnd)
 	if seeds >= 50 && retryParks == 0 {
 		t.Errorf("the simulation never parked a retry wait")
+	}
+	if seeds >= 50 && lostAlone == 0 {
+		t.Errorf("the simulation never woke a wait left alone whose record Redis lost")
 	}
 	if seeds >= 50 && rateRetries == 0 {
 		t.Errorf("the simulation never dispatched a retry of a rate-limited job")

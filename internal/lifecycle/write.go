@@ -130,6 +130,7 @@ func (j *Job) written(p *pending, r *WriteResult) {
 	case wTransition:
 		j.transitioned(p, r)
 	case wRelease:
+		j.leftAlone()
 		j.finish()
 	case wAdmit:
 		j.admittedTo(p, r)
@@ -306,6 +307,9 @@ func (j *Job) transitioned(p *pending, r *WriteResult) {
 	j.ackAll()
 	j.then(p)
 	if (j.State.Terminal() || t.Release) && !j.res.Gone() {
+		if t.Release {
+			j.leftAlone()
+		}
 		j.finish()
 	}
 }

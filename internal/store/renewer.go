@@ -57,6 +57,10 @@ type LockRenewer struct {
 	// Keys.Epoch last seen, onLoss what to call when it changed or vanished.
 	epoch  string
 	onLoss func()
+	// intactAt: when the last lease renewal that found the epoch this
+	// node had seen was sent (unix ms; 0: none yet) — Redis held its data
+	// then.
+	intactAt atomic.Int64
 }
 
 // RenewStats counts renewal outcomes since start.
@@ -122,6 +126,16 @@ func (r *LockRenewer) KeepNodeLease(node string) { r.node = node }
 // be gone too. onLoss is called once per loss seen. Call before Start; it
 // needs KeepNodeLease.
 func (r *LockRenewer) OnDataLoss(onLoss func()) { r.onLoss = onLoss }
+
+// IntactAt is when the last lease renewal that found Redis still holding
+// its data (the epoch this node had seen) was sent; zero before the
+// second renewal with OnDataLoss. A loss seen later happened after it.
+func (r *LockRenewer) IntactAt() time.Time {
+	if ms := r.intactAt.Load(); ms > 0 {
+		return time.UnixMilli(ms)
+	}
+	return time.Time{}
+}
 
 // Start renews once (so the node lease exists before any job parks) and
 // runs the renewal loop until Stop.
@@ -246,7 +260,8 @@ func (r *LockRenewer) renewLease(ctx context.Context) error {
 	var epoch *redis.StatusCmd
 	// A fresh value every time: one written after a loss must differ from
 	// every value written before it, whoever wrote them.
-	token := strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + r.node
+	sent := time.Now()
+	token := strconv.FormatInt(sent.UnixNano(), 36) + "-" + r.node
 	if r.onLoss != nil {
 		epoch = pipe.SetArgs(ctx, r.s.keys.Epoch(), token, redis.SetArgs{Mode: "NX", Get: true})
 		r.calls.Add(1)
@@ -261,14 +276,14 @@ func (r *LockRenewer) renewLease(ctx context.Context) error {
 	}
 	r.leaseRenewed.Add(1)
 	if epoch != nil {
-		r.checkEpoch(epoch, token)
+		r.checkEpoch(epoch, token, sent)
 	}
 	return nil
 }
 
 // checkEpoch compares the epoch found with the one seen before; token is
-// the value the renewal would have set.
-func (r *LockRenewer) checkEpoch(cmd *redis.StatusCmd, token string) {
+// the value the renewal would have set, sent when it was sent.
+func (r *LockRenewer) checkEpoch(cmd *redis.StatusCmd, token string, sent time.Time) {
 	found, err := cmd.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -277,6 +292,9 @@ func (r *LockRenewer) checkEpoch(cmd *redis.StatusCmd, token string) {
 		return // unknown (a server without SET NX GET): no verdict
 	}
 	lost := r.epoch != "" && found != r.epoch
+	if r.epoch != "" && !lost {
+		r.intactAt.Store(sent.UnixMilli())
+	}
 	r.epoch = found
 	if lost {
 		if r.log != nil {

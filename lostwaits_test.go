@@ -1,0 +1,258 @@
+package troupe_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/internal/bus"
+	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/testenv"
+	"github.com/troupe-run/troupe/proto/capv1"
+	"github.com/troupe-run/troupe/worker"
+)
+
+// Tests of waits left alone (issue 31): a parked retry wait or an approval
+// has no actor and no worker, so when Redis loses its data nothing is owed
+// to it — its node, which indexed it, wakes it and it ends state_lost,
+// dead-lettered, its client told once. Each runs on a private redis-server
+// the test flushes (FLUSHALL: the loss), with the shared NATS.
+
+// privateRedisFixture is newFixture on a redis-server of the test's own.
+func privateRedisFixture(t *testing.T, mutate func(*troupe.Config)) *fixture {
+	t.Helper()
+	env := testenv.New(t)
+	addr := startRedisServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	env.RedisURL, env.Redis, env.Client = "redis://"+addr, rdb, rdb
+	return newFixtureIn(t, env, mutate)
+}
+
+// lostFast: the lease, and the epoch check, every 0.5 s; the sweep waits a
+// lock TTL (1.5 s).
+func lostFast(c *troupe.Config) { c.Tuning.LockTTL = 1500 * time.Millisecond }
+
+// toldOf collects what the client of job id hears on the result subject
+// from Troupe itself (no worker id).
+func toldOf(t *testing.T, f *fixture, id string) <-chan *capv1.JobResult {
+	t.Helper()
+	told := make(chan *capv1.JobResult, 10)
+	sub, err := f.env.NATS.Subscribe(f.subj.Result, func(m *nats.Msg) {
+		if p, err := bus.Decode(m.Data); err == nil && p.GetJobResult().GetJobId() == id && p.GetJobResult().GetWorkerId() == "" {
+			told <- p.GetJobResult()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return told
+}
+
+// flushAndWaitLoss empties the private Redis and waits until every node saw
+// the loss.
+func flushAndWaitLoss(t *testing.T, f *fixture, nodes ...*troupe.Node) {
+	t.Helper()
+	if err := f.env.Redis.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		waitCounter(t, n, "troupe_redis_data_loss_total", "", 1)
+	}
+}
+
+// endsStateLostOnce waits for the client's state_lost tell and the job's
+// one state_lost DLQ entry, then checks nothing more came: no second tell,
+// no second entry, once the node's sweep is done (troupe_lost_waits_woken_total).
+func endsStateLostOnce(t *testing.T, f *fixture, id string, told <-chan *capv1.JobResult, nodes ...*troupe.Node) {
+	t.Helper()
+	select {
+	case r := <-told:
+		if r.Status != capv1.JobStatus_JOB_STATUS_FAILED || r.ErrorCode != string(jobstate.ReasonStateLost) {
+			t.Fatalf("told %v %q, want FAILED state_lost", r.Status, r.ErrorCode)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the client was never told its waiting job's record was lost")
+	}
+	f.waitDLQReason(id, jobstate.ReasonStateLost)
+	woken := 0.0
+	for _, n := range nodes {
+		waitCounter(t, n, "troupe_lost_wait_sweeps_total", "", 1)
+		woken += counter(t, n, "troupe_lost_waits_woken_total", "")
+	}
+	if woken != 1 {
+		t.Fatalf("%v lost waits woken across %d nodes, want 1", woken, len(nodes))
+	}
+	// The tell follows its DLQ entry; a round trip through the server
+	// orders after it.
+	_ = f.env.NATS.Flush()
+	select {
+	case r := <-told:
+		t.Fatalf("told again: %v %q", r.Status, r.ErrorCode)
+	default:
+	}
+	es, err := f.node.Store().ListDLQ(context.Background(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range es {
+		if e.JobID == id {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d DLQ entries for the job, want 1", n)
+	}
+}
+
+// A retry wait parked (no actor, no lock: its due entry its only wake
+// source) whose record Redis loses ends state_lost — dead-lettered once,
+// its client told once — on two replicas, and its second attempt is never
+// dispatched. On the base nothing ends it: no event is owed to it.
+func TestRetryPolicyParkedWaitWhoseRecordRedisLostEndsStateLost(t *testing.T) {
+	t.Parallel()
+	fast := func(c *troupe.Config) { parkRetries(c); lostFast(c) }
+	f := privateRedisFixture(t, fast)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", fast)
+	f.node = a
+	const id = "job-retry-lost-1"
+	told := toldOf(t, f, id)
+	h := &flaky{fails: 1, seen: map[string][]string{}}
+	rec := newReceipts()
+	f.startWorker("w-flaky", true, rec, h.handle)
+	f.submit(longRetryReq(id, time.Minute))
+	// Parked by whichever node took it: SCHEDULED retry_wait for attempt
+	// 2, no lock, no actor live on either, one wait indexed.
+	lockKey := a.Store().Keys().Lock(id)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r, err := a.Record(context.Background(), id)
+		la, _ := a.LiveJobActors()
+		lb, _ := b.LiveJobActors()
+		alone := counter(t, a, "troupe_waits_alone", "") + counter(t, b, "troupe_waits_alone", "")
+		if err == nil && r.Reason == jobstate.ReasonRetryWait && r.Fields[jobstate.FieldTry] == "2" &&
+			f.env.Redis.Exists(context.Background(), lockKey).Val() == 0 && la+lb == 0 && alone == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the retry wait never parked: %+v %v; %d+%d actors, %v indexed", r, err, la, lb, alone)
+		}
+	}
+
+	// Attempt 1's result has left the result stream (its copy is settled
+	// once the record shows it handled): no event of the job is left
+	// anywhere to find the loss.
+	waitNoPending(t, f.js, bus.StreamName(f.env.StreamPrefix(), bus.StreamResult), bus.ConsumerName(bus.StreamResult))
+	flushAndWaitLoss(t, f, a, b)
+	endsStateLostOnce(t, f, id, told, a, b)
+	if n := rec.count(id + jobstate.AttemptSep + "a2"); n != 0 {
+		t.Fatalf("attempt 2 dispatched %d times after its record was lost", n)
+	}
+}
+
+// An approval wait (passivated: no actor, no lock) whose record Redis
+// loses ends state_lost, its client told once. On the base it waits for a
+// decision that can never find it.
+func TestApprovalWaitWhoseRecordRedisLostEndsStateLost(t *testing.T) {
+	t.Parallel()
+	f := privateRedisFixture(t, func(c *troupe.Config) { c.Policy = labelPolicy{}; lostFast(c) })
+	const id = "job-approval-lost"
+	told := toldOf(t, f, id)
+	req := echoReq(id)
+	req.Labels = map[string]string{"cordum.policy": "approve"}
+	f.submit(req)
+	f.waitState(id, jobstate.StateApprovalRequired)
+	waitCounter(t, f.node, "troupe_waits_alone", "", 1)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, _ := f.node.LiveJobActors(); n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the approval wait never passivated")
+		}
+	}
+
+	flushAndWaitLoss(t, f, f.node)
+	endsStateLostOnce(t, f, id, told, f.node)
+	if n := counter(t, f.node, "troupe_waits_alone", ""); n != 0 {
+		t.Fatalf("%v waits still indexed after the sweep", n)
+	}
+}
+
+// A retry wait that parked and then ended (woken at its time on the node
+// that parked it, succeeded) leaves the index when its actor takes the lock
+// again: a loss after it wakes nothing, and its client hears only its
+// success.
+func TestRetryPolicyParkedWaitThatEndedIsNotWokenByALaterLoss(t *testing.T) {
+	t.Parallel()
+	f := privateRedisFixture(t, func(c *troupe.Config) { parkRetries(c); lostFast(c) })
+	const id = "job-retry-ended"
+	told := toldOf(t, f, id)
+	h := &flaky{fails: 1, seen: map[string][]string{}}
+	rec := newReceipts()
+	f.startWorker("w-flaky", true, rec, h.handle)
+	f.submit(longRetryReq(id, time.Second))
+	f.waitRetryParked(f.node, id)
+	waitCounter(t, f.node, "troupe_waits_alone", "", 1)
+	f.waitStateWithin(id, jobstate.StateSucceeded, 20*time.Second)
+	if n := counter(t, f.node, "troupe_waits_alone", ""); n != 0 {
+		t.Fatalf("%v waits indexed after the job ended", n)
+	}
+	select {
+	case r := <-told:
+		if r.Status != capv1.JobStatus_JOB_STATUS_SUCCEEDED {
+			t.Fatalf("told %v %q, want SUCCEEDED", r.Status, r.ErrorCode)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client never heard the job's success")
+	}
+
+	flushAndWaitLoss(t, f, f.node)
+	waitCounter(t, f.node, "troupe_lost_wait_sweeps_total", "", 1)
+	if n := counter(t, f.node, "troupe_lost_waits_woken_total", ""); n != 0 {
+		t.Fatalf("%v lost waits woken, want 0", n)
+	}
+	_ = f.env.NATS.Flush()
+	select {
+	case r := <-told:
+		t.Fatalf("told again after the loss: %v %q", r.Status, r.ErrorCode)
+	default:
+	}
+}
+
+// A job parked for its rate limit's tokens (its lock held through the node
+// lease, its ask kept by the limiter: no actor, no worker) whose record
+// Redis loses ends state_lost, its client told once, and never runs. On
+// the base it stays in the limiter's queue for a day's refill and then
+// finds no record: a plain wake, nothing recorded.
+func TestLostRecordOfARateLimitedParkEndsStateLost(t *testing.T) {
+	t.Parallel()
+	e, _ := policyEngine(t, policyAPI24h)
+	f := privateRedisFixture(t, func(c *troupe.Config) {
+		c.Policy, c.NodeID = e, rateNodeID(t)
+		parkSoon(c)
+		lostFast(c)
+	})
+	rec := newReceipts()
+	f.startWorker("w-rate", true, rec, worker.Echo)
+	f.submit(rateReq("rate-lost-first"))
+	f.waitState("rate-lost-first", jobstate.StateSucceeded)
+	const id = "rate-lost-waits"
+	told := toldOf(t, f, id)
+	f.submit(rateReq(id))
+	f.waitWaited(id)
+	waitParked(t, f.node, 1)
+	waitCounter(t, f.node, "troupe_waits_alone", "", 1)
+
+	flushAndWaitLoss(t, f, f.node)
+	endsStateLostOnce(t, f, id, told, f.node)
+	if n := rec.count(id); n != 0 {
+		t.Fatalf("the rate-limited job reached a worker %d times after its record was lost", n)
+	}
+}
