@@ -105,12 +105,20 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 		for i, w := range batch {
 			if states[i] == "" {
 				gone = append(gone, w)
-				in.WakeLost(w.JobID)
 			}
 		}
+		mine, err := n.claimLostWakes(ctx, gone)
+		if err != nil {
+			n.log.Warn("waits left alone: cannot claim their wakes after Redis lost its data; waking them here",
+				"err", err, "waits", len(gone))
+			mine = gone
+		}
+		for _, w := range mine {
+			in.WakeLost(w.JobID)
+		}
 		n.alone.Drop(gone)
-		n.lostWaitsWoken.Add(float64(len(gone)))
-		woken += len(gone)
+		n.lostWaitsWoken.Add(float64(len(mine)))
+		woken += len(mine)
 		if len(waits) > 0 {
 			select {
 			case <-ctx.Done():
@@ -148,6 +156,39 @@ func (n *Node) verifyAlone(ctx context.Context, cursor int) int {
 
 // recordStates reads "state reason" of each wait's record ("" where the
 // record is gone), one pipeline.
+// lostWakeClaim is how long a lost wait's wake claim is kept: longer than
+// any sweep of the loss that made it.
+const lostWakeClaim = 24 * time.Hour
+
+// claimLostWakes returns the waits of gone whose wake this node claimed
+// (`SET <tag>lostwake:<job> NX`): a job that two replicas both indexed (a
+// retry wait parked by one node, activated and parked again by another,
+// whose first entry is kept until its due time) is woken by one of them,
+// so it gets one DLQ entry.
+func (n *Node) claimLostWakes(ctx context.Context, gone []jobactor.AloneWait) ([]jobactor.AloneWait, error) {
+	if len(gone) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pipe := n.rdb.Pipeline()
+	cmds := make([]*redis.BoolCmd, len(gone))
+	keys := n.store.Keys()
+	for i, w := range gone {
+		cmds[i] = pipe.SetNX(ctx, keys.Tag(w.JobID)+"lostwake:"+w.JobID, n.cfg.NodeID, lostWakeClaim)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	mine := gone[:0:0]
+	for i, c := range cmds {
+		if c.Val() {
+			mine = append(mine, gone[i])
+		}
+	}
+	return mine, nil
+}
+
 func (n *Node) recordStates(ctx context.Context, waits []jobactor.AloneWait) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

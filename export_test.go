@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/troupe-run/troupe/internal/connect"
+	"github.com/troupe-run/troupe/internal/lifecycle"
 	"github.com/troupe-run/troupe/internal/store"
 	"github.com/troupe-run/troupe/internal/supervisor"
 )
@@ -43,3 +44,10 @@ func (n *Node) BeforeActorsStop(f func()) { n.beforeActorsStop = f }
 // Conn is a in the dialer's form (tests dial a worker with the node's
 // settings).
 func (a NATSAuth) Conn() connect.NATS { return a.conn() }
+
+// IndexAlone puts jobID in the node's index of waits left alone, as an
+// approval (tests give a second node the entry a replica can keep for a
+// job another replica parked later).
+func (n *Node) IndexAlone(jobID string) {
+	n.alone.Add(jobID, lifecycle.WaitApproval, time.Time{})
+}

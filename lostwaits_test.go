@@ -256,3 +256,40 @@ func TestLostRecordOfARateLimitedParkEndsStateLost(t *testing.T) {
 		t.Fatalf("the rate-limited job reached a worker %d times after its record was lost", n)
 	}
 }
+
+// An approval wait two replicas both have indexed (a replica keeps its
+// entry for a job another replica then woke and parked again, until its
+// verify or its due time) is woken by one of them after the loss: one
+// DLQ entry, one tell (without the claim of its wake, each node woke it
+// and each wrote a DLQ entry).
+func TestApprovalWaitIndexedByTwoReplicasIsWokenOnceAfterALoss(t *testing.T) {
+	t.Parallel()
+	mutate := func(c *troupe.Config) { c.Policy = labelPolicy{}; lostFast(c) }
+	f := privateRedisFixture(t, mutate)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", mutate)
+	f.node = a
+	const id = "job-approval-lost-twice"
+	told := toldOf(t, f, id)
+	req := echoReq(id)
+	req.Labels = map[string]string{"cordum.policy": "approve"}
+	f.submit(req)
+	f.waitState(id, jobstate.StateApprovalRequired)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		la, _ := a.LiveJobActors()
+		lb, _ := b.LiveJobActors()
+		if counter(t, a, "troupe_waits_alone", "")+counter(t, b, "troupe_waits_alone", "") == 1 && la+lb == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the approval wait never passivated")
+		}
+	}
+	for _, n := range []*troupe.Node{a, b} {
+		if counter(t, n, "troupe_waits_alone", "") == 0 {
+			n.IndexAlone(id)
+		}
+	}
+	flushAndWaitLoss(t, f, a, b)
+	endsStateLostOnce(t, f, id, told, a, b)
+}
