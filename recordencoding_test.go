@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe"
+	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/testenv"
 )
 
@@ -42,6 +44,7 @@ func TestNodeAdvisesTheListpackValueAtStart(t *testing.T) {
 		}
 		lines := infoLines{&warnings{prefix: "Redis keeps job records in its hashtable encoding", got: make(chan map[string]string, 1)}}
 		prefix := env.Prefix + strconv.Itoa(i)
+		deleteStreamsAtCleanup(t, env, env.StreamPrefix()+strconv.Itoa(i))
 		node, err := troupe.NewNode(troupe.Config{NodeID: "enc-" + strconv.Itoa(i), NATSURL: env.NATSURL, RedisURL: "redis://" + addr,
 			KeyPrefix: prefix + ":", SubjectPrefix: prefix, StreamPrefix: env.StreamPrefix() + strconv.Itoa(i), Logger: slog.New(lines)})
 		if err != nil {
@@ -101,4 +104,22 @@ func startRedisServer(t *testing.T) string {
 	}
 	t.Fatal("redis-server never answered on a free port in 5 attempts")
 	return ""
+}
+
+// deleteStreamsAtCleanup deletes, when the test ends, the input streams of
+// a stream prefix of the test's own other than the env's (which the env
+// deletes itself): each reserves its MaxBytes of the shared JetStream's
+// storage until deleted.
+func deleteStreamsAtCleanup(t *testing.T, env *testenv.Env, streamPrefix string) {
+	t.Cleanup(func() {
+		js, err := jetstream.New(env.NATS)
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, k := range []bus.StreamKind{bus.StreamSubmit, bus.StreamResult, bus.StreamCancel} {
+			_ = js.DeleteStream(ctx, bus.StreamName(streamPrefix, k))
+		}
+	})
 }
