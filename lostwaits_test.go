@@ -96,6 +96,14 @@ func endsStateLostOnce(t *testing.T, f *fixture, id string, told <-chan *capv1.J
 		t.Fatalf("told again: %v %q", r.Status, r.ErrorCode)
 	default:
 	}
+	if n := dlqEntriesFor(t, f, id); n != 1 {
+		t.Fatalf("%d DLQ entries for the job, want 1", n)
+	}
+}
+
+// dlqEntriesFor counts the DLQ entries of job id (among the newest 100).
+func dlqEntriesFor(t *testing.T, f *fixture, id string) int {
+	t.Helper()
 	es, err := f.node.Store().ListDLQ(context.Background(), 100)
 	if err != nil {
 		t.Fatal(err)
@@ -106,9 +114,7 @@ func endsStateLostOnce(t *testing.T, f *fixture, id string, told <-chan *capv1.J
 			n++
 		}
 	}
-	if n != 1 {
-		t.Fatalf("%d DLQ entries for the job, want 1", n)
-	}
+	return n
 }
 
 // A retry wait parked (no actor, no lock: its due entry its only wake

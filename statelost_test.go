@@ -115,17 +115,7 @@ func toldOnceWhenLost(t *testing.T, replicas int) {
 	// Every told outcome read back from the result stream, by any replica,
 	// is settled: no further DLQ entry came of it.
 	waitNoPending(t, f.js, bus.StreamName(f.env.StreamPrefix(), bus.StreamResult), bus.ConsumerName(bus.StreamResult))
-	es, err := f.node.Store().ListDLQ(ctx, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range es {
-		if e.JobID == id {
-			n++
-		}
-	}
-	if n != 2 {
+	if n := dlqEntriesFor(t, f, id); n != 2 {
 		t.Fatalf("%d DLQ entries for the job, want 2 (its result, the cancel)", n)
 	}
 }
