@@ -37,6 +37,7 @@ func (n *Node) startTicker(ctx context.Context) error {
 		Submit:  n.submitScheduled,
 		Log:     n.log,
 		Metrics: n.cfg.Metrics,
+		Held:    n.alone.AddDelayed, // the renewer part made the index
 	})
 	n.intake.Delay = n.ticker.Hold
 	n.intake.CancelDelayed = n.cancelDelayed

@@ -70,6 +70,9 @@ type Config struct {
 	Lookahead time.Duration
 	// Metrics, when set, receives the ticker's metrics.
 	Metrics prometheus.Registerer
+	// Held, when set, is told of each delayed job once this node stored
+	// it (the node indexes it, to end it visibly if Redis loses it).
+	Held func(jobID string, due time.Time)
 }
 
 // Ticker fires schedules' ticks and due delayed jobs. It is a node
@@ -503,9 +506,11 @@ func (t *Ticker) Divert(req *capv1.JobRequest, trace string, stored time.Time) (
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := t.cfg.Store.AddDelayed(ctx, []Delayed{delayedOf(req, trace, due, stored)}); err != nil {
+	d := delayedOf(req, trace, due, stored)
+	if err := t.cfg.Store.AddDelayed(ctx, []Delayed{d}); err != nil {
 		return false, "", err
 	}
+	t.held(d)
 	t.Wake()
 	return true, "", nil
 }
@@ -528,9 +533,21 @@ func (t *Ticker) Hold(req *capv1.JobRequest, trace string, stored time.Time, set
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	settle(t.cfg.Store.AddDelayed(ctx, []Delayed{delayedOf(req, trace, due, stored)}))
+	d := delayedOf(req, trace, due, stored)
+	err := t.cfg.Store.AddDelayed(ctx, []Delayed{d})
+	if err == nil {
+		t.held(d)
+	}
+	settle(err)
 	t.Wake()
 	return true, ""
+}
+
+// held tells Config.Held of d, stored.
+func (t *Ticker) held(d Delayed) {
+	if t.cfg.Held != nil {
+		t.cfg.Held(d.JobID, d.Due)
+	}
 }
 
 func (t *Ticker) dueOf(req *capv1.JobRequest, stored time.Time) (time.Time, bool, string) {
@@ -581,6 +598,9 @@ func (t *Ticker) addLoop(adds chan pendingAdd, done chan struct{}) {
 		err := t.cfg.Store.AddDelayed(ctx, ds)
 		cancel()
 		for _, p := range batch {
+			if err == nil {
+				t.held(p.d)
+			}
 			p.settle(err)
 		}
 		t.Wake()
