@@ -51,10 +51,12 @@ func (n *Node) aloneWaitsPart() part {
 			case <-ctx.Done():
 				return
 			case intact := <-n.aloneLost:
+				n.restoreSchedules(ctx, intact)
 				n.sweepAlone(ctx, intact)
 			case <-tick.C:
 				select {
 				case intact := <-n.aloneLost: // first: a prune must not drop what it owes
+					n.restoreSchedules(ctx, intact)
 					n.sweepAlone(ctx, intact)
 				default:
 				}

@@ -388,3 +388,65 @@ func TestScheduleDelayedJobCancelledOrSubmittedIsNotWokenByALaterLoss(t *testing
 		}
 	}
 }
+
+// Schedules are definitions, not jobs, and Redis is their only store: a
+// node keeps a copy of them (read again whenever their change count moves)
+// and writes back, after a loss, those Redis no longer holds — an active
+// one ticking again from where it was, a paused one paused, a deleted one
+// not at all. On the base every schedule silently stops after a loss.
+func TestScheduleDefinitionsRedisLostAreWrittenBack(t *testing.T) {
+	t.Parallel()
+	f := privateRedisFixture(t, lostFast)
+	ctx := context.Background()
+	f.startWorker("w-sched-lost", true, nil, worker.Echo)
+	st := f.node.Schedules()
+	for _, s := range []*schedule.Schedule{
+		{ID: "lost-every-second", Every: "1s", Topic: "job.echo"},
+		{ID: "lost-paused", Every: "1h", Topic: "job.echo", Paused: true},
+		{ID: "lost-deleted", Every: "1h", Topic: "job.echo"},
+	} {
+		if err := st.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGauge(t, f.node, "troupe_schedules_known", 3)
+	if err := st.Delete(ctx, "lost-deleted"); err != nil {
+		t.Fatal(err)
+	}
+	waitGauge(t, f.node, "troupe_schedules_known", 2)
+	fired := func(after time.Time) bool {
+		s, err := st.Get(ctx, "lost-every-second")
+		return err == nil && s.Last != nil && s.Last.Tick.After(after)
+	}
+	waitCond(t, 15*time.Second, "the schedule fired before the loss", func() bool { return fired(time.Time{}) })
+
+	flushed := time.Now()
+	flushAndWaitLoss(t, f, f.node)
+	waitCond(t, 15*time.Second, "the active schedule written back and ticking again", func() bool { return fired(flushed) })
+	p, err := st.Get(ctx, "lost-paused")
+	if err != nil || !p.Paused || p.NextTick != nil {
+		t.Fatalf("paused schedule after the loss: %+v %v, want it back, paused, with no next tick", p, err)
+	}
+	if _, err := st.Get(ctx, "lost-deleted"); err == nil {
+		t.Fatal("a schedule deleted before the loss was written back")
+	}
+	if n := counter(t, f.node, "troupe_schedules_restored_total", ""); n != 2 {
+		t.Fatalf("%v schedules restored, want 2", n)
+	}
+}
+
+// waitGauge waits until the node's gauge reads want.
+func waitGauge(t *testing.T, n *troupe.Node, name string, want float64) {
+	t.Helper()
+	waitCond(t, 15*time.Second, name, func() bool { return counter(t, n, name, "") == want })
+}
+
+// waitCond polls cond (bounded by within) and fails naming what never came.
+func waitCond(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+	}
+}

@@ -93,7 +93,21 @@ type Ticker struct {
 	caughtUp prometheus.Counter
 	waiting  prometheus.Gauge
 	errors   prometheus.Counter
+	restored prometheus.Counter
+
+	// The node's copy of every schedule's definition, read again when
+	// their change count moves (at most every knownEvery), to write back
+	// what a Redis data loss takes (Restore).
+	knownMu   sync.Mutex
+	known     map[string]string // id → definition JSON
+	knownVer  int64
+	knownRead bool
+	knownAt   time.Time
+	knownLen  prometheus.GaugeFunc
 }
+
+// knownEvery is how often a ticker looks at the schedules' change count.
+const knownEvery = time.Second
 
 // NewTicker returns a ticker that is not running.
 func NewTicker(cfg Config) *Ticker {
@@ -129,9 +143,14 @@ func NewTicker(cfg Config) *Ticker {
 			Help: "Delayed jobs held (all replicas') not yet submitted, as of this node's last look."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedule_errors_total",
 			Help: "Ticker passes that failed (Redis or the submit stream); what was due stays due."}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedules_restored_total",
+			Help: "Schedule definitions this node wrote back from its copy after Redis lost its data."}),
 	}
+	t.knownLen = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_schedules_known",
+		Help: "Schedule definitions this node keeps a copy of, to write back if Redis loses them."},
+		func() float64 { t.knownMu.Lock(); defer t.knownMu.Unlock(); return float64(len(t.known)) })
 	if cfg.Metrics != nil {
-		for _, c := range []prometheus.Collector{t.fired, t.lag, t.missed, t.caughtUp, t.waiting, t.errors} {
+		for _, c := range []prometheus.Collector{t.fired, t.lag, t.missed, t.caughtUp, t.waiting, t.errors, t.restored, t.knownLen} {
 			_ = cfg.Metrics.Register(c)
 		}
 	}
@@ -200,6 +219,7 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 	go func() {
 		defer wg.Done()
 		t.every(ctx, nil, func(ctx context.Context) (time.Time, bool, error) {
+			t.refreshKnown(ctx)
 			if err := t.fireDue(ctx); err != nil {
 				return time.Time{}, false, err
 			}
@@ -282,6 +302,53 @@ func (t *Ticker) RunOnce(ctx context.Context) (next time.Time, found bool, err e
 		return b, true, nil
 	}
 	return time.Time{}, false, nil
+}
+
+// refreshKnown reads the schedules' definitions again when their change
+// count moved since the copy was made (one GET otherwise, at most every
+// knownEvery). A count of 0 after the first read means Redis lost it (or
+// nodes of the version before made every change): the copy is kept, for
+// Restore.
+func (t *Ticker) refreshKnown(ctx context.Context) {
+	t.knownMu.Lock()
+	now := t.cfg.Now()
+	if now.Sub(t.knownAt) < knownEvery {
+		t.knownMu.Unlock()
+		return
+	}
+	t.knownAt = now
+	read, ver := t.knownRead, t.knownVer
+	t.knownMu.Unlock()
+	st := t.cfg.Store
+	if read {
+		v, err := st.defsVersion(ctx)
+		if err != nil || v == ver || v == 0 {
+			return
+		}
+	}
+	defs, v, err := st.allDefs(ctx)
+	if err != nil || read && v == 0 {
+		return
+	}
+	t.knownMu.Lock()
+	t.known, t.knownVer, t.knownRead = defs, v, true
+	t.knownMu.Unlock()
+}
+
+// Restore writes back, after Redis lost its data, the schedules of the
+// node's copy that Redis no longer holds, each due at its first tick after
+// since (when Redis was last seen intact): ticks missed since are its
+// missed-tick policy's to fire or drop, and one fired again within the
+// submit stream's duplicate window is dropped there (its Nats-Msg-Id).
+// Every replica restores from its own copy; a definition another wrote
+// back first is left alone. It returns the ids it wrote back.
+func (t *Ticker) Restore(ctx context.Context, since time.Time) ([]string, error) {
+	t.knownMu.Lock()
+	defs := t.known
+	t.knownMu.Unlock()
+	ids, err := t.cfg.Store.restore(ctx, defs, since)
+	t.restored.Add(float64(len(ids)))
+	return ids, err
 }
 
 // fireDue fires the schedules due now (up to 1,000 a pass).
