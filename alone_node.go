@@ -7,11 +7,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/troupe-run/troupe/internal/jobactor"
+	"github.com/troupe-run/troupe/internal/lifecycle"
 )
 
 // Waits left alone (issue 31): a parked retry wait, an approval and a
 // rate-limited park have no actor and no worker; their record and the wake
-// source kept with it are their only home. When Redis loses its data no
+// source kept with it are their only home. A delayed submit not yet due
+// has no record at all: its entry in the delayed set is its only home. When Redis loses its data no
 // event is owed to them, so this node wakes each one it left alone
 // (jobactor.AloneWaits) and the core ends a job it finds with no record
 // state_lost: dead-lettered, its client told once.
@@ -49,10 +51,12 @@ func (n *Node) aloneWaitsPart() part {
 			case <-ctx.Done():
 				return
 			case intact := <-n.aloneLost:
+				n.restoreSchedules(ctx, intact)
 				n.sweepAlone(ctx, intact)
 			case <-tick.C:
 				select {
 				case intact := <-n.aloneLost: // first: a prune must not drop what it owes
+					n.restoreSchedules(ctx, intact)
 					n.sweepAlone(ctx, intact)
 				default:
 				}
@@ -96,6 +100,10 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 		batch := waits[:min(aloneBatch, len(waits))]
 		waits = waits[len(batch):]
 		states, err := n.recordStates(ctx, batch)
+		var held, cancelled []bool
+		if err == nil {
+			held, cancelled, err = n.delayedStatus(ctx, batch)
+		}
 		if err != nil {
 			n.log.Warn("waits left alone: cannot read their records after Redis lost its data; left for the next loss seen",
 				"err", err, "waits", len(batch)+len(waits))
@@ -103,7 +111,9 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 		}
 		var gone []jobactor.AloneWait
 		for i, w := range batch {
-			if states[i] == "" {
+			// A delayed submit has no record until it is due: it is lost
+			// when its delayed entry is gone too (and it was not cancelled).
+			if states[i] == "" && !held[i] && !cancelled[i] {
 				gone = append(gone, w)
 			}
 		}
@@ -141,17 +151,60 @@ func (n *Node) verifyAlone(ctx context.Context, cursor int) int {
 		return next
 	}
 	states, err := n.recordStates(ctx, waits)
+	var held, cancelled []bool
+	if err == nil {
+		held, cancelled, err = n.delayedStatus(ctx, waits)
+	}
 	if err != nil {
 		return cursor
 	}
 	var moved []jobactor.AloneWait
 	for i, w := range waits {
-		if s := states[i]; s != "" && !w.StillWaiting(s) {
+		s := states[i]
+		if w.Kind == lifecycle.WaitDelayed {
+			// Out of the delayed set and submitted (a record) or
+			// cancelled: moved on. Out of it with neither: lost, or
+			// between its submit and its record; kept.
+			if !held[i] && (s != "" || cancelled[i]) {
+				moved = append(moved, w)
+			}
+			continue
+		}
+		if s != "" && !w.StillWaiting(s) {
 			moved = append(moved, w)
 		}
 	}
 	n.alone.Drop(moved)
 	return next
+}
+
+// delayedStatus reads, for the delayed submits among waits (one
+// pipeline), whether each is still held in the delayed set and whether it
+// was cancelled there; the other waits read as neither, so that only their
+// record speaks for them.
+func (n *Node) delayedStatus(ctx context.Context, waits []jobactor.AloneWait) (held, cancelled []bool, err error) {
+	held, cancelled = make([]bool, len(waits)), make([]bool, len(waits))
+	var ids []string
+	var at []int
+	for i, w := range waits {
+		if w.Kind != lifecycle.WaitDelayed {
+			continue
+		}
+		ids, at = append(ids, w.JobID), append(at, i)
+	}
+	if len(ids) == 0 || n.ticker == nil {
+		return held, cancelled, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	h, c, err := n.ticker.Store().DelayedStatus(ctx, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	for j, i := range at {
+		held[i], cancelled[i] = h[j], c[j]
+	}
+	return held, cancelled, nil
 }
 
 // recordStates reads "state reason" of each wait's record ("" where the

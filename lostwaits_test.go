@@ -11,6 +11,7 @@ import (
 	"github.com/troupe-run/troupe"
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/internal/jobstate"
+	"github.com/troupe-run/troupe/internal/schedule"
 	"github.com/troupe-run/troupe/internal/testenv"
 	"github.com/troupe-run/troupe/proto/capv1"
 	"github.com/troupe-run/troupe/worker"
@@ -298,4 +299,154 @@ func TestApprovalWaitIndexedByTwoReplicasIsWokenOnceAfterALoss(t *testing.T) {
 	}
 	flushAndWaitLoss(t, f, a, b)
 	endsStateLostOnce(t, f, id, told, a, b)
+}
+
+// waitAloneTotal waits until the nodes' indexes of waits left alone hold
+// want entries between them.
+func waitAloneTotal(t *testing.T, want float64, nodes ...*troupe.Node) {
+	t.Helper()
+	var got float64
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		got = 0
+		for _, n := range nodes {
+			got += counter(t, n, "troupe_waits_alone", "")
+		}
+		if got == want {
+			return
+		}
+	}
+	t.Fatalf("%v waits indexed across %d nodes, want %v", got, len(nodes), want)
+}
+
+// A delayed submit not yet due has no record: its entry in the delayed set
+// is its only home. When Redis loses it, the node that held it ends it
+// state_lost — dead-lettered once, its client told once — on two replicas,
+// and it never runs. On the base the client waits for ever.
+func TestScheduleDelayedJobWhoseEntryRedisLostEndsStateLost(t *testing.T) {
+	t.Parallel()
+	f := privateRedisFixture(t, lostFast)
+	a := f.node
+	b := newNodeOn(t, f, "node-b", lostFast)
+	f.node = a
+	const id = "job-delayed-lost"
+	told := toldOf(t, f, id)
+	rec := newReceipts()
+	f.startWorker("w-delayed-lost", true, rec, worker.Echo)
+	req := echoReq(id)
+	req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAfter: "1h"}}
+	f.submit(req)
+	waitAloneTotal(t, 1, a, b)
+	if _, err := a.Schedules().GetDelayed(context.Background(), id); err != nil {
+		t.Fatalf("indexed but not held: %v", err)
+	}
+
+	flushAndWaitLoss(t, f, a, b)
+	endsStateLostOnce(t, f, id, told, a, b)
+	waitAloneTotal(t, 0, a, b)
+	if n := rec.count(id); n != 0 {
+		t.Fatalf("the lost delayed job was dispatched %d times", n)
+	}
+}
+
+// A delayed submit that was cancelled, and one that came due and ran,
+// leave the index once Redis shows it (out of the delayed set: cancelled,
+// or with a record): a later loss wakes neither, and the cancelled one's
+// client hears nothing from Troupe.
+func TestScheduleDelayedJobCancelledOrSubmittedIsNotWokenByALaterLoss(t *testing.T) {
+	t.Parallel()
+	f := privateRedisFixture(t, lostFast)
+	ctx := context.Background()
+	const cancelled, ran = "job-delayed-cancelled", "job-delayed-ran"
+	told := toldOf(t, f, cancelled)
+	f.startWorker("w-delayed", true, nil, worker.Echo)
+	for id, after := range map[string]string{cancelled: "1h", ran: "300ms"} {
+		req := echoReq(id)
+		req.Meta = &capv1.JobMetadata{Labels: map[string]string{schedule.LabelRunAfter: after}}
+		f.submit(req)
+	}
+	waitAloneTotal(t, 2, f.node)
+	if err := f.node.Schedules().DeleteDelayed(ctx, cancelled); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState(ran, jobstate.StateSucceeded)
+	waitAloneTotal(t, 0, f.node)
+
+	flushAndWaitLoss(t, f, f.node)
+	waitCounter(t, f.node, "troupe_lost_wait_sweeps_total", "", 1)
+	if n := counter(t, f.node, "troupe_lost_waits_woken_total", ""); n != 0 {
+		t.Fatalf("%v waits woken after the loss, want 0", n)
+	}
+	_ = f.env.NATS.Flush()
+	select {
+	case r := <-told:
+		t.Fatalf("the cancelled delayed job's client was told %v %q", r.Status, r.ErrorCode)
+	default:
+	}
+	for _, id := range []string{cancelled, ran} {
+		if n := dlqEntriesFor(t, f, id); n != 0 {
+			t.Fatalf("%d DLQ entries for %s, want 0", n, id)
+		}
+	}
+}
+
+// Schedules are definitions, not jobs, and Redis is their only store: a
+// node keeps a copy of them (read again whenever their change count moves)
+// and writes back, after a loss, those Redis no longer holds — an active
+// one ticking again from where it was, a paused one paused, a deleted one
+// not at all. On the base every schedule silently stops after a loss.
+func TestScheduleDefinitionsRedisLostAreWrittenBack(t *testing.T) {
+	t.Parallel()
+	f := privateRedisFixture(t, lostFast)
+	ctx := context.Background()
+	f.startWorker("w-sched-lost", true, nil, worker.Echo)
+	st := f.node.Schedules()
+	for _, s := range []*schedule.Schedule{
+		{ID: "lost-every-second", Every: "1s", Topic: "job.echo"},
+		{ID: "lost-paused", Every: "1h", Topic: "job.echo", Paused: true},
+		{ID: "lost-deleted", Every: "1h", Topic: "job.echo"},
+	} {
+		if err := st.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGauge(t, f.node, "troupe_schedules_known", 3)
+	if err := st.Delete(ctx, "lost-deleted"); err != nil {
+		t.Fatal(err)
+	}
+	waitGauge(t, f.node, "troupe_schedules_known", 2)
+	fired := func(after time.Time) bool {
+		s, err := st.Get(ctx, "lost-every-second")
+		return err == nil && s.Last != nil && s.Last.Tick.After(after)
+	}
+	waitCond(t, 15*time.Second, "the schedule fired before the loss", func() bool { return fired(time.Time{}) })
+
+	flushed := time.Now()
+	flushAndWaitLoss(t, f, f.node)
+	waitCond(t, 15*time.Second, "the active schedule written back and ticking again", func() bool { return fired(flushed) })
+	p, err := st.Get(ctx, "lost-paused")
+	if err != nil || !p.Paused || p.NextTick != nil {
+		t.Fatalf("paused schedule after the loss: %+v %v, want it back, paused, with no next tick", p, err)
+	}
+	if _, err := st.Get(ctx, "lost-deleted"); err == nil {
+		t.Fatal("a schedule deleted before the loss was written back")
+	}
+	if n := counter(t, f.node, "troupe_schedules_restored_total", ""); n != 2 {
+		t.Fatalf("%v schedules restored, want 2", n)
+	}
+}
+
+// waitGauge waits until the node's gauge reads want.
+func waitGauge(t *testing.T, n *troupe.Node, name string, want float64) {
+	t.Helper()
+	waitCond(t, 15*time.Second, name, func() bool { return counter(t, n, name, "") == want })
+}
+
+// waitCond polls cond (bounded by within) and fails naming what never came.
+func waitCond(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+	}
 }

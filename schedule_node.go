@@ -37,6 +37,7 @@ func (n *Node) startTicker(ctx context.Context) error {
 		Submit:  n.submitScheduled,
 		Log:     n.log,
 		Metrics: n.cfg.Metrics,
+		Held:    n.alone.AddDelayed, // the renewer part made the index
 	})
 	n.intake.Delay = n.ticker.Hold
 	n.intake.CancelDelayed = n.cancelDelayed
@@ -44,6 +45,35 @@ func (n *Node) startTicker(ctx context.Context) error {
 		return fmt.Errorf("troupe: %w", err)
 	}
 	return nil
+}
+
+// restoreSchedules writes back, after Redis lost its data (intact: when it
+// was last seen whole; zero: unknown), the schedules of the ticker's copy
+// that Redis no longer holds. A Redis error is retried a few times.
+func (n *Node) restoreSchedules(ctx context.Context, intact time.Time) {
+	if n.ticker == nil {
+		return
+	}
+	if intact.IsZero() {
+		intact = time.Now()
+	}
+	for try := 0; try < 5; try++ {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ids, err := n.ticker.Restore(rctx, intact)
+		cancel()
+		if len(ids) > 0 {
+			n.log.Warn("schedules written back after Redis lost its data", "restored", len(ids), "ids", ids[:min(len(ids), 20)])
+		}
+		if err == nil {
+			return
+		}
+		n.log.Warn("schedules: cannot write them back after Redis lost its data", "err", err, "try", try+1)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second << try):
+		}
+	}
 }
 
 // Schedules returns the node's schedule store (valid after Start), for the

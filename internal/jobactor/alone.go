@@ -2,6 +2,7 @@ package jobactor
 
 import (
 	"hash/maphash"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,12 +18,17 @@ import (
 // ever wake them: the node wakes each one it still knows
 // (lifecycle.Wake{Lost}) and the job ends visibly, state_lost.
 //
+// A delayed submit not yet due (lifecycle.WaitDelayed: no record yet, only
+// its entry in the delayed set) is indexed too, by the node that held it.
+//
 // An entry is the job id (the string the actor held, not copied) and one
-// int64: the retry time in unix ms, or the kind's negative for a wait
-// with no due time. It is dropped when one of this node's actors takes
-// the job's lock again (Hold); a wait woken on another replica stays until
-// Prune drops it (a retry due long enough before Redis was last seen
-// intact) or Verify finds its record moved on.
+// int64: the retry time in unix ms, the kind's negative for a wait with no
+// due time, or -(delayedBase + due ms) for a delayed submit. It is dropped
+// when one of this node's actors takes the job's lock again (Hold); a wait
+// woken on another replica (a delayed job taken or cancelled anywhere)
+// stays until Prune drops it (a retry or delayed job due long enough
+// before Redis was last seen intact) or the node's verify finds it moved
+// on.
 type AloneWaits struct {
 	seed    maphash.Seed
 	stripes [aloneStripes]aloneStripe
@@ -30,6 +36,10 @@ type AloneWaits struct {
 }
 
 const aloneStripes = 64
+
+// delayedBase offsets a delayed submit's due time below every kind's
+// negative.
+const delayedBase = 1 << 8
 
 type aloneStripe struct {
 	mu sync.Mutex
@@ -64,6 +74,33 @@ func (w *AloneWaits) Add(id string, kind lifecycle.WaitKind, due time.Time) {
 	s.mu.Unlock()
 }
 
+// AddDelayed records that job id, a submit held until due, waits in the
+// delayed set. id is copied: the caller's string may share its memory with
+// a whole decoded message.
+func (w *AloneWaits) AddDelayed(id string, due time.Time) {
+	id = strings.Clone(id)
+	v := -(delayedBase + max(due.UnixMilli(), 0))
+	s := w.stripe(id)
+	s.mu.Lock()
+	if _, ok := s.m[id]; !ok {
+		w.n.Add(1)
+	}
+	s.m[id] = v
+	s.mu.Unlock()
+}
+
+// dueMS is the due time an entry's value carries (a retry's or a delayed
+// submit's), ok false for a wait with none.
+func dueMS(v int64) (int64, bool) {
+	switch {
+	case v >= 0:
+		return v, true
+	case v <= -delayedBase:
+		return -v - delayedBase, true
+	}
+	return 0, false
+}
+
 // Remove forgets job id (its lock is held here again). Cheap when the
 // index is empty: one atomic load.
 func (w *AloneWaits) Remove(id string) {
@@ -86,19 +123,22 @@ func (w *AloneWaits) Len() int { return int(w.n.Load()) }
 type AloneWait struct {
 	JobID string
 	Kind  lifecycle.WaitKind
-	Due   time.Time // a retry wait's retry time
+	Due   time.Time // a retry wait's retry time; a delayed submit's due time
 	v     int64
 }
 
 func entryOf(id string, v int64) AloneWait {
-	if v >= 0 {
+	switch {
+	case v >= 0:
 		return AloneWait{JobID: id, Kind: lifecycle.WaitRetry, Due: time.UnixMilli(v), v: v}
+	case v <= -delayedBase:
+		return AloneWait{JobID: id, Kind: lifecycle.WaitDelayed, Due: time.UnixMilli(-v - delayedBase), v: v}
 	}
 	return AloneWait{JobID: id, Kind: lifecycle.WaitKind(-v), v: v}
 }
 
-// Snapshot returns the waits indexed now, leaving out the retry waits due
-// before dueBefore (zero: none left out).
+// Snapshot returns the waits indexed now, leaving out the retry waits and
+// delayed submits due before dueBefore (zero: none left out).
 func (w *AloneWaits) Snapshot(dueBefore time.Time) []AloneWait {
 	out := make([]AloneWait, 0, w.Len())
 	cut := int64(-1)
@@ -109,7 +149,7 @@ func (w *AloneWaits) Snapshot(dueBefore time.Time) []AloneWait {
 		s := &w.stripes[i]
 		s.mu.Lock()
 		for id, v := range s.m {
-			if v >= 0 && v < cut {
+			if due, ok := dueMS(v); ok && due < cut {
 				continue
 			}
 			out = append(out, entryOf(id, v))
@@ -119,16 +159,16 @@ func (w *AloneWaits) Snapshot(dueBefore time.Time) []AloneWait {
 	return out
 }
 
-// Prune drops the retry waits due before t: Redis still held their
-// records (intact) after their due poller woke them, wherever that was.
-// It returns how many it dropped.
+// Prune drops the retry waits and delayed submits due before t: Redis
+// still held their records (intact) after their due poller or a ticker
+// woke them, wherever that was. It returns how many it dropped.
 func (w *AloneWaits) Prune(t time.Time) int {
 	cut, dropped := t.UnixMilli(), 0
 	for i := range w.stripes {
 		s := &w.stripes[i]
 		s.mu.Lock()
 		for id, v := range s.m {
-			if v >= 0 && v < cut {
+			if due, ok := dueMS(v); ok && due < cut {
 				delete(s.m, id)
 				dropped++
 			}
@@ -153,9 +193,10 @@ func (w *AloneWaits) Drop(waits []AloneWait) {
 	}
 }
 
-// Undue returns the waits with no due time (approvals, rate parks) of the
-// stripes from `from` on, whole stripes until limit is reached, and the
-// stripe to start from next time (0 after the last).
+// Undue returns the waits with no due time (approvals, rate parks) and the
+// delayed submits of the stripes from `from` on, whole stripes until limit
+// is reached, and the stripe to start from next time (0 after the last):
+// the entries only a look at Redis can drop before their time.
 func (w *AloneWaits) Undue(from, limit int) ([]AloneWait, int) {
 	var out []AloneWait
 	i := from % aloneStripes
@@ -163,7 +204,7 @@ func (w *AloneWaits) Undue(from, limit int) ([]AloneWait, int) {
 		s := &w.stripes[i]
 		s.mu.Lock()
 		for id, v := range s.m {
-			if v < 0 {
+			if v < 0 { // no due time, or a delayed submit's
 				out = append(out, entryOf(id, v))
 			}
 		}

@@ -57,6 +57,39 @@ func TestAloneWaitsIndexKeepsPrunesAndDrops(t *testing.T) {
 	}
 }
 
+// A delayed submit's entry carries its due time: it is left out of a
+// snapshot and pruned when due before the cut (a ticker took it while
+// Redis was intact), kept when due after it, listed for verification with
+// the waits of no due time, and its id is the index's own copy.
+func TestAloneWaitsIndexKeepsDelayedSubmitsByTheirDueTime(t *testing.T) {
+	w := NewAloneWaits()
+	now := time.UnixMilli(1_000_000_000)
+	buf := []byte("d-new")
+	w.AddDelayed(string(buf[:]), now.Add(time.Hour))
+	buf[0] = 'x' // the caller's memory changes; the index keeps its copy
+	w.AddDelayed("d-old", now.Add(-time.Second))
+	w.Add("a", lifecycle.WaitApproval, time.Time{})
+	snap := w.Snapshot(now)
+	got := map[string]AloneWait{}
+	for _, e := range snap {
+		got[e.JobID] = e
+	}
+	if d, ok := got["d-new"]; len(snap) != 2 || !ok || d.Kind != lifecycle.WaitDelayed || !d.Due.Equal(now.Add(time.Hour)) || got["a"].Kind != lifecycle.WaitApproval {
+		t.Fatalf("snapshot %+v, want d-new (delayed, due in an hour) and a", snap)
+	}
+	undue, _ := w.Undue(0, 1_000)
+	if len(undue) != 3 {
+		t.Fatalf("verifiable %+v, want both delayed submits and the approval", undue)
+	}
+	if n := w.Prune(now); n != 1 || w.Len() != 2 {
+		t.Fatalf("pruned %d, %d left; want d-old pruned", n, w.Len())
+	}
+	w.Drop([]AloneWait{got["d-new"]})
+	if w.Len() != 1 {
+		t.Fatalf("%d left after dropping d-new, want the approval", w.Len())
+	}
+}
+
 // BenchmarkAloneWaitsHeap measures the live heap the index costs per wait
 // (B/wait), for b.N waits of 40-byte job ids (the ids' own bytes are the
 // job's, counted apart as id_B/wait); set -benchtime=10000x or 1000000x.

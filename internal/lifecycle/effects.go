@@ -239,6 +239,11 @@ const (
 	WaitRetry    WaitKind = iota + 1 // a parked retry wait
 	WaitApproval                     // waiting for a human's approval
 	WaitRate                         // parked for its rate limit's tokens
+	// WaitDelayed is never emitted by the core: a submit the node held
+	// until its due time (internal/schedule), which has no record yet, only
+	// its entry in the delayed set — indexed with the waits alone so that a
+	// Redis data loss ends it visibly too.
+	WaitDelayed
 )
 
 // Finish tells the supervisor the actor has nothing left to do.

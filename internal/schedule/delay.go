@@ -192,6 +192,28 @@ func (st *Store) GetDelayed(ctx context.Context, id string) (*Delayed, error) {
 	return d, nil
 }
 
+// DelayedStatus says, for each of ids (one pipeline), whether it is held
+// (in the delayed set, taken or not) and whether it was cancelled within
+// CancelledKeep.
+func (st *Store) DelayedStatus(ctx context.Context, ids []string) (held, cancelled []bool, err error) {
+	pipe := st.rdb.Pipeline()
+	h := make([]*redis.BoolCmd, len(ids))
+	c := make([]*redis.FloatCmd, len(ids))
+	for i, id := range ids {
+		h[i] = pipe.HExists(ctx, st.delayJob, id)
+		c[i] = pipe.ZScore(ctx, st.delayGone, id)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, nil, err
+	}
+	held, cancelled = make([]bool, len(ids)), make([]bool, len(ids))
+	for i := range ids {
+		held[i] = h[i].Val()
+		cancelled[i] = c[i].Err() == nil
+	}
+	return held, cancelled, nil
+}
+
 // ErrTaken: the delayed job is due and a replica took it to submit; it
 // can no longer be cancelled here, only as a job (a cancel mark, or the
 // job's cancel once it has a record).

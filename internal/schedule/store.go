@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"time"
 
@@ -24,13 +25,14 @@ var ErrExists = errors.New("schedule: exists")
 //	<p>{sched}:due        ZSET id → next tick (unix ms); a paused schedule is absent
 //	<p>{sched}:last       HASH id → Fired JSON
 //	<p>{sched}:claim:<id>:<tick>   a tick's claim (SET NX, LeaseTTL)
+//	<p>{sched}:ver        INCR'd by every change of def (Create, Pause, Resume, Delete)
 //	<p>{delay}:due        ZSET job id → due time (unix ms), or a taker's lease end
 //	<p>{delay}:job        HASH job id → Delayed JSON
 //	<p>{delay}:taken      HASH job id → lease end (unix ms): taken by a replica to submit
 //	<p>{delay}:gone       ZSET job id → until (unix ms): cancelled; its submit is not held again
 type Store struct {
 	rdb                        redis.UniversalClient
-	def, due, last, claim      string
+	def, due, last, claim, ver string
 	delayDue, delayJob         string
 	delayTaken, delayGone      string
 	claimScript, advanceScript *redis.Script
@@ -43,7 +45,7 @@ type Store struct {
 func NewStore(rdb redis.UniversalClient, prefix string) *Store {
 	return &Store{rdb: rdb,
 		def: prefix + "{sched}:def", due: prefix + "{sched}:due", last: prefix + "{sched}:last",
-		claim: prefix + "{sched}:claim:", delayDue: prefix + "{delay}:due", delayJob: prefix + "{delay}:job",
+		claim: prefix + "{sched}:claim:", ver: prefix + "{sched}:ver", delayDue: prefix + "{delay}:due", delayJob: prefix + "{delay}:job",
 		delayTaken: prefix + "{delay}:taken", delayGone: prefix + "{delay}:gone",
 		claimScript: redis.NewScript(claimLua), advanceScript: redis.NewScript(advanceLua),
 		takeScript: redis.NewScript(takeLua), cancelScript: redis.NewScript(cancelLua),
@@ -143,6 +145,9 @@ func (st *Store) Create(ctx context.Context, s *Schedule) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrExists, s.ID)
 	}
+	if err := st.rdb.Incr(ctx, st.ver).Err(); err != nil {
+		return err
+	}
 	if s.Paused {
 		return nil
 	}
@@ -236,7 +241,10 @@ func (st *Store) setPaused(ctx context.Context, id string, paused bool) error {
 	if err != nil {
 		return err
 	}
-	if err := st.rdb.HSet(ctx, st.def, id, data).Err(); err != nil {
+	pipe := st.rdb.TxPipeline()
+	pipe.HSet(ctx, st.def, id, data)
+	pipe.Incr(ctx, st.ver)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}
 	if paused {
@@ -251,6 +259,7 @@ func (st *Store) Delete(ctx context.Context, id string) error {
 	n := pipe.HDel(ctx, st.def, id)
 	pipe.ZRem(ctx, st.due, id)
 	pipe.HDel(ctx, st.last, id)
+	pipe.Incr(ctx, st.ver)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}
@@ -258,6 +267,79 @@ func (st *Store) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	return nil
+}
+
+// defsVersion reads the count of definition changes (0: none counted,
+// or lost with Redis's data).
+func (st *Store) defsVersion(ctx context.Context) (int64, error) {
+	v, err := st.rdb.Get(ctx, st.ver).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// allDefs returns every schedule's stored definition (id → JSON) and the
+// count of changes it was read at, in one transaction.
+func (st *Store) allDefs(ctx context.Context) (map[string]string, int64, error) {
+	pipe := st.rdb.TxPipeline()
+	all := pipe.HGetAll(ctx, st.def)
+	ver := pipe.Get(ctx, st.ver)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, err
+	}
+	v, _ := ver.Int64() // 0 when no change was ever counted
+	return all.Val(), v, nil
+}
+
+// restore writes back the definitions of defs (id → JSON) that Redis no
+// longer holds, each unpaused one due at its first tick after since (ticks
+// missed since then are its missed-tick policy's to fire or drop), and
+// returns the ids restored. A definition Redis holds is left as it is.
+func (st *Store) restore(ctx context.Context, defs map[string]string, since time.Time) ([]string, error) {
+	if len(defs) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, 0, len(defs))
+	for id := range defs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	pipe := st.rdb.Pipeline()
+	set := make([]*redis.BoolCmd, len(ids))
+	for i, id := range ids {
+		set[i] = pipe.HSetNX(ctx, st.def, id, defs[id])
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var restored []string
+	due := st.rdb.Pipeline()
+	for i, id := range ids {
+		if !set[i].Val() {
+			continue
+		}
+		restored = append(restored, id)
+		s := &Schedule{}
+		if json.Unmarshal([]byte(defs[id]), s) != nil || s.Paused {
+			continue
+		}
+		spec, err := s.Spec()
+		if err != nil {
+			continue
+		}
+		if next := spec.Next(since); !next.IsZero() {
+			due.ZAddNX(ctx, st.due, redis.Z{Score: float64(next.UnixMilli()), Member: id})
+		}
+	}
+	if len(restored) == 0 {
+		return nil, nil
+	}
+	due.Incr(ctx, st.ver)
+	if _, err := due.Exec(ctx); err != nil {
+		return restored, err
+	}
+	return restored, nil
 }
 
 // dueSchedules returns the ids and ticks of schedules due at now (at most

@@ -70,6 +70,9 @@ type Config struct {
 	Lookahead time.Duration
 	// Metrics, when set, receives the ticker's metrics.
 	Metrics prometheus.Registerer
+	// Held, when set, is told of each delayed job once this node stored
+	// it (the node indexes it, to end it visibly if Redis loses it).
+	Held func(jobID string, due time.Time)
 }
 
 // Ticker fires schedules' ticks and due delayed jobs. It is a node
@@ -90,7 +93,21 @@ type Ticker struct {
 	caughtUp prometheus.Counter
 	waiting  prometheus.Gauge
 	errors   prometheus.Counter
+	restored prometheus.Counter
+
+	// The node's copy of every schedule's definition, read again when
+	// their change count moves (at most every knownEvery), to write back
+	// what a Redis data loss takes (Restore).
+	knownMu   sync.Mutex
+	known     map[string]string // id → definition JSON
+	knownVer  int64
+	knownRead bool
+	knownAt   time.Time
+	knownLen  prometheus.GaugeFunc
 }
+
+// knownEvery is how often a ticker looks at the schedules' change count.
+const knownEvery = time.Second
 
 // NewTicker returns a ticker that is not running.
 func NewTicker(cfg Config) *Ticker {
@@ -126,9 +143,14 @@ func NewTicker(cfg Config) *Ticker {
 			Help: "Delayed jobs held (all replicas') not yet submitted, as of this node's last look."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedule_errors_total",
 			Help: "Ticker passes that failed (Redis or the submit stream); what was due stays due."}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_schedules_restored_total",
+			Help: "Schedule definitions this node wrote back from its copy after Redis lost its data."}),
 	}
+	t.knownLen = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_schedules_known",
+		Help: "Schedule definitions this node keeps a copy of, to write back if Redis loses them."},
+		func() float64 { t.knownMu.Lock(); defer t.knownMu.Unlock(); return float64(len(t.known)) })
 	if cfg.Metrics != nil {
-		for _, c := range []prometheus.Collector{t.fired, t.lag, t.missed, t.caughtUp, t.waiting, t.errors} {
+		for _, c := range []prometheus.Collector{t.fired, t.lag, t.missed, t.caughtUp, t.waiting, t.errors, t.restored, t.knownLen} {
 			_ = cfg.Metrics.Register(c)
 		}
 	}
@@ -197,6 +219,7 @@ func (t *Ticker) loop(ctx context.Context, done chan struct{}) {
 	go func() {
 		defer wg.Done()
 		t.every(ctx, nil, func(ctx context.Context) (time.Time, bool, error) {
+			t.refreshKnown(ctx)
 			if err := t.fireDue(ctx); err != nil {
 				return time.Time{}, false, err
 			}
@@ -279,6 +302,53 @@ func (t *Ticker) RunOnce(ctx context.Context) (next time.Time, found bool, err e
 		return b, true, nil
 	}
 	return time.Time{}, false, nil
+}
+
+// refreshKnown reads the schedules' definitions again when their change
+// count moved since the copy was made (one GET otherwise, at most every
+// knownEvery). A count of 0 after the first read means Redis lost it (or
+// nodes of the version before made every change): the copy is kept, for
+// Restore.
+func (t *Ticker) refreshKnown(ctx context.Context) {
+	t.knownMu.Lock()
+	now := t.cfg.Now()
+	if now.Sub(t.knownAt) < knownEvery {
+		t.knownMu.Unlock()
+		return
+	}
+	t.knownAt = now
+	read, ver := t.knownRead, t.knownVer
+	t.knownMu.Unlock()
+	st := t.cfg.Store
+	if read {
+		v, err := st.defsVersion(ctx)
+		if err != nil || v == ver || v == 0 {
+			return
+		}
+	}
+	defs, v, err := st.allDefs(ctx)
+	if err != nil || read && v == 0 {
+		return
+	}
+	t.knownMu.Lock()
+	t.known, t.knownVer, t.knownRead = defs, v, true
+	t.knownMu.Unlock()
+}
+
+// Restore writes back, after Redis lost its data, the schedules of the
+// node's copy that Redis no longer holds, each due at its first tick after
+// since (when Redis was last seen intact): ticks missed since are its
+// missed-tick policy's to fire or drop, and one fired again within the
+// submit stream's duplicate window is dropped there (its Nats-Msg-Id).
+// Every replica restores from its own copy; a definition another wrote
+// back first is left alone. It returns the ids it wrote back.
+func (t *Ticker) Restore(ctx context.Context, since time.Time) ([]string, error) {
+	t.knownMu.Lock()
+	defs := t.known
+	t.knownMu.Unlock()
+	ids, err := t.cfg.Store.restore(ctx, defs, since)
+	t.restored.Add(float64(len(ids)))
+	return ids, err
 }
 
 // fireDue fires the schedules due now (up to 1,000 a pass).
@@ -503,9 +573,11 @@ func (t *Ticker) Divert(req *capv1.JobRequest, trace string, stored time.Time) (
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := t.cfg.Store.AddDelayed(ctx, []Delayed{delayedOf(req, trace, due, stored)}); err != nil {
+	d := delayedOf(req, trace, due, stored)
+	if err := t.cfg.Store.AddDelayed(ctx, []Delayed{d}); err != nil {
 		return false, "", err
 	}
+	t.held(d)
 	t.Wake()
 	return true, "", nil
 }
@@ -528,9 +600,21 @@ func (t *Ticker) Hold(req *capv1.JobRequest, trace string, stored time.Time, set
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	settle(t.cfg.Store.AddDelayed(ctx, []Delayed{delayedOf(req, trace, due, stored)}))
+	d := delayedOf(req, trace, due, stored)
+	err := t.cfg.Store.AddDelayed(ctx, []Delayed{d})
+	if err == nil {
+		t.held(d)
+	}
+	settle(err)
 	t.Wake()
 	return true, ""
+}
+
+// held tells Config.Held of d, stored.
+func (t *Ticker) held(d Delayed) {
+	if t.cfg.Held != nil {
+		t.cfg.Held(d.JobID, d.Due)
+	}
 }
 
 func (t *Ticker) dueOf(req *capv1.JobRequest, stored time.Time) (time.Time, bool, string) {
@@ -581,6 +665,9 @@ func (t *Ticker) addLoop(adds chan pendingAdd, done chan struct{}) {
 		err := t.cfg.Store.AddDelayed(ctx, ds)
 		cancel()
 		for _, p := range batch {
+			if err == nil {
+				t.held(p.d)
+			}
 			p.settle(err)
 		}
 		t.Wake()
