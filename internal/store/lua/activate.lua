@@ -125,7 +125,7 @@ local function createCancelled(mark)
       f[#f + 1] = ARGV[i + 1]
     end
   end
-  hopFields(f, 0, '', now_ms, now_ms, node, {'PENDING', 'submitted', 'CANCELLED', 'cancel_requested'})
+  hopFields(f, #f, 0, '', now_ms, now_ms, node, {'PENDING', 'submitted', 'CANCELLED', 'cancel_requested'})
   redis.call('HSET', job_key, unpack(f))
   redis.call('ZADD', cancelled_key, now_ms, job_id)
   redis.call('ZREM', due_key, job_id, lease)
@@ -197,8 +197,7 @@ if not st then
   -- field among the caller's (store.ExpandRecord puts them back for
   -- readers).
   local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason}
-  hopFields(f, 0, '', now_ms, now_ms, node, hops)
-  recordFields(f, first_field)
+  recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, hops), first_field)
   redis.call('HSET', job_key, unpack(f))
   redis.call('ZADD', index_key, now_ms, job_id)
   -- The job's due entry and its lease are members of one sorted set, so
