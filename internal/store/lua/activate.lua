@@ -58,8 +58,11 @@
 -- ARGV[11] lock_after        keep, release or terminal (after the plan)
 -- ARGV[12] due_ms            0: rescue_at, -1: none, > 0: this time
 -- ARGV[13] parked_owner      the node KEYS[6] and KEYS[7] belong to
--- ARGV[14] n                 the number of the plan's hops
--- ARGV[15 ..]                n × (to, reason), then the shard writes'
+-- ARGV[14] lease_at_ms       now_ms + 2 × lock_ttl_ms: the lease's score
+--                            when the lock is taken (the caller adds, so
+--                            that no number is parsed and formatted here)
+-- ARGV[15] n                 the number of the plan's hops
+-- ARGV[16 ..]                n × (to, reason), then the shard writes'
 --                            arguments (see shardWrites), then record
 --                            fields to set: field, value, ... (for a
 --                            create, topic, tenant and trace among them,
@@ -104,8 +107,9 @@ local rescue_at_ms = ARGV[10]
 local lock_after = ARGV[11]
 local due_ms = ARGV[12]
 local parked_owner = ARGV[13]
-local n = tonumber(ARGV[14])
-local first_hop = 15
+local lease_at_ms = ARGV[14]
+local n = tonumber(ARGV[15])
+local first_hop = 16
 local lease = '|' .. job_id
 
 -- createCancelled creates the job CANCELLED, as a cancel mark asks (mark:
@@ -210,7 +214,7 @@ if not st then
   end
   if lock_after == 'keep' then
     redis.call('SET', lock_key, node .. '|1', 'PX', lock_ttl_ms)
-    z[#z + 1] = tonumber(now_ms) + 2 * tonumber(lock_ttl_ms)
+    z[#z + 1] = lease_at_ms
     z[#z + 1] = lease
   end
   if #z > 0 then
@@ -230,7 +234,7 @@ if fence == 1 then
 end
 redis.call('HSET', job_key, 'node', node)
 redis.call('SET', lock_key, node .. '|' .. fence, 'PX', lock_ttl_ms)
-redis.call('ZADD', due_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), lease)
+redis.call('ZADD', due_key, lease_at_ms, lease)
 redis.call('ZREM', leases_key, job_id)
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', job_key)
