@@ -200,9 +200,14 @@ if not st then
   -- adoption writes it), and topic, tenant and trace come packed in one
   -- field among the caller's (store.ExpandRecord puts them back for
   -- readers).
-  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason}
-  recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, hops), first_field)
-  redis.call('HSET', job_key, unpack(f))
+  -- The list is made at about its full size (a create writes ~40 words):
+  -- a table grown one element at a time is rebuilt at 16, 32 and 64.
+  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason,
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false}
+  local k = recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, hops), first_field)
+  redis.call('HSET', job_key, unpack(f, 1, k))
   redis.call('ZADD', index_key, now_ms, job_id)
   -- The job's due entry and its lease are members of one sorted set, so
   -- one ZADD writes both.
