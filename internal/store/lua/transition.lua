@@ -86,9 +86,8 @@ local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
 local f = {'s', prev, 'updated', now_ms, 'reason', reason,
   false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
   false, false, false, false, false, false}
-local hops = {}
-for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
-local k = recordFields(f, hopFields(f, 6, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, hops), first_field)
+local k = recordFields(f, hopFields(f, 6, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, nil,
+  first_hop, first_hop + 2 * n - 1), first_field)
 redis.call('HSET', job_key, unpack(f, 1, k))
 if st ~= prev then
   redis.call('ZREM', KEYS[from_index], job_id)

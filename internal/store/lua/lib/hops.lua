@@ -16,8 +16,10 @@
 -- list of the record's next HSET, which gets the hop fields appended after
 -- its k-th element (it returns the index of the last one it wrote); hn,
 -- last_node and created_ms as the record holds them (hn 0 and last_node ''
--- for a new job); now_ms and node, the writer's; and the hops as a flat
--- list: to, reason, to, reason, ...
+-- for a new job); now_ms and node, the writer's; and the hops: those of
+-- the flat list hops (to, reason, to, reason, ...; or nil), then those of
+-- ARGV[a .. b] (a and b may be nil), so that a caller's hops are not copied
+-- into a table of their own.
 
 -- hopField and hopCount are the names "h<i>" and the counts "<i>" of a
 -- record's first hops, as the strings the record holds: a number handed to
@@ -28,7 +30,7 @@
 local hopField = {'h1', 'h2', 'h3', 'h4', 'h5', 'h6', 'h7', 'h8', 'h9', 'h10', 'h11', 'h12'}
 local hopCount = {'1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12'}
 
-local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops)
+local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops, a, b)
   local first = hn == 0
   local delta = '0'
   if created_ms ~= now_ms then
@@ -36,10 +38,19 @@ local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops)
   end
   local who = node
   if node == last_node then who = '' end
-  for i = 1, #hops, 2 do
+  if hops then
+    for i = 1, #hops, 2 do
+      hn = hn + 1
+      f[k + 1] = hopField[hn] or ('h' .. hn)
+      f[k + 2] = delta .. '|' .. hops[i] .. '|' .. hops[i + 1] .. '|' .. who
+      k = k + 2
+      who = ''
+    end
+  end
+  for i = a or 1, b or 0, 2 do
     hn = hn + 1
     f[k + 1] = hopField[hn] or ('h' .. hn)
-    f[k + 2] = delta .. '|' .. hops[i] .. '|' .. hops[i + 1] .. '|' .. who
+    f[k + 2] = delta .. '|' .. ARGV[i] .. '|' .. ARGV[i + 1] .. '|' .. who
     k = k + 2
     who = ''
   end
@@ -53,6 +64,9 @@ local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops)
   end
   return k
 end
+
+-- submittedHop is a new job's first hop, which no caller sends.
+local submittedHop = {'PENDING', 'submitted'}
 
 -- lastNode is the node of a record's last hop, from its fields "hl" and
 -- "h1" (nil, nil for a record with no hops: '').
