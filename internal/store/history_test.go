@@ -199,3 +199,57 @@ func TestHistoryNodeOfANewRecordIsItsFirstHops(t *testing.T) {
 		}
 	}
 }
+
+// The scripts name a record's first hops and write its hop count from
+// tables of strings (lib/hops.lua); past those tables' end a hop is named
+// and counted as it always was. A history longer than the tables reads
+// back whole, and the record holds the count and the names as decimal
+// text, as a node of the version before wrote them.
+func TestHistoryPastTheScriptsNamedHopsIsKept(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if r := b.do(t, &store.Op{Kind: store.OpActivate, JobID: "long", Node: "a", Create: true, Topic: "job.x",
+		Tenant: "t", Request: []byte("req"), T: &store.Transition{Path: []store.Hop{
+			{To: jobstate.StateScheduled, Reason: "allowed"}, {To: jobstate.StateDispatched, Reason: "dispatched"}}}}); r.Status != store.ActivateCreated {
+		t.Fatalf("create: %+v", r)
+	}
+	// 12 hops in one transition: the record's hops 4 to 15.
+	var path []store.Hop
+	for i := 0; i < 6; i++ {
+		path = append(path, store.Hop{To: jobstate.StateRunning, Reason: "started"},
+			store.Hop{To: jobstate.StateDispatched, Reason: "dispatched"})
+	}
+	if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: "long", Node: "a", LockValue: jobstate.LockValue("a", 1),
+		T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched), Path: path}}); !sr.OK() {
+		t.Fatalf("transition: %+v", sr)
+	}
+	raw, err := b.s.Client().HGetAll(ctx, b.s.Keys().Job("long")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw["hn"] != "15" {
+		t.Errorf("hn = %q, want \"15\"", raw["hn"])
+	}
+	for _, f := range []string{"h1", "h12", "h13", "h15"} {
+		if raw[f] == "" {
+			t.Errorf("field %s missing: %v", f, raw)
+		}
+	}
+	rec, err := b.s.GetJob(ctx, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.History) != 15 {
+		t.Fatalf("history has %d entries, want 15: %+v", len(rec.History), rec.History)
+	}
+	for i, e := range rec.History[3:] {
+		want := jobstate.StateRunning
+		if i%2 == 1 {
+			want = jobstate.StateDispatched
+		}
+		if e.To != want || e.Node != "a" {
+			t.Errorf("entry %d: %+v, want to %s by a", i+3, e, want)
+		}
+	}
+}

@@ -117,6 +117,7 @@ func (c *activateCall) packArgs(p *packedArgs) {
 	p.str(c.lockAfter)
 	p.int(c.dueMs)
 	p.str(c.parkedOwner)
+	p.int(c.nowMs + 2*c.lockTTLMs)
 	var create *activateCall
 	if c.create {
 		create = c

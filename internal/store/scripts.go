@@ -50,6 +50,10 @@ type activateCall struct {
 	dueMs       int64  // 0: the rescue time; -1: none; > 0: this time
 	parkedOwner string
 	plan        planArgs
+	// leaseAtMs is the lease's score once the lock is taken, nowMs + 2 ×
+	// lockTTLMs (appendArgs sets it: an argument goes to go-redis as a
+	// pointer).
+	leaseAtMs int64
 }
 
 func (activateCall) script() *redis.Script { return activateScript }
@@ -57,19 +61,20 @@ func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)
 func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *activateCall) keyCount() int { return 9 + c.plan.writeCount() }
-func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 13 + c.plan.argCount() }
+func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 14 + c.plan.argCount() }
 func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
 	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey,
 		&c.markKey, &c.cancelledKey)
 	return c.plan.appendKeys(dst)
 }
 func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
+	c.leaseAtMs = c.nowMs + 2*c.lockTTLMs
 	create := "0"
 	if c.create {
 		create = "1"
 	}
 	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, &c.topic, &c.tenant, &c.traceID, c.request,
-		&c.rescueAtMs, &c.lockAfter, &c.dueMs, &c.parkedOwner)
+		&c.rescueAtMs, &c.lockAfter, &c.dueMs, &c.parkedOwner, &c.leaseAtMs)
 	plan := c.plan
 	if c.create {
 		var fields []string

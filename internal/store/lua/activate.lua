@@ -58,8 +58,11 @@
 -- ARGV[11] lock_after        keep, release or terminal (after the plan)
 -- ARGV[12] due_ms            0: rescue_at, -1: none, > 0: this time
 -- ARGV[13] parked_owner      the node KEYS[6] and KEYS[7] belong to
--- ARGV[14] n                 the number of the plan's hops
--- ARGV[15 ..]                n × (to, reason), then the shard writes'
+-- ARGV[14] lease_at_ms       now_ms + 2 × lock_ttl_ms: the lease's score
+--                            when the lock is taken (the caller adds, so
+--                            that no number is parsed and formatted here)
+-- ARGV[15] n                 the number of the plan's hops
+-- ARGV[16 ..]                n × (to, reason), then the shard writes'
 --                            arguments (see shardWrites), then record
 --                            fields to set: field, value, ... (for a
 --                            create, topic, tenant and trace among them,
@@ -104,36 +107,10 @@ local rescue_at_ms = ARGV[10]
 local lock_after = ARGV[11]
 local due_ms = ARGV[12]
 local parked_owner = ARGV[13]
-local n = tonumber(ARGV[14])
-local first_hop = 15
+local lease_at_ms = ARGV[14]
+local n = tonumber(ARGV[15])
+local first_hop = 16
 local lease = '|' .. job_id
-
--- createCancelled creates the job CANCELLED, as a cancel mark asks (mark:
--- "<by>\n<reason>"). Of the plan only the submit time is kept (field
--- sub, among the record fields after the shard writes' arguments).
-local function createCancelled(mark)
-  local by, why = string.match(mark, '^([^\n]*)\n(.*)$')
-  by, why = by or '', why or ''
-  local a = first_hop + 2 * n
-  a = a + 1 + 4 * tonumber(ARGV[a])
-  a = a + 1 + 3 * tonumber(ARGV[a])
-  local f = {'s', 'CANCELLED', 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
-    'created', now_ms, 'node', node, 'reason', 'cancel_requested', 'cancel_reason', why, 'cancelled_by', by}
-  for i = a, #ARGV - 1, 2 do
-    if ARGV[i] == 'sub' then
-      f[#f + 1] = 'sub'
-      f[#f + 1] = ARGV[i + 1]
-    end
-  end
-  hopFields(f, 0, '', now_ms, now_ms, node, {'PENDING', 'submitted', 'CANCELLED', 'cancel_requested'})
-  redis.call('HSET', job_key, unpack(f))
-  redis.call('ZADD', cancelled_key, now_ms, job_id)
-  redis.call('ZREM', due_key, job_id, lease)
-  -- Any lock left here is this node's own (another's answered BUSY above).
-  redis.call('DEL', lock_key)
-  redis.call('ZREM', leases_key, job_id)
-  return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
-end
 
 -- A submit's activation (create) usually finds nothing at all: no record,
 -- no lock, no cancel mark. One EXISTS over the three says so, in place of
@@ -184,38 +161,70 @@ if not st then
     local mark = redis.call('HGET', mark_key, tenant) or redis.call('HGET', mark_key, '*')
     redis.call('DEL', mark_key)
     if mark then
-      return createCancelled(mark)
+      -- The job is created CANCELLED, as a cancel mark asks (mark:
+      -- "<by>\n<reason>"). Of the plan only the submit time is kept (field
+      -- sub, among the record fields after the shard writes' arguments).
+      -- (Inline, not a local function: a closure of the script's locals,
+      -- made on every run, cost a few allocations a job.)
+      local by, why = string.match(mark, '^([^\n]*)\n(.*)$')
+      by, why = by or '', why or ''
+      local a = first_hop + 2 * n
+      a = a + 1 + 4 * tonumber(ARGV[a])
+      a = a + 1 + 3 * tonumber(ARGV[a])
+      local f = {'s', 'CANCELLED', 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
+        'created', now_ms, 'node', node, 'reason', 'cancel_requested', 'cancel_reason', why, 'cancelled_by', by}
+      for i = a, #ARGV - 1, 2 do
+        if ARGV[i] == 'sub' then
+          f[#f + 1] = 'sub'
+          f[#f + 1] = ARGV[i + 1]
+        end
+      end
+      hopFields(f, #f, 0, '', now_ms, now_ms, node, {'PENDING', 'submitted', 'CANCELLED', 'cancel_requested'})
+      redis.call('HSET', job_key, unpack(f))
+      redis.call('ZADD', cancelled_key, now_ms, job_id)
+      redis.call('ZREM', due_key, job_id, lease)
+      -- Any lock left here is this node's own (another's answered BUSY above).
+      redis.call('DEL', lock_key)
+      redis.call('ZREM', leases_key, job_id)
+      return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
     end
   end
-  local hops = {'PENDING', 'submitted'}
-  for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
-  local prev, reason = hops[#hops - 1], hops[#hops]
+  local prev, reason = 'PENDING', 'submitted'
+  if n > 0 then
+    prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
+  end
   local first_field = shardWrites(first_write_key, first_hop + 2 * n)
   -- Every field a create writes costs Redis time: no "fence" (1 until an
   -- adoption counts it up, below), no "node" (the first hop's until an
   -- adoption writes it), and topic, tenant and trace come packed in one
   -- field among the caller's (store.ExpandRecord puts them back for
   -- readers).
-  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason}
-  hopFields(f, 0, '', now_ms, now_ms, node, hops)
-  recordFields(f, first_field)
-  redis.call('HSET', job_key, unpack(f))
+  -- The list is made at about its full size (a create writes ~40 words):
+  -- a table grown one element at a time is rebuilt at 16, 32 and 64.
+  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason,
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false}
+  local k = recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, submittedHop, first_hop, first_hop + 2 * n - 1),
+    first_field)
+  redis.call('HSET', job_key, unpack(f, 1, k))
   redis.call('ZADD', index_key, now_ms, job_id)
   -- The job's due entry and its lease are members of one sorted set, so
   -- one ZADD writes both.
-  local z = {}
+  local due = nil
   if lock_after ~= 'terminal' and due_ms ~= '-1' then
-    local due = due_ms
+    due = due_ms
     if due == '0' then due = rescue_at_ms end
-    z[1], z[2] = due, job_id
   end
   if lock_after == 'keep' then
     redis.call('SET', lock_key, node .. '|1', 'PX', lock_ttl_ms)
-    z[#z + 1] = tonumber(now_ms) + 2 * tonumber(lock_ttl_ms)
-    z[#z + 1] = lease
-  end
-  if #z > 0 then
-    redis.call('ZADD', due_key, unpack(z))
+    if due then
+      redis.call('ZADD', due_key, due, job_id, lease_at_ms, lease)
+    else
+      redis.call('ZADD', due_key, lease_at_ms, lease)
+    end
+  elseif due then
+    redis.call('ZADD', due_key, due, job_id)
   end
   return {'CREATED', prev, '1', ''}
 end
@@ -231,7 +240,7 @@ if fence == 1 then
 end
 redis.call('HSET', job_key, 'node', node)
 redis.call('SET', lock_key, node .. '|' .. fence, 'PX', lock_ttl_ms)
-redis.call('ZADD', due_key, tonumber(now_ms) + 2 * tonumber(lock_ttl_ms), lease)
+redis.call('ZADD', due_key, lease_at_ms, lease)
 redis.call('ZREM', leases_key, job_id)
 local out = {'ADOPTED', st, tostring(fence), cur or ''}
 local all = redis.call('HGETALL', job_key)

@@ -27,7 +27,7 @@ local rec = redis.call('HMGET', job_key, 's', 'hn', 'created', 'hl', 'h1')
 local st = rec[1]
 if st ~= 'SUCCEEDED' then return {'CONFLICT', st or ''} end
 local f = {'s', 'OUTPUT_QUARANTINED', 'updated', now_ms, 'reason', reason}
-hopFields(f, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, {'OUTPUT_QUARANTINED', reason})
+hopFields(f, 6, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, {'OUTPUT_QUARANTINED', reason})
 for i = first_field, #ARGV do f[#f + 1] = ARGV[i] end
 redis.call('HSET', job_key, unpack(f))
 redis.call('ZREM', from_index_key, job_id)

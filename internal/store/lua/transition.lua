@@ -67,21 +67,28 @@ end
 -- expected state equal to it.
 local from_index = nil
 local e = 0
-for state in string.gmatch(expected, '[^,]+') do
-  e = e + 1
-  if state == st and not from_index then from_index = first_from_index + e - 1 end
+if expected == st then
+  -- One expected state, the job's (the usual case): no pattern to run.
+  from_index, e = first_from_index, 1
+else
+  for state in string.gmatch(expected, '[^,]+') do
+    e = e + 1
+    if state == st and not from_index then from_index = first_from_index + e - 1 end
+  end
 end
 if not from_index then
   return {'CONFLICT', st, redis.call('HGET', job_key, 'op') or ''}
 end
 local prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
 local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
-local f = {'s', prev, 'updated', now_ms, 'reason', reason}
-local hops = {}
-for i = first_hop, first_hop + 2 * n - 1 do hops[#hops + 1] = ARGV[i] end
-hopFields(f, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, hops)
-recordFields(f, first_field)
-redis.call('HSET', job_key, unpack(f))
+-- Made at about its full size: a table grown one element at a time is
+-- rebuilt at 8, 16 and 32.
+local f = {'s', prev, 'updated', now_ms, 'reason', reason,
+  false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false}
+local k = recordFields(f, hopFields(f, 6, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, nil,
+  first_hop, first_hop + 2 * n - 1), first_field)
+redis.call('HSET', job_key, unpack(f, 1, k))
 if st ~= prev then
   redis.call('ZREM', KEYS[from_index], job_id)
 end

@@ -13,28 +13,60 @@
 -- be negative when the writer's clock is behind the creator's.
 --
 -- It reads no KEYS or ARGV of its own. Its arguments: f, the field, value
--- list of the record's next HSET, which gets the hop fields appended; hn,
+-- list of the record's next HSET, which gets the hop fields appended after
+-- its k-th element (it returns the index of the last one it wrote); hn,
 -- last_node and created_ms as the record holds them (hn 0 and last_node ''
--- for a new job); now_ms and node, the writer's; and the hops as a flat
--- list: to, reason, to, reason, ...
-local function hopFields(f, hn, last_node, created_ms, now_ms, node, hops)
+-- for a new job); now_ms and node, the writer's; and the hops: those of
+-- the flat list hops (to, reason, to, reason, ...; or nil), then those of
+-- ARGV[a .. b] (a and b may be nil), so that a caller's hops are not copied
+-- into a table of their own.
+
+-- hopField and hopCount are the names "h<i>" and the counts "<i>" of a
+-- record's first hops, as the strings the record holds: a number handed to
+-- redis.call or joined to a string is formatted by printf, and a job's two
+-- writes did so about eight times (issue 33: ~4 % of Redis's CPU went to
+-- formatting and parsing numbers). Past the tables' end the number is
+-- formatted as before.
+local hopField = {'h1', 'h2', 'h3', 'h4', 'h5', 'h6', 'h7', 'h8', 'h9', 'h10', 'h11', 'h12'}
+local hopCount = {'1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12'}
+
+local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops, a, b)
   local first = hn == 0
-  local delta = tostring(tonumber(now_ms) - (tonumber(created_ms) or 0))
+  local delta = '0'
+  if created_ms ~= now_ms then
+    delta = tostring(tonumber(now_ms) - (tonumber(created_ms) or 0))
+  end
   local who = node
   if node == last_node then who = '' end
-  for i = 1, #hops, 2 do
+  if hops then
+    for i = 1, #hops, 2 do
+      hn = hn + 1
+      f[k + 1] = hopField[hn] or ('h' .. hn)
+      f[k + 2] = delta .. '|' .. hops[i] .. '|' .. hops[i + 1] .. '|' .. who
+      k = k + 2
+      who = ''
+    end
+  end
+  for i = a or 1, b or 0, 2 do
     hn = hn + 1
-    f[#f + 1] = 'h' .. hn
-    f[#f + 1] = delta .. '|' .. hops[i] .. '|' .. hops[i + 1] .. '|' .. who
+    f[k + 1] = hopField[hn] or ('h' .. hn)
+    f[k + 2] = delta .. '|' .. ARGV[i] .. '|' .. ARGV[i + 1] .. '|' .. who
+    k = k + 2
     who = ''
   end
-  f[#f + 1] = 'hn'
-  f[#f + 1] = hn
+  f[k + 1] = 'hn'
+  f[k + 2] = hopCount[hn] or tostring(hn)
+  k = k + 2
   if node ~= last_node and not first then
-    f[#f + 1] = 'hl'
-    f[#f + 1] = node
+    f[k + 1] = 'hl'
+    f[k + 2] = node
+    k = k + 2
   end
+  return k
 end
+
+-- submittedHop is a new job's first hop, which no caller sends.
+local submittedHop = {'PENDING', 'submitted'}
 
 -- lastNode is the node of a record's last hop, from its fields "hl" and
 -- "h1" (nil, nil for a record with no hops: '').
@@ -45,17 +77,20 @@ local function lastNode(hl, h1)
 end
 
 -- recordFields appends the caller's record fields, ARGV[first ..] as field,
--- value pairs, to f. A value "\0now" (jobstate.LandedNow) becomes when the
+-- value pairs, to f after its k-th element, and returns the index of the
+-- last. A value "\0now" (jobstate.LandedNow) becomes when the
 -- write lands, on Redis's clock (TIME, unix ms): a dispatch on a slot
 -- records it (lifecycle's adoptedSlotStale reads it).
-local function recordFields(f, first)
+local function recordFields(f, k, first)
   for i = first, #ARGV, 2 do
     local v = ARGV[i + 1]
     if v == '\0now' then
       local t = redis.call('TIME')
       v = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     end
-    f[#f + 1] = ARGV[i]
-    f[#f + 1] = v
+    f[k + 1] = ARGV[i]
+    f[k + 2] = v
+    k = k + 2
   end
+  return k
 end

@@ -9,7 +9,10 @@
 -- set's entries scored below it; ttl_ms > 0 then sets the key's expiry.
 -- It returns the index of the first ARGV after them.
 local function shardWrites(key_at, a)
-  local m = tonumber(ARGV[a])
+  -- Most transitions have no writes here: their counts, '0', are not
+  -- parsed (a tonumber is a strtod).
+  local m = 0
+  if ARGV[a] ~= '0' then m = tonumber(ARGV[a]) end
   for i = 0, m - 1 do
     local b = a + 1 + 4 * i
     local score, member, trim_below, ttl_ms = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -22,7 +25,8 @@ local function shardWrites(key_at, a)
     end
   end
   a = a + 1 + 4 * m
-  local h = tonumber(ARGV[a])
+  local h = 0
+  if ARGV[a] ~= '0' then h = tonumber(ARGV[a]) end
   for i = 0, h - 1 do
     local b = a + 1 + 3 * i
     local field, value, ttl_ms = ARGV[b], ARGV[b + 1], ARGV[b + 2]
