@@ -72,8 +72,14 @@ type DuePoller struct {
 	// Owned by the tick (the loop's goroutine, or a test's).
 	lastHousekeep time.Time
 
-	adopted atomic.Int64 // parked jobs of dead nodes woken for adoption
+	adopted  atomic.Int64 // parked jobs of dead nodes woken for adoption
+	interval atomic.Int64 // the loop's present interval (ns), for Interval
 }
+
+// Interval returns the time the running poller waits between its present
+// ticks: Every while they wake jobs, up to IdleEvery while they find
+// nothing (zero before Start).
+func (p *DuePoller) Interval() time.Duration { return time.Duration(p.interval.Load()) }
 
 // DuePoller defaults.
 const (
@@ -157,6 +163,7 @@ func (p *DuePoller) loop() {
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
+		p.interval.Store(int64(interval))
 		select {
 		case <-p.stop:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
