@@ -32,11 +32,11 @@ const (
 )
 
 // aloneGrace is how long past its retry time a parked retry wait is taken
-// to be woken by some replica's due poller (it is DueSlack + DuePoll late
-// at most, unless the poller stalls): a retry due that long before Redis
+// to be woken by some replica's due poller (it is DueSlack + DueIdlePoll
+// late at most, unless the poller stalls): a retry due that long before Redis
 // was last seen intact had left its wait before the loss.
 func (n *Node) aloneGrace() time.Duration {
-	return max(n.store.LockTTL(), n.cfg.Tuning.DueSlack+2*n.cfg.Tuning.DuePoll)
+	return max(n.store.LockTTL(), n.cfg.Tuning.DueSlack+2*max(n.cfg.Tuning.DuePoll, n.cfg.Tuning.DueIdlePoll))
 }
 
 // aloneWaitsPart prunes and verifies the index of waits left alone, and

@@ -51,12 +51,23 @@ func (n inspector) MarkCancel(ctx context.Context, jobID string, tenants []strin
 // resumes (or is denied) on whichever replica wakes it. hash, when set, must
 // match the job hash recorded when approval was requested.
 func (n *Node) Decide(ctx context.Context, jobID string, d Decision, by, reason, hash string) error {
-	return n.store.Decide(ctx, jobID, store.Decision(d), by, reason, hash)
+	return n.decide(ctx, jobID, store.Decision(d), by, reason, hash)
 }
 
 // Decide is Node.Decide in the store's type (the admin API).
 func (n inspector) Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error {
-	return n.store.Decide(ctx, jobID, d, by, reason, hash)
+	return n.decide(ctx, jobID, d, by, reason, hash)
+}
+
+// decide records the decision, which makes the job due now, and pokes this
+// node's due poller out of its idle interval: if this node polls, the job
+// is woken DueSlack + DuePoll later, not DueSlack + DueIdlePoll.
+func (n *Node) decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error {
+	err := n.store.Decide(ctx, jobID, d, by, reason, hash)
+	if p := n.duePoked.Load(); err == nil && p != nil {
+		p.Poke()
+	}
+	return err
 }
 
 // Job reads a job's record and history from Redis (ErrNotFound: none).

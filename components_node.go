@@ -708,11 +708,12 @@ func (n *Node) duePart() part {
 				stale = nil
 			}
 			n.due = &recovery.DuePoller{Store: n.store, Intake: n.intake, NodeID: n.cfg.NodeID, Log: n.log, Every: n.cfg.Tuning.DuePoll,
-				Stale: stale, Slack: n.cfg.Tuning.DueSlack, Housekeep: n.repairKeySlots}
+				IdleEvery: n.cfg.Tuning.DueIdlePoll, Stale: stale, Slack: n.cfg.Tuning.DueSlack, Housekeep: n.repairKeySlots}
 			n.due.Start()
+			n.duePoked.Store(n.due)
 			return nil
 		},
-		stop: func(context.Context) error { n.due.Stop(); return nil }}
+		stop: func(context.Context) error { n.duePoked.Store(nil); n.due.Stop(); return nil }}
 }
 
 func (n *Node) sagasPart() part {

@@ -51,3 +51,7 @@ func (a NATSAuth) Conn() connect.NATS { return a.conn() }
 func (n *Node) IndexAlone(jobID string) {
 	n.alone.Add(jobID, lifecycle.WaitApproval, time.Time{})
 }
+
+// DueInterval is the due poller's present interval (DuePoll while its
+// ticks wake jobs, up to DueIdlePoll while they find nothing).
+func (n *Node) DueInterval() time.Duration { return n.due.Interval() }

@@ -41,14 +41,17 @@ func (n inspector) ListJobs(ctx context.Context, q store.ListQuery) (store.JobPa
 	return n.store.ListJobs(ctx, q)
 }
 
-// CountStates returns how many jobs each state holds (terminal states count
-// the jobs still retained). SCHEDULED includes the jobs waiting with no
-// record yet (SubmitsWaiting): it counts every job whose submit was
-// acknowledged and that is not yet dispatched or ended.
-func (n inspector) CountStates(ctx context.Context) (map[jobstate.State]int64, error) {
-	counts, err := n.store.CountStates(ctx)
+// CountStates returns how many jobs each of states (none: every state)
+// holds (terminal states count the jobs still retained). SCHEDULED includes
+// the jobs waiting with no record yet (SubmitsWaiting): it counts every job
+// whose submit was acknowledged and that is not yet dispatched or ended.
+func (n inspector) CountStates(ctx context.Context, states ...jobstate.State) (map[jobstate.State]int64, error) {
+	counts, err := n.store.CountStates(ctx, states...)
 	if err != nil {
 		return nil, err
+	}
+	if _, scheduled := counts[jobstate.StateScheduled]; !scheduled {
+		return counts, nil
 	}
 	if held, taken, err := n.SubmitsWaiting(ctx); err == nil {
 		counts[jobstate.StateScheduled] += held + taken

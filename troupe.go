@@ -98,7 +98,10 @@ type Node struct {
 	keyWaiters *jobactor.KeyWaiters
 	jobSpans   *tracing.Tracer
 	due        *recovery.DuePoller
-	ticker     *schedule.Ticker // delayed and scheduled jobs (schedule_node.go)
+	// duePoked is due while it runs (nil before and after): Decide pokes
+	// it from any goroutine.
+	duePoked atomic.Pointer[recovery.DuePoller]
+	ticker   *schedule.Ticker // delayed and scheduled jobs (schedule_node.go)
 
 	dispatcher *supervisor.PoolDispatcher
 	resolver   *supervisor.Resolver
@@ -180,6 +183,10 @@ func NewNode(cfg Config) (*Node, error) {
 	} else if t.Timeouts != nil {
 		c := *t.Timeouts // the node's own copy: the caller may reuse theirs
 		t.Timeouts = &c
+	}
+	if t.DueIdlePoll == 0 && t.DuePoll > 0 {
+		// Derived from the node's own poll interval, not the default's.
+		t.DueIdlePoll = recovery.DueIdleFactor * t.DuePoll
 	}
 	defaults.Fill(t, DefaultTuning())
 	if t.JobShards < 0 {

@@ -63,7 +63,7 @@ type Tuning struct {
 	// RetryParkMin is the shortest retry backoff whose wait parks: the
 	// job's lock is released and its actor stops, and the due poller of
 	// any replica brings it back at its retry time, up to DueSlack plus a
-	// DuePoll late (default jobactor.RetryParkMinDefault, 30 s; negative:
+	// DuePoll (DueIdlePoll on an idle cluster) late (default jobactor.RetryParkMinDefault, 30 s; negative:
 	// never). Shorter waits keep their actor and exact timer.
 	RetryParkMin time.Duration
 	// CapacityGrace is how long a new job that finds no room in its pools
@@ -99,6 +99,15 @@ type Tuning struct {
 	// than its owner, wakes it (default recovery.DueSlackDefault).
 	DuePoll  time.Duration
 	DueSlack time.Duration
+	// DueIdlePoll is the longest interval of the due poller while its
+	// ticks find nothing: each empty tick doubles the interval from
+	// DuePoll up to DueIdlePoll, and a tick that wakes a job brings it
+	// back to DuePoll. A due time written by another replica (a retry
+	// wait it parked, an approval decided there, a lapsed lease) is so
+	// taken up to DueSlack plus DueIdlePoll late on an idle cluster
+	// (default recovery.DueIdleFactor × DuePoll, 4 s; at most DuePoll
+	// or negative: no backoff).
+	DueIdlePoll time.Duration
 	// RescueAfter is how long a new job may sit in PENDING before the due
 	// poller wakes it (default store.RescueAfterDefault).
 	RescueAfter time.Duration
@@ -215,6 +224,7 @@ func DefaultTuning() Tuning {
 		Timeouts:              (*Timeouts)(jobactor.DefaultTimeouts()),
 		DuePoll:               recovery.DuePollDefault,
 		DueSlack:              recovery.DueSlackDefault,
+		DueIdlePoll:           recovery.DueIdleFactor * recovery.DuePollDefault,
 		RescueAfter:           store.RescueAfterDefault,
 		Retention:             store.RetentionDefault,
 		DLQMaxBytes:           store.DLQMaxBytesDefault,

@@ -74,7 +74,8 @@ type Node interface {
 	JobLinks(ctx context.Context, jobID string) (store.JobLinks, error)
 	JobTenants(ctx context.Context, jobIDs []string) (map[string]string, error)
 	ListJobs(ctx context.Context, q store.ListQuery) (store.JobPage, error)
-	CountStates(ctx context.Context) (map[jobstate.State]int64, error)
+	// CountStates counts the jobs in each of states (none: every state).
+	CountStates(ctx context.Context, states ...jobstate.State) (map[jobstate.State]int64, error)
 	Decide(ctx context.Context, jobID string, d store.Decision, by, reason, hash string) error
 	Cancel(ctx context.Context, jobID, reason, by string) error
 	MarkCancel(ctx context.Context, jobID string, tenants []string, by, reason string) error
@@ -225,7 +226,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Log.With("component", "admin"), keys: keys,
 		sampler: newSampler(cfg.Registry, cfg.SampleEvery, ThroughputWindow), refused: refused}
-	s.sampler.series = newSeries(cfg.Node.CountStates, cfg.SeriesStep)
+	s.sampler.series = newSeries(func(ctx context.Context) (map[jobstate.State]int64, error) {
+		return cfg.Node.CountStates(ctx, seriesStates...)
+	}, cfg.SeriesStep)
 	s.handler = s.routes()
 	return s, nil
 }

@@ -6,7 +6,9 @@
 // shard.
 //
 // The DuePoller runs the duties once per tick (one replica at a time holds
-// its lock; only the parked poll runs on every node), one duty a file:
+// its lock; only the parked poll runs on every node), every DuePoll while
+// ticks wake jobs and up to IdleEvery apart while they find nothing, one
+// duty a file:
 //   - due.go: the poller, its lock and its tick; due wakes — retries,
 //     deadlines and approvals whose due time has passed without their owner
 //     acting — and the count of overdue jobs by state (troupe_stale_jobs);
@@ -17,7 +19,7 @@
 //   - parked.go: this node's own parked jobs whose deadline has come, and,
 //     once at start, the jobs an earlier run of this node parked in
 //     DISPATCHED, handed back to the shards' memory (RememberParked);
-//   - housekeep.go: every TrimEvery ticks, the terminal-index trim, the DLQ
+//   - housekeep.go: every TrimEvery poll intervals, the terminal-index trim, the DLQ
 //     outbox flush and the tenant slot repair.
 //
 // What it does not do: decide what a woken job does (its actor and decision

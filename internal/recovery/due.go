@@ -45,8 +45,16 @@ type DuePoller struct {
 	Intake Intake
 	NodeID string
 	Log    *slog.Logger
-	// Every is the poll interval (default DuePollDefault).
+	// Every is the poll interval while ticks find work (default
+	// DuePollDefault).
 	Every time.Duration
+	// IdleEvery is the longest interval between ticks while they find
+	// nothing: each tick that wakes no job doubles the interval, from
+	// Every up to IdleEvery, and a tick that wakes one (or a Poke) brings
+	// it back to Every. A due time written by another replica is so seen
+	// up to IdleEvery + Slack late (default DueIdleFactor × Every;
+	// negative or at most Every: no backoff).
+	IdleEvery time.Duration
 	// Slack lets a live owner act on its own timer first (default DueSlackDefault).
 	Slack time.Duration
 	// PerShard bounds jobs woken per shard per tick (default DuePerShardDefault).
@@ -58,12 +66,20 @@ type DuePoller struct {
 	// concurrency key slots' repair).
 	Housekeep func(ctx context.Context)
 
-	stop  chan struct{}
-	done  chan struct{}
-	ticks int
+	stop chan struct{}
+	done chan struct{}
+	poke chan struct{} // Poke's signal to the loop (buffered 1)
+	// Owned by the tick (the loop's goroutine, or a test's).
+	lastHousekeep time.Time
 
-	adopted atomic.Int64 // parked jobs of dead nodes woken for adoption
+	adopted  atomic.Int64 // parked jobs of dead nodes woken for adoption
+	interval atomic.Int64 // the loop's present interval (ns), for Interval
 }
+
+// Interval returns the time the running poller waits between its present
+// ticks: Every while they wake jobs, up to IdleEvery while they find
+// nothing (zero before Start).
+func (p *DuePoller) Interval() time.Duration { return time.Duration(p.interval.Load()) }
 
 // DuePoller defaults.
 const (
@@ -73,7 +89,35 @@ const (
 	// DueRetryAfter is how long a woken job's due entry is pushed back, so a
 	// wake that did not take (the owner is alive) is not repeated every tick.
 	DueRetryAfter = 5 * time.Second
+	// DueIdleFactor is the default IdleEvery in poll intervals: an idle
+	// node ticks every 4 s instead of every second (a quarter of the
+	// commands: each tick is ~130 scripts over the 64 shards on the lock
+	// holder, 64 on every other replica), and a wait that another replica
+	// parked comes back up to DueSlack + 4 s (6 s) late instead of 3 s.
+	DueIdleFactor = 4
 )
+
+// idleEvery returns the longest idle interval (IdleEvery, its default, or
+// Every when backoff is off).
+func (p *DuePoller) idleEvery() time.Duration {
+	switch {
+	case p.IdleEvery == 0:
+		return DueIdleFactor * p.every()
+	case p.IdleEvery < p.every():
+		return p.every()
+	}
+	return p.IdleEvery
+}
+
+// nextInterval returns the interval after a tick that woke woken jobs,
+// given the one before it: back to Every after a wake, else doubled, up to
+// idleEvery.
+func (p *DuePoller) nextInterval(prev time.Duration, woken int) time.Duration {
+	if woken > 0 {
+		return p.every()
+	}
+	return min(2*prev, p.idleEvery())
+}
 
 // Start runs the poller until Stop.
 func (p *DuePoller) Start() {
@@ -87,7 +131,18 @@ func (p *DuePoller) Start() {
 		p.PerShard = DuePerShardDefault
 	}
 	p.stop, p.done = make(chan struct{}), make(chan struct{})
+	p.poke = make(chan struct{}, 1)
 	go p.loop()
+}
+
+// Poke brings the poll interval back to Every from now: something this
+// node wrote (a human decision) is due now, and is taken Slack later. It
+// never blocks; before Start it does nothing.
+func (p *DuePoller) Poke() {
+	select {
+	case p.poke <- struct{}{}:
+	default:
+	}
 }
 
 // Stop ends the poller and gives up its lock.
@@ -98,11 +153,17 @@ func (p *DuePoller) Stop() {
 
 func (p *DuePoller) lockKey() string { return p.Store.Keys().Prefix() + "lock:due-poller" }
 
+// loop ticks every interval: Every while ticks wake jobs, doubling up to
+// idleEvery while they find nothing. An idle interval is a cost in wake
+// latency only for what this node did not write itself (another replica's
+// retry wait, a dead node's lease); a Poke ends the wait.
 func (p *DuePoller) loop() {
 	defer close(p.done)
-	t := time.NewTicker(p.Every)
+	interval := p.Every
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
+		p.interval.Store(int64(interval))
 		select {
 		case <-p.stop:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -110,8 +171,15 @@ func (p *DuePoller) loop() {
 			_, _ = store.ReleaseLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID)
 			cancel()
 			return
+		case <-p.poke:
+			// What is due now is taken once Slack has passed: tick at
+			// the busy pace from here (Go 1.23 timers: Reset drops a
+			// pending tick).
+			interval = p.Every
+			t.Reset(interval)
 		case <-t.C:
-			p.Tick(context.Background())
+			interval = p.nextInterval(interval, p.Tick(context.Background()))
+			t.Reset(interval)
 		}
 	}
 }
@@ -127,7 +195,7 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	// reads every shard several times over, and a short interval's budget
 	// (50 ms in tests) ran out before a dead node's last step (its
 	// forgetting) on a slow machine's embedded store, every tick.
-	ctx, cancel := context.WithTimeout(ctx, max(p.Every, tickBudgetMin))
+	ctx, cancel := context.WithTimeout(ctx, max(p.every(), tickBudgetMin))
 	defer cancel()
 	now := time.Now()
 	// Every node, lock or not: its own parked jobs whose deadline has come.
@@ -135,10 +203,14 @@ func (p *DuePoller) Tick(ctx context.Context) int {
 	if !p.holdLock(ctx) {
 		return own
 	}
-	if p.ticks++; p.ticks%TrimEvery == 0 {
+	if p.lastHousekeep.IsZero() {
+		p.lastHousekeep = now // the first round a full period after the lock
+	} else if now.Sub(p.lastHousekeep) >= TrimEvery*p.every() {
 		// Housekeeping after this tick's wakes, on its own budget: the
 		// tenant slot repair scans the keyspace, which with millions of
-		// jobs takes longer than a tick.
+		// jobs takes longer than a tick. Timed, not counted in ticks: an
+		// idle poller ticks less often.
+		p.lastHousekeep = now
 		defer p.housekeep(now)
 	}
 	ids, err := p.Store.DueJobs(ctx, now.Add(-p.Slack), now.Add(DueRetryAfter), p.PerShard)
@@ -190,11 +262,21 @@ func (p *DuePoller) countStale(ctx context.Context, ids []string) {
 	}
 }
 
-// holdLock takes or extends the poller lock for three poll intervals, in
-// one owner-checked step (store.TakeLease): a poller whose lock lapsed and
-// went to another replica never extends that replica's lock.
+// every returns Every, or its default for a poller that was not started (a
+// test's Tick).
+func (p *DuePoller) every() time.Duration {
+	if p.Every <= 0 {
+		return DuePollDefault
+	}
+	return p.Every
+}
+
+// holdLock takes or extends the poller lock for three of its longest
+// intervals (idle ones), in one owner-checked step (store.TakeLease): a
+// poller whose lock lapsed and went to another replica never extends that
+// replica's lock, and an idle holder's lock outlasts its wait.
 func (p *DuePoller) holdLock(ctx context.Context) bool {
-	ok, err := store.TakeLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID, 3*p.Every)
+	ok, err := store.TakeLease(ctx, p.Store.Client(), p.lockKey(), p.NodeID, 3*p.idleEvery())
 	if err != nil {
 		p.Log.Warn("due poller lock not taken", "err", err)
 		return false

@@ -5,14 +5,15 @@ import (
 	"time"
 )
 
-// Housekeeping: the lock holder, every TrimEvery ticks and after that
-// tick's wakes, trims expired entries from the terminal-state indexes and
+// Housekeeping: the lock holder, every TrimEvery poll intervals (timed, as
+// an idle poller ticks less often) and after that tick's wakes, trims expired entries from the terminal-state indexes and
 // DLQ entries past their retention,
 // moves DLQ entries their writer left in a job's outbox, and gives back
 // tenant slots held by jobs that no longer run.
 const (
 	// TrimEvery: the poller trims expired entries from terminal-state
-	// indexes every this many ticks, so transitions do not pay for it.
+	// indexes every this many poll intervals (30 s by default), so
+	// transitions do not pay for it.
 	TrimEvery = 30
 	// TenantSlotGrace: a tenant slot is only repaired once it is this old,
 	// so a job admitted but not yet dispatched keeps it.
