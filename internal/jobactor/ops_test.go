@@ -50,7 +50,7 @@ func jobLife(t *testing.T) {
 			case *lifecycle.Write:
 				fillStoreOp(sop, e.Op)
 				epoch, opSink = e.Epoch, sop
-			case lifecycle.AskPolicy:
+			case *lifecycle.AskPolicy:
 				epoch = e.Epoch
 			case *lifecycle.AskRouter:
 				epoch = e.Req.(*lifecycle.PickRequest).Epoch

@@ -45,7 +45,7 @@ func (d *driver) feed(ev any) []Effect {
 		switch e := e.(type) {
 		case *Write:
 			d.step = e.Epoch
-		case AskPolicy:
+		case *AskPolicy:
 			d.step = e.Epoch
 		case *AskRouter:
 			d.step = e.Req.(*PickRequest).Epoch

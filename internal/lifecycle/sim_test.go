@@ -477,7 +477,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			n.picks[m.JobID] = m.WorkerID
 		case *Took:
 		}
-	case AskPolicy:
+	case *AskPolicy:
 		ep, req := e.Epoch, e.Req
 		s.send(&simMsg{node: n, actor: a, job: j.ID, at: s.now.Add(s.latency()), ev: s.policy(j.ID, req, ep)})
 	case TakeTokens:

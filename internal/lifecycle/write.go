@@ -66,6 +66,36 @@ type deadline struct {
 	why jobstate.Reason
 }
 
+// transitionBlock is a write's transition allocated with room for its
+// path and its fields: one allocation where the transition, its path and
+// its fields' backing array were three (a dispatch and a result each). It
+// is the write's own, never reused: the store writer, a retry and the
+// written step read it as they read a transition of their own.
+type transitionBlock struct {
+	t      jobstate.Transition
+	hops   [2]jobstate.Hop
+	fields [transitionFieldsRoom]string
+}
+
+// transitionFieldsRoom holds a dispatch's fields (24 with the flags, the
+// pool, a wait's history fields) and the policy decision's few.
+const transitionFieldsRoom = 28
+
+// newTransition returns a transition expecting expect, with an empty path
+// of room 2 and empty fields of room fields (the block's own up to
+// transitionFieldsRoom).
+func newTransition(expect string, fields int) *jobstate.Transition {
+	b := new(transitionBlock)
+	b.t.Expect = expect
+	b.t.Path = b.hops[:0]
+	if fields <= len(b.fields) {
+		b.t.Fields = b.fields[:0]
+	} else {
+		b.t.Fields = make([]string, 0, fields)
+	}
+	return &b.t
+}
+
 // write hands p's op to the store writer; its outcome comes back as a
 // WriteDone and is decided by written.
 // pend returns v as the job's next write step, in the step the job's last
