@@ -99,7 +99,7 @@ func (j *Job) onResult(m *Result) {
 		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path})
 		return
 	}
-	t := newTransition(jobstate.Expect(j.State), 0)
+	t := newTransition(jobstate.Expect(j.State), 12)
 	if ranHop {
 		t.Path = append(t.Path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
 	}

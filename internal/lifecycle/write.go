@@ -70,30 +70,42 @@ type deadline struct {
 // path and its fields: one allocation where the transition, its path and
 // its fields' backing array were three (a dispatch and a result each). It
 // is the write's own, never reused: the store writer, a retry and the
-// written step read it as they read a transition of their own.
+// written step read it as they read a transition of their own. A dispatch
+// takes one with room for 28 fields (24 with the flags, the pool, a wait's
+// history fields, and the policy decision's few), a result one with room
+// for 12 (6, 10 with an error, 2 more for an earlier dispatch's).
 type transitionBlock struct {
 	t      jobstate.Transition
 	hops   [2]jobstate.Hop
-	fields [transitionFieldsRoom]string
+	fields [28]string
 }
 
-// transitionFieldsRoom holds a dispatch's fields (24 with the flags, the
-// pool, a wait's history fields) and the policy decision's few.
-const transitionFieldsRoom = 28
+type smallTransitionBlock struct {
+	t      jobstate.Transition
+	hops   [2]jobstate.Hop
+	fields [12]string
+}
 
 // newTransition returns a transition expecting expect, with an empty path
-// of room 2 and empty fields of room fields (the block's own up to
-// transitionFieldsRoom).
+// of room 2 and empty fields of room fields (inline up to 28).
 func newTransition(expect string, fields int) *jobstate.Transition {
-	b := new(transitionBlock)
-	b.t.Expect = expect
-	b.t.Path = b.hops[:0]
-	if fields <= len(b.fields) {
-		b.t.Fields = b.fields[:0]
-	} else {
-		b.t.Fields = make([]string, 0, fields)
+	var t *jobstate.Transition
+	switch {
+	case fields <= 12:
+		b := new(smallTransitionBlock)
+		t = &b.t
+		t.Path, t.Fields = b.hops[:0], b.fields[:0]
+	case fields <= 28:
+		b := new(transitionBlock)
+		t = &b.t
+		t.Path, t.Fields = b.hops[:0], b.fields[:0]
+	default:
+		b := new(smallTransitionBlock)
+		t = &b.t
+		t.Path, t.Fields = b.hops[:0], make([]string, 0, fields)
 	}
-	return &b.t
+	t.Expect = expect
+	return t
 }
 
 // write hands p's op to the store writer; its outcome comes back as a
