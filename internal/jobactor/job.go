@@ -265,9 +265,9 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		}()
 	case lifecycle.ScanContent:
 		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), outputgate.Request(a.job.Req, e.Res))
-	case lifecycle.PublishRequest:
+	case *lifecycle.PublishRequest:
 		a.admitted()
-		return a.publishRequest(e)
+		return a.publishRequest(*e)
 	case lifecycle.TellClient:
 		a.tellClient(e)
 	case lifecycle.CancelWorker:
@@ -332,7 +332,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		if env.OnTerminal != nil {
 			env.OnTerminal(a.id)
 		}
-	case lifecycle.Grace:
+	case *lifecycle.Grace:
 		env.Unwritten.Add(e.Delta)
 		if env.Toucher != nil {
 			if e.Delta > 0 {

@@ -286,7 +286,7 @@ func (j *Job) dispatched(p *pending) {
 	if j.keySlotStale() || j.tenantSlotStale() {
 		return
 	}
-	j.emit(PublishRequest{Subject: j.Subject})
+	j.emitPublish(PublishRequest{Subject: j.Subject})
 	if j.startsOnDelivery {
 		// Started on delivery as far as anyone can tell: the worker's
 		// eviction must not place it again (it may be running, on that
@@ -418,7 +418,7 @@ func (j *Job) resendDispatch(now time.Time) {
 		j.armWait()
 		return
 	}
-	j.emit(PublishRequest{Subject: j.Subject, Resend: true})
+	j.emitPublish(PublishRequest{Subject: j.Subject, Resend: true})
 	j.count(MResent, "")
 	j.resends++
 	j.resendAt = now.Add(j.resendDelay())
@@ -553,7 +553,7 @@ func (j *Job) waitUnwritten() {
 	if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
 		j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
 	}
-	j.emit(Grace{Delta: 1, Deliveries: j.acks})
+	j.emitGrace(Grace{Delta: 1, Deliveries: j.acks})
 	j.armUnwritten()
 }
 
@@ -644,7 +644,7 @@ func (j *Job) leaveGrace() {
 	if j.res == Unwritten {
 		j.moveTo(Fresh)
 		j.endHold(time.Time{})
-		j.emit(Grace{Delta: -1})
+		j.emitGrace(Grace{Delta: -1})
 	}
 }
 
