@@ -130,6 +130,9 @@ func (a *JobActor) Receive(c actor.Context) {
 		if a.wop != nil {
 			a.wop.release()
 		}
+		// The actor's wheel entry goes to the next job's actor: a late
+		// wake for this one was sent with its epoch and PID, not the entry.
+		a.env.Wheel.Release(a.timer)
 		a.job, a.timer, a.trace, a.wop = nil, nil, nil, nil
 	case *actor.Restarting:
 		a.admitted()
