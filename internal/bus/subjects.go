@@ -39,6 +39,21 @@ func (s Subjects) Prefix() string { return s.prefix }
 // Worker is the direct subject of one worker: worker.<id>.jobs.
 func (s Subjects) Worker(workerID string) string { return s.prefix + "worker." + workerID + ".jobs" }
 
+// IsWorker reports whether subject is Worker(workerID), without building
+// it (a dispatch asks once per job).
+func (s Subjects) IsWorker(subject, workerID string) bool {
+	const head, tail = "worker.", ".jobs"
+	if len(subject) != len(s.prefix)+len(head)+len(workerID)+len(tail) {
+		return false
+	}
+	rest, ok := strings.CutPrefix(subject, s.prefix)
+	if !ok {
+		return false
+	}
+	rest, ok = strings.CutPrefix(rest, head)
+	return ok && rest[:len(workerID)] == workerID && rest[len(workerID):] == tail
+}
+
 // Inbox is the subject on which a node takes results and cancels forwarded
 // by other replicas for jobs it owns (core NATS request/reply).
 func (s Subjects) Inbox(nodeID string) string { return s.prefix + "troupe.node." + nodeID + ".inbox" }

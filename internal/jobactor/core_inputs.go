@@ -61,8 +61,8 @@ var allowAllDec, allowAllRecord = func() (*capv1.PolicyCheckResponse, []string) 
 // allowAllDone is policyDone for safety.AllowAll's answer, with no check
 // request built, no answer and no record fields made for each job. The
 // record's cap is its length: an append copies it.
-func allowAllDone(epoch uint64) *lifecycle.PolicyDone {
-	return &lifecycle.PolicyDone{Epoch: epoch, Dec: allowAllDec, Record: allowAllRecord}
+func allowAllDone(epoch uint64) lifecycle.PolicyDone {
+	return lifecycle.PolicyDone{Epoch: epoch, Dec: allowAllDec, Record: allowAllRecord}
 }
 
 // outputOutcome is phase 1's outcome as the core takes it.

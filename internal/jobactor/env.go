@@ -325,7 +325,7 @@ func (e *Env) coreConfig() *lifecycle.Config {
 		AdmissionHold: e.AdmissionHold,
 		Saga:          sagaRecorder(e.SagaRetention), UnknownHold: max(e.UnknownHold, 0),
 		WorkerLostGrace: max(e.WorkerLostGrace, 0),
-		Direct:          func(subject, worker string) bool { return subject == e.Subjects.Worker(worker) },
+		Direct:          e.Subjects.IsWorker,
 		Output:          e.Output != nil, PolicyWaiters: e.SafetyWaiters != nil, Forward: e.Forward != nil,
 		Debug: e.Log.Enabled(context.Background(), slog.LevelDebug), Trace: e.Tracing != nil,
 	}

@@ -71,6 +71,10 @@ type JobActor struct {
 	wop *writeOp
 	// stamp holds stampDispatch's entries (no slice allocated per dispatch).
 	stamp [4]string
+	// allowAll is safety.AllowAll's answer to the job's last check, fed
+	// back at once (askPolicy): the core reads it in that step and keeps
+	// no pointer to it.
+	allowAll lifecycle.PolicyDone
 	// fin is the actor's first Finished, sent to its shard (finSent).
 	fin     Finished
 	finSent bool
@@ -126,6 +130,9 @@ func (a *JobActor) Receive(c actor.Context) {
 		if a.wop != nil {
 			a.wop.release()
 		}
+		// The actor's wheel entry goes to the next job's actor: a late
+		// wake for this one was sent with its epoch and PID, not the entry.
+		a.env.Wheel.Release(a.timer)
 		a.job, a.timer, a.trace, a.wop = nil, nil, nil, nil
 	case *actor.Restarting:
 		a.admitted()
@@ -234,8 +241,8 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		c.Request(env.Router, e.Req)
 	case *lifecycle.ToRouter:
 		c.Send(env.Router, e.Msg)
-	case lifecycle.AskPolicy:
-		return a.askPolicy(c, e)
+	case *lifecycle.AskPolicy:
+		return a.askPolicy(c, *e)
 	case lifecycle.AskKeySlot, lifecycle.WaitKey, lifecycle.ReleaseKey, lifecycle.CancelJob:
 		a.keyEffect(c, e)
 	case lifecycle.WakePolicyWaiters:
@@ -261,9 +268,9 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		}()
 	case lifecycle.ScanContent:
 		scanContent(env, a.id, a.job.TraceID, a.job.Req.GetTopic(), outputgate.Request(a.job.Req, e.Res))
-	case lifecycle.PublishRequest:
+	case *lifecycle.PublishRequest:
 		a.admitted()
-		return a.publishRequest(e)
+		return a.publishRequest(*e)
 	case lifecycle.TellClient:
 		a.tellClient(e)
 	case lifecycle.CancelWorker:
@@ -328,7 +335,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		if env.OnTerminal != nil {
 			env.OnTerminal(a.id)
 		}
-	case lifecycle.Grace:
+	case *lifecycle.Grace:
 		env.Unwritten.Add(e.Delta)
 		if env.Toucher != nil {
 			if e.Delta > 0 {
@@ -372,7 +379,10 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 // network.
 func (a *JobActor) askPolicy(c actor.Context, e lifecycle.AskPolicy) any {
 	if _, ok := a.env.Policy.(safety.AllowAll); ok {
-		return allowAllDone(e.Epoch)
+		// The answer is the next event, stepped before do runs again:
+		// the actor's own PolicyDone serves every job's check.
+		a.allowAll = allowAllDone(e.Epoch)
+		return &a.allowAll
 	}
 	preq := safety.CheckRequest(e.Req)
 	if safety.IsInline(a.env.Policy) {
@@ -454,15 +464,19 @@ func (a *JobActor) publishRequest(e lifecycle.PublishRequest) any {
 // labels place it, its hash approves it), nor copied.
 func (a *JobActor) stampDispatch(subject string) []string {
 	w := a.job.Worker
-	if a.env.DispatchStamp == nil || w == "" || subject != a.env.Subjects.Worker(w) {
+	if a.env.DispatchStamp == nil || w == "" || !a.env.Subjects.IsWorker(subject, w) {
 		return nil
 	}
 	heard, window, ok := a.env.DispatchStamp(w)
 	if !ok {
 		return nil
 	}
-	a.stamp = [4]string{registry.EnvHeardBeat, strconv.FormatInt(heard.UnixNano(), 10),
-		registry.EnvEvictAfter, strconv.FormatInt(window.Milliseconds(), 10)}
+	// Both numbers in one string, cut in two: one allocation, not two.
+	var buf [40]byte
+	b := strconv.AppendInt(buf[:0], heard.UnixNano(), 10)
+	n := len(b)
+	nums := string(strconv.AppendInt(b, window.Milliseconds(), 10))
+	a.stamp = [4]string{registry.EnvHeardBeat, nums[:n], registry.EnvEvictAfter, nums[n:]}
 	return a.stamp[:]
 }
 

@@ -32,12 +32,13 @@ func storeOp(o *lifecycle.Op) *store.Op {
 
 // fillStoreOp makes dst the store op for the core's write o (without
 // Done), overwriting all of dst: what the writer kept in it for an earlier
-// write (its commands, its DLQ outbox entry) goes with it.
+// write (its commands, its DLQ outbox entry) goes with it, but for the
+// storage of its replies (store.Op.Refill).
 func fillStoreOp(dst *store.Op, o *lifecycle.Op) {
-	*dst = store.Op{Kind: opKinds[o.Kind], JobID: o.JobID, Node: o.Node, LockValue: o.LockValue,
+	dst.Refill(store.Op{Kind: opKinds[o.Kind], JobID: o.JobID, Node: o.Node, LockValue: o.LockValue,
 		Create: o.Create, Topic: o.Topic, Tenant: o.Tenant, TraceID: o.TraceID, Request: o.Request,
 		T: o.T, DLQ: o.DLQ, TenantRelease: o.TenantRelease,
-		IdemKey: o.IdemKey, TenantKey: o.TenantKey, Limit: o.Limit, ParkDue: o.ParkDue}
+		IdemKey: o.IdemKey, TenantKey: o.TenantKey, Limit: o.Limit, ParkDue: o.ParkDue})
 }
 
 // writeOp is a job actor's store op for its core's answered writes (those
@@ -80,18 +81,21 @@ func (w *writeOp) release() {
 	if w.inFlight.Load() {
 		return
 	}
-	w.op, w.of, w.self, w.root = store.Op{}, nil, nil, nil
+	w.op.Refill(store.Op{})
+	w.of, w.self, w.root = nil, nil, nil
 	writeOps.Put(w)
 }
 
 // complete is the op's Done, on a writer goroutine: the writer has finished
-// with the op, and its outcome goes to the job's actor. Everything it needs
-// is read before the op is marked free: from then on the op may be refilled,
-// or given to another actor.
+// with the op, and its outcome goes to the job's actor. Everything it needs,
+// the outcome (the op's own storage) included, is read before the op is
+// marked free: from then on the op may be refilled, or given to another
+// actor.
 func (w *writeOp) complete(r *store.Result) {
-	ep, self, root := w.epoch, w.self, w.root
+	done := &lifecycle.WriteDone{Epoch: w.epoch, Res: writeResult(r)} // r is the op's: read it first
+	self, root := w.self, w.root
 	w.inFlight.Store(false)
-	root.Send(self, &lifecycle.WriteDone{Epoch: ep, Res: writeResult(r)})
+	root.Send(self, done)
 }
 
 // writeResult is the core's view of a store op's outcome.

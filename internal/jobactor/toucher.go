@@ -48,10 +48,13 @@ type Toucher struct {
 	fresh   touchQueue
 	touched touchQueue
 	touches uint64
-	ticks   uint64        // loop ticks (due calls), for tests of an idle Toucher
-	kick    chan struct{} // a wait was added: the loop's timer runs again
-	stop    chan struct{}
-	once    sync.Once
+	ticks   uint64 // loop ticks (due calls), for tests of an idle Toucher
+	// free keeps waits that left their queue (removed, then dropped at its
+	// head) for the next Add: a wait per waiting job otherwise.
+	free []*touched
+	kick chan struct{} // a wait was added: the loop's timer runs again
+	stop chan struct{}
+	once sync.Once
 }
 
 type touched struct {
@@ -64,11 +67,17 @@ type touched struct {
 	inline [1]lifecycle.Delivery
 }
 
-// touchQueue is a FIFO of waits in order of their next touch.
+// touchQueue is a FIFO of waits in order of their next touch. A wait is
+// in one queue at a time; one that is gone is dropped when it reaches the
+// head, and kept for reuse (free) from then: nothing refers to it.
 type touchQueue struct {
 	q    []*touched
 	head int
+	free *[]*touched
 }
+
+// touchFreeMax bounds the waits kept for reuse.
+const touchFreeMax = 4096
 
 func (q *touchQueue) push(w *touched) { q.q = append(q.q, w) }
 
@@ -90,6 +99,10 @@ func (q *touchQueue) pop(now time.Time) *touched {
 		if !w.gone {
 			return w
 		}
+		if q.free != nil && len(*q.free) < touchFreeMax {
+			*w = touched{}
+			*q.free = append(*q.free, w)
+		}
 	}
 	return nil
 }
@@ -100,15 +113,30 @@ func NewToucher(maxAge time.Duration) *Toucher {
 	if maxAge <= 0 {
 		maxAge = time.Hour
 	}
-	t := &Toucher{maxAge: maxAge, waits: map[string]*touched{}, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	t := newToucher(maxAge)
 	go t.loop()
+	return t
+}
+
+// newToucher is a Toucher whose loop is not started.
+func newToucher(maxAge time.Duration) *Toucher {
+	t := &Toucher{maxAge: maxAge, waits: map[string]*touched{}, kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	t.fresh.free, t.touched.free = &t.free, &t.free
 	return t
 }
 
 // Add keeps job's deliveries (copied) until Remove.
 func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 	now := time.Now()
-	w := &touched{job: job, next: now.Add(TouchFirst), until: now.Add(t.maxAge)}
+	t.mu.Lock()
+	var w *touched
+	if k := len(t.free); k > 0 {
+		w, t.free[k-1] = t.free[k-1], nil
+		t.free = t.free[:k-1]
+	} else {
+		w = new(touched)
+	}
+	w.job, w.next, w.until = job, now.Add(TouchFirst), now.Add(t.maxAge)
 	kept := w.inline[:0]
 	if len(ds) > len(w.inline) {
 		kept = make([]lifecycle.Delivery, 0, len(ds))
@@ -119,7 +147,6 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 		}
 	}
 	w.ds = kept
-	t.mu.Lock()
 	if old := t.waits[job]; old != nil {
 		old.gone = true
 	}
@@ -205,6 +232,10 @@ func (t *Toucher) due(now time.Time, out []lifecycle.Delivery) []lifecycle.Deliv
 				w.gone = true
 				if t.waits[w.job] == w {
 					delete(t.waits, w.job)
+				}
+				if len(t.free) < touchFreeMax {
+					*w = touched{} // popped: in no queue, in no map
+					t.free = append(t.free, w)
 				}
 				continue
 			}

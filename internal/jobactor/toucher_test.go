@@ -124,3 +124,32 @@ func TestToucherStopsTickingWhenIdle(t *testing.T) {
 		t.Fatalf("idle Toucher ticked %d times in %v", after-before, 4*touchTick)
 	}
 }
+
+// TestToucherReusesAWaitOnlyOnceItLeftItsQueue: a removed wait is kept for
+// a later Add only once it was dropped at its queue's head; the job that
+// takes it is touched on its own schedule, the removed one never again.
+func TestToucherReusesAWaitOnlyOnceItLeftItsQueue(t *testing.T) {
+	tc := newToucher(24 * time.Hour) // no goroutine: due is driven here
+	a, b := &touchCount{}, &touchCount{}
+	start := time.Now()
+	tc.Add("a", []Delivery{a})
+	wa := tc.waits["a"]
+	tc.Remove("a")
+	if len(tc.free) != 0 {
+		t.Fatal("a removed wait still in its queue was kept for reuse")
+	}
+	tc.due(start.Add(TouchFirst+10*time.Millisecond), nil) // drops it at the head
+	if len(tc.free) != 1 {
+		t.Fatalf("%d waits kept after the removed one was dropped, want 1", len(tc.free))
+	}
+	tc.Add("b", []Delivery{b})
+	if tc.waits["b"] != wa || len(tc.free) != 0 {
+		t.Fatal("Add did not take the kept wait")
+	}
+	for _, d := range tc.due(time.Now().Add(TouchFirst+10*time.Millisecond), nil) {
+		_ = d.InProgress()
+	}
+	if a.n != 0 || b.n != 1 {
+		t.Fatalf("touches: removed a %d, b %d; want 0 and 1", a.n, b.n)
+	}
+}

@@ -176,3 +176,41 @@ func TestWheelRescheduleMovesTheOneEntry(t *testing.T) {
 		t.Fatalf("len %d after cancelling", w.Len())
 	}
 }
+
+// A released entry (a stopped actor's) never fires for its old owner, and
+// the next Schedule takes it for its own timer, which fires with its own
+// epoch to its own PID.
+func TestWheelReleasedEntryServesTheNextTimerOnly(t *testing.T) {
+	t.Parallel()
+	sys := actor.NewActorSystem()
+	w := jobactor.NewWheel(sys.Root)
+	defer w.Stop()
+	old := &timerSink{got: make(chan uint64, 10)}
+	next := &timerSink{got: make(chan uint64, 10)}
+	oldPID := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return old }))
+	nextPID := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return next }))
+	e := w.Schedule(20*time.Millisecond, oldPID, 1)
+	w.Release(e)
+	if w.Len() != 0 {
+		t.Fatalf("len %d after releasing the one entry, want 0", w.Len())
+	}
+	if got := w.Schedule(20*time.Millisecond, nextPID, 7); got != e {
+		t.Fatal("Schedule allocated a new entry with a released one kept")
+	}
+	select {
+	case got := <-next.got:
+		if got != 7 {
+			t.Fatalf("fired epoch %d, want 7", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reused entry never fired")
+	}
+	// The old owner's wake, had it come, was sent before this one (same
+	// slot, earlier tick); none came.
+	select {
+	case got := <-old.got:
+		t.Fatalf("the released entry fired for its old owner (epoch %d)", got)
+	default:
+	}
+	w.Release(nil) // a no-op
+}

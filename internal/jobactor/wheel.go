@@ -28,6 +28,9 @@ type Wheel struct {
 	slots []*wheelEntry
 	pos   int
 	n     int
+	// free keeps the entries of stopped job actors (Release) for the next
+	// actors' first timers: an entry a job otherwise.
+	free []*wheelEntry
 
 	// wake tells an idle run loop (no entries: it stops ticking, so an
 	// idle node does not wake 100 times a second) that an entry came.
@@ -44,6 +47,9 @@ const (
 	// WheelSlots per rotation: 1024 × 10 ms ≈ 10 s, so most retries fire
 	// in their first rotation and a 300 s deadline is visited 30 times.
 	WheelSlots = 1024
+	// wheelFreeMax bounds the entries kept for reuse: a burst of stopped
+	// actors keeps at most this many (64 B each) for good.
+	wheelFreeMax = 4096
 )
 
 // TimerRef identifies a scheduled entry, for Cancel.
@@ -85,10 +91,15 @@ func (w *Wheel) Reschedule(e TimerRef, d time.Duration, pid *actor.PID, epoch ui
 	if ticks < 1 {
 		ticks = 1
 	}
-	if e == nil {
-		e = &wheelEntry{}
-	}
 	w.mu.Lock()
+	if e == nil {
+		if k := len(w.free); k > 0 {
+			e, w.free[k-1] = w.free[k-1], nil
+			w.free = w.free[:k-1]
+		} else {
+			e = &wheelEntry{}
+		}
+	}
 	if e.live {
 		w.unlink(e)
 	}
@@ -120,6 +131,25 @@ func (w *Wheel) Cancel(e TimerRef) {
 	w.mu.Lock()
 	if e.live {
 		w.unlink(e)
+	}
+	w.mu.Unlock()
+}
+
+// Release cancels e and keeps it for a later Schedule or Reschedule(nil):
+// its owner (a stopping job actor) gives it up and never uses it again.
+// The wheel reads entries only under its lock, so one released while its
+// wake is being sent is not read again.
+func (w *Wheel) Release(e TimerRef) {
+	if e == nil {
+		return
+	}
+	w.mu.Lock()
+	if e.live {
+		w.unlink(e)
+	}
+	if len(w.free) < wheelFreeMax {
+		*e = wheelEntry{}
+		w.free = append(w.free, e)
 	}
 	w.mu.Unlock()
 }

@@ -113,16 +113,19 @@ func RetryPolicyOf(req *capv1.JobRequest, topic RetryPolicy) (RetryPolicy, error
 		}
 		p.MaxAttempts = n
 	}
-	for _, l := range []struct {
-		key string
-		to  *time.Duration
-	}{{LabelRetryBackoffMin, &p.BackoffMin}, {LabelRetryBackoffMax, &p.BackoffMax}} {
-		if v, ok := retryLabel(req, l.key); ok {
+	// By index, not through pointers into p: a pointer kept in a table
+	// moved p to the heap, an allocation per call (three a job).
+	for i, key := range [...]string{LabelRetryBackoffMin, LabelRetryBackoffMax} {
+		if v, ok := retryLabel(req, key); ok {
 			d, err := time.ParseDuration(strings.TrimSpace(v))
 			if err != nil {
-				return topic, fmt.Errorf("%w: label %s=%q is not a duration", ErrRetryPolicy, l.key, clip(v))
+				return topic, fmt.Errorf("%w: label %s=%q is not a duration", ErrRetryPolicy, key, clip(v))
 			}
-			*l.to = d
+			if i == 0 {
+				p.BackoffMin = d
+			} else {
+				p.BackoffMax = d
+			}
 		}
 	}
 	if err := p.Validate(); err != nil {

@@ -71,7 +71,7 @@ func (j *Job) checkPolicy() {
 	}
 	j.opEpoch++
 	j.busy = true
-	j.emit(AskPolicy{Epoch: j.opEpoch, Req: j.Req})
+	j.emitAskPolicy(AskPolicy{Epoch: j.opEpoch, Req: j.Req})
 }
 
 // onDecision acts on the input policy's answer.

@@ -103,7 +103,7 @@ func TestTenantLimitAdopterWithholdsADispatchThatLandedLongAfterItsAsk(t *testin
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	d.now = d.now.Add(time.Minute)
 	fx = append(fx, d.feed(&ResultsLost{})...)
-	if _, ok := find[PublishRequest](fx); ok {
+	if _, ok := find[*PublishRequest](fx); ok {
 		t.Fatalf("the withheld dispatch was sent: %v", fx)
 	}
 	if d.j.State != jobstate.StateScheduled || d.j.admitted {

@@ -45,7 +45,7 @@ func (d *driver) feed(ev any) []Effect {
 		switch e := e.(type) {
 		case *Write:
 			d.step = e.Epoch
-		case AskPolicy:
+		case *AskPolicy:
 			d.step = e.Epoch
 		case *AskRouter:
 			d.step = e.Req.(*PickRequest).Epoch
@@ -72,7 +72,7 @@ func (d *driver) dispatch() {
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
-	if _, ok := find[PublishRequest](fx); !ok || d.j.State != jobstate.StateDispatched {
+	if _, ok := find[*PublishRequest](fx); !ok || d.j.State != jobstate.StateDispatched {
 		d.t.Fatalf("not dispatched: %s %v", d.j.State, fx)
 	}
 }
@@ -126,7 +126,7 @@ func TestFencedWriteEmitsNoEffects(t *testing.T) {
 	fx := d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepFenced, Before: "n2|7"}})
 	for _, e := range fx {
 		switch e.(type) {
-		case TellClient, PublishDLQ, CancelWorker, PublishRequest, *Ack:
+		case TellClient, PublishDLQ, CancelWorker, *PublishRequest, *Ack:
 			t.Fatalf("fenced cancel emitted %T: %v", e, fx)
 		}
 	}
@@ -217,17 +217,17 @@ func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
 	}
 
 	fx := d.feed(&ResultsLost{})
-	if p, ok := find[PublishRequest](fx); !ok || !p.Resend || p.Subject != "worker.w1.jobs" {
+	if p, ok := find[*PublishRequest](fx); !ok || !p.Resend || p.Subject != "worker.w1.jobs" {
 		t.Fatalf("results lost: effects %v, want the dispatch repeated to w1", fx)
 	}
 	d.now = d.now.Add(10 * time.Second) // ResendAfter doubled
-	if p, ok := find[PublishRequest](d.feed(&Timer{Epoch: d.timer})); !ok || !p.Resend {
+	if p, ok := find[*PublishRequest](d.feed(&Timer{Epoch: d.timer})); !ok || !p.Resend {
 		t.Fatalf("no second repeat while the worker is silent: %v", d.fx)
 	}
 	d.feed(&Progress{P: &capv1.JobProgress{JobId: "job-1", Status: capv1.JobStatus_JOB_STATUS_RUNNING}, From: "w1"})
 	for i := 0; i < 3; i++ {
 		d.now = d.now.Add(30 * time.Second)
-		if _, ok := find[PublishRequest](d.feed(&Timer{Epoch: d.timer})); ok {
+		if _, ok := find[*PublishRequest](d.feed(&Timer{Epoch: d.timer})); ok {
 			t.Fatalf("dispatch repeated after the worker answered: %v", d.fx)
 		}
 	}
@@ -235,7 +235,7 @@ func TestResultsLostAsksADedupingWorkerAgain(t *testing.T) {
 	plain := newDriver(t)
 	plain.j.cfg.ResendAfter = 5 * time.Second
 	plain.dispatch() // its pick does not allow a resend: the worker does not dedupe
-	if _, ok := find[PublishRequest](plain.feed(&ResultsLost{})); ok {
+	if _, ok := find[*PublishRequest](plain.feed(&ResultsLost{})); ok {
 		t.Fatalf("dispatch repeated to a worker that does not dedupe: %v", plain.fx)
 	}
 }

@@ -226,14 +226,22 @@ func (j *Job) tenantLimit() int {
 	return limit
 }
 
+// expectUnplaced is the Expect of a job's first placement (PENDING or
+// SCHEDULED), joined once: a join per dispatch was an allocation a job.
+var expectUnplaced = jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled)
+
 // dispatchTo records the job as dispatched to the picked worker; the
 // request is published once that is durable (dispatched).
 func (j *Job) dispatchTo(p *PickReply) {
-	path := make([]jobstate.Hop, 0, 2)
+	// Room for the policy decision's fields, which apply adds, and for the
+	// history fields of a create (historyFields: submitted, waited): one
+	// block with the transition and its path. (16 here grew it once per
+	// job: 20 fields with the flags, the pool and a wait within the grace.)
+	t := newTransition(expectUnplaced, 24+len(j.decision))
 	if j.State == jobstate.StatePending {
-		path = append(path, jobstate.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
+		t.Path = append(t.Path, jobstate.Hop{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed})
 	}
-	path = append(path, jobstate.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
+	t.Path = append(t.Path, jobstate.Hop{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched})
 	j.attempts++
 	dl := j.deadlineFor(jobstate.StateDispatched)
 	if p.StartsOnDelivery {
@@ -242,12 +250,7 @@ func (j *Job) dispatchTo(p *PickReply) {
 		// a start that never gets reported.
 		dl = j.deadlineFor(jobstate.StateRunning)
 	}
-	// Room for the policy decision's fields, which apply adds, and for the
-	// history fields of a create (historyFields: submitted, waited): one
-	// slice. (16 here grew it once per job: 20 fields with the flags, the
-	// pool and a wait within the grace.)
-	fields := make([]string, 0, 24+len(j.decision))
-	fields = append(fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
+	fields := append(t.Fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
 		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
 	fresh := !j.live()
 	fields = appendFlag(fields, fresh, "tslot", j.admitted)
@@ -265,9 +268,8 @@ func (j *Job) dispatchTo(p *PickReply) {
 		fields = append(fields, "pool", p.Pool)
 	}
 	fields = j.keyFields(fields)
-	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled), Path: path,
-		Due: dl.at.UnixMilli(), Fields: fields},
-		nil, j.pend(pending{then: nDispatched, pick: p, dl: dl}))
+	t.Due, t.Fields = dl.at.UnixMilli(), fields
+	j.apply(t, nil, j.pend(pending{then: nDispatched, pick: p, dl: dl}))
 }
 
 // dispatched: DISPATCHED is durable; publish the request.
@@ -284,7 +286,7 @@ func (j *Job) dispatched(p *pending) {
 	if j.keySlotStale() || j.tenantSlotStale() {
 		return
 	}
-	j.emit(PublishRequest{Subject: j.Subject})
+	j.emitPublish(PublishRequest{Subject: j.Subject})
 	if j.startsOnDelivery {
 		// Started on delivery as far as anyone can tell: the worker's
 		// eviction must not place it again (it may be running, on that
@@ -416,7 +418,7 @@ func (j *Job) resendDispatch(now time.Time) {
 		j.armWait()
 		return
 	}
-	j.emit(PublishRequest{Subject: j.Subject, Resend: true})
+	j.emitPublish(PublishRequest{Subject: j.Subject, Resend: true})
 	j.count(MResent, "")
 	j.resends++
 	j.resendAt = now.Add(j.resendDelay())
@@ -551,7 +553,7 @@ func (j *Job) waitUnwritten() {
 	if j.cfg.CapacityGrace > j.cfg.AdmissionHold {
 		j.holdEnd = now.Add(max(j.cfg.AdmissionHold, 0))
 	}
-	j.emit(Grace{Delta: 1, Deliveries: j.acks})
+	j.emitGrace(Grace{Delta: 1, Deliveries: j.acks})
 	j.armUnwritten()
 }
 
@@ -631,7 +633,7 @@ func (j *Job) endHold(now time.Time) {
 func (j *Job) writeWait(at time.Time) {
 	j.leaveGrace()
 	j.count(MCapacityWaits, string(j.capReason))
-	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+	j.apply(&jobstate.Transition{Expect: expectUnplaced,
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: j.capReason}}, Due: -1,
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(j.capReason)}},
 		nil, j.pend(pending{then: nArm, at: at}))
@@ -642,7 +644,7 @@ func (j *Job) leaveGrace() {
 	if j.res == Unwritten {
 		j.moveTo(Fresh)
 		j.endHold(time.Time{})
-		j.emit(Grace{Delta: -1})
+		j.emitGrace(Grace{Delta: -1})
 	}
 }
 
@@ -703,7 +705,7 @@ func (j *Job) placementFailed(p *PickReply) {
 	// Record the attempt, its reason and when the job wakes (PENDING →
 	// SCHEDULED on the first, SCHEDULED → SCHEDULED after), then wait.
 	at := j.now().Add(j.cfg.Backoff(j.attempts))
-	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+	j.apply(&jobstate.Transition{Expect: expectUnplaced,
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: p.Reason}}, Due: at.UnixMilli(),
 		Fields: []string{"attempts", strconv.Itoa(j.attempts), "last_reason", string(p.Reason)}},
 		nil, j.pend(pending{then: nArm, at: at}))

@@ -13,7 +13,8 @@ import (
 // never does any of them itself: it only returns them from Step.
 //
 // The most frequent effects come as pointers (*Write, *AskRouter,
-// *ToRouter, *Arm, *Ack, *Hold, *Forget) into storage the job takes for
+// *AskPolicy, *ToRouter, *PublishRequest, *Grace, *Arm, *Ack, *Hold,
+// *Forget) into storage the job takes for
 // the step (fxArena): a value boxed into Effect is an allocation each. They
 // stay valid until the next Step, or until Consumed; every other effect is
 // a value.
@@ -27,13 +28,16 @@ type Effect interface{ effect() }
 type fxArena struct {
 	write  [2]Write
 	ask    [1]AskRouter
+	pol    [1]AskPolicy
+	pub    [1]PublishRequest
+	grace  [2]Grace
 	toR    [3]ToRouter
 	arm    [2]Arm
 	ack    [3]Ack
 	hold   [1]Hold
 	forget [2]Forget
 
-	nWrite, nAsk, nToR, nArm, nAck, nHold, nForget uint8
+	nWrite, nAsk, nPol, nPub, nGrace, nToR, nArm, nAck, nHold, nForget uint8
 }
 
 var arenas = sync.Pool{New: func() any { return new(fxArena) }}
@@ -78,6 +82,27 @@ func (j *Job) emitWrite(e Write) {
 func (j *Job) emitAskRouter(e AskRouter) {
 	a := j.arena()
 	p := slot(a.ask[:], &a.nAsk)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitAskPolicy(e AskPolicy) {
+	a := j.arena()
+	p := slot(a.pol[:], &a.nPol)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitPublish(e PublishRequest) {
+	a := j.arena()
+	p := slot(a.pub[:], &a.nPub)
+	*p = e
+	j.emit(p)
+}
+
+func (j *Job) emitGrace(e Grace) {
+	a := j.arena()
+	p := slot(a.grace[:], &a.nGrace)
 	*p = e
 	j.emit(p)
 }
@@ -352,12 +377,12 @@ func (*Write) effect()            {}
 func (RetryWrite) effect()        {}
 func (*AskRouter) effect()        {}
 func (*ToRouter) effect()         {}
-func (AskPolicy) effect()         {}
+func (*AskPolicy) effect()        {}
 func (WakePolicyWaiters) effect() {}
 func (WaitPolicy) effect()        {}
 func (AskOutput) effect()         {}
 func (ScanContent) effect()       {}
-func (PublishRequest) effect()    {}
+func (*PublishRequest) effect()   {}
 func (TellClient) effect()        {}
 func (CancelWorker) effect()      {}
 func (PublishDLQ) effect()        {}
@@ -376,7 +401,7 @@ func (Redeliver) effect()         {}
 func (Terminal) effect()          {}
 func (Moved) effect()             {}
 func (Resumed) effect()           {}
-func (Grace) effect()             {}
+func (*Grace) effect()            {}
 func (Log) effect()               {}
 func (Count) effect()             {}
 func (Observe) effect()           {}

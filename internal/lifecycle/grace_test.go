@@ -34,7 +34,7 @@ func TestGraceEndsWhenARecheckOrARepeatedSubmitIsPlaced(t *testing.T) {
 			var graced, admitted bool
 			for _, e := range d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"}) {
 				switch e := e.(type) {
-				case Grace:
+				case *Grace:
 					graced = graced || e.Delta == -1
 				case Admitted:
 					admitted = true

@@ -311,10 +311,13 @@ type Job struct {
 	fxa   *fxArena // this step's pointer effects' storage (see Consumed)
 
 	// Storage allocated with the job rather than on its first use: the
-	// effects of a busy step (fx's first backing array) and its first
-	// write step (spare's first value). Two allocations a job fewer.
+	// effects of a busy step (fx's first backing array), its first write
+	// step (spare's first value) and acks' first backing array (a job
+	// holds one delivery at a time as a rule: its submit, then its
+	// result). Three allocations a job fewer.
 	fxBuf     [8]Effect
 	firstStep pending
+	acksBuf   [1]Delivery
 }
 
 // New returns the core of job id. Seed starts its epochs and wait tickets: a fresh actor of
@@ -328,6 +331,7 @@ func New(cfg *Config, id string, seed uint64) *Job {
 	j := &Job{cfg: cfg, ID: id, opEpoch: seed, timerEpoch: seed, ticket: seed}
 	j.fx = j.fxBuf[:0]
 	j.spare = &j.firstStep
+	j.acks = j.acksBuf[:0]
 	return j
 }
 

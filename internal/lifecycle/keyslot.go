@@ -186,7 +186,7 @@ func (j *Job) waitKey(key string) {
 	}
 	j.count(MCapacityWaits, string(jobstate.ReasonConcurrencyKey))
 	j.capReason = jobstate.ReasonConcurrencyKey
-	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+	j.apply(&jobstate.Transition{Expect: expectUnplaced,
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonConcurrencyKey}}, Due: -1,
 		Fields: []string{"ckey", key, "last_reason", string(jobstate.ReasonConcurrencyKey)}},
 		nil, j.pend(pending{then: nArm, at: at}))
@@ -214,7 +214,7 @@ func (j *Job) onKeyBack() {
 // strategy is cancel_newest.
 func (j *Job) keyCancel(key string) {
 	msg := "concurrency key " + key + " has no free slot (strategy cancel_newest)"
-	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+	j.apply(&jobstate.Transition{Expect: expectUnplaced,
 		Path:   []jobstate.Hop{{To: jobstate.StateCancelled, Reason: jobstate.ReasonConcurrencyKeyCancelled}},
 		Fields: []string{"ckey", key, "cancel_reason", msg, "cancelled_by", "troupe"}}, nil,
 		j.pend(pending{applied: []Effect{

@@ -36,12 +36,12 @@ func keyedDispatch(t *testing.T, took time.Duration) (*driver, []Effect) {
 // prompt dispatch is published.
 func TestConcurrencyKeyDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	d, fx := keyedDispatch(t, KeySlotFresh-time.Second)
-	if _, ok := find[PublishRequest](fx); !ok {
+	if _, ok := find[*PublishRequest](fx); !ok {
 		t.Fatalf("a dispatch written %s after its slot was not published: %v", KeySlotFresh-time.Second, fx)
 	}
 
 	d, fx = keyedDispatch(t, KeySlotFresh)
-	if _, ok := find[PublishRequest](fx); ok {
+	if _, ok := find[*PublishRequest](fx); ok {
 		t.Fatalf("a dispatch written %s after its slot was published: %v", KeySlotFresh, fx)
 	}
 	w, ok := find[*Write](fx)

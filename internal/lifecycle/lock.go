@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -12,6 +13,25 @@ import (
 // The job's lock: taking it (activation), adopting a record another
 // node wrote, recreating a record Redis lost, handing events to the node
 // that holds the lock (its holder), giving the lock up (passivation) and parking.
+
+// firstLock is LockValue(node, 1) for the node that asked last: every job
+// a node creates takes its lock at fence 1, so one string serves them all
+// instead of one joined per job. Any node (tests run several in one
+// process) gets the right value; another's only costs the join.
+var firstLock atomic.Pointer[[2]string]
+
+// lockValue is jobstate.LockValue(node, fence), made once for fence 1.
+func lockValue(node string, fence int64) string {
+	if fence != 1 {
+		return jobstate.LockValue(node, fence)
+	}
+	if c := firstLock.Load(); c != nil && c[0] == node {
+		return c[1]
+	}
+	v := jobstate.LockValue(node, 1)
+	firstLock.Store(&[2]string{node, v})
+	return v
+}
 
 const second = time.Second
 
@@ -73,7 +93,7 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 		}
 		j.moved(plan)
 		if plan == nil || plan.LockKept() {
-			j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
+			j.hold(lockValue(j.cfg.NodeID, r.Fence))
 		}
 		if j.State.Terminal() {
 			j.ended()
@@ -102,7 +122,7 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 			j.LastReason = plan.Path[len(plan.Path)-1].Reason
 			j.moved(plan)
 			if plan.LockKept() {
-				j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
+				j.hold(lockValue(j.cfg.NodeID, r.Fence))
 			}
 			j.ackAll()
 			j.then(p)
@@ -121,7 +141,7 @@ func (j *Job) activated(p *pending, r *WriteResult) {
 		if j.cfg.Trace {
 			j.emit(Resumed{State: j.State, Reason: j.LastReason})
 		}
-		j.hold(jobstate.LockValue(j.cfg.NodeID, r.Fence))
+		j.hold(lockValue(j.cfg.NodeID, r.Fence))
 		j.adopt(r.Fields)
 		j.dropPick() // the plan's pick, if any, is not used
 		if j.State != jobstate.StateScheduled {
@@ -235,7 +255,7 @@ func (j *Job) forwardToHolder(holder string) {
 
 // recover re-activates a job whose lock vanished under it.
 func (j *Job) recover() {
-	j.emitForget(Forget{LockValue: jobstate.LockValue(j.cfg.NodeID, j.Fence)})
+	j.emitForget(Forget{LockValue: lockValue(j.cfg.NodeID, j.Fence)})
 	j.lost = j.State
 	j.moveTo(Fresh)
 	j.activate(false, nil)

@@ -69,13 +69,9 @@ func (j *Job) onResult(m *Result) {
 	if !ofEarlier && j.retryAfterFailure(retryCause(res.Status), res.ErrorCode, res.ErrorMessage, m.Delivery) {
 		return
 	}
-	path := make([]jobstate.Hop, 0, 2)
-	if j.State == jobstate.StateDispatched && to == jobstate.StateSucceeded {
-		// The worker ran it: record RUNNING even if no progress was sent.
-		path = append(path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
-	}
+	// The worker ran it: record RUNNING even if no progress was sent.
+	ranHop := j.State == jobstate.StateDispatched && to == jobstate.StateSucceeded
 	j.acks = append(j.acks, m.Delivery)
-	fields := resultFields(res, res.ResultPtr)
 	var extra []string
 	var fx []Effect
 	if ofEarlier {
@@ -96,13 +92,20 @@ func (j *Job) onResult(m *Result) {
 		j.opEpoch++
 		j.busy = true
 		j.outputOwed = &owed{fields: extra, fx: fx}
+		var path []jobstate.Hop
+		if ranHop {
+			path = append(make([]jobstate.Hop, 0, 2), jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
+		}
 		j.emit(AskOutput{Epoch: j.opEpoch, Res: m, Path: path})
 		return
 	}
-	fields = append(fields, extra...)
+	t := newTransition(jobstate.Expect(j.State), 12)
+	if ranHop {
+		t.Path = append(t.Path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
+	}
+	t.Path = append(t.Path, jobstate.Hop{To: to, Reason: reason})
+	t.Fields = append(appendResultFields(t.Fields, res, res.ResultPtr), extra...)
 	fx = append(fx, j.tellFinal(res, res.ResultPtr)...)
-	path = append(path, jobstate.Hop{To: to, Reason: reason})
-	t := &jobstate.Transition{Expect: jobstate.Expect(j.State), Path: path, Fields: fields}
 	j.sagaRecord(t, to, reason)
 	if j.cfg.Debug {
 		fx = append(fx, j.logFx(debug, "job finished", "topic", j.topic(), "state", to))
@@ -111,7 +114,12 @@ func (j *Job) onResult(m *Result) {
 }
 
 func resultFields(res *capv1.JobResult, ptr string) []string {
-	f := []string{"result_ptr", ptr, "worker", res.WorkerId, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10)}
+	return appendResultFields(make([]string, 0, 10), res, ptr)
+}
+
+// appendResultFields appends a result's record fields to f.
+func appendResultFields(f []string, res *capv1.JobResult, ptr string) []string {
+	f = append(f, "result_ptr", ptr, "worker", res.WorkerId, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10))
 	if res.ErrorCode != "" || res.ErrorMessage != "" {
 		f = append(f, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
 	}

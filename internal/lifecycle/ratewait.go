@@ -303,7 +303,7 @@ func (j *Job) waitTokens() {
 		j.parkTokens(at)
 		return
 	}
-	j.apply(&jobstate.Transition{Expect: jobstate.Expect(jobstate.StatePending, jobstate.StateScheduled),
+	j.apply(&jobstate.Transition{Expect: expectUnplaced,
 		Path: []jobstate.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonRateLimited}}, Due: -1,
 		Fields: []string{"last_reason", string(jobstate.ReasonRateLimited), "rate_bucket", r.bucket,
 			"rate_units", strconv.Itoa(r.units)}},

@@ -97,7 +97,7 @@ func (d *driver) rateDispatch() {
 	d.feed(&Tokens{Epoch: take.Epoch, Granted: true, Bucket: "b", Units: 1})
 	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateDispatched, Fence: 1}})
-	if _, ok := find[PublishRequest](fx); !ok {
+	if _, ok := find[*PublishRequest](fx); !ok {
 		d.t.Fatalf("not dispatched: %s %v", d.j.State, fx)
 	}
 }
@@ -134,7 +134,7 @@ func TestRateLimitLiveRetryTakesItsUnitsAgain(t *testing.T) {
 	}
 	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
-	if _, ok := find[PublishRequest](fx); !ok || d.j.WorkerJobID() != "job-1~a2" {
+	if _, ok := find[*PublishRequest](fx); !ok || d.j.WorkerJobID() != "job-1~a2" {
 		t.Fatalf("attempt 2 not dispatched: %s %v", d.j.WorkerJobID(), fx)
 	}
 
@@ -200,7 +200,7 @@ func TestRateLimitRetryWithoutTokensWaitsAndParksAsAFirstAttempt(t *testing.T) {
 	}
 	d.feed(&PickReply{Epoch: d.step, WorkerID: "w1", Subject: "worker.w1.jobs"})
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
-	if _, ok := find[PublishRequest](fx); !ok || d.j.WorkerJobID() != "job-1~a2" {
+	if _, ok := find[*PublishRequest](fx); !ok || d.j.WorkerJobID() != "job-1~a2" {
 		t.Fatalf("the woken retry not dispatched as attempt 2: %s %v", d.j.WorkerJobID(), fx)
 	}
 }

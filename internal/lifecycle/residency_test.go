@@ -193,7 +193,7 @@ func did(o Outcome, ev any, del *submitDelivery, fx []Effect) string {
 	_, redelivered := find[Redeliver](fx)
 	switch o {
 	case Create:
-		if _, ok := find[AskPolicy](fx); !ok && !(wrote && w.Op.Kind == OpClaim) {
+		if _, ok := find[*AskPolicy](fx); !ok && !(wrote && w.Op.Kind == OpClaim) {
 			return "the submit was not decided (no policy check, no idempotency claim)"
 		}
 	case Activate:

@@ -59,7 +59,7 @@ func TestRetryPolicyFailedAttemptWaitsThenRunsAgainUnderTheNextAttemptID(t *test
 		t.Fatalf("no wait armed: %s %v", d.j.State, fx)
 	}
 	fx = d.redispatch()
-	if _, ok := find[PublishRequest](fx); !ok || d.j.State != jobstate.StateDispatched || d.j.WorkerJobID() != "job-1~a2" {
+	if _, ok := find[*PublishRequest](fx); !ok || d.j.State != jobstate.StateDispatched || d.j.WorkerJobID() != "job-1~a2" {
 		t.Fatalf("attempt 2 not dispatched: %s %s %v", d.j.State, d.j.WorkerJobID(), fx)
 	}
 }

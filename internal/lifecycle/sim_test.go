@@ -384,7 +384,7 @@ func (s *sim) step(n *simNode, a *simActor, ev any) {
 		for _, e := range fx {
 			if fenced {
 				switch e.(type) {
-				case PublishRequest, TellClient, PublishDLQ, CancelWorker, ScanContent, *Ack:
+				case *PublishRequest, TellClient, PublishDLQ, CancelWorker, ScanContent, *Ack:
 					s.fail("%s: effect %T after a fenced write", a.j.ID, e)
 				}
 			}
@@ -477,7 +477,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 			n.picks[m.JobID] = m.WorkerID
 		case *Took:
 		}
-	case AskPolicy:
+	case *AskPolicy:
 		ep, req := e.Epoch, e.Req
 		s.send(&simMsg{node: n, actor: a, job: j.ID, at: s.now.Add(s.latency()), ev: s.policy(j.ID, req, ep)})
 	case TakeTokens:
@@ -486,7 +486,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		s.leaveTokens(n, a, e)
 	case ParkTokens:
 		s.parkTokens(n, a, e)
-	case PublishRequest:
+	case *PublishRequest:
 		delete(s.withheld, j.ID)
 		s.sentHop[j.ID] = s.dispatchHops[j.ID]
 		if !e.Resend {
@@ -596,7 +596,7 @@ func (s *sim) do(n *simNode, a *simActor, e Effect) any {
 		for _, m := range e.Msgs {
 			s.send(&simMsg{node: n, job: j.ID, ev: m, at: s.now.Add(time.Millisecond)})
 		}
-	case Grace:
+	case *Grace:
 		a.grace += e.Delta
 		if a.grace < 0 || a.grace > 1 {
 			s.fail("%s: %d waits within the grace at once", j.ID, a.grace)

@@ -35,12 +35,12 @@ func tenantDispatch(t *testing.T, took time.Duration) (*driver, []Effect) {
 // dispatch is published.
 func TestTenantLimitDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	d, fx := tenantDispatch(t, TenantSlotFresh-time.Second)
-	if _, ok := find[PublishRequest](fx); !ok {
+	if _, ok := find[*PublishRequest](fx); !ok {
 		t.Fatalf("a dispatch written %s after its slot was not published: %v", TenantSlotFresh-time.Second, fx)
 	}
 
 	d, fx = tenantDispatch(t, TenantSlotFresh)
-	if _, ok := find[PublishRequest](fx); ok {
+	if _, ok := find[*PublishRequest](fx); ok {
 		t.Fatalf("a dispatch written %s after its slot was published: %v", TenantSlotFresh, fx)
 	}
 	w, ok := find[*Write](fx)
@@ -74,7 +74,7 @@ func TestTenantLimitDispatchOnAStaleSlotIsNotPublished(t *testing.T) {
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Admitted: true}})
 	d.now = d.now.Add(time.Second)
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
-	if _, ok := find[PublishRequest](fx); !ok {
+	if _, ok := find[*PublishRequest](fx); !ok {
 		t.Fatalf("the dispatch on a slot asked for anew was not published: %v", fx)
 	}
 }

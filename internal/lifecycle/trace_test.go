@@ -44,7 +44,7 @@ func TestTraceReportsEveryDurableStateChangeBeforeItsEffects(t *testing.T) {
 				s += fmt.Sprintf(" %s/%s", h.To, h.Reason)
 			}
 			got = append(got, s)
-		case PublishRequest:
+		case *PublishRequest:
 			if len(got) == 0 {
 				t.Fatal("request published before the move to DISPATCHED was reported")
 			}

@@ -37,7 +37,7 @@ func (d *driver) beginUnwritten(sub *submitDelivery) bool {
 	d.feed(&Submit{Req: &capv1.JobRequest{JobId: "job-1", Topic: "job.x"}, Delivery: sub})
 	d.feed(&PolicyDone{Epoch: d.step, Dec: &capv1.PolicyCheckResponse{Decision: capv1.DecisionType_DECISION_TYPE_ALLOW}})
 	fx := d.feed(&PickReply{Epoch: d.step, Queued: true, Reason: jobstate.ReasonPoolOverloaded})
-	g, ok := find[Grace](fx)
+	g, ok := find[*Grace](fx)
 	return ok && g.Delta == 1 && d.j.res == Unwritten
 }
 
@@ -75,7 +75,7 @@ func TestRepeatedSubmitFindsTheRecordAtItsWaitsFirstTimer(t *testing.T) {
 				t.Fatalf("no look for the record at the wait's first timer: %v", fx)
 			}
 			fx = d.feed(&WriteDone{Epoch: d.step, Res: *r})
-			if g, ok := find[Grace](fx); !ok || g.Delta != -1 || d.j.res == Unwritten {
+			if g, ok := find[*Grace](fx); !ok || g.Delta != -1 || d.j.res == Unwritten {
 				t.Errorf("the job of an existing record still waits unwritten (%s): %v", d.j.res, fx)
 			}
 			if a, ok := find[*Ack](fx); !ok || a.D != sub {
@@ -165,7 +165,7 @@ func TestAdoptedActivationEndsTheUnwrittenWait(t *testing.T) {
 	// when the activation's outcome arrives.
 	var left int64
 	for _, e := range append(append([]Effect(nil), picked...), fx...) {
-		if g, ok := e.(Grace); ok {
+		if g, ok := e.(*Grace); ok {
 			left += g.Delta
 		}
 	}
@@ -238,7 +238,7 @@ func TestAbandonedUnwrittenWaitIsRecordedThenFailed(t *testing.T) {
 	if !ok || w.Op.Kind != OpActivate || !w.Op.Create || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled {
 		t.Fatalf("abandoned unwritten wait: %v, want its wait written (created SCHEDULED)", fx)
 	}
-	if g, ok := find[Grace](fx); !ok || g.Delta != -1 {
+	if g, ok := find[*Grace](fx); !ok || g.Delta != -1 {
 		t.Errorf("abandoned unwritten wait: grace not left: %v", fx)
 	}
 	fx = d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Status: ActivateCreated, State: jobstate.StateScheduled, Fence: 1}})

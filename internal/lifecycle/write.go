@@ -66,6 +66,48 @@ type deadline struct {
 	why jobstate.Reason
 }
 
+// transitionBlock is a write's transition allocated with room for its
+// path and its fields: one allocation where the transition, its path and
+// its fields' backing array were three (a dispatch and a result each). It
+// is the write's own, never reused: the store writer, a retry and the
+// written step read it as they read a transition of their own. A dispatch
+// takes one with room for 28 fields (24 with the flags, the pool, a wait's
+// history fields, and the policy decision's few), a result one with room
+// for 12 (6, 10 with an error, 2 more for an earlier dispatch's).
+type transitionBlock struct {
+	t      jobstate.Transition
+	hops   [2]jobstate.Hop
+	fields [28]string
+}
+
+type smallTransitionBlock struct {
+	t      jobstate.Transition
+	hops   [2]jobstate.Hop
+	fields [12]string
+}
+
+// newTransition returns a transition expecting expect, with an empty path
+// of room 2 and empty fields of room fields (inline up to 28).
+func newTransition(expect string, fields int) *jobstate.Transition {
+	var t *jobstate.Transition
+	switch {
+	case fields <= 12:
+		b := new(smallTransitionBlock)
+		t = &b.t
+		t.Path, t.Fields = b.hops[:0], b.fields[:0]
+	case fields <= 28:
+		b := new(transitionBlock)
+		t = &b.t
+		t.Path, t.Fields = b.hops[:0], b.fields[:0]
+	default:
+		b := new(smallTransitionBlock)
+		t = &b.t
+		t.Path, t.Fields = b.hops[:0], make([]string, 0, fields)
+	}
+	t.Expect = expect
+	return t
+}
+
 // write hands p's op to the store writer; its outcome comes back as a
 // WriteDone and is decided by written.
 // pend returns v as the job's next write step, in the step the job's last

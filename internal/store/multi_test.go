@@ -286,3 +286,87 @@ func TestMultiCallsAreNotMadeWhereOneJobsFailureSpreads(t *testing.T) {
 		t.Fatalf("two transitions make %d units, want %d", len(u), want)
 	}
 }
+
+// TestRefilledOpsReadEachCallsOwnReply: an op refilled for its next write
+// (Op.Refill, as a job actor refills its one op) keeps the command that
+// holds its part of a multi-job call's reply, made once, and its outcome is
+// its own storage; each call's outcome is that call's: a job whose last
+// call failed reads the next one's success, and one whose last call applied
+// reads the next one's error.
+func TestRefilledOpsReadEachCallsOwnReply(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
+	if err := s.LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.single {
+		t.Skip("the server's Lua does not keep one job's failure to it: no multi-job calls")
+	}
+	w := &Writer{s: s, timeout: WriterTimeoutDefault}
+	const n = 4
+	ids := oneShardIDs(t, "refill-", n)
+	ops := make([]*Op, n)
+	for i := range ids {
+		ops[i] = &Op{}
+		ops[i].Refill(Op{Kind: OpActivate, JobID: ids[i], Node: "a", Create: true, Topic: "job.x",
+			Tenant: "t", TraceID: "tr", Request: []byte("req"),
+			T: &Transition{Path: []Hop{{To: jobstate.StateScheduled, Reason: "r"}}, Op: "c" + ids[i]}})
+	}
+	for i, r := range execBatch(t, w, ops) {
+		if r.Err != nil || r.Status != ActivateCreated || r != &ops[i].res {
+			t.Fatalf("activation of %s: %+v (the op's own outcome: %v)", ids[i], r, r == &ops[i].res)
+		}
+	}
+	split := make([]*redis.Cmd, n)
+	for i, op := range ops {
+		if split[i] = op.split; split[i] == nil {
+			t.Fatalf("op %d has no reply command after a multi-job call", i)
+		}
+	}
+	// Job 3's lock becomes a hash: a transition of it fails.
+	if err := env.Client.Del(ctx, s.keys.Lock(ids[3])).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.HSet(ctx, s.keys.Lock(ids[3]), "x", "y").Err(); err != nil {
+		t.Fatal(err)
+	}
+	step := func(op *Op, id string, to jobstate.State) {
+		op.Refill(Op{Kind: OpTransition, JobID: id, Node: "a", LockValue: jobstate.LockValue("a", 1),
+			T: &Transition{Expect: jobstate.Expect(jobstate.StateScheduled, jobstate.StateDispatched),
+				Path: []Hop{{To: to, Reason: "r"}}, Op: "t" + id + string(to)}})
+	}
+	for i := range ops {
+		step(ops[i], ids[i], jobstate.StateDispatched)
+	}
+	res := execBatch(t, w, ops)
+	for i := 0; i < 3; i++ {
+		if r := res[i]; r.Err != nil || r.Step != StepOK || r.Before != jobstate.StateScheduled {
+			t.Errorf("first transition of %s: %+v, want OK from SCHEDULED", ids[i], r)
+		}
+	}
+	if res[3].Err == nil {
+		t.Errorf("transition with a failing command: %+v, want its error", res[3])
+	}
+	// Op 3 (its last call failed) now moves job 0; op 0 (its last applied)
+	// now moves job 3, whose lock is still a hash.
+	step(ops[0], ids[3], jobstate.StateRunning)
+	step(ops[1], ids[1], jobstate.StateRunning)
+	step(ops[2], ids[2], jobstate.StateRunning)
+	step(ops[3], ids[0], jobstate.StateRunning)
+	res = execBatch(t, w, ops)
+	for _, i := range []int{1, 2, 3} {
+		if r := res[i]; r.Err != nil || r.Step != StepOK || r.Before != jobstate.StateDispatched {
+			t.Errorf("second transition by op %d: %+v, want OK from DISPATCHED", i, r)
+		}
+	}
+	if res[0].Err == nil {
+		t.Errorf("op 0's transition of the job with a failing command: %+v, want its error", res[0])
+	}
+	for i, op := range ops {
+		if op.split != split[i] {
+			t.Errorf("op %d made a new reply command", i)
+		}
+	}
+}

@@ -133,7 +133,14 @@ type Op struct {
 	DLQ *DLQEntry
 
 	// Done receives the outcome on a Writer goroutine. It must not block.
+	// The outcome is the op's own storage (res): it stays valid until the
+	// op is filled again, so whoever refills an op reads its outcome first.
 	Done func(*Result)
+	res  Result
+	// split is the command that holds the op's part of a multi-job call's
+	// reply (splitMulti), made at its first such call and kept across
+	// Refill: an op refilled for each write makes it once.
+	split *redis.Cmd
 
 	cmds []redis.Cmder
 	// cmdBuf is cmds' storage for the usual one command.
@@ -151,6 +158,15 @@ type Op struct {
 	// from hotCalls, until exec hands the op its result: its send reads
 	// the call's keys, through pointers, until the pipeline is written.
 	call hotScriptCall
+}
+
+// Refill makes op src for its next write, keeping the storage op keeps
+// for its replies (split). Call it only once the writer has done with op
+// (its Done was called) or before its first Submit.
+func (op *Op) Refill(src Op) {
+	split := op.split
+	*op = src
+	op.split = split
 }
 
 // validate refuses side effects an op kind cannot make conditional on its
@@ -540,7 +556,13 @@ func splitMulti(ctx context.Context, unit []*Op, multi *redis.Cmd) {
 		}
 	}
 	for i, op := range unit {
-		c := redis.NewCmd(ctx, multiReplyArgs...)
+		c := op.split
+		if c == nil {
+			c = redis.NewCmd(ctx, multiReplyArgs...)
+			op.split = c
+		}
+		c.SetVal(nil)
+		c.SetErr(nil)
 		switch {
 		case err != nil:
 			c.SetErr(err)
@@ -786,7 +808,8 @@ func replyStrings(dst []string, c *redis.Cmd) ([]string, error) {
 
 // decode turns op's command replies into a Result.
 func (s *Store) decode(op *Op, execErr error) *Result {
-	r := &Result{}
+	r := &op.res // no Result allocated per op (see Op.Done)
+	*r = Result{}
 	for _, c := range op.cmds {
 		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			r.Err = fmt.Errorf("store: %s %s: %w", c.Name(), op.JobID, err)

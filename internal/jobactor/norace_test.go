@@ -1,0 +1,5 @@
+//go:build !race
+
+package jobactor
+
+const raceEnabled = false
