@@ -325,10 +325,20 @@ func (s *sim) sweepAlone(lostAt time.Time) {
 // client told.
 func (s *sim) checkLostAlone() {
 	for _, id := range sortedKeys(s.lostAlone) {
-		if s.lostAlone[id] && s.recs[id] == nil {
+		if s.lostAlone[id] && s.recs[id] == nil { // see lostAlonePending
 			s.fail("%s: a wait left alone whose record Redis lost never ended (no record, no state_lost tell)", id)
 		}
 	}
+}
+
+// lostAlonePending reports whether a wait woken lost has not ended yet.
+func (s *sim) lostAlonePending() bool {
+	for id, pending := range s.lostAlone {
+		if pending && s.recs[id] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // alone reports whether the record is in a wait a node leaves alone: a
