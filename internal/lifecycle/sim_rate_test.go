@@ -54,6 +54,11 @@ type simRate struct {
 	// published, less the units it gave back; attempt: that attempt.
 	since   map[string]int
 	attempt map[string]int
+	// sinceBy: the grants counted in since, by the epoch they were made
+	// under (a give-back names it): a stale actor giving back a grant made
+	// before the latest attempt's dispatch takes nothing from since (seed
+	// 9100808: such a give-back hid the grant of the next attempt).
+	sinceBy map[string]map[uint64]int
 	retried int            // retries (attempts 2 and on) published after their grant
 	parks   int            // asks parked
 	invalid map[string]int // Invalid answers sent to a job (a reload)
@@ -73,7 +78,17 @@ func simRateLimit(req *capv1.JobRequest) (string, int, string) {
 func (s *sim) rateInit() {
 	s.rate = simRate{tokens: simRateBurst, refilAt: s.now, queues: map[*simNode][]*simRateWaiter{},
 		round: map[*simNode]bool{}, granted: map[string]int{}, invalid: map[string]int{},
-		since: map[string]int{}, attempt: map[string]int{}}
+		since: map[string]int{}, attempt: map[string]int{}, sinceBy: map[string]map[uint64]int{}}
+}
+
+// granted counts a grant to job made under epoch.
+func (r *simRate) grant(job string, epoch uint64) {
+	r.granted[job]++
+	r.since[job]++
+	if r.sinceBy[job] == nil {
+		r.sinceBy[job] = map[uint64]int{}
+	}
+	r.sinceBy[job][epoch]++
 }
 
 // rateLabel gives some jobs a bucket (by a hash of their id of its own,
@@ -117,8 +132,7 @@ func (s *sim) takeTokens(n *simNode, a *simActor, e TakeTokens) any {
 	}
 	if len(q) == 0 && s.rate.tokens >= e.Units && s.rng.IntN(2) == 0 {
 		s.rate.tokens -= e.Units
-		s.rate.granted[a.j.ID]++
-		s.rate.since[a.j.ID]++
+		s.rate.grant(a.j.ID, e.Epoch)
 		return &Tokens{Epoch: e.Epoch, Granted: true, Bucket: e.Bucket, Units: e.Units}
 	}
 	s.rate.queues[n] = append(q, &simRateWaiter{a: a, job: a.j.ID, epoch: e.Epoch, units: e.Units})
@@ -143,7 +157,12 @@ func (s *sim) leaveTokens(n *simNode, a *simActor, e LeaveTokens) {
 	}
 	if e.Return > 0 {
 		s.rate.tokens = min(s.rate.tokens+e.Return, simRateBurst)
-		s.rate.since[a.j.ID] = max(s.rate.since[a.j.ID]-e.Return, 0)
+		// Only a grant made since the latest attempt's dispatch counts
+		// against the next attempt when given back.
+		if by := s.rate.sinceBy[a.j.ID]; by[e.Epoch] > 0 {
+			by[e.Epoch]--
+			s.rate.since[a.j.ID] = max(s.rate.since[a.j.ID]-e.Return, 0)
+		}
 	}
 }
 
@@ -203,8 +222,7 @@ func (s *sim) rateRound(n *simNode) {
 			w := q[0]
 			q = q[1:]
 			s.rate.tokens -= w.units
-			s.rate.granted[w.job]++
-			s.rate.since[w.job]++
+			s.rate.grant(w.job, w.epoch)
 			s.rateTell(n, w, &Tokens{Epoch: w.epoch, Granted: true, Bucket: "b", Units: w.units})
 		}
 		for _, w := range q {
@@ -240,6 +258,7 @@ func (s *sim) checkRateDispatch(a *simActor) {
 		s.rate.retried++
 	}
 	s.rate.attempt[a.j.ID], s.rate.since[a.j.ID] = n, 0
+	delete(s.rate.sinceBy, a.j.ID)
 }
 
 // checkRateQueues: after the calm, no waiter is left in a queue.
