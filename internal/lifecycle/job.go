@@ -829,6 +829,13 @@ func (j *Job) finishIn(gone Residency) {
 // what this one held goes back to JetStream at once. The lock stays: the
 // new instance, on the same node, re-takes it with a new fence.
 func (j *Job) onRestarting() {
+	if j.wokenLost {
+		// A wait left alone, woken as lost after Redis lost its data: no
+		// event is owed to it, and the sweep that woke it has dropped it
+		// from the node's index, so the fresh actor gets the wake again
+		// or the job never ends (simulator seed 9103562).
+		j.emit(Redeliver{Msgs: []any{&Wake{Lost: true}}})
+	}
 	j.disarm()
 	j.stopWaitingPolicy()
 	j.withdraw()

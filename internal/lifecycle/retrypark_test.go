@@ -272,6 +272,41 @@ func TestLostRecordWakeOfAWaitLeftAloneEndsStateLost(t *testing.T) {
 	}
 }
 
+// A lost wait's wake is owed to no one else (the sweep that sent it has
+// dropped the wait from its node's index): an actor restarted by
+// supervision before the job ends hands it back for its fresh instance
+// (simulator seed 9103562: the restart lost it and the job never ended); a
+// plain wake's actor hands nothing back.
+func TestLostRecordWakeIsHandedOnAcrossAnActorRestart(t *testing.T) {
+	for _, lost := range []bool{true, false} {
+		d := newDriver(t)
+		d.lost = true
+		d.feed(&Wake{Lost: lost})
+		fx := d.feed(&Restarting{})
+		r, ok := find[Redeliver](fx)
+		if !lost {
+			if ok {
+				t.Fatalf("a plain wake's restart handed back %v", r.Msgs)
+			}
+			continue
+		}
+		if !ok || len(r.Msgs) != 1 {
+			t.Fatalf("the restart handed back no lost wake: %v", fx)
+		}
+		if w, ok := r.Msgs[0].(*Wake); !ok || !w.Lost {
+			t.Fatalf("handed back %#v, want a lost wake", r.Msgs[0])
+		}
+		// The fresh instance, woken with it, ends the job state_lost.
+		f := newDriver(t)
+		f.lost = true
+		f.feed(r.Msgs[0])
+		fx = f.feed(&WriteDone{Epoch: f.step, Res: WriteResult{Status: ActivateNotFound}})
+		if w, ok := find[*Write](fx); !ok || w.Op.Kind != OpDLQ || w.Op.DLQ.Reason != jobstate.ReasonStateLost {
+			t.Fatalf("the fresh instance did not dead-letter the job state_lost: %v", fx)
+		}
+	}
+}
+
 // A lost wait's wake that reaches the actor while its activation (for
 // another event) is outstanding is deferred, and still counts when the
 // activation finds no record (simulator seed 2891: it was dropped).

@@ -79,6 +79,12 @@ var simRegressions = []struct {
 	// grant of attempt 2 and called its dispatch ungranted. Give-backs now
 	// count only against grants made since the latest dispatch, by epoch.
 	{"GiveBackOfAGrantBeforeTheLastDispatchKeepsTheNextAttemptsGrant", 9100808, ""},
+	// A rate-parked wait woken lost after a loss: its actor was restarted
+	// by supervision while it read the record, and the fresh instance,
+	// woken only by the parked grant, took the missing record for a job
+	// that no longer exists — no DLQ entry, no tell (the lead's soak, on
+	// main too). A restart now hands the lost wake on.
+	{"LostWakeIsHandedOnAcrossAnActorRestart", 9103562, ""},
 }
 
 func TestSimRegressions(t *testing.T) {

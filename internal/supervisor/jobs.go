@@ -185,10 +185,18 @@ func wakesParked(msg interface{}, dispatched bool) bool {
 // spawnsAlways reports whether msg, handed back by a job's actor, spawns
 // the job's next actor even when the shard does not remember the job
 // parked: the rate limiter's answer to a parked ask (the grant's units are
-// the job's; its actor uses them or gives them back).
+// the job's; its actor uses them or gives them back), and a lost wait's
+// wake.
 func spawnsAlways(msg interface{}) bool {
-	_, ok := msg.(*jobactor.Tokens)
-	return ok
+	switch m := msg.(type) {
+	case *jobactor.Tokens:
+		return true
+	case *jobactor.Wake:
+		// A lost wait's wake handed on (an actor restarted before the job
+		// ended): nothing else will ever wake the job.
+		return m.Lost
+	}
+	return false
 }
 
 // abandon handles a job actor that supervision stopped (a failure that is
