@@ -102,6 +102,24 @@ func endsStateLostOnce(t *testing.T, f *fixture, id string, told <-chan *capv1.J
 	}
 }
 
+// lossWakesNothing flushes the node's Redis, waits for its sweep, and
+// checks it woke no wait and the client (told) heard nothing (what: the
+// failure's words).
+func lossWakesNothing(t *testing.T, f *fixture, told <-chan *capv1.JobResult, what string) {
+	t.Helper()
+	flushAndWaitLoss(t, f, f.node)
+	waitCounter(t, f.node, "troupe_lost_wait_sweeps_total", "", 1)
+	if n := counter(t, f.node, "troupe_lost_waits_woken_total", ""); n != 0 {
+		t.Fatalf("%v lost waits woken, want 0", n)
+	}
+	_ = f.env.NATS.Flush()
+	select {
+	case r := <-told:
+		t.Fatalf("%s: %v %q", what, r.Status, r.ErrorCode)
+	default:
+	}
+}
+
 // dlqEntriesFor counts the DLQ entries of job id (among the newest 100).
 func dlqEntriesFor(t *testing.T, f *fixture, id string) int {
 	t.Helper()
@@ -220,17 +238,7 @@ func TestRetryPolicyParkedWaitThatEndedIsNotWokenByALaterLoss(t *testing.T) {
 		t.Fatal("the client never heard the job's success")
 	}
 
-	flushAndWaitLoss(t, f, f.node)
-	waitCounter(t, f.node, "troupe_lost_wait_sweeps_total", "", 1)
-	if n := counter(t, f.node, "troupe_lost_waits_woken_total", ""); n != 0 {
-		t.Fatalf("%v lost waits woken, want 0", n)
-	}
-	_ = f.env.NATS.Flush()
-	select {
-	case r := <-told:
-		t.Fatalf("told again after the loss: %v %q", r.Status, r.ErrorCode)
-	default:
-	}
+	lossWakesNothing(t, f, told, "told again after the loss")
 }
 
 // A job parked for its rate limit's tokens (its lock held through the node
@@ -371,17 +379,7 @@ func TestScheduleDelayedJobCancelledOrSubmittedIsNotWokenByALaterLoss(t *testing
 	f.waitState(ran, jobstate.StateSucceeded)
 	waitAloneTotal(t, 0, f.node)
 
-	flushAndWaitLoss(t, f, f.node)
-	waitCounter(t, f.node, "troupe_lost_wait_sweeps_total", "", 1)
-	if n := counter(t, f.node, "troupe_lost_waits_woken_total", ""); n != 0 {
-		t.Fatalf("%v waits woken after the loss, want 0", n)
-	}
-	_ = f.env.NATS.Flush()
-	select {
-	case r := <-told:
-		t.Fatalf("the cancelled delayed job's client was told %v %q", r.Status, r.ErrorCode)
-	default:
-	}
+	lossWakesNothing(t, f, told, "the cancelled delayed job's client was told")
 	for _, id := range []string{cancelled, ran} {
 		if n := dlqEntriesFor(t, f, id); n != 0 {
 			t.Fatalf("%d DLQ entries for %s, want 0", n, id)

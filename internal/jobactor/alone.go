@@ -65,6 +65,11 @@ func (w *AloneWaits) Add(id string, kind lifecycle.WaitKind, due time.Time) {
 	if kind == lifecycle.WaitRetry && !due.IsZero() {
 		v = due.UnixMilli()
 	}
+	w.put(id, v)
+}
+
+// put sets id's entry to v.
+func (w *AloneWaits) put(id string, v int64) {
 	s := w.stripe(id)
 	s.mu.Lock()
 	if _, ok := s.m[id]; !ok {
@@ -78,15 +83,7 @@ func (w *AloneWaits) Add(id string, kind lifecycle.WaitKind, due time.Time) {
 // delayed set. id is copied: the caller's string may share its memory with
 // a whole decoded message.
 func (w *AloneWaits) AddDelayed(id string, due time.Time) {
-	id = strings.Clone(id)
-	v := -(delayedBase + max(due.UnixMilli(), 0))
-	s := w.stripe(id)
-	s.mu.Lock()
-	if _, ok := s.m[id]; !ok {
-		w.n.Add(1)
-	}
-	s.m[id] = v
-	s.mu.Unlock()
+	w.put(strings.Clone(id), -(delayedBase + max(due.UnixMilli(), 0)))
 }
 
 // dueMS is the due time an entry's value carries (a retry's or a delayed
