@@ -49,6 +49,23 @@ func oneShardIDs(t *testing.T, prefix string, n int) []string {
 	return ids
 }
 
+// multiCallWriter is a store with its scripts loaded and a writer over it,
+// on a server whose Lua keeps one job's failure to it (the test is skipped
+// on the embedded store, which mis-runs a multi-job call after one job
+// failed and so gets none: TestMultiCallsAreNotMadeWhereOneJobsFailureSpreads).
+func multiCallWriter(t *testing.T) (*testenv.Env, *Store, *Writer) {
+	t.Helper()
+	env := testenv.New(t)
+	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
+	if err := s.LoadScripts(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s.single {
+		t.Skip("the server's Lua does not keep one job's failure to it: no multi-job calls")
+	}
+	return env, s, &Writer{s: s, timeout: WriterTimeoutDefault}
+}
+
 // TestMultiCallResultsArePerJob sends jobs' activations, then their
 // transitions, in one flush each, which the writer groups into one call of
 // the multi-job script, and checks that every job gets its own outcome: a
@@ -56,18 +73,8 @@ func oneShardIDs(t *testing.T, prefix string, n int) []string {
 // the wrong type) each change that job's result only; the others apply.
 func TestMultiCallResultsArePerJob(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
+	env, s, w := multiCallWriter(t)
 	ctx := context.Background()
-	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
-	if err := s.LoadScripts(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s.single {
-		// The embedded store mis-runs a multi-job call after one job failed:
-		// it gets no multi-job calls (TestMultiCallsAreNotMadeWhereOneJobsFailureSpreads).
-		t.Skip("the server's Lua does not keep one job's failure to it: no multi-job calls")
-	}
-	w := &Writer{s: s, timeout: WriterTimeoutDefault}
 	const n = 6
 	ids := oneShardIDs(t, "multi-", n)
 	var acts []*Op
@@ -295,16 +302,8 @@ func TestMultiCallsAreNotMadeWhereOneJobsFailureSpreads(t *testing.T) {
 // reads the next one's error.
 func TestRefilledOpsReadEachCallsOwnReply(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
+	env, s, w := multiCallWriter(t)
 	ctx := context.Background()
-	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
-	if err := s.LoadScripts(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s.single {
-		t.Skip("the server's Lua does not keep one job's failure to it: no multi-job calls")
-	}
-	w := &Writer{s: s, timeout: WriterTimeoutDefault}
 	const n = 4
 	ids := oneShardIDs(t, "refill-", n)
 	ops := make([]*Op, n)
