@@ -30,6 +30,12 @@
 local hopField = {'h1', 'h2', 'h3', 'h4', 'h5', 'h6', 'h7', 'h8', 'h9', 'h10', 'h11', 'h12'}
 local hopCount = {'1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12'}
 
+-- hopNumber is the other way round: the number of a count's string (a
+-- record's "hn", a caller's hop count), looked up where a tonumber would
+-- run strtod. Past its end the caller parses.
+local hopNumber = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
+  ['8'] = 8, ['9'] = 9, ['10'] = 10, ['11'] = 11, ['12'] = 12}
+
 local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops, a, b)
   local first = hn == 0
   local delta = '0'
