@@ -102,7 +102,7 @@ local lock_after = ARGV[7]
 local due_ms = ARGV[8]
 local parked_owner = ARGV[9]
 local lease_at_ms = ARGV[10]
-local n = hopNumber[ARGV[11]] or tonumber(ARGV[11])
+local n = hopNumber(ARGV[11])
 local first_hop = 12
 local lease = '|' .. job_id
 

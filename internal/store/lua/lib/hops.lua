@@ -31,10 +31,15 @@ local hopField = {'h1', 'h2', 'h3', 'h4', 'h5', 'h6', 'h7', 'h8', 'h9', 'h10', '
 local hopCount = {'1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12'}
 
 -- hopNumber is the other way round: the number of a count's string (a
--- record's "hn", a caller's hop count), looked up where a tonumber would
--- run strtod. Past its end the caller parses.
-local hopNumber = {['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
-  ['8'] = 8, ['9'] = 9, ['10'] = 10, ['11'] = 11, ['12'] = 12}
+-- record's "hn", a caller's hop count), matched for the usual counts where
+-- tonumber would run strtod (~110 ns in Redis's Lua; the match ~30-60 ns,
+-- and no table to build on every call, which would cost more than it
+-- saves in a call of one job).
+local function hopNumber(s)
+  if s == '1' then return 1 elseif s == '2' then return 2 elseif s == '3' then return 3
+  elseif s == '4' then return 4 elseif s == '5' then return 5 elseif s == '0' then return 0 end
+  return tonumber(s)
+end
 
 local formatNumber = string.format
 
