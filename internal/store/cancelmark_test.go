@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +110,67 @@ func TestCancelMarkCreatesTheJobCancelled(t *testing.T) {
 func TestCancelMarkOutlivesAHeldSubmit(t *testing.T) {
 	if store.CancelMarkTTL < bus.StreamMaxAge {
 		t.Fatalf("CancelMarkTTL %v is shorter than the submit stream's max age %v", store.CancelMarkTTL, bus.StreamMaxAge)
+	}
+}
+
+// TestCancelMarkCreateWritesTopicTenantTrace: a create sends topic, tenant
+// and trace once, packed in its "pd" field; the create that a mark
+// cancels reads them back from there and writes them as plain fields, as
+// before, whatever they hold (colons and digits, a long topic, empty
+// values), and matches the mark by that tenant — for creates flushed on
+// their own and several in one call.
+func TestCancelMarkCreateWritesTopicTenantTrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cases := []struct{ id, topic, tenant, trace string }{
+		{"cmt-1", "job.x", "t:1:x", "tr:2:"},
+		{"cmt-2", "job." + strings.Repeat("long:", 20), "12:ab", ""},
+		{"cmt-3", "", "", "0"},
+		{"cmt-4", ":", "::", "tenant:3:abc"},
+	}
+	for _, c := range cases {
+		if err := b.s.MarkCancel(ctx, c.id, []string{c.tenant}, "alice", "why"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	op := func(c struct{ id, topic, tenant, trace string }) *store.Op {
+		return &store.Op{Kind: store.OpActivate, JobID: c.id, Node: "n", Create: true, Topic: c.topic,
+			Tenant: c.tenant, TraceID: c.trace, Request: []byte("req"),
+			T: &store.Transition{Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed}},
+				Fields: []string{"worker", "w1", "policy_decision", "allow", "policy_reason", "topic:5:other"}}}
+	}
+	// The first alone, the others submitted together.
+	if r := b.do(t, op(cases[0])); r.Status != store.ActivateCancelled {
+		t.Fatalf("%s: %+v", cases[0].id, r)
+	}
+	done := make(chan *store.Result, len(cases))
+	for _, c := range cases[1:] {
+		o := op(c)
+		o.Done = func(r *store.Result) { done <- r }
+		b.w.Submit(o)
+	}
+	for range cases[1:] {
+		select {
+		case r := <-done:
+			if r.Err != nil || r.Status != store.ActivateCancelled {
+				t.Fatalf("create: %+v", r)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("create timed out")
+		}
+	}
+	for _, c := range cases {
+		raw, err := b.s.Client().HGetAll(ctx, b.s.Keys().Job(c.id)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if raw["s"] != string(jobstate.StateCancelled) || raw["topic"] != c.topic || raw["tenant"] != c.tenant ||
+			raw["trace"] != c.trace {
+			t.Errorf("%s: record %q", c.id, raw)
+		}
+		if _, ok := raw["pd"]; ok {
+			t.Errorf("%s: a job created cancelled has a packed field: %q", c.id, raw)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -250,6 +251,49 @@ func TestHistoryPastTheScriptsNamedHopsIsKept(t *testing.T) {
 		}
 		if e.To != want || e.Node != "a" {
 			t.Errorf("entry %d: %+v, want to %s by a", i+3, e, want)
+		}
+	}
+}
+
+// A hop's offset from the record's created time is written as the script
+// language's own tostring writes the difference, whatever "created" holds
+// (lib/hops.lua formats a whole number of fewer than 15 digits as an
+// integer, which is the same text): negative, a fraction, too large for
+// that, or no number at all. Records written by a node of the version
+// before read the same.
+func TestHistoryHopOffsetIsTostringsText(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	rdb, keys := b.s.Client(), b.s.Keys()
+	created := []string{strconv.FormatInt(time.Now().Add(time.Minute).UnixMilli(), 10), "1000", "-99999999999999",
+		"1000.5", "abc", strconv.FormatInt(time.Now().UnixMilli()-1, 10)}
+	for i, c := range created {
+		id := "off-" + strconv.Itoa(i)
+		if r := b.do(t, &store.Op{Kind: store.OpActivate, JobID: id, Node: "a", Create: true, Topic: "job.x",
+			Tenant: "t", Request: []byte("req"), T: &store.Transition{Path: []store.Hop{
+				{To: jobstate.StateScheduled, Reason: "allowed"}}}}); r.Status != store.ActivateCreated {
+			t.Fatalf("create: %+v", r)
+		}
+		if err := rdb.HSet(ctx, keys.Job(id), "created", c).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if sr := b.do(t, &store.Op{Kind: store.OpTransition, JobID: id, Node: "a", LockValue: jobstate.LockValue("a", 1),
+			T: &store.Transition{Expect: jobstate.Expect(jobstate.StateScheduled),
+				Path: []store.Hop{{To: jobstate.StateDispatched, Reason: "dispatched"}}}}); !sr.OK() {
+			t.Fatalf("transition: %+v", sr)
+		}
+		raw, err := rdb.HMGet(ctx, keys.Job(id), "h3", "updated").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := rdb.Eval(ctx, "return tostring(tonumber(ARGV[1]) - (tonumber(ARGV[2]) or 0))", nil,
+			raw[1], c).Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h3, _ := raw[0].(string); h3 != want+"|DISPATCHED|dispatched|" {
+			t.Errorf("created %q, updated %v: hop %q, want offset %q", c, raw[1], h3, want)
 		}
 	}
 }

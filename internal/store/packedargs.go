@@ -109,13 +109,9 @@ func (c *activateCall) packArgs(p *packedArgs) {
 		p.str("0")
 	}
 	p.str(c.jobID)
-	p.str(c.topic)
-	p.str(c.tenant)
-	p.str(c.traceID)
 	p.bytes(c.request)
-	p.int(c.rescueAtMs)
 	p.str(c.lockAfter)
-	p.int(c.dueMs)
+	p.int(c.dueAt())
 	p.str(c.parkedOwner)
 	p.int(c.nowMs + 2*c.lockTTLMs)
 	var create *activateCall

@@ -125,10 +125,10 @@ func TestHappyPathRedisCPU(t *testing.T) {
 	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	cpu0 := redisCPU(t, rdb)
+	cpu0, in0 := redisCPU(t, rdb), netInput(t, rdb)
 	start := time.Now()
 	run("job-", jobs)
-	cpu := redisCPU(t, rdb) - cpu0
+	cpu, in := redisCPU(t, rdb)-cpu0, netInput(t, rdb)-in0
 	enc := "?"
 	if keys, err := rdb.Keys(ctx, "cpu:*:job:job-1").Result(); err == nil && len(keys) == 1 {
 		enc = rdb.ObjectEncoding(ctx, keys[0]).Val()
@@ -150,6 +150,24 @@ func TestHappyPathRedisCPU(t *testing.T) {
 		}
 		total += n
 	}
-	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %d jobs in %s, records %s, used_memory %s",
-		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), jobs, time.Since(start).Round(time.Millisecond), enc, mem)
+	t.Logf("redis CPU %.1f µs per job (%.4f CPU-s per 1,000), %.2f server commands per job, %.0f request bytes per job, %d jobs in %s, records %s, used_memory %s",
+		cpu/float64(jobs)*1e6, cpu/float64(jobs)*1e3, float64(total)/float64(jobs), float64(in)/float64(jobs), jobs,
+		time.Since(start).Round(time.Millisecond), enc, mem)
+}
+
+// netInput is the bytes a redis-server has read from its clients
+// (total_net_input_bytes).
+func netInput(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_net_input_bytes:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }

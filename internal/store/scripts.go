@@ -51,9 +51,10 @@ type activateCall struct {
 	parkedOwner string
 	plan        planArgs
 	// leaseAtMs is the lease's score once the lock is taken, nowMs + 2 ×
-	// lockTTLMs (appendArgs sets it: an argument goes to go-redis as a
+	// lockTTLMs, and dueAtMs the due time sent, dueMs with 0 made
+	// rescueAtMs (appendArgs sets them: an argument goes to go-redis as a
 	// pointer).
-	leaseAtMs int64
+	leaseAtMs, dueAtMs int64
 }
 
 func (activateCall) script() *redis.Script { return activateScript }
@@ -61,20 +62,22 @@ func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)
 func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *activateCall) keyCount() int { return 9 + c.plan.writeCount() }
-func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 14 + c.plan.argCount() }
+func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 10 + c.plan.argCount() }
 func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
 	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey,
 		&c.markKey, &c.cancelledKey)
 	return c.plan.appendKeys(dst)
 }
 func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
-	c.leaseAtMs = c.nowMs + 2*c.lockTTLMs
+	c.leaseAtMs, c.dueAtMs = c.nowMs+2*c.lockTTLMs, c.dueAt()
 	create := "0"
 	if c.create {
 		create = "1"
 	}
-	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, &c.topic, &c.tenant, &c.traceID, c.request,
-		&c.rescueAtMs, &c.lockAfter, &c.dueMs, &c.parkedOwner, &c.leaseAtMs)
+	// Topic, tenant and trace go only in the packed field (activate.lua's
+	// create cancelled by a mark reads them there).
+	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, c.request,
+		&c.lockAfter, &c.dueAtMs, &c.parkedOwner, &c.leaseAtMs)
 	plan := c.plan
 	if c.create {
 		var fields []string
@@ -84,6 +87,15 @@ func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
 		plan.packed = packCreate(c.topic, c.tenant, c.traceID, fields)
 	}
 	return plan.appendArgs(dst)
+}
+
+// dueAt is the due time activate.lua is sent: dueMs, or rescueAtMs where
+// dueMs is 0 (the plan has no due time of its own).
+func (c *activateCall) dueAt() int64 {
+	if c.dueMs == 0 {
+		return c.rescueAtMs
+	}
+	return c.dueMs
 }
 
 // activateParkedBy is the status activateScript answers, changing nothing,

@@ -50,25 +50,23 @@
 -- ARGV[3]  lock_ttl_ms
 -- ARGV[4]  create            1 to create a missing job, else 0
 -- ARGV[5]  job_id
--- ARGV[6]  topic
--- ARGV[7]  tenant
--- ARGV[8]  trace_id
--- ARGV[9]  request           the job request's bytes
--- ARGV[10] rescue_at_ms
--- ARGV[11] lock_after        keep, release or terminal (after the plan)
--- ARGV[12] due_ms            0: rescue_at, -1: none, > 0: this time
--- ARGV[13] parked_owner      the node KEYS[6] and KEYS[7] belong to
--- ARGV[14] lease_at_ms       now_ms + 2 × lock_ttl_ms: the lease's score
+-- ARGV[6]  request           the job request's bytes
+-- ARGV[7]  lock_after        keep, release or terminal (after the plan)
+-- ARGV[8]  due_ms            -1: none, > 0: this time (the caller puts
+--                            the rescue time here for a plan with no
+--                            due time of its own)
+-- ARGV[9]  parked_owner      the node KEYS[6] and KEYS[7] belong to
+-- ARGV[10] lease_at_ms       now_ms + 2 × lock_ttl_ms: the lease's score
 --                            when the lock is taken (the caller adds, so
 --                            that no number is parsed and formatted here)
--- ARGV[15] n                 the number of the plan's hops
--- ARGV[16 ..]                n × (to, reason), then the shard writes'
+-- ARGV[11] n                 the number of the plan's hops
+-- ARGV[12 ..]                n × (to, reason), then the shard writes'
 --                            arguments (see shardWrites), then record
 --                            fields to set: field, value, ... (for a
 --                            create, topic, tenant and trace among them,
---                            packed in field "pd" by the caller; ARGV[6]
---                            to ARGV[8] serve the create cancelled by a
---                            mark, below)
+--                            packed in field "pd" by the caller, first
+--                            and in that order: the create cancelled by
+--                            a mark, below, reads them from there)
 --
 -- A job created while a cancel mark for its tenant (or '*') exists is
 -- created CANCELLED instead of with the plan (history PENDING submitted →
@@ -99,17 +97,13 @@ local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
 local create = ARGV[4]
 local job_id = ARGV[5]
-local topic = ARGV[6]
-local tenant = ARGV[7]
-local trace_id = ARGV[8]
-local request = ARGV[9]
-local rescue_at_ms = ARGV[10]
-local lock_after = ARGV[11]
-local due_ms = ARGV[12]
-local parked_owner = ARGV[13]
-local lease_at_ms = ARGV[14]
-local n = tonumber(ARGV[15])
-local first_hop = 16
+local request = ARGV[6]
+local lock_after = ARGV[7]
+local due_ms = ARGV[8]
+local parked_owner = ARGV[9]
+local lease_at_ms = ARGV[10]
+local n = hopNumber(ARGV[11])
+local first_hop = 12
 local lease = '|' .. job_id
 
 -- A submit's activation (create) usually finds nothing at all: no record,
@@ -158,6 +152,26 @@ if not st then
     return {'NOTFOUND', '', '0', ''}
   end
   if not fresh and redis.call('EXISTS', mark_key) == 1 then
+    -- The record fields follow the hops and the shard writes' arguments;
+    -- topic, tenant and trace are the first three values packed in field
+    -- pd ("<name>:<len>:<value>" each, store.packCreate), sent once.
+    local a = first_hop + 2 * n
+    a = a + 1 + 4 * tonumber(ARGV[a])
+    a = a + 1 + 3 * tonumber(ARGV[a])
+    local pd = ''
+    for i = a, #ARGV - 1, 2 do
+      if ARGV[i] == 'pd' then pd = ARGV[i + 1] end
+    end
+    local packed, at = {'', '', ''}, 1
+    for j = 1, 3 do
+      local c1 = string.find(pd, ':', at, true)
+      local c2 = c1 and string.find(pd, ':', c1 + 1, true)
+      if not c2 then break end
+      local len = tonumber(string.sub(pd, c1 + 1, c2 - 1))
+      packed[j] = string.sub(pd, c2 + 1, c2 + len)
+      at = c2 + len + 1
+    end
+    local topic, tenant, trace_id = packed[1], packed[2], packed[3]
     local mark = redis.call('HGET', mark_key, tenant) or redis.call('HGET', mark_key, '*')
     redis.call('DEL', mark_key)
     if mark then
@@ -168,9 +182,6 @@ if not st then
       -- made on every run, cost a few allocations a job.)
       local by, why = string.match(mark, '^([^\n]*)\n(.*)$')
       by, why = by or '', why or ''
-      local a = first_hop + 2 * n
-      a = a + 1 + 4 * tonumber(ARGV[a])
-      a = a + 1 + 3 * tonumber(ARGV[a])
       local f = {'s', 'CANCELLED', 'fence', 1, 'topic', topic, 'tenant', tenant, 'trace', trace_id, 'req', request,
         'created', now_ms, 'node', node, 'reason', 'cancel_requested', 'cancel_reason', why, 'cancelled_by', by}
       for i = a, #ARGV - 1, 2 do
@@ -214,7 +225,6 @@ if not st then
   local due = nil
   if lock_after ~= 'terminal' and due_ms ~= '-1' then
     due = due_ms
-    if due == '0' then due = rescue_at_ms end
   end
   if lock_after == 'keep' then
     redis.call('SET', lock_key, node .. '|1', 'PX', lock_ttl_ms)

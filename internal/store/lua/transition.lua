@@ -50,7 +50,7 @@ local now_ms = ARGV[4]
 local job_id = ARGV[5]
 local lock_after = ARGV[6]
 local due_ms = ARGV[7]
-local n = tonumber(ARGV[8])
+local n = hopNumber(ARGV[8])
 local first_hop = 9
 
 local cur = redis.call('GET', lock_key)
@@ -86,7 +86,7 @@ local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
 local f = {'s', prev, 'updated', now_ms, 'reason', reason,
   false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
   false, false, false, false, false, false}
-local k = recordFields(f, hopFields(f, 6, tonumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, nil,
+local k = recordFields(f, hopFields(f, 6, hopNumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, nil,
   first_hop, first_hop + 2 * n - 1), first_field)
 redis.call('HSET', job_key, unpack(f, 1, k))
 if st ~= prev then
