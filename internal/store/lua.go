@@ -247,7 +247,9 @@ var multiArgLists = argFreeList{minCap: 1024, maxCap: 8192, kept: 32}
 // has done with (replies decoded, errors read): only EVALSHA lists.
 func recycleArgs(cmds []redis.Cmder) {
 	for _, c := range cmds {
-		if a := c.Args(); len(a) > 0 && a[0] == "evalsha" {
+		// A multi-job call's reply commands share multiReplyArgs (go-redis
+		// keeps a variadic slice as given): never the pool's to clear.
+		if a := c.Args(); len(a) > 0 && a[0] == "evalsha" && &a[0] != &multiReplyArgs[0] {
 			argLists.put(a)
 		}
 	}
