@@ -2,6 +2,7 @@ package troupe
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -99,11 +100,7 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 	for len(waits) > 0 {
 		batch := waits[:min(aloneBatch, len(waits))]
 		waits = waits[len(batch):]
-		states, err := n.recordStates(ctx, batch)
-		var held, cancelled []bool
-		if err == nil {
-			held, cancelled, err = n.delayedStatus(ctx, batch)
-		}
+		states, err := n.waitStates(ctx, batch)
 		if err != nil {
 			n.log.Warn("waits left alone: cannot read their records after Redis lost its data; left for the next loss seen",
 				"err", err, "waits", len(batch)+len(waits))
@@ -113,7 +110,7 @@ func (n *Node) sweepAlone(ctx context.Context, intact time.Time) {
 		for i, w := range batch {
 			// A delayed submit has no record until it is due: it is lost
 			// when its delayed entry is gone too (and it was not cancelled).
-			if states[i] == "" && !held[i] && !cancelled[i] {
+			if st := states[i]; st.record == "" && !st.held && !st.cancelled {
 				gone = append(gone, w)
 			}
 		}
@@ -150,27 +147,23 @@ func (n *Node) verifyAlone(ctx context.Context, cursor int) int {
 	if len(waits) == 0 {
 		return next
 	}
-	states, err := n.recordStates(ctx, waits)
-	var held, cancelled []bool
-	if err == nil {
-		held, cancelled, err = n.delayedStatus(ctx, waits)
-	}
+	states, err := n.waitStates(ctx, waits)
 	if err != nil {
 		return cursor
 	}
 	var moved []jobactor.AloneWait
 	for i, w := range waits {
-		s := states[i]
+		st := states[i]
 		if w.Kind == lifecycle.WaitDelayed {
 			// Out of the delayed set and submitted (a record) or
 			// cancelled: moved on. Out of it with neither: lost, or
 			// between its submit and its record; kept.
-			if !held[i] && (s != "" || cancelled[i]) {
+			if !st.held && (st.record != "" || st.cancelled) {
 				moved = append(moved, w)
 			}
 			continue
 		}
-		if s != "" && !w.StillWaiting(s) {
+		if s := st.record; s != "" && !w.StillWaiting(s) {
 			moved = append(moved, w)
 		}
 	}
@@ -178,37 +171,6 @@ func (n *Node) verifyAlone(ctx context.Context, cursor int) int {
 	return next
 }
 
-// delayedStatus reads, for the delayed submits among waits (one
-// pipeline), whether each is still held in the delayed set and whether it
-// was cancelled there; the other waits read as neither, so that only their
-// record speaks for them.
-func (n *Node) delayedStatus(ctx context.Context, waits []jobactor.AloneWait) (held, cancelled []bool, err error) {
-	held, cancelled = make([]bool, len(waits)), make([]bool, len(waits))
-	var ids []string
-	var at []int
-	for i, w := range waits {
-		if w.Kind != lifecycle.WaitDelayed {
-			continue
-		}
-		ids, at = append(ids, w.JobID), append(at, i)
-	}
-	if len(ids) == 0 || n.ticker == nil {
-		return held, cancelled, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	h, c, err := n.ticker.Store().DelayedStatus(ctx, ids)
-	if err != nil {
-		return nil, nil, err
-	}
-	for j, i := range at {
-		held[i], cancelled[i] = h[j], c[j]
-	}
-	return held, cancelled, nil
-}
-
-// recordStates reads "state reason" of each wait's record ("" where the
-// record is gone), one pipeline.
 // lostWakeClaim is how long a lost wait's wake claim is kept: longer than
 // any sweep of the loss that made it.
 const lostWakeClaim = 24 * time.Hour
@@ -242,25 +204,45 @@ func (n *Node) claimLostWakes(ctx context.Context, gone []jobactor.AloneWait) ([
 	return mine, nil
 }
 
-func (n *Node) recordStates(ctx context.Context, waits []jobactor.AloneWait) ([]string, error) {
+// waitState is what Redis holds of a wait left alone: its record's "state
+// reason" ("" where the record is gone) and, for a delayed submit, whether
+// it is still in the delayed set and whether it was cancelled there (both
+// false for the other waits: only their record speaks for them).
+type waitState struct {
+	record          string
+	held, cancelled bool
+}
+
+// waitStates reads what Redis holds of each of waits, in one pipeline.
+func (n *Node) waitStates(ctx context.Context, waits []jobactor.AloneWait) ([]waitState, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pipe := n.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(waits))
+	delayed := make([]func() (bool, bool), len(waits))
 	keys := n.store.Keys()
 	for i, w := range waits {
 		cmds[i] = pipe.HMGet(ctx, keys.Job(w.JobID), "s", "reason")
+		if w.Kind == lifecycle.WaitDelayed && n.ticker != nil {
+			delayed[i] = n.ticker.Store().QueueDelayedStatus(ctx, pipe, w.JobID)
+		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return nil, err
+	done, _ := pipe.Exec(ctx)
+	for _, c := range done {
+		// A cancellation's ZSCORE answers Nil for a job never cancelled.
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
 	}
-	out := make([]string, len(waits))
+	out := make([]waitState, len(waits))
 	for i, c := range cmds {
-		v := c.Val()
-		if len(v) == 2 && v[0] != nil {
+		if v := c.Val(); len(v) == 2 && v[0] != nil {
 			s, _ := v[0].(string)
 			r, _ := v[1].(string)
-			out[i] = s + " " + r
+			out[i].record = s + " " + r
+		}
+		if delayed[i] != nil {
+			out[i].held, out[i].cancelled = delayed[i]()
 		}
 	}
 	return out, nil

@@ -192,26 +192,14 @@ func (st *Store) GetDelayed(ctx context.Context, id string) (*Delayed, error) {
 	return d, nil
 }
 
-// DelayedStatus says, for each of ids (one pipeline), whether it is held
-// (in the delayed set, taken or not) and whether it was cancelled within
-// CancelledKeep.
-func (st *Store) DelayedStatus(ctx context.Context, ids []string) (held, cancelled []bool, err error) {
-	pipe := st.rdb.Pipeline()
-	h := make([]*redis.BoolCmd, len(ids))
-	c := make([]*redis.FloatCmd, len(ids))
-	for i, id := range ids {
-		h[i] = pipe.HExists(ctx, st.delayJob, id)
-		c[i] = pipe.ZScore(ctx, st.delayGone, id)
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, nil, err
-	}
-	held, cancelled = make([]bool, len(ids)), make([]bool, len(ids))
-	for i := range ids {
-		held[i] = h[i].Val()
-		cancelled[i] = c[i].Err() == nil
-	}
-	return held, cancelled, nil
+// QueueDelayedStatus queues on pipe the reads that say whether delayed
+// job id is held (in the delayed set, taken or not) and whether it was
+// cancelled within CancelledKeep; the returned function answers once pipe
+// has run.
+func (st *Store) QueueDelayedStatus(ctx context.Context, pipe redis.Pipeliner, id string) func() (held, cancelled bool) {
+	h := pipe.HExists(ctx, st.delayJob, id)
+	c := pipe.ZScore(ctx, st.delayGone, id)
+	return func() (bool, bool) { return h.Val(), c.Err() == nil }
 }
 
 // ErrTaken: the delayed job is due and a replica took it to submit; it
