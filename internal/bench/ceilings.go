@@ -72,6 +72,24 @@ func (r *runner) nodeCeilings() {
 	res.Ceilings.NodesBalancedJobsPerSec = math.Round(float64(len(res.PerNode)) * n / total)
 }
 
+// systemCeiling fills the whole system's CPU per 1,000 jobs and the rate
+// at which it would fill this host's CPUs, where the nodes (child
+// processes), Redis and nats-server were all measured. Redis and nats-server
+// on another host, or a node inside the bench, leave it out.
+func (r *runner) systemCeiling() {
+	res := r.res
+	if r.cfg.nodesShareProcess() || r.cfg.Node == NodeInProcess || !res.Node.Measured ||
+		!res.Redis.ServerMeasured || res.NATS.ServerCPUSecPer1k <= 0 || loopbackPort(r.cfg.RedisURL) == 0 {
+		return
+	}
+	total := res.Node.CPUSecPer1k + res.Redis.ServerCPUSecPer1k + res.NATS.ServerCPUSecPer1k + res.Harness.CPUSecPer1k
+	if total <= 0 {
+		return
+	}
+	res.Ceilings.SystemCPUSecPer1k = math.Round(total*1e4) / 1e4
+	res.Ceilings.MachineJobsPerSec = math.Round(float64(res.Env.Machine.CPUs) * 1000 / total)
+}
+
 // ceilingsText is the report's line for the ceilings ("" when none).
 func ceilingsText(c Ceilings) string {
 	s := ""
@@ -84,6 +102,13 @@ func ceilingsText(c Ceilings) string {
 		}
 		s += fmt.Sprintf("one node per core saturated at %.0f jobs/s (busiest: %s; %.0f if the nodes shared evenly)",
 			c.NodeCoreJobsPerSec, c.BusiestNode, c.NodesBalancedJobsPerSec)
+	}
+	if c.MachineJobsPerSec > 0 {
+		if s != "" {
+			s += "; "
+		}
+		s += fmt.Sprintf("the whole system %.4f CPU-s per 1k jobs (nodes, Redis, nats-server, harness): this host's CPUs all busy at %.0f jobs/s",
+			c.SystemCPUSecPer1k, c.MachineJobsPerSec)
 	}
 	return s
 }

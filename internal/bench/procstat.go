@@ -157,3 +157,77 @@ func gitDescribe() string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// listenerPID returns the pid of the local process listening on the TCP
+// port of rawURL (a NATS or Redis URL; the first of several, comma-separated),
+// or 0 when the host is not this machine's loopback or no process of this
+// user is found. It reads the listening socket's inode from /proc/net/tcp
+// and tcp6, then the process holding it from /proc/<pid>/fd. With several
+// nats-servers on one host (the system's and a private one), the bench
+// reads the one it talks to, not whichever findProcess finds.
+func listenerPID(rawURL string) int {
+	port := loopbackPort(rawURL)
+	if port == 0 {
+		return 0
+	}
+	inode := listeningInode(port)
+	if inode == "" {
+		return 0
+	}
+	want := "socket:[" + inode + "]"
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if l, err := os.Readlink(fd); err == nil && l == want {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(fd))))
+			return pid
+		}
+	}
+	return 0
+}
+
+// loopbackPort is the port of rawURL's first address when its host is a
+// loopback name or address; 0 otherwise.
+func loopbackPort(rawURL string) int {
+	first, _, _ := strings.Cut(rawURL, ",")
+	if _, rest, ok := strings.Cut(first, "://"); ok {
+		first = rest
+	}
+	if _, rest, ok := strings.Cut(first, "@"); ok {
+		first = rest
+	}
+	first, _, _ = strings.Cut(first, "/")
+	host, port, ok := strings.Cut(first, ":")
+	if strings.HasPrefix(first, "[") { // [::1]:4222
+		h, p, ok2 := strings.Cut(strings.TrimPrefix(first, "["), "]:")
+		host, port, ok = h, p, ok2
+	}
+	if !ok || (host != "127.0.0.1" && host != "localhost" && host != "::1") {
+		return 0
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n <= 0 || n > 65535 {
+		return 0
+	}
+	return n
+}
+
+// listeningInode is the inode of a socket listening on port (any local
+// address), from /proc/net/tcp and tcp6; "" when none.
+func listeningInode(port int) string {
+	hexPort := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			fs := strings.Fields(line)
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			if len(fs) < 10 || fs[3] != "0A" || !strings.HasSuffix(fs[1], hexPort) {
+				continue
+			}
+			return fs[9]
+		}
+	}
+	return ""
+}

@@ -228,6 +228,13 @@ type Ceilings struct {
 	// NodesBalancedJobsPerSec = nodes / (all nodes' CPU-s per job): where
 	// the nodes would fill one core each if they shared the work evenly.
 	NodesBalancedJobsPerSec float64 `json:"nodes_balanced_jobs_per_s,omitempty"`
+	// SystemCPUSecPer1k is the whole system's CPU per 1,000 jobs: the
+	// nodes', Redis's (all masters), nats-server's and the harness's, where
+	// all four were read (a child node, Redis INFO, a local nats-server);
+	// MachineJobsPerSec = this host's CPUs / it: the jobs/s at which they
+	// would all be busy, when everything runs on this host.
+	SystemCPUSecPer1k float64 `json:"system_cpu_s_per_1k_jobs,omitempty"`
+	MachineJobsPerSec float64 `json:"machine_jobs_per_s,omitempty"`
 }
 
 // NATSCost counts NATS messages on the client side (the system NATS has no
@@ -239,8 +246,9 @@ type NATSCost struct {
 	BenchInPerJob  float64 `json:"bench_in_per_job"`
 	BenchOutPerJob float64 `json:"bench_out_per_job"`
 	TotalPerJob    float64 `json:"total_per_job"`
-	// ServerCPUSecPer1k is the nats-server process's CPU, when exactly one
-	// runs on this host.
+	// ServerCPUSecPer1k is the CPU of the nats-server the bench talks to:
+	// the local process listening on the URL's port (listenerPID), else the
+	// only nats-server on this host; absent when neither is found.
 	ServerCPUSecPer1k float64 `json:"server_cpu_s_per_1k_jobs,omitempty"`
 }
 

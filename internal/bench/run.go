@@ -7,6 +7,7 @@ import (
 	"github.com/troupe-run/troupe/internal/logx"
 	"log/slog"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -291,7 +292,13 @@ func (r *runner) snapshot(ctx context.Context, natsPID int) snapshot {
 
 func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Result, error) {
 	cfg, res := r.cfg, r.res
-	natsPID := findProcess("nats-server")
+	natsPID := listenerPID(cfg.NATSURL)
+	if natsPID == 0 {
+		natsPID = findProcess("nats-server")
+	}
+	if natsPID == os.Getpid() {
+		natsPID = 0 // an in-process server: its CPU is in the harness's
+	}
 	if s0, has, err := r.tgt.snap(ctx); err == nil && has.CPU {
 		sleepCtx(ctx, idleWindow)
 		if s1, _, err := r.tgt.snap(ctx); err == nil {
@@ -641,6 +648,7 @@ func (r *runner) costs(before, after snapshot) {
 		res.NATS.ServerCPUSecPer1k = per1k(after.natsCPU - before.natsCPU)
 	}
 	res.Harness.CPUSecPer1k = per1k(after.selfCPU - before.selfCPU)
+	r.systemCeiling()
 	if r.cfg.Node == NodeInProcess {
 		res.Notes = append(res.Notes, "in-process node: node CPU and RSS include the harness (workers, submitter, polls)")
 	}
