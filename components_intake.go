@@ -61,6 +61,14 @@ func (n *Node) intakePart() part {
 				Help: "Results taken from the shared result consumer while every node also hears the result subject, by what became of them: owner (the job's record showed the owning node had handled its copy: acked unread), handled (handled here, or forwarded to the owner)."},
 				[]string{"how"})
 			ownResults, _ = metricsx.Register(n.cfg.Metrics, ownResults)
+			_ = n.cfg.Metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "troupe_results_subject_heard",
+				Help: "1 while this node hears the result subject itself (other replicas are known, so each result reaches its job's owner without a forward), 0 while it takes results from the shared result consumer alone (a node alone)."},
+				func() float64 {
+					if in := n.intakeRef.Load(); in != nil && in.Hearing() {
+						return 1
+					}
+					return 0
+				}))
 			n.intake = &intake.Intake{Env: n.env, OwnResults: ownResults, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
 				DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode,
 				SubmitRoom: n.submitRoom}
@@ -68,6 +76,7 @@ func (n *Node) intakePart() part {
 				n.intake.Guard = n.guard
 			}
 			n.intakeRef.Store(n.intake)
+			n.peersTo(n.intake)
 			inputs, err := n.intake.Subscribe(n.nc, n.subj, n.cfg.NodeID)
 			if err != nil {
 				return err
@@ -92,6 +101,28 @@ func (n *Node) intakePart() part {
 			}
 			return nil
 		}}
+}
+
+// peersSeen is the router's report of how many other replicas it knows
+// (router.Config.OnPeers): the intake hears the result subject only while
+// there are some (intake.SetPeers).
+func (n *Node) peersSeen(k int) {
+	n.peersMu.Lock()
+	defer n.peersMu.Unlock()
+	n.peers, n.peersKnown = k, true
+	if in := n.intakeRef.Load(); in != nil {
+		in.SetPeers(k)
+	}
+}
+
+// peersTo hands the router's last report to a new intake. Under peersMu,
+// as peersSeen: a report made meanwhile reaches the intake after this one.
+func (n *Node) peersTo(in *intake.Intake) {
+	n.peersMu.Lock()
+	defer n.peersMu.Unlock()
+	if n.peersKnown {
+		in.SetPeers(n.peers)
+	}
 }
 
 // dlqMetrics registers troupe_dlq_bytes (read from Redis at each scrape)

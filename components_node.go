@@ -374,6 +374,7 @@ func (n *Node) routerPart() part {
 				// after the dispatch timeout was never dispatched (router/picks.go).
 				PickTTL: n.cfg.Tuning.Timeouts.Dispatch + time.Minute,
 				Gossip:  func(data []byte) { _ = n.nc.PublishMsg(bus.NewSignedMsg(n.subj.Capacity(), n.cfg.NodeID, data)) },
+				OnPeers: n.peersSeen,
 				Link:    func() (bool, uint64) { return n.nc.IsConnected(), n.nc.Stats().Reconnects },
 				Heard:   func() uint64 { return n.nc.Stats().InMsgs },
 				Beats:   n.beats,

@@ -83,9 +83,14 @@ type Node struct {
 	env    *jobactor.Env
 	rates  *ratelimit.Limiter // rate limit buckets (ratesPart)
 	// reload is what a pools reload changes for the job core (pools.go).
-	reload        poolsReload
-	intake        *intake.Intake
-	intakeRef     atomic.Pointer[intake.Intake] // n.intake, for the router's goroutine
+	reload    poolsReload
+	intake    *intake.Intake
+	intakeRef atomic.Pointer[intake.Intake] // n.intake, for the router's goroutine
+	// peers: how many other replicas the router last reported (peersKnown:
+	// it has reported), handed to the intake once it exists (peersTo).
+	peersMu       sync.Mutex
+	peers         int
+	peersKnown    bool
 	sigs          *intake.Signatures
 	inbox         []*nats.Subscription // the forwarding inbox (intake part)
 	guard         *intake.Guard

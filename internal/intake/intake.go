@@ -82,6 +82,9 @@ type Intake struct {
 	// confirm, once the node hears the result subject itself, holds the
 	// shared consumer's copies until their job's record is read.
 	confirm *confirmer
+	// own is the result subject's subscription, made only while other
+	// replicas are known (SetPeers, own.go).
+	own ownSubscription
 	// CancelDelayed, when set, removes a delayed job not yet due that a
 	// cancel with no record names (delay.go).
 	CancelDelayed CancelDelayedHook
@@ -280,10 +283,20 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		in.send(&ev.d)
 	}
 	if in.confirm != nil && res.WorkerId != "" {
-		// The job's owner hears its own copy (own.go): this one is acked
-		// once the job's record shows it handled, handled otherwise.
-		in.confirm.hold(msg, res, route)
-		return
+		if in.own.on.Load() {
+			// The job's owner hears its own copy (own.go): this one is
+			// acked once the job's record shows it handled, handled
+			// otherwise.
+			in.confirm.hold(msg, res, route)
+			return
+		}
+		if in.own.offRecently() && in.confirm.settled.take(keyOf(res)) == markSettled {
+			// Heard and settled here just before the node stopped hearing
+			// the result subject.
+			in.confirm.counted("owner")
+			_ = msg.Ack()
+			return
+		}
 	}
 	route()
 }

@@ -219,6 +219,11 @@ type Config struct {
 	// Gossip: a lone node, nothing is published.
 	NodeID string
 	Gossip func(data []byte)
+	// OnPeers, when set with Gossip, is told how many other replicas this
+	// router knows, each time that number changes (and 0 when it starts):
+	// the intake hears the result subject itself only while there are
+	// replicas to share results with (intake.SetPeers).
+	OnPeers func(n int)
 	// PickTTL frees the slot of a job's pick (or queued placement it took)
 	// that the job neither started nor gave back within it: its actor
 	// stopped or restarted before acting on the reply, or dropped the reply
@@ -379,6 +384,7 @@ func (r *Router) Receive(c actor.Context) {
 	case *actor.Started:
 		r.startSweeper(c)
 		r.publish(true)
+		r.peersChanged()
 	case *actor.Stopping, *actor.Restarting:
 		r.stopSweeper()
 	case *HeartbeatSeen:

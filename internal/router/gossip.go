@@ -129,6 +129,13 @@ func (r *Router) publish(full bool) {
 	r.cfg.Gossip(EncodePeerLoad(m))
 }
 
+// peersChanged tells OnPeers how many replicas the router knows now.
+func (r *Router) peersChanged() {
+	if r.cfg.Gossip != nil && r.cfg.OnPeers != nil {
+		r.cfg.OnPeers(len(r.peers))
+	}
+}
+
 // own is this node's effective count on w (InFlight less the others').
 func own(w *registry.Worker) int32 { return max(w.InFlight()-w.Others-w.Foreign, 0) }
 
@@ -143,6 +150,7 @@ func (r *Router) peerLoad(c actor.Context, m *PeerLoad) {
 			declined: map[string]time.Time{}}
 		r.peers[m.Node] = p
 		r.reassignShares(c)
+		r.peersChanged()
 		r.full = true // the newcomer learns this node's counts at once
 		r.kick(c)
 	} else if m.Hello {
@@ -200,6 +208,7 @@ func (r *Router) expirePeers(c actor.Context) {
 		}
 		delete(r.peers, id)
 		r.reassignShares(c)
+		r.peersChanged()
 	}
 }
 
