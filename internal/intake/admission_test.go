@@ -242,7 +242,7 @@ func TestHeardResultsDroppedWhileRenewalsAreLate(t *testing.T) {
 	in := &Intake{Store: st, Log: log, Shards: []*actor.PID{shard}, confirm: &confirmer{}, Env: &jobactor.Env{NodeID: "n1", Log: log,
 		Subjects: bus.NewSubjects(env.Prefix), Root: sys.Root, Router: router, Renewer: rn}}
 	in.confirm = &confirmer{in: in} // as startOwnResults leaves it (the settled set heard copies mark)
-	res, err := bus.EncodeResult("tr-1", "w1", &capv1.JobResult{JobId: "heard-1", WorkerId: "w1",
+	res, err := bus.EncodeResult("tr-1", "w1", &capv1.JobResult{JobId: "held-1", WorkerId: "w1",
 		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
 	if err != nil {
 		t.Fatal(err)
@@ -268,8 +268,16 @@ func TestHeardResultsDroppedWhileRenewalsAreLate(t *testing.T) {
 	if rn.Late() {
 		t.Fatal("renewer still late after a round renewed every lock")
 	}
+	// Another replica's job (no lock held here) is dropped unread; this
+	// node's own goes to its shard.
+	other, err := bus.EncodeResult("tr-2", "w1", &capv1.JobResult{JobId: "other-1", WorkerId: "w1",
+		Status: capv1.JobStatus_JOB_STATUS_SUCCEEDED})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.HandleOwnResult(&nats.Msg{Data: other})
 	in.HandleOwnResult(&nats.Msg{Data: res})
-	if m := next(); m != "deliver heard-1" {
-		t.Fatalf("after the renewals caught up the shard got %q, want the heard result", m)
+	if m := next(); m != "deliver held-1" {
+		t.Fatalf("after the renewals caught up the shard got %q, want the held job's heard result (and not another replica's)", m)
 	}
 }

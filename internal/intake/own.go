@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -322,6 +323,13 @@ func (in *Intake) HandleOwnResult(msg *nats.Msg) {
 	if len(msg.Data) > MaxPacketBytes || in.ownHeld() {
 		return
 	}
+	if id, ok := bus.PeekResultJobID(msg.Data); ok && !in.holdsID(id) {
+		// Another replica's job, or one with no live actor here (parked,
+		// ended): its shared copy answers for it, and the router frees
+		// the worker's slot when that copy is handled. With N replicas,
+		// (N-1)/N of the heard results end here, before a decode.
+		return
+	}
 	pkt, err := bus.Decode(msg.Data)
 	if err != nil {
 		return
@@ -368,6 +376,12 @@ func (in *Intake) ownHeld() bool {
 // lock).
 func (in *Intake) holds(job string) bool {
 	return in.Env != nil && in.Env.Renewer != nil && in.Env.Renewer.Holds(job)
+}
+
+// holdsID is holds for a job id read in place (bus.PeekResultJobID): the
+// string made over id lives only for the lookup.
+func (in *Intake) holdsID(id []byte) bool {
+	return in.holds(JobOf(unsafe.String(unsafe.SliceData(id), len(id))))
 }
 
 // ownRefuse leaves a refused own copy unsettled: the shared copy, finding
