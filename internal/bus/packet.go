@@ -394,54 +394,35 @@ func publishSignersLocked() {
 // (BusPacket field 11, JobResult field 1), read in place without decoding
 // the packet: a slice of data, valid as long as data is. ok is false when
 // data holds no JobResult with a job id, or is not well-formed as far as
-// the scan reads. A packet holding several (a merge, which no encoder
-// writes) gives the last one's id; callers use it only to skip a full
-// decode, never to decide what a packet means.
+// the scan reads. Of several job_result fields (a merge, which no encoder
+// writes) it reads the last; callers use it only to skip a full decode,
+// never to decide what a packet means.
 func PeekResultJobID(data []byte) (id []byte, ok bool) {
-	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
-		if n < 0 {
-			return nil, false
-		}
-		data = data[n:]
-		if num == resultField && typ == protowire.BytesType {
-			v, m := protowire.ConsumeBytes(data)
-			if m < 0 {
-				return nil, false
-			}
-			if got, found := peekField1(v); found {
-				id, ok = got, true
-			}
-			data = data[m:]
-			continue
-		}
-		m := protowire.ConsumeFieldValue(num, typ, data)
-		if m < 0 {
-			return nil, false
-		}
-		data = data[m:]
+	res, ok := lastBytesField(data, resultField)
+	if !ok {
+		return nil, false
 	}
+	id, ok = lastBytesField(res, 1)
 	return id, ok && len(id) > 0
 }
 
-// peekField1 returns the last bytes-typed field 1 of message b.
-func peekField1(b []byte) (v []byte, ok bool) {
+// lastBytesField returns the last length-delimited field num of message b.
+func lastBytesField(b []byte, num protowire.Number) (v []byte, ok bool) {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+		n, typ, k := protowire.ConsumeTag(b)
+		if k < 0 {
 			return nil, false
 		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
+		b = b[k:]
+		if n == num && typ == protowire.BytesType {
 			s, m := protowire.ConsumeBytes(b)
 			if m < 0 {
 				return nil, false
 			}
-			v, ok = s, true
-			b = b[m:]
+			v, ok, b = s, true, b[m:]
 			continue
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
+		m := protowire.ConsumeFieldValue(n, typ, b)
 		if m < 0 {
 			return nil, false
 		}
