@@ -93,6 +93,11 @@ func TestHeldLockHandleReachesOnlyItsOwnRegistration(t *testing.T) {
 	if rn.Held() != 1 || !h.live {
 		t.Fatal("a stale handle forgot the lock held now")
 	}
+	// Held again with the value it holds, the job keeps its entry: the
+	// handle given out before still reaches it.
+	if again := rn.HoldFor("j", "n|2", loser); again != h || rn.Held() != 1 {
+		t.Fatalf("held again with its value: a new entry (%v), %d held", again != h, rn.Held())
+	}
 	stale := &Op{Kind: OpRelease, JobID: "j", LockValue: "n|1", Held: old}
 	s.markReleasing([]*Op{stale}, true)
 	if h.releasing != 0 {

@@ -208,14 +208,25 @@ type LockLoser interface {
 //
 // It returns the lock's handle: ForgetHeld(h) is Forget(jobID, value)
 // without a look-up, and an Op's Held does the same for the Writer.
+//
+// Held again with the value it holds, a job keeps its entry (registered
+// afresh: no failures, no releasing write counted, l told of a loss), so
+// a handle given out before, in an op still in flight, stays the one the
+// job's id and value look up.
 func (r *LockRenewer) HoldFor(jobID, value string, l LockLoser) *HeldLock {
-	h := &HeldLock{id: jobID, value: value, loser: l, r: r, live: true}
 	r.mu.Lock()
 	if len(r.locks) == 0 {
 		// Every live lock is this one, taken just now.
 		r.renewedThrough.Store(r.now().UnixNano())
 	}
-	if old, ok := r.locks[jobID]; ok {
+	old, ok := r.locks[jobID]
+	if ok && old.value == value {
+		old.failures, old.releasing, old.loser = 0, 0, l
+		r.mu.Unlock()
+		return old
+	}
+	h := &HeldLock{id: jobID, value: value, loser: l, r: r, live: true}
+	if ok {
 		old.live = false
 	} else {
 		r.heldN.Add(1)
