@@ -308,6 +308,9 @@ func (n *Node) actorSystemPart() part {
 			n.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 				return slog.New(logx.LevelFloor(actorLog.Handler(), slog.LevelWarn))
 			}))
+			// An actor per job registered by name: one warm registry, not
+			// protoactor's 32,768 small maps (see CompactRegistry).
+			supervisor.CompactRegistry(n.sys, supervisor.RegistryBuckets)
 			return nil
 		},
 		stop: func(context.Context) error { n.sys.Shutdown(); return nil }}

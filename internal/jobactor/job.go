@@ -64,6 +64,10 @@ type JobActor struct {
 	// was a submit, and the job counts in Env.Admitting until it is
 	// dispatched, written as waiting, or its actor finishes or stops.
 	started, admitting bool
+	// held is the renewer's entry for the lock the job's core holds (the
+	// last Hold's; nil: none): the actor's Forget and the writes it
+	// submits (store.Op.Held) reach it without a look-up.
+	held *store.HeldLock
 	// wop is the store op carrying the core's last answered write (see
 	// writeOp): a retry of the same write (Write.Retry) submits the same
 	// store op again, so the store writes the same DLQ outbox entry (see
@@ -210,6 +214,15 @@ func (a *JobActor) Observe(m lifecycle.Metric, v float64) {
 	a.env.Metrics.observe(lifecycle.Observe{M: m, Value: v})
 }
 
+// heldFor is the renewer's entry for op's lock, if the actor holds it
+// (the op's Held), else nil.
+func (a *JobActor) heldFor(op *store.Op) *store.HeldLock {
+	if h := a.held; h != nil && op.LockValue != "" && h.Value() == op.LockValue {
+		return h
+	}
+	return nil
+}
+
 // do carries out one effect; it returns an event to feed back at once, if any.
 func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	env := a.env
@@ -217,6 +230,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case *lifecycle.Write:
 		if e.Epoch == 0 {
 			op := storeOp(e.Op)
+			op.Held = a.heldFor(op)
 			op.Done = func(*store.Result) {} // nobody waits for it
 			env.Writer.Submit(op)
 			break
@@ -228,6 +242,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 				a.wop = w
 			}
 			fillStoreOp(&w.op, e.Op)
+			w.op.Held = a.heldFor(&w.op)
 			w.of = e.Op
 		}
 		w.epoch = e.Epoch
@@ -303,7 +318,7 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 		_ = e.D.InProgress()
 	case *lifecycle.Hold:
 		// The actor is its own store.LockLoser (LockLost): no closure per job.
-		env.Renewer.HoldFor(a.id, e.LockValue, a)
+		a.held = env.Renewer.HoldFor(a.id, e.LockValue, a)
 		if env.Alone != nil {
 			env.Alone.Remove(a.id)
 		}
@@ -312,7 +327,11 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 			env.Alone.Add(a.id, e.Kind, e.Due)
 		}
 	case *lifecycle.Forget:
-		env.Renewer.Forget(a.id, e.LockValue)
+		if h := a.held; h != nil && h.Value() == e.LockValue {
+			env.Renewer.ForgetHeld(h)
+		} else {
+			env.Renewer.Forget(a.id, e.LockValue)
+		}
 	case lifecycle.Forward:
 		a.forward(e)
 	case lifecycle.Finish:

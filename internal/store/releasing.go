@@ -66,10 +66,25 @@ func (s *Store) markReleasing(batch []*Op, on bool) {
 		if op.LockValue == "" || !releasesLock(op) {
 			continue
 		}
+		if h := heldBy(op, *rs); h != nil {
+			h.r.markHeld(h, on)
+			continue
+		}
 		for _, r := range *rs {
 			r.mark(op.JobID, op.LockValue, on)
 		}
 	}
+}
+
+// heldBy is op's Held when it stands for op's lock in the store's one
+// renewer (the node's): the handle then reaches the same entry as a
+// look-up of op's job and lock value would. With several renewers on one
+// store (tests), every renewer is looked up, as before.
+func heldBy(op *Op, rs []*LockRenewer) *HeldLock {
+	if h := op.Held; h != nil && len(rs) == 1 && h.r == rs[0] && h.id == op.JobID && h.value == op.LockValue {
+		return h
+	}
+	return nil
 }
 
 // settleReleasing, once batch's replies are in, unregisters the locks its
@@ -84,6 +99,14 @@ func (s *Store) settleReleasing(batch []*Op, results []*Result) {
 			continue
 		}
 		gone := released(op, results[i])
+		if h := heldBy(op, *rs); h != nil {
+			if gone {
+				h.r.ForgetHeld(h)
+			} else {
+				h.r.markHeld(h, false)
+			}
+			continue
+		}
 		for _, r := range *rs {
 			if gone {
 				r.Forget(op.JobID, op.LockValue)
@@ -99,12 +122,28 @@ func (s *Store) settleReleasing(batch []*Op, results []*Result) {
 func (r *LockRenewer) mark(jobID, value string, on bool) {
 	r.mu.Lock()
 	if h, ok := r.locks[jobID]; ok && h.value == value {
-		switch {
-		case on:
-			h.releasing++
-		case h.releasing > 0:
-			h.releasing--
-		}
+		h.markLocked(on)
 	}
 	r.mu.Unlock()
+}
+
+// markHeld is mark for h's lock, if it is still registered, without a
+// look-up.
+func (r *LockRenewer) markHeld(h *HeldLock, on bool) {
+	r.mu.Lock()
+	if h.live {
+		h.markLocked(on)
+	}
+	r.mu.Unlock()
+}
+
+// markLocked adds (on) or removes one in-flight releasing write; r.mu is
+// held.
+func (h *HeldLock) markLocked(on bool) {
+	switch {
+	case on:
+		h.releasing++
+	case h.releasing > 0:
+		h.releasing--
+	}
 }

@@ -35,8 +35,8 @@ type LockRenewer struct {
 	log      *slog.Logger
 	node     string // the node whose lease this renewer keeps ("": none)
 
-	mu    sync.Mutex // guards locks
-	locks map[string]*heldLock
+	mu    sync.Mutex // guards locks and the HeldLocks' fields but id, value, loser and r
+	locks map[string]*HeldLock
 	heldN atomic.Int64 // len(locks), read without mu
 
 	// now is the clock (time.Now; tests set another with SetClock).
@@ -84,14 +84,26 @@ func (r *LockRenewer) Stats() RenewStats {
 		Calls: r.calls.Load()}
 }
 
-type heldLock struct {
+// HeldLock is a lock registered with HoldFor, its holder's handle: the
+// holder (ForgetHeld) and the Writer (an Op's Held) reach the lock's entry
+// through it, without looking the job's id up in the renewer's map (a
+// job's lock was five look-ups under the renewer's mutex; it is two, the
+// registration's, and the delete).
+type HeldLock struct {
+	id       string
 	value    string
+	r        *LockRenewer
 	failures int
 	loser    LockLoser
 	// releasing counts the writes in flight that give this lock up if
 	// they apply (see releasing.go).
 	releasing int
+	// live: the entry is in r.locks (under r.mu).
+	live bool
 }
+
+// Value is the lock value h holds.
+func (h *HeldLock) Value() string { return h.value }
 
 const (
 	// RenewBatch is the number of locks one renewal script call covers.
@@ -108,7 +120,7 @@ const (
 
 // NewLockRenewer returns a renewer that runs every LockTTL/3.
 func (s *Store) NewLockRenewer(log *slog.Logger) *LockRenewer {
-	r := &LockRenewer{s: s, interval: s.cfg.LockTTL / 3, log: log, locks: map[string]*heldLock{},
+	r := &LockRenewer{s: s, interval: s.cfg.LockTTL / 3, log: log, locks: map[string]*HeldLock{},
 		stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
 	r.renewedThrough.Store(time.Now().UnixNano())
 	s.addRenewer(r)
@@ -193,32 +205,60 @@ type LockLoser interface {
 
 // HoldFor is Hold telling l instead of calling a function: a job actor is
 // its own LockLoser, where a closure per job was an allocation per job.
-func (r *LockRenewer) HoldFor(jobID, value string, l LockLoser) {
-	h := &heldLock{value: value, loser: l}
+//
+// It returns the lock's handle: ForgetHeld(h) is Forget(jobID, value)
+// without a look-up, and an Op's Held does the same for the Writer.
+//
+// Held again with the value it holds, a job keeps its entry (registered
+// afresh: no failures, no releasing write counted, l told of a loss), so
+// a handle given out before, in an op still in flight, stays the one the
+// job's id and value look up.
+func (r *LockRenewer) HoldFor(jobID, value string, l LockLoser) *HeldLock {
 	r.mu.Lock()
 	if len(r.locks) == 0 {
 		// Every live lock is this one, taken just now.
 		r.renewedThrough.Store(r.now().UnixNano())
 	}
-	if _, ok := r.locks[jobID]; !ok {
+	old, ok := r.locks[jobID]
+	if ok && old.value == value {
+		old.failures, old.releasing, old.loser = 0, 0, l
+		r.mu.Unlock()
+		return old
+	}
+	h := &HeldLock{id: jobID, value: value, loser: l, r: r, live: true}
+	if ok {
+		old.live = false
+	} else {
 		r.heldN.Add(1)
 	}
 	r.locks[jobID] = h
 	r.mu.Unlock()
+	return h
 }
 
 // Forget unregisters jobID's lock if value is still the one held.
 func (r *LockRenewer) Forget(jobID, value string) {
 	r.mu.Lock()
 	if h, ok := r.locks[jobID]; ok && h.value == value {
-		r.forgetLocked(jobID)
+		r.forgetLocked(h)
 	}
 	r.mu.Unlock()
 }
 
-// forgetLocked removes jobID's lock; r.mu is held.
-func (r *LockRenewer) forgetLocked(jobID string) {
-	delete(r.locks, jobID)
+// ForgetHeld unregisters h's lock if it is still registered: Forget(id,
+// value) of h's job and value, without looking the job up.
+func (r *LockRenewer) ForgetHeld(h *HeldLock) {
+	r.mu.Lock()
+	if h.live {
+		r.forgetLocked(h)
+	}
+	r.mu.Unlock()
+}
+
+// forgetLocked removes h, which is live; r.mu is held.
+func (r *LockRenewer) forgetLocked(h *HeldLock) {
+	delete(r.locks, h.id)
+	h.live = false
 	r.heldN.Add(-1)
 }
 
@@ -371,11 +411,11 @@ const RenewPipelineCalls = 8
 
 type renewItem struct {
 	id string
-	h  *heldLock
+	h  *HeldLock
 }
 
 type lostLock struct {
-	h        *heldLock
+	h        *HeldLock
 	vanished bool
 }
 
@@ -435,9 +475,8 @@ func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, 
 			}
 		}
 		for i, it := range items {
-			cur, still := r.locks[it.id]
-			if !still || cur != it.h {
-				continue
+			if !it.h.live {
+				continue // forgotten, or held again, since the snapshot
 			}
 			switch {
 			case cerr == nil && res[i] == 1:
@@ -447,11 +486,11 @@ func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, 
 				// Refused while a write that gives the lock up is in
 				// flight: that write's own outcome tells its job what
 				// happened (released, or fenced), not a loss report.
-				r.forgetLocked(it.id)
+				r.forgetLocked(it.h)
 			case cerr == nil:
 				// Refused: the lock is gone (-1) or someone else's (0).
 				r.refused.Add(1)
-				r.forgetLocked(it.id)
+				r.forgetLocked(it.h)
 				out.lost = append(out.lost, lostLock{it.h, res[i] < 0})
 				if res[i] < 0 {
 					out.gone++
@@ -463,7 +502,7 @@ func (r *LockRenewer) settle(group [][]renewItem, cmds []*redis.Cmd, err error, 
 				out.failures++
 				it.h.failures++
 				if it.h.failures >= MaxRenewFailures {
-					r.forgetLocked(it.id)
+					r.forgetLocked(it.h)
 					out.lost = append(out.lost, lostLock{it.h, false})
 					out.failedOut++
 				}

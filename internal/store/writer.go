@@ -94,6 +94,11 @@ type Op struct {
 	Node  string
 	// LockValue identifies the owner for OpTransition and OpRelease.
 	LockValue string
+	// Held, when set, is the renewer's entry for JobID's lock of
+	// LockValue (LockRenewer.HoldFor's handle): a write that gives the
+	// lock up marks and settles it without looking the job up (see
+	// releasing.go). Nil: looked up by JobID and LockValue.
+	Held *HeldLock
 
 	// OpActivate.
 	Create  bool

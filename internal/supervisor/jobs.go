@@ -60,8 +60,14 @@ type JobShard struct {
 	resolver *Resolver // nil: every event for a job with no actor spawns one
 
 	// Owned by the actor.
-	live     map[string]*actor.PID
-	stopping map[string][]*Deliver
+	//
+	// jobs is a job's actor, live or stopping: one entry a job, looked up
+	// once per event (it was two maps, live and stopping, and a job's
+	// events, its stop and its end looked each up: ~15 string hashes a
+	// job, ~7 now).
+	jobs  map[string]*child
+	liveN int      // entries of jobs not stopping
+	free  []*child // entries deleted from jobs, for the next jobs
 	// abandoned counts, per job, the actors stopped by supervision while
 	// abandoning it; past one, the shard leaves the job to its lease.
 	abandoned    map[string]int
@@ -70,6 +76,43 @@ type JobShard struct {
 	peak         int             // most entries parked has held since it was last rebuilt
 	seed         maphash.Seed
 }
+
+// child is a job's actor as its shard knows it.
+type child struct {
+	pid *actor.PID // the live actor, or the stopping one
+	// stopping: the actor finished and was poisoned; new events for its
+	// job wait in buf and go to a fresh actor once it has terminated.
+	stopping bool
+	buf      []*Deliver
+}
+
+// newChild is an entry for pid, live, from the free list if it can be.
+func (s *JobShard) newChild(pid *actor.PID) *child {
+	s.liveN++
+	if n := len(s.free); n > 0 {
+		ch := s.free[n-1]
+		s.free = s.free[:n-1]
+		ch.pid = pid
+		return ch
+	}
+	return &child{pid: pid}
+}
+
+// drop deletes jobID's entry ch and keeps it for a next job (its buf is
+// not: whoever took ch.buf may still be reading it).
+func (s *JobShard) drop(jobID string, ch *child) {
+	delete(s.jobs, jobID)
+	if !ch.stopping {
+		s.liveN--
+	}
+	*ch = child{}
+	if len(s.free) < maxFreeChildren {
+		s.free = append(s.free, ch)
+	}
+}
+
+// maxFreeChildren bounds a shard's free list.
+const maxFreeChildren = 1024
 
 // parkedShrinkAt: a Go map keeps its buckets when emptied, so once the
 // parked set has held this many and fallen to a quarter of its peak, it is
@@ -82,9 +125,9 @@ const parkedShrinkAt = 1 << 16
 func ShardPropsResolving(jobProps *actor.Props, log *slog.Logger, res *Resolver, opts ...actor.PropsOption) *actor.Props {
 	strategy := newJobStrategy()
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &JobShard{props: jobProps, strategy: strategy, log: log, resolver: res, live: map[string]*actor.PID{},
-			stopping: map[string][]*Deliver{}, abandoned: map[string]int{},
-			parked: map[uint64]bool{}, seed: maphash.MakeSeed()}
+		return &JobShard{props: jobProps, strategy: strategy, log: log, resolver: res, jobs: map[string]*child{},
+			abandoned: map[string]int{},
+			parked:    map[uint64]bool{}, seed: maphash.MakeSeed()}
 	}, append(opts, actor.WithSupervisor(strategy))...)
 }
 
@@ -94,9 +137,9 @@ func (s *JobShard) Receive(c actor.Context) {
 	case *Deliver:
 		s.deliver(c, m)
 	case *jobactor.Finished:
-		if pid, ok := s.live[m.JobID]; ok && pid.Equal(m.PID) {
-			delete(s.live, m.JobID)
-			s.stopping[m.JobID] = nil
+		if ch := s.jobs[m.JobID]; ch != nil && !ch.stopping && ch.pid.Equal(m.PID) {
+			ch.stopping = true
+			s.liveN--
 			c.Poison(m.PID)
 			if m.Parked {
 				s.parked[s.hash(m.JobID)] = !m.Running
@@ -104,7 +147,7 @@ func (s *JobShard) Receive(c actor.Context) {
 			}
 			for _, msg := range m.Redeliver {
 				// Delivered once the actor has terminated, to a fresh one.
-				s.stopping[m.JobID] = append(s.stopping[m.JobID], &Deliver{JobID: m.JobID, Msg: msg, Spawn: spawnsAlways(msg)})
+				ch.buf = append(ch.buf, &Deliver{JobID: m.JobID, Msg: msg, Spawn: spawnsAlways(msg)})
 			}
 		}
 	case *jobactor.Redeliver:
@@ -118,10 +161,11 @@ func (s *JobShard) Receive(c actor.Context) {
 		s.shuttingDown = true // children stop with the shard: not failures
 	case *actor.Terminated:
 		id := strings.TrimPrefix(m.Who.Id, c.Self().Id+"/")
-		if pid, ok := s.live[id]; ok && pid.Equal(m.Who) {
+		ch := s.jobs[id]
+		if ch != nil && !ch.stopping && ch.pid.Equal(m.Who) {
 			// Stopped by supervision (a failure it would not restart), or
 			// by the shard's own stop.
-			delete(s.live, id)
+			s.drop(id, ch)
 			if why := s.strategy.takeReason(m.Who); why != "" && !s.shuttingDown {
 				s.abandon(c, id, why)
 			}
@@ -129,25 +173,27 @@ func (s *JobShard) Receive(c actor.Context) {
 		}
 		s.strategy.takeReason(m.Who)
 		delete(s.abandoned, id)
-		buf, ok := s.stopping[id]
-		if !ok {
+		if ch == nil || !ch.stopping {
 			return
 		}
-		delete(s.stopping, id)
+		buf := ch.buf
+		s.drop(id, ch)
 		for _, d := range buf {
 			s.deliver(c, d)
 		}
 	case *CountLive:
-		c.Respond(len(s.live))
+		c.Respond(s.liveN)
 	case *TellLive:
-		for id := range s.live {
-			s.deliver(c, &Deliver{JobID: id, Msg: m.Msg})
+		for _, ch := range s.jobs {
+			if !ch.stopping {
+				c.Send(ch.pid, m.Msg)
+			}
 		}
 	case *CountParked:
 		c.Respond(len(s.parked))
 	case *RememberParked:
 		for _, id := range m.JobIDs {
-			if _, live := s.live[id]; !live {
+			if ch := s.jobs[id]; ch == nil || ch.stopping {
 				s.parked[s.hash(id)] = true
 			}
 		}
@@ -216,12 +262,12 @@ func (s *JobShard) abandon(c actor.Context, jobID, why string) {
 }
 
 func (s *JobShard) deliver(c actor.Context, m *Deliver) {
-	if buf, ok := s.stopping[m.JobID]; ok {
-		s.stopping[m.JobID] = append(buf, m)
+	ch := s.jobs[m.JobID]
+	if ch != nil && ch.stopping {
+		ch.buf = append(ch.buf, m)
 		return
 	}
-	pid, ok := s.live[m.JobID]
-	if !ok {
+	if ch == nil {
 		h := s.hash(m.JobID)
 		dispatched, parked := s.parked[h]
 		if !m.Spawn && !(parked && wakesParked(m.Msg, dispatched)) {
@@ -236,16 +282,16 @@ func (s *JobShard) deliver(c actor.Context, m *Deliver) {
 			delete(s.parked, h) // the new actor parks it again if it must
 			s.shrinkParked()
 		}
-		var err error
-		pid, err = c.SpawnNamed(s.props, m.JobID)
+		pid, err := c.SpawnNamed(s.props, m.JobID)
 		if err != nil {
 			// The name is still registered (a child terminating outside
 			// our bookkeeping); reach it by name.
 			pid = actor.NewPID(c.Self().Address, c.Self().Id+"/"+m.JobID)
 		}
-		s.live[m.JobID] = pid
+		ch = s.newChild(pid)
+		s.jobs[m.JobID] = ch
 	}
-	c.Send(pid, m.Msg)
+	c.Send(ch.pid, m.Msg)
 }
 
 // ShardFor returns the index of the shard that owns jobID among n.

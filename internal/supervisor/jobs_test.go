@@ -67,3 +67,103 @@ func TestHeardResultDoesNotWakeAParkedJob(t *testing.T) {
 	default:
 	}
 }
+
+type finish struct{ redeliver []interface{} }
+
+type seen struct {
+	actor int // which actor of the job's (a fresh one has the same PID)
+	msg   interface{}
+}
+
+// oneJob is a job actor that reports the events it gets, and finishes when
+// told to.
+type oneJob struct {
+	n        int
+	got      chan seen
+	finished chan struct{}
+}
+
+func (j *oneJob) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *finish:
+		c.Send(c.Parent(), &jobactor.Finished{JobID: "j1", PID: c.Self(), Redeliver: m.redeliver})
+		j.finished <- struct{}{}
+	case string:
+		j.got <- seen{j.n, m}
+	case *jobactor.Tokens:
+		j.got <- seen{j.n, "tokens"}
+	}
+}
+
+// Events for a job whose actor has finished wait in the shard while that
+// actor stops, and go, with the events its Finished hands back, to a fresh
+// actor once it has terminated: one job never has two actors. The shard
+// counts the fresh actor live, and a job's entry (one a job) is gone with
+// its actor: a later event that does not spawn is dropped.
+func TestShardHoldsEventsWhileAJobsActorStops(t *testing.T) {
+	sys := actor.NewActorSystem()
+	t.Cleanup(sys.Shutdown)
+	got := make(chan seen, 16)
+	finished := make(chan struct{}, 4)
+	actors := 0
+	job := actor.PropsFromProducer(func() actor.Actor {
+		actors++ // on the shard's goroutine, one spawn at a time
+		return &oneJob{n: actors, got: got, finished: finished}
+	})
+	shard := sys.Root.Spawn(supervisor.ShardPropsResolving(job, slog.New(slog.NewTextHandler(io.Discard, nil)), nil))
+	count := func() int {
+		t.Helper()
+		res, err := sys.Root.RequestFuture(shard, &supervisor.CountLive{}, 5*time.Second).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.(int)
+	}
+	next := func() seen {
+		t.Helper()
+		select {
+		case s := <-got:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("no event reached a job actor")
+		}
+		return seen{}
+	}
+
+	sys.Root.Send(shard, &supervisor.Deliver{JobID: "j1", Msg: "a", Spawn: true})
+	first := next()
+	sys.Root.Send(shard, &supervisor.Deliver{JobID: "j1", Msg: &finish{redeliver: []interface{}{&jobactor.Tokens{}}}})
+	<-finished // the shard has the Finished before the next Deliver
+	sys.Root.Send(shard, &supervisor.Deliver{JobID: "j1", Msg: "b", Spawn: true})
+	// The handed-back event spawns (a rate limiter's grant does, see
+	// spawnsAlways); it was held first.
+	for _, want := range []string{"tokens", "b"} {
+		s := next()
+		if s.msg != want {
+			t.Fatalf("event %v reached an actor, want %q", s.msg, want)
+		}
+		if s.actor == first.actor {
+			t.Fatalf("event %q reached the stopping actor", want)
+		}
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d actors live, want the fresh one", n)
+	}
+
+	// The fresh actor finishes with nothing handed back: its entry goes
+	// with it, and an event that does not spawn is dropped.
+	sys.Root.Send(shard, &supervisor.Deliver{JobID: "j1", Msg: &finish{}})
+	<-finished
+	if n := count(); n != 0 {
+		t.Fatalf("%d actors live after the job's actor finished, want 0", n)
+	}
+	sys.Root.Send(shard, &supervisor.Deliver{JobID: "j1", Msg: "dropped"})
+	if n := count(); n != 0 {
+		t.Fatalf("%d actors live after an event that does not spawn, want 0", n)
+	}
+	select {
+	case s := <-got:
+		t.Fatalf("event %v reached an actor, want it dropped", s.msg)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
