@@ -156,15 +156,21 @@ func TestMultiCallWritesWhatSingleCallsWrite(t *testing.T) {
 		func() *Op {
 			return step(ids[3], "n|1", &Transition{Expect: jobstate.Expect(D), Path: hops(R, jobstate.StateSucceeded), Op: "p3"})
 		},
-		func() *Op { return step(ids[0], "n|2", &Transition{Expect: jobstate.Expect(D), Path: hops(R), Op: "p0"}) },
+		func() *Op {
+			return step(ids[0], "n|2", &Transition{Expect: jobstate.Expect(D), Path: hops(R), Op: "p0"})
+		},
 		func() *Op {
 			return step(ids[0], "n|2", &Transition{Expect: jobstate.Expect(R), Path: hops(jobstate.StateSucceeded), Op: "p0b"})
 		},
 		func() *Op {
 			return step(ids[1], "n|1", &Transition{Expect: jobstate.Expect(S), Path: hops(D), Due: due + 4, Op: "p1"})
 		},
-		func() *Op { return step(ids[4], "n|1", &Transition{Expect: jobstate.Expect(S), Path: hops(D), Op: "p4"}) },
-		func() *Op { return step(ids[2], "n|1", &Transition{Expect: jobstate.Expect(S), Path: hops(D), Op: "p2"}) },
+		func() *Op {
+			return step(ids[4], "n|1", &Transition{Expect: jobstate.Expect(S), Path: hops(D), Op: "p4"})
+		},
+		func() *Op {
+			return step(ids[2], "n|1", &Transition{Expect: jobstate.Expect(S), Path: hops(D), Op: "p2"})
+		},
 		func() *Op {
 			return step(ids[6], "n|1", &Transition{Expect: jobstate.Expect(D), Path: hops(R), Due: -1, Release: true, Op: "p6"})
 		},
