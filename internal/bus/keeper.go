@@ -481,7 +481,15 @@ func (k *StreamKeeper) limitsChanged(kind StreamKind, c jetstream.StreamConfig) 
 	defer k.mu.Unlock()
 	prev, known := k.limits[kind]
 	k.limits[kind] = sig
-	return known && prev != sig
+	changed := known && prev != sig
+	if changed {
+		// A probe is due until one answers: the change is recorded now,
+		// and a check that ends before its probe gives a verdict (a
+		// consumer lookup or the probe itself timing out under load)
+		// must not leave the stream unprobed until ProbeEvery.
+		delete(k.probed, kind)
+	}
+	return changed
 }
 
 func (k *StreamKeeper) recreated(kind StreamKind, name, part string) {
