@@ -13,13 +13,8 @@ import (
 // flight drops the lock without a loss report: the write's own reply tells
 // the job. Without such a write, the same refusal is a loss.
 func TestRenewalRefusedDuringItsOwnReleaseIsNoLoss(t *testing.T) {
-	env := testenv.New(t)
+	env, s, rn := renewerStore(t)
 	ctx := context.Background()
-	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
-	if err := s.LoadScripts(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rn := s.NewLockRenewer(nil)
 	lost := make(chan string, 2)
 	for _, id := range []string{"releasing", "plain"} {
 		rn.Hold(id, "n|1", func(bool) { lost <- id })
@@ -75,13 +70,8 @@ func TestRenewalRefusedDuringItsOwnReleaseIsNoLoss(t *testing.T) {
 // lock held now marks it (a renewal refused meanwhile is no loss), unmarks
 // it when its write does not apply, and forgets it when it does.
 func TestHeldLockHandleReachesOnlyItsOwnRegistration(t *testing.T) {
-	env := testenv.New(t)
+	_, s, rn := renewerStore(t)
 	ctx := context.Background()
-	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
-	if err := s.LoadScripts(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rn := s.NewLockRenewer(nil)
 	lost := make(chan string, 4)
 	loser := lostFunc(func(bool) { lost <- "j" })
 	old := rn.HoldFor("j", "n|1", loser)
@@ -203,4 +193,16 @@ func BenchmarkRenewerJob(b *testing.B) {
 			})
 		}
 	}
+}
+
+// renewerStore is a store on the test's Redis (10 s lock TTL, scripts
+// loaded) and a lock renewer of its own.
+func renewerStore(t *testing.T) (*testenv.Env, *Store, *LockRenewer) {
+	t.Helper()
+	env := testenv.New(t)
+	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
+	if err := s.LoadScripts(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return env, s, s.NewLockRenewer(nil)
 }
