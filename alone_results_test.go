@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
-	"github.com/troupe-run/troupe/worker"
 )
 
 // A node alone hears no result subject: every result reaches it through
@@ -24,14 +22,7 @@ func TestALoneNodeHearsTheResultSubjectOnlyWithReplicas(t *testing.T) {
 	waitGauge(t, a, heard, 0)
 
 	rec := newReceipts()
-	for i := 0; i < 2; i++ {
-		w, err := worker.Start(f.env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
-			Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, OnReceive: rec.hook})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Stop()
-	}
+	defer startEchoWorkers(t, f, 2, rec)()
 	waitLive(t, a, 2)
 	run := func(prefix string, jobs int) {
 		t.Helper()

@@ -89,14 +89,7 @@ func TestResultsForwardedToTheOwningReplicaWithoutOwnConsumers(t *testing.T) {
 func replicaRun(t *testing.T, f *fixture, nodes []*troupe.Node, prefix string, jobs int) (map[string]int, float64) {
 	t.Helper()
 	rec := newReceipts()
-	for i := 0; i < 3; i++ {
-		w, err := worker.Start(f.env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
-			Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, OnReceive: rec.hook})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Stop()
-	}
+	defer startEchoWorkers(t, f, 3, rec)()
 	for _, n := range nodes {
 		waitLive(t, n, 3)
 	}
@@ -306,4 +299,27 @@ func TestDeadOwnersJobsAreAdoptedWhenTheirLeaseRunsOut(t *testing.T) {
 	if n, _ := f.env.Redis.ZScore(ctx, keys.Due(store.Shard("orphan-1")), store.LeaseMember("orphan-1")).Result(); n != 0 {
 		t.Fatal("the adopter's lease left behind by a terminal job")
 	}
+}
+
+// startEchoWorkers starts n direct-dispatch workers w0… of pool "echo"
+// (topic job.echo, heartbeat every second) counting their receipts in rec,
+// and returns what stops them.
+func startEchoWorkers(t *testing.T, f *fixture, n int, rec *receipts) (stop func()) {
+	t.Helper()
+	var ws []*worker.Worker
+	stop = func() {
+		for _, w := range ws {
+			w.Stop()
+		}
+	}
+	for i := 0; i < n; i++ {
+		w, err := worker.Start(f.env.NATS, worker.Config{ID: fmt.Sprintf("w%d", i), Pool: "echo",
+			Topics: []string{"job.echo"}, Direct: true, SubjectPrefix: f.subj.Prefix(), Heartbeat: time.Second, OnReceive: rec.hook})
+		if err != nil {
+			stop()
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	return stop
 }

@@ -55,11 +55,7 @@ func oneShardIDs(t *testing.T, prefix string, n int) []string {
 // failed and so gets none: TestMultiCallsAreNotMadeWhereOneJobsFailureSpreads).
 func multiCallWriter(t *testing.T) (*testenv.Env, *Store, *Writer) {
 	t.Helper()
-	env := testenv.New(t)
-	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
-	if err := s.LoadScripts(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	env, s := loadedStore(t)
 	if s.single {
 		t.Skip("the server's Lua does not keep one job's failure to it: no multi-job calls")
 	}

@@ -195,14 +195,21 @@ func BenchmarkRenewerJob(b *testing.B) {
 	}
 }
 
-// renewerStore is a store on the test's Redis (10 s lock TTL, scripts
-// loaded) and a lock renewer of its own.
+// renewerStore is a loadedStore and a lock renewer of its own.
 func renewerStore(t *testing.T) (*testenv.Env, *Store, *LockRenewer) {
+	t.Helper()
+	env, s := loadedStore(t)
+	return env, s, s.NewLockRenewer(nil)
+}
+
+// loadedStore is a store on the test's Redis (10 s lock TTL) with its
+// scripts loaded.
+func loadedStore(t *testing.T) (*testenv.Env, *Store) {
 	t.Helper()
 	env := testenv.New(t)
 	s := New(env.Client, Config{Prefix: env.KeyPrefix(), LockTTL: 10 * time.Second})
 	if err := s.LoadScripts(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return env, s, s.NewLockRenewer(nil)
+	return env, s
 }
