@@ -24,7 +24,7 @@ func endedAt(rec *store.JobRecord) time.Time {
 
 // runTwice counts the jobs some worker ran twice, or two workers ran, and
 // reports each as an error with the job's hops.
-func runTwice(t *testing.T, ids []string, runs map[string]map[string]int, recs map[string]*store.JobRecord) int {
+func runTwice(t reporter, ids []string, runs map[string]map[string]int, recs map[string]*store.JobRecord) int {
 	t.Helper()
 	n := 0
 	for _, id := range ids {
@@ -80,8 +80,21 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 		}
 	})
 	<-reached
-	// Let the last submits reach the workers and start.
-	time.Sleep(time.Second)
+	// Kill only once every job submitted so far is RUNNING (a worker said it
+	// started it, and its owner wrote so): a job still between its
+	// dispatch and that write could be running on w1 while its record says
+	// DISPATCHED, and what it should become could not be told from its
+	// record. (A fixed second's wait here failed once in CI, stop 40.)
+	sofar := r.allIDs("nw", killAfter)
+	if _, left := r.waitTerminalBy(sofar, time.Now().Add(30*time.Second), func(_ string, s jobstate.State) bool {
+		return s == jobstate.StateRunning || s.Terminal()
+	}); len(left) > 0 {
+		recs := r.records(left)
+		for _, id := range left {
+			r.Errorf("%s not RUNNING 30 s after its submit: %s", id, hopsOrNone(recs[id]))
+		}
+		t.FailNow()
+	}
 	n1, w1 := r.nodes[0], r.workers["w1"]
 	_ = n1.cmd.Process.Kill()
 	_ = w1.cmd.Process.Kill()
@@ -111,7 +124,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 	evicted = time.Since(killed)
 	ids := <-done
 	bound := killed.Add(evicted + grace + 20*time.Second)
-	at, recs := r.allTerminalBy(t, ids, bound.Add(hold), killed, "the kill")
+	at, recs := r.allTerminalBy(r, ids, bound.Add(hold), killed, "the kill")
 	var lostAdopted, lostOwn int
 	var latestAdopted, latestOwn time.Duration
 	for _, id := range ids {
@@ -122,7 +135,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 		switch {
 		case adopted[id] || own[id]:
 			if rec.State != jobstate.StateFailed || rec.Reason != jobstate.ReasonWorkerLost {
-				t.Errorf("%s (on w1 at the kill): %s %s, want FAILED worker_lost: %s", id, rec.State, rec.Reason, hops(rec))
+				r.Errorf("%s (on w1 at the kill): %s %s, want FAILED worker_lost: %s", id, rec.State, rec.Reason, hops(rec))
 				continue
 			}
 			d := endedAt(rec).Sub(killed)
@@ -134,13 +147,13 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 				latestOwn = max(latestOwn, d)
 			}
 			if endedAt(rec).After(bound) {
-				t.Errorf("%s ended %v after the kill, past the eviction + grace (%v + %v)", id, d.Round(time.Second), evicted, grace)
+				r.Errorf("%s ended %v after the kill, past the eviction + grace (%v + %v)", id, d.Round(time.Second), evicted, grace)
 			}
 		case rec.State != jobstate.StateSucceeded:
-			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
+			r.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 	}
-	twice := runTwice(t, ids, r.runs("w1", "w2"), recs)
+	twice := runTwice(r, ids, r.runs("w1", "w2"), recs)
 	t.Logf("n1 and w1 killed together under %d jobs of %v at %d/s (lock TTL %v, running deadline 9000 s): w1 evicted %v after the kill; "+
 		"on w1 at the kill: %d of n1's jobs (adopted by n2), %d of n2's; FAILED worker_lost: %d adopted, the last %v after the kill, "+
 		"%d own, the last %v after; run twice %d; all terminal %v after the kill: %s",
@@ -148,7 +161,7 @@ func TestFaultNodeAndWorkerKilledTogether(t *testing.T) {
 		latestAdopted.Round(10*time.Millisecond), lostOwn, latestOwn.Round(10*time.Millisecond), twice,
 		at.Sub(killed).Round(10*time.Millisecond), stateCounts(recs))
 	if len(adopted) == 0 {
-		t.Error("n1 held no job on w1 at the kill; the test proved nothing")
+		r.Errorf("n1 held no job on w1 at the kill; the test proved nothing")
 	}
 }
 

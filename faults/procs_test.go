@@ -46,7 +46,33 @@ type procRig struct {
 	nc                  *nats.Conn
 	js                  jetstream.JetStream
 	subj                bus.Subjects
+
+	failMu   sync.Mutex
+	failures []string // the errors reported through Errorf, restated after the logs
 }
+
+// reporter is what the rig's checks report failures to: the test itself,
+// or the rig (Errorf below), which also restates them after the process
+// logs it prints on a failure, so that they are the last thing a CI
+// excerpt of the output shows.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// Errorf reports a failure of the test and keeps it to restate after the
+// process logs (stopAll).
+func (r *procRig) Errorf(format string, args ...any) {
+	r.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	r.t.Error(msg)
+	r.failMu.Lock()
+	r.failures = append(r.failures, msg)
+	r.failMu.Unlock()
+}
+
+// Helper marks the rig's caller as a test helper (the reporter interface).
+func (r *procRig) Helper() { r.t.Helper() }
 
 type procRigOptions struct {
 	nodes int           // default 2
@@ -219,6 +245,11 @@ func (r *procRig) stopAll() {
 				r.t.Logf("%s log (tail):\n%s", p.name, b)
 			}
 		}
+		r.failMu.Lock()
+		if len(r.failures) > 0 {
+			r.t.Logf("the test's errors again, after the logs (%d):\n%s", len(r.failures), strings.Join(r.failures, "\n"))
+		}
+		r.failMu.Unlock()
 	}
 }
 
@@ -356,7 +387,7 @@ func (r *procRig) waitTerminalBy(ids []string, deadline time.Time, done func(id 
 // reports each job left over as an error (its state, reason, deadline kind
 // and history, time counted from since, "after <what>"), and returns when
 // the wait ended and every job's record.
-func (r *procRig) allTerminalBy(t *testing.T, ids []string, deadline, since time.Time, what string) (time.Time, map[string]*store.JobRecord) {
+func (r *procRig) allTerminalBy(t reporter, ids []string, deadline, since time.Time, what string) (time.Time, map[string]*store.JobRecord) {
 	t.Helper()
 	at, left := r.waitTerminalBy(ids, deadline, func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
