@@ -200,7 +200,7 @@ func TestFaultWorkerPausedWithFreeSlots(t *testing.T) {
 	stopped := time.Now()
 	first, _, ok := r.waitEvicted(pause - time.Second)
 	if !ok {
-		t.Fatalf("the stopped worker was not evicted by both nodes within %v", pause)
+		r.Fatalf("the stopped worker was not evicted by both nodes within %v", pause)
 	}
 	time.Sleep(time.Until(stopped.Add(pause)))
 	if err := w1.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -209,7 +209,7 @@ func TestFaultWorkerPausedWithFreeSlots(t *testing.T) {
 	resumed := time.Now()
 	ids := <-done
 	const bound = 60 * time.Second
-	at, recs := r.allTerminalBy(t, ids, resumed.Add(bound), resumed, "the worker resumed")
+	at, recs := r.allTerminalBy(r, ids, resumed.Add(bound), resumed, "the worker resumed")
 	redisp := 0
 	for _, id := range ids {
 		rec := recs[id]
@@ -217,13 +217,13 @@ func TestFaultWorkerPausedWithFreeSlots(t *testing.T) {
 			continue
 		}
 		if rec.State != jobstate.StateSucceeded {
-			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
+			r.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 		if redispatched(rec) {
 			redisp++
 		}
 	}
-	twice := runTwice(t, ids, r.runs("w1", "w2"), recs)
+	twice := runTwice(r, ids, r.runs("w1", "w2"), recs)
 	// Give the resumed worker's log a moment (its writes follow SIGCONT).
 	time.Sleep(200 * time.Millisecond)
 	dropped := logCount(w1, "silence its node could have evicted it for")
@@ -276,7 +276,7 @@ func TestFaultNATSPaused90s(t *testing.T) {
 	}
 	resumed := time.Now()
 	ids := <-done
-	at, recs := r.allTerminalBy(t, ids, resumed.Add(bound), resumed, "the server resumed")
+	at, recs := r.allTerminalBy(r, ids, resumed.Add(bound), resumed, "the server resumed")
 	lostHops := 0
 	for _, id := range ids {
 		rec := recs[id]
@@ -284,7 +284,7 @@ func TestFaultNATSPaused90s(t *testing.T) {
 			continue
 		}
 		if rec.State != jobstate.StateSucceeded {
-			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
+			r.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 		for _, h := range rec.History {
 			if h.Reason == jobstate.ReasonWorkerLost {
@@ -293,7 +293,7 @@ func TestFaultNATSPaused90s(t *testing.T) {
 			}
 		}
 	}
-	twice := runTwice(t, ids, r.runs("w1", "w2"), recs)
+	twice := runTwice(r, ids, r.runs("w1", "w2"), recs)
 	evictions := r.metric(-1, "troupe_workers_evicted_total")
 	var linkHeld, hushed int
 	for _, n := range r.nodes {
@@ -310,7 +310,7 @@ func TestFaultNATSPaused90s(t *testing.T) {
 		pause, jobs, hold, rate, evictions, linkHeld, hushed, lostHops, stale, twice,
 		at.Sub(resumed).Round(10*time.Millisecond), at.Sub(stopped).Round(10*time.Millisecond), stateCounts(recs))
 	if evictions != 0 {
-		t.Errorf("%.0f evictions while the server, not the workers, was stopped", evictions)
+		r.Errorf("%.0f evictions while the server, not the workers, was stopped", evictions)
 	}
 	if linkHeld == 0 && hushed == 0 {
 		t.Error("neither the link rule nor the hush held evictions: the stall went unnoticed")

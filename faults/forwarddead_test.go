@@ -64,6 +64,6 @@ func TestFaultNodeKilledResultsWaitForItsLocks(t *testing.T) {
 				bad[id] = rec
 			}
 		}
-		t.Fatalf("%d of %d jobs SUCCEEDED; the others: %s", succeeded, jobs, stateCounts(bad))
+		r.Fatalf("%d of %d jobs SUCCEEDED; the others: %s", succeeded, jobs, stateCounts(bad))
 	}
 }

@@ -251,19 +251,19 @@ func TestFaultNodePausedPastTheWorkerTTL(t *testing.T) {
 	}
 	resumed := time.Now()
 	ids := <-done
-	at, recs := r.allTerminalBy(t, ids, resumed.Add(90*time.Second), resumed, "the node resumed")
+	at, recs := r.allTerminalBy(r, ids, resumed.Add(90*time.Second), resumed, "the node resumed")
 	runs := r.runs("w1", "w2")
 	twice, both, workerLost := 0, 0, 0
 	for _, id := range ids {
 		rec := recs[id]
 		if rec != nil && rec.State != jobstate.StateSucceeded && rec.State.Terminal() {
-			t.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
+			r.Errorf("%s: %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 		}
 		if rec != nil {
 			for _, h := range rec.History {
 				if h.Reason == jobstate.ReasonWorkerLost {
 					workerLost++
-					t.Errorf("%s: a worker_lost hop although no worker stopped: %s", id, hops(rec))
+					r.Errorf("%s: a worker_lost hop although no worker stopped: %s", id, hops(rec))
 					break
 				}
 			}
@@ -271,12 +271,12 @@ func TestFaultNodePausedPastTheWorkerTTL(t *testing.T) {
 		for w, n := range runs[id] {
 			if n > 1 {
 				twice++
-				t.Errorf("%s: %s ran it %d times", id, w, n)
+				r.Errorf("%s: %s ran it %d times", id, w, n)
 			}
 		}
 		if len(runs[id]) > 1 {
 			both++
-			t.Errorf("%s: ran on both workers", id)
+			r.Errorf("%s: ran on both workers", id)
 		}
 	}
 	evicted := r.metric(-1, "troupe_workers_evicted_total")
@@ -292,7 +292,7 @@ func TestFaultNodePausedPastTheWorkerTTL(t *testing.T) {
 		evicted, guard, workerLost, twice, both, d1+d2, r.metric(-1, "troupe_dispatch_resent_total"),
 		r.metric(-1, "troupe_events_forwarded_total"))
 	if evicted != 0 {
-		t.Errorf("%.0f workers evicted although none stopped", evicted)
+		r.Errorf("%.0f workers evicted although none stopped", evicted)
 	}
 	if guard == 0 {
 		t.Error("n1 never logged its router's pause guard: the pause went unnoticed")

@@ -71,6 +71,14 @@ func (r *procRig) Errorf(format string, args ...any) {
 	r.failMu.Unlock()
 }
 
+// Fatalf reports a failure as Errorf does and stops the test (call it from
+// the test's goroutine, as t.Fatalf).
+func (r *procRig) Fatalf(format string, args ...any) {
+	r.t.Helper()
+	r.Errorf(format, args...)
+	r.t.FailNow()
+}
+
 // Helper marks the rig's caller as a test helper (the reporter interface).
 func (r *procRig) Helper() { r.t.Helper() }
 

@@ -28,7 +28,7 @@ func TestFaultNodeKilledWithUnwrittenWaits(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node n1 never held 20 unwritten waits (%v)", held)
+			r.Fatalf("node n1 never held 20 unwritten waits (%v)", held)
 		}
 	}
 	other := r.metric(1, "troupe_capacity_waits_unwritten")
@@ -38,7 +38,7 @@ func TestFaultNodeKilledWithUnwrittenWaits(t *testing.T) {
 		func(_ string, s jobstate.State) bool { return s == jobstate.StateSucceeded })
 	recs := r.records(ids)
 	for _, id := range left {
-		t.Errorf("%s not SUCCEEDED 90 s after the kill: %s", id, hopsOrNone(recs[id]))
+		r.Errorf("%s not SUCCEEDED 90 s after the kill: %s", id, hopsOrNone(recs[id]))
 	}
 	runs := r.runs("s1")
 	twice, never := 0, 0
@@ -55,6 +55,6 @@ func TestFaultNodeKilledWithUnwrittenWaits(t *testing.T) {
 		"capacity waits written by n2: %v; received twice %d, never %d",
 		jobs, held, other, killed.Sub(start).Round(time.Millisecond), at.Sub(killed).Round(time.Millisecond), written, twice, never)
 	if twice != 0 || never != 0 {
-		t.Fatalf("%d jobs received twice, %d never", twice, never)
+		r.Fatalf("%d jobs received twice, %d never", twice, never)
 	}
 }

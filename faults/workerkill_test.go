@@ -92,7 +92,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 	ids := <-r.submitAt("wk", jobs, 200, nil)
 	if _, left := r.waitTerminalBy(ids, time.Now().Add(20*time.Second),
 		func(_ string, s jobstate.State) bool { return s == jobstate.StateRunning }); len(left) > 0 {
-		t.Fatalf("%d of %d jobs not RUNNING 20 s after their submit: %v", len(left), jobs, left)
+		r.Fatalf("%d of %d jobs not RUNNING 20 s after their submit: %v", len(left), jobs, left)
 	}
 	held, _ := r.receiptLines("w1")
 	if len(held) == 0 {
@@ -108,7 +108,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
 	for _, id := range left {
-		t.Errorf("%s not terminal %v after the eviction: %s", id, grace+30*time.Second, stateCounts(map[string]*store.JobRecord{id: recs[id]}))
+		r.Errorf("%s not terminal %v after the eviction: %s", id, grace+30*time.Second, stateCounts(map[string]*store.JobRecord{id: recs[id]}))
 	}
 	heldSet := map[string]bool{}
 	for _, id := range held {
@@ -120,26 +120,26 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 	for _, id := range ids {
 		rec := recs[id]
 		if rec == nil {
-			t.Errorf("%s: no record", id)
+			r.Errorf("%s: no record", id)
 			continue
 		}
 		for w, n := range runs[id] {
 			if n > 1 {
-				t.Errorf("%s: %s ran it %d times", id, w, n)
+				r.Errorf("%s: %s ran it %d times", id, w, n)
 			}
 		}
 		if !heldSet[id] {
 			if rec.State != jobstate.StateSucceeded {
-				t.Errorf("%s (w2's): %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
+				r.Errorf("%s (w2's): %s (%s): %s", id, rec.State, rec.Reason, hops(rec))
 			}
 			continue
 		}
 		if runs[id]["w2"] > 0 {
 			runAgain++
-			t.Errorf("%s: started on the killed worker, then run by w2: %s", id, hops(rec))
+			r.Errorf("%s: started on the killed worker, then run by w2: %s", id, hops(rec))
 		}
 		if rec.State != jobstate.StateFailed || rec.Reason != jobstate.ReasonWorkerLost {
-			t.Errorf("%s (the killed worker's): %s (%s), want FAILED worker_lost: %s", id, rec.State, rec.Reason, hops(rec))
+			r.Errorf("%s (the killed worker's): %s (%s), want FAILED worker_lost: %s", id, rec.State, rec.Reason, hops(rec))
 			continue
 		}
 		failedLost++
@@ -151,10 +151,10 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		// Record times are whole milliseconds, the eviction seen within a
 		// 50 ms poll of the metric.
 		if after < grace-time.Second || rec.Updated.Sub(lastEvict) > grace+10*time.Second {
-			t.Errorf("%s: FAILED worker_lost %v after the first eviction, want about %v: %s", id, after, grace, hops(rec))
+			r.Errorf("%s: FAILED worker_lost %v after the first eviction, want about %v: %s", id, after, grace, hops(rec))
 		}
 		if d := dispatchedAt(rec); !d.IsZero() && rec.Updated.Sub(d) >= running {
-			t.Errorf("%s: ended at its running deadline, not by the grace", id)
+			r.Errorf("%s: ended at its running deadline, not by the grace", id)
 		}
 	}
 	dlq, err := r.st.ListDLQ(context.Background(), 1000)
@@ -168,7 +168,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		}
 	}
 	if dead != len(held) {
-		t.Errorf("%d DLQ entries worker_lost for the %d jobs of the killed worker", dead, len(held))
+		r.Errorf("%d DLQ entries worker_lost for the %d jobs of the killed worker", dead, len(held))
 	}
 	t.Logf("kill -9 of a troupe worker running %d of %d started jobs (%v each; running deadline %v): evicted %v (first node) to %v (last) "+
 		"after the kill; its jobs FAILED worker_lost %v–%v after the first eviction (WorkerLostGrace %v), all %d dead-lettered; "+
@@ -177,7 +177,7 @@ func TestFaultWorkerKilledWithStartedJobs(t *testing.T) {
 		minAfter.Round(10*time.Millisecond), maxAfter.Round(10*time.Millisecond), grace, dead, runAgain,
 		at.Sub(killed).Round(10*time.Millisecond), at.Sub(start).Round(10*time.Millisecond), stateCounts(recs))
 	if failedLost != len(held) {
-		t.Errorf("%d of the killed worker's %d jobs ended FAILED worker_lost", failedLost, len(held))
+		r.Errorf("%d of the killed worker's %d jobs ended FAILED worker_lost", failedLost, len(held))
 	}
 }
 
@@ -215,7 +215,7 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the stock workers received %d of %d jobs in 20 s", len(a)+len(b), jobs)
+			r.Fatalf("the stock workers received %d of %d jobs in 20 s", len(a)+len(b), jobs)
 		}
 	}
 	victim, survivor := "s1", "s2"
@@ -241,7 +241,7 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 		func(_ string, s jobstate.State) bool { return s.Terminal() })
 	recs := r.records(ids)
 	for _, id := range left {
-		t.Errorf("%s not terminal %v after the first submit: %s", id, running+45*time.Second, stateCounts(map[string]*store.JobRecord{id: recs[id]}))
+		r.Errorf("%s not terminal %v after the first submit: %s", id, running+45*time.Second, stateCounts(map[string]*store.JobRecord{id: recs[id]}))
 	}
 	heldSet := map[string]bool{}
 	for _, id := range held {
@@ -252,7 +252,7 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 	for _, id := range ids {
 		rec := recs[id]
 		if rec == nil {
-			t.Errorf("%s: no record", id)
+			r.Errorf("%s: no record", id)
 			continue
 		}
 		total := 0
@@ -260,7 +260,7 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 			total += n
 		}
 		if total != 1 {
-			t.Errorf("%s: received %d times (%v)", id, total, runs[id])
+			r.Errorf("%s: received %d times (%v)", id, total, runs[id])
 		}
 		if picked[id] == victim && !heldSet[id] {
 			pickedVictimRanSurvivor++
@@ -270,18 +270,18 @@ func TestFaultStockWorkerKilledOnAPoolSubject(t *testing.T) {
 		}
 		if !heldSet[id] {
 			if rec.State != jobstate.StateSucceeded {
-				t.Errorf("%s (run by the survivor, picked %s): %s (%s): %s", id, picked[id], rec.State, rec.Reason, hops(rec))
+				r.Errorf("%s (run by the survivor, picked %s): %s (%s): %s", id, picked[id], rec.State, rec.Reason, hops(rec))
 			}
 			continue
 		}
 		if rec.State != jobstate.StateTimeout || rec.Reason != jobstate.ReasonRunningTimeout {
-			t.Errorf("%s (run by the killed worker, picked %s): %s (%s), want TIMEOUT running_timeout: %s",
+			r.Errorf("%s (run by the killed worker, picked %s): %s (%s), want TIMEOUT running_timeout: %s",
 				id, picked[id], rec.State, rec.Reason, hops(rec))
 			continue
 		}
 		if d := dispatchedAt(rec); !d.IsZero() {
 			if after := rec.Updated.Sub(d); after < running-time.Second {
-				t.Errorf("%s: TIMEOUT %v after its dispatch, before its running deadline %v", id, after, running)
+				r.Errorf("%s: TIMEOUT %v after its dispatch, before its running deadline %v", id, after, running)
 			}
 		}
 	}
