@@ -117,15 +117,32 @@ type confirmItem struct {
 // here (heard): that actor will settle them, so their shared copies wait
 // for it without a read (issue 33: under load the actor's terminal write
 // lands after OwnConfirmFirst, and each such copy cost a read or two).
+//
+// It keeps one mark a job id (the attempt's: the map's string key takes
+// the runtime's fast string path, where a struct key of two strings and a
+// status was hashed by the generic one, ~3 % of node CPU with replicas,
+// issue 33 round 9). The mark names its result (worker, status): a take
+// for another result of the job finds nothing, and a mark for another
+// result replaces it. A result whose mark was replaced is read from its
+// job's record (or handled at once, when its job's actor is live here), as
+// any result the set does not know: slower, never wrong. A job's results
+// rarely overlap here (a retried attempt has its own id).
 type settledSet struct {
 	mu    sync.Mutex
-	m     map[settledKey]settledMark
+	m     map[string]settledMark // by the result's job id
 	swept time.Time
 }
 
 type settledMark struct {
-	at   time.Time
-	done bool // settled; else heard, passed to the job's live actor here
+	at     time.Time
+	worker string
+	status capv1.JobStatus
+	done   bool // settled; else heard, passed to the job's live actor here
+}
+
+// is reports whether the mark is for the result k.
+func (m *settledMark) is(k settledKey) bool {
+	return m.worker == k.worker && m.status == k.status
 }
 
 // What the settled set knows of a result.
@@ -163,16 +180,20 @@ func (s *settledSet) mark(k settledKey, done bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
-		s.m = make(map[settledKey]settledMark)
+		s.m = make(map[string]settledMark)
 	}
-	if m, ok := s.m[k]; !done && ok && (m.done || now.Sub(m.at) <= ownSettledFor) {
-		return
+	if !done {
+		// A settle always marks; a heard result only where its own mark
+		// is not live.
+		if m, ok := s.m[k.job]; ok && m.is(k) && (m.done || now.Sub(m.at) <= ownSettledFor) {
+			return
+		}
 	}
-	s.m[k] = settledMark{at: now, done: done}
+	s.m[k.job] = settledMark{at: now, worker: k.worker, status: k.status, done: done}
 	if now.Sub(s.swept) > ownSettledFor {
-		for k, m := range s.m {
+		for job, m := range s.m {
 			if now.Sub(m.at) > ownSettledFor {
-				delete(s.m, k)
+				delete(s.m, job)
 			}
 		}
 		s.swept = now
@@ -183,12 +204,12 @@ func (s *settledSet) mark(k settledKey, done bool) {
 func (s *settledSet) take(k settledKey) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, ok := s.m[k]
+	m, ok := s.m[k.job]
 	switch {
-	case !ok:
+	case !ok || !m.is(k):
 		return markNone
 	case m.done:
-		delete(s.m, k)
+		delete(s.m, k.job)
 		return markSettled
 	}
 	return markHeard
