@@ -39,6 +39,7 @@ type sutSpec struct {
 	// hold run keeps jobs DISPATCHED for longer than the default 300 s).
 	ParkAfter       time.Duration `json:"park_after,omitempty"`
 	CapacityGrace   time.Duration `json:"capacity_grace,omitempty"`
+	MaxAdmitting    int           `json:"max_admitting,omitempty"`
 	LockTTL         time.Duration `json:"lock_ttl,omitempty"`
 	DispatchTimeout time.Duration `json:"dispatch_timeout,omitempty"`
 	// MemoryLimit is the node process's Go soft memory limit (0: none).
@@ -106,7 +107,8 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 			NodeID: spec.NodeID, NATS: nc, Redis: rdb,
 			KeyPrefix: spec.KeyPrefix, SubjectPrefix: spec.SubjectPrefix, StreamPrefix: spec.StreamPrefix,
 			Pools: pools, Logger: log,
-			Tuning: troupe.Tuning{ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace, Timeouts: timeouts},
+			Tuning: troupe.Tuning{ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace,
+				MaxAdmitting: spec.MaxAdmitting, Timeouts: timeouts},
 		})
 		if err != nil {
 			s.close()
