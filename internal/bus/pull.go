@@ -24,6 +24,8 @@ type puller struct {
 	next    string // the consumer's pull (MSG.NEXT) API subject
 	timer   *time.Timer
 	request []byte
+	// keep, when set, is given each pull's messages (KeepInProgress).
+	keep *progressKeeper
 }
 
 func newPuller(js jetstream.JetStream, stream, consumer string) *puller {
@@ -83,12 +85,27 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 	}
 	p.timer.Reset(wait + time.Second)
 	defer p.timer.Stop()
+	// kept are the messages for the progress keeper since at, handed to it
+	// whenever the pull would wait for more (and at its end): a message
+	// is kept from no later than its arrival, in one step per burst.
+	var (
+		kept []*pulledMsg
+		at   time.Time
+	)
+	if p.keep != nil {
+		at = time.Now()
+		defer func() { p.keep.add(at, kept) }()
+	}
 	n := 0
 	for n < size {
 		var m *nats.Msg
 		select {
 		case m = <-ch: // the common case at full speed: no timer armed
 		default:
+			if len(kept) > 0 {
+				p.keep.add(at, kept)
+				kept, at = nil, time.Now()
+			}
 			select {
 			case m = <-ch:
 			case <-p.timer.C:
@@ -116,7 +133,15 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 			}
 		}
 		n++
-		handle(newPulledMsg(m, p.nc))
+		pm := newPulledMsg(m, p.nc)
+		if p.keep != nil {
+			if kept == nil {
+				kept = make([]*pulledMsg, 0, min(size-n+1, 16))
+			}
+			pm.kept = true
+			kept = append(kept, pm)
+		}
+		handle(pm)
 	}
 	return n, nil
 }
@@ -142,6 +167,9 @@ type pulledMsg struct {
 	ackd  atomic.Bool
 	md    jetstream.MsgMetadata
 	mdErr error
+	// kept: a progress keeper tells JetStream it is in progress until it
+	// is settled (KeepInProgress); set before the message is handled.
+	kept bool
 }
 
 func newPulledMsg(m *nats.Msg, nc *nats.Conn) *pulledMsg {
@@ -153,6 +181,10 @@ func newPulledMsg(m *nats.Msg, nc *nats.Conn) *pulledMsg {
 // MetadataParsed marks a message whose Metadata is parsed already and
 // allocates nothing: intake wraps no cache around it.
 func (m *pulledMsg) MetadataParsed() {}
+
+// KeptInProgress reports whether a progress keeper keeps the message in
+// progress until it is settled (KeepInProgress): no one else need.
+func (m *pulledMsg) KeptInProgress() bool { return m.kept }
 
 func (m *pulledMsg) Data() []byte         { return m.msg.Data }
 func (m *pulledMsg) Headers() nats.Header { return m.msg.Header }

@@ -142,7 +142,7 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 		kept = make([]lifecycle.Delivery, 0, len(ds))
 	}
 	for _, d := range ds {
-		if d != nil {
+		if d != nil && !keptElsewhere(d) {
 			kept = append(kept, d)
 		}
 	}
@@ -157,6 +157,14 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 	case t.kick <- struct{}{}:
 	default:
 	}
+}
+
+// keptElsewhere reports whether d's fetch loop keeps it in progress at
+// JetStream until it is settled (bus.KeepInProgress): touched here too,
+// it would cost nats-server twice the signals.
+func keptElsewhere(d lifecycle.Delivery) bool {
+	k, ok := d.(interface{ KeptInProgress() bool })
+	return ok && k.KeptInProgress()
 }
 
 // Remove stops keeping job's deliveries.

@@ -1,0 +1,165 @@
+package bus
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A node holds a submit un-acked from the moment it fetches it until its
+// job's record is written (or the job waits for room within its capacity
+// grace, with no record): in the fetch loop's hand-off, the job shards' and
+// actors' mailboxes, the store writer's queue. On a loaded machine that can
+// pass the consumer's first redelivery wait (RedeliveryBackoff[0], 5 s), and
+// JetStream then offers the submit again, to this node or a replica: a
+// second activation that finds the job created (or terminal) and costs a
+// NATS message and Redis commands for nothing.
+//
+// The progress keeper (KeepInProgress) prevents that: it tells JetStream
+// every fetched message still un-settled (not acked, nak'd or terminated)
+// KeepFirst after the fetch that took it is in progress, then every
+// KeepEvery, up to its maxAge. At full speed a submit is acked within
+// milliseconds and never touched: the keeper's cost per message is a
+// pointer in its fetch's batch and one look at its settled flag when the
+// batch is due. A node that dies touches nothing, so its submits are offered
+// to the survivors within the redelivery wait, as before.
+const (
+	// KeepFirst is how long after its fetch an un-settled message is first
+	// told in progress; KeepEvery how often after that. Both leave the
+	// first redelivery wait (5 s) a margin of a tick and more.
+	KeepFirst = 2 * time.Second
+	KeepEvery = 4 * time.Second
+	keepTick  = 250 * time.Millisecond
+)
+
+// progressKeeper is the progress keeper of one Consume's fetch loops.
+type progressKeeper struct {
+	first, every, maxAge, tick time.Duration
+
+	mu      sync.Mutex
+	fresh   []keptBatch // in order of fetch: due first+at
+	touched []keptMsg   // in order of their next touch
+	th      int         // touched's head
+	touches *atomic.Uint64
+	kick    chan struct{}
+}
+
+// keptBatch is one fetch's messages, from when the fetch began.
+type keptBatch struct {
+	at   time.Time
+	msgs []*pulledMsg
+}
+
+type keptMsg struct {
+	m           *pulledMsg
+	next, until time.Time
+}
+
+// newProgressKeeper is a keeper whose loop is not started; maxAge ≤ 0: an hour.
+func newProgressKeeper(first, every, maxAge time.Duration) *progressKeeper {
+	if maxAge <= 0 {
+		maxAge = time.Hour
+	}
+	return &progressKeeper{first: first, every: every, maxAge: maxAge, tick: min(keepTick, first/4, every/4),
+		kick: make(chan struct{}, 1), touches: &atomic.Uint64{}}
+}
+
+// add keeps one fetch's messages (the slice is the keeper's from now on).
+func (k *progressKeeper) add(at time.Time, msgs []*pulledMsg) {
+	if len(msgs) == 0 {
+		return
+	}
+	k.mu.Lock()
+	k.fresh = append(k.fresh, keptBatch{at: at, msgs: msgs})
+	k.mu.Unlock()
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Touches is how many in-progress signals the keeper has sent.
+func (k *progressKeeper) Touches() uint64 { return k.touches.Load() }
+
+// kept is how many fetches and touched messages the keeper holds.
+func (k *progressKeeper) kept() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.fresh) + len(k.touched) - k.th
+}
+
+// loop ticks while anything is kept, and sleeps (no timer) while nothing is.
+func (k *progressKeeper) loop(ctx context.Context) {
+	timer := time.NewTimer(k.tick)
+	defer timer.Stop()
+	armed := true
+	var due []*pulledMsg
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.kick:
+			if !armed {
+				timer.Reset(k.tick)
+				armed = true
+			}
+		case now := <-timer.C:
+			armed = false
+			due = k.due(now, due[:0])
+			for _, m := range due {
+				_ = m.InProgress() // settled meanwhile: refused, harmless; lost: a redelivery the job absorbs
+			}
+			clear(due)
+			if k.kept() > 0 {
+				timer.Reset(k.tick)
+				armed = true
+			}
+		}
+	}
+}
+
+// due collects the un-settled messages whose touch is due at now and
+// queues their next one; settled messages and those past maxAge are
+// dropped. The signals go out after the lock is released.
+func (k *progressKeeper) due(now time.Time, out []*pulledMsg) []*pulledMsg {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	// Touched messages first: the head is the next due (all share one
+	// interval, so the queue stays in order of next touch).
+	for end := len(k.touched); k.th < end && !now.Before(k.touched[k.th].next); k.th++ {
+		e := k.touched[k.th]
+		k.touched[k.th] = keptMsg{}
+		if e.m.ackd.Load() || now.After(e.until) {
+			continue
+		}
+		e.next = now.Add(k.every)
+		k.touched = append(k.touched, e)
+		out = append(out, e.m)
+	}
+	n := 0
+	for ; n < len(k.fresh) && !now.Before(k.fresh[n].at.Add(k.first)); n++ {
+		b := k.fresh[n]
+		until := b.at.Add(k.maxAge)
+		for _, m := range b.msgs {
+			if m.ackd.Load() || now.After(until) {
+				continue
+			}
+			k.touched = append(k.touched, keptMsg{m: m, next: now.Add(k.every), until: until})
+			out = append(out, m)
+		}
+		clear(b.msgs)
+	}
+	if n > 0 {
+		rest := copy(k.fresh, k.fresh[n:])
+		clear(k.fresh[rest:])
+		k.fresh = k.fresh[:rest]
+	}
+	if k.th >= 1024 && k.th*2 >= len(k.touched) || k.th == len(k.touched) {
+		rest := copy(k.touched, k.touched[k.th:])
+		clear(k.touched[rest:])
+		k.touched, k.th = k.touched[:rest], 0
+	}
+	k.touches.Add(uint64(len(out)))
+	return out
+}
