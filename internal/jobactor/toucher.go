@@ -19,6 +19,11 @@ import (
 // waits for a slot well under TouchFirst and is never touched. A touch
 // that comes too late only costs a redelivery, which the waiting job
 // absorbs (or, on a replica, a second wait that loses the create).
+//
+// A submit pulled from JetStream by the node's fetch loops is kept in
+// progress by those loops from its fetch until it is settled
+// (bus.KeepInProgress), so Add leaves it out: the Toucher touches the
+// deliveries that come another way.
 const (
 	TouchEvery = 4 * time.Second
 	TouchFirst = 2 * time.Second

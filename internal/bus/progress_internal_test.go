@@ -1,0 +1,56 @@
+package bus
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// The progress keeper's schedule on its own clock: an unsettled message is
+// due first after its fetch, then every interval, until maxAge from its
+// fetch; a settled one is never due again; nothing is due early.
+func TestProgressKeeperSchedule(t *testing.T) {
+	k := newProgressKeeper(2*time.Second, 4*time.Second, 11*time.Second)
+	t0 := time.Unix(1_000_000, 0)
+	held := &pulledMsg{msg: &nats.Msg{Reply: "r1"}}
+	acked := &pulledMsg{msg: &nats.Msg{Reply: "r2"}}
+	k.add(t0, []*pulledMsg{held, acked})
+	at := func(d time.Duration) []*pulledMsg { return k.due(t0.Add(d), nil) }
+	if got := at(1999 * time.Millisecond); len(got) != 0 {
+		t.Fatalf("due before KeepFirst: %d", len(got))
+	}
+	acked.ackd.Store(true)
+	if got := at(2 * time.Second); len(got) != 1 || got[0] != held {
+		t.Fatalf("at 2 s: %v, want the held message alone", got)
+	}
+	if got := at(5 * time.Second); len(got) != 0 {
+		t.Fatalf("due at 5 s, 3 s after its touch: %d", len(got))
+	}
+	if got := at(6 * time.Second); len(got) != 1 {
+		t.Fatalf("at 6 s: %d due, want 1", len(got))
+	}
+	if got := at(10 * time.Second); len(got) != 1 {
+		t.Fatalf("at 10 s: %d due, want 1", len(got))
+	}
+	// Past maxAge (11 s): given up, and the keeper holds nothing.
+	if got := at(14 * time.Second); len(got) != 0 {
+		t.Fatalf("at 14 s, past maxAge: %d due", len(got))
+	}
+	if n := k.kept(); n != 0 {
+		t.Fatalf("keeper holds %d after every message left", n)
+	}
+	if n := k.Touches(); n != 3 {
+		t.Fatalf("%d touches counted, want 3", n)
+	}
+	// Settled between touches: dropped at its next turn.
+	m := &pulledMsg{msg: &nats.Msg{Reply: "r3"}}
+	k.add(t0.Add(20*time.Second), []*pulledMsg{m})
+	if got := at(22 * time.Second); len(got) != 1 {
+		t.Fatalf("at 22 s: %d due, want 1", len(got))
+	}
+	m.ackd.Store(true)
+	if got := at(26 * time.Second); len(got) != 0 || k.kept() != 0 {
+		t.Fatalf("settled message still due (%d) or kept (%d)", len(got), k.kept())
+	}
+}
