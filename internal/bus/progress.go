@@ -27,8 +27,12 @@ import (
 const (
 	// KeepFirst is how long after its fetch an un-settled message is first
 	// told in progress; KeepEvery how often after that. Both leave the
-	// first redelivery wait (5 s) a margin of a tick and more.
-	KeepFirst = 2 * time.Second
+	// first redelivery wait (5 s) a margin of a tick and more: the fetch's
+	// clock starts no later than the message arrives, the server's a
+	// little earlier (its delivery, then the client's read). KeepFirst is
+	// later than the Toucher's TouchFirst (2 s), whose clock starts at the
+	// wait, not the fetch: a submit held 2–3 s is not touched.
+	KeepFirst = 3 * time.Second
 	KeepEvery = 4 * time.Second
 	keepTick  = 250 * time.Millisecond
 )

@@ -11,7 +11,7 @@ import (
 // due first after its fetch, then every interval, until maxAge from its
 // fetch; a settled one is never due again; nothing is due early.
 func TestProgressKeeperSchedule(t *testing.T) {
-	k := newProgressKeeper(2*time.Second, 4*time.Second, 11*time.Second)
+	k := newProgressKeeper(2*time.Second, 4*time.Second, 11*time.Second) // its own schedule, not the defaults
 	t0 := time.Unix(1_000_000, 0)
 	held := &pulledMsg{msg: &nats.Msg{Reply: "r1"}}
 	acked := &pulledMsg{msg: &nats.Msg{Reply: "r2"}}
