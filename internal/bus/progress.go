@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // A node holds a submit un-acked from the moment it fetches it until its
@@ -21,8 +23,9 @@ import (
 // KeepFirst after the fetch that took it is in progress, then every
 // KeepEvery, up to its maxAge. At full speed a submit is acked within
 // milliseconds and never touched: the keeper's cost per message is a
-// pointer in its fetch's batch and one look at its settled flag when the
-// batch is due. A node that dies touches nothing, so its submits are offered
+// progressState (its reply subject and a settled flag, allocated 32 at a
+// time, the only thing the keeper holds: not the message and its data)
+// and one look at that flag when its fetch is due. A node that dies touches nothing, so its submits are offered
 // to the survivors within the redelivery wait, as before.
 const (
 	// KeepFirst is how long after its fetch an un-settled message is first
@@ -42,6 +45,7 @@ type progressKeeper struct {
 	first, every, maxAge, tick time.Duration
 
 	mu      sync.Mutex
+	nc      *nats.Conn
 	fresh   []keptBatch // in order of fetch: due first+at
 	touched []keptMsg   // in order of their next touch
 	th      int         // touched's head
@@ -49,33 +53,42 @@ type progressKeeper struct {
 	kick    chan struct{}
 }
 
-// keptBatch is one fetch's messages, from when the fetch began.
+// progressState is what the keeper knows of one fetched message: where
+// its acknowledgements go and whether it is settled (pulledMsg.reply sets
+// it).
+type progressState struct {
+	reply   string
+	settled atomic.Bool
+}
+
+// keptBatch is a burst of one fetch's messages, from when it began.
 type keptBatch struct {
-	at   time.Time
-	msgs []*pulledMsg
+	at time.Time
+	ps []progressState
 }
 
 type keptMsg struct {
-	m           *pulledMsg
+	ps          *progressState
 	next, until time.Time
 }
 
 // newProgressKeeper is a keeper whose loop is not started; maxAge ≤ 0: an hour.
-func newProgressKeeper(first, every, maxAge time.Duration) *progressKeeper {
+func newProgressKeeper(nc *nats.Conn, first, every, maxAge time.Duration) *progressKeeper {
 	if maxAge <= 0 {
 		maxAge = time.Hour
 	}
-	return &progressKeeper{first: first, every: every, maxAge: maxAge, tick: min(keepTick, first/4, every/4),
+	return &progressKeeper{nc: nc, first: first, every: every, maxAge: maxAge, tick: min(keepTick, first/4, every/4),
 		kick: make(chan struct{}, 1), touches: &atomic.Uint64{}}
 }
 
-// add keeps one fetch's messages (the slice is the keeper's from now on).
-func (k *progressKeeper) add(at time.Time, msgs []*pulledMsg) {
-	if len(msgs) == 0 {
+// add keeps a burst of one fetch's messages (the slice is the keeper's
+// from now on: nothing appends to it).
+func (k *progressKeeper) add(at time.Time, ps []progressState) {
+	if len(ps) == 0 {
 		return
 	}
 	k.mu.Lock()
-	k.fresh = append(k.fresh, keptBatch{at: at, msgs: msgs})
+	k.fresh = append(k.fresh, keptBatch{at: at, ps: ps})
 	k.mu.Unlock()
 	select {
 	case k.kick <- struct{}{}:
@@ -98,7 +111,7 @@ func (k *progressKeeper) loop(ctx context.Context) {
 	timer := time.NewTimer(k.tick)
 	defer timer.Stop()
 	armed := true
-	var due []*pulledMsg
+	var due []*progressState
 	for {
 		select {
 		case <-ctx.Done():
@@ -111,8 +124,10 @@ func (k *progressKeeper) loop(ctx context.Context) {
 		case now := <-timer.C:
 			armed = false
 			due = k.due(now, due[:0])
-			for _, m := range due {
-				_ = m.InProgress() // settled meanwhile: refused, harmless; lost: a redelivery the job absorbs
+			for _, ps := range due {
+				if !ps.settled.Load() { // settled meanwhile: JetStream would ignore it
+					_ = k.nc.Publish(ps.reply, progressBody) // lost: a redelivery, which the job absorbs
+				}
 			}
 			clear(due)
 			if k.kept() > 0 {
@@ -126,7 +141,7 @@ func (k *progressKeeper) loop(ctx context.Context) {
 // due collects the un-settled messages whose touch is due at now and
 // queues their next one; settled messages and those past maxAge are
 // dropped. The signals go out after the lock is released.
-func (k *progressKeeper) due(now time.Time, out []*pulledMsg) []*pulledMsg {
+func (k *progressKeeper) due(now time.Time, out []*progressState) []*progressState {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	// Touched messages first: the head is the next due (all share one
@@ -134,25 +149,25 @@ func (k *progressKeeper) due(now time.Time, out []*pulledMsg) []*pulledMsg {
 	for end := len(k.touched); k.th < end && !now.Before(k.touched[k.th].next); k.th++ {
 		e := k.touched[k.th]
 		k.touched[k.th] = keptMsg{}
-		if e.m.ackd.Load() || now.After(e.until) {
+		if e.ps.settled.Load() || now.After(e.until) {
 			continue
 		}
 		e.next = now.Add(k.every)
 		k.touched = append(k.touched, e)
-		out = append(out, e.m)
+		out = append(out, e.ps)
 	}
 	n := 0
 	for ; n < len(k.fresh) && !now.Before(k.fresh[n].at.Add(k.first)); n++ {
 		b := k.fresh[n]
 		until := b.at.Add(k.maxAge)
-		for _, m := range b.msgs {
-			if m.ackd.Load() || now.After(until) {
+		for i := range b.ps {
+			ps := &b.ps[i]
+			if ps.settled.Load() || now.After(until) {
 				continue
 			}
-			k.touched = append(k.touched, keptMsg{m: m, next: now.Add(k.every), until: until})
-			out = append(out, m)
+			k.touched = append(k.touched, keptMsg{ps: ps, next: now.Add(k.every), until: until})
+			out = append(out, ps)
 		}
-		clear(b.msgs)
 	}
 	if n > 0 {
 		rest := copy(k.fresh, k.fresh[n:])

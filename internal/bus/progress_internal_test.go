@@ -3,24 +3,22 @@ package bus
 import (
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 )
 
 // The progress keeper's schedule on its own clock: an unsettled message is
 // due first after its fetch, then every interval, until maxAge from its
 // fetch; a settled one is never due again; nothing is due early.
 func TestProgressKeeperSchedule(t *testing.T) {
-	k := newProgressKeeper(2*time.Second, 4*time.Second, 11*time.Second) // its own schedule, not the defaults
+	k := newProgressKeeper(nil, 2*time.Second, 4*time.Second, 11*time.Second) // its own schedule, not the defaults
 	t0 := time.Unix(1_000_000, 0)
-	held := &pulledMsg{msg: &nats.Msg{Reply: "r1"}}
-	acked := &pulledMsg{msg: &nats.Msg{Reply: "r2"}}
-	k.add(t0, []*pulledMsg{held, acked})
-	at := func(d time.Duration) []*pulledMsg { return k.due(t0.Add(d), nil) }
+	batch := []progressState{{reply: "r1"}, {reply: "r2"}}
+	held, acked := &batch[0], &batch[1]
+	k.add(t0, batch)
+	at := func(d time.Duration) []*progressState { return k.due(t0.Add(d), nil) }
 	if got := at(1999 * time.Millisecond); len(got) != 0 {
 		t.Fatalf("due before KeepFirst: %d", len(got))
 	}
-	acked.ackd.Store(true)
+	acked.settled.Store(true)
 	if got := at(2 * time.Second); len(got) != 1 || got[0] != held {
 		t.Fatalf("at 2 s: %v, want the held message alone", got)
 	}
@@ -44,12 +42,13 @@ func TestProgressKeeperSchedule(t *testing.T) {
 		t.Fatalf("%d touches counted, want 3", n)
 	}
 	// Settled between touches: dropped at its next turn.
-	m := &pulledMsg{msg: &nats.Msg{Reply: "r3"}}
-	k.add(t0.Add(20*time.Second), []*pulledMsg{m})
+	later := []progressState{{reply: "r3"}}
+	m := &later[0]
+	k.add(t0.Add(20*time.Second), later)
 	if got := at(22 * time.Second); len(got) != 1 {
 		t.Fatalf("at 22 s: %d due, want 1", len(got))
 	}
-	m.ackd.Store(true)
+	m.settled.Store(true)
 	if got := at(26 * time.Second); len(got) != 0 || k.kept() != 0 {
 		t.Fatalf("settled message still due (%d) or kept (%d)", len(got), k.kept())
 	}

@@ -85,11 +85,11 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 	}
 	p.timer.Reset(wait + time.Second)
 	defer p.timer.Stop()
-	// kept are the messages for the progress keeper since at, handed to it
-	// whenever the pull would wait for more (and at its end): a message
-	// is kept from no later than its arrival, in one step per burst.
+	// kept is what the progress keeper learns of the messages since at,
+	// handed to it whenever the pull would wait for more, when full, and
+	// at the pull's end: a message is kept from no later than its arrival.
 	var (
-		kept []*pulledMsg
+		kept []progressState
 		at   time.Time
 	)
 	if p.keep != nil {
@@ -102,7 +102,7 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 		select {
 		case m = <-ch: // the common case at full speed: no timer armed
 		default:
-			if len(kept) > 0 {
+			if len(kept) > 0 { // p.keep is set
 				p.keep.add(at, kept)
 				kept, at = nil, time.Now()
 			}
@@ -135,11 +135,14 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 		n++
 		pm := newPulledMsg(m, p.nc)
 		if p.keep != nil {
-			if kept == nil {
-				kept = make([]*pulledMsg, 0, min(size-n+1, 16))
+			if len(kept) == cap(kept) {
+				// Full (or none yet): a new block, never a grown one, since
+				// the messages point into it.
+				p.keep.add(at, kept)
+				kept = make([]progressState, 0, min(size-n+1, keptBlock))
 			}
-			pm.kept = true
-			kept = append(kept, pm)
+			kept = append(kept, progressState{reply: m.Reply})
+			pm.ps = &kept[len(kept)-1]
 		}
 		handle(pm)
 	}
@@ -167,10 +170,14 @@ type pulledMsg struct {
 	ackd  atomic.Bool
 	md    jetstream.MsgMetadata
 	mdErr error
-	// kept: a progress keeper tells JetStream it is in progress until it
-	// is settled (KeepInProgress); set before the message is handled.
-	kept bool
+	// ps, when set, is the message's state at a progress keeper, which
+	// tells JetStream it is in progress until it is settled
+	// (KeepInProgress); set before the message is handled.
+	ps *progressState
 }
+
+// keptBlock is how many progressStates one allocation holds.
+const keptBlock = 32
 
 func newPulledMsg(m *nats.Msg, nc *nats.Conn) *pulledMsg {
 	pm := &pulledMsg{msg: m, nc: nc}
@@ -184,7 +191,7 @@ func (m *pulledMsg) MetadataParsed() {}
 
 // KeptInProgress reports whether a progress keeper keeps the message in
 // progress until it is settled (KeepInProgress): no one else need.
-func (m *pulledMsg) KeptInProgress() bool { return m.kept }
+func (m *pulledMsg) KeptInProgress() bool { return m.ps != nil }
 
 func (m *pulledMsg) Data() []byte         { return m.msg.Data }
 func (m *pulledMsg) Headers() nats.Header { return m.msg.Header }
@@ -229,8 +236,16 @@ func (m *pulledMsg) DoubleAck(ctx context.Context) error {
 	if _, err := m.nc.RequestWithContext(ctx, m.msg.Reply, ackBody); err != nil {
 		return err
 	}
-	m.ackd.Store(true)
+	m.settled()
 	return nil
+}
+
+// settled marks the message settled, for its keeper too.
+func (m *pulledMsg) settled() {
+	m.ackd.Store(true)
+	if m.ps != nil {
+		m.ps.settled.Store(true)
+	}
 }
 
 func (m *pulledMsg) reply(body []byte, settles bool) error {
@@ -244,7 +259,7 @@ func (m *pulledMsg) reply(body []byte, settles bool) error {
 		return err
 	}
 	if settles {
-		m.ackd.Store(true)
+		m.settled()
 	}
 	return nil
 }

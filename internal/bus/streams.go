@@ -436,7 +436,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 	}
 	var keep *progressKeeper
 	if o.keep > 0 {
-		keep = newProgressKeeper(o.keepFirst, o.keepEvery, o.keep)
+		keep = newProgressKeeper(js.Conn(), o.keepFirst, o.keepEvery, o.keep)
 		if o.keepTouches != nil {
 			keep.touches = o.keepTouches
 		}
