@@ -46,6 +46,7 @@ type progressKeeper struct {
 
 	mu      sync.Mutex
 	nc      *nats.Conn
+	while   func() bool // nil: always; see KeepWhile
 	fresh   []keptBatch // in order of fetch: due first+at
 	touched []keptMsg   // in order of their next touch
 	th      int         // touched's head
@@ -124,9 +125,14 @@ func (k *progressKeeper) loop(ctx context.Context) {
 		case now := <-timer.C:
 			armed = false
 			due = k.due(now, due[:0])
+			if k.while != nil && !k.while() {
+				clear(due) // kept on schedule, not touched: JetStream may offer them again
+				due = due[:0]
+			}
 			for _, ps := range due {
 				if !ps.settled.Load() { // settled meanwhile: JetStream would ignore it
 					_ = k.nc.Publish(ps.reply, progressBody) // lost: a redelivery, which the job absorbs
+					k.touches.Add(1)
 				}
 			}
 			clear(due)
@@ -179,6 +185,5 @@ func (k *progressKeeper) due(now time.Time, out []*progressState) []*progressSta
 		clear(k.touched[rest:])
 		k.touched, k.th = k.touched[:rest], 0
 	}
-	k.touches.Add(uint64(len(out)))
 	return out
 }

@@ -38,9 +38,6 @@ func TestProgressKeeperSchedule(t *testing.T) {
 	if n := k.kept(); n != 0 {
 		t.Fatalf("keeper holds %d after every message left", n)
 	}
-	if n := k.Touches(); n != 3 {
-		t.Fatalf("%d touches counted, want 3", n)
-	}
 	// Settled between touches: dropped at its next turn.
 	later := []progressState{{reply: "r3"}}
 	m := &later[0]

@@ -181,3 +181,26 @@ func TestConsumeKeeperTouchesNoSettledMessage(t *testing.T) {
 		t.Fatalf("%d in-progress signals for acked messages", n)
 	}
 }
+
+// While KeepWhile says false (the node's lock renewals are late) the keeper
+// touches nothing: the held submits go back to JetStream's redelivery, for
+// a replica, as with no keeper.
+func TestConsumeKeeperLetsGoWhileTheNodeCannotKeepUp(t *testing.T) {
+	t.Parallel()
+	var touches atomic.Uint64
+	seen, info := heldSubmits(t, 40, 3*progressRedelivery,
+		bus.KeepInProgressEvery(time.Minute, progressRedelivery/3, progressRedelivery/2, &touches),
+		bus.KeepWhile(func() bool { return false }))
+	twice := 0
+	for _, k := range seen {
+		if k > 1 {
+			twice++
+		}
+	}
+	if twice == 0 && info.NumRedelivered == 0 {
+		t.Fatalf("no submit offered again while the keeper may not touch")
+	}
+	if n := touches.Load(); n != 0 {
+		t.Fatalf("%d in-progress signals sent while the keeper may not touch", n)
+	}
+}

@@ -332,6 +332,7 @@ type consumeOpts struct {
 	keep                 time.Duration
 	keepFirst, keepEvery time.Duration
 	keepTouches          *atomic.Uint64
+	keepWhile            func() bool
 }
 
 // KeepInProgress has Consume's fetch loops keep every message they fetch
@@ -348,6 +349,15 @@ func KeepInProgress(maxAge time.Duration, touches *atomic.Uint64) ConsumeOption 
 		o.keepFirst, o.keepEvery = KeepFirst, KeepEvery
 		o.keepTouches = touches
 	}
+}
+
+// KeepWhile has the progress keeper (KeepInProgress) touch nothing while
+// ok says false: the node cannot finish what it holds (its lock renewals
+// are late: Redis unreachable, or the node stalled), so its held messages
+// go back to JetStream's redelivery, for a replica, within the redelivery
+// wait of their last touch.
+func KeepWhile(ok func() bool) ConsumeOption {
+	return func(o *consumeOpts) { o.keepWhile = ok }
 }
 
 // FetchRoom bounds each fetch by room (asked before every fetch): how many
@@ -440,6 +450,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 		if o.keepTouches != nil {
 			keep.touches = o.keepTouches
 		}
+		keep.while = o.keepWhile
 		go keep.loop(ctx)
 	}
 	for i := range FetchLoops {

@@ -55,7 +55,8 @@ func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix st
 		submitOpts = append(append([]bus.ConsumeOption{}, opts...), bus.FetchRoom(in.SubmitRoom))
 	}
 	if in.SubmitKeep > 0 {
-		submitOpts = append(append([]bus.ConsumeOption{}, submitOpts...), bus.KeepInProgress(in.SubmitKeep, in.SubmitTouches))
+		submitOpts = append(append([]bus.ConsumeOption{}, submitOpts...), bus.KeepInProgress(in.SubmitKeep, in.SubmitTouches),
+			bus.KeepWhile(func() bool { return in.Env == nil || in.Env.Renewer == nil || !in.Env.Renewer.Late() }))
 	}
 	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, in.admission(holdSubmits, true), submitOpts...); err != nil {
 		return err
