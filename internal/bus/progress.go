@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,7 +90,13 @@ func (k *progressKeeper) add(at time.Time, ps []progressState) {
 		return
 	}
 	k.mu.Lock()
-	k.fresh = append(k.fresh, keptBatch{at: at, ps: ps})
+	// In order of at: the fetch loops hand over bursts whose clocks may
+	// interleave, and a later one ahead would hold an earlier one back.
+	i := len(k.fresh)
+	for i > 0 && k.fresh[i-1].at.After(at) {
+		i--
+	}
+	k.fresh = slices.Insert(k.fresh, i, keptBatch{at: at, ps: ps})
 	k.mu.Unlock()
 	select {
 	case k.kick <- struct{}{}:

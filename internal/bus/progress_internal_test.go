@@ -50,3 +50,20 @@ func TestProgressKeeperSchedule(t *testing.T) {
 		t.Fatalf("settled message still due (%d) or kept (%d)", len(got), k.kept())
 	}
 }
+
+// Bursts handed over out of order (two fetch loops) are kept in order of
+// their clocks: an earlier one is due at its own time, not held back.
+func TestProgressKeeperOrdersBursts(t *testing.T) {
+	k := newProgressKeeper(nil, 2*time.Second, 4*time.Second, time.Minute)
+	t0 := time.Unix(1_000_000, 0)
+	late := []progressState{{reply: "late"}}
+	early := []progressState{{reply: "early"}}
+	k.add(t0.Add(time.Second), late)
+	k.add(t0, early)
+	if got := k.due(t0.Add(2*time.Second), nil); len(got) != 1 || got[0].reply != "early" {
+		t.Fatalf("at 2 s: %d due, want the early burst's message", len(got))
+	}
+	if got := k.due(t0.Add(3*time.Second), nil); len(got) != 1 || got[0].reply != "late" {
+		t.Fatalf("at 3 s: %d due, want the late burst's message", len(got))
+	}
+}
