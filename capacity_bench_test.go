@@ -116,11 +116,11 @@ func waitingJobsOnce(b *testing.B, waiting int, written bool) (perJob, redisPerS
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	perJob = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(waiting)
-	first, touched := redisCommands(b, env), counter(b, node, "troupe_capacity_submit_touches_total", "")
+	first, touched := redisCommands(b, env), counter(b, node, "troupe_submit_progress_touches_total", "")
 	const window = 10 * time.Second
 	time.Sleep(window)
 	redisPerSec = float64(redisCommands(b, env)-first) / window.Seconds()
-	touchesPerJobSec = (counter(b, node, "troupe_capacity_submit_touches_total", "") - touched) / window.Seconds() / float64(waiting)
+	touchesPerJobSec = (counter(b, node, "troupe_submit_progress_touches_total", "") - touched) / window.Seconds() / float64(waiting)
 	b.Logf("%d jobs waiting (written: %v): %.0f B of heap each, %.1f Redis commands/s while they wait (server-wide), %.3f touches/s per waiting job",
 		waiting, written, perJob, redisPerSec, touchesPerJobSec)
 	return perJob, redisPerSec, touchesPerJobSec

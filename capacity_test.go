@@ -713,7 +713,7 @@ func TestCapacityAWaitLongerThanTheRedeliveryWaitKeepsItsSubmit(t *testing.T) {
 	// Touched after TouchFirst (2 s), then every TouchEvery (4 s): by the
 	// third touch the wait is 10 s old, past the first redelivery wait
 	// (5 s) and the second (10 s).
-	untilCounter(t, f.node, "troupe_capacity_submit_touches_total", 3)
+	untilCounter(t, f.node, "troupe_submit_progress_touches_total", 3)
 	ctx := context.Background()
 	cons, err := f.js.Consumer(ctx, bus.StreamName(f.env.StreamPrefix(), bus.StreamSubmit), bus.ConsumerName(bus.StreamSubmit))
 	if err != nil {

@@ -69,9 +69,18 @@ func (n *Node) intakePart() part {
 					}
 					return 0
 				}))
+			redelivered := prometheus.NewCounter(prometheus.CounterOpts{Name: "troupe_submits_redelivered_total",
+				Help: "Submits taken on a second or later delivery: a node died holding them, or one held them un-acked past the submit consumer's redelivery wait."})
+			redelivered, _ = metricsx.Register(n.cfg.Metrics, redelivered)
+			_, _ = metricsx.Register(n.cfg.Metrics, prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "troupe_submit_progress_touches_total",
+				Help: "In-progress signals sent to JetStream for fetched submits still un-acked bus.KeepFirst after their fetch (a backlog in the node, or a job waiting within its capacity grace), so that JetStream does not offer them again.",
+			}, func() float64 { return float64(n.submitTouches.Load()) }))
 			n.intake = &intake.Intake{Env: n.env, OwnResults: ownResults, Store: n.store, Shards: n.shards, Log: n.log, Signatures: sigs,
 				DLQFailures: n.dlqMetrics(), OwnOutcomes: own, HeartbeatsRefused: invalidHB, FindWaiting: n.waitingNode,
-				SubmitRoom: n.submitRoom}
+				SubmitRoom: n.submitRoom, SubmitKeep: touchFor(n.cfg.Tuning.CapacityGrace),
+				SubmitsRedelivered: redelivered,
+				SubmitTouches:      &n.submitTouches}
 			if n.guard != nil {
 				n.intake.Guard = n.guard
 			}

@@ -335,7 +335,7 @@ func (n *Node) toucherPart() part {
 			n.toucher = t
 			_ = n.cfg.Metrics.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "troupe_capacity_submit_touches_total",
-				Help: "In-progress signals sent to JetStream for the submits of jobs waiting within their capacity grace.",
+				Help: "In-progress signals sent to JetStream for the submits of jobs waiting within their capacity grace that came other than through the node's submit fetch loops (those keep their own in progress: troupe_submit_progress_touches_total).",
 			}, func() float64 { return float64(t.Touches()) }))
 			return nil
 		},

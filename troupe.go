@@ -88,14 +88,17 @@ type Node struct {
 	intakeRef atomic.Pointer[intake.Intake] // n.intake, for the router's goroutine
 	// peers: how many other replicas the router last reported (peersKnown:
 	// it has reported), handed to the intake once it exists (peersTo).
-	peersMu       sync.Mutex
-	peers         int
-	peersKnown    bool
-	sigs          *intake.Signatures
-	inbox         []*nats.Subscription // the forwarding inbox (intake part)
-	guard         *intake.Guard
-	wheel         *jobactor.Wheel
-	toucher       *jobactor.Toucher
+	peersMu    sync.Mutex
+	peers      int
+	peersKnown bool
+	sigs       *intake.Signatures
+	inbox      []*nats.Subscription // the forwarding inbox (intake part)
+	guard      *intake.Guard
+	wheel      *jobactor.Wheel
+	toucher    *jobactor.Toucher
+	// submitTouches counts the submit fetch loops' in-progress signals
+	// (bus.KeepInProgress), over every start of the intake.
+	submitTouches atomic.Uint64
 	safetyWaiters *jobactor.SafetyWaiters
 	// keySlots and keyWaiters: the concurrency keys' slots in Redis and
 	// this node's jobs waiting for one (nil without concurrency_keys).

@@ -74,6 +74,7 @@ func parseArgs(args []string) (*options, error) {
 	fs.BoolVar(&cfg.Adopt, "adopt", false, "with the jobs in flight (implies --hold), start a second node, kill -9 the first, time the adoption")
 	fs.DurationVar(&cfg.ParkAfter, "park-after", 0, "the node's park-after (0: its default; negative: never park)")
 	fs.DurationVar(&cfg.CapacityGrace, "capacity-grace", 0, "the node's capacity grace: how long a job waiting for room stays unwritten (0: its default, 1m; negative: written at once)")
+	fs.IntVar(&cfg.MaxAdmitting, "max-admitting", 0, "the node's MaxAdmitting: submits it holds un-acked before it pulls more (0: its default, 2000; negative: no bound)")
 	fs.DurationVar(&cfg.LockTTL, "lock-ttl", 0, "the node's job lock TTL (0: its default, 60s)")
 	fs.Int64Var(&cfg.NodeMemoryLimit, "node-memory-limit", 0, "the node's Go soft memory limit in bytes (what GOMEMLIMIT sets; 0: none)")
 	fs.IntVar(&cfg.ConcurrencyKeys, "concurrency-keys", 0, "give the jobs this many concurrency keys, round-robin, with the node(s) "+

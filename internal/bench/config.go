@@ -194,6 +194,11 @@ type Config struct {
 	// CapacityGrace is passed to the node(s) too: how long a job waiting
 	// for capacity stays unwritten (0: the node's default, 2 s).
 	CapacityGrace time.Duration
+	// MaxAdmitting is passed to the node(s) too: the jobs a node takes
+	// from the submit stream and holds un-acked before it pulls more
+	// (0: the node's default, jobactor.MaxAdmittingDefault; negative: no
+	// bound).
+	MaxAdmitting int
 	// NodeMemoryLimit, when set, is the node's Go soft memory limit
 	// (debug.SetMemoryLimit, what GOMEMLIMIT sets for `troupe node`).
 	NodeMemoryLimit int64

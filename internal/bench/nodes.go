@@ -189,7 +189,8 @@ func (a NodeCounters) sub(b NodeCounters) NodeCounters {
 	return NodeCounters{Received: a.Received - b.Received, Dispatched: a.Dispatched - b.Dispatched,
 		Completed: a.Completed - b.Completed, ForwardTaken: a.ForwardTaken - b.ForwardTaken,
 		ForwardReturned: a.ForwardReturned - b.ForwardReturned, Busy: a.Busy - b.Busy,
-		UnwrittenWaits: a.UnwrittenWaits - b.UnwrittenWaits}
+		UnwrittenWaits:     a.UnwrittenWaits - b.UnwrittenWaits,
+		SubmitsRedelivered: a.SubmitsRedelivered - b.SubmitsRedelivered, SubmitTouches: a.SubmitTouches - b.SubmitTouches}
 }
 
 // errOneNode: hold runs sample one node.
@@ -269,6 +270,10 @@ type NodeFigures struct {
 	// received), per job of the whole run.
 	RedisCommandsPerJob float64 `json:"redis_commands_per_job"`
 	NATSPerJob          float64 `json:"nats_msgs_per_job"`
+	// SubmitsRedelivered: submits it took on a second or later delivery;
+	// SubmitTouches: in-progress signals it sent for held submits.
+	SubmitsRedelivered int64 `json:"submits_redelivered"`
+	SubmitTouches      int64 `json:"submit_touches"`
 }
 
 // ForwardingCost is what several nodes cost each other: the results and
@@ -330,6 +335,7 @@ func (r *runner) nodeCosts(before, after snapshot) {
 			nd := a.Node.sub(*b.Node)
 			f.Created, f.Dispatched, f.Completed = int64(nd.Received), int64(nd.Dispatched), int64(nd.Completed)
 			f.Forwarded, f.Busy = int64(nd.ForwardTaken+nd.ForwardReturned), int64(nd.Busy)
+			f.SubmitsRedelivered, f.SubmitTouches = int64(nd.SubmitsRedelivered), int64(nd.SubmitTouches)
 		}
 		res.PerNode = append(res.PerNode, f)
 	}

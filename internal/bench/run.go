@@ -170,7 +170,7 @@ func (r *runner) startTarget(ctx context.Context) error {
 		KeyPrefix: r.pfx.Key, SubjectPrefix: r.pfx.Subject, StreamPrefix: r.pfx.Stream,
 		Topic: cfg.Topic, Pool: cfg.Pool, NodeID: nodeIDs(cfg.RunID, 1)[0], WorkerIDs: workerIDs(cfg.Workers),
 		LogLevel: cfg.NodeLogLevel, ParkAfter: cfg.ParkAfter, LockTTL: cfg.LockTTL, MemoryLimit: cfg.NodeMemoryLimit,
-		CapacityGrace: cfg.CapacityGrace, PoolDispatch: cfg.WorkerMode == WorkerCAP, KeyLimit: cfg.KeyLimit}
+		CapacityGrace: cfg.CapacityGrace, MaxAdmitting: cfg.MaxAdmitting, PoolDispatch: cfg.WorkerMode == WorkerCAP, KeyLimit: cfg.KeyLimit}
 	if cfg.Hold {
 		// Held jobs stay DISPATCHED far longer than the default 300 s.
 		spec.DispatchTimeout = holdDispatchTimeout

@@ -39,6 +39,7 @@ type sutSpec struct {
 	// hold run keeps jobs DISPATCHED for longer than the default 300 s).
 	ParkAfter       time.Duration `json:"park_after,omitempty"`
 	CapacityGrace   time.Duration `json:"capacity_grace,omitempty"`
+	MaxAdmitting    int           `json:"max_admitting,omitempty"`
 	LockTTL         time.Duration `json:"lock_ttl,omitempty"`
 	DispatchTimeout time.Duration `json:"dispatch_timeout,omitempty"`
 	// MemoryLimit is the node process's Go soft memory limit (0: none).
@@ -106,7 +107,8 @@ func startSUT(ctx context.Context, spec sutSpec, log *slog.Logger) (*sut, error)
 			NodeID: spec.NodeID, NATS: nc, Redis: rdb,
 			KeyPrefix: spec.KeyPrefix, SubjectPrefix: spec.SubjectPrefix, StreamPrefix: spec.StreamPrefix,
 			Pools: pools, Logger: log,
-			Tuning: troupe.Tuning{ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace, Timeouts: timeouts},
+			Tuning: troupe.Tuning{ParkAfter: spec.ParkAfter, LockTTL: spec.LockTTL, CapacityGrace: spec.CapacityGrace,
+				MaxAdmitting: spec.MaxAdmitting, Timeouts: timeouts},
 		})
 		if err != nil {
 			s.close()
@@ -203,6 +205,12 @@ type NodeCounters struct {
 	// Busy: its job activations that found the job's lock held by another
 	// node (troupe_job_activations_busy_total).
 	Busy float64 `json:"busy"`
+	// SubmitsRedelivered: submits it took on a second or later delivery
+	// (troupe_submits_redelivered_total); SubmitTouches: the in-progress
+	// signals it sent for fetched submits not yet acked
+	// (troupe_submit_progress_touches_total).
+	SubmitsRedelivered float64 `json:"submits_redelivered,omitempty"`
+	SubmitTouches      float64 `json:"submit_touches,omitempty"`
 }
 
 // counters reads everything but CPU and RSS, which depend on where the sut
@@ -228,6 +236,8 @@ const (
 	completedMetric     = "troupe_jobs_completed_total"
 	forwardedMetric     = "troupe_events_forwarded_total" // label outcome: taken, returned
 	busyMetric          = "troupe_job_activations_busy_total"
+	redeliveredMetric   = "troupe_submits_redelivered_total"
+	submitTouchesMetric = "troupe_submit_progress_touches_total"
 	// unwrittenWaitsMetric counts jobs that waited for room within their
 	// capacity grace, unwritten.
 	unwrittenWaitsMetric = "troupe_capacity_waits_unwritten_total"
@@ -259,6 +269,10 @@ func (s *sut) nodeCounters() (*float64, *NodeCounters) {
 				nc.Completed += v
 			case busyMetric:
 				nc.Busy += v
+			case redeliveredMetric:
+				nc.SubmitsRedelivered += v
+			case submitTouchesMetric:
+				nc.SubmitTouches += v
 			case unwrittenWaitsMetric:
 				nc.UnwrittenWaits += v
 			case forwardedMetric:

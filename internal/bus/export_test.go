@@ -1,6 +1,11 @@
 package bus
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 // SetOnConcurrentCreate sets the hook ensureStream calls when a create
 // loses to a concurrent creator (nil: none).
@@ -8,3 +13,15 @@ func SetOnConcurrentCreate(f func(name string)) { onConcurrentCreate = f }
 
 // SetNow sets the keeper's clock (tests).
 func (k *StreamKeeper) SetNow(now func() time.Time) { k.now = now }
+
+// KeepInProgressEvery is KeepInProgress with its first touch after first
+// and the next ones every every (tests: a short redelivery wait).
+func KeepInProgressEvery(maxAge, first, every time.Duration, touches *atomic.Uint64) ConsumeOption {
+	return func(o *consumeOpts) {
+		KeepInProgress(maxAge, touches)(o)
+		o.keepFirst, o.keepEvery = first, every
+	}
+}
+
+// ConsumerConfig is the durable consumer Troupe makes for kind.
+func ConsumerConfig(kind StreamKind) jetstream.ConsumerConfig { return consumerConfig(kind) }

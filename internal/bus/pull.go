@@ -24,6 +24,8 @@ type puller struct {
 	next    string // the consumer's pull (MSG.NEXT) API subject
 	timer   *time.Timer
 	request []byte
+	// keep, when set, is given each pull's messages (KeepInProgress).
+	keep *progressKeeper
 }
 
 func newPuller(js jetstream.JetStream, stream, consumer string) *puller {
@@ -83,12 +85,27 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 	}
 	p.timer.Reset(wait + time.Second)
 	defer p.timer.Stop()
+	// kept is what the progress keeper learns of the messages since at,
+	// handed to it whenever the pull would wait for more, when full, and
+	// at the pull's end: a message is kept from no later than its arrival.
+	var (
+		kept []progressState
+		at   time.Time
+	)
+	if p.keep != nil {
+		at = time.Now()
+		defer func() { p.keep.add(at, kept) }()
+	}
 	n := 0
 	for n < size {
 		var m *nats.Msg
 		select {
 		case m = <-ch: // the common case at full speed: no timer armed
 		default:
+			if len(kept) > 0 { // p.keep is set
+				p.keep.add(at, kept)
+				kept, at = nil, time.Now()
+			}
 			select {
 			case m = <-ch:
 			case <-p.timer.C:
@@ -116,7 +133,18 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 			}
 		}
 		n++
-		handle(newPulledMsg(m, p.nc))
+		pm := newPulledMsg(m, p.nc)
+		if p.keep != nil {
+			if len(kept) == cap(kept) {
+				// Full (or none yet): a new block, never a grown one, since
+				// the messages point into it.
+				p.keep.add(at, kept)
+				kept = make([]progressState, 0, min(size-n+1, keptBlock))
+			}
+			kept = append(kept, progressState{reply: m.Reply})
+			pm.ps = &kept[len(kept)-1]
+		}
+		handle(pm)
 	}
 	return n, nil
 }
@@ -142,7 +170,14 @@ type pulledMsg struct {
 	ackd  atomic.Bool
 	md    jetstream.MsgMetadata
 	mdErr error
+	// ps, when set, is the message's state at a progress keeper, which
+	// tells JetStream it is in progress until it is settled
+	// (KeepInProgress); set before the message is handled.
+	ps *progressState
 }
+
+// keptBlock is how many progressStates one allocation holds.
+const keptBlock = 32
 
 func newPulledMsg(m *nats.Msg, nc *nats.Conn) *pulledMsg {
 	pm := &pulledMsg{msg: m, nc: nc}
@@ -153,6 +188,10 @@ func newPulledMsg(m *nats.Msg, nc *nats.Conn) *pulledMsg {
 // MetadataParsed marks a message whose Metadata is parsed already and
 // allocates nothing: intake wraps no cache around it.
 func (m *pulledMsg) MetadataParsed() {}
+
+// KeptInProgress reports whether a progress keeper keeps the message in
+// progress until it is settled (KeepInProgress): no one else need.
+func (m *pulledMsg) KeptInProgress() bool { return m.ps != nil }
 
 func (m *pulledMsg) Data() []byte         { return m.msg.Data }
 func (m *pulledMsg) Headers() nats.Header { return m.msg.Header }
@@ -197,8 +236,16 @@ func (m *pulledMsg) DoubleAck(ctx context.Context) error {
 	if _, err := m.nc.RequestWithContext(ctx, m.msg.Reply, ackBody); err != nil {
 		return err
 	}
-	m.ackd.Store(true)
+	m.settled()
 	return nil
+}
+
+// settled marks the message settled, for its keeper too.
+func (m *pulledMsg) settled() {
+	m.ackd.Store(true)
+	if m.ps != nil {
+		m.ps.settled.Store(true)
+	}
 }
 
 func (m *pulledMsg) reply(body []byte, settles bool) error {
@@ -212,7 +259,7 @@ func (m *pulledMsg) reply(body []byte, settles bool) error {
 		return err
 	}
 	if settles {
-		m.ackd.Store(true)
+		m.settled()
 	}
 	return nil
 }

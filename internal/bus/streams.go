@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -327,6 +328,36 @@ type consumeOpts struct {
 	onFetchError func(error)
 	resume       func() <-chan struct{}
 	room         func() int
+	// keep: see KeepInProgress (maxAge; 0: not kept).
+	keep                 time.Duration
+	keepFirst, keepEvery time.Duration
+	keepTouches          *atomic.Uint64
+	keepWhile            func() bool
+}
+
+// KeepInProgress has Consume's fetch loops keep every message they fetch
+// in progress at JetStream until it is settled (see progressKeeper):
+// KeepFirst after its fetch, then every KeepEvery, for at most maxAge from
+// its fetch (≤ 0: an hour). touches, when set, counts the in-progress
+// signals sent.
+func KeepInProgress(maxAge time.Duration, touches *atomic.Uint64) ConsumeOption {
+	return func(o *consumeOpts) {
+		o.keep = maxAge
+		if o.keep <= 0 {
+			o.keep = time.Hour
+		}
+		o.keepFirst, o.keepEvery = KeepFirst, KeepEvery
+		o.keepTouches = touches
+	}
+}
+
+// KeepWhile has the progress keeper (KeepInProgress) touch nothing while
+// ok says false: the node cannot finish what it holds (its lock renewals
+// are late: Redis unreachable, or the node stalled), so its held messages
+// go back to JetStream's redelivery, for a replica, within the redelivery
+// wait of their last touch.
+func KeepWhile(ok func() bool) ConsumeOption {
+	return func(o *consumeOpts) { o.keepWhile = ok }
 }
 
 // FetchRoom bounds each fetch by room (asked before every fetch): how many
@@ -413,10 +444,20 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 	if _, err := js.Consumer(ctx, StreamName(prefix, kind), ConsumerName(kind)); err != nil {
 		return fmt.Errorf("bus: consumer %s: %w", kind, err)
 	}
+	var keep *progressKeeper
+	if o.keep > 0 {
+		keep = newProgressKeeper(js.Conn(), o.keepFirst, o.keepEvery, o.keep)
+		if o.keepTouches != nil {
+			keep.touches = o.keepTouches
+		}
+		keep.while = o.keepWhile
+		go keep.loop(ctx)
+	}
 	for i := range FetchLoops {
 		start := time.Duration(i) * FetchMaxWait / FetchLoops
 		wait := FetchMaxWait + time.Duration(i)*fetchWaitSpread
 		p := newPuller(js, StreamName(prefix, kind), ConsumerName(kind))
+		p.keep = keep
 		go fetchLoop(ctx, p, StreamName(prefix, kind), log, handle, hold, start, wait, o)
 	}
 	return nil

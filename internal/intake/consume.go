@@ -54,6 +54,10 @@ func (in *Intake) Consume(ctx context.Context, js jetstream.JetStream, prefix st
 	if in.SubmitRoom != nil {
 		submitOpts = append(append([]bus.ConsumeOption{}, opts...), bus.FetchRoom(in.SubmitRoom))
 	}
+	if in.SubmitKeep > 0 {
+		submitOpts = append(append([]bus.ConsumeOption{}, submitOpts...), bus.KeepInProgress(in.SubmitKeep, in.SubmitTouches),
+			bus.KeepWhile(func() bool { return in.Env == nil || in.Env.Renewer == nil || !in.Env.Renewer.Late() }))
+	}
 	if err := bus.Consume(ctx, js, prefix, bus.StreamSubmit, in.Log, in.HandleSubmit, in.admission(holdSubmits, true), submitOpts...); err != nil {
 		return err
 	}

@@ -213,6 +213,13 @@ type GuardedMsg struct {
 	g *Guard
 }
 
+// KeptInProgress reports whether the message's fetch loop keeps it in
+// progress at JetStream until it is settled (bus.KeepInProgress).
+func (m *GuardedMsg) KeptInProgress() bool {
+	k, ok := m.Msg.(interface{ KeptInProgress() bool })
+	return ok && k.KeptInProgress()
+}
+
 // Ack queues the mark; the message is acked once the mark is written (or
 // could not be: the ack is never withheld for the guard's sake).
 func (m *GuardedMsg) Ack() error {

@@ -54,6 +54,18 @@ type Intake struct {
 	// now (its admission bounds less what it holds): each submit fetch asks
 	// for no more (see Consume).
 	SubmitRoom func() int
+	// SubmitKeep, when > 0, has the submit stream's fetch loops keep each
+	// fetched submit in progress at JetStream until it is settled, for at
+	// most this long from its fetch (bus.KeepInProgress): a backlog in the
+	// node past the consumer's redelivery wait does not have JetStream
+	// offer its submits again. SubmitTouches, when set, counts the
+	// in-progress signals that sent.
+	SubmitKeep    time.Duration
+	SubmitTouches *atomic.Uint64
+	// SubmitsRedelivered, when set, counts submits taken on a second or
+	// later delivery (a node died holding them, or held them past the
+	// consumer's redelivery wait).
+	SubmitsRedelivered prometheus.Counter
 	// BatchSettle bounds how long the inbox waits for the items of a
 	// forwarded batch to be settled before it answers (0:
 	// BatchSettleDefault).
@@ -225,6 +237,11 @@ func (in *Intake) deliveryIn(msg jetstream.Msg, g *GuardedMsg) jobactor.Delivery
 // HandleSubmit handles one message from the submit stream.
 func (in *Intake) HandleSubmit(msg jetstream.Msg) {
 	msg = withMetadata(msg)
+	if in.SubmitsRedelivered != nil {
+		if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+			in.SubmitsRedelivered.Inc()
+		}
+	}
 	pkt, _, ok := in.take(msg, KindSubmit, "job_request",
 		func(p *capv1.BusPacket) (string, bool) { r := p.GetJobRequest(); return r.GetJobId(), r != nil },
 		func(p *capv1.BusPacket) error { return ValidateRequest(p.GetJobRequest()) })

@@ -19,6 +19,11 @@ import (
 // waits for a slot well under TouchFirst and is never touched. A touch
 // that comes too late only costs a redelivery, which the waiting job
 // absorbs (or, on a replica, a second wait that loses the create).
+//
+// A submit pulled from JetStream by the node's fetch loops is kept in
+// progress by those loops from its fetch until it is settled
+// (bus.KeepInProgress), so Add leaves it out: the Toucher touches the
+// deliveries that come another way.
 const (
 	TouchEvery = 4 * time.Second
 	TouchFirst = 2 * time.Second
@@ -142,7 +147,7 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 		kept = make([]lifecycle.Delivery, 0, len(ds))
 	}
 	for _, d := range ds {
-		if d != nil {
+		if d != nil && !keptElsewhere(d) {
 			kept = append(kept, d)
 		}
 	}
@@ -157,6 +162,14 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 	case t.kick <- struct{}{}:
 	default:
 	}
+}
+
+// keptElsewhere reports whether d's fetch loop keeps it in progress at
+// JetStream until it is settled (bus.KeepInProgress): touched here too,
+// it would cost nats-server twice the signals.
+func keptElsewhere(d lifecycle.Delivery) bool {
+	k, ok := d.(interface{ KeptInProgress() bool })
+	return ok && k.KeptInProgress()
 }
 
 // Remove stops keeping job's deliveries.
