@@ -19,18 +19,7 @@ import (
 // more) does not hold back the messages that arrive meanwhile: the server
 // hands them to the other pull. Every message is handled once.
 func TestConsumeKeepsSeveralPullsWaiting(t *testing.T) {
-	env := testenv.NewWithPrivateNATS(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, prefix, subj := streamsOnPrivateNATS(t)
 	got := make(chan string, 100)
 	handle := func(m jetstream.Msg) {
 		_ = m.Ack()
@@ -78,18 +67,7 @@ func TestConsumeKeepsSeveralPullsWaiting(t *testing.T) {
 // the loops: with room for 4 and 50 messages waiting, the two loops take
 // 2 each, and then, the room gone, nothing more.
 func TestConsumeFetchesNoMoreThanTheRoom(t *testing.T) {
-	env := testenv.NewWithPrivateNATS(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, prefix, subj := streamsOnPrivateNATS(t)
 	for i := 0; i < 50; i++ {
 		if _, err := js.Publish(ctx, subj.Result, []byte{byte('a' + i%26), byte('0' + i/26)}); err != nil {
 			t.Fatal(err)
@@ -126,18 +104,7 @@ func TestConsumeFetchesNoMoreThanTheRoom(t *testing.T) {
 // delayed nak has the server deliver the message again, and an ack
 // settles it (none left pending).
 func TestConsumeMessagesAckNakAndCountDeliveries(t *testing.T) {
-	env := testenv.NewWithPrivateNATS(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, prefix, subj := streamsOnPrivateNATS(t)
 	const n = 20
 	for i := 0; i < n; i++ {
 		if _, err := js.Publish(ctx, subj.Result, []byte{byte('a' + i)}); err != nil {
@@ -200,4 +167,23 @@ func TestConsumeMessagesAckNakAndCountDeliveries(t *testing.T) {
 			t.Fatalf("consumer after every ack: %+v (err %v), want nothing pending", info, err)
 		}
 	}
+}
+
+// streamsOnPrivateNATS starts a NATS server of the test's own with
+// Troupe's streams made in it; the context ends with the test.
+func streamsOnPrivateNATS(t *testing.T) (context.Context, jetstream.JetStream, string, bus.Subjects) {
+	t.Helper()
+	env := testenv.NewWithPrivateNATS(t)
+	js, err := jetstream.New(env.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	subj := bus.NewSubjects(env.Prefix)
+	prefix := env.StreamPrefix()
+	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, js, prefix, subj
 }

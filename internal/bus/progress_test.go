@@ -1,7 +1,6 @@
 package bus_test
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"sync"
@@ -12,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/troupe-run/troupe/internal/bus"
-	"github.com/troupe-run/troupe/internal/testenv"
 )
 
 // progressRedelivery is the submit consumer's redelivery wait in these
@@ -27,18 +25,7 @@ const progressRedelivery = 600 * time.Millisecond
 // consumer's info while they were held.
 func heldSubmits(t *testing.T, n int, hold time.Duration, opts ...bus.ConsumeOption) (map[string]int, *jetstream.ConsumerInfo) {
 	t.Helper()
-	env := testenv.NewWithPrivateNATS(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, prefix, subj := streamsOnPrivateNATS(t)
 	stream := bus.StreamName(prefix, bus.StreamSubmit)
 	cfg := bus.ConsumerConfig(bus.StreamSubmit)
 	cfg.BackOff = []time.Duration{progressRedelivery}
@@ -143,18 +130,7 @@ func TestConsumeWithoutKeeperRedeliversHeldSubmits(t *testing.T) {
 // A settled message is no longer kept: acked at once, nothing is touched.
 func TestConsumeKeeperTouchesNoSettledMessage(t *testing.T) {
 	t.Parallel()
-	env := testenv.NewWithPrivateNATS(t)
-	js, err := jetstream.New(env.NATS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	subj := bus.NewSubjects(env.Prefix)
-	prefix := env.StreamPrefix()
-	if err := bus.EnsureStreams(ctx, js, prefix, subj); err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, prefix, subj := streamsOnPrivateNATS(t)
 	var touches atomic.Uint64
 	got := make(chan struct{}, 20)
 	handle := func(m jetstream.Msg) { _ = m.Ack(); got <- struct{}{} }
