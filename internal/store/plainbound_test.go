@@ -52,55 +52,7 @@ func TestPlainCommandsRedisCPUBound(t *testing.T) {
 	keys := s.Keys()
 	const inFlight = 256
 
-	scripts := func(prefix string, n int) {
-		var wg sync.WaitGroup
-		ids := make(chan int)
-		for g := 0; g < inFlight; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res := make(chan *store.Result, 1)
-				do := func(op *store.Op) *store.Result {
-					op.Done = func(r *store.Result) { res <- r }
-					w.Submit(op)
-					return <-res
-				}
-				for i := range ids {
-					id := prefix + strconv.Itoa(i)
-					req := "\n\x0f" + id + "\x12\tjob.bench\"\x1bredis://ctx:" + id
-					now := time.Now()
-					dl := strconv.FormatInt(now.Add(150*time.Minute).UnixMilli(), 10)
-					r := do(&store.Op{Kind: store.OpActivate, JobID: id, Node: "bench-node", Create: true,
-						Topic: "job.bench", Tenant: "default", TraceID: id, Request: []byte(req),
-						T: &store.Transition{Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed},
-							{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched}},
-							Due: now.Add(150 * time.Minute).UnixMilli(), Op: "10qb36hj69zb6",
-							Fields: []string{"worker", "bw4", "subj", "bench-node.worker.bw4.jobs", "attempts", "1",
-								"deadline", dl, "deadline_kind", "running_timeout", "sod", "1", "pool", "bench",
-								"policy_decision", "allow", "policy_reason", "allow-all policy", "rule_id", "troupe:allow-all",
-								"policy_snapshot", "allow-all"}}})
-					if r.Err != nil || r.Status != store.ActivateCreated {
-						t.Errorf("create %s: %+v", id, r)
-						return
-					}
-					r = do(&store.Op{Kind: store.OpTransition, JobID: id, Node: "bench-node", LockValue: jobstate.LockValue("bench-node", r.Fence),
-						T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched), Op: "3llbv2k2zgyx7",
-							Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted},
-								{To: jobstate.StateSucceeded, Reason: jobstate.ReasonCompleted}},
-							Fields: []string{"result_ptr", "redis://res:" + id, "worker", "bw4", "execution_ms", "0"}}})
-					if r.Err != nil || r.Step != store.StepOK {
-						t.Errorf("finish %s: %+v", id, r)
-						return
-					}
-				}
-			}()
-		}
-		for i := 0; i < n; i++ {
-			ids <- i
-		}
-		close(ids)
-		wg.Wait()
-	}
+	scripts := func(prefix string, n int) { runHappyPath(t, w, prefix, n, 0) }
 
 	// plain runs the same writes as plain commands, batch jobs at a time
 	// (each batch a create phase and then a finish phase, as the scripts'

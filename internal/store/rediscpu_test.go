@@ -64,63 +64,7 @@ func TestHappyPathRedisCPU(t *testing.T) {
 	}
 	w := s.NewWriter(0, 0, 0)
 	t.Cleanup(w.Close)
-	run := func(prefix string, n int) {
-		const inFlight = 256
-		var wg sync.WaitGroup
-		ids := make(chan int)
-		for g := 0; g < inFlight; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res := make(chan *store.Result, 1)
-				do := func(op *store.Op) *store.Result {
-					op.Done = func(r *store.Result) { res <- r }
-					w.Submit(op)
-					r := <-res
-					if r.Err != nil {
-						t.Error(r.Err)
-					}
-					return r
-				}
-				for i := range ids {
-					id := prefix + strconv.Itoa(i)
-					req := "\n\x0f" + id + "\x12\tjob.bench\"\x1bredis://ctx:" + id
-					if pad := reqBytes - len(req); pad > 0 {
-						req += strings.Repeat("x", pad)
-					}
-					now := time.Now()
-					dl := strconv.FormatInt(now.Add(150*time.Minute).UnixMilli(), 10)
-					r := do(&store.Op{Kind: store.OpActivate, JobID: id, Node: "bench-node", Create: true,
-						Topic: "job.bench", Tenant: "default", TraceID: id, Request: []byte(req),
-						T: &store.Transition{Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed},
-							{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched}},
-							Due: now.Add(150 * time.Minute).UnixMilli(), Op: "10qb36hj69zb6",
-							Fields: []string{"worker", "bw4", "subj", "bench-node.worker.bw4.jobs", "attempts", "1",
-								"deadline", dl, "deadline_kind", "running_timeout", "sod", "1", "pool", "bench",
-								"policy_decision", "allow", "policy_reason", "allow-all policy", "rule_id", "troupe:allow-all",
-								"policy_snapshot", "allow-all"}}})
-					if r.Status != store.ActivateCreated {
-						t.Errorf("create %s: %+v", id, r)
-						return
-					}
-					r = do(&store.Op{Kind: store.OpTransition, JobID: id, Node: "bench-node", LockValue: jobstate.LockValue("bench-node", r.Fence),
-						T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched), Op: "3llbv2k2zgyx7",
-							Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted},
-								{To: jobstate.StateSucceeded, Reason: jobstate.ReasonCompleted}},
-							Fields: []string{"result_ptr", "redis://res:" + id, "worker", "bw4", "execution_ms", "0"}}})
-					if r.Step != store.StepOK {
-						t.Errorf("finish %s: %+v", id, r)
-						return
-					}
-				}
-			}()
-		}
-		for i := 0; i < n; i++ {
-			ids <- i
-		}
-		close(ids)
-		wg.Wait()
-	}
+	run := func(prefix string, n int) { runHappyPath(t, w, prefix, n, reqBytes) }
 	run("warm-", jobs/10) // the scripts compiled, the sets grown
 	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -170,4 +114,65 @@ func netInput(t *testing.T, c *redis.Client) int64 {
 		}
 	}
 	return 0
+}
+
+// runHappyPath runs n jobs' happy path (the create straight into
+// DISPATCHED, then SUCCEEDED) through the writer w, 256 jobs at a time, the
+// ids prefix plus a number; a request of reqBytes (0: the minimal one).
+func runHappyPath(t *testing.T, w *store.Writer, prefix string, n, reqBytes int) {
+	const inFlight = 256
+	var wg sync.WaitGroup
+	ids := make(chan int)
+	for g := 0; g < inFlight; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := make(chan *store.Result, 1)
+			do := func(op *store.Op) *store.Result {
+				op.Done = func(r *store.Result) { res <- r }
+				w.Submit(op)
+				r := <-res
+				if r.Err != nil {
+					t.Error(r.Err)
+				}
+				return r
+			}
+			for i := range ids {
+				id := prefix + strconv.Itoa(i)
+				req := "\n\x0f" + id + "\x12\tjob.bench\"\x1bredis://ctx:" + id
+				if pad := reqBytes - len(req); pad > 0 {
+					req += strings.Repeat("x", pad)
+				}
+				now := time.Now()
+				dl := strconv.FormatInt(now.Add(150*time.Minute).UnixMilli(), 10)
+				r := do(&store.Op{Kind: store.OpActivate, JobID: id, Node: "bench-node", Create: true,
+					Topic: "job.bench", Tenant: "default", TraceID: id, Request: []byte(req),
+					T: &store.Transition{Path: []store.Hop{{To: jobstate.StateScheduled, Reason: jobstate.ReasonAllowed},
+						{To: jobstate.StateDispatched, Reason: jobstate.ReasonDispatched}},
+						Due: now.Add(150 * time.Minute).UnixMilli(), Op: "10qb36hj69zb6",
+						Fields: []string{"worker", "bw4", "subj", "bench-node.worker.bw4.jobs", "attempts", "1",
+							"deadline", dl, "deadline_kind", "running_timeout", "sod", "1", "pool", "bench",
+							"policy_decision", "allow", "policy_reason", "allow-all policy", "rule_id", "troupe:allow-all",
+							"policy_snapshot", "allow-all"}}})
+				if r.Status != store.ActivateCreated {
+					t.Errorf("create %s: %+v", id, r)
+					return
+				}
+				r = do(&store.Op{Kind: store.OpTransition, JobID: id, Node: "bench-node", LockValue: jobstate.LockValue("bench-node", r.Fence),
+					T: &store.Transition{Expect: jobstate.Expect(jobstate.StateDispatched), Op: "3llbv2k2zgyx7",
+						Path: []store.Hop{{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted},
+							{To: jobstate.StateSucceeded, Reason: jobstate.ReasonCompleted}},
+						Fields: []string{"result_ptr", "redis://res:" + id, "worker", "bw4", "execution_ms", "0"}}})
+				if r.Step != store.StepOK {
+					t.Errorf("finish %s: %+v", id, r)
+					return
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		ids <- i
+	}
+	close(ids)
+	wg.Wait()
 }
