@@ -148,13 +148,24 @@ func (a *JobActor) Receive(c actor.Context) {
 	case *Crash:
 		crash(m)
 	case actor.SystemMessage, actor.AutoReceiveMessage:
+	case *lifecycle.WriteDone:
+		// Its writeOp's own answer, read once this step is done with it
+		// (writeOp.msg).
+		w := a.wop
+		a.handle(c, m)
+		w.consumed(m)
 	default:
-		if a.trace != nil {
-			a.stepTraced(c, m)
-			return
-		}
-		a.step(c, m)
+		a.handle(c, m)
 	}
+}
+
+// handle steps the core with a message from outside the actor system.
+func (a *JobActor) handle(c actor.Context, m any) {
+	if a.trace != nil {
+		a.stepTraced(c, m)
+		return
+	}
+	a.step(c, m)
 }
 
 // step feeds ev to the core and carries out its effects. An effect may

@@ -59,6 +59,14 @@ type writeOp struct {
 	// read op).
 	inFlight atomic.Bool
 	done     func(*store.Result) // complete, bound once
+	// msg is the WriteDone complete sends when it is free (msgOut false):
+	// msgOut is set when it is sent and cleared by the actor once a step
+	// has handled it (consumed), so a completion never overwrites an
+	// answer its actor has not read; one that finds it out sends a
+	// WriteDone of its own. An answer never read (its actor stopped first)
+	// keeps the writeOp out of the pool (release).
+	msg    lifecycle.WriteDone
+	msgOut atomic.Bool
 }
 
 // writeOps keeps the writeOps of stopped job actors for the next jobs' (a
@@ -78,7 +86,7 @@ func newWriteOp(self *actor.PID, root *actor.RootContext) *writeOp {
 // release gives w back for another actor once its actor stops; one still
 // with the writer is left to the garbage collector.
 func (w *writeOp) release() {
-	if w.inFlight.Load() {
+	if w.inFlight.Load() || w.msgOut.Load() {
 		return
 	}
 	w.op.Refill(store.Op{})
@@ -92,10 +100,25 @@ func (w *writeOp) release() {
 // marked free: from then on the op may be refilled, or given to another
 // actor.
 func (w *writeOp) complete(r *store.Result) {
-	done := &lifecycle.WriteDone{Epoch: w.epoch, Res: writeResult(r)} // r is the op's: read it first
+	var done *lifecycle.WriteDone
+	if w.msgOut.CompareAndSwap(false, true) {
+		done = &w.msg
+	} else {
+		done = new(lifecycle.WriteDone)
+	}
+	*done = lifecycle.WriteDone{Epoch: w.epoch, Res: writeResult(r)} // r is the op's: read it first
 	self, root := w.self, w.root
 	w.inFlight.Store(false)
 	root.Send(self, done)
+}
+
+// consumed tells w that its actor has handled m: if m is w's own answer,
+// the next completion may send it again. The actor calls it after the
+// step that read m (the core keeps no pointer to an event).
+func (w *writeOp) consumed(m *lifecycle.WriteDone) {
+	if w != nil && m == &w.msg {
+		w.msgOut.Store(false)
+	}
 }
 
 // writeResult is the core's view of a store op's outcome.

@@ -142,6 +142,7 @@ func TestWriteOpAnswersItsEpochAndIsFreeOnceComplete(t *testing.T) {
 		if d.Epoch != 7 || d.Res.Step != lifecycle.StepOK {
 			t.Fatalf("WriteDone %+v, want epoch 7 and OK", d)
 		}
+		w.consumed(d) // as the actor does once its step read it
 	case <-time.After(5 * time.Second):
 		t.Fatal("no WriteDone")
 	}
@@ -162,5 +163,61 @@ func TestWriteOpAnswersItsEpochAndIsFreeOnceComplete(t *testing.T) {
 	w.release()
 	if w.op.JobID != "" || w.self != nil {
 		t.Fatal("a released op keeps its job's data")
+	}
+}
+
+// A writeOp's own WriteDone is sent again only once its actor has read the
+// last one: a completion that finds its answer unread sends one of its
+// own (the unread one keeps its epoch and outcome), and an op whose answer
+// was never read stays out of the pool.
+func TestWriteOpAnswerIsReusedOnlyOnceRead(t *testing.T) {
+	sys := actor.NewActorSystem()
+	sink := &writeDoneSink{got: make(chan *lifecycle.WriteDone, 4)}
+	pid := sys.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sink }))
+	w := newWriteOp(pid, sys.Root)
+	complete := func(epoch uint64, r *store.Result) *lifecycle.WriteDone {
+		t.Helper()
+		fillStoreOp(&w.op, &lifecycle.Op{Kind: lifecycle.OpTransition, JobID: "j1", LockValue: "lv"})
+		w.epoch = epoch
+		w.op.Done = w.done
+		w.inFlight.Store(true)
+		w.op.Done(r)
+		select {
+		case d := <-sink.got:
+			return d
+		case <-time.After(5 * time.Second):
+			t.Fatal("no WriteDone")
+		}
+		return nil
+	}
+	first := complete(1, &store.Result{Step: store.StepOK})
+	if first != &w.msg {
+		t.Fatal("the first answer is not the op's own")
+	}
+	// Unread: the next completion may not overwrite it.
+	second := complete(2, &store.Result{Step: store.StepFenced})
+	if second == first || first.Epoch != 1 || first.Res.Step != lifecycle.StepOK {
+		t.Fatalf("an unread answer was overwritten: first %+v, second %p", first, second)
+	}
+	if second.Epoch != 2 || second.Res.Step != lifecycle.StepFenced {
+		t.Fatalf("second answer %+v, want epoch 2, fenced", second)
+	}
+	w.consumed(second) // not the op's own: its own stays out
+	if third := complete(3, &store.Result{Step: store.StepOK}); third == first {
+		t.Fatal("the op's own answer reused before its actor read it")
+	}
+	// An op whose own answer is unread stays out of the pool.
+	w.release()
+	if w.self != pid {
+		t.Fatal("an op whose answer is unread went back to the pool")
+	}
+	w.consumed(first)
+	if fourth := complete(4, &store.Result{Step: store.StepOK}); fourth != first || fourth.Epoch != 4 {
+		t.Fatalf("once read, the op's own answer is not reused: %p %+v", fourth, fourth)
+	}
+	w.consumed(first)
+	w.release()
+	if w.self != nil {
+		t.Fatal("a read, completed op was not released")
 	}
 }
