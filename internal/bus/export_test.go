@@ -25,3 +25,11 @@ func KeepInProgressEvery(maxAge, first, every time.Duration, touches *atomic.Uin
 
 // ConsumerConfig is the durable consumer Troupe makes for kind.
 func ConsumerConfig(kind StreamKind) jetstream.ConsumerConfig { return consumerConfig(kind) }
+
+// KeeperSlots has Consume report its progress keeper's state room handed
+// over so far (the blocks' capacity summed) through *slots when asked.
+func KeeperSlots(slots *func() int64) ConsumeOption {
+	return func(o *consumeOpts) {
+		o.onKeeper = func(k *progressKeeper) { *slots = k.slots.Load }
+	}
+}

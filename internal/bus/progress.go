@@ -53,6 +53,9 @@ type progressKeeper struct {
 	th      int         // touched's head
 	touches *atomic.Uint64
 	kick    chan struct{}
+	// slots is the states' room handed over (the blocks' capacity), for
+	// tests: what the keeper's blocks hold per message.
+	slots atomic.Int64
 }
 
 // progressState is what the keeper knows of one fetched message: where
@@ -89,6 +92,7 @@ func (k *progressKeeper) add(at time.Time, ps []progressState) {
 	if len(ps) == 0 {
 		return
 	}
+	k.slots.Add(int64(cap(ps)))
 	k.mu.Lock()
 	// In order of at: the fetch loops hand over bursts whose clocks may
 	// interleave, and a later one ahead would hold an earlier one back.

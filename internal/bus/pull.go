@@ -137,9 +137,11 @@ func (p *puller) pull(ctx context.Context, size int, wait time.Duration, handle 
 		if p.keep != nil {
 			if len(kept) == cap(kept) {
 				// Full (or none yet): a new block, never a grown one, since
-				// the messages point into it.
+				// the messages point into it; as large as what has already
+				// arrived (at a low rate a message comes alone, and a block
+				// of 32 for it would be 768 bytes held while its job lives).
 				p.keep.add(at, kept)
-				kept = make([]progressState, 0, min(size-n+1, keptBlock))
+				kept = make([]progressState, 0, min(size-n+1, keptBlock, len(ch)+1))
 			}
 			kept = append(kept, progressState{reply: m.Reply})
 			pm.ps = &kept[len(kept)-1]

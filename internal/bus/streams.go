@@ -333,6 +333,7 @@ type consumeOpts struct {
 	keepFirst, keepEvery time.Duration
 	keepTouches          *atomic.Uint64
 	keepWhile            func() bool
+	onKeeper             func(*progressKeeper) // tests: the keeper Consume made
 }
 
 // KeepInProgress has Consume's fetch loops keep every message they fetch
@@ -451,6 +452,9 @@ func Consume(ctx context.Context, js jetstream.JetStream, prefix string, kind St
 			keep.touches = o.keepTouches
 		}
 		keep.while = o.keepWhile
+		if o.onKeeper != nil {
+			o.onKeeper(keep)
+		}
 		go keep.loop(ctx)
 	}
 	for i := range FetchLoops {

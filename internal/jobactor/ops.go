@@ -117,6 +117,10 @@ func (w *writeOp) complete(r *store.Result) {
 // step that read m (the core keeps no pointer to an event).
 func (w *writeOp) consumed(m *lifecycle.WriteDone) {
 	if w != nil && m == &w.msg {
+		// Drop what the answer references (an adopted job's record, an
+		// error) before the op may hold it for the actor's whole life or
+		// in the pool.
+		w.msg = lifecycle.WriteDone{}
 		w.msgOut.Store(false)
 	}
 }
