@@ -24,8 +24,9 @@ import (
 // KeepFirst after the fetch that took it is in progress, then every
 // KeepEvery, up to its maxAge. At full speed a submit is acked within
 // milliseconds and never touched: the keeper's cost per message is a
-// progressState (its reply subject and a settled flag, allocated 32 at a
-// time, the only thing the keeper holds: not the message and its data)
+// progressState (its reply subject and a settled flag, in blocks as large
+// as what had arrived in the pull, at most 32: the only thing the keeper
+// holds, not the message and its data)
 // and one look at that flag when its fetch is due. A node that dies touches nothing, so its submits are offered
 // to the survivors within the redelivery wait, as before.
 const (
@@ -107,9 +108,6 @@ func (k *progressKeeper) add(at time.Time, ps []progressState) {
 	default:
 	}
 }
-
-// Touches is how many in-progress signals the keeper has sent.
-func (k *progressKeeper) Touches() uint64 { return k.touches.Load() }
 
 // kept is how many fetches and touched messages the keeper holds.
 func (k *progressKeeper) kept() int {

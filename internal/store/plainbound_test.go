@@ -71,6 +71,8 @@ func TestPlainCommandsRedisCPUBound(t *testing.T) {
 					}
 					if err := plainBatch(ctx, rdb, keys, ids); err != nil {
 						t.Error(err)
+						for range starts { // the rest unrun, the sender not left waiting
+						}
 						return
 					}
 				}

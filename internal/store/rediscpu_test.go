@@ -156,6 +156,8 @@ func runHappyPath(t *testing.T, w *store.Writer, prefix string, n, reqBytes int)
 							"policy_snapshot", "allow-all"}}})
 				if r.Status != store.ActivateCreated {
 					t.Errorf("create %s: %+v", id, r)
+					for range ids { // the rest unrun, the sender not left waiting
+					}
 					return
 				}
 				r = do(&store.Op{Kind: store.OpTransition, JobID: id, Node: "bench-node", LockValue: jobstate.LockValue("bench-node", r.Fence),
@@ -165,6 +167,8 @@ func runHappyPath(t *testing.T, w *store.Writer, prefix string, n, reqBytes int)
 						Fields: []string{"result_ptr", "redis://res:" + id, "worker", "bw4", "execution_ms", "0"}}})
 				if r.Step != store.StepOK {
 					t.Errorf("finish %s: %+v", id, r)
+					for range ids {
+					}
 					return
 				}
 			}
