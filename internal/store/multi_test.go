@@ -365,3 +365,47 @@ func TestRefilledOpsReadEachCallsOwnReply(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateOfAJobNotNewIsSentAgainWithEveryKey: a create's first send
+// names only the keys a new job's create touches (activateCall.newOnly);
+// for a job that has a record, a lock or a cancel mark the script changes
+// nothing and answers FULL, and the writer sends it again with every key,
+// which decides it as before (here: the node's own lock, ADOPTED).
+func TestCreateOfAJobNotNewIsSentAgainWithEveryKey(t *testing.T) {
+	t.Parallel()
+	env, s := loadedStore(t)
+	w := s.NewWriter(1, 64, 1024)
+	t.Cleanup(w.Close)
+	ctx := context.Background()
+	create := func() *Op {
+		return &Op{Kind: OpActivate, JobID: "again-1", Node: "a", Create: true, Topic: "job.x", Tenant: "t",
+			Request: []byte("req"), T: &Transition{Path: []Hop{{To: jobstate.StateDispatched, Reason: "d"}},
+				Due: time.Now().Add(time.Hour).UnixMilli(), Op: "c1"}}
+	}
+	if r := execBatch(t, w, []*Op{create()}); r[0].Err != nil || r[0].Status != ActivateCreated {
+		t.Fatalf("create: %+v", r[0])
+	}
+	before, err := env.Client.HGetAll(ctx, s.keys.Job("again-1")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The new-job-only call, alone: FULL, nothing changed.
+	op := create()
+	call := s.hotCall(op, time.Now().UnixMilli(), nil).(*activateCall)
+	if !call.newOnly || call.keyCount() != 5 {
+		t.Fatalf("a create's first call: newOnly %v, %d keys", call.newOnly, call.keyCount())
+	}
+	v, err := evalSha(ctx, env.Client, call).StringSlice()
+	if err != nil || len(v) < 1 || v[0] != activateFull {
+		t.Fatalf("new-job-only call of a job that exists: %q, %v", v, err)
+	}
+	after, _ := env.Client.HGetAll(ctx, s.keys.Job("again-1")).Result()
+	if fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the FULL call changed the record:\n%v\n%v", before, after)
+	}
+	// Through the writer: sent again with every key, and decided.
+	r := execBatch(t, w, []*Op{create()})
+	if r[0].Err != nil || r[0].Status != ActivateAdopted || r[0].Fence != 2 {
+		t.Fatalf("the create sent again: %+v", r[0])
+	}
+}

@@ -103,9 +103,12 @@ func (c *activateCall) packArgs(p *packedArgs) {
 	p.str(c.node)
 	p.int(c.nowMs)
 	p.int(c.lockTTLMs)
-	if c.create {
+	switch {
+	case c.create && c.newOnly:
+		p.str("2")
+	case c.create:
 		p.str("1")
-	} else {
+	default:
 		p.str("0")
 	}
 	p.str(c.jobID)

@@ -35,6 +35,11 @@ type activateCall struct {
 	// markKey is the job's cancel mark; cancelledKey the shard's index of
 	// CANCELLED, where a job created cancelled by its mark goes.
 	markKey, cancelledKey string
+	// newOnly (a create's first send) sends the keys a new job's create
+	// touches only, not leasesKey, ownerAliveKey, ownerParkedKey and
+	// cancelledKey (create = 2 in activate.lua): a job that is not new
+	// answers activateFull, and is sent again with every key.
+	newOnly bool
 
 	node        string
 	nowMs       int64
@@ -61,17 +66,31 @@ func (activateCall) script() *redis.Script { return activateScript }
 func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)) }
 func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
-func (c *activateCall) keyCount() int { return 9 + c.plan.writeCount() }
-func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 10 + c.plan.argCount() }
+func (c *activateCall) keyCount() int { return c.ownKeys() + c.plan.writeCount() }
+func (c *activateCall) argCount() int { return c.keyCount() + 10 + c.plan.argCount() }
+
+// ownKeys is the number of the call's keys before the plan's.
+func (c *activateCall) ownKeys() int {
+	if c.newOnly {
+		return 5
+	}
+	return 9
+}
+
 func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
-	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey,
-		&c.markKey, &c.cancelledKey)
+	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.indexKey, &c.markKey)
+	if !c.newOnly {
+		dst = append(dst, &c.leasesKey, &c.ownerAliveKey, &c.ownerParkedKey, &c.cancelledKey)
+	}
 	return c.plan.appendKeys(dst)
 }
 func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
 	c.leaseAtMs, c.dueAtMs = c.nowMs+2*c.lockTTLMs, c.dueAt()
 	create := "0"
-	if c.create {
+	switch {
+	case c.create && c.newOnly:
+		create = "2"
+	case c.create:
 		create = "1"
 	}
 	// Topic, tenant and trace go only in the packed field (activate.lua's
@@ -101,6 +120,10 @@ func (c *activateCall) dueAt() int64 {
 // activateParkedBy is the status activateScript answers, changing nothing,
 // when another node than the call's parkedOwner parked the job's lock.
 const activateParkedBy = "PARKED_BY"
+
+// activateFull is the status activateScript answers, changing nothing, to
+// a newOnly call (activateCall.newOnly) of a job that is not new.
+const activateFull = "FULL"
 
 // transitionScript (lua/transition.lua) moves a job along a path of states,
 // only if it is in one of the expected states and only while the caller's

@@ -155,6 +155,10 @@ type Op struct {
 	// passes its own node's. A PARKED_BY reply sets it (see exec).
 	parkedOwner      string
 	parkedOwnerKnown bool
+	// full: the OpActivate sends every key of activateScript. A create is
+	// sent first with a new job's keys only (activateCall.newOnly); a FULL
+	// reply sets it (see exec).
+	full bool
 	// outbox is DLQ as its outbox holds it, encoded once so a retry of the
 	// op writes (and moves) the same entry.
 	outbox     string
@@ -400,7 +404,15 @@ func (w *Writer) exec(batch []*Op) {
 					results[indexOf(batch, op)] = &Result{Err: loadErr}
 					continue
 				}
-				if owner, ok := parkedBy(op); ok && send < activateSends {
+				switch owner, status := resendStatus(op); {
+				case status == activateFull && !op.full:
+					// A create of a job that is not new: again, with
+					// every key (this send does not count against
+					// activateSends).
+					op.full = true
+					again = append(again, op)
+					continue
+				case status == activateParkedBy && send-fullSends(op) < activateSends:
 					op.parkedOwner, op.parkedOwnerKnown = owner, true
 					again = append(again, op)
 					continue
@@ -418,7 +430,7 @@ func (w *Writer) exec(batch []*Op) {
 		recycleArgs(op.cmds)
 		op.cmds, op.cmdBuf[0] = nil, nil
 		putHotCall(op)
-		op.parkedOwner, op.parkedOwnerKnown = "", false
+		op.parkedOwner, op.parkedOwnerKnown, op.full = "", false, false
 		op.Done(results[i])
 	}
 }
@@ -434,21 +446,37 @@ func indexOf(batch []*Op, op *Op) int {
 	panic("store: op not in batch")
 }
 
-// parkedBy reports whether op is an activation that activateScript
-// answered PARKED_BY, and the node that parked the lock: the lock value's
-// part before its first "|", as the script reads it.
-func parkedBy(op *Op) (string, bool) {
+// resendStatus returns the status of op's reply when op is an activation
+// that activateScript answered PARKED_BY (then with the node that parked
+// the lock: the lock value's part before its first "|", as the script
+// reads it) or FULL; "" otherwise.
+func resendStatus(op *Op) (owner, status string) {
 	if op.Kind != OpActivate || len(op.cmds) == 0 {
-		return "", false
+		return "", ""
 	}
 	// Read in place: every activation's reply passes here.
 	var buf [8]string
 	v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
-	if err != nil || len(v) < 4 || v[0] != activateParkedBy {
-		return "", false
+	if err != nil || len(v) < 4 {
+		return "", ""
 	}
-	owner, _, _ := strings.Cut(v[3], "|")
-	return owner, true
+	switch v[0] {
+	case activateParkedBy:
+		owner, _, _ = strings.Cut(v[3], "|")
+		return owner, activateParkedBy
+	case activateFull:
+		return "", activateFull
+	}
+	return "", ""
+}
+
+// fullSends is the number of op's sends that a FULL reply answered (0 or
+// 1): they do not count against activateSends.
+func fullSends(op *Op) int {
+	if op.full {
+		return 1
+	}
+	return 0
 }
 
 // multiMax caps the jobs of one multi-job script call (Writer.units): a
@@ -654,7 +682,7 @@ func (s *Store) hotCall(op *Op, now int64, outbox *ShardZAdd) hotScriptCall {
 			jobKey: jobKey, lockKey: lockKey, dueKey: k.Due(sh),
 			leasesKey: k.Leases(sh), indexKey: k.Index(sh, string(planEnd)),
 			ownerAliveKey: k.Alive(sh, parkedOwner), ownerParkedKey: k.Parked(sh, parkedOwner),
-			markKey: markKey, cancelledKey: k.Index(sh, string(jobstate.StateCancelled)),
+			markKey: markKey, cancelledKey: k.Index(sh, string(jobstate.StateCancelled)), newOnly: op.Create && !op.full,
 			node: op.Node, nowMs: now, lockTTLMs: s.cfg.LockTTL.Milliseconds(), create: op.Create, jobID: op.JobID,
 			topic: op.Topic, tenant: op.Tenant, traceID: op.TraceID, request: op.Request,
 			rescueAtMs: time.Now().Add(s.cfg.RescueAfter).UnixMilli(), lockAfter: op.T.LockAfter(), dueMs: due(op.T),
@@ -831,6 +859,10 @@ func (s *Store) decode(op *Op, execErr error) *Result {
 		v, err := replyStrings(buf[:0], op.cmds[0].(*redis.Cmd))
 		if err != nil || len(v) < 4 || len(v)%2 != 0 {
 			r.Err = fmt.Errorf("store: activate %s: bad reply %v (%v)", op.JobID, op.cmds[0].(*redis.Cmd).Val(), err)
+			return r
+		}
+		if v[0] == activateFull {
+			r.Err = fmt.Errorf("store: activate %s: FULL to a call with every key", op.JobID)
 			return r
 		}
 		if v[0] == activateParkedBy {

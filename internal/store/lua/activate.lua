@@ -32,23 +32,30 @@
 -- KEYS[3]  due_key           the shard's due set (Keys.Due); it holds
 --                            the job's lease too, as member
 --                            "|<job_id>" (Keys.LeaseMember)
--- KEYS[4]  leases_key        the shard's lease set of nodes of the
+-- KEYS[4]  index_key         the shard's index of the state the plan ends
+--                            in (PENDING without hops) (Keys.Index)
+-- KEYS[5]  mark_key          the job's cancel mark (Keys.CancelMark, see
+--                            cancel_mark.lua)
+-- KEYS[6]  leases_key        the shard's lease set of nodes of the
 --                            version before (Keys.Leases): an old node's
 --                            lease entry is dropped when this node adopts
 --                            or ends the job here
--- KEYS[5]  index_key         the shard's index of the state the plan ends
---                            in (PENDING without hops) (Keys.Index)
--- KEYS[6]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
--- KEYS[7]  owner_parked_key  parked_owner's parked set in the shard
+-- KEYS[7]  owner_alive_key   parked_owner's lease in the shard (Keys.Alive)
+-- KEYS[8]  owner_parked_key  parked_owner's parked set in the shard
 --                            (Keys.Parked)
--- KEYS[8]  mark_key          the job's cancel mark (Keys.CancelMark, see
---                            cancel_mark.lua)
 -- KEYS[9]  cancelled_key     the shard's index of CANCELLED (Keys.Index)
 -- KEYS[10 ..]                the shard-write keys (see shardWrites)
+--   A create sent with create = 2 (a new job's, the usual call) sends
+--   KEYS[1 .. 5] only, then the shard-write keys from KEYS[6]: a new job
+--   touches none of KEYS[6 .. 9], and each key sent costs Redis ~0.5-0.9
+--   us to parse and hand to Lua. If the job turns out to have a record, a
+--   lock or a cancel mark, such a call changes nothing and answers FULL:
+--   the caller sends it again with every key (create = 1).
 -- ARGV[1]  node              the activating node
 -- ARGV[2]  now_ms
 -- ARGV[3]  lock_ttl_ms
--- ARGV[4]  create            1 to create a missing job, else 0
+-- ARGV[4]  create            1 to create a missing job, 2 the same with
+--                            KEYS[1 .. 5] only (above), 0 not to create
 -- ARGV[5]  job_id
 -- ARGV[6]  request           the job request's bytes
 -- ARGV[7]  lock_after        keep, release or terminal (after the plan)
@@ -74,7 +81,7 @@
 -- other fields left out, no lock, no due entry) and the mark is deleted.
 --
 -- Returns {status, state, fence, holder, field, value, ...} with status
--- CANCELLED (created cancelled by a mark; cancel_reason and cancelled_by
+-- FULL (create = 2 and the job is not new: nothing changed), CANCELLED (created cancelled by a mark; cancel_reason and cancelled_by
 -- follow), CREATED (state = where the plan left it), ADOPTED (holder = the lock
 -- value before, so the caller sees whether the job was parked; the
 -- record's fields follow), BUSY (another node holds the lock; holder = its
@@ -85,17 +92,22 @@
 local job_key = KEYS[1]
 local lock_key = KEYS[2]
 local due_key = KEYS[3]
-local leases_key = KEYS[4]
-local index_key = KEYS[5]
-local owner_alive_key = KEYS[6]
-local owner_parked_key = KEYS[7]
-local mark_key = KEYS[8]
+local index_key = KEYS[4]
+local mark_key = KEYS[5]
+-- Not sent with create = 2: such a call answers FULL before any use.
+local leases_key = KEYS[6]
+local owner_alive_key = KEYS[7]
+local owner_parked_key = KEYS[8]
 local cancelled_key = KEYS[9]
-local first_write_key = 10
 local node = ARGV[1]
 local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
-local create = ARGV[4]
+local new_only = ARGV[4] == '2'
+local create = ARGV[4] ~= '0'
+local first_write_key = 10
+if new_only then
+  first_write_key = 6
+end
 local job_id = ARGV[5]
 local request = ARGV[6]
 local lock_after = ARGV[7]
@@ -110,9 +122,12 @@ local lease = '|' .. job_id
 -- no lock, no cancel mark. One EXISTS over the three says so, in place of
 -- a GET, an HGET and an EXISTS; only when one of them exists are they read
 -- one by one, below.
-local fresh = create == '1' and redis.call('EXISTS', job_key, lock_key, mark_key) == 0
+local fresh = create and redis.call('EXISTS', job_key, lock_key, mark_key) == 0
 local cur, st
 if not fresh then
+  if new_only then
+    return {'FULL', '', '0', ''}
+  end
   cur = redis.call('GET', lock_key)
   st = redis.call('HGET', job_key, 's')
 end
@@ -146,7 +161,7 @@ if parkedBy then
   end
 end
 if not st then
-  if create ~= '1' then
+  if not create then
     redis.call('ZREM', due_key, job_id, lease)
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
