@@ -836,6 +836,14 @@ func (j *Job) onRestarting() {
 		// or the job never ends (simulator seed 9103562).
 		j.emit(Redeliver{Msgs: []any{&Wake{Lost: true}}})
 	}
+	if j.rate.parked {
+		// A park under way (ParkTokens sent, the park write not answered):
+		// the ask is the limiter's now (epoch 0), which hands its answer to
+		// the job's next actor through the node. Leaving it (withdraw)
+		// would leave the job parked with nothing to wake it, for as long
+		// as the node lives (simulator seed 9400285).
+		j.rate.queued, j.rate.asking = false, false
+	}
 	j.disarm()
 	j.stopWaitingPolicy()
 	j.withdraw()

@@ -239,3 +239,47 @@ func TestRateLimitAttemptAdoptedByTheActorOfAnEarlierOneTakesItsUnits(t *testing
 		t.Fatalf("attempt 2 asked for a worker before its tokens: %v", fx)
 	}
 }
+
+// An actor restarted by supervision while its wait for tokens parks (the
+// ask handed to the limiter with ParkTokens, the park write not yet
+// answered) leaves the parked ask in the limiter's queue: the limiter's
+// answer is the job's next actor's, through the node. Withdrawing it left
+// the job parked with nothing to wake it (simulator seed 9400285).
+func TestRestartDuringATokenParkLeavesTheAskToTheLimiter(t *testing.T) {
+	d := rateRetryDriver(t)
+	d.rateDispatch()
+	d.failAttempt()
+	d.now = d.now.Add(2 * time.Second)
+	take, ok := find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
+	if !ok {
+		t.Fatal("attempt 2 did not ask for its tokens")
+	}
+	d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
+	d.now = d.now.Add(time.Second)
+	again, ok := find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
+	if !ok {
+		t.Fatal("the wait did not ask again at its park time")
+	}
+	fx := d.feed(&Tokens{Epoch: again.Epoch, Bucket: "b", Units: 1})
+	if _, ok := find[ParkTokens](fx); !ok {
+		t.Fatalf("the wait did not park: %v", fx)
+	}
+	fx = d.feed(&Restarting{})
+	if leave, ok := find[LeaveTokens](fx); ok {
+		t.Fatalf("the restart withdrew the parked ask from the limiter: %+v in %v", leave, fx)
+	}
+
+	// Before the park, a restart still leaves the queue (the ask is the
+	// actor's own).
+	d = rateRetryDriver(t)
+	d.rateDispatch()
+	d.failAttempt()
+	d.now = d.now.Add(2 * time.Second)
+	take, _ = find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
+	d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
+	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
+	if leave, ok := find[LeaveTokens](d.feed(&Restarting{})); !ok || leave.Epoch != take.Epoch {
+		t.Fatalf("a restart of a live wait did not leave the limiter's queue under its ask's epoch")
+	}
+}

@@ -85,6 +85,12 @@ var simRegressions = []struct {
 	// that no longer exists — no DLQ entry, no tell (the lead's soak, on
 	// main too). A restart now hands the lost wake on.
 	{"LostWakeIsHandedOnAcrossAnActorRestart", 9103562, ""},
+	// A wait for tokens parking (ParkTokens sent, the park write in flight)
+	// when its actor was restarted by supervision: the restart withdrew
+	// the parked ask from the limiter, the park landed, and nothing was
+	// left to wake the job while its node lived (engineer nodecpu10's
+	// soak, on main too). A restart now leaves a parked ask to the limiter.
+	{"ParkedTokenAskSurvivesAnActorRestart", 9400285, ""},
 }
 
 func TestSimRegressions(t *testing.T) {
