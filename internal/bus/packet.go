@@ -237,7 +237,14 @@ func EncodeCancel(traceID, sender string, c *capv1.JobCancel) ([]byte, error) {
 // its top-level tags), so the packet is the one proto.Unmarshal makes:
 // a field data does not hold stays nil, and a later payload of another
 // type replaces the wrapper as it would replace a fresh one.
+//
+// A submit or a result as the encoders write it is decoded without
+// protobuf's reflection, its strings sharing one copy of data (see
+// fastDecode); anything else goes through proto.Unmarshal as above.
 func Decode(data []byte) (*capv1.BusPacket, error) {
+	if p := fastDecode(data); p != nil {
+		return p, nil
+	}
 	p := preset(data)
 	if err := mergeOpts.Unmarshal(data, p); err != nil {
 		return nil, err
