@@ -35,7 +35,6 @@ package lifecycle
 
 import (
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -292,6 +291,8 @@ type Job struct {
 	// busy, other events wait in deferred, in order.
 	opEpoch uint64
 	busy    bool
+	// nums holds the digits of the job's number fields (numfield.go).
+	nums *numArena
 	// outputOwed holds, while the output policy's phase 1 runs on a
 	// result, what that result owes besides its outcome: record fields
 	// (result_of) and effects (a later dispatch's cancel, a log line).
@@ -971,7 +972,7 @@ func (j *Job) lostWorker(worker string) bool {
 func (j *Job) direct() bool { return j.cfg.Direct != nil && j.cfg.Direct(j.Subject, j.Worker) }
 
 // opID names a write (jobstate.Transition.Op).
-func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID(), 36) }
+func (j *Job) opID() string { return j.formatUint(j.in.OpID(), 36) }
 
 // topic is the job's topic, for logs and metrics.
 func (j *Job) topic() string { return j.Req.GetTopic() }

@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/troupe-run/troupe/internal/jobstate"
@@ -237,12 +236,12 @@ func (j *Job) apply(t *jobstate.Transition, dlq *jobstate.DLQEntry, p *pending) 
 func (j *Job) historyFields(t *jobstate.Transition) {
 	now := j.now()
 	if !j.submitted.IsZero() && (now.Sub(j.submitted) >= time.Second || !j.waitedAt.IsZero()) {
-		t.Fields = append(t.Fields, jobstate.FieldSubmitted, strconv.FormatInt(j.submitted.UnixMilli(), 10))
+		t.Fields = append(t.Fields, jobstate.FieldSubmitted, j.formatMs(j.submitted))
 	}
 	if j.waitedAt.IsZero() || len(t.Path) == 0 || t.Path[0].To != jobstate.StateScheduled {
 		return
 	}
-	t.Fields = append(t.Fields, jobstate.FieldWaited, strconv.FormatInt(j.waitedAt.UnixMilli(), 10))
+	t.Fields = append(t.Fields, jobstate.FieldWaited, j.formatMs(j.waitedAt))
 	if t.Path[0].Reason == jobstate.ReasonAllowed && j.capReason != "" {
 		t.Path[0].Reason = j.capReason
 	}

@@ -1,0 +1,57 @@
+package lifecycle
+
+import (
+	"math"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestNumberFieldsKeepTheirDigits: a job's number fields read as strconv
+// writes them, and each keeps its digits while the job formats many more
+// (its arena only appended to, a fresh one when full).
+func TestNumberFieldsKeepTheirDigits(t *testing.T) {
+	j := &Job{}
+	type kept struct{ got, want string }
+	var all []kept
+	ints := []int64{0, 7, 99, 100, -1, -100, 1_764_000_000_123, math.MaxInt64, math.MinInt64}
+	uints := []uint64{0, 35, 36, 1 << 40, math.MaxUint64}
+	for round := range 50 {
+		for _, v := range ints {
+			v += int64(round)
+			all = append(all, kept{j.formatInt(v), strconv.FormatInt(v, 10)})
+		}
+		for _, v := range uints {
+			v += uint64(round)
+			all = append(all, kept{j.formatUint(v, 36), strconv.FormatUint(v, 36)})
+		}
+		at := time.UnixMilli(1_764_000_000_000 + int64(round))
+		all = append(all, kept{j.formatMs(at), strconv.FormatInt(at.UnixMilli(), 10)})
+	}
+	for i, k := range all {
+		if k.got != k.want {
+			t.Fatalf("number %d reads %q, want %q", i, k.got, k.want)
+		}
+	}
+}
+
+// TestNumberFieldsShareAnAllocation: a job's first numbers take one
+// allocation between them (strconv: one each).
+func TestNumberFieldsShareAnAllocation(t *testing.T) {
+	at := time.UnixMilli(1_764_000_000_123)
+	got := testing.AllocsPerRun(100, func() {
+		j := &Job{}
+		sinkJob = j
+		_ = j.formatMs(at)
+		_ = j.formatMs(at)
+		_ = j.formatMs(at)
+		_ = j.formatUint(1<<50, 36)
+		_ = j.formatUint(1<<50, 36)
+	})
+	// The job itself and its arena.
+	if got != 2 {
+		t.Errorf("a job and five numbers: %.0f allocations, want 2", got)
+	}
+}
+
+var sinkJob *Job
