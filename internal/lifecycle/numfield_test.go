@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // TestNumberFieldsKeepTheirDigits: a job's number fields read as strconv
@@ -55,3 +56,13 @@ func TestNumberFieldsShareAnAllocation(t *testing.T) {
 }
 
 var sinkJob *Job
+
+// TestJobFitsItsSizeClass: a Job (one allocation a job) stays within the
+// runtime's 1,536-byte size class; past it, each job costs 1,792 bytes.
+// A field added past the limit goes where its alignment wastes nothing
+// (the bools together), or the limit is raised knowingly.
+func TestJobFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(Job{}); n > 1536 {
+		t.Errorf("a Job is %d bytes: past the 1,536-byte size class", n)
+	}
+}
