@@ -37,3 +37,6 @@ func KeeperSlots(slots *func() int64) ConsumeOption {
 // FastDecoded reports whether Decode decodes data by its own decoder
 // (not proto.Unmarshal).
 func FastDecoded(data []byte) bool { return fastDecode(data) != nil }
+
+// AppendEnvelope is appendEnvelope (tests).
+var AppendEnvelope = appendEnvelope
