@@ -185,8 +185,8 @@ type owed struct {
 // of the one step it waits for. Step is its only mutator.
 //
 // A Job is allocated per job: its one-byte fields sit together, so that it
-// fits the runtime's 1,536-byte size class, not the 1,792 one
-// (TestJobFitsItsSizeClass).
+// and the runtime's 8-byte header fit the 1,536-byte size class, not the
+// 1,792 one (TestJobFitsItsSizeClass).
 type Job struct {
 	cfg *Config
 
@@ -231,10 +231,8 @@ type Job struct {
 	// parkAt is when a job waiting for its worker parks (zero: not
 	// waiting).
 	parkAt time.Time
-	// resend: the dispatch may be repeated (the worker dedupes); resendAt
-	// is when, while DISPATCHED (or recalling); resends counts the repeats
-	// made.
-	resend   bool
+	// resendAt is when the dispatch is repeated (resend), while
+	// DISPATCHED (or recalling); resends counts the repeats made.
 	resendAt time.Time
 	resends  int
 	// recall: the job's result may have been lost with the result stream;
@@ -248,6 +246,9 @@ type Job struct {
 	// unavailable policy (a registration to undo, within Live; not where
 	// the job lives).
 	waitingPolicy bool
+	// resend: the dispatch may be repeated (the worker dedupes; see
+	// resendAt).
+	resend bool
 	// probed: the job's record was looked for before its first wait
 	// within the grace (a repeated submit of a job that exists elsewhere
 	// must not wait here as a new one).
