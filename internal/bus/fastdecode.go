@@ -30,8 +30,8 @@ func fastDecode(data []byte) *capv1.BusPacket {
 	if !ok {
 		return nil
 	}
-	d := fastDec{buf: make([]byte, len(data))}
-	copy(d.buf, data)
+	buf := make([]byte, len(data))
+	copy(buf, data)
 	var p *capv1.BusPacket
 	var req *capv1.JobRequest
 	var res *capv1.JobResult
@@ -48,58 +48,37 @@ func fastDecode(data []byte) *capv1.BusPacket {
 		p, res, ts = &blk.p, &blk.res, &blk.ts
 	}
 	var seen uint64
-	for b := d.buf; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num > 63 || seen&(1<<num) != 0 {
-			return nil
+	ok = eachField(buf, func(num protowire.Number, typ protowire.Type, x uint64, v []byte) bool {
+		if !once(&seen, num) {
+			return false
 		}
-		seen |= 1 << num
-		b = b[n:]
+		ok := true
 		switch {
 		case num == 4 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return nil
-			}
-			p.ProtocolVersion = int32(v)
-			b = b[n:]
-			continue
+			p.ProtocolVersion = int32(x)
 		case typ != protowire.BytesType:
-			return nil
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return nil
-		}
-		b = b[n:]
-		switch num {
-		case 1:
-			if p.TraceId, ok = d.str(v); !ok {
-				return nil
-			}
-		case 2:
-			if p.SenderId, ok = d.str(v); !ok {
-				return nil
-			}
-		case 3:
-			if !timestamp(v, ts) {
-				return nil
-			}
+			return false
+		case num == 1:
+			p.TraceId, ok = str(v)
+		case num == 2:
+			p.SenderId, ok = str(v)
+		case num == 3:
+			ok = timestamp(v, ts)
 			p.CreatedAt = ts
-		case 14:
+		case num == 14:
 			// Bytes of its own, as protobuf's (a caller may change them).
 			p.Signature = append([]byte(nil), v...)
-		case 10:
-			if !d.request(v, req) {
-				return nil
-			}
-		case 11:
-			if !d.result(v, res) {
-				return nil
-			}
+		case num == requestField:
+			ok = request(v, req)
+		case num == resultField:
+			ok = result(v, res)
 		default:
-			return nil
+			return false
 		}
+		return ok
+	})
+	if !ok {
+		return nil
 	}
 	return p
 }
@@ -129,40 +108,49 @@ func fastPayload(data []byte) (protowire.Number, bool) {
 	return payload, payload != 0
 }
 
-// timestamp decodes a google.protobuf.Timestamp into m: seconds (1),
-// nanos (2), each at most once.
-func timestamp(b []byte, m *timestamppb.Timestamp) bool {
-	var seen uint8
+// eachField calls f with each field of message b in turn: its number,
+// its wire type and its value (x a varint's, v a length-delimited field's
+// bytes, a slice of b). It reports false, and stops, where f does, and for
+// a field of another wire type or anything malformed.
+func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, x uint64, v []byte) bool) bool {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.VarintType || (num != 1 && num != 2) || seen&(1<<num) != 0 {
-			return false
-		}
-		seen |= 1 << num
-		b = b[n:]
-		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
 			return false
 		}
 		b = b[n:]
-		if num == 1 {
-			m.Seconds = int64(v)
-		} else {
-			m.Nanos = int32(v)
+		var x uint64
+		var v []byte
+		switch typ {
+		case protowire.VarintType:
+			x, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			v, n = protowire.ConsumeBytes(b)
+		default:
+			return false
 		}
+		if n < 0 || !f(num, typ, x, v) {
+			return false
+		}
+		b = b[n:]
 	}
 	return true
 }
 
-// fastDec hands out strings that are slices of buf, a copy of the packet
-// decoded (never changed once copied).
-type fastDec struct {
-	buf []byte
+// once marks field num seen: false when it was already (a singular field
+// twice, which protobuf merges) or its number is past 63.
+func once(seen *uint64, num protowire.Number) bool {
+	if num > 63 || *seen&(1<<num) != 0 {
+		return false
+	}
+	*seen |= 1 << num
+	return true
 }
 
-// str returns v, a slice of d.buf, as a string; ok is false when v is not
-// UTF-8 (proto3 strings must be; protobuf reports the error).
-func (d *fastDec) str(v []byte) (string, bool) {
+// str returns v, a slice of the packet's copy (never changed), as a
+// string; ok is false when v is not UTF-8 (proto3 strings must be;
+// protobuf reports the error).
+func str(v []byte) (string, bool) {
 	if len(v) == 0 {
 		return "", true
 	}
@@ -172,327 +160,234 @@ func (d *fastDec) str(v []byte) (string, bool) {
 	return unsafe.String(&v[0], len(v)), true
 }
 
-// request decodes a JobRequest into r (empty).
-func (d *fastDec) request(b []byte, r *capv1.JobRequest) bool {
-	var seen uint32
-	var ok bool
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num > 16 {
+// timestamp decodes a google.protobuf.Timestamp into m.
+func timestamp(b []byte, m *timestamppb.Timestamp) bool {
+	var seen uint64
+	return eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, _ []byte) bool {
+		if !once(&seen, num) || typ != protowire.VarintType {
 			return false
 		}
-		rep := num == 6 || num == 15
-		if !rep {
-			if seen&(1<<num) != 0 {
-				return false
-			}
-			seen |= 1 << num
-		}
-		b = b[n:]
-		if num == 3 || num == 9 {
-			if typ != protowire.VarintType {
-				return false
-			}
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return false
-			}
-			b = b[n:]
-			if num == 3 {
-				r.Priority = capv1.JobPriority(int32(v))
-			} else {
-				r.StepIndex = int32(v)
-			}
-			continue
-		}
-		if typ != protowire.BytesType {
-			return false
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
 		switch num {
 		case 1:
-			r.JobId, ok = d.str(v)
+			m.Seconds = int64(x)
 		case 2:
-			r.Topic, ok = d.str(v)
-		case 4:
-			r.ContextPtr, ok = d.str(v)
-		case 5:
-			r.AdapterId, ok = d.str(v)
-		case 7:
-			r.ParentJobId, ok = d.str(v)
-		case 8:
-			r.WorkflowId, ok = d.str(v)
-		case 10:
-			r.MemoryId, ok = d.str(v)
-		case 13:
-			r.TenantId, ok = d.str(v)
-		case 14:
-			r.PrincipalId, ok = d.str(v)
-		case 6:
-			ok = d.mapEntry(v, &r.Env)
-		case 15:
-			ok = d.mapEntry(v, &r.Labels)
-		case 11:
-			r.ContextHints = &capv1.ContextHints{}
-			ok = d.hints(v, r.ContextHints)
-		case 12:
-			r.Budget = &capv1.Budget{}
-			ok = budget(v, r.Budget)
-		case 16:
-			r.Meta = &capv1.JobMetadata{}
-			ok = d.meta(v, r.Meta)
+			m.Nanos = int32(x)
 		default:
-			ok = false
-		}
-		if !ok {
 			return false
 		}
-	}
-	return true
+		return true
+	})
+}
+
+// request decodes a JobRequest into r (empty). A compensation (field 100)
+// is left to protobuf.
+func request(b []byte, r *capv1.JobRequest) bool {
+	var seen uint64
+	return eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, v []byte) bool {
+		if num != 6 && num != 15 && !once(&seen, num) {
+			return false
+		}
+		ok := true
+		switch {
+		case num == 3 && typ == protowire.VarintType:
+			r.Priority = capv1.JobPriority(int32(x))
+		case num == 9 && typ == protowire.VarintType:
+			r.StepIndex = int32(x)
+		case typ != protowire.BytesType:
+			return false
+		case num == 1:
+			r.JobId, ok = str(v)
+		case num == 2:
+			r.Topic, ok = str(v)
+		case num == 4:
+			r.ContextPtr, ok = str(v)
+		case num == 5:
+			r.AdapterId, ok = str(v)
+		case num == 7:
+			r.ParentJobId, ok = str(v)
+		case num == 8:
+			r.WorkflowId, ok = str(v)
+		case num == 10:
+			r.MemoryId, ok = str(v)
+		case num == 13:
+			r.TenantId, ok = str(v)
+		case num == 14:
+			r.PrincipalId, ok = str(v)
+		case num == 6:
+			ok = mapEntry(v, &r.Env)
+		case num == 15:
+			ok = mapEntry(v, &r.Labels)
+		case num == 11:
+			r.ContextHints = &capv1.ContextHints{}
+			ok = hints(v, r.ContextHints)
+		case num == 12:
+			r.Budget = &capv1.Budget{}
+			ok = budget(v, r.Budget)
+		case num == 16:
+			r.Meta = &capv1.JobMetadata{}
+			ok = meta(v, r.Meta)
+		default:
+			return false
+		}
+		return ok
+	})
 }
 
 // result decodes a JobResult into r (empty).
-func (d *fastDec) result(b []byte, r *capv1.JobResult) bool {
-	var seen uint16
-	var ok bool
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num > 8 {
+func result(b []byte, r *capv1.JobResult) bool {
+	var seen uint64
+	return eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, v []byte) bool {
+		if num != 8 && !once(&seen, num) {
 			return false
 		}
-		if num != 8 {
-			if seen&(1<<num) != 0 {
-				return false
-			}
-			seen |= 1 << num
-		}
-		b = b[n:]
-		if num == 2 || num == 5 {
-			if typ != protowire.VarintType {
-				return false
-			}
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return false
-			}
-			b = b[n:]
-			if num == 2 {
-				r.Status = capv1.JobStatus(int32(v))
-			} else {
-				r.ExecutionMs = int64(v)
-			}
-			continue
-		}
-		if typ != protowire.BytesType {
+		ok := true
+		switch {
+		case num == 2 && typ == protowire.VarintType:
+			r.Status = capv1.JobStatus(int32(x))
+		case num == 5 && typ == protowire.VarintType:
+			r.ExecutionMs = int64(x)
+		case typ != protowire.BytesType:
 			return false
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
-		switch num {
-		case 1:
-			r.JobId, ok = d.str(v)
-		case 3:
-			r.ResultPtr, ok = d.str(v)
-		case 4:
-			r.WorkerId, ok = d.str(v)
-		case 6:
-			r.ErrorCode, ok = d.str(v)
-		case 7:
-			r.ErrorMessage, ok = d.str(v)
-		case 8:
-			var s string
-			if s, ok = d.str(v); ok {
-				r.ArtifactPtrs = append(r.ArtifactPtrs, s)
-			}
+		case num == 1:
+			r.JobId, ok = str(v)
+		case num == 3:
+			r.ResultPtr, ok = str(v)
+		case num == 4:
+			r.WorkerId, ok = str(v)
+		case num == 6:
+			r.ErrorCode, ok = str(v)
+		case num == 7:
+			r.ErrorMessage, ok = str(v)
+		case num == 8:
+			r.ArtifactPtrs, ok = appendStr(r.ArtifactPtrs, v)
 		default:
-			ok = false
-		}
-		if !ok {
 			return false
 		}
+		return ok
+	})
+}
+
+// appendStr appends v as a string (see str) to l.
+func appendStr(l []string, v []byte) ([]string, bool) {
+	s, ok := str(v)
+	if !ok {
+		return l, false
 	}
-	return true
+	return append(l, s), true
 }
 
 // mapEntry adds a map<string, string> entry (key 1, value 2, each at most
 // once, either absent meaning "") to *m, made when nil; a later entry of
 // the same key replaces an earlier one, as in protobuf.
-func (d *fastDec) mapEntry(b []byte, m *map[string]string) bool {
-	var k, v string
-	var seen uint8
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) || seen&(1<<num) != 0 {
+func mapEntry(b []byte, m *map[string]string) bool {
+	var k, val string
+	var seen uint64
+	ok := eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, v []byte) bool {
+		if !once(&seen, num) || typ != protowire.BytesType {
 			return false
 		}
-		seen |= 1 << num
-		b = b[n:]
-		s, n := protowire.ConsumeBytes(b)
-		if n < 0 {
+		ok := true
+		switch num {
+		case 1:
+			k, ok = str(v)
+		case 2:
+			val, ok = str(v)
+		default:
 			return false
 		}
-		b = b[n:]
-		str, ok := d.str(s)
-		if !ok {
-			return false
-		}
-		if num == 1 {
-			k = str
-		} else {
-			v = str
-		}
+		return ok
+	})
+	if !ok {
+		return false
 	}
 	if *m == nil {
 		*m = make(map[string]string)
 	}
-	(*m)[k] = v
+	(*m)[k] = val
 	return true
 }
 
 // budget decodes a Budget (four int64s) into g.
 func budget(b []byte, g *capv1.Budget) bool {
-	var seen uint8
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.VarintType || num < 1 || num > 4 || seen&(1<<num) != 0 {
+	var seen uint64
+	return eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, _ []byte) bool {
+		if !once(&seen, num) || typ != protowire.VarintType {
 			return false
 		}
-		seen |= 1 << num
-		b = b[n:]
-		v, n := protowire.ConsumeVarint(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
 		switch num {
 		case 1:
-			g.MaxInputTokens = int64(v)
+			g.MaxInputTokens = int64(x)
 		case 2:
-			g.MaxOutputTokens = int64(v)
+			g.MaxOutputTokens = int64(x)
 		case 3:
-			g.MaxTotalTokens = int64(v)
+			g.MaxTotalTokens = int64(x)
 		case 4:
-			g.DeadlineMs = int64(v)
+			g.DeadlineMs = int64(x)
+		default:
+			return false
 		}
-	}
-	return true
+		return true
+	})
 }
 
 // hints decodes a ContextHints into h.
-func (d *fastDec) hints(b []byte, h *capv1.ContextHints) bool {
-	var seen uint8
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num < 1 || num > 4 {
+func hints(b []byte, h *capv1.ContextHints) bool {
+	var seen uint64
+	return eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, v []byte) bool {
+		if num != 4 && !once(&seen, num) {
 			return false
 		}
-		b = b[n:]
-		if num == 4 {
-			if typ != protowire.BytesType {
-				return false
-			}
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return false
-			}
-			b = b[n:]
-			s, ok := d.str(v)
-			if !ok {
-				return false
-			}
-			h.Tags = append(h.Tags, s)
-			continue
-		}
-		if typ != protowire.VarintType || seen&(1<<num) != 0 {
+		ok := true
+		switch {
+		case num == 4 && typ == protowire.BytesType:
+			h.Tags, ok = appendStr(h.Tags, v)
+		case typ != protowire.VarintType:
+			return false
+		case num == 1:
+			h.MaxInputTokens = int32(x)
+		case num == 2:
+			h.AllowSummarization = x != 0
+		case num == 3:
+			h.AllowRetrieval = x != 0
+		default:
 			return false
 		}
-		seen |= 1 << num
-		v, n := protowire.ConsumeVarint(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
-		switch num {
-		case 1:
-			h.MaxInputTokens = int32(v)
-		case 2:
-			h.AllowSummarization = v != 0
-		case 3:
-			h.AllowRetrieval = v != 0
-		}
-	}
-	return true
+		return ok
+	})
 }
 
 // meta decodes a JobMetadata into m.
-func (d *fastDec) meta(b []byte, m *capv1.JobMetadata) bool {
-	var seen uint16
-	var ok bool
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num < 1 || num > 9 {
+func meta(b []byte, m *capv1.JobMetadata) bool {
+	var seen uint64
+	return eachField(b, func(num protowire.Number, typ protowire.Type, x uint64, v []byte) bool {
+		if num != 6 && num != 7 && num != 9 && !once(&seen, num) {
 			return false
 		}
-		if num != 6 && num != 7 && num != 9 {
-			if seen&(1<<num) != 0 {
-				return false
-			}
-			seen |= 1 << num
-		}
-		b = b[n:]
-		if num == 3 {
-			if typ != protowire.VarintType {
-				return false
-			}
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return false
-			}
-			b = b[n:]
-			m.ActorType = capv1.ActorType(int32(v))
-			continue
-		}
-		if typ != protowire.BytesType {
+		ok := true
+		switch {
+		case num == 3 && typ == protowire.VarintType:
+			m.ActorType = capv1.ActorType(int32(x))
+		case typ != protowire.BytesType:
+			return false
+		case num == 1:
+			m.TenantId, ok = str(v)
+		case num == 2:
+			m.ActorId, ok = str(v)
+		case num == 4:
+			m.IdempotencyKey, ok = str(v)
+		case num == 5:
+			m.Capability, ok = str(v)
+		case num == 8:
+			m.PackId, ok = str(v)
+		case num == 6:
+			m.RiskTags, ok = appendStr(m.RiskTags, v)
+		case num == 7:
+			m.Requires, ok = appendStr(m.Requires, v)
+		case num == 9:
+			ok = mapEntry(v, &m.Labels)
+		default:
 			return false
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
-		var s string
-		switch num {
-		case 1:
-			m.TenantId, ok = d.str(v)
-		case 2:
-			m.ActorId, ok = d.str(v)
-		case 4:
-			m.IdempotencyKey, ok = d.str(v)
-		case 5:
-			m.Capability, ok = d.str(v)
-		case 8:
-			m.PackId, ok = d.str(v)
-		case 6:
-			if s, ok = d.str(v); ok {
-				m.RiskTags = append(m.RiskTags, s)
-			}
-		case 7:
-			if s, ok = d.str(v); ok {
-				m.Requires = append(m.Requires, s)
-			}
-		case 9:
-			ok = d.mapEntry(v, &m.Labels)
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
+		return ok
+	})
 }

@@ -200,37 +200,40 @@ func enc2(t *testing.T, m proto.Message) []byte {
 // the same error or none.
 func TestDecodeIsProtoUnmarshal(t *testing.T) {
 	for name, data := range decodeCorpus(t) {
-		t.Run(name, func(t *testing.T) {
-			want := &capv1.BusPacket{}
-			wantErr := proto.Unmarshal(data, want)
-			got, err := bus.Decode(data)
-			if (err != nil) != (wantErr != nil) {
-				t.Fatalf("error %v, proto.Unmarshal's %v", err, wantErr)
-			}
-			if err != nil {
-				return
-			}
-			if !proto.Equal(got, want) {
-				t.Fatalf("decoded %v, proto.Unmarshal %v", got, want)
-			}
-			if (got.CreatedAt == nil) != (want.CreatedAt == nil) {
-				t.Errorf("created_at set %v, proto.Unmarshal's %v", got.CreatedAt != nil, want.CreatedAt != nil)
-			}
-			if g, w := fmt.Sprintf("%T", got.Payload), fmt.Sprintf("%T", want.Payload); g != w {
-				t.Errorf("payload %s, proto.Unmarshal's %s", g, w)
-			}
-			if (got.GetJobRequest() == nil) != (want.GetJobRequest() == nil) || (got.GetJobResult() == nil) != (want.GetJobResult() == nil) {
-				t.Errorf("request/result set %v/%v, proto.Unmarshal's %v/%v", got.GetJobRequest() != nil, got.GetJobResult() != nil,
-					want.GetJobRequest() != nil, want.GetJobResult() != nil)
-			}
-			if !proto.Equal(got.GetJobRequest(), want.GetJobRequest()) || !proto.Equal(got.GetJobResult(), want.GetJobResult()) {
-				t.Errorf("payload %v, proto.Unmarshal's %v", got.Payload, want.Payload)
-			}
-			// Encoding again gives the same bytes (unknown fields kept too).
-			if g, w := encDet(t, got), encDet(t, want); string(g) != string(w) {
-				t.Errorf("re-encoded %x, proto.Unmarshal's %x", g, w)
-			}
-		})
+		t.Run(name, func(t *testing.T) { decodesAsProto(t, data) })
+	}
+}
+
+// decodesAsProto fails t unless Decode answers for data as proto.Unmarshal
+// does: an error where it errs, otherwise an equal packet with the same
+// sub-messages set, the same payload type, and the same bytes when
+// encoded again (unknown fields kept too).
+func decodesAsProto(t *testing.T, data []byte) {
+	t.Helper()
+	want := &capv1.BusPacket{}
+	wantErr := proto.Unmarshal(data, want)
+	got, err := bus.Decode(data)
+	if (err != nil) != (wantErr != nil) {
+		t.Fatalf("error %v, proto.Unmarshal's %v", err, wantErr)
+	}
+	if err != nil {
+		return
+	}
+	if !proto.Equal(got, want) {
+		t.Fatalf("decoded %v, proto.Unmarshal %v", got, want)
+	}
+	if (got.CreatedAt == nil) != (want.CreatedAt == nil) {
+		t.Errorf("created_at set %v, proto.Unmarshal's %v", got.CreatedAt != nil, want.CreatedAt != nil)
+	}
+	if g, w := fmt.Sprintf("%T", got.Payload), fmt.Sprintf("%T", want.Payload); g != w {
+		t.Errorf("payload %s, proto.Unmarshal's %s", g, w)
+	}
+	if (got.GetJobRequest() == nil) != (want.GetJobRequest() == nil) || (got.GetJobResult() == nil) != (want.GetJobResult() == nil) {
+		t.Errorf("request/result set %v/%v, proto.Unmarshal's %v/%v", got.GetJobRequest() != nil, got.GetJobResult() != nil,
+			want.GetJobRequest() != nil, want.GetJobResult() != nil)
+	}
+	if g, w := encDet(t, got), encDet(t, want); string(g) != string(w) {
+		t.Errorf("re-encoded %x, proto.Unmarshal's %x", g, w)
 	}
 }
 
@@ -306,29 +309,7 @@ func FuzzDecodeIsProtoUnmarshal(f *testing.F) {
 	for _, data := range corpus {
 		f.Add(data)
 	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		want := &capv1.BusPacket{}
-		wantErr := proto.Unmarshal(data, want)
-		got, err := bus.Decode(data)
-		if (err != nil) != (wantErr != nil) {
-			t.Fatalf("error %v, proto.Unmarshal's %v", err, wantErr)
-		}
-		if err != nil {
-			return
-		}
-		if !proto.Equal(got, want) {
-			t.Fatalf("decoded %v, proto.Unmarshal %v", got, want)
-		}
-		if (got.CreatedAt == nil) != (want.CreatedAt == nil) {
-			t.Fatalf("created_at set %v, proto.Unmarshal's %v", got.CreatedAt != nil, want.CreatedAt != nil)
-		}
-		if g, w := fmt.Sprintf("%T", got.Payload), fmt.Sprintf("%T", want.Payload); g != w {
-			t.Fatalf("payload %s, proto.Unmarshal's %s", g, w)
-		}
-		if g, w := encDet(t, got), encDet(t, want); string(g) != string(w) {
-			t.Fatalf("re-encoded %x, proto.Unmarshal's %x", g, w)
-		}
-	})
+	f.Fuzz(decodesAsProto)
 }
 
 // TestDecodeRandomPackets: random submits and results (any field set or
@@ -409,19 +390,6 @@ func TestDecodeRandomPackets(t *testing.T) {
 		if !bus.FastDecoded(data) {
 			t.Fatalf("packet %d (%v) not decoded by the own decoder", i, p)
 		}
-		got, err := bus.Decode(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := &capv1.BusPacket{}
-		if err := proto.Unmarshal(data, want); err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(got, want) || (got.CreatedAt == nil) != (want.CreatedAt == nil) {
-			t.Fatalf("packet %d: decoded %v, proto.Unmarshal %v", i, got, want)
-		}
-		if g, w := encDet(t, got), encDet(t, want); string(g) != string(w) {
-			t.Fatalf("packet %d: re-encoded %x, proto.Unmarshal's %x", i, g, w)
-		}
+		decodesAsProto(t, data)
 	}
 }
