@@ -3,6 +3,7 @@ package bus_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -391,5 +392,36 @@ func TestDecodeRandomPackets(t *testing.T) {
 			t.Fatalf("packet %d (%v) not decoded by the own decoder", i, p)
 		}
 		decodesAsProto(t, data)
+	}
+}
+
+// TestOwnDecoderKnowsEveryField: the fields of the messages the own
+// decoder reads are the ones it was written for. A field added to
+// cap.proto fails this test until fastdecode.go decodes it (or lists it
+// as left to protobuf): until then it would only take the slow path.
+func TestOwnDecoderKnowsEveryField(t *testing.T) {
+	for _, c := range []struct {
+		m     proto.Message
+		known []protowire.Number // decoded by fastdecode.go, or left to protobuf on purpose
+	}{
+		// BusPacket: 12, 13, 15, 16 (other payloads) and JobRequest's 100
+		// (compensation) go to protobuf.
+		{&capv1.BusPacket{}, []protowire.Number{1, 2, 3, 4, 10, 11, 12, 13, 14, 15, 16}},
+		{&capv1.JobRequest{}, []protowire.Number{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 100}},
+		{&capv1.JobResult{}, []protowire.Number{1, 2, 3, 4, 5, 6, 7, 8}},
+		{&capv1.JobMetadata{}, []protowire.Number{1, 2, 3, 4, 5, 6, 7, 8, 9}},
+		{&capv1.Budget{}, []protowire.Number{1, 2, 3, 4}},
+		{&capv1.ContextHints{}, []protowire.Number{1, 2, 3, 4}},
+		{&timestamppb.Timestamp{}, []protowire.Number{1, 2}},
+	} {
+		fields := c.m.ProtoReflect().Descriptor().Fields()
+		var got []protowire.Number
+		for i := range fields.Len() {
+			got = append(got, fields.Get(i).Number())
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, c.known) {
+			t.Errorf("%T has fields %v, the own decoder was written for %v", c.m, got, c.known)
+		}
 	}
 }

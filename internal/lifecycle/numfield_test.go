@@ -79,3 +79,37 @@ func TestJobFitsItsSizeClass(t *testing.T) {
 		t.Errorf("a Job takes %d bytes of heap, want 1,536", per)
 	}
 }
+
+// BenchmarkNumberFields: a job's number fields on the happy path (a
+// dispatch's deadline, submitted, waited and slot ask, two write op ids),
+// in a fresh job's arena against strconv's string each.
+func BenchmarkNumberFields(b *testing.B) {
+	at := time.UnixMilli(1_764_000_000_123)
+	const op = uint64(0x9e3779b97f4a7c15)
+	b.Run("arena", func(b *testing.B) {
+		b.ReportAllocs()
+		j := &Job{}
+		for b.Loop() {
+			j.nums = nil // a fresh job's
+			sinkStr = j.formatMs(at)
+			sinkStr = j.formatMs(at)
+			sinkStr = j.formatMs(at)
+			sinkStr = j.formatMs(at)
+			sinkStr = j.formatUint(op, 36)
+			sinkStr = j.formatUint(op, 36)
+		}
+	})
+	b.Run("strconv", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			sinkStr = strconv.FormatInt(at.UnixMilli(), 10)
+			sinkStr = strconv.FormatInt(at.UnixMilli(), 10)
+			sinkStr = strconv.FormatInt(at.UnixMilli(), 10)
+			sinkStr = strconv.FormatInt(at.UnixMilli(), 10)
+			sinkStr = strconv.FormatUint(op, 36)
+			sinkStr = strconv.FormatUint(op, 36)
+		}
+	})
+}
+
+var sinkStr string
