@@ -1,5 +1,7 @@
 package lifecycle
 
+// A job's memory: its number fields, the Job's and its writes' size classes.
+
 import (
 	"math"
 	"runtime"
@@ -7,6 +9,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // TestNumberFieldsKeepTheirDigits: a job's number fields read as strconv
@@ -113,3 +117,26 @@ func BenchmarkNumberFields(b *testing.B) {
 }
 
 var sinkStr string
+
+// TestDispatchWriteIsOneAllocation: a dispatch's transition, with room for
+// its fields and a policy decision's (8, 10 with constraints), is one
+// block of at most 896 bytes, not a block and a slice of fields.
+func TestDispatchWriteIsOneAllocation(t *testing.T) {
+	for _, decision := range []int{0, 8, 10} {
+		if n := testing.AllocsPerRun(100, func() { sinkT = newTransition(expectUnplaced, 24+decision) }); n != 1 {
+			t.Errorf("a dispatch's transition with %d decision fields: %.0f allocations, want 1", decision, n)
+		}
+	}
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	const n = 1000
+	for range n {
+		sinkT = newTransition(expectUnplaced, 32)
+	}
+	runtime.ReadMemStats(&ms1)
+	if per := (ms1.TotalAlloc - ms0.TotalAlloc) / n; per > 896 {
+		t.Errorf("a dispatch's transition takes %d bytes of heap, want at most 896", per)
+	}
+}
+
+var sinkT *jobstate.Transition
