@@ -87,6 +87,7 @@ soak:
 FUZZTIME ?= 20000x
 fuzz-short:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeAndValidate -fuzztime $(FUZZTIME) ./internal/intake/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeIsProtoUnmarshal -fuzztime $(FUZZTIME) ./internal/bus/
 	$(GO) test -run '^$$' -fuzz FuzzParsePools -fuzztime $(FUZZTIME) ./internal/router/
 	$(GO) test -run '^$$' -fuzz FuzzDecodePeerLoad -fuzztime $(FUZZTIME) ./internal/router/
 	$(GO) test -run '^$$' -fuzz FuzzParseTimeouts -fuzztime $(FUZZTIME) ./internal/jobactor/

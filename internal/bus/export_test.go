@@ -33,3 +33,10 @@ func KeeperSlots(slots *func() int64) ConsumeOption {
 		o.onKeeper = func(k *progressKeeper) { *slots = k.slots.Load }
 	}
 }
+
+// FastDecoded reports whether Decode decodes data by its own decoder
+// (not proto.Unmarshal).
+func FastDecoded(data []byte) bool { return fastDecode(data) != nil }
+
+// AppendEnvelope is appendEnvelope (tests).
+var AppendEnvelope = appendEnvelope

@@ -92,18 +92,19 @@ func (e Encoder) Request(traceID, sender string, req *capv1.JobRequest) ([]byte,
 
 // RequestEnv marshals a JobRequest packet whose env also holds kv (key,
 // value pairs; a key req's env has already is overridden), without copying
-// or changing req: an unsigned packet gets the entries appended to its
-// encoded request (protobuf concatenates a message's fields, and a later
-// map entry replaces an earlier one of the same key). A signed packet is
-// signed over what it carries, so req is copied and stamped first.
+// or changing req: an unsigned packet's envelope is written by hand
+// (appendEnvelope), and the entries are appended to its encoded request
+// (protobuf concatenates a message's fields, and a later map entry
+// replaces an earlier one of the same key). A signed packet is signed over
+// what it carries, so req is copied and stamped first.
 func (e Encoder) RequestEnv(traceID, sender string, req *capv1.JobRequest, kv ...string) ([]byte, error) {
 	if len(kv)%2 != 0 {
 		return nil, errors.New("bus: env entries must come as key, value pairs")
 	}
-	if len(kv) == 0 {
-		return e.Request(traceID, sender, req)
-	}
 	if e.signs(sender) {
+		if len(kv) == 0 {
+			return e.Request(traceID, sender, req)
+		}
 		out := proto.Clone(req).(*capv1.JobRequest)
 		if out.Env == nil {
 			out.Env = make(map[string]string, len(kv)/2)
@@ -118,20 +119,16 @@ func (e Encoder) RequestEnv(traceID, sender string, req *capv1.JobRequest, kv ..
 		n := envEntrySize(kv[i], kv[i+1])
 		extra += protowire.SizeTag(envField) + protowire.SizeBytes(n)
 	}
-	p := NewPacket(traceID, sender)
 	size := proto.Size(req)
 	// Room for the envelope's own fields (ids, a timestamp) besides.
 	buf := make([]byte, 0, size+extra+len(traceID)+len(sender)+48)
-	buf, err := proto.MarshalOptions{}.MarshalAppend(buf, p)
-	if err != nil {
-		return nil, err
-	}
+	buf = appendEnvelope(buf, traceID, sender, time.Now())
 	buf = protowire.AppendTag(buf, requestField, protowire.BytesType)
 	buf = protowire.AppendVarint(buf, uint64(size+extra))
 	start := len(buf)
 	// Sized a moment ago: encoded with that size (a request is not changed
 	// once built; the length check below catches one that was).
-	buf, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, req)
+	buf, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, req)
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +145,42 @@ func (e Encoder) RequestEnv(traceID, sender string, req *capv1.JobRequest, kv ..
 		buf = protowire.AppendString(buf, kv[i+1])
 	}
 	return buf, nil
+}
+
+// appendEnvelope appends the fields NewPacket(traceID, sender) sets, at
+// at, encoded as proto.Marshal encodes them (in field number order, zero
+// values left out): what comes before an unsigned packet's payload, with
+// no packet or timestamp allocated.
+func appendEnvelope(b []byte, traceID, sender string, at time.Time) []byte {
+	if traceID != "" {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, traceID)
+	}
+	if sender != "" {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, sender)
+	}
+	// created_at: a google.protobuf.Timestamp (seconds 1, nanos 2).
+	secs, nanos := at.Unix(), int64(at.Nanosecond())
+	n := 0
+	if secs != 0 {
+		n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(secs))
+	}
+	if nanos != 0 {
+		n += protowire.SizeTag(2) + protowire.SizeVarint(uint64(nanos))
+	}
+	b = protowire.AppendTag(b, createdAtField, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(n))
+	if secs != 0 {
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(secs))
+	}
+	if nanos != 0 {
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(nanos))
+	}
+	b = protowire.AppendTag(b, 4, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(int64(ProtocolVersion)))
 }
 
 // CAP field numbers RequestEnv writes: BusPacket.job_request and
@@ -237,7 +270,14 @@ func EncodeCancel(traceID, sender string, c *capv1.JobCancel) ([]byte, error) {
 // its top-level tags), so the packet is the one proto.Unmarshal makes:
 // a field data does not hold stays nil, and a later payload of another
 // type replaces the wrapper as it would replace a fresh one.
+//
+// A submit or a result as the encoders write it is decoded without
+// protobuf's reflection, its strings sharing one copy of data (see
+// fastDecode); anything else goes through proto.Unmarshal as above.
 func Decode(data []byte) (*capv1.BusPacket, error) {
+	if p := fastDecode(data); p != nil {
+		return p, nil
+	}
 	p := preset(data)
 	if err := mergeOpts.Unmarshal(data, p); err != nil {
 		return nil, err

@@ -1,9 +1,12 @@
 package bus_test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/troupe-run/troupe/internal/bus"
 	"github.com/troupe-run/troupe/proto/capv1"
@@ -90,5 +93,46 @@ func BenchmarkRequestEnv(b *testing.B) {
 		if _, err := bus.EncodeRequestEnv("tr", "node-1", req, "troupe.x", "1234567890123", "troupe.y", "15000"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestEnvelopeIsProtos: the envelope RequestEnv writes by hand is the one
+// proto.Marshal writes for NewPacket's fields, byte for byte: empty and
+// long ids, times before 1970, on a whole second, at zero.
+func TestEnvelopeIsProtos(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	times := []time.Time{time.Unix(1_764_000_000, 123_456_789), time.Unix(1_764_000_000, 0), time.Unix(0, 5),
+		time.Unix(0, 0), time.Unix(-5, 999_999_999), time.Unix(-62135596800, 0), time.Now()}
+	for _, ids := range [][2]string{{"tr", "node-1"}, {"", "node-1"}, {"tr", ""}, {"", ""}, {long, "é✓"}} {
+		for _, at := range times {
+			p := &capv1.BusPacket{TraceId: ids[0], SenderId: ids[1], CreatedAt: timestamppb.New(at), ProtocolVersion: bus.ProtocolVersion}
+			want, err := proto.Marshal(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := bus.AppendEnvelope(nil, ids[0], ids[1], at); string(got) != string(want) {
+				t.Errorf("%q %q %v: %x, proto.Marshal %x", ids[0], ids[1], at, got, want)
+			}
+		}
+	}
+	// And a whole packet: RequestEnv's bytes with no entries are
+	// proto.Marshal's of the packet (its request without maps, so that
+	// their order does not differ), but for the clock.
+	req := &capv1.JobRequest{JobId: "j1", Topic: "job.t", Budget: &capv1.Budget{DeadlineMs: 5000}}
+	data, err := bus.EncodeRequestEnv("tr", "node-1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := bus.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := proto.Marshal(&capv1.BusPacket{TraceId: "tr", SenderId: "node-1", CreatedAt: p.CreatedAt,
+		ProtocolVersion: bus.ProtocolVersion, Payload: &capv1.BusPacket_JobRequest{JobRequest: req}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(data) != string(want) {
+		t.Errorf("RequestEnv %x, proto.Marshal %x", data, want)
 	}
 }

@@ -133,14 +133,14 @@ func (j *Job) slotAskFields(fields []string, fresh bool) []string {
 	stamped := false
 	switch {
 	case j.admitted:
-		fields = append(fields, fieldTenantAsked, askedMs(j.admitAt))
+		fields = append(fields, fieldTenantAsked, j.askedMs(j.admitAt))
 		stamped = true
 	case clear:
 		fields = append(fields, fieldTenantAsked, "")
 	}
 	switch {
 	case j.ks.asked && j.concurrencyKey() != "":
-		fields = append(fields, fieldKeyAsked, askedMs(j.ks.askedAt))
+		fields = append(fields, fieldKeyAsked, j.askedMs(j.ks.askedAt))
 		stamped = true
 	case clear:
 		fields = append(fields, fieldKeyAsked, "")
@@ -154,11 +154,11 @@ func (j *Job) slotAskFields(fields []string, fresh bool) []string {
 
 // askedMs is a slot ask's time as a record field: unix ms, "0" when the
 // ask is not known (a slot taken by an earlier actor of the job).
-func askedMs(t time.Time) string {
+func (j *Job) askedMs(t time.Time) string {
 	if t.IsZero() {
 		return "0"
 	}
-	return strconv.FormatInt(t.UnixMilli(), 10)
+	return j.formatMs(t)
 }
 
 // adoptedSlotStale: an adopted DISPATCHED record whose dispatch landed
@@ -251,7 +251,7 @@ func (j *Job) dispatchTo(p *PickReply) {
 		dl = j.deadlineFor(jobstate.StateRunning)
 	}
 	fields := append(t.Fields, "worker", p.WorkerID, "subj", p.Subject, "attempts", strconv.Itoa(j.attempts),
-		"deadline", strconv.FormatInt(dl.at.UnixMilli(), 10), "deadline_kind", string(dl.why))
+		"deadline", j.formatMs(dl.at), "deadline_kind", string(dl.why))
 	fresh := !j.live()
 	fields = appendFlag(fields, fresh, "tslot", j.admitted)
 	fields = appendFlag(fields, fresh, "resend", p.Resend)

@@ -35,7 +35,6 @@ package lifecycle
 
 import (
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -184,13 +183,14 @@ type owed struct {
 
 // Job is one job's state as its holder knows it, and the core's bookkeeping
 // of the one step it waits for. Step is its only mutator.
+//
+// A Job is allocated per job: its one-byte fields sit together, so that it
+// and the runtime's 8-byte header fit the 1,536-byte size class, not the
+// 1,792 one (TestJobFitsItsSizeClass).
 type Job struct {
 	cfg *Config
 
-	ID string
-	// res is where the job lives (see Residency): every change goes
-	// through moveTo, checked against the table of legal moves.
-	res       Residency
+	ID        string
 	State     jobstate.State
 	LockValue string
 	Fence     int64
@@ -210,7 +210,6 @@ type Job struct {
 	try         int
 	retryAt     time.Time
 	retry       jobstate.RetryPolicy
-	retrySet    bool
 	policyTries int       // checks an unavailable policy refused (backoff only)
 	firstFail   time.Time // first permanent routing error, for the grace window
 	created     time.Time
@@ -218,23 +217,22 @@ type Job struct {
 	deadlineWhy jobstate.Reason
 	record      map[string]string // the record as read at adoption
 	policyLimit int               // max_concurrent_jobs from the policy's constraints
-	admitted    bool              // the job holds one of its tenant's slots
 	admitAt     time.Time         // when it last asked for that slot (see TenantSlotFresh)
 	ks          keyState          // its concurrency key (keyslot.go)
 	lost        jobstate.State    // the state known when the lock vanished
 	decision    []string          // the policy's decision as fields, until written
 	woken       bool              // activated by the due poller
 	wokenLost   bool              // woken as a wait left alone after Redis lost its data (Wake.Lost)
-	lapsedAt    time.Time         // when a dead holder's lock lapsed
-	firstEvent  time.Time
+	retrySet    bool              // retry read (see try)
+	admitted    bool              // the job holds one of its tenant's slots
 	idemChecked bool
+	lapsedAt    time.Time // when a dead holder's lock lapsed
+	firstEvent  time.Time
 	// parkAt is when a job waiting for its worker parks (zero: not
 	// waiting).
 	parkAt time.Time
-	// resend: the dispatch may be repeated (the worker dedupes); resendAt
-	// is when, while DISPATCHED (or recalling); resends counts the repeats
-	// made.
-	resend   bool
+	// resendAt is when the dispatch is repeated (resend), while
+	// DISPATCHED (or recalling); resends counts the repeats made.
 	resendAt time.Time
 	resends  int
 	// recall: the job's result may have been lost with the result stream;
@@ -248,6 +246,13 @@ type Job struct {
 	// unavailable policy (a registration to undo, within Live; not where
 	// the job lives).
 	waitingPolicy bool
+	// resend: the dispatch may be repeated (the worker dedupes; see
+	// resendAt).
+	resend bool
+	// probed: the job's record was looked for before its first wait
+	// within the grace (a repeated submit of a job that exists elsewhere
+	// must not wait here as a new one).
+	probed bool
 	// queued: the job holds a place in the router's capacity queue under
 	// ticket (a new ticket per wait), for capReason. A place in the queue
 	// is held while Unwritten (always) or Live (a written wait); it is the
@@ -262,16 +267,15 @@ type Job struct {
 	// again at recheckAt; until holdEnd (zero: over) the job counts in the
 	// node's admissions.
 	graceEnd, recheckAt, holdEnd time.Time
-	// probed: the job's record was looked for before its first wait
-	// within the grace (a repeated submit of a job that exists elsewhere
-	// must not wait here as a new one).
-	probed bool
 	// submitted is when the job's submit was stored (zero: unknown), and
 	// waitedAt when its wait within the grace began (zero: none): the
 	// record created after them says so (historyFields).
 	submitted, waitedAt time.Time
 	// picked is the worker of a pick not (yet) made a dispatch.
 	picked string
+	// res is where the job lives (see Residency): every change goes
+	// through moveTo, checked against the table of legal moves.
+	res Residency
 	// runnerKnown: the job's worker is the one that runs it — it spoke for the
 	// job (progress), or was dispatched to directly.
 	runnerKnown bool
@@ -292,6 +296,8 @@ type Job struct {
 	// busy, other events wait in deferred, in order.
 	opEpoch uint64
 	busy    bool
+	// nums holds the digits of the job's number fields (numfield.go).
+	nums *numArena
 	// outputOwed holds, while the output policy's phase 1 runs on a
 	// result, what that result owes besides its outcome: record fields
 	// (result_of) and effects (a later dispatch's cancel, a log line).
@@ -979,7 +985,7 @@ func (j *Job) lostWorker(worker string) bool {
 func (j *Job) direct() bool { return j.cfg.Direct != nil && j.cfg.Direct(j.Subject, j.Worker) }
 
 // opID names a write (jobstate.Transition.Op).
-func (j *Job) opID() string { return strconv.FormatUint(j.in.OpID(), 36) }
+func (j *Job) opID() string { return j.formatUint(j.in.OpID(), 36) }
 
 // topic is the job's topic, for logs and metrics.
 func (j *Job) topic() string { return j.Req.GetTopic() }

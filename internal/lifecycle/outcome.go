@@ -1,8 +1,6 @@
 package lifecycle
 
 import (
-	"strconv"
-
 	"github.com/troupe-run/troupe/internal/jobstate"
 	"github.com/troupe-run/troupe/proto/capv1"
 )
@@ -104,7 +102,7 @@ func (j *Job) onResult(m *Result) {
 		t.Path = append(t.Path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
 	}
 	t.Path = append(t.Path, jobstate.Hop{To: to, Reason: reason})
-	t.Fields = append(appendResultFields(t.Fields, res, res.ResultPtr), extra...)
+	t.Fields = append(j.appendResultFields(t.Fields, res, res.ResultPtr), extra...)
 	fx = append(fx, j.tellFinal(res, res.ResultPtr)...)
 	j.sagaRecord(t, to, reason)
 	if j.cfg.Debug {
@@ -113,13 +111,13 @@ func (j *Job) onResult(m *Result) {
 	j.transition(t, nil, j.pend(pending{applied: fx}))
 }
 
-func resultFields(res *capv1.JobResult, ptr string) []string {
-	return appendResultFields(make([]string, 0, 10), res, ptr)
+func (j *Job) resultFields(res *capv1.JobResult, ptr string) []string {
+	return j.appendResultFields(make([]string, 0, 10), res, ptr)
 }
 
 // appendResultFields appends a result's record fields to f.
-func appendResultFields(f []string, res *capv1.JobResult, ptr string) []string {
-	f = append(f, "result_ptr", ptr, "worker", res.WorkerId, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10))
+func (j *Job) appendResultFields(f []string, res *capv1.JobResult, ptr string) []string {
+	f = append(f, "result_ptr", ptr, "worker", res.WorkerId, "execution_ms", j.formatInt(res.ExecutionMs))
 	if res.ErrorCode != "" || res.ErrorMessage != "" {
 		f = append(f, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
 	}
@@ -156,7 +154,7 @@ func (j *Job) onOutput(m *OutputDone) {
 	if owed == nil {
 		owed = &noneOwed
 	}
-	fields := append(append(resultFields(m.Res.Res, o.ResultPtr), owed.fields...), o.Fields...)
+	fields := append(append(j.resultFields(m.Res.Res, o.ResultPtr), owed.fields...), o.Fields...)
 	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")

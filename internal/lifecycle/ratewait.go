@@ -97,14 +97,15 @@ type Tokens struct {
 
 // rateWait is the job's token wait (the actor's memory).
 type rateWait struct {
-	resolved bool
-	bucket   string
-	units    int
-	problem  string
-	epoch    uint64
+	bucket  string
+	units   int
+	problem string
+	epoch   uint64
 	// asking: TakeTokens is the outstanding step; queued: the limiter
 	// holds the job's place; granted: the job has its units.
 	asking, queued, granted bool
+	// resolved: bucket, units and problem are read (from the request).
+	resolved bool
 	// parked: the ask went with the park (ParkTokens): its answer is for
 	// the job's next actor. woken: the grant came with the actor's wake
 	// and is not yet used (given back if the job leaves).
