@@ -104,7 +104,7 @@ func (j *Job) onResult(m *Result) {
 		t.Path = append(t.Path, jobstate.Hop{To: jobstate.StateRunning, Reason: jobstate.ReasonStarted})
 	}
 	t.Path = append(t.Path, jobstate.Hop{To: to, Reason: reason})
-	t.Fields = append(appendResultFields(t.Fields, res, res.ResultPtr), extra...)
+	t.Fields = append(j.appendResultFields(t.Fields, res, res.ResultPtr), extra...)
 	fx = append(fx, j.tellFinal(res, res.ResultPtr)...)
 	j.sagaRecord(t, to, reason)
 	if j.cfg.Debug {
@@ -113,13 +113,27 @@ func (j *Job) onResult(m *Result) {
 	j.transition(t, nil, j.pend(pending{applied: fx}))
 }
 
-func resultFields(res *capv1.JobResult, ptr string) []string {
-	return appendResultFields(make([]string, 0, 10), res, ptr)
+func (j *Job) resultFields(res *capv1.JobResult, ptr string) []string {
+	return j.appendResultFields(make([]string, 0, 10), res, ptr)
 }
 
-// appendResultFields appends a result's record fields to f.
-func appendResultFields(f []string, res *capv1.JobResult, ptr string) []string {
-	f = append(f, "result_ptr", ptr, "worker", res.WorkerId, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10))
+// appendResultFields appends a result's record fields to f. The record
+// holds the job's worker already (j.Worker: written by the dispatch, by
+// markRunning when another worker speaks for it, and read back by an
+// adoption), so "worker" is written only when the result's worker differs
+// (the result of an earlier dispatch, a pool's other worker, a result naming
+// none); "execution_ms" only when the worker reported a time (a missing
+// one reads 0: store.ExpandRecord puts the "0" back for readers of a
+// record with a result). Each field a write leaves out is Redis time saved
+// on every job (issue 33).
+func (j *Job) appendResultFields(f []string, res *capv1.JobResult, ptr string) []string {
+	f = append(f, "result_ptr", ptr)
+	if res.WorkerId != j.Worker {
+		f = append(f, "worker", res.WorkerId)
+	}
+	if res.ExecutionMs != 0 {
+		f = append(f, "execution_ms", strconv.FormatInt(res.ExecutionMs, 10))
+	}
 	if res.ErrorCode != "" || res.ErrorMessage != "" {
 		f = append(f, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
 	}
@@ -156,7 +170,7 @@ func (j *Job) onOutput(m *OutputDone) {
 	if owed == nil {
 		owed = &noneOwed
 	}
-	fields := append(append(resultFields(m.Res.Res, o.ResultPtr), owed.fields...), o.Fields...)
+	fields := append(append(j.resultFields(m.Res.Res, o.ResultPtr), owed.fields...), o.Fields...)
 	expect := jobstate.Expect(j.State)
 	if o.Quarantine {
 		entry := j.dlqEntry(jobstate.ReasonOutputQuarantined, o.Reason, "")
