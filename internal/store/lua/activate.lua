@@ -50,7 +50,8 @@
 -- ARGV[3]  lock_ttl_ms
 -- ARGV[4]  create            1 to create a missing job, else 0
 -- ARGV[5]  job_id
--- ARGV[6]  request           the job request's bytes
+-- ARGV[6]  landed            1 when a value of the created record's
+--                            fields is "\0now" (see recordFields), else 0
 -- ARGV[7]  lock_after        keep, release or terminal (after the plan)
 -- ARGV[8]  due_ms            -1: none, > 0: this time (the caller puts
 --                            the rescue time here for a plan with no
@@ -59,14 +60,20 @@
 -- ARGV[10] lease_at_ms       now_ms + 2 × lock_ttl_ms: the lease's score
 --                            when the lock is taken (the caller adds, so
 --                            that no number is parsed and formatted here)
--- ARGV[11] n                 the number of the plan's hops
--- ARGV[12 ..]                n × (to, reason), then the shard writes'
---                            arguments (see shardWrites), then record
---                            fields to set: field, value, ... (for a
---                            create, topic, tenant and trace among them,
---                            packed in field "pd" by the caller, first
---                            and in that order: the create cancelled by
---                            a mark, below, reads them from there)
+-- ARGV[11 ..]                the shard writes' arguments (see
+--                            shardWrites), then, when create is 1, the
+--                            created record: its HSET's field, value, ...
+--                            as the caller made them (store.createRecord):
+--                            "s" and the plan's last state, "req" and the
+--                            request, "created" and now_ms, "reason" and
+--                            the plan's last reason, its hops (h1, the
+--                            first, "0|PENDING|submitted|<node>", then one
+--                            per hop of the plan, "0|<to>|<reason>|", and
+--                            "hn"; see lib/hops.lua), then the plan's
+--                            fields, topic, tenant and trace packed in
+--                            field "pd" first and in that order (the
+--                            create cancelled by a mark, below, reads them
+--                            from there), and "op"
 --
 -- A job created while a cancel mark for its tenant (or '*') exists is
 -- created CANCELLED instead of with the plan (history PENDING submitted →
@@ -97,13 +104,12 @@ local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
 local create = ARGV[4]
 local job_id = ARGV[5]
-local request = ARGV[6]
+local landed = ARGV[6]
 local lock_after = ARGV[7]
 local due_ms = ARGV[8]
 local parked_owner = ARGV[9]
 local lease_at_ms = ARGV[10]
-local n = hopNumber(ARGV[11])
-local first_hop = 12
+local first_write_arg = 11
 local lease = '|' .. job_id
 
 -- A submit's activation (create) usually finds nothing at all: no record,
@@ -152,12 +158,14 @@ if not st then
     return {'NOTFOUND', '', '0', ''}
   end
   if not fresh and redis.call('EXISTS', mark_key) == 1 then
-    -- The record fields follow the hops and the shard writes' arguments;
-    -- topic, tenant and trace are the first three values packed in field
-    -- pd ("<name>:<len>:<value>" each, store.packCreate), sent once.
-    local a = first_hop + 2 * n
+    -- The record's fields follow the shard writes' arguments, the request
+    -- the second of them; topic, tenant and trace are the first three
+    -- values packed in field pd ("<name>:<len>:<value>" each,
+    -- store.packCreate), sent once.
+    local a = first_write_arg
     a = a + 1 + 4 * tonumber(ARGV[a])
     a = a + 1 + 3 * tonumber(ARGV[a])
+    local request = ARGV[a + 3]
     local pd = ''
     for i = a, #ARGV - 1, 2 do
       if ARGV[i] == 'pd' then pd = ARGV[i + 1] end
@@ -200,25 +208,22 @@ if not st then
       return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
     end
   end
-  local prev, reason = 'PENDING', 'submitted'
-  if n > 0 then
-    prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
-  end
-  local first_field = shardWrites(first_write_key, first_hop + 2 * n)
+  local first_field = shardWrites(first_write_key, first_write_arg)
+  -- The record's fields come made by the caller, hops included (all of a
+  -- new record's hops are the caller's: offset 0, its node, the plan's
+  -- path), and go to HSET as they are: no table, no string made here
+  -- (issue 33: Lua's own work was about a quarter of a job's Redis CPU).
   -- Every field a create writes costs Redis time: no "fence" (1 until an
   -- adoption counts it up, below), no "node" (the first hop's until an
   -- adoption writes it), and topic, tenant and trace come packed in one
-  -- field among the caller's (store.ExpandRecord puts them back for
-  -- readers).
-  -- The list is made at about its full size (a create writes ~40 words):
-  -- a table grown one element at a time is rebuilt at 16, 32 and 64.
-  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason,
-    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false}
-  local k = recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, submittedHop, first_hop, first_hop + 2 * n - 1),
-    first_field)
-  redis.call('HSET', job_key, unpack(f, 1, k))
+  -- field (store.ExpandRecord puts them back for readers).
+  local prev = ARGV[first_field + 1]
+  if landed == '1' then
+    local f = {}
+    redis.call('HSET', job_key, unpack(f, 1, recordFields(f, 0, first_field)))
+  else
+    redis.call('HSET', job_key, unpack(ARGV, first_field))
+  end
   redis.call('ZADD', index_key, now_ms, job_id)
   -- The job's due entry and its lease are members of one sorted set, so
   -- one ZADD writes both.
