@@ -20,12 +20,11 @@ func TestAppendedScriptArgsFollowTheScriptsOrder(t *testing.T) {
 		Adds: []ShardZAdd{{Suffix: "saga:stack:wf", Score: 1, Member: "m", TrimBelow: 3, TTL: time.Hour}},
 		Sets: []ShardHSet{{Suffix: "saga:tmpl:wf", Field: "f", Value: "v", TTL: time.Hour}}}
 	withPlan := planArgs{t: plan, tag: "x{1}:", extra: &ShardZAdd{Suffix: dlqOutboxSuffix, Score: 9, Member: "entry"}}
-	// The plan's part: write keys; n, hops, m, adds, h, sets, fields, op
-	// (a transition's; an activation sends the writes, then a create's
-	// record with the plan's hops made into its fields).
+	// The plan's part: write keys; n, hops, m, adds, h, sets, fields, op.
 	planKeys := []string{"x{1}:saga:stack:wf", "x{1}:" + dlqOutboxSuffix, "x{1}:saga:tmpl:wf"}
-	planWrites := []string{"2", "1", "m", "3", "3600000", "9", "entry", "0", "0", "1", "f", "v", "3600000"}
-	planArgv := append(append([]string{"2", "SCHEDULED", "r1", "DISPATCHED", "r2"}, planWrites...), "worker", "w1", "op", "op1")
+	planArgv := []string{"2", "SCHEDULED", "r1", "DISPATCHED", "r2",
+		"2", "1", "m", "3", "3600000", "9", "entry", "0", "0",
+		"1", "f", "v", "3600000", "worker", "w1", "op", "op1"}
 	cases := []struct {
 		name string
 		call interface {
@@ -39,23 +38,13 @@ func TestAppendedScriptArgsFollowTheScriptsOrder(t *testing.T) {
 			topic: "t", tenant: "te", traceID: "tr", request: []byte("req"), rescueAtMs: 56, lockAfter: "keep",
 			dueMs: 78, parkedOwner: "po"},
 			[]string{"j", "l", "d", "le", "i", "a", "p", "m", "c"},
-			[]string{"n", "12", "34", "1", "id", "0", "keep", "78", "po", "80", "0", "0",
-				"s", "PENDING", "req", "req", "created", "12", "reason", "submitted", "h1", "0|PENDING|submitted|n", "hn", "1",
+			[]string{"n", "12", "34", "1", "id", "req", "keep", "78", "po", "80", "0", "0", "0",
 				"pd", "topic:1:ttenant:2:tetrace:2:tr"}},
-		{"activate, plan, create", &activateCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le", indexKey: "i",
-			ownerAliveKey: "a", ownerParkedKey: "p", markKey: "m", cancelledKey: "c", node: "n", nowMs: 12, create: true,
-			jobID: "id", request: []byte("rq"), lockAfter: "keep", parkedOwner: "po", rescueAtMs: 56, plan: withPlan},
-			append([]string{"j", "l", "d", "le", "i", "a", "p", "m", "c"}, planKeys...),
-			append(append([]string{"n", "12", "0", "1", "id", "0", "keep", "56", "po", "12"}, planWrites...),
-				"s", "DISPATCHED", "req", "rq", "created", "12", "reason", "r2",
-				"h1", "0|PENDING|submitted|n", "h2", "0|SCHEDULED|r1|", "h3", "0|DISPATCHED|r2|", "hn", "3",
-				"worker", "w1", "pd", "topic:0:tenant:0:trace:0:", "op", "op1")},
 		{"activate, plan", &activateCall{jobKey: "j", lockKey: "l", dueKey: "d", leasesKey: "le", indexKey: "i",
 			ownerAliveKey: "a", ownerParkedKey: "p", markKey: "m", cancelledKey: "c", node: "n", jobID: "id", lockAfter: "keep", parkedOwner: "po",
 			rescueAtMs: 56, plan: withPlan}, // due 0: the rescue time is sent
 			append([]string{"j", "l", "d", "le", "i", "a", "p", "m", "c"}, planKeys...),
-			// no create: the plan's writes only, no hops or fields
-			append([]string{"n", "0", "0", "0", "id", "0", "keep", "56", "po", "0"}, planWrites...)},
+			append([]string{"n", "0", "0", "0", "id", "", "keep", "56", "po", "0"}, planArgv...)},
 		{"transition, plan", &transitionCall{jobKey: "j", lockKey: "l", dueKey: "d",
 			toIndexKey: "ti", fromIndexKeys: []string{"f1", "f2"}, lockValue: "n|1", node: "n", expected: "A,B",
 			nowMs: 12, jobID: "id", lockAfter: "terminal", dueMs: -1, plan: withPlan},

@@ -34,30 +34,19 @@ func activateBefore(t *testing.T) *redis.Script {
 	return redis.NewScript(b.String())
 }
 
-// argsBefore is the ARGV that 90a035a's activateCall.appendArgs sent:
-// the request in ARGV[6], then n and the plan's hops, the shard writes,
-// the record fields (a create's packable ones in "pd") and "op".
+// argsBefore is the ARGV that 90a035a's activateCall.appendArgs sent: the
+// same as now but for create, then "1" whatever the fields' values.
 func argsBefore(c *activateCall) []interface{} {
-	create := "0"
-	if c.create {
-		create = "1"
+	args := c.appendArgs(nil)
+	if args[3] == "2" {
+		args[3] = "1"
 	}
-	dst := []interface{}{c.node, c.nowMs, c.lockTTLMs, create, c.jobID, c.request, c.lockAfter, c.dueAt(),
-		c.parkedOwner, c.nowMs + 2*c.lockTTLMs}
-	plan := c.plan
-	if c.create {
-		var fields []string
-		if plan.t != nil {
-			fields = plan.t.Fields
-		}
-		plan.packed = packCreate(c.topic, c.tenant, c.traceID, fields)
-	}
-	return plan.appendFields(plan.appendWrites(plan.appendHops(dst)))
+	return args
 }
 
-// A create whose record fields, hops included, the node makes (activate.lua
-// sends them to HSET as they come) writes byte for byte what the version
-// before wrote when it made them in Lua from the plan's hops: the record's
+// A create whose record fields activate.lua sends to HSET straight from
+// its ARGV, the hops made in the call's arguments, writes byte for byte
+// what the version before wrote through a table of them: the record's
 // fields in the same order (records short enough for Redis's listpack
 // encoding, which keeps the order written), the index, due and lease
 // entries, the lock, the shard writes; and answers the same. Cases: a

@@ -103,65 +103,18 @@ func (c *activateCall) packArgs(p *packedArgs) {
 	p.str(c.node)
 	p.int(c.nowMs)
 	p.int(c.lockTTLMs)
-	if c.create {
-		p.str("1")
-	} else {
-		p.str("0")
-	}
+	p.str(c.createArg())
 	p.str(c.jobID)
-	if c.create && c.plan.landed() {
-		p.str("1")
-	} else {
-		p.str("0")
-	}
+	p.bytes(c.request)
 	p.str(c.lockAfter)
 	p.int(c.dueAt())
 	p.str(c.parkedOwner)
 	p.int(c.nowMs + 2*c.lockTTLMs)
-	c.plan.packWrites(p)
-	if !c.create {
-		return
+	var create *activateCall
+	if c.create {
+		create = c
 	}
-	// The created record, as appendArgs sends it.
-	state, reason := c.plan.planEnd()
-	p.str("s")
-	p.str(state)
-	p.str("req")
-	p.bytes(c.request)
-	p.str("created")
-	p.int(c.nowMs)
-	p.str("reason")
-	p.str(reason)
-	n := c.plan.hopCount()
-	for i := 0; i <= n; i++ {
-		to, why, who := c.plan.hop(i, c.node)
-		p.str(hopNameString(i + 1))
-		p.hopText(to, why, who)
-	}
-	p.str("hn")
-	p.str(hopCountString(n + 1))
-	c.plan.packFields(p, c)
-}
-
-// hopText writes a created record's hop value "0|<to>|<reason>|<who>"
-// (lua/lib/hops.lua), made in place.
-func (p *packedArgs) hopText(to, reason, who string) {
-	n := 4 + len(to) + len(reason) + len(who)
-	switch {
-	case n < 32:
-		p.b = append(p.b, 0xa0|byte(n))
-	case n < 1<<8:
-		p.b = append(p.b, 0xd9, byte(n))
-	default:
-		p.b = binary.BigEndian.AppendUint16(append(p.b, 0xda), uint16(n))
-	}
-	p.b = append(p.b, '0', '|')
-	p.b = append(p.b, to...)
-	p.b = append(p.b, '|')
-	p.b = append(p.b, reason...)
-	p.b = append(p.b, '|')
-	p.b = append(p.b, who...)
-	p.n++
+	c.plan.packArgs(p, create)
 }
 
 func (c *transitionCall) packArgs(p *packedArgs) {
@@ -172,32 +125,28 @@ func (c *transitionCall) packArgs(p *packedArgs) {
 	p.str(c.jobID)
 	p.str(c.lockAfter)
 	p.int(c.dueMs)
-	c.plan.packHops(p)
-	c.plan.packWrites(p)
-	c.plan.packFields(p, nil)
+	c.plan.packArgs(p, nil)
 }
 
-// packHops writes what appendHops appends.
-func (pl planArgs) packHops(p *packedArgs) {
+// packArgs writes what appendArgs appends; create, when set, is the
+// activation that creates the job, whose packed field (packCreate) is
+// written straight into p.
+func (pl planArgs) packArgs(p *packedArgs, create *activateCall) {
 	t := pl.t
 	if t == nil {
 		p.int(0)
+		p.int(0)
+		p.int(0)
+		if create != nil {
+			p.str(fieldPacked)
+			p.packCreate(create, nil)
+		}
 		return
 	}
 	p.int(int64(len(t.Path)))
 	for i := range t.Path {
 		p.str(string(t.Path[i].To))
 		p.str(string(t.Path[i].Reason))
-	}
-}
-
-// packWrites writes what appendWrites appends.
-func (pl planArgs) packWrites(p *packedArgs) {
-	t := pl.t
-	if t == nil {
-		p.int(0)
-		p.int(0)
-		return
 	}
 	adds := pl.adds()
 	p.int(int64(len(adds)))
@@ -214,20 +163,6 @@ func (pl planArgs) packWrites(p *packedArgs) {
 		p.str(h.Field)
 		p.str(h.Value)
 		p.int(h.TTL.Milliseconds())
-	}
-}
-
-// packFields writes what appendFields appends; create, when set, is the
-// activation that creates the job, whose packed field (packCreate) is
-// written straight into p.
-func (pl planArgs) packFields(p *packedArgs, create *activateCall) {
-	t := pl.t
-	if t == nil {
-		if create != nil {
-			p.str(fieldPacked)
-			p.packCreate(create, nil)
-		}
-		return
 	}
 	if create == nil {
 		for _, f := range t.Fields {

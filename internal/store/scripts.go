@@ -1,7 +1,6 @@
 package store
 
 import (
-	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -58,9 +57,6 @@ type activateCall struct {
 	// rescueAtMs (appendArgs sets them: an argument goes to go-redis as a
 	// pointer).
 	leaseAtMs, dueAtMs int64
-	// hopTexts holds a created record's first hop values while they are
-	// sent (appendArgs: an argument goes as a pointer).
-	hopTexts [4]string
 }
 
 func (activateCall) script() *redis.Script { return activateScript }
@@ -68,9 +64,7 @@ func (c activateCall) keys() []string      { return keyStrings(c.appendKeys(nil)
 func (c activateCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *activateCall) keyCount() int { return 9 + c.plan.writeCount() }
-func (c *activateCall) argCount() int {
-	return 9 + c.plan.writeCount() + 10 + c.plan.argCount() + 12 + 4*c.plan.hopCount()
-}
+func (c *activateCall) argCount() int { return 9 + c.plan.writeCount() + 10 + c.plan.argCount() }
 func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
 	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.leasesKey, &c.indexKey, &c.ownerAliveKey, &c.ownerParkedKey,
 		&c.markKey, &c.cancelledKey)
@@ -78,67 +72,33 @@ func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
 }
 func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
 	c.leaseAtMs, c.dueAtMs = c.nowMs+2*c.lockTTLMs, c.dueAt()
-	create := "0"
-	if c.create {
-		create = "1"
-	}
-	landed := "0"
-	if c.create && c.plan.landed() {
-		landed = "1"
-	}
-	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, landed,
-		&c.lockAfter, &c.dueAtMs, &c.parkedOwner, &c.leaseAtMs)
-	dst = c.plan.appendWrites(dst)
-	if !c.create {
-		return dst
-	}
-	// The created record, in its HSET's order (activate.lua's ARGV[11 ..]):
-	// pointers where a value is stored already, one string for all the
-	// hop texts (a value boxed, or a string made, is an allocation each).
+	create := c.createArg()
 	// Topic, tenant and trace go only in the packed field (activate.lua's
 	// create cancelled by a mark reads them there).
-	dst = append(dst, "s")
-	if n := c.plan.hopCount(); n > 0 {
-		h := &c.plan.t.Path[n-1]
-		dst = append(dst, (*string)(&h.To), "req", c.request, "created", &c.nowMs, "reason", (*string)(&h.Reason))
-	} else {
-		dst = append(dst, "PENDING", "req", c.request, "created", &c.nowMs, "reason", "submitted")
-	}
-	n := c.plan.hopCount()
-	var b strings.Builder
-	for i := 0; i <= n; i++ {
-		to, why, who := c.plan.hop(i, c.node)
-		b.Grow(4 + len(to) + len(why) + len(who))
-	}
-	for i := 0; i <= n; i++ {
-		to, why, who := c.plan.hop(i, c.node)
-		b.WriteString("0|")
-		b.WriteString(to)
-		b.WriteByte('|')
-		b.WriteString(why)
-		b.WriteByte('|')
-		b.WriteString(who)
-	}
-	texts := b.String()
-	for i, at := 0, 0; i <= n; i++ {
-		to, why, who := c.plan.hop(i, c.node)
-		end := at + 4 + len(to) + len(why) + len(who)
-		if i < len(c.hopTexts) {
-			c.hopTexts[i] = texts[at:end]
-			dst = append(dst, hopName(i+1), &c.hopTexts[i])
-		} else {
-			dst = append(dst, hopName(i+1), texts[at:end])
-		}
-		at = end
-	}
-	dst = append(dst, "hn", hopCountText(n+1))
+	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, c.request,
+		&c.lockAfter, &c.dueAtMs, &c.parkedOwner, &c.leaseAtMs)
 	plan := c.plan
-	var fields []string
-	if plan.t != nil {
-		fields = plan.t.Fields
+	if c.create {
+		var fields []string
+		if plan.t != nil {
+			fields = plan.t.Fields
+		}
+		plan.packed = packCreate(c.topic, c.tenant, c.traceID, fields)
 	}
-	plan.packed = packCreate(c.topic, c.tenant, c.traceID, fields)
-	return plan.appendFields(dst)
+	return plan.appendArgs(dst)
+}
+
+// createArg is activate.lua's ARGV[4]: "1" to create the job, "2" to
+// create it with a field whose value is to be the time the write lands
+// (jobstate.LandedNow), "0" not to.
+func (c *activateCall) createArg() string {
+	switch {
+	case !c.create:
+		return "0"
+	case c.plan.landed():
+		return "2"
+	}
+	return "1"
 }
 
 // dueAt is the due time activate.lua is sent: dueMs, or rescueAtMs where
@@ -196,7 +156,7 @@ func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
 }
 func (c *transitionCall) appendArgs(dst []interface{}) []interface{} {
 	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.dueMs)
-	return c.plan.appendFields(c.plan.appendWrites(c.plan.appendHops(dst)))
+	return c.plan.appendArgs(dst)
 }
 
 // appendExpectedIndexes appends to dst shard's index key of each state of
@@ -250,6 +210,20 @@ func (p planArgs) sets() []ShardHSet {
 	return p.t.Sets
 }
 
+// landed reports whether a value of the plan's fields is to become the
+// time the write lands (jobstate.LandedNow).
+func (p planArgs) landed() bool {
+	if p.t == nil {
+		return false
+	}
+	for i := 1; i < len(p.t.Fields); i += 2 {
+		if p.t.Fields[i] == jobstate.LandedNow {
+			return true
+		}
+	}
+	return false
+}
+
 // writeCount is the number of the plan's write keys.
 func (p planArgs) writeCount() int { return len(p.adds()) + len(p.sets()) }
 
@@ -283,90 +257,16 @@ func (p planArgs) argCount() int {
 	return 7 + 2*len(p.t.Path) + 4*len(p.adds()) + 3*len(p.t.Sets) + len(p.t.Fields)
 }
 
-// hopCount is the number of the plan's hops.
-func (p planArgs) hopCount() int {
+// appendArgs adds "n, (to, reason)×n, m, (score, member, trim_below,
+// ttl_ms)×m, h, (field, value, ttl_ms)×h, field, value, ..." to args; the
+// fields end with "op", t.Op when t.Op is set.
+func (p planArgs) appendArgs(args []interface{}) []interface{} {
 	if p.t == nil {
-		return 0
-	}
-	return len(p.t.Path)
-}
-
-// planEnd is the state and reason of a record the plan creates: its last
-// hop's, or a new job's first (PENDING, submitted) without hops.
-func (p planArgs) planEnd() (string, string) {
-	if n := p.hopCount(); n > 0 {
-		h := p.t.Path[n-1]
-		return string(h.To), string(h.Reason)
-	}
-	return "PENDING", "submitted"
-}
-
-// hop is a created record's hop i: 0 is a new job's first (PENDING,
-// submitted, by node), i the plan's i-th (by the same node: no name).
-func (p planArgs) hop(i int, node string) (to, reason, who string) {
-	if i == 0 {
-		return "PENDING", "submitted", node
-	}
-	h := p.t.Path[i-1]
-	return string(h.To), string(h.Reason), ""
-}
-
-// landed reports whether a value of the plan's fields is to become the
-// time the write lands (jobstate.LandedNow, see activate.lua's landed).
-func (p planArgs) landed() bool {
-	if p.t == nil {
-		return false
-	}
-	for i := 1; i < len(p.t.Fields); i += 2 {
-		if p.t.Fields[i] == jobstate.LandedNow {
-			return true
+		args = append(args, 0, 0, 0)
+		if p.packed != "" {
+			args = append(args, fieldPacked, p.packed)
 		}
-	}
-	return false
-}
-
-// hopNames and hopCounts are a record's first hops' field names "h<i>" and
-// counts "<i>" (lua/lib/hops.lua's hopField and hopCount).
-var (
-	hopNames  = [...]string{"", "h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9", "h10", "h11", "h12"}
-	hopCounts = [...]string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12"}
-)
-
-// hopName and hopCountText return them as an argument: a pointer into
-// the tables, which boxes without allocating, past them a new string.
-func hopName(i int) interface{} {
-	if i < len(hopNames) {
-		return &hopNames[i]
-	}
-	return "h" + strconv.Itoa(i)
-}
-
-func hopCountText(i int) interface{} {
-	if i < len(hopCounts) {
-		return &hopCounts[i]
-	}
-	return strconv.Itoa(i)
-}
-
-// hopNameString and hopCountString are the same as strings.
-func hopNameString(i int) string {
-	if i < len(hopNames) {
-		return hopNames[i]
-	}
-	return "h" + strconv.Itoa(i)
-}
-
-func hopCountString(i int) string {
-	if i < len(hopCounts) {
-		return hopCounts[i]
-	}
-	return strconv.Itoa(i)
-}
-
-// appendHops adds "n, (to, reason)×n" to args (transition.lua's hops).
-func (p planArgs) appendHops(args []interface{}) []interface{} {
-	if p.t == nil {
-		return append(args, 0)
+		return args
 	}
 	t := p.t
 	// Pointers into the Transition (and its adds), which outlive the
@@ -376,16 +276,6 @@ func (p planArgs) appendHops(args []interface{}) []interface{} {
 	for i := range t.Path {
 		args = append(args, (*string)(&t.Path[i].To), (*string)(&t.Path[i].Reason))
 	}
-	return args
-}
-
-// appendWrites adds "m, (score, member, trim_below, ttl_ms)×m, h, (field,
-// value, ttl_ms)×h" to args (lua/lib/shard_writes.lua).
-func (p planArgs) appendWrites(args []interface{}) []interface{} {
-	if p.t == nil {
-		return append(args, 0, 0)
-	}
-	t := p.t
 	adds := p.adds()
 	args = append(args, len(adds))
 	for i := range adds {
@@ -397,20 +287,6 @@ func (p planArgs) appendWrites(args []interface{}) []interface{} {
 		h := &t.Sets[i]
 		args = append(args, &h.Field, &h.Value, h.TTL.Milliseconds())
 	}
-	return args
-}
-
-// appendFields adds the plan's record fields, "field, value, ...", to
-// args: the packable ones in the packed field when it is set; then "op",
-// t.Op when t.Op is set.
-func (p planArgs) appendFields(args []interface{}) []interface{} {
-	if p.t == nil {
-		if p.packed != "" {
-			args = append(args, fieldPacked, p.packed)
-		}
-		return args
-	}
-	t := p.t
 	if p.packed == "" {
 		for i := range t.Fields {
 			args = append(args, &t.Fields[i])

@@ -48,10 +48,11 @@
 -- ARGV[1]  node              the activating node
 -- ARGV[2]  now_ms
 -- ARGV[3]  lock_ttl_ms
--- ARGV[4]  create            1 to create a missing job, else 0
+-- ARGV[4]  create            1 to create a missing job, 2 the same when a
+--                            value of the record fields is "\0now" (see
+--                            recordFields), else 0
 -- ARGV[5]  job_id
--- ARGV[6]  landed            1 when a value of the created record's
---                            fields is "\0now" (see recordFields), else 0
+-- ARGV[6]  request           the job request's bytes
 -- ARGV[7]  lock_after        keep, release or terminal (after the plan)
 -- ARGV[8]  due_ms            -1: none, > 0: this time (the caller puts
 --                            the rescue time here for a plan with no
@@ -60,20 +61,14 @@
 -- ARGV[10] lease_at_ms       now_ms + 2 × lock_ttl_ms: the lease's score
 --                            when the lock is taken (the caller adds, so
 --                            that no number is parsed and formatted here)
--- ARGV[11 ..]                the shard writes' arguments (see
---                            shardWrites), then, when create is 1, the
---                            created record: its HSET's field, value, ...
---                            as the caller made them (store.createRecord):
---                            "s" and the plan's last state, "req" and the
---                            request, "created" and now_ms, "reason" and
---                            the plan's last reason, its hops (h1, the
---                            first, "0|PENDING|submitted|<node>", then one
---                            per hop of the plan, "0|<to>|<reason>|", and
---                            "hn"; see lib/hops.lua), then the plan's
---                            fields, topic, tenant and trace packed in
---                            field "pd" first and in that order (the
---                            create cancelled by a mark, below, reads them
---                            from there), and "op"
+-- ARGV[11] n                 the number of the plan's hops
+-- ARGV[12 ..]                n × (to, reason), then the shard writes'
+--                            arguments (see shardWrites), then record
+--                            fields to set: field, value, ... (for a
+--                            create, topic, tenant and trace among them,
+--                            packed in field "pd" by the caller, first
+--                            and in that order: the create cancelled by
+--                            a mark, below, reads them from there)
 --
 -- A job created while a cancel mark for its tenant (or '*') exists is
 -- created CANCELLED instead of with the plan (history PENDING submitted →
@@ -104,19 +99,20 @@ local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
 local create = ARGV[4]
 local job_id = ARGV[5]
-local landed = ARGV[6]
+local request = ARGV[6]
 local lock_after = ARGV[7]
 local due_ms = ARGV[8]
 local parked_owner = ARGV[9]
 local lease_at_ms = ARGV[10]
-local first_write_arg = 11
+local n = hopNumber(ARGV[11])
+local first_hop = 12
 local lease = '|' .. job_id
 
 -- A submit's activation (create) usually finds nothing at all: no record,
 -- no lock, no cancel mark. One EXISTS over the three says so, in place of
 -- a GET, an HGET and an EXISTS; only when one of them exists are they read
 -- one by one, below.
-local fresh = create == '1' and redis.call('EXISTS', job_key, lock_key, mark_key) == 0
+local fresh = create ~= '0' and redis.call('EXISTS', job_key, lock_key, mark_key) == 0
 local cur, st
 if not fresh then
   cur = redis.call('GET', lock_key)
@@ -152,20 +148,18 @@ if parkedBy then
   end
 end
 if not st then
-  if create ~= '1' then
+  if create == '0' then
     redis.call('ZREM', due_key, job_id, lease)
     redis.call('ZREM', leases_key, job_id)
     return {'NOTFOUND', '', '0', ''}
   end
   if not fresh and redis.call('EXISTS', mark_key) == 1 then
-    -- The record's fields follow the shard writes' arguments, the request
-    -- the second of them; topic, tenant and trace are the first three
-    -- values packed in field pd ("<name>:<len>:<value>" each,
-    -- store.packCreate), sent once.
-    local a = first_write_arg
+    -- The record fields follow the hops and the shard writes' arguments;
+    -- topic, tenant and trace are the first three values packed in field
+    -- pd ("<name>:<len>:<value>" each, store.packCreate), sent once.
+    local a = first_hop + 2 * n
     a = a + 1 + 4 * tonumber(ARGV[a])
     a = a + 1 + 3 * tonumber(ARGV[a])
-    local request = ARGV[a + 3]
     local pd = ''
     for i = a, #ARGV - 1, 2 do
       if ARGV[i] == 'pd' then pd = ARGV[i + 1] end
@@ -208,21 +202,43 @@ if not st then
       return {'CANCELLED', 'CANCELLED', '1', '', 'cancel_reason', why, 'cancelled_by', by}
     end
   end
-  local first_field = shardWrites(first_write_key, first_write_arg)
-  -- The record's fields come made by the caller, hops included (all of a
-  -- new record's hops are the caller's: offset 0, its node, the plan's
-  -- path), and go to HSET as they are: no table, no string made here
-  -- (issue 33: Lua's own work was about a quarter of a job's Redis CPU).
+  local prev, reason = 'PENDING', 'submitted'
+  if n > 0 then
+    prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
+  end
+  local first_field = shardWrites(first_write_key, first_hop + 2 * n)
   -- Every field a create writes costs Redis time: no "fence" (1 until an
   -- adoption counts it up, below), no "node" (the first hop's until an
   -- adoption writes it), and topic, tenant and trace come packed in one
-  -- field (store.ExpandRecord puts them back for readers).
-  local prev = ARGV[first_field + 1]
-  if landed == '1' then
-    local f = {}
-    redis.call('HSET', job_key, unpack(f, 1, recordFields(f, 0, first_field)))
+  -- field among the caller's (store.ExpandRecord puts them back for
+  -- readers).
+  -- The usual plans (none, one hop, two: PENDING → SCHEDULED →
+  -- DISPATCHED) go to HSET with the record fields straight from ARGV, the
+  -- hops made in the call's arguments (lib/hops.lua's texts: offset 0,
+  -- the node on the first only): no table to build and fill, no loop over
+  -- the fields (issue 33: Lua's own work is a quarter of a job's Redis
+  -- CPU). Others, and fields with a value "\0now", go through the table.
+  if create == '1' and n == 2 then
+    redis.call('HSET', job_key, 's', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      'h1', '0|PENDING|submitted|' .. node, 'h2', '0|' .. ARGV[first_hop] .. '|' .. ARGV[first_hop + 1] .. '|',
+      'h3', '0|' .. prev .. '|' .. reason .. '|', 'hn', '3', unpack(ARGV, first_field))
+  elseif create == '1' and n == 1 then
+    redis.call('HSET', job_key, 's', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      'h1', '0|PENDING|submitted|' .. node, 'h2', '0|' .. prev .. '|' .. reason .. '|', 'hn', '2',
+      unpack(ARGV, first_field))
+  elseif create == '1' and n == 0 then
+    redis.call('HSET', job_key, 's', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      'h1', '0|PENDING|submitted|' .. node, 'hn', '1', unpack(ARGV, first_field))
   else
-    redis.call('HSET', job_key, unpack(ARGV, first_field))
+    -- Made at about its full size (a create writes ~40 words): a table
+    -- grown one element at a time is rebuilt at 16, 32 and 64.
+    local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+      false, false, false, false, false, false, false, false}
+    local k = recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, submittedHop, first_hop, first_hop + 2 * n - 1),
+      first_field)
+    redis.call('HSET', job_key, unpack(f, 1, k))
   end
   redis.call('ZADD', index_key, now_ms, job_id)
   -- The job's due entry and its lease are members of one sorted set, so

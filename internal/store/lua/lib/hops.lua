@@ -86,6 +86,9 @@ local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops, a,
   return k
 end
 
+-- submittedHop is a new job's first hop, which no caller sends.
+local submittedHop = {'PENDING', 'submitted'}
+
 -- lastNode is the node of a record's last hop, from its fields "hl" and
 -- "h1" (nil, nil for a record with no hops: '').
 local function lastNode(hl, h1)
