@@ -20,10 +20,16 @@ import (
 // create's hops as (to, reason) pairs and made the record's fields itself:
 // nodes of that version run beside this one's (a rolling upgrade, a
 // rollback), so what the two write must be the same.
-func activateBefore(t *testing.T) *redis.Script {
+func activateBefore(t *testing.T) *redis.Script { return scriptBefore(t, "activate") }
+
+// transitionBefore is transition.lua as of 90a035a, which made every
+// transition's record fields in a table.
+func transitionBefore(t *testing.T) *redis.Script { return scriptBefore(t, "transition") }
+
+func scriptBefore(t *testing.T, name string) *redis.Script {
 	t.Helper()
 	var b strings.Builder
-	for _, f := range []string{"shard_writes", "hops", "activate"} {
+	for _, f := range []string{"shard_writes", "hops", name} {
 		src, err := os.ReadFile("testdata/scripts-90a035a/" + f + ".lua")
 		if err != nil {
 			t.Fatal(err)
@@ -159,46 +165,7 @@ func TestCreatedRecordIsTheVersionBeforesRecord(t *testing.T) {
 			t.Errorf("%s: answered %s, want %s", c.name, n, want)
 		}
 	}
-	// Every key either wrote, the record's fields in Redis's order.
-	state := func(s *Store) map[string]string {
-		out := map[string]string{}
-		iter := env.Client.Scan(ctx, 0, s.keys.Prefix()+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			k := iter.Val()
-			var v string
-			switch typ := env.Client.Type(ctx, k).Val(); typ {
-			case "string":
-				v = fmt.Sprintf("%q ttl %v", env.Client.Get(ctx, k).Val(), env.Client.PTTL(ctx, k).Val() > 0)
-			case "hash":
-				// Through a script: a Lua reply is the flat list, in order
-				// (a RESP3 client's HGETALL is a map).
-				f, err := env.Client.Eval(ctx, "return redis.call('HGETALL', KEYS[1])", []string{k}).StringSlice()
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := 0; i+1 < len(f); i += 2 {
-					if f[i] == jobstate.FieldLanded {
-						// Redis's clock when the write landed: one ms may
-						// part the two.
-						if ms, err := strconv.ParseInt(f[i+1], 10, 64); err != nil || ms < now-60_000 || ms > now+60_000 {
-							t.Errorf("%s: landed %q, not the time it landed", k, f[i+1])
-						}
-						f[i+1] = "<landed>"
-					}
-				}
-				v = fmt.Sprintf("%s %q", env.Client.ObjectEncoding(ctx, k).Val(), f)
-			case "zset":
-				v = fmt.Sprint(env.Client.ZRangeWithScores(ctx, k, 0, -1).Val(), " ttl ", env.Client.PTTL(ctx, k).Val() > 0)
-			default:
-				v = typ
-			}
-			out[k[len(s.keys.Prefix()):]] = v
-		}
-		if err := iter.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
+	state := func(s *Store) map[string]string { return storeState(t, env, s, now) }
 	o := state(older)
 	if len(o) < 2*len(cases) {
 		t.Fatalf("only %d keys written: %v", len(o), o)
@@ -227,5 +194,189 @@ func TestCreatedRecordIsTheVersionBeforesRecord(t *testing.T) {
 	}
 	if listpack < len(cases)-2 {
 		t.Errorf("%d records in the listpack encoding: their fields' order is not compared", listpack)
+	}
+}
+
+// storeState is every key under s's prefix and what it holds, the
+// records' fields in Redis's order; a landed time (within a minute of now)
+// reads "<landed>".
+func storeState(t *testing.T, env *testenv.Env, s *Store, now int64) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	iter := env.Client.Scan(ctx, 0, s.keys.Prefix()+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		var v string
+		switch typ := env.Client.Type(ctx, k).Val(); typ {
+		case "string":
+			v = fmt.Sprintf("%q ttl %v", env.Client.Get(ctx, k).Val(), env.Client.PTTL(ctx, k).Val() > 0)
+		case "hash":
+			// Through a script: a Lua reply is the flat list, in order
+			// (a RESP3 client's HGETALL is a map).
+			f, err := env.Client.Eval(ctx, "return redis.call('HGETALL', KEYS[1])", []string{k}).StringSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i+1 < len(f); i += 2 {
+				if f[i] == jobstate.FieldLanded {
+					// Redis's clock when the write landed: one ms may
+					// part the two.
+					if ms, err := strconv.ParseInt(f[i+1], 10, 64); err != nil || ms < now-60_000 || ms > now+60_000 {
+						t.Errorf("%s: landed %q, not the time it landed", k, f[i+1])
+					}
+					f[i+1] = "<landed>"
+				}
+			}
+			v = fmt.Sprintf("%s %q", env.Client.ObjectEncoding(ctx, k).Val(), f)
+		case "zset":
+			v = fmt.Sprint(env.Client.ZRangeWithScores(ctx, k, 0, -1).Val(), " ttl ", env.Client.PTTL(ctx, k).Val() > 0)
+		default:
+			v = typ
+		}
+		out[k[len(s.keys.Prefix()):]] = v
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A transition of one or two hops by the node of the job's last hop, which
+// transition.lua sends to HSET straight from its ARGV, writes byte for byte
+// what the version before wrote through a table: the record's fields in
+// Redis's order, the indexes, the due entries, the lock; and answers the
+// same. So do the transitions that still go through the table: by another
+// node (its name and "hl" written), with a value written as the time the
+// write lands, of three hops, past the scripts' tables of hop names, and
+// over a record whose "created" is no number.
+func TestTransitionRecordIsTheVersionBeforesRecord(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	before := transitionBefore(t)
+	mk := func(prefix string) *Store {
+		s := New(env.Client, Config{Prefix: env.KeyPrefix() + prefix, LockTTL: 10 * time.Second})
+		if err := s.LoadScripts(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	older, newer, multi := mk("o:"), mk("n:"), mk("m:")
+	stores := []*Store{older, newer, multi}
+	if newer.single {
+		stores = stores[:2]
+	}
+	now := time.Now().UnixMilli()
+	S, D, R := jobstate.StateScheduled, jobstate.StateDispatched, jobstate.StateRunning
+	hop := func(to jobstate.State, why string) Hop { return Hop{To: to, Reason: jobstate.Reason(why)} }
+	// step is an op on the job: an activation (a create, or an adoption by
+	// another node) or a transition; at, ms after now.
+	type step struct {
+		node   string
+		lock   string // a transition's lock value ("": an activation)
+		create bool
+		at     int64
+		t      *Transition
+		set    []string // fields set on the record first, on every store
+		expire bool     // the job's lock expires first
+	}
+	run := func(s *Store, id string, st step) string {
+		op := &Op{JobID: id, Node: st.node, T: st.t}
+		if st.lock == "" {
+			op.Kind, op.Create, op.Topic, op.Tenant, op.Request = OpActivate, st.create, "job.x", "te", []byte("r")
+			v, err := evalScript(ctx, env.Client, s.hotCall(op, now+st.at, nil)).StringSlice()
+			return fmt.Sprintf("%q %v", v, err)
+		}
+		op.Kind, op.LockValue = OpTransition, st.lock
+		call := s.hotCall(op, now+st.at, nil).(*transitionCall)
+		var v []string
+		var err error
+		switch s {
+		case older:
+			args := call.appendArgs(nil)
+			args = append(args[:7:7], args[8:]...) // no landed argument
+			v, err = before.Eval(ctx, env.Client, keyStrings(call.appendKeys(nil)), args...).StringSlice()
+		case newer:
+			v, err = evalScript(ctx, env.Client, call).StringSlice()
+		default:
+			splitMulti(ctx, []*Op{op}, evalShaMulti(ctx, env.Client, transitionMultiScript, []packer{call}))
+			v, err = replyStrings(nil, op.cmds[0].(*redis.Cmd))
+		}
+		return fmt.Sprintf("%q %v", v, err)
+	}
+	create := func(path ...Hop) step {
+		return step{node: "n1", create: true, t: &Transition{Path: path, Due: now + 60_000, Op: "c"}}
+	}
+	tr := func(node, lock string, at int64, from jobstate.State, path ...Hop) step {
+		return step{node: node, lock: lock, at: at, t: &Transition{Expect: jobstate.Expect(from), Path: path, Op: "t"}}
+	}
+	finish := tr("n1", "n1|1", 1234, D, hop(R, "started"), hop(jobstate.StateSucceeded, "completed"))
+	finish.t.Fields, finish.t.Release = []string{"result_ptr", "redis://res:x"}, true
+	dispatch := tr("n1", "n1|1", 50, S, hop(D, "dispatched"))
+	dispatch.t.Fields, dispatch.t.Due = []string{"worker", "w1", "attempts", "1"}, now+90_000
+	landed := tr("n1", "n1|1", 60, S, hop(D, "dispatched"))
+	landed.t.Fields = []string{"tslot", "1", jobstate.FieldLanded, jobstate.LandedNow}
+	many := []step{create(hop(S, "allowed"))}
+	for i := 0; i < 7; i++ {
+		many = append(many, tr("n1", "n1|1", int64(i), S, hop(D, "dispatched")), tr("n1", "n1|1", int64(i), D, hop(S, "again")))
+	}
+	weird := tr("n1", "n1|1", 5, S, hop(D, "dispatched"))
+	weird.set = []string{"created", "abc"}
+	jobs := map[string][]step{
+		"finish":   {create(hop(S, "allowed"), hop(D, "dispatched")), finish},
+		"one hops": {create(hop(S, "allowed")), dispatch, tr("n1", "n1|1", 700, D, hop(R, "started")),
+			tr("n1", "n1|1", 900, R, hop(jobstate.StateFailed, "worker_failed"))},
+		"adopted": {create(hop(S, "allowed"), hop(D, "dispatched")), {node: "n2", create: true, at: 10, expire: true},
+			tr("n2", "n2|2", 20, D, hop(R, "started")), tr("n2", "n2|2", 30, R, hop(S, "retry_wait")),
+			tr("n2", "n2|2", -40, S, hop(D, "dispatched"), hop(R, "started"))},
+		"landed": {create(hop(S, "allowed")), landed},
+		"three":  {create(hop(S, "allowed")), tr("n1", "n1|1", 3, S, hop(D, "d"), hop(R, "r"), hop(jobstate.StateTimeout, "t"))},
+		"many":   many,
+		"weird":  {create(hop(S, "allowed")), weird},
+	}
+	for name, steps := range jobs {
+		id := "tr-" + strings.ReplaceAll(name, " ", "-")
+		for i, st := range steps {
+			var replies []string
+			for _, s := range stores {
+				if len(st.set) > 0 {
+					if err := env.Client.HSet(ctx, s.keys.Job(id), st.set).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if st.expire {
+					if err := env.Client.Del(ctx, s.keys.Lock(id)).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				replies = append(replies, run(s, id, st))
+			}
+			for j, r := range replies[1:] {
+				if r != replies[0] {
+					t.Errorf("%s step %d: the version before answered %s, this one (%s) %s", name, i, replies[0], stores[j+1].keys.Prefix(), r)
+				}
+			}
+			if st.lock != "" && !strings.HasPrefix(replies[0], `["OK"`) {
+				t.Errorf("%s step %d: answered %s", name, i, replies[0])
+			}
+		}
+	}
+	o := storeState(t, env, older, now)
+	if len(o) < 2*len(jobs) {
+		t.Fatalf("only %d keys written: %v", len(o), o)
+	}
+	for _, s := range stores[1:] {
+		n := storeState(t, env, s, now)
+		for k, v := range o {
+			if n[k] != v {
+				t.Errorf("key %s: the version before wrote\n%s\nthis one (%s)\n%s", k, v, s.keys.Prefix(), n[k])
+			}
+		}
+		for k, v := range n {
+			if _, ok := o[k]; !ok {
+				t.Errorf("key %s only by this version (%s): %s", k, s.keys.Prefix(), v)
+			}
+		}
 	}
 }

@@ -125,6 +125,7 @@ func (c *transitionCall) packArgs(p *packedArgs) {
 	p.str(c.jobID)
 	p.str(c.lockAfter)
 	p.int(c.dueMs)
+	p.str(c.plan.landedArg())
 	c.plan.packArgs(p, nil)
 }
 

@@ -146,7 +146,7 @@ func (c transitionCall) keys() []string      { return keyStrings(c.appendKeys(ni
 func (c transitionCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *transitionCall) keyCount() int { return 4 + len(c.fromIndexKeys) + c.plan.writeCount() }
-func (c *transitionCall) argCount() int { return c.keyCount() + 7 + c.plan.argCount() }
+func (c *transitionCall) argCount() int { return c.keyCount() + 8 + c.plan.argCount() }
 func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
 	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.toIndexKey)
 	for i := range c.fromIndexKeys {
@@ -155,7 +155,7 @@ func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
 	return c.plan.appendKeys(dst)
 }
 func (c *transitionCall) appendArgs(dst []interface{}) []interface{} {
-	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.dueMs)
+	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.dueMs, c.plan.landedArg())
 	return c.plan.appendArgs(dst)
 }
 
@@ -222,6 +222,14 @@ func (p planArgs) landed() bool {
 		}
 	}
 	return false
+}
+
+// landedArg is landed as transition.lua's ARGV[8].
+func (p planArgs) landedArg() string {
+	if p.landed() {
+		return "1"
+	}
+	return "0"
 }
 
 // writeCount is the number of the plan's write keys.
