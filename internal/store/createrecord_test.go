@@ -29,7 +29,10 @@ func transitionBefore(t *testing.T) *redis.Script { return scriptBefore(t, "tran
 func scriptBefore(t *testing.T, name string) *redis.Script {
 	t.Helper()
 	var b strings.Builder
-	for _, f := range []string{"shard_writes", "hops", name} {
+	// lib/shard_writes.lua is unchanged since.
+	b.WriteString(luaSource("lib/shard_writes"))
+	b.WriteByte('\n')
+	for _, f := range []string{"hops", name} {
 		src, err := os.ReadFile("testdata/scripts-90a035a/" + f + ".lua")
 		if err != nil {
 			t.Fatal(err)
@@ -66,18 +69,8 @@ func TestCreatedRecordIsTheVersionBeforesRecord(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	before := activateBefore(t)
-	mk := func(prefix string) *Store {
-		s := New(env.Client, Config{Prefix: env.KeyPrefix() + prefix, LockTTL: 10 * time.Second})
-		if err := s.LoadScripts(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	older, newer, multi := mk("o:"), mk("n:"), mk("m:")
-	stores := []*Store{older, newer, multi}
-	if newer.single {
-		stores = stores[:2] // no multi-job calls on this server
-	}
+	stores := versionStores(t, env)
+	older, newer, multi := stores[0], stores[1], stores[len(stores)-1]
 	now := time.Now().UnixMilli()
 	S, D := jobstate.StateScheduled, jobstate.StateDispatched
 	hop := func(to jobstate.State, why string) Hop { return Hop{To: to, Reason: jobstate.Reason(why)} }
@@ -165,13 +158,48 @@ func TestCreatedRecordIsTheVersionBeforesRecord(t *testing.T) {
 			t.Errorf("%s: answered %s, want %s", c.name, n, want)
 		}
 	}
-	state := func(s *Store) map[string]string { return storeState(t, env, s, now) }
-	o := state(older)
-	if len(o) < 2*len(cases) {
+	o := sameState(t, env, stores, now, 2*len(cases))
+	listpack := 0
+	for k, v := range o {
+		if strings.Contains(k, ":job:") && strings.HasPrefix(v, "listpack ") {
+			listpack++
+		}
+	}
+	if listpack < len(cases)-2 {
+		t.Errorf("%d records in the listpack encoding: their fields' order is not compared", listpack)
+	}
+}
+
+// versionStores returns the stores whose writes a test compares: the
+// version before's (its script texts run with EVAL), this one's calls of
+// their own, and, on a server that takes them, this one's multi-job calls;
+// each under a prefix of its own.
+func versionStores(t *testing.T, env *testenv.Env) []*Store {
+	t.Helper()
+	var stores []*Store
+	for _, prefix := range []string{"o:", "n:", "m:"} {
+		s := New(env.Client, Config{Prefix: env.KeyPrefix() + prefix, LockTTL: 10 * time.Second})
+		if err := s.LoadScripts(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
+	if stores[0].single {
+		stores = stores[:2] // no multi-job calls on this server
+	}
+	return stores
+}
+
+// sameState fails t unless every store holds what the first does
+// (storeState), at least min keys; it returns the first's.
+func sameState(t *testing.T, env *testenv.Env, stores []*Store, now int64, min int) map[string]string {
+	t.Helper()
+	o := storeState(t, env, stores[0], now)
+	if len(o) < min {
 		t.Fatalf("only %d keys written: %v", len(o), o)
 	}
 	for _, s := range stores[1:] {
-		n := state(s)
+		n := storeState(t, env, s, now)
 		if reflect.DeepEqual(o, n) {
 			continue
 		}
@@ -182,19 +210,11 @@ func TestCreatedRecordIsTheVersionBeforesRecord(t *testing.T) {
 		}
 		for k, v := range n {
 			if _, ok := o[k]; !ok {
-				t.Errorf("key %s only by this version: %s", k, v)
+				t.Errorf("key %s only by this version (%s): %s", k, s.keys.Prefix(), v)
 			}
 		}
 	}
-	listpack := 0
-	for k, v := range o {
-		if strings.Contains(k, ":job:") && strings.HasPrefix(v, "listpack ") {
-			listpack++
-		}
-	}
-	if listpack < len(cases)-2 {
-		t.Errorf("%d records in the listpack encoding: their fields' order is not compared", listpack)
-	}
+	return o
 }
 
 // storeState is every key under s's prefix and what it holds, the
@@ -255,18 +275,8 @@ func TestTransitionRecordIsTheVersionBeforesRecord(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	before := transitionBefore(t)
-	mk := func(prefix string) *Store {
-		s := New(env.Client, Config{Prefix: env.KeyPrefix() + prefix, LockTTL: 10 * time.Second})
-		if err := s.LoadScripts(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	older, newer, multi := mk("o:"), mk("n:"), mk("m:")
-	stores := []*Store{older, newer, multi}
-	if newer.single {
-		stores = stores[:2]
-	}
+	stores := versionStores(t, env)
+	older, newer := stores[0], stores[1]
 	now := time.Now().UnixMilli()
 	S, D, R := jobstate.StateScheduled, jobstate.StateDispatched, jobstate.StateRunning
 	hop := func(to jobstate.State, why string) Hop { return Hop{To: to, Reason: jobstate.Reason(why)} }
@@ -362,21 +372,5 @@ func TestTransitionRecordIsTheVersionBeforesRecord(t *testing.T) {
 			}
 		}
 	}
-	o := storeState(t, env, older, now)
-	if len(o) < 2*len(jobs) {
-		t.Fatalf("only %d keys written: %v", len(o), o)
-	}
-	for _, s := range stores[1:] {
-		n := storeState(t, env, s, now)
-		for k, v := range o {
-			if n[k] != v {
-				t.Errorf("key %s: the version before wrote\n%s\nthis one (%s)\n%s", k, v, s.keys.Prefix(), n[k])
-			}
-		}
-		for k, v := range n {
-			if _, ok := o[k]; !ok {
-				t.Errorf("key %s only by this version (%s): %s", k, s.keys.Prefix(), v)
-			}
-		}
-	}
+	sameState(t, env, stores, now, 2*len(jobs))
 }
