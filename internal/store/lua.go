@@ -46,8 +46,8 @@ func luaScript(name string, libs ...string) *redis.Script {
 // libraries, KEYS[i] reads KEYS[mko + i], #KEYS is mkn, ARGV[i] reads
 // ma[1 + i], #ARGV is man and unpack(ARGV, i) is unpack(ma, 1 + i): the
 // job's keys within the call's, and its arguments as the call's packed
-// argument decodes them (ma[1] is its number of keys). It is recorded in multiScripts, not luaScripts: it has
-// no file of its own.
+// argument decodes them (ma[1] is its number of keys). It is recorded in
+// multiScripts, not luaScripts: it has no file of its own.
 func multiScript(name string, libs ...string) *redis.Script {
 	shift := strings.NewReplacer("KEYS[", "KEYS[mko + ", "ARGV[", "ma[1 + ", "#ARGV", "man", "#KEYS", "mkn",
 		"unpack(ARGV, ", "unpack(ma, 1 + ")
