@@ -334,8 +334,8 @@ func TestTransitionRecordIsTheVersionBeforesRecord(t *testing.T) {
 	weird := tr("n1", "n1|1", 5, S, hop(D, "dispatched"))
 	weird.set = []string{"created", "abc"}
 	jobs := map[string][]step{
-		"finish":   {create(hop(S, "allowed"), hop(D, "dispatched")), finish},
-		"one hops": {create(hop(S, "allowed")), dispatch, tr("n1", "n1|1", 700, D, hop(R, "started")),
+		"finish": {create(hop(S, "allowed"), hop(D, "dispatched")), finish},
+		"one hop": {create(hop(S, "allowed")), dispatch, tr("n1", "n1|1", 700, D, hop(R, "started")),
 			tr("n1", "n1|1", 900, R, hop(jobstate.StateFailed, "worker_failed"))},
 		"adopted": {create(hop(S, "allowed"), hop(D, "dispatched")), {node: "n2", create: true, at: 10, expire: true},
 			tr("n2", "n2|2", 20, D, hop(R, "started")), tr("n2", "n2|2", 30, R, hop(S, "retry_wait")),
