@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,9 +225,32 @@ func storeState(t *testing.T, env *testenv.Env, s *Store, now int64) map[string]
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
-	iter := env.Client.Scan(ctx, 0, s.keys.Prefix()+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		k := iter.Val()
+	var keys []string
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, s.keys.Prefix()+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := env.Client.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return scan(ctx, m)
+		})
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		t.Fatalf("no way to list the keys of a %T", env.Client)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
 		var v string
 		switch typ := env.Client.Type(ctx, k).Val(); typ {
 		case "string":
@@ -255,9 +279,6 @@ func storeState(t *testing.T, env *testenv.Env, s *Store, now int64) map[string]
 			v = typ
 		}
 		out[k[len(s.keys.Prefix()):]] = v
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out
 }
