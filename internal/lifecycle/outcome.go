@@ -115,9 +115,23 @@ func (j *Job) resultFields(res *capv1.JobResult, ptr string) []string {
 	return j.appendResultFields(make([]string, 0, 10), res, ptr)
 }
 
-// appendResultFields appends a result's record fields to f.
+// appendResultFields appends a result's record fields to f. The record
+// holds the job's worker already (j.Worker: written by the dispatch, by
+// markRunning when another worker speaks for it, and read back by an
+// adoption), so "worker" is written only when the result's worker differs
+// (the result of an earlier dispatch, a pool's other worker, a result naming
+// none); "execution_ms" only when the worker reported a time (a missing
+// one reads 0: store.ExpandRecord puts the "0" back for readers of a
+// record with a result). Each field a write leaves out is Redis time saved
+// on every job (issue 33).
 func (j *Job) appendResultFields(f []string, res *capv1.JobResult, ptr string) []string {
-	f = append(f, "result_ptr", ptr, "worker", res.WorkerId, "execution_ms", j.formatInt(res.ExecutionMs))
+	f = append(f, "result_ptr", ptr)
+	if res.WorkerId != j.Worker {
+		f = append(f, "worker", res.WorkerId)
+	}
+	if res.ExecutionMs != 0 {
+		f = append(f, "execution_ms", j.formatInt(res.ExecutionMs))
+	}
 	if res.ErrorCode != "" || res.ErrorMessage != "" {
 		f = append(f, "error_code", res.ErrorCode, "error_message", res.ErrorMessage)
 	}

@@ -49,7 +49,7 @@ func TestAppendedScriptArgsFollowTheScriptsOrder(t *testing.T) {
 			toIndexKey: "ti", fromIndexKeys: []string{"f1", "f2"}, lockValue: "n|1", node: "n", expected: "A,B",
 			nowMs: 12, jobID: "id", lockAfter: "terminal", dueMs: -1, plan: withPlan},
 			append([]string{"j", "l", "d", "ti", "f1", "f2"}, planKeys...),
-			append([]string{"n|1", "n", "A,B", "12", "id", "terminal", "-1"}, planArgv...)},
+			append([]string{"n|1", "n", "A,B", "12", "id", "terminal", "-1", "0"}, planArgv...)},
 	}
 	for _, c := range cases {
 		appended := c.call.appendKeys(nil)

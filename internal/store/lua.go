@@ -44,12 +44,13 @@ func luaScript(name string, libs ...string) *redis.Script {
 // (see lua/lib/multi.lua). The script's text is the body of a local
 // function one(), which multi.lua calls once per job; in it and in its
 // libraries, KEYS[i] reads KEYS[mko + i], #KEYS is mkn, ARGV[i] reads
-// ma[1 + i] and #ARGV is man: the job's keys within the call's, and its
-// arguments as the call's packed argument decodes them (ma[1] is its
-// number of keys). It is recorded in multiScripts, not luaScripts: it has
-// no file of its own.
+// ma[1 + i], #ARGV is man and unpack(ARGV, i) is unpack(ma, 1 + i): the
+// job's keys within the call's, and its arguments as the call's packed
+// argument decodes them (ma[1] is its number of keys). It is recorded in
+// multiScripts, not luaScripts: it has no file of its own.
 func multiScript(name string, libs ...string) *redis.Script {
-	shift := strings.NewReplacer("KEYS[", "KEYS[mko + ", "ARGV[", "ma[1 + ", "#ARGV", "man", "#KEYS", "mkn")
+	shift := strings.NewReplacer("KEYS[", "KEYS[mko + ", "ARGV[", "ma[1 + ", "#ARGV", "man", "#KEYS", "mkn",
+		"unpack(ARGV, ", "unpack(ma, 1 + ")
 	var b strings.Builder
 	b.WriteString("local mko, mkn, man, ma = 0, 0, 0, nil\n")
 	for _, l := range libs {

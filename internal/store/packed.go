@@ -90,8 +90,10 @@ func unpackFields(v string, set func(name, value string)) {
 
 // ExpandRecord restores, in f (a job record's fields, as HGETALL reads
 // them), the fields a create leaves out or packs: the packed fields,
-// "fence" (1) and "node" (the first hop's). A record without a state
-// ("s") is left alone; so is one an older node wrote.
+// "fence" (1) and "node" (the first hop's); and those a worker's result
+// leaves out (a record with "result_ptr"): "execution_ms" (0) and "worker"
+// (none: the dispatch's is there whenever there was one). A record without
+// a state ("s") is left alone; so is one an older node wrote.
 func ExpandRecord(f map[string]string) {
 	if f["s"] == "" {
 		return
@@ -110,6 +112,14 @@ func ExpandRecord(f map[string]string) {
 	if _, ok := f["node"]; !ok {
 		if h1 := f["h1"]; h1 != "" {
 			f["node"] = h1[strings.LastIndexByte(h1, '|')+1:]
+		}
+	}
+	if _, ok := f["result_ptr"]; ok {
+		if _, ok := f["execution_ms"]; !ok {
+			f["execution_ms"] = "0"
+		}
+		if _, ok := f["worker"]; !ok {
+			f["worker"] = ""
 		}
 	}
 }

@@ -103,14 +103,7 @@ func (c *activateCall) packArgs(p *packedArgs) {
 	p.str(c.node)
 	p.int(c.nowMs)
 	p.int(c.lockTTLMs)
-	switch {
-	case c.create && c.newOnly:
-		p.str("2")
-	case c.create:
-		p.str("1")
-	default:
-		p.str("0")
-	}
+	p.str(c.createArg())
 	p.str(c.jobID)
 	p.bytes(c.request)
 	p.str(c.lockAfter)
@@ -132,6 +125,7 @@ func (c *transitionCall) packArgs(p *packedArgs) {
 	p.str(c.jobID)
 	p.str(c.lockAfter)
 	p.int(c.dueMs)
+	p.str(c.plan.landedArg())
 	c.plan.packArgs(p, nil)
 }
 

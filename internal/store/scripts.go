@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/troupe-run/troupe/internal/jobstate"
 )
 
 // Every write that changes a job's state is one of these scripts, so a
@@ -37,7 +39,7 @@ type activateCall struct {
 	markKey, cancelledKey string
 	// newOnly (a create's first send) sends the keys a new job's create
 	// touches only, not leasesKey, ownerAliveKey, ownerParkedKey and
-	// cancelledKey (create = 2 in activate.lua): a job that is not new
+	// cancelledKey (create 3 or 4 in activate.lua): a job that is not new
 	// answers activateFull, and is sent again with every key.
 	newOnly bool
 
@@ -86,13 +88,7 @@ func (c *activateCall) appendKeys(dst []interface{}) []interface{} {
 }
 func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
 	c.leaseAtMs, c.dueAtMs = c.nowMs+2*c.lockTTLMs, c.dueAt()
-	create := "0"
-	switch {
-	case c.create && c.newOnly:
-		create = "2"
-	case c.create:
-		create = "1"
-	}
+	create := c.createArg()
 	// Topic, tenant and trace go only in the packed field (activate.lua's
 	// create cancelled by a mark reads them there).
 	dst = append(dst, &c.node, &c.nowMs, &c.lockTTLMs, create, &c.jobID, c.request,
@@ -106,6 +102,24 @@ func (c *activateCall) appendArgs(dst []interface{}) []interface{} {
 		plan.packed = packCreate(c.topic, c.tenant, c.traceID, fields)
 	}
 	return plan.appendArgs(dst)
+}
+
+// createArg is activate.lua's ARGV[4]: "1" to create the job, "2" to
+// create it with a field whose value is to be the time the write lands
+// (jobstate.LandedNow), "3" and "4" the same sending a new job's keys only
+// (newOnly), "0" not to.
+func (c *activateCall) createArg() string {
+	switch {
+	case !c.create:
+		return "0"
+	case c.newOnly && c.plan.landed():
+		return "4"
+	case c.newOnly:
+		return "3"
+	case c.plan.landed():
+		return "2"
+	}
+	return "1"
 }
 
 // dueAt is the due time activate.lua is sent: dueMs, or rescueAtMs where
@@ -157,7 +171,7 @@ func (c transitionCall) keys() []string      { return keyStrings(c.appendKeys(ni
 func (c transitionCall) args() []interface{} { return c.appendArgs(nil) }
 
 func (c *transitionCall) keyCount() int { return 4 + len(c.fromIndexKeys) + c.plan.writeCount() }
-func (c *transitionCall) argCount() int { return c.keyCount() + 7 + c.plan.argCount() }
+func (c *transitionCall) argCount() int { return c.keyCount() + 8 + c.plan.argCount() }
 func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
 	dst = append(dst, &c.jobKey, &c.lockKey, &c.dueKey, &c.toIndexKey)
 	for i := range c.fromIndexKeys {
@@ -166,7 +180,7 @@ func (c *transitionCall) appendKeys(dst []interface{}) []interface{} {
 	return c.plan.appendKeys(dst)
 }
 func (c *transitionCall) appendArgs(dst []interface{}) []interface{} {
-	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.dueMs)
+	dst = append(dst, &c.lockValue, &c.node, &c.expected, &c.nowMs, &c.jobID, &c.lockAfter, &c.dueMs, c.plan.landedArg())
 	return c.plan.appendArgs(dst)
 }
 
@@ -219,6 +233,28 @@ func (p planArgs) sets() []ShardHSet {
 		return nil
 	}
 	return p.t.Sets
+}
+
+// landed reports whether a value of the plan's fields is to become the
+// time the write lands (jobstate.LandedNow).
+func (p planArgs) landed() bool {
+	if p.t == nil {
+		return false
+	}
+	for i := 1; i < len(p.t.Fields); i += 2 {
+		if p.t.Fields[i] == jobstate.LandedNow {
+			return true
+		}
+	}
+	return false
+}
+
+// landedArg is landed as transition.lua's ARGV[8].
+func (p planArgs) landedArg() string {
+	if p.landed() {
+		return "1"
+	}
+	return "0"
 }
 
 // writeCount is the number of the plan's write keys.

@@ -45,17 +45,19 @@
 --                            (Keys.Parked)
 -- KEYS[9]  cancelled_key     the shard's index of CANCELLED (Keys.Index)
 -- KEYS[10 ..]                the shard-write keys (see shardWrites)
---   A create sent with create = 2 (a new job's, the usual call) sends
+--   A create sent with create = 3 or 4 (a new job's, the usual call) sends
 --   KEYS[1 .. 5] only, then the shard-write keys from KEYS[6]: a new job
 --   touches none of KEYS[6 .. 9], and each key sent costs Redis ~0.5-0.9
 --   us to parse and hand to Lua. If the job turns out to have a record, a
 --   lock or a cancel mark, such a call changes nothing and answers FULL:
---   the caller sends it again with every key (create = 1).
+--   the caller sends it again with every key (create = 1 or 2).
 -- ARGV[1]  node              the activating node
 -- ARGV[2]  now_ms
 -- ARGV[3]  lock_ttl_ms
--- ARGV[4]  create            1 to create a missing job, 2 the same with
---                            KEYS[1 .. 5] only (above), 0 not to create
+-- ARGV[4]  create            0 not to create a missing job; 1 to create
+--                            it; 2 the same when a value of the record
+--                            fields is "\0now" (see recordFields); 3 and 4
+--                            as 1 and 2 with KEYS[1 .. 5] only (above)
 -- ARGV[5]  job_id
 -- ARGV[6]  request           the job request's bytes
 -- ARGV[7]  lock_after        keep, release or terminal (after the plan)
@@ -81,7 +83,7 @@
 -- other fields left out, no lock, no due entry) and the mark is deleted.
 --
 -- Returns {status, state, fence, holder, field, value, ...} with status
--- FULL (create = 2 and the job is not new: nothing changed), CANCELLED (created cancelled by a mark; cancel_reason and cancelled_by
+-- FULL (create = 3 or 4 and the job is not new: nothing changed), CANCELLED (created cancelled by a mark; cancel_reason and cancelled_by
 -- follow), CREATED (state = where the plan left it), ADOPTED (holder = the lock
 -- value before, so the caller sees whether the job was parked; the
 -- record's fields follow), BUSY (another node holds the lock; holder = its
@@ -94,7 +96,7 @@ local lock_key = KEYS[2]
 local due_key = KEYS[3]
 local index_key = KEYS[4]
 local mark_key = KEYS[5]
--- Not sent with create = 2: such a call answers FULL before any use.
+-- Not sent with create = 3 or 4: such a call answers FULL before any use.
 local leases_key = KEYS[6]
 local owner_alive_key = KEYS[7]
 local owner_parked_key = KEYS[8]
@@ -102,8 +104,11 @@ local cancelled_key = KEYS[9]
 local node = ARGV[1]
 local now_ms = ARGV[2]
 local lock_ttl_ms = ARGV[3]
-local new_only = ARGV[4] == '2'
+local new_only = ARGV[4] == '3' or ARGV[4] == '4'
 local create = ARGV[4] ~= '0'
+-- plain: no record field is "\0now" (ARGV[4] 1 or 3): a usual plan goes
+-- to HSET straight from ARGV, below.
+local plain = ARGV[4] == '1' or ARGV[4] == '3'
 local first_write_key = 10
 if new_only then
   first_write_key = 6
@@ -225,15 +230,34 @@ if not st then
   -- adoption writes it), and topic, tenant and trace come packed in one
   -- field among the caller's (store.ExpandRecord puts them back for
   -- readers).
-  -- The list is made at about its full size (a create writes ~40 words):
-  -- a table grown one element at a time is rebuilt at 16, 32 and 64.
-  local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason,
-    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
-    false, false, false, false, false, false, false, false}
-  local k = recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, submittedHop, first_hop, first_hop + 2 * n - 1),
-    first_field)
-  redis.call('HSET', job_key, unpack(f, 1, k))
+  -- The usual plans (none, one hop, two: PENDING → SCHEDULED →
+  -- DISPATCHED) go to HSET with the record fields straight from ARGV, the
+  -- hops made in the call's arguments (lib/hops.lua's texts: offset 0,
+  -- the node on the first only): no table to build and fill, no loop over
+  -- the fields (issue 33: Lua's own work is a quarter of a job's Redis
+  -- CPU). Others, and fields with a value "\0now", go through the table.
+  if plain and n == 2 then
+    redis.call('HSET', job_key, 's', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      'h1', '0|PENDING|submitted|' .. node, 'h2', '0|' .. ARGV[first_hop] .. '|' .. ARGV[first_hop + 1] .. '|',
+      'h3', '0|' .. prev .. '|' .. reason .. '|', 'hn', '3', unpack(ARGV, first_field))
+  elseif plain and n == 1 then
+    redis.call('HSET', job_key, 's', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      'h1', '0|PENDING|submitted|' .. node, 'h2', '0|' .. prev .. '|' .. reason .. '|', 'hn', '2',
+      unpack(ARGV, first_field))
+  elseif plain and n == 0 then
+    redis.call('HSET', job_key, 's', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      'h1', '0|PENDING|submitted|' .. node, 'hn', '1', unpack(ARGV, first_field))
+  else
+    -- Made at about its full size (a create writes ~40 words): a table
+    -- grown one element at a time is rebuilt at 16, 32 and 64.
+    local f = {'s', prev, 'req', request, 'created', now_ms, 'reason', reason,
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+      false, false, false, false, false, false, false, false}
+    local k = recordFields(f, hopFields(f, 8, 0, '', now_ms, now_ms, node, submittedHop, first_hop, first_hop + 2 * n - 1),
+      first_field)
+    redis.call('HSET', job_key, unpack(f, 1, k))
+  end
   redis.call('ZADD', index_key, now_ms, job_id)
   -- The job's due entry and its lease are members of one sorted set, so
   -- one ZADD writes both.

@@ -26,8 +26,10 @@
 -- ARGV[5]  job_id
 -- ARGV[6]  lock_after    keep, release or terminal
 -- ARGV[7]  due_ms        0 keeps the due time, -1 clears it, > 0 sets it
--- ARGV[8]  n             the number of hops (at least 1)
--- ARGV[9 ..]             n × (to, reason), then the shard writes' arguments
+-- ARGV[8]  landed        1 when a value of the record fields is "\0now"
+--                        (see recordFields), else 0
+-- ARGV[9]  n             the number of hops (at least 1)
+-- ARGV[10 ..]            n × (to, reason), then the shard writes' arguments
 --                        (see shardWrites), then record fields to set:
 --                        field, value, ...
 --
@@ -50,8 +52,9 @@ local now_ms = ARGV[4]
 local job_id = ARGV[5]
 local lock_after = ARGV[6]
 local due_ms = ARGV[7]
-local n = hopNumber(ARGV[8])
-local first_hop = 9
+local landed = ARGV[8]
+local n = hopNumber(ARGV[9])
+local first_hop = 10
 
 local cur = redis.call('GET', lock_key)
 if cur ~= lock_value then
@@ -81,14 +84,32 @@ if not from_index then
 end
 local prev, reason = ARGV[first_hop + 2 * n - 2], ARGV[first_hop + 2 * n - 1]
 local first_field = shardWrites(first_from_index + e, first_hop + 2 * n)
--- Made at about its full size: a table grown one element at a time is
--- rebuilt at 8, 16 and 32.
-local f = {'s', prev, 'updated', now_ms, 'reason', reason,
-  false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
-  false, false, false, false, false, false}
-local k = recordFields(f, hopFields(f, 6, hopNumber(rec[2]) or 0, lastNode(rec[4], rec[5]), rec[3], now_ms, node, nil,
-  first_hop, first_hop + 2 * n - 1), first_field)
-redis.call('HSET', job_key, unpack(f, 1, k))
+local hn = hopNumber(rec[2]) or 0
+local last_node = lastNode(rec[4], rec[5])
+if landed == '0' and node == last_node and (n == 1 or n == 2) and hopField[hn + 1] and hopField[hn + n] then
+  -- The usual transition (one or two hops by the node of the job's last
+  -- hop) goes to HSET with the record fields straight from ARGV: no
+  -- table to build and fill, no loop over the fields (issue 33). The
+  -- hops are lib/hops.lua's: no node named, no "hl".
+  local delta = hopDelta(rec[3], now_ms)
+  if n == 1 then
+    redis.call('HSET', job_key, 's', prev, 'updated', now_ms, 'reason', reason,
+      hopField[hn + 1], delta .. '|' .. prev .. '|' .. reason .. '|', 'hn', hopCount[hn + 1], unpack(ARGV, first_field))
+  else
+    redis.call('HSET', job_key, 's', prev, 'updated', now_ms, 'reason', reason,
+      hopField[hn + 1], delta .. '|' .. ARGV[first_hop] .. '|' .. ARGV[first_hop + 1] .. '|',
+      hopField[hn + 2], delta .. '|' .. prev .. '|' .. reason .. '|', 'hn', hopCount[hn + 2], unpack(ARGV, first_field))
+  end
+else
+  -- Made at about its full size: a table grown one element at a time is
+  -- rebuilt at 8, 16 and 32.
+  local f = {'s', prev, 'updated', now_ms, 'reason', reason,
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false}
+  local k = recordFields(f, hopFields(f, 6, hn, last_node, rec[3], now_ms, node, nil,
+    first_hop, first_hop + 2 * n - 1), first_field)
+  redis.call('HSET', job_key, unpack(f, 1, k))
+end
 if st ~= prev then
   redis.call('ZREM', KEYS[from_index], job_id)
 end

@@ -43,20 +43,24 @@ end
 
 local formatNumber = string.format
 
+-- hopDelta is a hop's offset, the text of now_ms - created_ms.
+local function hopDelta(created_ms, now_ms)
+  if created_ms == now_ms then
+    return '0'
+  end
+  local d = tonumber(now_ms) - (tonumber(created_ms) or 0)
+  if d % 1 == 0 and d > -1e14 and d < 1e14 then
+    -- The text tostring's '%.14g' gives a whole number of fewer than
+    -- 15 digits, at about half its cost (integer formatting, not
+    -- floating point).
+    return formatNumber('%d', d)
+  end
+  return tostring(d)
+end
+
 local function hopFields(f, k, hn, last_node, created_ms, now_ms, node, hops, a, b)
   local first = hn == 0
-  local delta = '0'
-  if created_ms ~= now_ms then
-    local d = tonumber(now_ms) - (tonumber(created_ms) or 0)
-    if d % 1 == 0 and d > -1e14 and d < 1e14 then
-      -- The text tostring's '%.14g' gives a whole number of fewer than
-      -- 15 digits, at about half its cost (integer formatting, not
-      -- floating point).
-      delta = formatNumber('%d', d)
-    else
-      delta = tostring(d)
-    end
-  end
+  local delta = hopDelta(created_ms, now_ms)
   local who = node
   if node == last_node then who = '' end
   if hops then
