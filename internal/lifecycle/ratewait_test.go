@@ -85,6 +85,20 @@ func rateRetryDriver(t *testing.T) *driver {
 	return d
 }
 
+// retryAsksForTokens takes a rateRetryDriver's job to DISPATCHED, fails
+// the attempt and lets its backoff pass: attempt 2 asks for its tokens.
+func (d *driver) retryAsksForTokens() TakeTokens {
+	d.t.Helper()
+	d.rateDispatch()
+	d.failAttempt()
+	d.now = d.now.Add(2 * time.Second)
+	take, ok := find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
+	if !ok {
+		d.t.Fatal("attempt 2 did not ask for its tokens")
+	}
+	return take
+}
+
 // rateDispatch takes a fresh rate-limited job through its token ask (granted
 // at once) to DISPATCHED on w1.
 func (d *driver) rateDispatch() {
@@ -157,13 +171,7 @@ func TestRateLimitLiveRetryTakesItsUnitsAgain(t *testing.T) {
 // dispatches the retry's attempt, taking no units again.
 func TestRateLimitRetryWithoutTokensWaitsAndParksAsAFirstAttempt(t *testing.T) {
 	d := rateRetryDriver(t)
-	d.rateDispatch()
-	d.failAttempt()
-	d.now = d.now.Add(2 * time.Second)
-	take, ok := find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
-	if !ok {
-		t.Fatal("attempt 2 did not ask for its tokens")
-	}
+	take := d.retryAsksForTokens()
 	fx := d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
 	w, ok := find[*Write](fx)
 	if !ok || w.Op.T == nil || w.Op.T.Final() != jobstate.StateScheduled || w.Op.T.Path[0].Reason != jobstate.ReasonRateLimited {
@@ -247,13 +255,7 @@ func TestRateLimitAttemptAdoptedByTheActorOfAnEarlierOneTakesItsUnits(t *testing
 // the job parked with nothing to wake it (simulator seed 9400285).
 func TestRestartDuringATokenParkLeavesTheAskToTheLimiter(t *testing.T) {
 	d := rateRetryDriver(t)
-	d.rateDispatch()
-	d.failAttempt()
-	d.now = d.now.Add(2 * time.Second)
-	take, ok := find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
-	if !ok {
-		t.Fatal("attempt 2 did not ask for its tokens")
-	}
+	take := d.retryAsksForTokens()
 	d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	d.now = d.now.Add(time.Second)
@@ -273,10 +275,7 @@ func TestRestartDuringATokenParkLeavesTheAskToTheLimiter(t *testing.T) {
 	// Before the park, a restart still leaves the queue (the ask is the
 	// actor's own).
 	d = rateRetryDriver(t)
-	d.rateDispatch()
-	d.failAttempt()
-	d.now = d.now.Add(2 * time.Second)
-	take, _ = find[TakeTokens](d.feed(&Timer{Epoch: d.timer}))
+	take = d.retryAsksForTokens()
 	d.feed(&Tokens{Epoch: take.Epoch, Bucket: "b", Units: 1})
 	d.feed(&WriteDone{Epoch: d.step, Res: WriteResult{Step: StepOK}})
 	if leave, ok := find[LeaveTokens](d.feed(&Restarting{})); !ok || leave.Epoch != take.Epoch {
