@@ -183,7 +183,9 @@ func TestCreatedRecordIsTheVersionBeforesRecord(t *testing.T) {
 			listpack++
 		}
 	}
-	if listpack < len(cases)-2 {
+	// Only a Redis server says what encoding a hash has (OBJECT ENCODING);
+	// the embedded store (single) does not.
+	if listpack < len(cases)-2 && !stores[1].single {
 		t.Errorf("%d records in the listpack encoding: their fields' order is not compared", listpack)
 	}
 }
