@@ -24,6 +24,10 @@ func TestResultWritesWorkerAndTimeOnlyWhenTheRecordLacksThem(t *testing.T) {
 		{"dispatched worker, no time", "w1", 0, false, map[string]string{"result_ptr": "p"}, []string{"worker", "execution_ms"}},
 		{"dispatched worker, a time", "w1", 42, false, map[string]string{"execution_ms": "42"}, []string{"worker"}},
 		{"no worker named", "", 0, false, map[string]string{"worker": ""}, []string{"execution_ms"}},
+		// A stock CAP worker of the pool took the job the node picked for
+		// w1 (it pulls the pool subject, sends no progress): its result
+		// names it.
+		{"another worker of the pool", "w2", 0, false, map[string]string{"worker": "w2"}, []string{"execution_ms"}},
 		{"through the output policy", "w1", 7, true, map[string]string{"execution_ms": "7"}, []string{"worker"}},
 		{"through the output policy, no time", "w1", 0, true, map[string]string{"result_ptr": "p"}, []string{"worker", "execution_ms"}},
 	}
