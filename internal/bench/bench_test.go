@@ -460,9 +460,10 @@ func TestBenchNodesSmoke(t *testing.T) {
 			if res.Params.Nodes != 2 || len(res.PerNode) != 2 || res.PerNode[0].NodeID == res.PerNode[1].NodeID {
 				t.Fatalf("per-node figures %+v, want two distinct nodes", res.PerNode)
 			}
-			var created int64
+			var created, completed int64
 			for _, n := range res.PerNode {
 				created += n.Created
+				completed += n.Completed
 				if n.RedisCommandsPerJob <= 0 || n.NATSPerJob <= 0 {
 					t.Errorf("node %s: no Redis or NATS traffic counted: %+v", n.NodeID, n)
 				}
@@ -475,6 +476,11 @@ func TestBenchNodesSmoke(t *testing.T) {
 			}
 			if created != int64(cfg.Jobs) {
 				t.Errorf("the nodes created %d jobs between them, want %d (each job once)", created, cfg.Jobs)
+			}
+			// The report's end waits for the nodes' own counters: every job the
+			// bench saw terminal is counted by the node that wrote it.
+			if completed != int64(cfg.Jobs) {
+				t.Errorf("the nodes completed %d jobs between them, want %d", completed, cfg.Jobs)
 			}
 			// Both nodes own jobs; each hears every result on the result
 			// subject and keeps its jobs', so the shared consumer's copy is

@@ -290,6 +290,32 @@ func (r *runner) snapshot(ctx context.Context, natsPID int) snapshot {
 	return s
 }
 
+// settleWait bounds how long the run's end waits for the nodes' own
+// counters to catch up with what the bench saw in Redis.
+const settleWait = 2 * time.Second
+
+// settleCompleted waits, at most settleWait, until the nodes' completed
+// counters (troupe_jobs_completed_total, summed) have counted done jobs
+// since before: the bench sees a terminal write in Redis as soon as it lands,
+// the node counts it once the write's reply reaches the job's actor, so a
+// snapshot taken at once could read a node one write batch short.
+func (r *runner) settleCompleted(ctx context.Context, before Snap, done int64) {
+	if before.Node == nil {
+		return
+	}
+	limit := time.Now().Add(settleWait)
+	for {
+		now, _, err := r.tgt.snap(ctx)
+		if err != nil || now.Node == nil || int64(now.Node.Completed-before.Node.Completed) >= done {
+			return
+		}
+		if time.Now().After(limit) || ctx.Err() != nil {
+			return
+		}
+		sleepCtx(ctx, pollFast)
+	}
+}
+
 func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Result, error) {
 	cfg, res := r.cfg, r.res
 	natsPID := listenerPID(cfg.NATSURL)
@@ -383,6 +409,9 @@ func (r *runner) measure(ctx context.Context, sub *submitter, cnt *counter) (*Re
 			wait = pollFast
 		}
 		sleepCtx(ctx, wait)
+	}
+	if !timedOut {
+		r.settleCompleted(ctx, before.node, ok+other)
 	}
 	after := r.snapshot(ctx, natsPID)
 	if r.res.Hold != nil && !r.res.Hold.releasedAt.IsZero() {
