@@ -182,7 +182,9 @@ func (a NodeCounters) add(b NodeCounters) NodeCounters {
 	return NodeCounters{Received: a.Received + b.Received, Dispatched: a.Dispatched + b.Dispatched,
 		Completed: a.Completed + b.Completed, ForwardTaken: a.ForwardTaken + b.ForwardTaken,
 		ForwardReturned: a.ForwardReturned + b.ForwardReturned, Busy: a.Busy + b.Busy,
-		UnwrittenWaits: a.UnwrittenWaits + b.UnwrittenWaits}
+		UnwrittenWaits: a.UnwrittenWaits + b.UnwrittenWaits,
+		SubmitsRedelivered: a.SubmitsRedelivered + b.SubmitsRedelivered, SubmitTouches: a.SubmitTouches + b.SubmitTouches,
+		LocksLost: a.LocksLost + b.LocksLost}
 }
 
 func (a NodeCounters) sub(b NodeCounters) NodeCounters {
@@ -190,7 +192,8 @@ func (a NodeCounters) sub(b NodeCounters) NodeCounters {
 		Completed: a.Completed - b.Completed, ForwardTaken: a.ForwardTaken - b.ForwardTaken,
 		ForwardReturned: a.ForwardReturned - b.ForwardReturned, Busy: a.Busy - b.Busy,
 		UnwrittenWaits:     a.UnwrittenWaits - b.UnwrittenWaits,
-		SubmitsRedelivered: a.SubmitsRedelivered - b.SubmitsRedelivered, SubmitTouches: a.SubmitTouches - b.SubmitTouches}
+		SubmitsRedelivered: a.SubmitsRedelivered - b.SubmitsRedelivered, SubmitTouches: a.SubmitTouches - b.SubmitTouches,
+		LocksLost: a.LocksLost - b.LocksLost}
 }
 
 // errOneNode: hold runs sample one node.
@@ -274,6 +277,8 @@ type NodeFigures struct {
 	// SubmitTouches: in-progress signals it sent for held submits.
 	SubmitsRedelivered int64 `json:"submits_redelivered"`
 	SubmitTouches      int64 `json:"submit_touches"`
+	// LocksLost: job locks its renewer reported lost over the run.
+	LocksLost int64 `json:"locks_lost"`
 }
 
 // ForwardingCost is what several nodes cost each other: the results and
@@ -336,6 +341,7 @@ func (r *runner) nodeCosts(before, after snapshot) {
 			f.Created, f.Dispatched, f.Completed = int64(nd.Received), int64(nd.Dispatched), int64(nd.Completed)
 			f.Forwarded, f.Busy = int64(nd.ForwardTaken+nd.ForwardReturned), int64(nd.Busy)
 			f.SubmitsRedelivered, f.SubmitTouches = int64(nd.SubmitsRedelivered), int64(nd.SubmitTouches)
+			f.LocksLost = int64(nd.LocksLost)
 		}
 		res.PerNode = append(res.PerNode, f)
 	}

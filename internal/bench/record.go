@@ -168,9 +168,9 @@ func formatNodes(w io.Writer, res *Result) {
 				float64(n.PeakRSSBytes)/(1<<20))
 		}
 		fmt.Fprintf(w, "; created %d (%.1f%%), dispatched %d, completed %d jobs; forwarded %d, %d busy activations; "+
-			"%d submits redelivered, %d submit touches; redis %.2f commands, nats %.2f messages per job of the run\n",
+			"%d submits redelivered, %d submit touches; %d job locks lost; redis %.2f commands, nats %.2f messages per job of the run\n",
 			n.Created, share(n.Created, res.Params.Jobs), n.Dispatched, n.Completed, n.Forwarded, n.Busy,
-			n.SubmitsRedelivered, n.SubmitTouches, n.RedisCommandsPerJob, n.NATSPerJob)
+			n.SubmitsRedelivered, n.SubmitTouches, n.LocksLost, n.RedisCommandsPerJob, n.NATSPerJob)
 	}
 }
 

@@ -211,6 +211,10 @@ type NodeCounters struct {
 	// (troupe_submit_progress_touches_total).
 	SubmitsRedelivered float64 `json:"submits_redelivered,omitempty"`
 	SubmitTouches      float64 `json:"submit_touches,omitempty"`
+	// LocksLost: job locks its renewer reported lost to their job
+	// (troupe_lock_renewals_total, outcome lost): a node under load that
+	// let its own locks lapse (#33 item 5 wants none).
+	LocksLost float64 `json:"locks_lost"`
 }
 
 // counters reads everything but CPU and RSS, which depend on where the sut
@@ -241,6 +245,7 @@ const (
 	// unwrittenWaitsMetric counts jobs that waited for room within their
 	// capacity grace, unwritten.
 	unwrittenWaitsMetric = "troupe_capacity_waits_unwritten_total"
+	renewalsMetric       = "troupe_lock_renewals_total" // label outcome: lost among others
 )
 
 // nodeCounters reads the node's capacity waits (summed over their reasons)
@@ -253,6 +258,12 @@ func (s *sut) nodeCounters() (*float64, *NodeCounters) {
 		return nil, nil
 	}
 	mfs, _ := s.node.Metrics().Gather()
+	return countersOf(mfs)
+}
+
+// countersOf reads the capacity waits and the node counters from a node
+// registry's gathered metric families.
+func countersOf(mfs []*dto.MetricFamily) (*float64, *NodeCounters) {
 	var waits float64
 	nc := &NodeCounters{}
 	for _, mf := range mfs {
@@ -275,6 +286,10 @@ func (s *sut) nodeCounters() (*float64, *NodeCounters) {
 				nc.SubmitTouches += v
 			case unwrittenWaitsMetric:
 				nc.UnwrittenWaits += v
+			case renewalsMetric:
+				if labelValue(m.GetLabel(), "outcome") == "lost" {
+					nc.LocksLost += v
+				}
 			case forwardedMetric:
 				switch labelValue(m.GetLabel(), "outcome") {
 				case "taken":
