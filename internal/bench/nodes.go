@@ -182,7 +182,7 @@ func (a NodeCounters) add(b NodeCounters) NodeCounters {
 	return NodeCounters{Received: a.Received + b.Received, Dispatched: a.Dispatched + b.Dispatched,
 		Completed: a.Completed + b.Completed, ForwardTaken: a.ForwardTaken + b.ForwardTaken,
 		ForwardReturned: a.ForwardReturned + b.ForwardReturned, Busy: a.Busy + b.Busy,
-		UnwrittenWaits: a.UnwrittenWaits + b.UnwrittenWaits,
+		UnwrittenWaits:     a.UnwrittenWaits + b.UnwrittenWaits,
 		SubmitsRedelivered: a.SubmitsRedelivered + b.SubmitsRedelivered, SubmitTouches: a.SubmitTouches + b.SubmitTouches,
 		LocksLost: a.LocksLost + b.LocksLost}
 }
