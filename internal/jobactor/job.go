@@ -64,6 +64,9 @@ type JobActor struct {
 	// was a submit, and the job counts in Env.Admitting until it is
 	// dispatched, written as waiting, or its actor finishes or stops.
 	started, admitting bool
+	// touching: the Toucher keeps deliveries of the job's wait (Add, not
+	// yet Remove).
+	touching bool
 	// held is the renewer's entry for the lock the job's core holds (the
 	// last Hold's; nil: none): the actor's Forget and the writes it
 	// submits (store.Op.Held) reach it without a look-up.
@@ -368,11 +371,26 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	case *lifecycle.Grace:
 		env.Unwritten.Add(e.Delta)
 		if env.Toucher != nil {
-			if e.Delta > 0 {
+			// A wait whose deliveries their fetch loop keeps in progress
+			// (every submit pulled by the node's own loops, so nearly
+			// every wait) leaves the Toucher nothing to touch: it is not
+			// added, nor removed (a lock, a map entry made and deleted and
+			// a queue entry a waiting job, issue 33 round 11). The core
+			// pairs each wait's +1 with its -1 in the same actor
+			// (leaveGrace, on Stopping and Restarting too).
+			switch {
+			case e.Delta > 0:
 				env.Metrics.UnwrittenWaits.Inc()
-				env.Toucher.Add(a.id, e.Deliveries)
-			} else {
+				if Touches(e.Deliveries) {
+					env.Toucher.Add(a.id, e.Deliveries)
+					a.touching = true
+				} else if a.touching {
+					env.Toucher.Remove(a.id)
+					a.touching = false
+				}
+			case a.touching:
 				env.Toucher.Remove(a.id)
+				a.touching = false
 			}
 		}
 	case lifecycle.Admitted:

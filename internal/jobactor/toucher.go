@@ -164,6 +164,18 @@ func (t *Toucher) Add(job string, ds []lifecycle.Delivery) {
 	}
 }
 
+// Touches reports whether Add would keep any of ds: some delivery that
+// is not kept in progress by its fetch loop (keptElsewhere). A wait with
+// none needs no Add (nor Remove).
+func Touches(ds []lifecycle.Delivery) bool {
+	for _, d := range ds {
+		if d != nil && !keptElsewhere(d) {
+			return true
+		}
+	}
+	return false
+}
+
 // keptElsewhere reports whether d's fetch loop keeps it in progress at
 // JetStream until it is settled (bus.KeepInProgress): touched here too,
 // it would cost nats-server twice the signals.

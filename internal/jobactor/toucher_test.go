@@ -1,8 +1,13 @@
 package jobactor
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/troupe-run/troupe/internal/lifecycle"
 )
 
 // touchCount is a delivery that counts its in-progress signals.
@@ -151,5 +156,63 @@ func TestToucherReusesAWaitOnlyOnceItLeftItsQueue(t *testing.T) {
 	}
 	if a.n != 0 || b.n != 1 {
 		t.Fatalf("touches: removed a %d, b %d; want 0 and 1", a.n, b.n)
+	}
+}
+
+// keptDelivery is a delivery its fetch loop keeps in progress.
+type keptDelivery struct{ touchCount }
+
+func (*keptDelivery) KeptInProgress() bool { return true }
+
+// TestWaitOnlyKeptElsewhereIsNotAdded: the actor adds a wait to the
+// Toucher only when some delivery of it is not kept in progress by its
+// fetch loop, removes only what it added, and a later wait of the job with
+// nothing to touch drops an earlier one that had; the unwritten-wait count
+// and its metric move for every wait alike.
+func TestWaitOnlyKeptElsewhereIsNotAdded(t *testing.T) {
+	tc := newToucher(time.Hour)
+	env := &Env{Toucher: tc, Unwritten: &atomic.Int64{}, Metrics: NewMetrics(nil)}
+	a := &JobActor{env: env, id: "job-1"}
+	kept, plain := &keptDelivery{}, &touchCount{}
+	if Touches([]lifecycle.Delivery{kept, nil}) || !Touches([]lifecycle.Delivery{kept, plain}) || Touches(nil) {
+		t.Fatal("Touches: want true only with a delivery not kept elsewhere")
+	}
+	grace := func(d int64, ds ...lifecycle.Delivery) {
+		a.do(nil, &lifecycle.Grace{Delta: d, Deliveries: ds})
+	}
+	grace(1, kept)
+	if tc.Len() != 0 || a.touching || env.Unwritten.Load() != 1 {
+		t.Fatalf("a wait kept elsewhere: %d kept, touching %v, unwritten %d", tc.Len(), a.touching, env.Unwritten.Load())
+	}
+	grace(-1)
+	if tc.Len() != 0 || env.Unwritten.Load() != 0 {
+		t.Fatalf("after its end: %d kept, unwritten %d", tc.Len(), env.Unwritten.Load())
+	}
+	grace(1, kept, plain)
+	if tc.Len() != 1 || !a.touching {
+		t.Fatalf("a wait with a plain delivery: %d kept, touching %v", tc.Len(), a.touching)
+	}
+	for _, d := range tc.due(time.Now().Add(TouchFirst+time.Second), nil) {
+		_ = d.InProgress()
+	}
+	if plain.n != 1 || kept.n != 0 {
+		t.Fatalf("touched: plain %d, kept %d; want 1 and 0", plain.n, kept.n)
+	}
+	grace(1, kept) // a wait again, nothing to touch: the earlier one goes
+	if tc.Len() != 0 || a.touching {
+		t.Fatalf("an earlier wait left: %d kept, touching %v", tc.Len(), a.touching)
+	}
+	grace(-1)
+	grace(1, plain)
+	grace(-1)
+	if tc.Len() != 0 || a.touching || env.Unwritten.Load() != 1 {
+		t.Fatalf("after the last wait: %d kept, touching %v, unwritten %d", tc.Len(), a.touching, env.Unwritten.Load())
+	}
+	var m dto.Metric
+	if err := env.Metrics.UnwrittenWaits.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 4 {
+		t.Fatalf("unwritten waits counted %v, want 4", got)
 	}
 }

@@ -27,18 +27,18 @@ const (
 // pick answers a PickRequest, queueing the job when it may wait.
 func (r *Router) pick(c actor.Context, m *PickRequest) {
 	if m.JobID != "" {
-		if h, ok := r.handed[m.JobID]; ok && m.Wait && h.ticket == m.Ticket {
-			// The same wait asking again (its recheck) while a placement
-			// is on its way to it: that placement will reach it. Freeing
-			// it here would let another job take the slot the job is
-			// about to dispatch on (an over-filled worker).
-			c.Respond(&PickReply{Epoch: m.Epoch, Reason: jobstate.ReasonPoolOverloaded, Queued: true})
-			return
-		}
-		// A job asking again under another ticket is not waiting for an
-		// older placement: one still in flight to it is freed (its actor
-		// restarted, say).
 		if h, ok := r.handed[m.JobID]; ok {
+			if m.Wait && h.ticket == m.Ticket {
+				// The same wait asking again (its recheck) while a
+				// placement is on its way to it: that placement will reach
+				// it. Freeing it here would let another job take the slot
+				// the job is about to dispatch on (an over-filled worker).
+				c.Respond(&PickReply{Epoch: m.Epoch, Reason: jobstate.ReasonPoolOverloaded, Queued: true})
+				return
+			}
+			// A job asking again under another ticket is not waiting for
+			// an older placement: one still in flight to it is freed (its
+			// actor restarted, say).
 			delete(r.handed, m.JobID)
 			r.vacate(c, h.w, m.JobID)
 		}
@@ -160,7 +160,9 @@ func (r *Router) drain(c actor.Context, pool string) {
 		}
 		q.live++ // unlink counts it out of every queue it is in
 		r.unlink(w)
-		reply := &PickReply{Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}
+		// The Placed and its reply in one allocation.
+		pl := &placedReply{reply: PickReply{Subject: p.Subject, Reason: p.Reason, Detail: p.Detail}}
+		reply := &pl.reply
 		if p.Worker != nil {
 			reply.WorkerID, reply.Pool = p.Worker.ID, p.Worker.Pool
 			reply.Resend = p.Direct && p.Worker.Dedupe
@@ -168,7 +170,8 @@ func (r *Router) drain(c actor.Context, pool string) {
 			r.handed[w.jobID] = handoff{w: p.Worker, ticket: w.ticket, at: now}
 			r.changed(c, p.Worker)
 		}
-		c.Send(w.pid, &Placed{JobID: w.jobID, Ticket: w.ticket, Reply: reply})
+		pl.Placed = Placed{JobID: w.jobID, Ticket: w.ticket, Reply: reply}
+		c.Send(w.pid, &pl.Placed)
 	}
 	for _, w := range skipped {
 		q.push(w)
@@ -179,6 +182,13 @@ func (r *Router) drain(c actor.Context, pool string) {
 	if r.reg.Top(pool) != nil {
 		r.offerRoom(c, pool)
 	}
+}
+
+// placedReply is a Placed and the reply it carries, allocated together
+// (drain sends one a placed job: two allocations otherwise).
+type placedReply struct {
+	Placed
+	reply PickReply
 }
 
 // vacate frees job's slot on w and gives it to the pool's queue — or, on

@@ -81,3 +81,42 @@ func TestJobKeysAreJobLockCancelMark(t *testing.T) {
 		t.Errorf("%v allocations, want 1", n)
 	}
 }
+
+// TestStateSlotKnowsEveryState: each state has a slot of its own in the
+// shard's index keys (a state added to jobstate.AllStates fails here until
+// stateSlot knows it), and a string that only looks like a state has none
+// (its key is built per call, as before).
+func TestStateSlotKnowsEveryState(t *testing.T) {
+	if len(jobstate.AllStates) != stateSlots {
+		t.Fatalf("%d states, stateSlots %d", len(jobstate.AllStates), stateSlots)
+	}
+	seen := map[int]jobstate.State{}
+	for _, st := range jobstate.AllStates {
+		i := stateSlot(string(st))
+		if i < 0 || i >= stateSlots {
+			t.Fatalf("stateSlot(%s) = %d", st, i)
+		}
+		if other, ok := seen[i]; ok {
+			t.Fatalf("%s and %s share slot %d", st, other, i)
+		}
+		seen[i] = st
+	}
+	for _, s := range []string{"", "pending", "PENDING ", "SUCCEEDE", "idx:RUNNING", "NOT_A_STATE"} {
+		if i := stateSlot(s); i != -1 {
+			t.Fatalf("stateSlot(%q) = %d, want -1", s, i)
+		}
+	}
+}
+
+// BenchmarkKeysIndex: a job op's index keys (its create's, a transition's
+// from and to). Against the map it replaced, 12–22 → 3.5–4.7 ns (2 runs of
+// each, alternated, 2026-11-27, load ~10).
+func BenchmarkKeysIndex(b *testing.B) {
+	k := NewKeys("troupe:")
+	states := []string{string(jobstate.StateDispatched), string(jobstate.StateSucceeded), string(jobstate.StateScheduled)}
+	n := 0
+	for i := 0; i < b.N; i++ {
+		n += len(k.Index(i%Shards, states[i%len(states)]))
+	}
+	keySink = n
+}

@@ -268,8 +268,14 @@ func (s *JobShard) deliver(c actor.Context, m *Deliver) {
 		return
 	}
 	if ch == nil {
-		h := s.hash(m.JobID)
-		dispatched, parked := s.parked[h]
+		// Nothing parked (as a rule: a node parks jobs only while their
+		// workers run them long): no hash of the id to look up.
+		var h uint64
+		var dispatched, parked bool
+		if len(s.parked) > 0 {
+			h = s.hash(m.JobID)
+			dispatched, parked = s.parked[h]
+		}
 		if !m.Spawn && !(parked && wakesParked(m.Msg, dispatched)) {
 			return
 		}
