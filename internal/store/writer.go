@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,6 +31,14 @@ type Writer struct {
 	wg     sync.WaitGroup
 	stopMu sync.RWMutex // Submit holds it shared; Close exclusively
 	closed bool
+
+	// The gathering of a fuller batch (see gather): inFlight counts the
+	// pipelines being sent; level follows the sizes of the batches taken
+	// (by any goroutine), a quarter of the way to each; landed gets a
+	// token as each pipeline's reply is in.
+	inFlight atomic.Int32
+	level    atomic.Int32
+	landed   chan struct{}
 }
 
 // Defaults for the Writer.
@@ -45,6 +54,22 @@ const (
 	WriterConcurrencyDefault = 4
 	// WriterTimeoutDefault bounds one pipeline.
 	WriterTimeoutDefault = 5 * time.Second
+)
+
+// A batch's gathering (Writer.gather). While the batches taken are full
+// (their level at least gatherFrom ops: ops come faster than the
+// pipelines' round trips) and another pipeline is in flight, a goroutine
+// holding fewer than gatherTo ops waits for more — until it holds
+// gatherTo, no pipeline is in flight any more, or gatherFor has passed —
+// rather than sending a pipeline for a few ops. At a low rate the batches
+// are an op or two and nothing waits. With several replicas on one Redis
+// each node's share of the rate came in batches a third as full: a round
+// trip, its syscalls and wake-ups, and a script call, for a few ops
+// (issue 33).
+const (
+	gatherFrom = 16
+	gatherTo   = 128
+	gatherFor  = 5 * time.Millisecond
 )
 
 // OpKind says what an Op does.
@@ -302,7 +327,8 @@ func (s *Store) NewWriter(concurrency, maxBatch, queue int) *Writer {
 	if queue <= 0 {
 		queue = WriterQueueDefault
 	}
-	w := &Writer{s: s, ops: make(chan *Op, queue), maxBatch: maxBatch, timeout: WriterTimeoutDefault}
+	w := &Writer{s: s, ops: make(chan *Op, queue), maxBatch: maxBatch, timeout: WriterTimeoutDefault,
+		landed: make(chan struct{}, concurrency)}
 	for i := 0; i < concurrency; i++ {
 		w.wg.Add(1)
 		go w.loop()
@@ -356,6 +382,8 @@ func (w *Writer) Close() {
 func (w *Writer) loop() {
 	defer w.wg.Done()
 	batch := make([]*Op, 0, w.maxBatch)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for op := range w.ops {
 		batch = append(batch[:0], op)
 	fill:
@@ -370,8 +398,57 @@ func (w *Writer) loop() {
 				break fill
 			}
 		}
+		if len(batch) < min(gatherTo, w.maxBatch) && w.level.Load() >= gatherFrom && w.inFlight.Load() > 0 {
+			batch = w.gather(batch, timer)
+		}
+		// Not atomic with the load: another goroutine's batch may be
+		// missed, which a level need not count.
+		lv := w.level.Load()
+		w.level.Store(lv + (int32(len(batch))-lv)/4)
+		w.inFlight.Add(1)
 		w.exec(batch)
+		w.inFlight.Add(-1)
+		select {
+		case w.landed <- struct{}{}:
+		default: // as many tokens wait as goroutines: enough
+		}
 	}
+}
+
+// gather adds ops to batch until it holds gatherTo, no pipeline is in
+// flight, or gatherFor has passed (see gatherFrom).
+func (w *Writer) gather(batch []*Op, timer *time.Timer) []*Op {
+	// Tokens of pipelines that landed before this wait began say nothing
+	// of the ones in flight now.
+	for {
+		select {
+		case <-w.landed:
+			continue
+		default:
+		}
+		break
+	}
+	if w.inFlight.Load() == 0 {
+		return batch
+	}
+	timer.Reset(gatherFor)
+	defer timer.Stop()
+	for len(batch) < min(gatherTo, w.maxBatch) {
+		select {
+		case more, ok := <-w.ops:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, more)
+		case <-w.landed:
+			if w.inFlight.Load() == 0 {
+				return batch
+			}
+		case <-timer.C:
+			return batch
+		}
+	}
+	return batch
 }
 
 // activateSends bounds how often exec sends one activation: a PARKED_BY
