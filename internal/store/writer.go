@@ -36,8 +36,9 @@ type Writer struct {
 	// pipelines being sent; level follows the sizes of the batches taken
 	// (by any goroutine), a quarter of the way to each; landed gets a
 	// token as each pipeline's reply is in.
+	take     sync.Mutex // held by the goroutine taking ops (collect)
 	inFlight atomic.Int32
-	level    atomic.Int32
+	level    atomic.Int32 // written by the taker only
 	landed   chan struct{}
 }
 
@@ -69,7 +70,7 @@ const (
 const (
 	gatherFrom = 16
 	gatherTo   = 128
-	gatherFor  = 5 * time.Millisecond
+	gatherFor  = 2 * time.Millisecond
 )
 
 // OpKind says what an Op does.
@@ -384,27 +385,17 @@ func (w *Writer) loop() {
 	batch := make([]*Op, 0, w.maxBatch)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for op := range w.ops {
-		batch = append(batch[:0], op)
-	fill:
-		for len(batch) < w.maxBatch {
-			select {
-			case more, ok := <-w.ops:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, more)
-			default:
-				break fill
-			}
+	for {
+		// One goroutine at a time takes ops; the others wait here, not on
+		// the queue, so that ops queue up while it gathers rather than
+		// each waking an idle goroutine of its own.
+		w.take.Lock()
+		var ok bool
+		batch, ok = w.collect(batch[:0], timer)
+		w.take.Unlock()
+		if !ok {
+			return
 		}
-		if len(batch) < min(gatherTo, w.maxBatch) && w.level.Load() >= gatherFrom && w.inFlight.Load() > 0 {
-			batch = w.gather(batch, timer)
-		}
-		// Not atomic with the load: another goroutine's batch may be
-		// missed, which a level need not count.
-		lv := w.level.Load()
-		w.level.Store(lv + (int32(len(batch))-lv)/4)
 		w.inFlight.Add(1)
 		w.exec(batch)
 		w.inFlight.Add(-1)
@@ -415,35 +406,59 @@ func (w *Writer) loop() {
 	}
 }
 
-// gather adds ops to batch until it holds gatherTo, no pipeline is in
-// flight, or gatherFor has passed (see gatherFrom).
-func (w *Writer) gather(batch []*Op, timer *time.Timer) []*Op {
-	// Tokens of pipelines that landed before this wait began say nothing
-	// of the ones in flight now.
-	for {
-		select {
-		case <-w.landed:
-			continue
-		default:
-		}
-		break
+// collect waits for an op and returns it with what else is queued (up to
+// maxBatch), gathered (see gatherFrom); false once the queue is closed and
+// empty.
+func (w *Writer) collect(batch []*Op, timer *time.Timer) ([]*Op, bool) {
+	op, ok := <-w.ops
+	if !ok {
+		return batch, false
 	}
-	if w.inFlight.Load() == 0 {
-		return batch
+	batch = w.drain(append(batch, op))
+	if len(batch) < min(gatherTo, w.maxBatch) && w.level.Load() >= gatherFrom && w.inFlight.Load() > 0 {
+		batch = w.drain(w.gather(batch, timer))
 	}
-	timer.Reset(gatherFor)
-	defer timer.Stop()
-	for len(batch) < min(gatherTo, w.maxBatch) {
+	// Only the taker writes the level.
+	lv := w.level.Load()
+	w.level.Store(lv + (int32(len(batch))-lv)/4)
+	return batch, true
+}
+
+// drain adds what is queued to batch, up to maxBatch.
+func (w *Writer) drain(batch []*Op) []*Op {
+	for len(batch) < w.maxBatch {
 		select {
 		case more, ok := <-w.ops:
 			if !ok {
 				return batch
 			}
 			batch = append(batch, more)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// gather waits until no pipeline is in flight, as many ops are queued as
+// make batch gatherTo, or gatherFor has passed (see gatherFrom). It waits
+// on the pipelines' landings and its timer only: a goroutine waiting on
+// the queue itself would be woken by each op.
+func (w *Writer) gather(batch []*Op, timer *time.Timer) []*Op {
+	// Tokens of pipelines that landed before this wait began say nothing
+	// of the ones in flight now.
+	for drained := false; !drained; {
+		select {
 		case <-w.landed:
-			if w.inFlight.Load() == 0 {
-				return batch
-			}
+		default:
+			drained = true
+		}
+	}
+	timer.Reset(gatherFor)
+	defer timer.Stop()
+	for w.inFlight.Load() > 0 && len(batch)+len(w.ops) < min(gatherTo, w.maxBatch) {
+		select {
+		case <-w.landed:
 		case <-timer.C:
 			return batch
 		}
