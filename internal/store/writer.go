@@ -40,6 +40,7 @@ type Writer struct {
 	inFlight atomic.Int32
 	level    atomic.Int32 // written by the taker only
 	landed   chan struct{}
+	waiting  func() // tests: called as gather begins or resumes a wait
 }
 
 // Defaults for the Writer.
@@ -59,19 +60,21 @@ const (
 
 // A batch's gathering (Writer.gather). While the batches taken are full
 // (their level at least gatherFrom ops: ops come faster than the
-// pipelines' round trips) and another pipeline is in flight, a goroutine
-// holding fewer than gatherTo ops waits for more — until it holds
-// gatherTo, no pipeline is in flight any more, or gatherFor has passed —
-// rather than sending a pipeline for a few ops. At a low rate the batches
-// are an op or two and nothing waits. With several replicas on one Redis
-// each node's share of the rate came in batches a third as full: a round
-// trip, its syscalls and wake-ups, and a script call, for a few ops
-// (issue 33).
+// pipelines' round trips) and another pipeline is in flight, the goroutine
+// taking ops, holding fewer than gatherTo, waits before it sends them:
+// until no pipeline is in flight, or gatherFor has passed, or (seen at a
+// landing) gatherTo ops are queued; then it takes what is queued. At a low
+// rate the batches are an op or two and nothing waits. With several
+// replicas on one Redis each node's share of the rate came in batches a
+// third as full: a round trip, its syscalls and wake-ups, and a script
+// call, for a few ops (issue 33).
 const (
 	gatherFrom = 16
 	gatherTo   = 128
-	gatherFor  = 2 * time.Millisecond
 )
+
+// gatherFor bounds a gathering's wait (a variable for tests).
+var gatherFor = 2 * time.Millisecond
 
 // OpKind says what an Op does.
 type OpKind uint8
@@ -440,23 +443,19 @@ func (w *Writer) drain(batch []*Op) []*Op {
 	return batch
 }
 
-// gather waits until no pipeline is in flight, as many ops are queued as
-// make batch gatherTo, or gatherFor has passed (see gatherFrom). It waits
-// on the pipelines' landings and its timer only: a goroutine waiting on
-// the queue itself would be woken by each op.
+// gather waits until no pipeline is in flight, gatherFor has passed, or
+// at a landing as many ops are queued as make batch gatherTo (see
+// gatherFrom). It waits on the pipelines' landings and its timer only: a
+// goroutine waiting on the queue itself would be woken by each op.
 func (w *Writer) gather(batch []*Op, timer *time.Timer) []*Op {
-	// Tokens of pipelines that landed before this wait began say nothing
-	// of the ones in flight now.
-	for drained := false; !drained; {
-		select {
-		case <-w.landed:
-		default:
-			drained = true
-		}
-	}
+	// A token of a pipeline that landed before this wait began only wakes
+	// it once more: it looks again.
 	timer.Reset(gatherFor)
 	defer timer.Stop()
 	for w.inFlight.Load() > 0 && len(batch)+len(w.ops) < min(gatherTo, w.maxBatch) {
+		if w.waiting != nil {
+			w.waiting()
+		}
 		select {
 		case <-w.landed:
 		case <-timer.C:
