@@ -70,7 +70,7 @@ const (
 // call, for a few ops (issue 33).
 const (
 	gatherFrom = 16
-	gatherTo   = 128
+	gatherTo   = 64
 )
 
 // gatherFor bounds a gathering's wait (a variable for tests).
