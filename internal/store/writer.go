@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,16 +30,6 @@ type Writer struct {
 	wg     sync.WaitGroup
 	stopMu sync.RWMutex // Submit holds it shared; Close exclusively
 	closed bool
-
-	// The gathering of a fuller batch (see gather): inFlight counts the
-	// pipelines being sent; level follows the sizes of the batches taken
-	// (by any goroutine), a quarter of the way to each; landed gets a
-	// token as each pipeline's reply is in.
-	take     sync.Mutex // held by the goroutine taking ops (collect)
-	inFlight atomic.Int32
-	level    atomic.Int32 // written by the taker only
-	landed   chan struct{}
-	waiting  func() // tests: called as gather begins or resumes a wait
 }
 
 // Defaults for the Writer.
@@ -57,24 +46,6 @@ const (
 	// WriterTimeoutDefault bounds one pipeline.
 	WriterTimeoutDefault = 5 * time.Second
 )
-
-// A batch's gathering (Writer.gather). While the batches taken are full
-// (their level at least gatherFrom ops: ops come faster than the
-// pipelines' round trips) and another pipeline is in flight, the goroutine
-// taking ops, holding fewer than gatherTo, waits before it sends them:
-// until no pipeline is in flight, or gatherFor has passed, or (seen at a
-// landing) gatherTo ops are queued; then it takes what is queued. At a low
-// rate the batches are an op or two and nothing waits. With several
-// replicas on one Redis each node's share of the rate came in batches a
-// third as full: a round trip, its syscalls and wake-ups, and a script
-// call, for a few ops (issue 33).
-const (
-	gatherFrom = 16
-	gatherTo   = 64
-)
-
-// gatherFor bounds a gathering's wait (a variable for tests).
-var gatherFor = 2 * time.Millisecond
 
 // OpKind says what an Op does.
 type OpKind uint8
@@ -331,8 +302,7 @@ func (s *Store) NewWriter(concurrency, maxBatch, queue int) *Writer {
 	if queue <= 0 {
 		queue = WriterQueueDefault
 	}
-	w := &Writer{s: s, ops: make(chan *Op, queue), maxBatch: maxBatch, timeout: WriterTimeoutDefault,
-		landed: make(chan struct{}, concurrency)}
+	w := &Writer{s: s, ops: make(chan *Op, queue), maxBatch: maxBatch, timeout: WriterTimeoutDefault}
 	for i := 0; i < concurrency; i++ {
 		w.wg.Add(1)
 		go w.loop()
@@ -386,83 +356,22 @@ func (w *Writer) Close() {
 func (w *Writer) loop() {
 	defer w.wg.Done()
 	batch := make([]*Op, 0, w.maxBatch)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	for {
-		// One goroutine at a time takes ops; the others wait here, not on
-		// the queue, so that ops queue up while it gathers rather than
-		// each waking an idle goroutine of its own.
-		w.take.Lock()
-		var ok bool
-		batch, ok = w.collect(batch[:0], timer)
-		w.take.Unlock()
-		if !ok {
-			return
-		}
-		w.inFlight.Add(1)
-		w.exec(batch)
-		w.inFlight.Add(-1)
-		select {
-		case w.landed <- struct{}{}:
-		default: // as many tokens wait as goroutines: enough
-		}
-	}
-}
-
-// collect waits for an op and returns it with what else is queued (up to
-// maxBatch), gathered (see gatherFrom); false once the queue is closed and
-// empty.
-func (w *Writer) collect(batch []*Op, timer *time.Timer) ([]*Op, bool) {
-	op, ok := <-w.ops
-	if !ok {
-		return batch, false
-	}
-	batch = w.drain(append(batch, op))
-	if len(batch) < min(gatherTo, w.maxBatch) && w.level.Load() >= gatherFrom && w.inFlight.Load() > 0 {
-		batch = w.drain(w.gather(batch, timer))
-	}
-	// Only the taker writes the level.
-	lv := w.level.Load()
-	w.level.Store(lv + (int32(len(batch))-lv)/4)
-	return batch, true
-}
-
-// drain adds what is queued to batch, up to maxBatch.
-func (w *Writer) drain(batch []*Op) []*Op {
-	for len(batch) < w.maxBatch {
-		select {
-		case more, ok := <-w.ops:
-			if !ok {
-				return batch
+	for op := range w.ops {
+		batch = append(batch[:0], op)
+	fill:
+		for len(batch) < w.maxBatch {
+			select {
+			case more, ok := <-w.ops:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, more)
+			default:
+				break fill
 			}
-			batch = append(batch, more)
-		default:
-			return batch
 		}
+		w.exec(batch)
 	}
-	return batch
-}
-
-// gather waits until no pipeline is in flight, gatherFor has passed, or
-// at a landing as many ops are queued as make batch gatherTo (see
-// gatherFrom). It waits on the pipelines' landings and its timer only: a
-// goroutine waiting on the queue itself would be woken by each op.
-func (w *Writer) gather(batch []*Op, timer *time.Timer) []*Op {
-	// A token of a pipeline that landed before this wait began only wakes
-	// it once more: it looks again.
-	timer.Reset(gatherFor)
-	defer timer.Stop()
-	for w.inFlight.Load() > 0 && len(batch)+len(w.ops) < min(gatherTo, w.maxBatch) {
-		if w.waiting != nil {
-			w.waiting()
-		}
-		select {
-		case <-w.landed:
-		case <-timer.C:
-			return batch
-		}
-	}
-	return batch
 }
 
 // activateSends bounds how often exec sends one activation: a PARKED_BY
