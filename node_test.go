@@ -192,6 +192,18 @@ func (f *fixture) waitState(id string, want jobstate.State) *store.JobRecord {
 	return f.waitStateWithin(id, want, 15*time.Second)
 }
 
+// waitRecordWithin waits, at most within, until job id has a record (any
+// state): a node has taken its submit.
+func (f *fixture) waitRecordWithin(id string, within time.Duration) {
+	f.t.Helper()
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := f.node.Record(context.Background(), id); err == nil {
+			return
+		}
+	}
+	f.t.Fatalf("job %s: no record within %v", id, within)
+}
+
 // waitStateWithin is waitState with its own bound.
 func (f *fixture) waitStateWithin(id string, want jobstate.State, within time.Duration) *store.JobRecord {
 	f.t.Helper()
