@@ -228,7 +228,7 @@ func (in *Intake) delivery(msg jetstream.Msg) jobactor.Delivery {
 // deliveryIn is delivery with the guard's wrapper in g, allocated by the caller.
 func (in *Intake) deliveryIn(msg jetstream.Msg, g *GuardedMsg) jobactor.Delivery {
 	if in.Guard != nil {
-		*g = GuardedMsg{Msg: msg, g: in.Guard}
+		*g = GuardedMsg{Msg: msg, g: in.Guard, kept: keptInProgress(msg)}
 		return g
 	}
 	return msg
