@@ -46,8 +46,10 @@ type Mailbox struct {
 
 	invoker    actor.MessageInvoker
 	dispatcher actor.Dispatcher
-	pool       *PoolDispatcher // dispatcher, when it is one: runs are posted as m
-	run        func()          // m.process, bound once (dispatchers other than a pool)
+	// run is m.process, bound once, for a dispatcher other than a
+	// PoolDispatcher (a pool's runs are posted as m; the Mailbox stays in
+	// its 256-byte size class: no field for the pool).
+	run func()
 }
 
 // NewMailbox is a MailboxProducer of Mailbox.
@@ -115,9 +117,7 @@ func (m *Mailbox) PostSystemMessage(message interface{}) {
 // RegisterHandlers sets who handles the messages and where runs go.
 func (m *Mailbox) RegisterHandlers(invoker actor.MessageInvoker, dispatcher actor.Dispatcher) {
 	m.invoker, m.dispatcher = invoker, dispatcher
-	if p, ok := dispatcher.(*PoolDispatcher); ok {
-		m.pool = p
-	} else {
+	if _, ok := dispatcher.(*PoolDispatcher); !ok {
 		m.run = m.process
 	}
 }
@@ -133,8 +133,8 @@ func (m *Mailbox) UserMessageCount() int { return int(m.users.Load()) }
 
 func (m *Mailbox) schedule() {
 	if m.scheduled.CompareAndSwap(false, true) {
-		if m.pool != nil {
-			m.pool.post(m)
+		if p, ok := m.dispatcher.(*PoolDispatcher); ok {
+			p.post(m)
 		} else {
 			m.dispatcher.Schedule(m.run)
 		}
