@@ -15,13 +15,17 @@ import (
 // labels). held: it holds the job, and calls settle once it is stored
 // (nil: the submit is acked) or could not be (the submit is offered again
 // a second later); settle may run on another goroutine. bad: a malformed
-// label, and the submit is rejected as invalid.
+// label, and the submit is rejected as invalid. A submit with no labels is
+// not delayed: the hook is not asked (mayDelay).
 type DelayHook func(req *capv1.JobRequest, trace string, stored time.Time, settle func(error)) (held bool, bad string)
 
 // divert gives a submit to in.Delay; it reports whether the submit is
 // settled by it (held, or rejected).
 func (in *Intake) divert(msg jetstream.Msg, req *capv1.JobRequest, trace string) bool {
-	if in.Delay == nil {
+	if in.Delay == nil || !mayDelay(req) {
+		// No labels, no delay: the settle func below (one allocation a
+		// submit) is made only for a submit the hook may hold (issue 33
+		// round 12).
 		return false
 	}
 	held, bad := in.Delay(req, trace, publishedAt(msg), func(err error) {
@@ -37,6 +41,12 @@ func (in *Intake) divert(msg jetstream.Msg, req *capv1.JobRequest, trace string)
 		return true
 	}
 	return held
+}
+
+// mayDelay reports whether req may be delayed: it has labels (its own or
+// its meta's), where the delay is named.
+func mayDelay(req *capv1.JobRequest) bool {
+	return len(req.GetLabels()) > 0 || len(req.GetMeta().GetLabels()) > 0
 }
 
 // CancelDelayedHook removes delayed job jobID, if it is held, not yet

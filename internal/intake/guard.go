@@ -205,18 +205,29 @@ func (g *Guard) Seen(msg jetstream.Msg) bool {
 }
 
 // Wrap returns msg as a delivery whose Ack first marks it handled.
-func (g *Guard) Wrap(msg jetstream.Msg) *GuardedMsg { return &GuardedMsg{Msg: msg, g: g} }
+func (g *Guard) Wrap(msg jetstream.Msg) *GuardedMsg {
+	return &GuardedMsg{Msg: msg, g: g, kept: keptInProgress(msg)}
+}
 
 // GuardedMsg is a JetStream message whose Ack goes through the guard.
 type GuardedMsg struct {
 	jetstream.Msg
 	g *Guard
+	// kept: msg's fetch loop keeps it in progress (KeptInProgress), read
+	// once when the message is wrapped, while it is in the cache: the
+	// Toucher's check of a waiting job (jobactor.Touches) read it through
+	// two interfaces from a message long out of the cache (issue 33,
+	// round 12). A message's keeper never changes.
+	kept bool
 }
 
 // KeptInProgress reports whether the message's fetch loop keeps it in
 // progress at JetStream until it is settled (bus.KeepInProgress).
-func (m *GuardedMsg) KeptInProgress() bool {
-	k, ok := m.Msg.(interface{ KeptInProgress() bool })
+func (m *GuardedMsg) KeptInProgress() bool { return m.kept }
+
+// keptInProgress reports whether msg's fetch loop keeps it in progress.
+func keptInProgress(msg jetstream.Msg) bool {
+	k, ok := msg.(interface{ KeptInProgress() bool })
 	return ok && k.KeptInProgress()
 }
 

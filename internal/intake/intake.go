@@ -228,7 +228,7 @@ func (in *Intake) delivery(msg jetstream.Msg) jobactor.Delivery {
 // deliveryIn is delivery with the guard's wrapper in g, allocated by the caller.
 func (in *Intake) deliveryIn(msg jetstream.Msg, g *GuardedMsg) jobactor.Delivery {
 	if in.Guard != nil {
-		*g = GuardedMsg{Msg: msg, g: in.Guard}
+		*g = GuardedMsg{Msg: msg, g: in.Guard, kept: keptInProgress(msg)}
 		return g
 	}
 	return msg
@@ -285,26 +285,12 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
-	route := func() {
-		ev := &resultEvent{}
-		if res.WorkerId != "" && terminalStatus(res.Status) {
-			// The worker has answered: its slot is free now, before the
-			// job's actor has written the outcome (the router ignores a job
-			// it does not count on that worker).
-			ev.rel = router.Released{WorkerID: res.WorkerId, JobID: JobOf(res.JobId), Done: true}
-			in.Env.Root.Send(in.Env.Router, &ev.rel)
-		}
-		ev.r = jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.deliveryIn(msg, &ev.g), Raw: msg.Data(),
-			Published: publishedAt(msg), By: jobactor.By(by), Refuse: in.refuser(msg, KindResult, pkt)}
-		ev.d = supervisor.Deliver{JobID: JobOf(res.JobId), Msg: &ev.r, Spawn: true}
-		in.send(&ev.d)
-	}
 	if in.confirm != nil && res.WorkerId != "" {
 		if in.own.on.Load() {
 			// The job's owner hears its own copy (own.go): this one is
 			// acked once the job's record shows it handled, handled
 			// otherwise.
-			in.confirm.hold(msg, res, route)
+			in.confirm.hold(msg, res, func() { in.routeResult(msg, pkt, res, by) })
 			return
 		}
 		if in.own.offRecently() && in.confirm.settled.take(keyOf(res)) == markSettled {
@@ -315,7 +301,26 @@ func (in *Intake) HandleResult(msg jetstream.Msg) {
 			return
 		}
 	}
-	route()
+	// Called, not bound into a func: the closure above is made only for a
+	// copy the confirmer holds (one allocation a result, issue 33 round 12).
+	in.routeResult(msg, pkt, res, by)
+}
+
+// routeResult hands a result to its job's actor (and, for a worker's
+// final answer, frees the worker's slot at the router first).
+func (in *Intake) routeResult(msg jetstream.Msg, pkt *capv1.BusPacket, res *capv1.JobResult, by *signing.Principal) {
+	ev := &resultEvent{}
+	if res.WorkerId != "" && terminalStatus(res.Status) {
+		// The worker has answered: its slot is free now, before the
+		// job's actor has written the outcome (the router ignores a job
+		// it does not count on that worker).
+		ev.rel = router.Released{WorkerID: res.WorkerId, JobID: JobOf(res.JobId), Done: true}
+		in.Env.Root.Send(in.Env.Router, &ev.rel)
+	}
+	ev.r = jobactor.Result{Res: res, TraceID: pkt.TraceId, Delivery: in.deliveryIn(msg, &ev.g), Raw: msg.Data(),
+		Published: publishedAt(msg), By: jobactor.By(by), Refuse: in.refuser(msg, KindResult, pkt)}
+	ev.d = supervisor.Deliver{JobID: JobOf(res.JobId), Msg: &ev.r, Spawn: true}
+	in.send(&ev.d)
 }
 
 // terminalStatus reports whether a result status ends the worker's run.

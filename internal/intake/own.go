@@ -341,14 +341,19 @@ func (in *Intake) Hearing() bool { return in.own.on.Load() }
 // MaxLiveLocks live locks is dropped too; the shared copies come in at the
 // rate the gate lets through.
 func (in *Intake) HandleOwnResult(msg *nats.Msg) {
-	if len(msg.Data) > MaxPacketBytes || in.ownHeld() {
+	if len(msg.Data) > MaxPacketBytes {
 		return
 	}
 	if id, ok := bus.PeekResultJobID(msg.Data); ok && !in.holdsID(id) {
 		// Another replica's job, or one with no live actor here (parked,
 		// ended): its shared copy answers for it, and the router frees
 		// the worker's slot when that copy is handled. With N replicas,
-		// (N-1)/N of the heard results end here, before a decode.
+		// (N-1)/N of the heard results end here, before a decode — and
+		// before ownHeld, whose renewal check reads the clock (issue 33,
+		// round 12): dropped either way.
+		return
+	}
+	if in.ownHeld() {
 		return
 	}
 	pkt, err := bus.Decode(msg.Data)

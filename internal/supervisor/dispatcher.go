@@ -15,8 +15,12 @@ import (
 // Schedule never blocks: when every pooled goroutine is busy and the queue
 // is full it falls back to a fresh goroutine, so a mailbox run that
 // schedules another one cannot deadlock the pool.
+//
+// Its queue holds poolTasks: a Mailbox of its own is queued as itself,
+// so a mailbox needs no func bound to it (a method value, one allocation
+// per actor: an actor a job, issue 33 round 12).
 type PoolDispatcher struct {
-	work       chan func()
+	work       chan poolTask
 	done       chan struct{}
 	throughput int
 }
@@ -35,13 +39,13 @@ const (
 
 // NewPoolDispatcher starts the pool.
 func NewPoolDispatcher() *PoolDispatcher {
-	d := &PoolDispatcher{work: make(chan func(), PoolQueue), done: make(chan struct{}), throughput: PoolThroughput}
+	d := &PoolDispatcher{work: make(chan poolTask, PoolQueue), done: make(chan struct{}), throughput: PoolThroughput}
 	for i := 0; i < PoolWorkersPerCPU*runtime.GOMAXPROCS(0); i++ {
 		go func() {
 			for {
 				select {
-				case fn := <-d.work:
-					fn()
+				case t := <-d.work:
+					t.runOnPool()
 				case <-d.done:
 					return
 				}
@@ -52,13 +56,25 @@ func NewPoolDispatcher() *PoolDispatcher {
 }
 
 // Schedule runs fn on a pooled goroutine (or a new one if all are busy).
-func (d *PoolDispatcher) Schedule(fn func()) {
+func (d *PoolDispatcher) Schedule(fn func()) { d.post(funcTask(fn)) }
+
+// post runs t on a pooled goroutine (or a new one if all are busy).
+func (d *PoolDispatcher) post(t poolTask) {
 	select {
-	case d.work <- fn:
+	case d.work <- t:
 	default:
-		go fn()
+		go t.runOnPool()
 	}
 }
+
+// poolTask is a run queued on the pool: a scheduled func, or a Mailbox.
+type poolTask interface{ runOnPool() }
+
+// funcTask is a func given to Schedule (a func value is one pointer: held
+// in the interface without an allocation).
+type funcTask func()
+
+func (f funcTask) runOnPool() { f() }
 
 // Throughput is the messages a mailbox run handles before yielding.
 func (d *PoolDispatcher) Throughput() int { return d.throughput }
@@ -69,8 +85,8 @@ func (d *PoolDispatcher) Close() {
 	close(d.done)
 	for {
 		select {
-		case fn := <-d.work:
-			go fn()
+		case t := <-d.work:
+			go t.runOnPool()
 		default:
 			return
 		}

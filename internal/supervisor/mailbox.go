@@ -23,7 +23,9 @@ func OnPool(d *PoolDispatcher) actor.PropsOption {
 // queue and its stub node, a wrapper), one per system message (a queue
 // node) and a closure each time it is scheduled (the method value
 // m.processMessages, 4.8 times a job). This one allocates itself (with
-// room for four queued messages of each kind) and its run function once.
+// room for four queued messages of each kind) and nothing else on a
+// PoolDispatcher (it is queued there as itself); on another dispatcher,
+// its run function once.
 // It keeps protoactor's rules: system messages before user messages;
 // SuspendMailbox holds user messages until ResumeMailbox; a run
 // yields after the dispatcher's throughput; a panic escalates to the
@@ -44,7 +46,10 @@ type Mailbox struct {
 
 	invoker    actor.MessageInvoker
 	dispatcher actor.Dispatcher
-	run        func() // m.process, bound once
+	// run is m.process, bound once, for a dispatcher other than a
+	// PoolDispatcher (a pool's runs are posted as m; the Mailbox stays in
+	// its 256-byte size class: no field for the pool).
+	run func()
 }
 
 // NewMailbox is a MailboxProducer of Mailbox.
@@ -112,8 +117,13 @@ func (m *Mailbox) PostSystemMessage(message interface{}) {
 // RegisterHandlers sets who handles the messages and where runs go.
 func (m *Mailbox) RegisterHandlers(invoker actor.MessageInvoker, dispatcher actor.Dispatcher) {
 	m.invoker, m.dispatcher = invoker, dispatcher
-	m.run = m.process
+	if _, ok := dispatcher.(*PoolDispatcher); !ok {
+		m.run = m.process
+	}
 }
+
+// runOnPool is the Mailbox's run on its PoolDispatcher.
+func (m *Mailbox) runOnPool() { m.process() }
 
 // Start does nothing: there are no middlewares to tell.
 func (m *Mailbox) Start() {}
@@ -123,7 +133,11 @@ func (m *Mailbox) UserMessageCount() int { return int(m.users.Load()) }
 
 func (m *Mailbox) schedule() {
 	if m.scheduled.CompareAndSwap(false, true) {
-		m.dispatcher.Schedule(m.run)
+		if p, ok := m.dispatcher.(*PoolDispatcher); ok {
+			p.post(m)
+		} else {
+			m.dispatcher.Schedule(m.run)
+		}
 	}
 }
 

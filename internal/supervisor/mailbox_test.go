@@ -173,3 +173,19 @@ type invokerFunc func(interface{})
 func (f invokerFunc) InvokeSystemMessage(interface{})          {}
 func (f invokerFunc) InvokeUserMessage(m interface{})          { f(m) }
 func (f invokerFunc) EscalateFailure(interface{}, interface{}) {}
+
+// A Mailbox on a PoolDispatcher is one allocation, itself: it is queued on
+// the pool as itself, with no func bound to it (issue 33 round 12); on
+// another dispatcher it binds its run function once (two).
+func TestMailboxOnPoolIsOneAllocation(t *testing.T) {
+	d := supervisor.NewPoolDispatcher()
+	defer d.Close()
+	inv := invokerFunc(func(interface{}) {})
+	if n := testing.AllocsPerRun(200, func() { supervisor.NewMailbox().RegisterHandlers(inv, d) }); n != 1 {
+		t.Fatalf("a Mailbox on the pool: %v allocations, want 1", n)
+	}
+	other := &held{runs: make(chan func(), 1)}
+	if n := testing.AllocsPerRun(200, func() { supervisor.NewMailbox().RegisterHandlers(inv, other) }); n != 2 {
+		t.Fatalf("a Mailbox on another dispatcher: %v allocations, want 2", n)
+	}
+}
