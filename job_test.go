@@ -3,6 +3,7 @@ package troupe_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -346,17 +347,31 @@ func TestIdempotencyKeyReturnsTheFirstJob(t *testing.T) {
 
 func TestDurableRetryIsWokenByAnotherNode(t *testing.T) {
 	t.Parallel()
+	// Both nodes' warnings are kept and printed should the test fail (it
+	// failed once, under a loaded CI machine, with node B never waking the
+	// job: a release at stop that failed leaves the lock to its 60 s TTL,
+	// and says so now).
+	var logs lockedBuffer
+	warn := func(c *troupe.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("nodes' warnings:\n%s", logs.String())
+		}
+	})
 	env := newFixture(t, func(c *troupe.Config) {
 		troupe.SetBackoff(c, func(int) time.Duration { return 200 * time.Millisecond })
 		c.Tuning.DueSlack = 50 * time.Millisecond
 		c.Tuning.DuePoll = 50 * time.Millisecond
+		warn(c)
 	})
 	env.submit(echoReq("job-durable"))
 	env.waitState("job-durable", jobstate.StateScheduled)
 	// Node A goes away with the job waiting for a retry.
 	_ = env.node.Stop(context.Background())
 	// Node B, same Redis and streams, a worker this time.
-	b := newNodeOn(t, env, "node-b")
+	b := newNodeOn(t, env, "node-b", warn)
 	w, err := worker.Start(env.env.NATS, worker.Config{ID: "wb", Pool: "echo", Topics: []string{"job.echo"},
 		Direct: true, SubjectPrefix: env.subj.Prefix(), Heartbeat: time.Second})
 	if err != nil {

@@ -243,9 +243,18 @@ func (a *JobActor) do(c actor.Context, e lifecycle.Effect) any {
 	switch e := e.(type) {
 	case *lifecycle.Write:
 		if e.Epoch == 0 {
+			// Only a stopping actor writes without waiting (its lock's
+			// release, onStopping): nobody waits for the answer, but a
+			// failure means the lock stays until its TTL runs out, and no
+			// other replica adopts the job before: say so.
 			op := storeOp(e.Op)
 			op.Held = a.heldFor(op)
-			op.Done = func(*store.Result) {} // nobody waits for it
+			log, id := env.Log, op.JobID
+			op.Done = func(r *store.Result) {
+				if r != nil && r.Err != nil {
+					log.Warn("job lock not released at stop; it is left to expire", "job_id", id, "err", r.Err)
+				}
+			}
 			env.Writer.Submit(op)
 			break
 		}
